@@ -1,0 +1,26 @@
+"""Sequence-model backbones, built by name.
+
+>>> import models
+>>> m = models.build("mamba", d_model=64, n_layers=2)
+>>> y = m(x)            # x: float (batch, length, d_model) -> same shape, causal
+
+See ``models.registry`` for the contract every entry follows.
+"""
+from models.registry import (  # noqa: F401  (public API)
+    ModelEntry,
+    UnknownModelError,
+    backend,
+    build,
+    check_options,
+    describe,
+    entry,
+    names,
+    param_count,
+    register,
+    state_size,
+)
+
+# Catalogue modules register their entries on import. Each owns its own file so that
+# the zoo can grow without edits to a shared list.
+from models import catalog_s6  # noqa: F401,E402  S6 / Mamba family
+from models import catalog_zoo  # noqa: F401,E402  everything else

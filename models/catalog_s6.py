@@ -1,0 +1,1 @@
+"""Registry entries for the S6 / Mamba family."""
