@@ -1,0 +1,90 @@
+"""Pieces shared by every backbone: norms and the pre-norm residual stack.
+
+Every backbone in the registry is, unless a documented option says otherwise,
+
+    x -> [x + mixer_i(norm_i(x)) for i in 1..n_layers] -> final norm
+
+where ``mixer_i`` maps (batch, length, d_model) -> (batch, length, d_model) causally.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+import torch.nn as nn
+
+
+class RMSNorm(nn.Module):
+    """x / rms(x) * weight over the last dimension."""
+
+    def __init__(self, d: int, eps: float = 1e-5):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(d))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rms = x.float().pow(2).mean(-1, keepdim=True).add(self.eps).rsqrt()
+        return (x.float() * rms).to(x.dtype) * self.weight
+
+
+def make_norm(kind: str, d: int) -> nn.Module:
+    if kind == "rms":
+        return RMSNorm(d)
+    if kind == "layer":
+        return nn.LayerNorm(d)
+    raise ValueError(f"unknown norm {kind!r}; expected 'rms' or 'layer'")
+
+
+class PreNormResidual(nn.Module):
+    """x + dropout(mixer(norm(x)))."""
+
+    def __init__(self, d_model: int, mixer: nn.Module, norm: str = "rms", dropout: float = 0.0):
+        super().__init__()
+        self.norm = make_norm(norm, d_model)
+        self.mixer = mixer
+        self.dropout = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.dropout(self.mixer(self.norm(x)))
+
+
+class ResidualStack(nn.Module):
+    """n_layers pre-norm residual blocks and a final norm.
+
+    ``make_mixer(i)`` builds the i-th mixer: (batch, length, d_model) -> same shape, causal.
+    ``backend`` is the first mixer's ``backend`` attribute (or "torch");
+    ``state_size()`` sums the mixers' ``state_size()`` (None if any mixer has none).
+    """
+
+    def __init__(
+        self, d_model: int, n_layers: int, make_mixer: Callable[[int], nn.Module],
+        norm: str = "rms", dropout: float = 0.0,
+    ):
+        super().__init__()
+        if n_layers < 1:
+            raise ValueError("n_layers must be >= 1")
+        self.d_model = d_model
+        self.layers = nn.ModuleList(
+            PreNormResidual(d_model, make_mixer(i), norm, dropout) for i in range(n_layers)
+        )
+        self.norm_f = make_norm(norm, d_model)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x: (batch, length, d_model) -> (batch, length, d_model)."""
+        for layer in self.layers:
+            x = layer(x)
+        return self.norm_f(x)
+
+    @property
+    def backend(self) -> str:
+        return str(getattr(self.layers[0].mixer, "backend", "torch"))
+
+    def state_size(self) -> int | None:
+        total = 0
+        for layer in self.layers:
+            fn = getattr(layer.mixer, "state_size", None)
+            s = fn() if callable(fn) else None
+            if s is None:
+                return None
+            total += s
+        return total
