@@ -1,0 +1,341 @@
+"""Run profiles: schema-versioned TOML sweeps, strictly validated.
+
+A profile names one task, a list of models, sequence lengths and seeds, and the training
+settings; :func:`expand` turns it into one :class:`RunSpec` per (model, seq_len, seed).
+Unknown keys anywhere are errors that name the key, its line and the file (zoology
+silently drops them; we don't). Saving from the TUI writes the same format via
+:func:`dumps`.
+"""
+from __future__ import annotations
+
+import re
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Union
+
+import tomli_w
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+SCHEMA_VERSION = 1
+
+
+class ProfileError(Exception):
+    """A profile that cannot be used; the message names the file, key and line."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=False)
+
+
+class ModelChoice(_Strict):
+    """One model of the sweep: a registry name plus optional per-model settings."""
+
+    model_config = ConfigDict(extra="allow")  # remaining keys are model options, checked below
+    name: str
+    label: str | None = None
+    d_model: int | None = Field(default=None, gt=0)
+    n_layers: int | None = Field(default=None, gt=0)
+
+    def options(self) -> dict[str, Any]:
+        return dict(self.model_extra or {})
+
+    @property
+    def display(self) -> str:
+        return self.label or self.name
+
+
+class TaskSection(_Strict):
+    model_config = ConfigDict(extra="allow")  # task parameters, checked against the registry
+    name: str
+
+    def params(self) -> dict[str, Any]:
+        return dict(self.model_extra or {})
+
+
+class SweepSection(_Strict):
+    models: list[Union[str, ModelChoice]] = Field(min_length=1)
+    seq_lens: list[int] = Field(default_factory=list)
+    seeds: list[int] = Field(default_factory=lambda: [0], min_length=1)
+
+    @field_validator("seq_lens")
+    @classmethod
+    def _positive(cls, v: list[int]) -> list[int]:
+        if any(x <= 0 for x in v):
+            raise ValueError("sequence lengths must be positive")
+        return v
+
+    def model_choices(self) -> list[ModelChoice]:
+        return [ModelChoice(name=m) if isinstance(m, str) else m for m in self.models]
+
+
+class ModelSection(_Strict):
+    d_model: int = Field(default=64, gt=0)
+    n_layers: int = Field(default=2, gt=0)
+    options: dict[str, dict[str, Any]] = Field(default_factory=dict)
+
+
+class EarlyStopping(_Strict):
+    metric: Literal["accuracy", "loss"] = "accuracy"
+    patience: int = Field(default=0, ge=0)  # evaluations without improvement; 0 = off
+    min_delta: float = Field(default=0.0, ge=0)
+    target: float | None = None  # stop once eval accuracy >= target (accuracy metric only)
+
+
+class TrainSection(_Strict):
+    epochs: int | None = Field(default=None, gt=0)
+    steps: int | None = Field(default=None, gt=0)
+    batch_size: int = Field(default=32, gt=0)
+    eval_batch_size: int | None = Field(default=None, gt=0)
+    lr: float = Field(default=1e-3, gt=0)
+    betas: tuple[float, float] = (0.9, 0.999)
+    weight_decay: float = Field(default=0.0, ge=0)
+    warmup_steps: int = Field(default=0, ge=0)
+    schedule: Literal["cosine", "constant"] = "cosine"
+    min_lr_ratio: float = Field(default=0.0, ge=0, le=1)
+    grad_clip: float = Field(default=1.0, ge=0)  # 0 = off
+    amp: bool = False
+    eval_every: int = Field(default=1, gt=0)  # epochs (epochs mode) or steps (steps mode)
+    log_every: int = Field(default=10, gt=0)  # steps between train-loss records
+    early_stopping: EarlyStopping = Field(default_factory=EarlyStopping)
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+
+    @field_validator("betas")
+    @classmethod
+    def _betas(cls, v):
+        if not all(0 <= b < 1 for b in v):
+            raise ValueError("betas must lie in [0, 1)")
+        return v
+
+    @model_validator(mode="after")
+    def _one_budget(self):
+        if (self.epochs is None) == (self.steps is None):
+            raise ValueError("give exactly one of train.epochs or train.steps")
+        return self
+
+
+class Profile(_Strict):
+    schema_version: int
+    name: str = Field(min_length=1)
+    description: str = ""
+    task: TaskSection
+    sweep: SweepSection
+    model: ModelSection = Field(default_factory=ModelSection)
+    train: TrainSection
+
+    @field_validator("schema_version")
+    @classmethod
+    def _version(cls, v: int) -> int:
+        if v != SCHEMA_VERSION:
+            raise ValueError(f"unsupported schema_version {v}; this tool reads {SCHEMA_VERSION}")
+        return v
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", v):
+            raise ValueError("profile names use letters, digits, '.', '_' and '-'")
+        return v
+
+
+@dataclass
+class RunSpec:
+    """One run of a sweep: everything the worker needs, JSON-serialisable."""
+
+    profile: str
+    model: str          # registry name
+    label: str          # display name (model label or name)
+    model_options: dict[str, Any]
+    d_model: int
+    n_layers: int
+    task: str
+    task_params: dict[str, Any]
+    seq_len: int | None
+    seed: int
+    train: dict[str, Any]
+    index: int = 0
+    fields: dict[str, Any] = field(default_factory=dict)  # flat fields for grouping tables
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "RunSpec":
+        return cls(**d)
+
+
+# --------------------------------------------------------------------------- loading
+def _line_of(text: str, key: str, parent: str | None = None) -> int | None:
+    """Best-effort line number of ``key`` (as a TOML key) in the source text."""
+    pat = re.compile(rf'^\s*(?:"{re.escape(key)}"|{re.escape(key)})\s*=|[{{,]\s*{re.escape(key)}\s*=')
+    section = re.compile(rf"^\s*\[+\s*([^\]]*?)\s*\]+")
+    current = ""
+    for i, line in enumerate(text.splitlines(), 1):
+        m = section.match(line)
+        if m:
+            current = m.group(1)
+            if current.split(".")[-1] == key:
+                return i
+            continue
+        if pat.search(line) and (parent is None or current.startswith(parent) or parent in line):
+            return i
+    return None
+
+
+def _format_loc(loc: tuple) -> str:
+    parts: list[str] = []
+    for p in loc:
+        if isinstance(p, int):
+            parts[-1] = f"{parts[-1]}[{p}]" if parts else f"[{p}]"
+        elif p in ("str", "ModelChoice"):  # pydantic union branch names
+            continue
+        else:
+            parts.append(str(p))
+    return ".".join(parts)
+
+
+def _validation_message(err: ValidationError, path: str, text: str) -> str:
+    lines = [f"{path}: invalid profile"]
+    seen = set()
+    for e in err.errors():
+        loc = e["loc"]
+        key = _format_loc(loc)
+        if (key, e["type"]) in seen:
+            continue
+        seen.add((key, e["type"]))
+        last = next((str(p) for p in reversed(loc) if isinstance(p, str) and p not in ("str", "ModelChoice")), None)
+        line = _line_of(text, last) if last else None
+        where = f" (line {line})" if line else ""
+        if e["type"] == "extra_forbidden":
+            lines.append(f"  unknown key '{key}'{where}")
+        elif e["type"] == "missing":
+            lines.append(f"  missing key '{key}'")
+        else:
+            lines.append(f"  '{key}'{where}: {e['msg']}; got {e.get('input')!r}")
+    # a union of str | table yields two messages per bad item; keep them readable
+    return "\n".join(lines)
+
+
+def _check_registries(p: Profile, path: str, text: str) -> None:
+    """Model and task names and their options must exist in the registries."""
+    import models
+    import tasks
+
+    problems: list[str] = []
+    try:
+        tasks.task_class(p.task.name)
+    except KeyError as e:
+        problems.append(f"  task.name (line {_line_of(text, 'name', 'task')}): {e}")
+    else:
+        params = p.task.params()
+        if "seq_len" in params:
+            problems.append("  task.seq_len: give sequence lengths in sweep.seq_lens")
+        try:
+            tasks.check_params(p.task.name, params)
+        except TypeError as e:
+            bad = [k for k in params if k not in tasks.parameters(p.task.name)]
+            line = _line_of(text, bad[0], "task") if bad else None
+            problems.append(f"  task (line {line}): {e}" if line else f"  task: {e}")
+    for choice in p.sweep.model_choices():
+        try:
+            models.entry(choice.name)
+        except KeyError as e:
+            problems.append(f"  sweep.models (line {_line_of(text, 'models')}): {e}")
+            continue
+        opts = {**p.model.options.get(choice.name, {}), **choice.options()}
+        try:
+            models.check_options(choice.name, opts)
+        except TypeError as e:
+            problems.append(f"  model options for {choice.name!r}: {e}")
+    for name in p.model.options:
+        if name not in models.names():
+            problems.append(f"  model.options.{name} (line {_line_of(text, name)}): unknown model {name!r}")
+    labels = [c.display for c in p.sweep.model_choices()]
+    dupes = sorted({x for x in labels if labels.count(x) > 1})
+    if dupes:
+        problems.append(f"  sweep.models: duplicate model label(s) {', '.join(dupes)}; give each a distinct 'label'")
+    if problems:
+        raise ProfileError(f"{path}: invalid profile\n" + "\n".join(problems))
+
+
+def loads(text: str, path: str = "<string>", check_registries: bool = True) -> Profile:
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise ProfileError(f"{path}: malformed TOML: {e}") from None
+    if "name" not in data and path not in ("<string>",):
+        data["name"] = Path(path).stem
+    try:
+        prof = Profile.model_validate(data)
+    except ValidationError as e:
+        raise ProfileError(_validation_message(e, path, text)) from None
+    if check_registries:
+        _check_registries(prof, path, text)
+    return prof
+
+
+def load(path: str | Path, check_registries: bool = True) -> Profile:
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as e:
+        raise ProfileError(f"{path}: cannot read profile: {e.strerror}") from None
+    return loads(text, str(path), check_registries)
+
+
+def to_dict(p: Profile) -> dict[str, Any]:
+    d = p.model_dump(mode="json", exclude_none=True)
+    d["task"] = {"name": p.task.name, **p.task.params()}
+    d["sweep"]["models"] = [
+        m if isinstance(m, str) else {k: v for k, v in {**m.model_dump(exclude_none=True), **m.options()}.items()}
+        for m in p.sweep.models
+    ]
+    if not d["sweep"]["seq_lens"]:
+        del d["sweep"]["seq_lens"]
+    return d
+
+
+def dumps(p: Profile) -> str:
+    return tomli_w.dumps(to_dict(p))
+
+
+def save(p: Profile, path: str | Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(dumps(p), encoding="utf-8")
+    tmp.replace(path)  # atomic: a crash never leaves half a profile
+    return path
+
+
+# --------------------------------------------------------------------------- sweep
+def expand(p: Profile) -> list[RunSpec]:
+    """One RunSpec per (model, seq_len, seed), in that nesting order."""
+    specs: list[RunSpec] = []
+    seq_lens: list[int | None] = list(p.sweep.seq_lens) or [None]
+    train = p.train.model_dump(mode="json")
+    for choice in p.sweep.model_choices():
+        opts = {**p.model.options.get(choice.name, {}), **choice.options()}
+        d_model = choice.d_model or p.model.d_model
+        n_layers = choice.n_layers or p.model.n_layers
+        for L in seq_lens:
+            for seed in p.sweep.seeds:
+                task_params = p.task.params()
+                if L is not None:
+                    task_params["seq_len"] = L
+                fields = {
+                    "model": choice.display, "task": p.task.name, "seq_len": L, "seed": seed,
+                    "d_model": d_model, "n_layers": n_layers,
+                    **{f"task.{k}": v for k, v in p.task.params().items() if _scalar(v)},
+                    **{f"opt.{k}": v for k, v in opts.items() if _scalar(v)},
+                }
+                specs.append(RunSpec(
+                    profile=p.name, model=choice.name, label=choice.display, model_options=opts,
+                    d_model=d_model, n_layers=n_layers, task=p.task.name, task_params=task_params,
+                    seq_len=L, seed=seed, train=train, index=len(specs), fields=fields,
+                ))
+    return specs
+
+
+def _scalar(v: Any) -> bool:
+    return isinstance(v, (int, float, str, bool))
