@@ -1,0 +1,167 @@
+"""Causal multi-head self-attention and the position encodings it uses.
+
+Positions (``pos``):
+
+- ``"absolute"``: sinusoidal positions (Vaswani et al. 2017) added to the *input* of the
+  network once; handled by the backbone (``models.transformer``), not inside attention.
+  :func:`sinusoidal_positions` builds them.
+- ``"rope"``: rotary embedding (Su et al. 2021, RoFormer). Channel pair i of q and k at
+  position n is rotated by the angle n * theta_i, theta_i = base^(-2i/d_head). Then
+  q_m . k_n = Re[sum_i q_i conj(k_i) e^{i (m - n) theta_i}] depends on m - n only.
+- ``"xpos"``: RoPE times an exponential decay (Sun et al. 2022, "A Length-Extrapolatable
+  Transformer"): pair i of q at position n is further scaled by zeta_i^(n / scale_base) and
+  of k by zeta_i^(-n / scale_base), with zeta_i = (i / (d_head/2) + gamma) / (1 + gamma),
+  gamma = 0.4, scale_base = 512. In q_m . k_n the scales multiply to zeta_i^((m - n) /
+  scale_base): still a function of m - n only, and < 1 for m > n (distant keys decay).
+- ``"none"``: no positions inside attention.
+
+The causal mask is always applied (``scaled_dot_product_attention(is_causal=True)``):
+xPos only rescales q and k before the product, so it needs no custom mask.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+ATTENTION_POSITIONS = ("rope", "xpos", "none")
+
+
+def sinusoidal_positions(
+    length: int, d: int, offset: int = 0, device=None, dtype=torch.float32
+) -> torch.Tensor:
+    """Sinusoidal absolute positions, (length, d).
+
+    PE[n, 2i] = sin(n / 10000^(2i/d)), PE[n, 2i+1] = cos(n / 10000^(2i/d)). An odd d gets
+    one extra sine channel.
+    """
+    n = torch.arange(offset, offset + length, device=device, dtype=torch.float64)[:, None]
+    i = torch.arange(0, d, 2, device=device, dtype=torch.float64)
+    angle = n * torch.exp(-math.log(10000.0) * i / d)          # (length, ceil(d/2))
+    pe = torch.zeros(length, d, device=device, dtype=torch.float64)
+    pe[:, 0::2] = torch.sin(angle)
+    pe[:, 1::2] = torch.cos(angle[:, : d // 2])
+    return pe.to(dtype)
+
+
+class Rotary(nn.Module):
+    """RoPE, optionally with the xPos decay, applied to q or k of shape (..., length, d_head).
+
+    Channel pairs are (x[..., j], x[..., j + d_head/2]) for j < d_head/2 (the "half-split"
+    layout); which channels are paired does not matter for the maths, only consistency.
+    """
+
+    def __init__(self, d_head: int, base: float = 10000.0, xpos: bool = False,
+                 gamma: float = 0.4, scale_base: float = 512.0):
+        super().__init__()
+        if d_head % 2:
+            raise ValueError(f"rotary positions need an even head dimension, got {d_head}")
+        half = d_head // 2
+        i = torch.arange(half, dtype=torch.float64)
+        # theta_i = base^(-2i / d_head)
+        self.register_buffer("theta", base ** (-2.0 * i / d_head), persistent=False)
+        # zeta_i = (i / (d_head/2) + gamma) / (1 + gamma), in (gamma/(1+gamma), 1)
+        self.register_buffer("zeta", (i / half + gamma) / (1.0 + gamma), persistent=False)
+        self.xpos = xpos
+        self.scale_base = scale_base
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, is_key: bool = False,
+                centre: float = 0.0) -> torch.Tensor:
+        """x: (..., length, d_head); positions: (length,) integers -> same shape as x.
+
+        ``centre`` is subtracted from the positions in the xPos scale only: it multiplies q
+        by zeta^(-centre/s) and k by zeta^(+centre/s), which cancels in every q . k, and keeps
+        zeta^(+-n/s) near 1 on long sequences (zeta^(-4096/512) is already ~2e4).
+        """
+        pos = positions.to(torch.float64)[:, None]                 # (length, 1)
+        angle = pos * self.theta                                   # (length, half)
+        cos = torch.cos(angle).to(x.dtype)
+        sin = torch.sin(angle).to(x.dtype)
+        half = x.shape[-1] // 2
+        x1, x2 = x[..., :half], x[..., half:]
+        # (x1 + i x2) * e^{i angle}
+        r1 = x1 * cos - x2 * sin
+        r2 = x1 * sin + x2 * cos
+        if self.xpos:
+            sign = -1.0 if is_key else 1.0
+            scale = (self.zeta ** (sign * (pos - centre) / self.scale_base)).to(x.dtype)
+            r1, r2 = r1 * scale, r2 * scale
+        return torch.cat([r1, r2], dim=-1)
+
+
+class CausalSelfAttention(nn.Module):
+    """Multi-head causal self-attention: (batch, length, d_model) -> same shape.
+
+    ``pos`` in {"rope", "xpos", "none"} says what happens to q and k; absolute positions are
+    added outside (see module docstring). Output at t depends only on inputs at <= t.
+    """
+
+    backend = "torch"
+
+    def __init__(self, d_model: int, n_heads: int = 4, pos: str = "rope", dropout: float = 0.0,
+                 bias: bool = False, rope_base: float = 10000.0, xpos_scale_base: float = 512.0,
+                 xpos_gamma: float = 0.4):
+        super().__init__()
+        if n_heads < 1 or d_model % n_heads:
+            raise ValueError(
+                f"n_heads={n_heads} must be >= 1 and divide d_model={d_model} "
+                f"(each head gets d_model / n_heads channels)"
+            )
+        if pos not in ATTENTION_POSITIONS:
+            raise ValueError(f"unknown attention positions {pos!r}; expected one of "
+                             f"{', '.join(ATTENTION_POSITIONS)}")
+        self.d_model, self.n_heads, self.d_head = d_model, n_heads, d_model // n_heads
+        self.pos = pos
+        self.dropout = dropout
+        self.qkv = nn.Linear(d_model, 3 * d_model, bias=bias)
+        self.out_proj = nn.Linear(d_model, d_model, bias=bias)
+        self.rotary = (
+            Rotary(self.d_head, rope_base, xpos=(pos == "xpos"), gamma=xpos_gamma,
+                   scale_base=xpos_scale_base)
+            if pos in ("rope", "xpos") else None
+        )
+
+    def forward(self, x: torch.Tensor, offset: int = 0) -> torch.Tensor:
+        """x: (batch, length, d_model) -> (batch, length, d_model).
+
+        ``offset`` is the position of x[:, 0] (positions offset .. offset+length-1); with
+        RoPE / xPos the output does not depend on it (only differences of positions enter).
+        """
+        b, length, _ = x.shape
+        q, k, v = self.qkv(x).view(b, length, 3, self.n_heads, self.d_head).unbind(2)
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))           # (batch, heads, length, d_head)
+        if self.rotary is not None:
+            positions = torch.arange(offset, offset + length, device=x.device)
+            centre = offset + length / 2
+            q = self.rotary(q, positions, is_key=False, centre=centre)
+            k = self.rotary(k, positions, is_key=True, centre=centre)
+        y = F.scaled_dot_product_attention(
+            q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0
+        )                                                          # (batch, heads, length, d_head)
+        y = y.transpose(1, 2).reshape(b, length, self.d_model)
+        return self.out_proj(y)
+
+    def state_size(self) -> None:
+        # The KV cache grows with the sequence: no fixed-size recurrent state.
+        return None
+
+
+class MLP(nn.Module):
+    """Position-wise feed-forward: Linear(d, mult*d) -> GELU -> Linear(mult*d, d)."""
+
+    backend = "torch"
+
+    def __init__(self, d_model: int, mult: int = 4, dropout: float = 0.0):
+        super().__init__()
+        self.fc1 = nn.Linear(d_model, mult * d_model)
+        self.fc2 = nn.Linear(mult * d_model, d_model)
+        self.drop = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x: (batch, length, d_model) -> same shape; no mixing across positions."""
+        return self.fc2(self.drop(F.gelu(self.fc1(x))))
+
+    def state_size(self) -> int:
+        return 0

@@ -1,0 +1,80 @@
+"""Stacked LSTM as pre-norm residual blocks.
+
+    x -> n_layers x [ x + LSTM_i(norm_i(x)) ] -> final norm
+
+Each mixer is a single-layer ``nn.LSTM`` with hidden size d_model (Hochreiter & Schmidhuber
+1997), so it maps (batch, length, d_model) to the same shape and is causal by construction.
+The recurrent state per layer is (h, c), 2 * d_model floats; the whole model carries
+n_layers * 2 * d_model floats per sequence.
+
+Step mode (:meth:`LSTMBackbone.init_state`, :meth:`LSTMBackbone.step`) runs one token at a
+time and gives the same outputs as the full forward.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+
+from models.common import ResidualStack
+
+State = list[tuple[torch.Tensor, torch.Tensor]]  # per layer (h, c), each (batch, d_model)
+
+
+class LSTMMixer(nn.Module):
+    """One LSTM layer: (batch, length, d_model) -> (batch, length, d_model)."""
+
+    backend = "torch"
+
+    def __init__(self, d_model: int):
+        super().__init__()
+        self.d_model = d_model
+        self.lstm = nn.LSTM(d_model, d_model, num_layers=1, batch_first=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y, _ = self.lstm(x)
+        return y
+
+    def step(self, x_t: torch.Tensor, state: tuple[torch.Tensor, torch.Tensor]):
+        """x_t: (batch, d_model); state (h, c) each (batch, d_model) -> (y_t, (h, c))."""
+        h, c = state
+        y, (h, c) = self.lstm(x_t[:, None, :], (h[None], c[None]))
+        return y[:, 0], (h[0], c[0])
+
+    def state_size(self) -> int:
+        return 2 * self.d_model
+
+
+class LSTMBackbone(nn.Module):
+    """Pre-norm residual stack of LSTM layers; (batch, length, d_model) -> same shape."""
+
+    backend = "torch"
+
+    def __init__(self, d_model: int, n_layers: int, norm: str = "rms", dropout: float = 0.0):
+        super().__init__()
+        self.d_model = d_model
+        self.stack = ResidualStack(d_model, n_layers, lambda i: LSTMMixer(d_model),
+                                   norm=norm, dropout=dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x: (batch, length, d_model) -> (batch, length, d_model)."""
+        return self.stack(x)
+
+    def state_size(self) -> int:
+        return self.stack.state_size()
+
+    def init_state(self, batch: int, device=None, dtype=None) -> State:
+        """Zero (h, c) for every layer, each (batch, d_model) (what nn.LSTM starts from)."""
+        p = next(self.parameters())
+        device = device or p.device
+        dtype = dtype or p.dtype
+        z = lambda: torch.zeros(batch, self.d_model, device=device, dtype=dtype)  # noqa: E731
+        return [(z(), z()) for _ in self.stack.layers]
+
+    def step(self, x_t: torch.Tensor, state: State) -> tuple[torch.Tensor, State]:
+        """x_t: (batch, d_model) -> (y_t: (batch, d_model), new state)."""
+        new_state: State = []
+        for layer, s in zip(self.stack.layers, state):
+            y, s = layer.mixer.step(layer.norm(x_t), s)
+            x_t = x_t + layer.dropout(y)
+            new_state.append(s)
+        return self.stack.norm_f(x_t), new_state
