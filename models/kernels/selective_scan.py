@@ -1,0 +1,347 @@
+"""The S6 selective scan (Gu & Dao, "Mamba", 2023, Algorithm 2) with three backends.
+
+For every batch element b, channel d and state index n, with time t = 0 .. L-1:
+
+    delta_t  = softplus(delta_t + delta_bias)         (if delta_softplus; else delta_t + bias)
+    h_t      = exp(delta_t * A) * h_{t-1}  +  delta_t * B_t * u_t
+                 `-- ZOH for A --'            `-- Euler for B --'
+    y_t      = sum_n C_t[n] * h_t[n]  +  D * u_t
+    out_t    = y_t * silu(z_t)                          (if a gate z is given)
+
+Shapes follow mamba-ssm's ``selective_scan_fn`` (so official checkpoints and code map 1:1):
+
+    u, delta, z:  (batch, dim, length)
+    A:            (dim, state)             real; A = -exp(A_log) in the Mamba layer
+    B, C:         (batch, state, length)   input-dependent ("selective");
+                  (batch, 1, state, length) is accepted too (one group). mamba-ssm also
+                  allows G > 1 groups and time-invariant / complex B, C: not supported here.
+    D, delta_bias: (dim,)
+    out:          (batch, dim, length);  last_state: (batch, dim, state)
+
+Backends (``backend=``):
+
+- ``"ref"``:   :func:`selective_scan_ref`, the recurrence above as a sequential loop under
+  autograd. Slow (backward stores every step), kept for tests.
+- ``"torch"``: :class:`SelectiveScanTorch`, a custom autograd Function. Forward walks the
+  sequence in blocks of ``block_len`` steps and keeps only the state at block boundaries;
+  backward walks the blocks in reverse, recomputes each block's states from its start
+  state, runs the adjoint recurrence, and forms all parameter gradients of the block with
+  batched contractions. Peak memory is O(batch * dim * state * (block_len + L / block_len))
+  instead of the O(batch * dim * state * L) that storing every state needs. Decays are
+  running products, never cumulative sums of log-decays (those overflow float32 at
+  Mamba's default init, see FACTS.md).
+- ``"cuda"``:  mamba-ssm's fused CUDA kernel, when ``import mamba_ssm`` works and the
+  inputs live on a CUDA device.
+- ``"auto"``:  cuda if possible, else torch. :func:`cuda_unavailable_reason` says why not.
+
+Extension beyond mamba-ssm: ``initial_state`` (batch, dim, state) starts the recurrence
+from a given h_{-1} (used to stream very long sequences chunk by chunk). The CUDA kernel
+has no such input, so ``auto`` uses the torch backend whenever an initial state is given.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+
+BACKENDS = ("auto", "cuda", "torch", "ref")
+DEFAULT_BLOCK_LEN = 32
+
+# ---------------------------------------------------------------------------------------
+# Optional CUDA kernels (mamba-ssm, causal-conv1d), imported lazily and defensively.
+# ---------------------------------------------------------------------------------------
+
+_UNLOADED = object()
+_cuda_scan: Any = _UNLOADED  # mamba-ssm's selective_scan_fn, or None
+_cuda_scan_reason = ""
+_cuda_conv: Any = _UNLOADED  # causal_conv1d_fn, or None
+_cuda_conv_reason = ""
+
+
+def _load_cuda_scan() -> tuple[Callable | None, str]:
+    """(mamba-ssm's selective_scan_fn or None, reason it is None). Cached."""
+    global _cuda_scan, _cuda_scan_reason
+    if _cuda_scan is _UNLOADED:
+        if not torch.cuda.is_available():
+            _cuda_scan, _cuda_scan_reason = None, "torch sees no CUDA device"
+        else:
+            try:  # mamba-ssm raises non-ImportErrors when its extension is missing
+                from mamba_ssm.ops.selective_scan_interface import selective_scan_fn as fn
+                _cuda_scan, _cuda_scan_reason = fn, ""
+            except Exception as exc:  # noqa: BLE001  any failure means "not available"
+                _cuda_scan = None
+                _cuda_scan_reason = f"import mamba_ssm failed: {type(exc).__name__}: {exc}"
+    return _cuda_scan, _cuda_scan_reason
+
+
+def _load_cuda_conv() -> tuple[Callable | None, str]:
+    """(causal_conv1d_fn or None, reason it is None). Cached."""
+    global _cuda_conv, _cuda_conv_reason
+    if _cuda_conv is _UNLOADED:
+        if not torch.cuda.is_available():
+            _cuda_conv, _cuda_conv_reason = None, "torch sees no CUDA device"
+        else:
+            try:
+                from causal_conv1d import causal_conv1d_fn as fn
+                _cuda_conv, _cuda_conv_reason = fn, ""
+            except Exception as exc:  # noqa: BLE001
+                _cuda_conv = None
+                _cuda_conv_reason = f"import causal_conv1d failed: {type(exc).__name__}: {exc}"
+    return _cuda_conv, _cuda_conv_reason
+
+
+def cuda_available() -> bool:
+    return _load_cuda_scan()[0] is not None
+
+
+def cuda_unavailable_reason() -> str:
+    """Why the CUDA scan cannot be used ("" when it can)."""
+    return _load_cuda_scan()[1]
+
+
+def causal_conv1d_cuda() -> Callable | None:
+    """causal-conv1d's ``causal_conv1d_fn`` when importable, else None."""
+    return _load_cuda_conv()[0]
+
+
+def choose_backend(backend: str, device: torch.device | str, initial_state: bool = False) -> str:
+    """Resolve ``backend`` for tensors on ``device`` to one of "cuda", "torch", "ref".
+
+    Forcing "cuda" where it cannot run is an error that says why, not a silent fallback.
+    """
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown selective-scan backend {backend!r}; expected one of {BACKENDS}")
+    on_cuda = torch.device(device).type == "cuda"
+    if backend == "auto":
+        return "cuda" if (on_cuda and not initial_state and cuda_available()) else "torch"
+    if backend == "cuda":
+        if not cuda_available():
+            raise RuntimeError(f"selective-scan backend 'cuda' unavailable: {cuda_unavailable_reason()}")
+        if not on_cuda:
+            raise RuntimeError(f"selective-scan backend 'cuda' needs CUDA tensors, got device {device}")
+        if initial_state:
+            raise RuntimeError("selective-scan backend 'cuda' (mamba-ssm) takes no initial_state")
+    return backend
+
+
+# ---------------------------------------------------------------------------------------
+# Reference: the recurrence, step by step
+# ---------------------------------------------------------------------------------------
+
+def _prepare(u, delta, A, B, C, delta_bias, delta_softplus):
+    """Common input handling: group dim, dtype, bias + softplus of delta."""
+    if B.dim() == 4:
+        if B.shape[1] != 1 or C.dim() != 4 or C.shape[1] != 1:
+            raise NotImplementedError("grouped B/C with more than one group are not supported")
+        B, C = B[:, 0], C[:, 0]
+    if B.dim() != 3 or C.dim() != 3:
+        raise ValueError("B and C must be (batch, state, length) (input-dependent)")
+    if A.is_complex():
+        raise NotImplementedError("complex A is not supported")
+    # Low-precision inputs are scanned in float32, as mamba-ssm does.
+    work = torch.float32 if u.dtype in (torch.float16, torch.bfloat16) else u.dtype
+    u, delta, B, C = u.to(work), delta.to(work), B.to(work), C.to(work)
+    A = A.to(work)
+    if delta_bias is not None:
+        delta = delta + delta_bias.to(work)[:, None]
+    if delta_softplus:
+        delta = F.softplus(delta)
+    return u, delta, A, B, C
+
+
+def _finish(y, u, D, z, dtype_in):
+    """out = (y + D u) * silu(z), cast back to the input dtype."""
+    if D is not None:
+        y = y + u * D.to(y.dtype)[:, None]
+    if z is not None:
+        y = y * F.silu(z.to(y.dtype))
+    return y.to(dtype_in)
+
+
+def selective_scan_ref(
+    u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_softplus=False,
+    return_last_state=False, initial_state=None,
+):
+    """Sequential reference scan. Shapes: see the module docstring.
+
+    Loops with ``unbind`` over time: indexing step by step under autograd would make
+    backward quadratic in length (every select's backward allocates a full-size grad).
+    """
+    dtype_in = u.dtype
+    u, delta, A, B, C = _prepare(u, delta, A, B, C, delta_bias, delta_softplus)
+    batch, dim, _ = u.shape
+    h = (u.new_zeros(batch, dim, A.shape[1]) if initial_state is None
+         else initial_state.to(u.dtype))
+    ys = []
+    for u_t, delta_t, B_t, C_t in zip(u.unbind(-1), delta.unbind(-1), B.unbind(-1), C.unbind(-1)):
+        # u_t, delta_t: (batch, dim); B_t, C_t: (batch, state); h: (batch, dim, state)
+        deltaA = torch.exp(delta_t[:, :, None] * A)                       # ZOH
+        deltaB_u = delta_t[:, :, None] * B_t[:, None, :] * u_t[:, :, None]  # Euler
+        h = deltaA * h + deltaB_u
+        ys.append(torch.einsum("bdn,bn->bd", h, C_t))
+    y = torch.stack(ys, dim=-1)  # (batch, dim, length)
+    out = _finish(y, u, D, z, dtype_in)
+    return (out, h) if return_last_state else out
+
+
+# ---------------------------------------------------------------------------------------
+# Fast pure-PyTorch scan: blockwise, custom backward that recomputes states per block
+# ---------------------------------------------------------------------------------------
+
+def _block_inputs(deltaT, uT, A, BT, s, e):
+    """deltaA, deltaB_u for steps s..e-1, each (T, batch, dim, state), contiguous."""
+    d = deltaT[s:e]                                              # (T, b, dim)
+    deltaA = torch.exp(d[..., None] * A)                         # (T, b, dim, state)
+    deltaB_u = (d * uT[s:e])[..., None] * BT[s:e][:, :, None, :]  # (T, b, dim, state)
+    return deltaA, deltaB_u
+
+
+def _run_block(deltaA, deltaB_u, h, hs):
+    """h_t = deltaA_t h_{t-1} + deltaB_u_t for the block; states written into hs (T,b,d,n)."""
+    for dA_t, dBu_t, h_out in zip(deltaA.unbind(0), deltaB_u.unbind(0), hs.unbind(0)):
+        torch.addcmul(dBu_t, dA_t, h, out=h_out)
+        h = h_out
+    return h
+
+
+class SelectiveScanTorch(torch.autograd.Function):
+    """Core recurrence h_t = exp(delta_t A) h_{t-1} + delta_t B_t u_t, y_t = C_t . h_t.
+
+    forward(u, delta, A, B, C, h0, block_len) -> (y, h_last)
+      u, delta: (batch, dim, L) with delta already biased/softplus'd; A: (dim, N);
+      B, C: (batch, N, L); h0: (batch, dim, N) or None.
+      y: (batch, dim, L); h_last: (batch, dim, N).
+    Saves only u, delta, A, B, C, h0 and the state at every block start.
+    """
+
+    @staticmethod
+    def forward(ctx, u, delta, A, B, C, h0, block_len):
+        batch, dim, L = u.shape
+        N = A.shape[1]
+        # Time-major, contiguous: each step's slice is one contiguous (batch, dim[, N]) block.
+        uT = u.permute(2, 0, 1).contiguous()
+        deltaT = delta.permute(2, 0, 1).contiguous()
+        BT = B.permute(2, 0, 1).contiguous()
+        CT = C.permute(2, 0, 1).contiguous()
+        h = u.new_zeros(batch, dim, N) if h0 is None else h0.to(u.dtype).contiguous()
+        starts = list(range(0, L, block_len))
+        block_h0 = u.new_empty(len(starts), batch, dim, N)
+        yT = u.new_empty(L, batch, dim)
+        hs = u.new_empty(min(block_len, L), batch, dim, N)
+        for k, s in enumerate(starts):
+            e = min(s + block_len, L)
+            block_h0[k] = h
+            deltaA, deltaB_u = _block_inputs(deltaT, uT, A, BT, s, e)
+            h = _run_block(deltaA, deltaB_u, h, hs[: e - s]).clone()
+            # y_t = sum_n h_t[n] C_t[n], as one batched matmul over (t, b)
+            T = e - s
+            torch.matmul(hs[:T].view(T * batch, dim, N), CT[s:e].reshape(T * batch, N, 1),
+                         out=yT[s:e].view(T * batch, dim, 1))
+        ctx.save_for_backward(u, delta, A, B, C, block_h0)
+        ctx.block_len = block_len
+        ctx.has_h0 = h0 is not None
+        return yT.permute(1, 2, 0), h
+
+    @staticmethod
+    def backward(ctx, dy, dh_last):
+        u, delta, A, B, C, block_h0 = ctx.saved_tensors
+        block_len = ctx.block_len
+        batch, dim, L = u.shape
+        N = A.shape[1]
+        uT = u.permute(2, 0, 1).contiguous()
+        deltaT = delta.permute(2, 0, 1).contiguous()
+        BT = B.permute(2, 0, 1).contiguous()
+        CT = C.permute(2, 0, 1).contiguous()
+        dyT = dy.permute(2, 0, 1).contiguous()  # (L, b, dim)
+
+        du = torch.empty_like(uT)
+        ddelta = torch.empty_like(deltaT)
+        dB = torch.empty_like(BT)
+        dC = torch.empty_like(CT)
+        dA = torch.zeros_like(A)
+        # carry = dLoss/dh at the end of the current block, from everything after it
+        carry = dh_last.contiguous().clone() if dh_last is not None else u.new_zeros(batch, dim, N)
+        hs = u.new_empty(min(block_len, L), batch, dim, N)
+        starts = list(range(0, L, block_len))
+        for k in reversed(range(len(starts))):
+            s = starts[k]
+            e = min(s + block_len, L)
+            T = e - s
+            h_start = block_h0[k]
+            deltaA, deltaB_u = _block_inputs(deltaT, uT, A, BT, s, e)
+            _run_block(deltaA, deltaB_u, h_start, hs[:T])  # recompute this block's states
+            hsb = hs[:T]
+            # g_t = dL/dh_t = dy_t C_t + deltaA_{t+1} g_{t+1}   (adjoint recurrence)
+            gs = dyT[s:e][..., None] * CT[s:e][:, :, None, :]     # (T, b, dim, N): dy_t C_t
+            for dA_t, g_t in zip(reversed(deltaA.unbind(0)), reversed(gs.unbind(0))):
+                g_t.add_(carry)
+                carry = dA_t * g_t
+            # carry is now dL/dh_{s-1}, handed to the previous block.
+
+            # dC_t[n] = sum_d dy_t[d] h_t[d, n]
+            torch.matmul(hsb.view(T * batch, dim, N).transpose(1, 2),
+                         dyT[s:e].reshape(T * batch, dim, 1),
+                         out=dC[s:e].view(T * batch, N, 1))
+            # Through deltaB_u = delta B u:  g_t is dL/d(deltaB_u_t)
+            gB = torch.matmul(gs.view(T * batch, dim, N), BT[s:e].reshape(T * batch, N, 1))
+            gB = gB.view(T, batch, dim)                                # sum_n g B
+            d_blk, u_blk = deltaT[s:e], uT[s:e]
+            du[s:e] = gB * d_blk
+            torch.matmul(gs.view(T * batch, dim, N).transpose(1, 2),
+                         (d_blk * u_blk).reshape(T * batch, dim, 1),
+                         out=dB[s:e].view(T * batch, N, 1))
+            # Through deltaA = exp(delta A): dL/d(deltaA_t) = g_t h_{t-1}; times deltaA_t
+            # gives the grad of the exponent (delta_t A).
+            gE = gs  # reuse the buffer: gE_t = g_t * h_{t-1} * deltaA_t
+            gE[1:].mul_(hsb[:-1])
+            gE[0].mul_(h_start)
+            gE.mul_(deltaA)
+            ddelta[s:e] = (gE * A).sum(-1)
+            ddelta[s:e] += gB * u_blk
+            dA += torch.einsum("tbdn,tbd->dn", gE, d_blk)
+        dh0 = carry if ctx.has_h0 else None
+        return (du.permute(1, 2, 0), ddelta.permute(1, 2, 0), dA,
+                dB.permute(1, 2, 0), dC.permute(1, 2, 0), dh0, None)
+
+
+def selective_scan_torch(
+    u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_softplus=False,
+    return_last_state=False, initial_state=None, block_len: int = DEFAULT_BLOCK_LEN,
+):
+    """Fast pure-PyTorch scan (any device). Same contract as :func:`selective_scan_ref`."""
+    if block_len < 1:
+        raise ValueError("block_len must be >= 1")
+    dtype_in = u.dtype
+    u, delta, A, B, C = _prepare(u, delta, A, B, C, delta_bias, delta_softplus)
+    y, last = SelectiveScanTorch.apply(u, delta, A, B, C, initial_state, block_len)
+    out = _finish(y, u, D, z, dtype_in)
+    return (out, last) if return_last_state else out
+
+
+# ---------------------------------------------------------------------------------------
+# Public entry point
+# ---------------------------------------------------------------------------------------
+
+def _device_of(t: torch.Tensor) -> torch.device:
+    """Device used for dispatch (a seam for tests that fake CUDA tensors)."""
+    return t.device
+
+
+def selective_scan_fn(
+    u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_softplus=False,
+    return_last_state=False, backend: str = "auto", initial_state=None,
+):
+    """mamba-ssm-compatible selective scan; ``backend`` in auto | cuda | torch | ref.
+
+    u, delta, z: (batch, dim, length); A: (dim, state); B, C: (batch, state, length);
+    D, delta_bias: (dim,); initial_state: (batch, dim, state) or None.
+    Returns out (batch, dim, length) [, last_state (batch, dim, state)].
+    """
+    chosen = choose_backend(backend, _device_of(u), initial_state is not None)
+    if chosen == "cuda":
+        fn = _load_cuda_scan()[0]
+        return fn(u, delta, A, B, C, D, z, delta_bias, delta_softplus, return_last_state)
+    impl = selective_scan_torch if chosen == "torch" else selective_scan_ref
+    return impl(u, delta, A, B, C, D, z, delta_bias, delta_softplus, return_last_state,
+                initial_state=initial_state)

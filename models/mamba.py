@@ -1,0 +1,153 @@
+"""The Mamba mixer (Gu & Dao 2023, Figure 3) and recurrent backbones built from it.
+
+Mamba(x), for x: (batch, length, d_model), with d_inner = expand * d_model:
+
+    x, z  = in_proj(x)                   two (batch, length, d_inner) streams
+    x     = silu(causal depthwise conv1d(x))   kernel d_conv, left-padded, per channel
+    y     = S6(x)  gated by silu(z)       selective scan (models.s6 / models.kernels)
+    out   = out_proj(y)                  (batch, length, d_model)
+
+No norm or residual inside: the backbone (``RecurrentStack``) adds pre-norm residuals.
+Parameter names match mamba-ssm's ``Mamba`` (in_proj, conv1d, x_proj, dt_proj, A_log, D,
+out_proj) so official checkpoints load with ``load_state_dict``.
+
+Recurrent inference: ``Mamba.step`` runs one token with state
+``(conv_state (batch, d_inner, d_conv - 1), ssm_state (batch, d_inner, d_state))``;
+``forward_with_state`` runs a chunk from a state and returns the next one, which is exact
+and much faster than stepping; :func:`stream` chains chunks of an arbitrarily long sequence
+with memory that does not grow with its length.
+"""
+from __future__ import annotations
+
+from typing import Iterable, Iterator
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from models.common import ResidualStack
+from models.kernels import selective_scan as ss
+from models.s6 import SelectiveSSM, resolve_dt_rank
+
+MambaState = tuple[torch.Tensor, torch.Tensor]  # (conv_state, ssm_state)
+
+
+class Mamba(SelectiveSSM):
+    """Mamba mixer: (batch, length, d_model) -> (batch, length, d_model), causal."""
+
+    def __init__(
+        self, d_model: int, d_state: int = 16, d_conv: int = 4, expand: int = 2,
+        dt_rank="auto", dt_min: float = 0.001, dt_max: float = 0.1,
+        dt_init_floor: float = 1e-4, bias: bool = False, conv_bias: bool = True,
+        backend: str = "auto",
+    ):
+        super().__init__()
+        if d_conv < 1 or expand < 1:
+            raise ValueError("d_conv and expand must be >= 1")
+        self.d_model, self.d_conv, self.expand = d_model, d_conv, expand
+        d_inner = expand * d_model
+        self.in_proj = nn.Linear(d_model, 2 * d_inner, bias=bias)
+        self.conv1d = nn.Conv1d(d_inner, d_inner, kernel_size=d_conv, groups=d_inner,
+                                padding=d_conv - 1, bias=conv_bias)
+        # mamba-ssm sets dt_rank from d_model, not d_inner
+        self._init_ssm(d_inner, d_state, resolve_dt_rank(dt_rank, d_model), dt_min, dt_max,
+                       dt_init_floor, backend)
+        self.out_proj = nn.Linear(d_inner, d_model, bias=bias)
+
+    # -- full sequence -----------------------------------------------------------------
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden: (batch, length, d_model) -> (batch, length, d_model)."""
+        L = hidden.shape[1]
+        x, z = self.in_proj(hidden).transpose(1, 2).chunk(2, dim=1)  # (b, d_inner, L) each
+        conv_cuda = ss.causal_conv1d_cuda() if self.backend == "cuda" else None
+        if conv_cuda is not None:
+            x = conv_cuda(x, self.conv1d.weight.squeeze(1), self.conv1d.bias, activation="silu")
+        else:
+            # padding = d_conv - 1 on both sides; keeping the first L outputs makes it causal
+            x = F.silu(self.conv1d(x)[..., :L])
+        y = self._scan(x, z)                                         # (b, d_inner, L)
+        return self.out_proj(y.transpose(1, 2))
+
+    def forward_with_state(self, hidden: torch.Tensor, state: MambaState) -> tuple[torch.Tensor, MambaState]:
+        """Run a chunk from ``state``; returns (out (batch, length, d_model), next state).
+
+        Chaining chunks this way equals one forward over their concatenation.
+        """
+        conv_state, ssm_state = state
+        x, z = self.in_proj(hidden).transpose(1, 2).chunk(2, dim=1)
+        # the conv sees the previous d_conv - 1 inputs instead of zero padding
+        x_ext = torch.cat([conv_state.to(x.dtype), x], dim=-1)     # (b, d_inner, d_conv-1+L)
+        new_conv_state = x_ext[..., x_ext.shape[-1] - (self.d_conv - 1):]
+        x = F.silu(F.conv1d(x_ext, self.conv1d.weight, self.conv1d.bias, groups=self.d_inner))
+        y, ssm_state = self._scan(x, z, initial_state=ssm_state, return_last_state=True)
+        return self.out_proj(y.transpose(1, 2)), (new_conv_state, ssm_state)
+
+    # -- recurrent mode ----------------------------------------------------------------
+    def init_state(self, batch: int) -> MambaState:
+        p = self.A_log
+        return (torch.zeros(batch, self.d_inner, self.d_conv - 1, device=p.device, dtype=p.dtype),
+                torch.zeros(batch, self.d_inner, self.d_state, device=p.device, dtype=p.dtype))
+
+    def step(self, hidden_t: torch.Tensor, state: MambaState) -> tuple[torch.Tensor, MambaState]:
+        """One token: hidden_t (batch, d_model) -> (out_t (batch, d_model), next state)."""
+        conv_state, ssm_state = state
+        x, z = self.in_proj(hidden_t).chunk(2, dim=-1)                # (b, d_inner) each
+        window = torch.cat([conv_state, x[:, :, None]], dim=-1)      # (b, d_inner, d_conv)
+        x = (window * self.conv1d.weight[:, 0, :]).sum(-1)
+        if self.conv1d.bias is not None:
+            x = x + self.conv1d.bias
+        x = F.silu(x)
+        y, ssm_state = self._ssm_step(x, ssm_state)
+        y = y * F.silu(z)
+        return self.out_proj(y), (window[:, :, 1:], ssm_state)
+
+    def state_size(self) -> int:
+        return self.d_inner * (self.d_state + self.d_conv - 1)
+
+
+class RecurrentStack(ResidualStack):
+    """A pre-norm residual stack whose mixers all have a fixed-size recurrent state.
+
+    Mixers must provide ``init_state(batch)``, ``step(x_t, state)`` and
+    ``forward_with_state(x, state)`` (Mamba and S6 do). Adds the same three methods for
+    the whole stack, plus :meth:`forward_chunked`.
+    """
+
+    def init_state(self, batch: int) -> list:
+        return [layer.mixer.init_state(batch) for layer in self.layers]
+
+    def step(self, x_t: torch.Tensor, state: list) -> tuple[torch.Tensor, list]:
+        """x_t: (batch, d_model) -> (y_t (batch, d_model), next state)."""
+        new_state = []
+        for layer, s in zip(self.layers, state):
+            y, s = layer.mixer.step(layer.norm(x_t), s)
+            x_t = x_t + layer.dropout(y)
+            new_state.append(s)
+        return self.norm_f(x_t), new_state
+
+    def forward_with_state(self, x: torch.Tensor, state: list) -> tuple[torch.Tensor, list]:
+        """x: (batch, length, d_model) from ``state`` -> (y, next state)."""
+        new_state = []
+        for layer, s in zip(self.layers, state):
+            y, s = layer.mixer.forward_with_state(layer.norm(x), s)
+            x = x + layer.dropout(y)
+            new_state.append(s)
+        return self.norm_f(x), new_state
+
+    def forward_chunked(self, x: torch.Tensor, chunk_len: int) -> torch.Tensor:
+        """Same result as ``forward(x)``, computed chunk by chunk from carried states."""
+        return torch.cat(list(stream(self, x.split(chunk_len, dim=1))), dim=1)
+
+
+def stream(backbone: RecurrentStack, x_chunks: Iterable[torch.Tensor],
+           state: list | None = None) -> Iterator[torch.Tensor]:
+    """Yield the backbone's output for each chunk (batch, chunk_len, d_model) in turn.
+
+    Only the recurrent state travels between chunks, so memory stays flat however many
+    chunks come (use under ``torch.no_grad()`` for inference).
+    """
+    for chunk in x_chunks:
+        if state is None:
+            state = backbone.init_state(chunk.shape[0])
+        y, state = backbone.forward_with_state(chunk, state)
+        yield y
