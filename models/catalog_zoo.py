@@ -27,3 +27,49 @@ def lstm(d_model: int, n_layers: int, norm: str = "rms", dropout: float = 0.0):
     from models.lstm import LSTMBackbone
 
     return LSTMBackbone(d_model, n_layers, norm=norm, dropout=dropout)
+
+
+@register(
+    "gated_mlp",
+    "Token-wise gated MLP (W3[(W1 x)*SiLU(W2 x)]) residual stack; mixes NO positions (control: cannot copy)",
+    family="mlp",
+)
+def gated_mlp(d_model: int, n_layers: int, mult: float = 2.0, bias: bool = False,
+              norm: str = "rms", dropout: float = 0.0):
+    from models.gated_mlp import GatedMLPBackbone
+
+    return GatedMLPBackbone(d_model, n_layers, mult=mult, bias=bias, norm=norm, dropout=dropout)
+
+
+@register(
+    "hybrid",
+    "Transformer and Mamba branches side by side in each block (t_layers/m_layers), split then combined (null/res/gated-res)",
+    family="hybrid",
+)
+def hybrid(d_model: int, n_layers: int, t_layers: int = 1, m_layers: int = 1,
+           combiner: str = "gated-res", split: str = "same", split_ratio: float = 0.5,
+           n_heads: int = 4, pos: str = "rope", mlp_mult: int = 4, d_state: int = 16,
+           d_conv: int = 4, expand: int = 2, backend: str = "auto", norm: str = "rms",
+           dropout: float = 0.0):
+    from models.hybrid import Hybrid
+
+    return Hybrid(d_model, n_layers, t_layers=t_layers, m_layers=m_layers, combiner=combiner,
+                  split=split, split_ratio=split_ratio, n_heads=n_heads, pos=pos,
+                  mlp_mult=mlp_mult, norm=norm, dropout=dropout,
+                  mamba_kwargs=dict(d_state=d_state, d_conv=d_conv, expand=expand,
+                                    backend=backend))
+
+
+@register(
+    "mambaformer",
+    "MambaFormer (Park et al. 2024): leading Mamba instead of positions, then alternating attention and Mamba layers",
+    family="hybrid",
+)
+def mambaformer(d_model: int, n_layers: int, n_heads: int = 4, d_state: int = 16,
+                d_conv: int = 4, expand: int = 2, backend: str = "auto", norm: str = "rms",
+                dropout: float = 0.0):
+    from models.hybrid import MambaFormer
+
+    return MambaFormer(d_model, n_layers, n_heads=n_heads, norm=norm, dropout=dropout,
+                       mamba_kwargs=dict(d_state=d_state, d_conv=d_conv, expand=expand,
+                                         backend=backend))

@@ -1,0 +1,176 @@
+"""Transformer / Mamba hybrids: side by side (``hybrid``) and interleaved (``mambaformer``).
+
+``hybrid`` — n_layers blocks, each running an attention branch and a Mamba branch in
+parallel on the same (normed) residual stream:
+
+    x -> x + Combine( A(s_A), M(s_M) ),   (s_A, s_M) = Split(norm(x))     per block
+      -> final norm
+
+- Split: ``split="same"`` (default) gives both branches the whole normed input, width
+  d_model each. ``split="linear"`` projects it with one Linear(d_model, d_A + d_M) into two
+  narrower streams, d_A ~ split_ratio * d_model (rounded to a multiple of 2 * n_heads so
+  heads are whole and RoPE pairs complete) and d_M = d_model - d_A: the block costs about
+  what one model of width d_model costs.
+- Branch A: t_layers Transformer layers (pre-norm residual causal attention + pre-norm
+  residual GELU MLP) at width d_A, positions ``pos`` (RoPE by default) inside attention.
+  Branch M: m_layers pre-norm residual Mamba layers at width d_M. No final norm inside a
+  branch; the block's own pre-norm residual wraps the whole.
+- Combine, with pad(y) = y truncated or zero-padded to d_model channels:
+    ``"null"``:      (pad(y_A) + pad(y_M)) / 2
+    ``"res"``:       (P_A y_A + pad(y_A) + P_M y_M + pad(y_M)) / 2     (P_b: Linear(d_b, d_model))
+    ``"gated-res"``: sum_b w_b * (g_b * P_b y_b + (1 - g_b) * pad(y_b)),
+                     g_b = sigmoid(per-channel logits), w = softmax over branches of
+                     per-channel logits; both start at equal weights.
+
+``mambaformer`` — Park et al. 2024, "Can Mamba Learn How to Learn?": a Transformer whose
+MLP blocks are replaced by Mamba blocks and which starts with a Mamba block instead of a
+positional encoding:
+
+    x -> x + Mamba(norm x) -> n_layers x [ x + Attn(norm x) ; x + Mamba(norm x) ] -> final norm
+
+Both are causal (every part is), report the Mamba's ``backend``, and have no fixed-size
+recurrent state (``state_size()`` is None: attention's KV cache grows with length).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from models.attention import MLP, CausalSelfAttention
+from models.common import PreNormResidual, ResidualStack, make_norm
+from models.mamba import Mamba
+
+COMBINERS = ("null", "res", "gated-res")
+SPLITS = ("same", "linear")
+
+
+def pad_to(y: torch.Tensor, d: int) -> torch.Tensor:
+    """y: (..., d_b) -> (..., d): truncate extra channels or append zero channels."""
+    d_b = y.shape[-1]
+    if d_b >= d:
+        return y[..., :d]
+    return F.pad(y, (0, d - d_b))
+
+
+class Combiner(nn.Module):
+    """Branch outputs [(batch, length, d_b)] -> (batch, length, d_model); see module doc."""
+
+    def __init__(self, kind: str, widths: list[int], d_model: int):
+        super().__init__()
+        if kind not in COMBINERS:
+            raise ValueError(f"unknown combiner {kind!r}; expected one of {', '.join(COMBINERS)}")
+        self.kind, self.d_model = kind, d_model
+        self.proj = (
+            nn.ModuleList(nn.Linear(w, d_model) for w in widths) if kind != "null" else None
+        )
+        if kind == "gated-res":
+            # logits 0 -> gate 1/2 between projection and identity, equal branch weights
+            self.gate_logits = nn.Parameter(torch.zeros(len(widths), d_model))
+            self.branch_logits = nn.Parameter(torch.zeros(len(widths), d_model))
+
+    def forward(self, ys: list[torch.Tensor]) -> torch.Tensor:
+        ident = [pad_to(y, self.d_model) for y in ys]
+        if self.kind == "null":
+            return torch.stack(ident).mean(0)
+        proj = [p(y) for p, y in zip(self.proj, ys)]
+        if self.kind == "res":
+            return torch.stack([p + i for p, i in zip(proj, ident)]).mean(0)
+        g = torch.sigmoid(self.gate_logits)                          # (branches, d_model)
+        w = torch.softmax(self.branch_logits, dim=0)                 # (branches, d_model)
+        mixed = torch.stack([g[b] * proj[b] + (1 - g[b]) * ident[b] for b in range(len(ys))])
+        return (w[:, None, None, :] * mixed).sum(0)
+
+
+class HybridBlock(nn.Module):
+    """Split -> (attention branch, Mamba branch) in parallel -> combine.
+
+    (batch, length, d_model) -> (batch, length, d_model); the caller adds norm and residual.
+    """
+
+    def __init__(self, d_model: int, t_layers: int, m_layers: int, combiner: str, split: str,
+                 split_ratio: float, n_heads: int, pos: str, mlp_mult: int, norm: str,
+                 dropout: float, mamba_kwargs: dict):
+        super().__init__()
+        if t_layers < 1 or m_layers < 1:
+            raise ValueError(f"t_layers and m_layers must be >= 1 (got {t_layers}, {m_layers}); "
+                             "use the 'transformer' or 'mamba' entries for a single kind")
+        if split not in SPLITS:
+            raise ValueError(f"unknown split {split!r}; expected one of {', '.join(SPLITS)}")
+        if split == "same":
+            d_a = d_m = d_model
+            self.splitter = None
+        else:
+            if not 0.0 < split_ratio < 1.0:
+                raise ValueError(f"split_ratio must be in (0, 1), got {split_ratio}")
+            unit = 2 * n_heads if pos in ("rope", "xpos") else n_heads
+            d_a = max(unit, round(split_ratio * d_model / unit) * unit)
+            d_m = d_model - d_a
+            if d_m < 1:
+                raise ValueError(f"split leaves no width for Mamba: d_model={d_model}, "
+                                 f"attention width {d_a} (multiple of {unit})")
+            self.splitter = nn.Linear(d_model, d_a + d_m)
+        if d_a % n_heads:
+            raise ValueError(f"n_heads={n_heads} must divide the attention width {d_a}")
+        self.d_a, self.d_m = d_a, d_m
+        attn_layers: list[nn.Module] = []
+        for _ in range(t_layers):
+            attn_layers.append(PreNormResidual(
+                d_a, CausalSelfAttention(d_a, n_heads, pos=pos, dropout=dropout), norm, dropout))
+            attn_layers.append(PreNormResidual(d_a, MLP(d_a, mlp_mult, dropout), norm, dropout))
+        self.attn_branch = nn.Sequential(*attn_layers)
+        self.mamba_branch = nn.Sequential(*(
+            PreNormResidual(d_m, Mamba(d_m, **mamba_kwargs), norm, dropout)
+            for _ in range(m_layers)
+        ))
+        self.combine = Combiner(combiner, [d_a, d_m], d_model)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x: (batch, length, d_model) -> (batch, length, d_model)."""
+        if self.splitter is None:
+            s_a = s_m = x
+        else:
+            s_a, s_m = self.splitter(x).split([self.d_a, self.d_m], dim=-1)
+        return self.combine([self.attn_branch(s_a), self.mamba_branch(s_m)])
+
+    @property
+    def backend(self) -> str:
+        return self.mamba_branch[0].mixer.backend
+
+    def state_size(self) -> None:
+        return None
+
+
+class Hybrid(ResidualStack):
+    """n_layers pre-norm residual :class:`HybridBlock` s and a final norm."""
+
+    def __init__(self, d_model: int, n_layers: int, t_layers: int = 1, m_layers: int = 1,
+                 combiner: str = "gated-res", split: str = "same", split_ratio: float = 0.5,
+                 n_heads: int = 4, pos: str = "rope", mlp_mult: int = 4, norm: str = "rms",
+                 dropout: float = 0.0, mamba_kwargs: dict | None = None):
+        mk = dict(mamba_kwargs or {})
+        super().__init__(
+            d_model, n_layers,
+            lambda i: HybridBlock(d_model, t_layers, m_layers, combiner, split, split_ratio,
+                                  n_heads, pos, mlp_mult, norm, dropout, mk),
+            norm=norm, dropout=dropout,
+        )
+
+
+class MambaFormer(ResidualStack):
+    """Mamba, then n_layers x (attention, Mamba), all pre-norm residual; no positions."""
+
+    def __init__(self, d_model: int, n_layers: int, n_heads: int = 4, norm: str = "rms",
+                 dropout: float = 0.0, mamba_kwargs: dict | None = None):
+        mk = dict(mamba_kwargs or {})
+        if n_heads < 1 or d_model % n_heads:
+            raise ValueError(f"n_heads={n_heads} must be >= 1 and divide d_model={d_model}")
+
+        def make_mixer(i: int) -> nn.Module:
+            # i = 0: the leading Mamba that stands in for a positional encoding;
+            # then odd i attention, even i Mamba (the Mamba takes the MLP's place).
+            if i % 2 == 1:
+                return CausalSelfAttention(d_model, n_heads, pos="none", dropout=dropout)
+            return Mamba(d_model, **mk)
+
+        super().__init__(d_model, 2 * n_layers + 1, make_mixer, norm=norm, dropout=dropout)
