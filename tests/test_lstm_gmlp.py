@@ -53,3 +53,38 @@ def test_lstm_is_causal():
     x2[:, 5:] = -x2[:, 5:]
     torch.testing.assert_close(m(x2)[:, :5], m(x)[:, :5], rtol=0, atol=1e-12)
     assert not torch.allclose(m(x2)[:, 5:], m(x)[:, 5:])
+
+
+def test_gated_mlp_formula():
+    from models.gated_mlp import GatedMLP
+
+    torch.manual_seed(0)
+    g = GatedMLP(8, mult=2.0)
+    x = torch.randn(3, 5, 8)
+    expected = g.W3(g.W1(x) * torch.sigmoid(g.W2(x)) * g.W2(x))  # SiLU(a) = a * sigmoid(a)
+    torch.testing.assert_close(g(x), expected)
+    assert g.W1.out_features == 16
+
+
+def test_gated_mlp_mixes_no_positions():
+    """Each output position depends on its own input only: changing any other position,
+    earlier or later, leaves it unchanged; and positions are treated identically."""
+    torch.manual_seed(0)
+    m = models.build("gated_mlp", d_model=16, n_layers=3).double()
+    x = torch.randn(2, 10, 16, dtype=torch.float64)
+    y = m(x)
+    x2 = x.clone()
+    x2[:, :4] = torch.randn_like(x2[:, :4])   # change the past of positions 4..9
+    torch.testing.assert_close(m(x2)[:, 4:], y[:, 4:], rtol=0, atol=1e-12)
+    # the same token at two positions gives the same output
+    x3 = x.clone()
+    x3[:, 7] = x3[:, 2]
+    y3 = m(x3)
+    torch.testing.assert_close(y3[:, 7], y3[:, 2], rtol=0, atol=1e-12)
+    assert "NO positions" in models.describe("gated_mlp")
+    assert m.state_size() == 0
+
+
+def test_gated_mlp_bad_mult():
+    with pytest.raises(ValueError, match="mult"):
+        models.build("gated_mlp", d_model=8, n_layers=1, mult=0)

@@ -1,0 +1,108 @@
+"""`hybrid` (parallel attention / Mamba branches) and `mambaformer` (interleaved)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import models
+from models.hybrid import Combiner, HybridBlock, pad_to
+
+D = 16
+
+
+def _causal_check(m, length=20, t=8):
+    x = torch.randn(2, length, D, dtype=torch.float64)
+    y = m(x)
+    x2 = x.clone()
+    x2[:, t + 1:] = torch.randn_like(x2[:, t + 1:])
+    y2 = m(x2)
+    torch.testing.assert_close(y2[:, : t + 1], y[:, : t + 1], rtol=0, atol=1e-9)
+    assert not torch.allclose(y2[:, t + 1:], y[:, t + 1:])
+    return y
+
+
+@pytest.mark.parametrize("combiner", ["null", "res", "gated-res"])
+@pytest.mark.parametrize("split", ["same", "linear"])
+def test_hybrid_variants_shape_causal_backend(combiner, split):
+    torch.manual_seed(0)
+    m = models.build("hybrid", d_model=D, n_layers=2, combiner=combiner, split=split,
+                     n_heads=2, backend="torch").double()
+    y = _causal_check(m)
+    assert y.shape == (2, 20, D)
+    assert m.state_size() is None
+    assert m.backend == m.layers[0].mixer.mamba_branch[0].mixer.backend == "torch"
+
+
+def test_hybrid_layer_counts_and_split_widths():
+    m = models.build("hybrid", d_model=32, n_layers=3, t_layers=2, m_layers=3, split="linear",
+                     split_ratio=0.25, n_heads=2, pos="rope")
+    assert len(m.layers) == 3
+    block = m.layers[0].mixer
+    assert isinstance(block, HybridBlock)
+    assert len(block.attn_branch) == 2 * 2          # attention + MLP per Transformer layer
+    assert len(block.mamba_branch) == 3
+    assert (block.d_a, block.d_m) == (8, 24)        # 0.25 * 32, multiple of 2 * n_heads
+    assert block.splitter.out_features == 32
+    same = models.build("hybrid", d_model=32, n_layers=1, n_heads=2).layers[0].mixer
+    assert (same.d_a, same.d_m) == (32, 32) and same.splitter is None
+
+
+def test_combiners_maths():
+    torch.manual_seed(0)
+    ya, ym = torch.randn(2, 3, 4), torch.randn(2, 3, 8)
+    d = 6
+    null = Combiner("null", [4, 8], d)
+    torch.testing.assert_close(null([ya, ym]), (pad_to(ya, d) + pad_to(ym, d)) / 2)
+    assert pad_to(ya, d)[..., 4:].abs().sum() == 0 and pad_to(ym, d).shape[-1] == d
+    res = Combiner("res", [4, 8], d)
+    expected = (res.proj[0](ya) + pad_to(ya, d) + res.proj[1](ym) + pad_to(ym, d)) / 2
+    torch.testing.assert_close(res([ya, ym]), expected)
+    gr = Combiner("gated-res", [4, 8], d)
+    with torch.no_grad():
+        gr.gate_logits.normal_()
+        gr.branch_logits.normal_()
+    g = torch.sigmoid(gr.gate_logits)
+    w = torch.softmax(gr.branch_logits, 0)
+    expected = sum(w[b] * (g[b] * gr.proj[b](y) + (1 - g[b]) * pad_to(y, d))
+                   for b, y in enumerate([ya, ym]))
+    torch.testing.assert_close(gr([ya, ym]), expected)
+    # gradients reach gates and branch weights
+    gr([ya, ym]).sum().backward()
+    assert gr.gate_logits.grad.abs().sum() > 0 and gr.branch_logits.grad.abs().sum() > 0
+
+
+def test_hybrid_option_errors():
+    with pytest.raises(ValueError, match="combiner"):
+        models.build("hybrid", d_model=D, n_layers=1, combiner="concat")
+    with pytest.raises(ValueError, match="split"):
+        models.build("hybrid", d_model=D, n_layers=1, split="halves")
+    with pytest.raises(ValueError, match="m_layers"):
+        models.build("hybrid", d_model=D, n_layers=1, m_layers=0)
+    with pytest.raises(ValueError, match="n_heads"):
+        models.build("hybrid", d_model=18, n_layers=1, n_heads=4)
+    with pytest.raises(TypeError, match="t_layer\\b"):
+        models.build("hybrid", d_model=D, n_layers=1, t_layer=2)
+
+
+def test_mambaformer_layout_and_causality():
+    torch.manual_seed(0)
+    m = models.build("mambaformer", d_model=D, n_layers=2, n_heads=2, backend="torch").double()
+    from models.attention import CausalSelfAttention
+    from models.mamba import Mamba
+
+    kinds = [type(layer.mixer) for layer in m.layers]
+    assert kinds == [Mamba, CausalSelfAttention, Mamba, CausalSelfAttention, Mamba]
+    assert all(layer.mixer.pos == "none" for layer in m.layers if isinstance(layer.mixer, CausalSelfAttention))
+    _causal_check(m)
+    assert m.state_size() is None and m.backend == "torch"
+
+
+def test_mambaformer_is_order_sensitive_without_positional_encoding():
+    """The leading Mamba supplies order: swapping two earlier tokens changes the last output
+    (attention alone, with no positions, would be blind to it at the first layer)."""
+    torch.manual_seed(0)
+    m = models.build("mambaformer", d_model=D, n_layers=1, n_heads=2, backend="torch").double()
+    x = torch.randn(2, 12, D, dtype=torch.float64)
+    xs = x.clone()
+    xs[:, [2, 5]] = x[:, [5, 2]]
+    assert not torch.allclose(m(x)[:, -1], m(xs)[:, -1], atol=1e-6)
