@@ -17,4 +17,12 @@ from tasks.registry import (  # noqa: F401
 )
 
 # Task modules register themselves on import.
-from tasks import selective_copying  # noqa: F401,E402
+from tasks import (  # noqa: F401,E402
+    char_lm,
+    images,
+    induction_heads,
+    mad,
+    mqar,
+    selective_copying,
+)
+from tasks import heads  # noqa: F401,E402

@@ -4,34 +4,96 @@ A task is built by name with parameters (``tasks.build(name, **params)``) and yi
 ``(inputs, targets)`` batches with ``targets == IGNORE (-100)`` wherever no loss is taken.
 Everything is generated from explicit seeds (``numpy.random.default_rng``): no global
 random state, so the same parameters and seed give the same data on every machine.
-Train and test data come from disjoint seed streams (and fixed-size sets are additionally
-de-duplicated against each other where the task says so).
+
+Seed streams (``rng_for(seed, *stream)``), never shared between train and test:
+
+- ``train_set(seed)``            -> (seed, TRAIN)
+- ``train_batch(bs, step, seed)`` -> (seed, TRAIN, 2, step)
+- ``sample(bs, seed)``           -> (seed, TRAIN, 1)
+- ``eval_sets(seed)``            -> (seed, TEST, ...)
+
+When the training set is fixed (``fixed_train``), test examples whose inputs equal a
+training example's inputs are dropped and replaced by further draws from the test stream
+(:meth:`Task._dedup_against_train`), so a memorised training example cannot count as a test
+success. Fresh-batch training (``fixed_train == False``) draws a new batch every step; for the
+tasks here the space of sequences is so large that a collision with a test sequence is
+astronomically rare, so fresh batches are not filtered.
 
 What the worker needs to put a model around a backbone:
 
 - ``vocab_size`` (int) for token inputs, or ``input_dim`` (int) for continuous features;
 - ``num_classes``: logits per position (or per sequence when ``pooled``);
-- ``pooled``: one label per sequence; the head mean-pools over positions.
+- ``readout``: how the head reads the backbone output (``tasks.heads.make_head`` builds it):
+  ``"per_position"`` (a linear layer at every position), ``"pooled"`` (mean over positions,
+  one label per sequence; ``pooled`` is True exactly then) or ``"decode_from_last"`` (MAD
+  compression: the last position's output is decoded into one prediction per position by an
+  MLP with position embeddings; a per-position head would let the model copy its input);
+- ``augment_batch(batch, step, seed)``: call on every training batch (identity unless the
+  task has augmentations, e.g. CIFAR crops/flips);
+- ``extra_metrics(counts)``: task-specific numbers derived from the eval counts (e.g.
+  bits per character for the character LM); ``{}`` for most tasks.
 
 Accuracy is defined once, in :mod:`tasks.metrics`.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, Iterable
 
 import numpy as np
 import torch
 
-from tasks.metrics import IGNORE
+from tasks.metrics import IGNORE, AccuracyCounts
 
 TRAIN_STREAM = 0
 TEST_STREAM = 1
+
+READOUTS = ("per_position", "pooled", "decode_from_last")
 
 
 def rng_for(seed: int, *stream: int) -> np.random.Generator:
     """An independent generator for (seed, stream...): streams never overlap."""
     return np.random.default_rng([int(seed), *map(int, stream)])
+
+
+# -- parameter checks shared by all tasks -------------------------------------------
+def check_int(name: str, value, minimum: int | None = None, maximum: int | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise ValueError(f"{name} must be an integer, got {value!r}")
+    value = int(value)
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    if maximum is not None and value > maximum:
+        raise ValueError(f"{name} must be <= {maximum}, got {value}")
+    return value
+
+
+def check_float(name: str, value, low: float, high: float, high_open: bool = True) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{name} must be a number, got {value!r}")
+    value = float(value)
+    ok = low <= value < high if high_open else low <= value <= high
+    if not ok:
+        bracket = ")" if high_open else "]"
+        raise ValueError(f"{name} must be in [{low}, {high}{bracket}, got {value}")
+    return value
+
+
+def check_bool(name: str, value) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"{name} must be true or false, got {value!r}")
+    return value
+
+
+def check_int_list(name: str, value, minimum: int) -> tuple[int, ...]:
+    """An int or a non-empty list of ints -> sorted tuple without duplicates."""
+    items = [value] if isinstance(value, (int, np.integer)) and not isinstance(value, bool) else value
+    if not isinstance(items, Iterable) or isinstance(items, (str, bytes)):
+        raise ValueError(f"{name} must be an integer or a list of integers, got {value!r}")
+    items = [check_int(name, v, minimum) for v in items]
+    if not items:
+        raise ValueError(f"{name} must not be empty")
+    return tuple(sorted(set(items)))
 
 
 @dataclass
@@ -48,10 +110,11 @@ class Batch:
 
 
 class Task:
-    """Base class. Subclasses set the class attributes and implement ``_generate``."""
+    """Base class. Subclasses set the attributes in ``__init__`` and implement ``_generate``."""
 
     name: ClassVar[str] = ""
     description: ClassVar[str] = ""
+    readout: ClassVar[str] = "per_position"
 
     # set by subclasses in __init__
     seq_len: int
@@ -69,10 +132,23 @@ class Task:
         """The parameters this task was built with (for records and profiles)."""
         return dict(self._params)
 
+    # -- hooks with defaults ----------------------------------------------------------
+    def extra_metrics(self, counts: AccuracyCounts) -> dict[str, float]:
+        """Task-specific numbers from summed eval counts (e.g. bits per char); default none."""
+        return {}
+
+    def augment_batch(self, batch: Batch, step: int, seed: int) -> Batch:
+        """Training-time augmentation of one batch (identity unless the task has some)."""
+        return batch
+
     # -- generation -------------------------------------------------------------
     def _generate(self, n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
         """n examples from ``rng``: (inputs, targets) numpy arrays."""
         raise NotImplementedError
+
+    def _generate_test(self, n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+        """Test examples; differs from ``_generate`` only where the task says so."""
+        return self._generate(n, rng)
 
     def sample(self, batch_size: int, seed: int = 0) -> Batch:
         """A batch from the training distribution, determined by ``seed``."""
@@ -83,7 +159,7 @@ class Task:
         """The fixed training set (only when ``fixed_train``)."""
         if not self.fixed_train:
             raise RuntimeError(f"task {self.name} draws fresh batches; it has no fixed train set")
-        x, y = self._generate(self.num_train_examples, rng_for(seed, TRAIN_STREAM))
+        x, y = self._train_arrays(seed)
         return self._to_batch(x, y)
 
     def train_batch(self, batch_size: int, step: int, seed: int) -> Batch:
@@ -93,14 +169,52 @@ class Task:
 
     def eval_sets(self, seed: int) -> dict[str, Batch]:
         """Named evaluation sets; ``""`` is the default one. Disjoint from training data."""
-        x, y = self._generate(self.num_test_examples, rng_for(seed, TEST_STREAM))
+        x, y = self._test_arrays(self.num_test_examples, rng_for(seed, TEST_STREAM), seed)
         return {"": self._to_batch(x, y)}
 
     # -- helpers ----------------------------------------------------------------
+    def _train_arrays(self, seed: int) -> tuple[np.ndarray, np.ndarray]:
+        cache = self.__dict__.setdefault("_train_cache", {})
+        if seed not in cache:
+            cache.clear()  # keep one seed's set only
+            cache[seed] = self._generate(self.num_train_examples, rng_for(seed, TRAIN_STREAM))
+        return cache[seed]
+
+    def _test_arrays(self, n: int, rng: np.random.Generator, seed: int, gen=None):
+        """n test examples from ``rng``, de-duplicated against the fixed training set."""
+        gen = gen or self._generate_test
+        x, y = gen(n, rng)
+        if not self.fixed_train:
+            return x, y
+        return self._dedup_against_train(x, y, n, rng, seed, gen)
+
+    def _dedup_against_train(self, x, y, n, rng, seed, gen, max_rounds: int = 20):
+        """Drop test rows whose inputs equal a training row's inputs; top up from ``rng``.
+
+        Where the space of sequences is small (e.g. short MAD memorization sequences), the
+        test set may end up smaller than asked after ``max_rounds``; it is never padded with
+        training examples.
+        """
+        tx, _ = self._train_arrays(seed)
+        seen = {row.tobytes() for row in np.ascontiguousarray(tx)}
+        keep_x, keep_y, have = [], [], 0
+        for _ in range(max_rounds):
+            mask = np.array([row.tobytes() not in seen for row in np.ascontiguousarray(x)], bool)
+            keep_x.append(x[mask][: n - have])
+            keep_y.append(y[mask][: n - have])
+            have += len(keep_x[-1])
+            if have >= n:
+                break
+            x, y = gen(n - have, rng)
+        return np.concatenate(keep_x), np.concatenate(keep_y)
+
     def _to_batch(self, x: np.ndarray, y: np.ndarray) -> Batch:
         inputs = torch.as_tensor(x)
         inputs = inputs.float() if self.input_dim else inputs.long()
         return Batch(inputs, torch.as_tensor(y).long())
 
 
-__all__ = ["Task", "Batch", "IGNORE", "rng_for", "TRAIN_STREAM", "TEST_STREAM"]
+__all__ = [
+    "Task", "Batch", "IGNORE", "rng_for", "TRAIN_STREAM", "TEST_STREAM", "READOUTS",
+    "check_int", "check_float", "check_bool", "check_int_list",
+]

@@ -17,6 +17,10 @@ class UnknownTaskError(KeyError):
 def register(cls: type[Task]) -> type[Task]:
     if not cls.name or not cls.description or "\n" in cls.description.strip():
         raise ValueError(f"{cls.__name__} needs a name and a one-line description")
+    from tasks.base import READOUTS
+    if cls.readout not in READOUTS or cls.pooled != (cls.readout == "pooled"):
+        raise ValueError(f"{cls.__name__}: readout must be one of {READOUTS}, "
+                         "and pooled exactly when readout == 'pooled'")
     if cls.name in _REGISTRY:
         raise ValueError(f"task {cls.name!r} registered twice")
     _REGISTRY[cls.name] = cls

@@ -1,0 +1,88 @@
+"""Induction heads (Olsson et al. 2022; the H3 and Mamba papers' synthetic, Mamba Table 2).
+
+Vocabulary V: ordinary tokens 0..V-2, trigger token V-1. A sequence of ``seq_len`` tokens:
+
+    x_0 ... x_{p-1}  TRIGGER  c  x_{p+2} ... x_{L-2}  TRIGGER
+                     ^ p          (p uniform in [0, L//2 - 1))
+
+All other tokens are uniform over the ordinary tokens, so the trigger appears exactly twice:
+once early (in the first half) followed by the token ``c`` to copy, and at the last position.
+The only target is at the last position: ``c``. Loss and accuracy are taken there only
+(token accuracy = sequence accuracy = fraction of sequences whose last prediction is ``c``).
+The answer is recoverable only by finding the earlier trigger and reading its successor.
+
+Length generalisation (Mamba paper: train at 256, test at 2^6 .. 2^20): ``eval_sets``
+returns one set per length in ``eval_lens``, keyed ``"len=N"``, plus ``""`` for the training
+length. Long sequences are evaluated with few examples: at length N the set holds
+``min(num_test_examples, max(1, eval_token_budget // N))`` sequences (the default budget
+gives 4 sequences at 2^20), because 2^20-token sequences run with streaming inference.
+Every length uses its own test seed stream. Training draws fresh batches every step
+(``num_train_examples = 0``) or uses a fixed set.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from tasks.base import TEST_STREAM, Task, check_int, check_int_list, rng_for
+from tasks.metrics import IGNORE
+from tasks.registry import register
+
+DEFAULT_EVAL_LENS = tuple(2 ** k for k in range(6, 12))  # 64 .. 2048; profiles go to 2^20
+
+
+def induction_examples(n: int, seq_len: int, vocab_size: int, rng: np.random.Generator):
+    """n induction-head examples: inputs, targets (n, seq_len) int64."""
+    trigger = vocab_size - 1
+    x = rng.integers(0, vocab_size - 1, size=(n, seq_len))
+    p = rng.integers(0, max(seq_len // 2 - 1, 1), size=n)
+    rows = np.arange(n)
+    x[rows, p] = trigger
+    # x[p + 1] is already an ordinary token: it is the token to copy
+    x[:, -1] = trigger
+    y = np.full((n, seq_len), IGNORE, dtype=np.int64)
+    y[:, -1] = x[rows, p + 1]
+    return x.astype(np.int64), y
+
+
+@register
+class InductionHeads(Task):
+    name = "induction_heads"
+    description = (
+        "Induction heads: a trigger token appears once early followed by a token to copy; the "
+        "sequence ends with the trigger and the target (last position only) is the copied token."
+    )
+
+    def __init__(self, seq_len: int = 256, vocab_size: int = 16,
+                 eval_lens: list[int] = DEFAULT_EVAL_LENS, num_train_examples: int = 0,
+                 num_test_examples: int = 256, eval_token_budget: int = 2 ** 22):
+        self.seq_len = check_int("seq_len", seq_len, 4)
+        self.vocab_size = check_int("vocab_size", vocab_size, 3)
+        self.eval_lens = check_int_list("eval_lens", eval_lens, 4)
+        self.num_train_examples = check_int("num_train_examples", num_train_examples, 0)
+        self.num_test_examples = check_int("num_test_examples", num_test_examples, 1)
+        self.eval_token_budget = check_int("eval_token_budget", eval_token_budget, 1)
+        self.fixed_train = self.num_train_examples > 0
+        self.num_classes = self.vocab_size
+        self._params = dict(
+            seq_len=seq_len, vocab_size=vocab_size, eval_lens=list(self.eval_lens),
+            num_train_examples=num_train_examples, num_test_examples=num_test_examples,
+            eval_token_budget=eval_token_budget,
+        )
+
+    def _generate(self, n, rng):
+        return induction_examples(n, self.seq_len, self.vocab_size, rng)
+
+    def eval_examples_at(self, length: int) -> int:
+        """How many test sequences the set at ``length`` holds."""
+        return min(self.num_test_examples, max(1, self.eval_token_budget // length))
+
+    def eval_sets(self, seed):
+        sets = super().eval_sets(seed)  # "" = the training length, de-duplicated if fixed
+        for length in self.eval_lens:
+            if length == self.seq_len:
+                sets[f"len={length}"] = sets[""]
+                continue
+            x, y = induction_examples(self.eval_examples_at(length), length, self.vocab_size,
+                                      rng_for(seed, TEST_STREAM, 1, length))
+            sets[f"len={length}"] = self._to_batch(x, y)
+        return sets
