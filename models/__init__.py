@@ -24,3 +24,4 @@ from models.registry import (  # noqa: F401  (public API)
 # the zoo can grow without edits to a shared list.
 from models import catalog_s6  # noqa: F401,E402  S6 / Mamba family
 from models import catalog_zoo  # noqa: F401,E402  everything else
+from models import catalog_s4  # noqa: F401,E402
