@@ -1,0 +1,3 @@
+from workbench.cli import main
+import sys
+sys.exit(main())

@@ -1,0 +1,307 @@
+"""The ``ssm-workbench`` command.
+
+    ssm-workbench                      open the TUI
+    ssm-workbench run PROFILE.toml     replay a profile headlessly (progress bars)
+    ssm-workbench export               comparison table from the store
+    ssm-workbench runs | show ID | kill ID...
+    ssm-workbench models | tasks
+    ssm-workbench profile check FILE...
+    ssm-workbench bench ...            speed/memory benchmark table
+
+``--store DIR`` (or ``$SSM_WORKBENCH_STORE``) picks the store; see workbench.store.
+Exit codes: 0 success, 1 a run did not finish, 2 bad input (profile, arguments).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from workbench import __version__
+
+STATE_STYLE = {"pending": "dim", "running": "cyan", "finished": "green", "failed": "red",
+               "crashed": "magenta", "killed": "yellow"}
+
+
+def _store(args):
+    from workbench.store import Store
+
+    return Store(args.store) if args.store else Store()
+
+
+def _fmt(v, digits=4):
+    if v is None:
+        return "–"
+    if isinstance(v, float):
+        return f"{v:.{digits}g}"
+    return str(v)
+
+
+# --------------------------------------------------------------------------- commands
+def cmd_tui(args) -> int:
+    from workbench.tui.app import WorkbenchApp
+
+    WorkbenchApp(store=_store(args), profiles_dir=Path(args.profiles_dir)).run()
+    return 0
+
+
+def cmd_profile_check(args) -> int:
+    from workbench.profile import ProfileError, expand, load
+
+    err = Console(stderr=True)
+    code = 0
+    for f in args.files:
+        try:
+            p = load(f)
+        except ProfileError as e:
+            err.print(str(e), markup=False, highlight=False)
+            code = 2
+            continue
+        n = len(expand(p))
+        Console().print(f"✓ {f}: profile '{p.name}', task {p.task.name}, "
+                        f"{len(p.sweep.models)} model(s) x {len(p.sweep.seq_lens) or 1} length(s) x "
+                        f"{len(p.sweep.seeds)} seed(s) = {n} run(s)", markup=False, highlight=False)
+    return code
+
+
+def cmd_run(args) -> int:
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from workbench import scheduler
+    from workbench.profile import ProfileError, load
+
+    console = Console()
+    try:
+        prof = load(args.profile)
+    except ProfileError as e:
+        Console(stderr=True).print(str(e), markup=False, highlight=False)
+        return 2
+    store = _store(args)
+    ids = scheduler.submit(store, prof, jobs=args.jobs)
+    console.print(f"profile [bold]{prof.name}[/bold]: {len(ids)} run(s) queued "
+                  f"(ids {ids[0]}–{ids[-1]}); store {store.root}", highlight=False)
+    try:
+        with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.percentage:>5.1f}%"),
+                      TextColumn("{task.fields[status]}"), TimeElapsedColumn(),
+                      console=console, transient=False, disable=args.quiet) as progress:
+            bars = {}
+            for r in store.runs(ids=ids):
+                desc = f"#{r.id} {r.label} L={r.seq_len} s={r.seed}"
+                bars[r.id] = progress.add_task(desc, total=1.0, status="pending")
+            while True:
+                store.reap()
+                runs = store.runs(ids=ids)
+                for r in runs:
+                    status = f"[{STATE_STYLE[r.state]}]{r.state}[/]"
+                    if r.last_loss is not None:
+                        status += f" loss {r.last_loss:.3f}"
+                    if r.last_accuracy is not None:
+                        status += f" acc {r.last_accuracy:.3f}"
+                    progress.update(bars[r.id], completed=r.progress, status=status)
+                if all(r.finished for r in runs):
+                    break
+                time.sleep(0.5)
+    except KeyboardInterrupt:
+        console.print("\ninterrupted: the runs go on in the background "
+                      "(`ssm-workbench runs` to watch, `ssm-workbench kill ID` to stop)")
+        return 130
+    runs = store.runs(ids=ids)
+    bad = [r for r in runs if r.state != "finished"]
+    _print_runs(console, runs)
+    if bad:
+        console.print(f"[red]{len(bad)} of {len(runs)} run(s) did not finish:[/red]")
+        for r in bad:
+            first = (r.error or "").strip().splitlines()
+            console.print(f"  #{r.id} {r.label} L={r.seq_len} seed={r.seed}: {r.state}: "
+                          f"{first[0] if first else ''}", markup=False, highlight=False)
+        return 1
+    console.print(f"all {len(runs)} run(s) finished. Table: ssm-workbench export --profile {prof.name}")
+    return 0
+
+
+def _print_runs(console: Console, runs) -> None:
+    t = Table(title=None, show_lines=False)
+    for c in ("id", "profile", "model", "task", "L", "seed", "state", "progress", "loss", "acc", "time", "device"):
+        t.add_column(c, justify="right" if c in ("id", "L", "seed", "progress", "loss", "acc", "time") else "left")
+    for r in runs:
+        el = r.elapsed
+        t.add_row(str(r.id), r.profile, r.label, r.task, _fmt(r.seq_len), str(r.seed),
+                  f"[{STATE_STYLE.get(r.state, '')}]{r.state}[/]", f"{100 * r.progress:.0f}%",
+                  _fmt(r.last_loss), _fmt(r.last_accuracy), "–" if el is None else f"{el:.0f}s",
+                  r.device or "–")
+    console.print(t)
+
+
+def cmd_runs(args) -> int:
+    store = _store(args)
+    store.reap()
+    runs = store.runs(profile=args.profile, states=args.state or None)
+    if not runs:
+        print(f"no runs in {store.root}")
+        return 0
+    _print_runs(Console(), runs)
+    return 0
+
+
+def cmd_show(args) -> int:
+    import json
+
+    store = _store(args)
+    store.reap()
+    r = store.get(args.id)
+    if r is None:
+        print(f"no run {args.id}", file=sys.stderr)
+        return 2
+    c = Console()
+    c.print(f"run #{r.id}: {r.label} ({r.model}) on {r.task} L={r.seq_len} seed={r.seed}: "
+            f"[{STATE_STYLE[r.state]}]{r.state}[/]")
+    c.print_json(json.dumps({"spec": r.spec, "info": r.info}, default=str))
+    res = store.results([r.id]).get(r.id, {})
+    for es, vals in sorted(res.items()):
+        c.print(f"results{f' [{es}]' if es else ''}: " + ", ".join(f"{k}={_fmt(v)}" for k, v in sorted(vals.items())),
+                highlight=False)
+    if r.error:
+        c.print("[red]error:[/red]")
+        c.print(r.error, markup=False, highlight=False)
+    c.print(f"log: {r.log_path}")
+    return 0
+
+
+def cmd_kill(args) -> int:
+    from workbench import scheduler
+
+    store = _store(args)
+    code = 0
+    for i in args.ids:
+        try:
+            ok = scheduler.kill(store, i)
+        except KeyError as e:
+            print(str(e.args[0]), file=sys.stderr)
+            code = 2
+            continue
+        print(f"run {i}: {'killed' if ok else 'had already ended'}")
+    return code
+
+
+def cmd_models(args) -> int:
+    import models
+
+    t = Table("model", "family", "description", "options")
+    for n in models.names():
+        e = models.entry(n)
+        t.add_row(n, e.family, e.description, ", ".join(f"{k}={v!r}" for k, v in e.options().items()))
+    Console().print(t)
+    return 0
+
+
+def cmd_tasks(args) -> int:
+    import tasks
+
+    t = Table("task", "description", "parameters")
+    for n in tasks.names():
+        t.add_row(n, tasks.describe(n), ", ".join(f"{k}={v!r}" for k, v in tasks.parameters(n).items()))
+    Console().print(t)
+    return 0
+
+
+def cmd_export(args) -> int:
+    from workbench import export
+
+    store = _store(args)
+    store.reap()
+    states = ["finished"] if not args.include_unfinished else ["finished", "failed", "crashed", "killed", "running"]
+    recs = export.records(store, profile=args.profile, states=states)
+    if not recs:
+        print("no finished runs" + (f" for profile {args.profile!r}" if args.profile else "")
+              + f" in {store.root}", file=sys.stderr)
+        return 1
+    rows = args.rows.split(",")
+    cols = args.cols.split(",") if args.cols else []
+    if args.metric not in export.METRICS and not any(args.metric in r for r in recs):
+        print(f"unknown metric {args.metric!r}; known: {', '.join(export.METRICS)}", file=sys.stderr)
+        return 2
+    text = export.render(recs, args.metric, rows, cols, args.format, args.digits)
+    if args.output:
+        Path(args.output).write_text(text)
+        print(f"wrote {args.output}")
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+def cmd_bench(args) -> int:
+    from workbench import bench
+
+    return bench.main(args.rest)
+
+
+# --------------------------------------------------------------------------- parser
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="ssm-workbench", description="Compare sequence models from a terminal.")
+    ap.add_argument("--version", action="version", version=f"ssm-workbench {__version__}")
+    ap.add_argument("--store", help="store directory (default $SSM_WORKBENCH_STORE or ~/.local/share/ssm-workbench)")
+    sub = ap.add_subparsers(dest="cmd")
+
+    p = sub.add_parser("tui", help="open the terminal UI (the default)")
+    p.add_argument("--profiles-dir", default="profiles")
+    p.set_defaults(fn=cmd_tui)
+
+    p = sub.add_parser("run", help="replay a profile headlessly")
+    p.add_argument("profile")
+    p.add_argument("--jobs", type=int, help="concurrent CPU runs (default 1; GPU: one per device)")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.set_defaults(fn=cmd_run)
+
+    p = sub.add_parser("export", help="print a comparison table")
+    p.add_argument("--profile")
+    p.add_argument("--metric", default="accuracy")
+    p.add_argument("--rows", default="model")
+    p.add_argument("--cols", default="seq_len")
+    p.add_argument("--format", choices=["md", "csv", "latex", "json"], default="md")
+    p.add_argument("--digits", type=int, default=3)
+    p.add_argument("--output", "-o")
+    p.add_argument("--include-unfinished", action="store_true")
+    p.set_defaults(fn=cmd_export)
+
+    p = sub.add_parser("runs", help="list runs")
+    p.add_argument("--profile")
+    p.add_argument("--state", action="append", choices=["pending", "running", "finished", "failed", "crashed", "killed"])
+    p.set_defaults(fn=cmd_runs)
+
+    p = sub.add_parser("show", help="one run: settings, results, error")
+    p.add_argument("id", type=int)
+    p.set_defaults(fn=cmd_show)
+
+    p = sub.add_parser("kill", help="kill runs")
+    p.add_argument("ids", type=int, nargs="+")
+    p.set_defaults(fn=cmd_kill)
+
+    sub.add_parser("models", help="list the model registry").set_defaults(fn=cmd_models)
+    sub.add_parser("tasks", help="list the task registry").set_defaults(fn=cmd_tasks)
+
+    p = sub.add_parser("profile", help="profile tools")
+    psub = p.add_subparsers(dest="pcmd", required=True)
+    c = psub.add_parser("check", help="validate profiles")
+    c.add_argument("files", nargs="+")
+    c.set_defaults(fn=cmd_profile_check)
+
+    p = sub.add_parser("bench", help="speed/memory benchmark table (see `bench --help`)", add_help=False)
+    p.add_argument("rest", nargs=argparse.REMAINDER)
+    p.set_defaults(fn=cmd_bench)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    if not getattr(args, "fn", None):
+        args.profiles_dir = "profiles"
+        return cmd_tui(args)
+    return int(args.fn(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

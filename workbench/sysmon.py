@@ -1,0 +1,131 @@
+"""System measurements: NVML (GPU utilisation and memory) where a driver exists, otherwise
+CPU utilisation and process memory (psutil).
+
+``pynvml`` comes from the ``nvidia-ml-py`` distribution (not the deprecated ``pynvml`` shim).
+NVML numbers GPUs physically; a worker pinned with ``CUDA_VISIBLE_DEVICES=i`` samples GPU i.
+"""
+from __future__ import annotations
+
+import os
+import threading
+from typing import Any
+
+import psutil
+
+_nvml_lock = threading.Lock()
+_nvml_state: dict[str, Any] = {"init": None, "why": ""}
+
+
+def _nvml():
+    """The pynvml module, initialised, or None (with the reason kept for nvml_status)."""
+    with _nvml_lock:
+        if _nvml_state["init"] is None:
+            try:
+                import pynvml
+
+                pynvml.nvmlInit()
+                if pynvml.nvmlDeviceGetCount() < 1:
+                    raise RuntimeError("driver reports no devices")
+                _nvml_state["init"] = pynvml
+            except Exception as e:  # no library, no driver, no device: all mean "no GPU here"
+                _nvml_state["init"] = False
+                _nvml_state["why"] = f"{type(e).__name__}: {e}"
+        return _nvml_state["init"] or None
+
+
+def gpu_available() -> bool:
+    return _nvml() is not None
+
+
+def nvml_status() -> str:
+    nv = _nvml()
+    if nv is None:
+        return f"no NVIDIA GPU found (NVML: {_nvml_state['why']})"
+    n = nv.nvmlDeviceGetCount()
+    return f"NVML: {n} GPU(s), driver {nv.nvmlSystemGetDriverVersion()}"
+
+
+def gpu_count() -> int:
+    nv = _nvml()
+    return int(nv.nvmlDeviceGetCount()) if nv else 0
+
+
+def _visible_index() -> int:
+    vis = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0].strip()
+    return int(vis) if vis.isdigit() else 0
+
+
+def sample(pid: int | None = None, gpu_index: int | None = None) -> dict[str, Any]:
+    """One sample: cpu_percent and rss_mb of ``pid`` (default: this process, with children),
+    plus gpu_util (%), gpu_mem_used_mb, gpu_mem_total_mb and gpu_name when NVML works."""
+    out: dict[str, Any] = {}
+    try:
+        p = psutil.Process(pid or os.getpid())
+        procs = [p] + p.children(recursive=True)
+        out["cpu_percent"] = sum(_cpu(q) for q in procs)
+        out["rss_mb"] = sum(_rss(q) for q in procs) / 2**20
+    except psutil.Error:
+        pass
+    nv = _nvml()
+    if nv is not None:
+        try:
+            h = nv.nvmlDeviceGetHandleByIndex(_visible_index() if gpu_index is None else gpu_index)
+            util = nv.nvmlDeviceGetUtilizationRates(h)
+            mem = nv.nvmlDeviceGetMemoryInfo(h)
+            name = nv.nvmlDeviceGetName(h)
+            out.update(
+                gpu_util=float(util.gpu), gpu_mem_used_mb=mem.used / 2**20,
+                gpu_mem_total_mb=mem.total / 2**20,
+                gpu_name=name.decode() if isinstance(name, bytes) else str(name),
+            )
+        except Exception:
+            pass
+    return out
+
+
+_cpu_seen: dict[int, psutil.Process] = {}
+
+
+def _cpu(p: psutil.Process) -> float:
+    # cpu_percent needs the same Process object across calls to measure an interval
+    q = _cpu_seen.setdefault(p.pid, p)
+    try:
+        return q.cpu_percent(None)
+    except psutil.Error:
+        return 0.0
+
+
+def _rss(p: psutil.Process) -> float:
+    try:
+        return float(p.memory_info().rss)
+    except psutil.Error:
+        return 0.0
+
+
+class Sampler(threading.Thread):
+    """Background thread: calls ``sink(sample())`` every ``interval`` seconds until stopped.
+    Keeps GPU-utilisation samples so the worker can report their mean and max."""
+
+    def __init__(self, sink, interval: float = 1.0):
+        super().__init__(daemon=True, name="sysmon")
+        self.sink, self.interval = sink, interval
+        self._stop_event = threading.Event()
+        self.gpu_util: list[float] = []
+        self.gpu_mem: list[float] = []
+        self.cpu: list[float] = []
+
+    def run(self) -> None:
+        while not self._stop_event.wait(self.interval):
+            s = sample()
+            if s.get("gpu_util") is not None:
+                self.gpu_util.append(s["gpu_util"])
+                self.gpu_mem.append(s["gpu_mem_used_mb"])
+            if s.get("cpu_percent") is not None:
+                self.cpu.append(s["cpu_percent"])
+            try:
+                self.sink(s)
+            except Exception:
+                pass  # a sampling hiccup must never take the run down
+
+    def stop(self) -> None:
+        self._stop_event.set()

@@ -1,0 +1,424 @@
+"""The worker: one process per run. Builds task + model, trains, evaluates, measures.
+
+Started by the scheduler as ``python -u -m workbench.worker --store DIR --run-id N`` in its
+own session (so a closed terminal does not stop it). It is the only writer of its run's
+rows: metrics and system samples in short transactions, a heartbeat every few seconds,
+and a terminal state at the end (finished, or failed with the error text). SIGTERM (kill)
+stops it; the killer has already marked the run ``killed``.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import platform
+import resource
+import signal
+import statistics
+import sys
+import threading
+import time
+import traceback
+from typing import Any
+
+import torch
+
+import models
+import tasks
+from tasks import metrics as task_metrics
+from workbench import __version__, sysmon
+from workbench.compose import build_model
+from workbench.store import HEARTBEAT_S, Store
+
+WARMUP_STEPS = 3          # steps excluded from the step-time median
+INFER_REPEATS = 5         # forward passes timed for the inference figure
+STREAM_ABOVE = 16384      # evaluate longer sequences chunk by chunk where the model can
+STREAM_CHUNK = 4096
+ATTENTION_EVAL_MAX = 16384  # longer sequences are skipped for models without recurrent state
+EVAL_TOKENS_PER_BATCH = 1 << 16
+
+
+class RunFailed(Exception):
+    """The run cannot go on; the message becomes the run's error."""
+
+
+class Killed(BaseException):
+    """SIGTERM arrived (a user killed the run)."""
+
+
+# --------------------------------------------------------------------------- helpers
+def pick_device(want: str) -> torch.device:
+    if want == "cuda" or (want == "auto" and torch.cuda.is_available()):
+        if not torch.cuda.is_available():
+            raise RunFailed("train.device is 'cuda' but torch sees no CUDA device")
+        return torch.device("cuda")
+    return torch.device("cpu")
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def peak_memory_mb(device: torch.device) -> float:
+    """Allocator peak on GPU; process peak RSS on CPU (Linux reports KiB, macOS bytes)."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated() / 2**20
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / 2**20 if sys.platform == "darwin" else peak / 1024
+
+
+def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
+    """No weight decay on parameters that opt out (A_log, D: ``_no_weight_decay``), on
+    biases and on norm/gain vectors (ndim < 2); the rest decays."""
+    decay, no_decay = [], []
+    for p in model.parameters():
+        if not p.requires_grad:
+            continue
+        (no_decay if getattr(p, "_no_weight_decay", False) or p.ndim < 2 else decay).append(p)
+    return [{"params": decay, "weight_decay": weight_decay},
+            {"params": no_decay, "weight_decay": 0.0}]
+
+
+def lr_factor(step: int, total: int, warmup: int, schedule: str, min_ratio: float) -> float:
+    """Linear warm-up over ``warmup`` steps, then cosine decay to ``min_ratio`` (or constant)."""
+    if warmup and step < warmup:
+        return (step + 1) / warmup
+    if schedule == "constant" or total <= warmup:
+        return 1.0
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def versions() -> dict[str, str]:
+    import numpy
+
+    v = {"python": platform.python_version(), "torch": torch.__version__,
+         "numpy": numpy.__version__, "ssm_workbench": __version__, "platform": platform.platform()}
+    try:
+        import mamba_ssm  # noqa: F401  (optional CUDA extra; import may fail on CPU)
+        v["mamba_ssm"] = mamba_ssm.__version__
+    except Exception:
+        pass
+    return v
+
+
+class Background(threading.Thread):
+    """Heartbeat + system samples, on its own store connection."""
+
+    def __init__(self, store_dir: str, run_id: int, interval: float = 1.0):
+        super().__init__(daemon=True, name="heartbeat")
+        self.store_dir, self.run_id, self.interval = store_dir, run_id, interval
+        self.stop_event = threading.Event()
+        self.gpu_util: list[float] = []
+        self.gpu_mem: list[float] = []
+
+    def run(self) -> None:
+        store = Store(self.store_dir)
+        last_beat = 0.0
+        while not self.stop_event.wait(self.interval):
+            try:
+                s = sysmon.sample()
+                if s.get("gpu_util") is not None:
+                    self.gpu_util.append(s["gpu_util"])
+                    self.gpu_mem.append(s["gpu_mem_used_mb"])
+                store.add_system(self.run_id, s)
+                if time.time() - last_beat >= HEARTBEAT_S:
+                    store.heartbeat(self.run_id)
+                    last_beat = time.time()
+            except Exception as e:  # keep sampling; report once on stderr
+                print(f"[worker] background sampling error: {e}", file=sys.stderr)
+
+
+# --------------------------------------------------------------------------- training
+class Trainer:
+    def __init__(self, store: Store, run_id: int, spec: dict[str, Any]):
+        self.store, self.run_id, self.spec = store, run_id, spec
+        self.cfg = spec["train"]
+        self.device = pick_device(self.cfg.get("device", "auto"))
+        seed = int(spec["seed"])
+        torch.manual_seed(seed)
+        self.task = tasks.build(spec["task"], **spec["task_params"])
+        self.model = build_model(
+            self.task, spec["model"], d_model=spec["d_model"], n_layers=spec["n_layers"],
+            **spec["model_options"],
+        ).to(self.device)
+        self.amp = bool(self.cfg.get("amp")) and self.device.type == "cuda"
+        self.step_times: list[float] = []
+        self.history: list[dict] = []
+        self.best: float | None = None
+        self.bad_evals = 0
+
+    # -- data ---------------------------------------------------------------------
+    def _plan(self) -> tuple[int, int]:
+        """(total optimizer steps, steps per epoch or 0 in fresh-batch mode)."""
+        bs = self.cfg["batch_size"]
+        if self.cfg.get("epochs"):
+            if not self.task.fixed_train:
+                per_epoch = max(1, math.ceil(self.task.num_train_examples / bs)) if self.task.num_train_examples else 0
+                if not per_epoch:
+                    raise RunFailed(f"task {self.task.name} draws fresh batches: give train.steps, not epochs")
+            else:
+                per_epoch = math.ceil(self.task.num_train_examples / bs)
+            return self.cfg["epochs"] * per_epoch, per_epoch
+        return self.cfg["steps"], 0
+
+    def batches(self, per_epoch: int):
+        bs, seed = self.cfg["batch_size"], int(self.spec["seed"])
+        if per_epoch and self.task.fixed_train:
+            train = self.task.train_set(seed)
+            g = torch.Generator().manual_seed(seed)
+            epoch = 0
+            while True:
+                order = torch.randperm(len(train), generator=g)
+                for i in range(per_epoch):
+                    idx = order[i * bs:(i + 1) * bs]
+                    yield epoch, train.inputs[idx], train.targets[idx]
+                epoch += 1
+        step = 0
+        while True:
+            b = self.task.train_batch(bs, step, seed)
+            yield (step // per_epoch if per_epoch else None), b.inputs, b.targets
+            step += 1
+
+    # -- evaluation ---------------------------------------------------------------
+    @torch.no_grad()
+    def evaluate(self, batch) -> task_metrics.AccuracyCounts:
+        self.model.eval()
+        n, L = batch.inputs.shape[0], batch.inputs.shape[1]
+        streaming = L > STREAM_ABOVE and self.model.can_stream()
+        if L > ATTENTION_EVAL_MAX and not streaming and self.model.state_size() is None:
+            raise RunFailed(f"length {L} needs streaming inference, which {self.spec['model']} lacks")
+        bs = self.cfg.get("eval_batch_size") or self.cfg["batch_size"]
+        bs = max(1, min(bs, EVAL_TOKENS_PER_BATCH // max(1, L)))
+        total = task_metrics.AccuracyCounts()
+        for i in range(0, n, bs):
+            x = batch.inputs[i:i + bs].to(self.device)
+            y = batch.targets[i:i + bs].to(self.device)
+            with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.amp):
+                logits = self.model(x, chunk_len=STREAM_CHUNK if streaming else None)
+            total.add(task_metrics.counts(logits.float(), y))
+        self.model.train()
+        return total
+
+    def _extra(self, counts: task_metrics.AccuracyCounts) -> dict[str, float]:
+        fn = getattr(self.task, "extra_metrics", None)
+        return dict(fn(counts)) if callable(fn) else {}
+
+    # -- the loop -----------------------------------------------------------------
+    def train(self) -> dict[str, Any]:
+        cfg, dev = self.cfg, self.device
+        total, per_epoch = self._plan()
+        opt = torch.optim.AdamW(param_groups(self.model, cfg["weight_decay"]), lr=cfg["lr"],
+                                betas=tuple(cfg["betas"]))
+        sched = torch.optim.lr_scheduler.LambdaLR(
+            opt, lambda s: lr_factor(s, total, cfg["warmup_steps"], cfg["schedule"], cfg["min_lr_ratio"]))
+        eval_set = self.task.eval_sets(int(self.spec["seed"]))
+        default_eval = eval_set.get("") or next(iter(eval_set.values()))
+        self.store.heartbeat(self.run_id, total_steps=total, progress=0.0, step=0)
+        t0 = time.time()
+        window: list[float] = []
+        stop_reason = ""
+        step = 0
+        epoch = None
+        for step, (epoch, x, y) in enumerate(self.batches(per_epoch), start=1):
+            x, y = x.to(dev, non_blocking=True), y.to(dev, non_blocking=True)
+            sync(dev)
+            ts = time.perf_counter()
+            with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=self.amp):
+                logits = self.model(x)
+            loss = task_metrics.loss(logits.float(), y)
+            if not torch.isfinite(loss):
+                raise RunFailed(f"loss became {loss.item()} at step {step}")
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            if cfg["grad_clip"] > 0:
+                torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg["grad_clip"])
+            opt.step()
+            sched.step()
+            sync(dev)
+            self.step_times.append(time.perf_counter() - ts)
+            window.append(loss.item())
+
+            if step % cfg["log_every"] == 0 or step == total:
+                mean = sum(window) / len(window)
+                window.clear()
+                self.store.add_metrics(self.run_id, [
+                    (step, self._epoch_f(step, per_epoch), "train", "loss", mean),
+                    (step, self._epoch_f(step, per_epoch), "train", "lr", sched.get_last_lr()[0]),
+                ])
+                self.store.heartbeat(self.run_id, step=step, progress=step / total, last_loss=mean,
+                                     epoch=epoch)
+            at_eval = (per_epoch and step % per_epoch == 0 and (step // per_epoch) % cfg["eval_every"] == 0) \
+                or (not per_epoch and step % cfg["eval_every"] == 0) or step == total
+            if at_eval:
+                c = self.evaluate(default_eval)
+                ep = self._epoch_f(step, per_epoch)
+                rows = [(step, ep, "eval", "loss", c.loss), (step, ep, "eval", "accuracy", c.token_accuracy),
+                        (step, ep, "eval", "sequence_accuracy", c.sequence_accuracy)]
+                rows += [(step, ep, "eval", k, v) for k, v in self._extra(c).items()]
+                self.store.add_metrics(self.run_id, rows)
+                self.store.heartbeat(self.run_id, step=step, progress=step / total,
+                                     last_accuracy=c.token_accuracy, epoch=epoch)
+                self.history.append({"step": step, "epoch": ep, "accuracy": c.token_accuracy, "loss": c.loss})
+                stop_reason = self._early_stop(c)
+                if stop_reason:
+                    break
+            if step >= total:
+                break
+        wall_train = time.time() - t0
+        return {"steps": step, "total_steps": total, "per_epoch": per_epoch, "eval_sets": eval_set,
+                "stop_reason": stop_reason, "train_s": wall_train}
+
+    @staticmethod
+    def _epoch_f(step: int, per_epoch: int) -> float | None:
+        return step / per_epoch if per_epoch else None
+
+    def _early_stop(self, c: task_metrics.AccuracyCounts) -> str:
+        es = self.cfg["early_stopping"]
+        if es.get("target") is not None and c.token_accuracy >= es["target"]:
+            return f"eval accuracy {c.token_accuracy:.4f} reached target {es['target']}"
+        if not es["patience"]:
+            return ""
+        value = c.token_accuracy if es["metric"] == "accuracy" else -c.loss
+        if self.best is None or value > self.best + es["min_delta"]:
+            self.best, self.bad_evals = value, 0
+            return ""
+        self.bad_evals += 1
+        if self.bad_evals >= es["patience"]:
+            return f"no eval {es['metric']} improvement in {es['patience']} evaluations"
+        return ""
+
+    @torch.no_grad()
+    def inference_ms(self, batch) -> float:
+        """Median no-grad forward time of one batch of the default eval set."""
+        self.model.eval()
+        bs = self.cfg.get("eval_batch_size") or self.cfg["batch_size"]
+        x = batch.inputs[:bs].to(self.device)
+        times = []
+        for _ in range(INFER_REPEATS + 1):
+            sync(self.device)
+            t = time.perf_counter()
+            with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.amp):
+                self.model(x)
+            sync(self.device)
+            times.append(time.perf_counter() - t)
+        self.model.train()
+        return statistics.median(times[1:]) * 1000
+
+
+def run(store_dir: str, run_id: int) -> int:
+    store = Store(store_dir)
+    t_start = time.time()
+
+    def on_term(signum, frame):
+        raise Killed()
+
+    signal.signal(signal.SIGTERM, on_term)
+    # The scheduler records our pid right after starting us; wait for it so the first
+    # heartbeat cannot race with the pending -> running transition.
+    for _ in range(100):
+        r = store.get(run_id)
+        if r is None:
+            print(f"run {run_id} does not exist", file=sys.stderr)
+            return 2
+        if r.state != "pending":
+            break
+        time.sleep(0.1)
+    if r.state != "running":
+        print(f"run {run_id} is {r.state}; nothing to do", file=sys.stderr)
+        return 0
+    bg = Background(store_dir, run_id)
+    bg.start()
+    try:
+        trainer = Trainer(store, run_id, r.spec)
+        dev = trainer.device
+        if dev.type == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+        params = models.param_count(trainer.model.backbone)
+        info = {
+            "versions": versions(), "device": str(dev),
+            "device_name": torch.cuda.get_device_name(0) if dev.type == "cuda" else platform.processor() or "cpu",
+            "backend": trainer.model.backend, "params_backbone": params,
+            "params_total": models.param_count(trainer.model), "state_size": trainer.model.state_size(),
+            "torch_threads": torch.get_num_threads(), "nvml": sysmon.nvml_status(),
+            "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        }
+        reason = getattr(sys.modules.get("models.kernels.selective_scan"), "cuda_unavailable_reason", None)
+        if callable(reason):
+            info["cuda_kernels"] = reason() or "available"
+        store.set_info(run_id, info)
+        store.heartbeat(run_id, backend=trainer.model.backend, device=str(dev))
+        print(f"[worker] run {run_id}: {r.label} on {r.task} L={r.seq_len} seed={r.seed} "
+              f"device={dev} backend={trainer.model.backend} params={params}", flush=True)
+
+        out = trainer.train()
+        # final measurements on every eval set
+        skipped = {}
+        for name, batch in out["eval_sets"].items():
+            try:
+                c = trainer.evaluate(batch)
+            except RunFailed as e:
+                skipped[name or "default"] = str(e)
+                continue
+            vals = {"accuracy": c.token_accuracy, "sequence_accuracy": c.sequence_accuracy, "loss": c.loss}
+            vals.update(trainer._extra(c))
+            store.set_results(run_id, vals, eval_set=name)
+        default_eval = out["eval_sets"].get("") or next(iter(out["eval_sets"].values()))
+        st = trainer.step_times[WARMUP_STEPS:] or trainer.step_times
+        step_ms = statistics.median(st) * 1000
+        bs, L = trainer.cfg["batch_size"], default_eval.inputs.shape[1]
+        summary = {
+            "step_time_ms": step_ms,
+            "inference_ms": trainer.inference_ms(default_eval),
+            "tokens_per_s": bs * L / (step_ms / 1000),
+            "peak_mem_mb": peak_memory_mb(dev),
+            "params": params,
+            "state_size": trainer.model.state_size(),
+            "steps": out["steps"],
+            "epochs": out["steps"] / out["per_epoch"] if out["per_epoch"] else None,
+            "train_s": out["train_s"],
+            "wall_s": time.time() - t_start,
+            "best_accuracy": max((h["accuracy"] for h in trainer.history), default=None),
+            "gpu_util_mean": statistics.mean(bg.gpu_util) if bg.gpu_util else None,
+            "gpu_util_max": max(bg.gpu_util) if bg.gpu_util else None,
+            "gpu_mem_peak_mb": max(bg.gpu_mem) if bg.gpu_mem else None,
+        }
+        # the epoch at which eval accuracy first reached its best value (papers report it)
+        if trainer.history:
+            best = summary["best_accuracy"]
+            first = next(h for h in trainer.history if h["accuracy"] == best)
+            summary["best_at_epoch"] = first["epoch"]
+            summary["best_at_step"] = first["step"]
+        store.set_results(run_id, summary, eval_set="")
+        store.set_info(run_id, {"stop_reason": out["stop_reason"], "eval_skipped": skipped})
+        store.finish(run_id, "finished")
+        print(f"[worker] run {run_id} finished: {summary}", flush=True)
+        return 0
+    except Killed:
+        store.finish(run_id, "killed", "killed (SIGTERM)")
+        print(f"[worker] run {run_id} killed", flush=True)
+        return 143
+    except RunFailed as e:
+        store.finish(run_id, "failed", str(e))
+        print(f"[worker] run {run_id} failed: {e}", flush=True)
+        return 1
+    except Exception as e:
+        tb = traceback.format_exc()
+        print(tb, file=sys.stderr, flush=True)
+        store.finish(run_id, "failed", f"{type(e).__name__}: {e}\n{tb[-4000:]}")
+        return 1
+    finally:
+        bg.stop_event.set()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m workbench.worker")
+    ap.add_argument("--store", required=True)
+    ap.add_argument("--run-id", type=int, required=True)
+    a = ap.parse_args(argv)
+    return run(a.store, a.run_id)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
