@@ -12,12 +12,14 @@ Seed streams (``rng_for(seed, *stream)``), never shared between train and test:
 - ``sample(bs, seed)``           -> (seed, TRAIN, 1)
 - ``eval_sets(seed)``            -> (seed, TEST, ...)
 
-When the training set is fixed (``fixed_train``), test examples whose inputs equal a
-training example's inputs are dropped and replaced by further draws from the test stream
-(:meth:`Task._dedup_against_train`), so a memorised training example cannot count as a test
-success. Fresh-batch training (``fixed_train == False``) draws a new batch every step; for the
-tasks here the space of sequences is so large that a collision with a test sequence is
-astronomically rare, so fresh batches are not filtered.
+Where train and test sequences could coincide (small vocabularies, short sequences), they
+are kept apart explicitly, so a memorised training example cannot count as a test success:
+
+- fixed training set (``fixed_train``): test examples whose inputs equal a training
+  example's inputs are dropped and replaced by further draws from the test stream
+  (:meth:`Task._dedup_against_train`);
+- fresh batches (``train_batch``) and ``sample``: rows whose inputs equal a test example's
+  inputs (at the training length) are redrawn (:meth:`Task._avoid_test`).
 
 What the worker needs to put a model around a backbone:
 
@@ -152,7 +154,7 @@ class Task:
 
     def sample(self, batch_size: int, seed: int = 0) -> Batch:
         """A batch from the training distribution, determined by ``seed``."""
-        x, y = self._generate(batch_size, rng_for(seed, TRAIN_STREAM, 1))
+        x, y = self._avoid_test(batch_size, rng_for(seed, TRAIN_STREAM, 1), seed)
         return self._to_batch(x, y)
 
     def train_set(self, seed: int) -> Batch:
@@ -164,7 +166,7 @@ class Task:
 
     def train_batch(self, batch_size: int, step: int, seed: int) -> Batch:
         """Fresh training batch for ``step`` (fresh-batch mode)."""
-        x, y = self._generate(batch_size, rng_for(seed, TRAIN_STREAM, 2, step))
+        x, y = self._avoid_test(batch_size, rng_for(seed, TRAIN_STREAM, 2, step), seed)
         return self._to_batch(x, y)
 
     def eval_sets(self, seed: int) -> dict[str, Batch]:
@@ -179,6 +181,35 @@ class Task:
             cache.clear()  # keep one seed's set only
             cache[seed] = self._generate(self.num_train_examples, rng_for(seed, TRAIN_STREAM))
         return cache[seed]
+
+    def _hash_sets(self, seed: int) -> list[Batch]:
+        """The test batches training data must avoid (default: all evaluation sets)."""
+        return list(self.eval_sets(seed).values())
+
+    def _test_hashes(self, seed: int) -> set[bytes]:
+        """Input rows (as bytes) of the evaluation sets at the training length."""
+        cache = self.__dict__.setdefault("_test_hash_cache", {})
+        if seed not in cache:
+            cache.clear()
+            cache[seed] = {
+                row.tobytes()
+                for b in self._hash_sets(seed) if b.inputs.shape[1] == self.seq_len
+                for row in b.inputs.numpy()
+            }
+        return cache[seed]
+
+    def _avoid_test(self, n: int, rng: np.random.Generator, seed: int, max_rounds: int = 50):
+        """n training examples from ``rng``; rows equal to a test input are redrawn."""
+        x, y = self._generate(n, rng)
+        test = self._test_hashes(seed)
+        for _ in range(max_rounds):
+            bad = np.array([row.tobytes() in test for row in np.ascontiguousarray(x)], bool)
+            if not bad.any():
+                return x, y
+            x2, y2 = self._generate(int(bad.sum()), rng)
+            x[bad], y[bad] = x2, y2
+        raise RuntimeError(f"task {self.name}: cannot draw training data disjoint from the "
+                           "test set; the sequence space is too small for this test set")
 
     def _test_arrays(self, n: int, rng: np.random.Generator, seed: int, gen=None):
         """n test examples from ``rng``, de-duplicated against the fixed training set."""

@@ -211,7 +211,9 @@ def fuzzy_recall_example(seq_len, vocab_size, k_motif_size, v_motif_size, multi_
     v_probe = motif(val_toks, int(rng.integers(1, v_motif_size + 1)))
     probe_len = len(k_probe) + len(v_probe)
     stop = seq_len - probe_len - (k_motif_size + v_motif_size)
-    probe_at = int(rng.integers(0, max(stop, 1)))
+    # the body's motif starts are 0 = l_0 < l_1 < ... < l_last < stop with gaps of at most
+    # k_motif_size + v_motif_size, so a probe_at up to stop - that gap is always reached
+    probe_at = int(rng.integers(0, max(stop - k_motif_size - v_motif_size, 0) + 1))
     seq: list[int] = []
     mask: list[bool] = []
     kv_map: dict[tuple, tuple] = {k_probe: v_probe}
@@ -254,7 +256,7 @@ class MADFuzzyInContextRecall(_MADTask):
     motif whose key appeared before (multi_query) and the final probe value's tokens.
     Differences from MAD: loss on target positions only; the probe position is drawn so that
     the probe is always in the body (MAD can miss it when its random index lies past the end
-    of the body).
+    of the body, leaving the final query unanswerable).
     """
 
     name = "mad_fuzzy_in_context_recall"

@@ -1,0 +1,594 @@
+"""Property tests of the task generators (CPU, small sizes, hypothesis max_examples small).
+
+For every generator: shapes, token ranges, the targets are recoverable from the inputs,
+no answer leaks into positions where it must not be, determinism per seed, different seeds
+differ, train and test disjoint, and every documented parameter changes what it should.
+"""
+from __future__ import annotations
+
+import math
+import os
+import pickle
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import tasks
+from tasks.metrics import IGNORE, AccuracyCounts
+
+SETTINGS = settings(max_examples=25, deadline=None,
+                    suppress_health_check=[HealthCheck.function_scoped_fixture])
+seeds = st.integers(0, 2**31 - 1)
+
+
+def np_batch(b):
+    return b.inputs.numpy(), b.targets.numpy()
+
+
+# -- small settings of every synthetic task (fast to generate) ---------------------------
+SMALL = {
+    "selective_copying": dict(seq_len=24, vocab_size=8, num_tokens_to_copy=4, num_test_examples=16),
+    "copying": dict(seq_len=24, vocab_size=8, num_tokens_to_copy=4, num_test_examples=16),
+    "mad_selective_copying": dict(seq_len=24, vocab_size=8, num_tokens_to_copy=4,
+                                  num_train_examples=64, num_test_examples=16),
+    "mad_copying": dict(seq_len=24, vocab_size=8, num_tokens_to_copy=4,
+                        num_train_examples=64, num_test_examples=16),
+    "induction_heads": dict(seq_len=32, vocab_size=8, eval_lens=[16, 32, 64],
+                            num_test_examples=8, eval_token_budget=256),
+    "mqar": dict(seq_len=32, vocab_size=40, num_kv_pairs=4, num_test_examples=16),
+    "mad_in_context_recall": dict(seq_len=32, vocab_size=16, noise_vocab_size=2,
+                                  num_train_examples=64, num_test_examples=16),
+    "mad_noisy_in_context_recall": dict(seq_len=32, vocab_size=32, num_train_examples=64,
+                                        num_test_examples=16),
+    "mad_fuzzy_in_context_recall": dict(seq_len=48, vocab_size=16, noise_vocab_size=2,
+                                        num_train_examples=32, num_test_examples=16),
+    "mad_memorization": dict(seq_len=16, vocab_size=64, num_train_examples=32,
+                             num_test_examples=16),
+    "mad_compression": dict(seq_len=16, vocab_size=8, num_train_examples=64,
+                            num_test_examples=16),
+}
+SYNTHETIC = sorted(SMALL)
+
+
+def test_every_synthetic_task_is_covered():
+    real = {"char_lm", "sequential_image"}
+    assert set(tasks.names()) == set(SYNTHETIC) | real
+
+
+def build(name, **over):
+    return tasks.build(name, **{**SMALL[name], **over})
+
+
+def train_data(t, seed):
+    return t.train_set(seed) if t.fixed_train else t.train_batch(32, 0, seed)
+
+
+# ---------------------------------------------------------------------------------------
+# the contract, for every synthetic task
+# ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", SYNTHETIC)
+def test_shapes_ranges_and_description(name):
+    t = build(name)
+    assert tasks.describe(name) and "\n" not in tasks.describe(name)
+    x, y = np_batch(t.sample(8, seed=3))
+    assert x.shape == y.shape == (8, t.seq_len)
+    assert x.dtype == np.int64 and y.dtype == np.int64
+    assert 0 <= x.min() and x.max() < t.vocab_size
+    tgt = y[y != IGNORE]
+    assert len(tgt) > 0 and 0 <= tgt.min() and tgt.max() < t.num_classes
+    for key, b in t.eval_sets(0).items():
+        ex, ey = np_batch(b)
+        assert ex.shape == ey.shape and ex.shape[0] >= 1
+        assert (ey != IGNORE).any(axis=1).all(), f"{name}[{key}]: a test row without target"
+
+
+@pytest.mark.parametrize("name", SYNTHETIC)
+def test_deterministic_per_seed_and_seeds_differ(name):
+    t1, t2 = build(name), build(name)
+    for a, b in [(t1.sample(8, 5), t2.sample(8, 5)), (train_data(t1, 5), train_data(t2, 5))]:
+        assert torch.equal(a.inputs, b.inputs) and torch.equal(a.targets, b.targets)
+    e1, e2 = t1.eval_sets(5), t2.eval_sets(5)
+    assert e1.keys() == e2.keys()
+    for k in e1:
+        assert torch.equal(e1[k].inputs, e2[k].inputs)
+        assert torch.equal(e1[k].targets, e2[k].targets)
+    assert not torch.equal(t1.sample(8, 5).inputs, t1.sample(8, 6).inputs)
+    assert not torch.equal(train_data(t1, 5).inputs, train_data(t1, 6).inputs)
+    assert not torch.equal(t1.eval_sets(5)[""].inputs, t1.eval_sets(6)[""].inputs)
+    if not t1.fixed_train:  # fresh batches: every step differs
+        assert not torch.equal(t1.train_batch(8, 0, 5).inputs, t1.train_batch(8, 1, 5).inputs)
+
+
+@pytest.mark.parametrize("name", SYNTHETIC)
+def test_train_and_test_disjoint(name):
+    t = build(name)
+    train = {r.tobytes() for r in train_data(t, 0).inputs.numpy()}
+    train |= {r.tobytes() for r in t.sample(32, 0).inputs.numpy()}
+    for key, b in t.eval_sets(0).items():
+        if b.inputs.shape[1] != t.seq_len:
+            continue
+        assert not any(r.tobytes() in train for r in b.inputs.numpy()), key
+
+
+def test_fixed_test_set_drops_examples_seen_in_training():
+    # memorization at seq_len 2 over 3 keys: only 3 distinct sequences exist, so without
+    # de-duplication the test set would repeat training sequences
+    t = tasks.build("mad_memorization", seq_len=2, vocab_size=8, num_train_examples=16,
+                    num_test_examples=8)
+    train = {r.tobytes() for r in t.train_set(0).inputs.numpy()}
+    test = t.eval_sets(0)[""].inputs.numpy()
+    assert len(test) < 8
+    assert not any(r.tobytes() in train for r in test)
+    big = tasks.build("mad_memorization", seq_len=16, vocab_size=64, num_train_examples=16,
+                      num_test_examples=8)
+    assert len(big.eval_sets(0)[""]) == 8     # topped up when collisions are rare
+
+
+@pytest.mark.parametrize("name", SYNTHETIC)
+def test_unknown_and_bad_parameters(name):
+    with pytest.raises(TypeError, match="not_a_param"):
+        tasks.build(name, not_a_param=1)
+    with pytest.raises(TypeError, match="not_a_param"):
+        tasks.check_params(name, {"not_a_param": 1})
+    with pytest.raises(ValueError):
+        build(name, vocab_size=2)
+    with pytest.raises(ValueError):
+        build(name, seq_len=-1)
+    with pytest.raises(ValueError):
+        build(name, num_test_examples=0)
+    with pytest.raises(ValueError):
+        build(name, seq_len="64")
+
+
+# every documented parameter: a changed value that must change the data (or its shape).
+# If a generator ignored the parameter, the fingerprints below would be equal.
+CHANGES = {
+    "selective_copying": dict(seq_len=30, vocab_size=12, num_tokens_to_copy=5,
+                              num_train_examples=40, num_test_examples=12),
+    "copying": dict(seq_len=30, vocab_size=12, num_tokens_to_copy=5,
+                    num_train_examples=40, num_test_examples=12),
+    "mad_selective_copying": dict(seq_len=30, vocab_size=12, num_tokens_to_copy=5,
+                                  num_train_examples=40, num_test_examples=12),
+    "mad_copying": dict(seq_len=30, vocab_size=12, num_tokens_to_copy=5,
+                        num_train_examples=40, num_test_examples=12),
+    "induction_heads": dict(seq_len=48, vocab_size=12, eval_lens=[16, 128],
+                            num_train_examples=40, num_test_examples=4,
+                            eval_token_budget=1024),
+    "mqar": dict(seq_len=40, vocab_size=64, num_kv_pairs=[2, 4], power_a=1.0,
+                 num_train_examples=40, num_test_examples=12),
+    "mad_in_context_recall": dict(seq_len=40, vocab_size=24, multi_query=False,
+                                  frac_noise=0.3, noise_vocab_size=0, num_train_examples=40,
+                                  num_test_examples=12),
+    "mad_noisy_in_context_recall": dict(seq_len=40, vocab_size=40, multi_query=False,
+                                        frac_noise=0.6, noise_vocab_size=8,
+                                        num_train_examples=40, num_test_examples=12),
+    "mad_fuzzy_in_context_recall": dict(seq_len=56, vocab_size=20, k_motif_size=2,
+                                        v_motif_size=2, multi_query=False, frac_noise=0.3,
+                                        noise_vocab_size=0, num_train_examples=40,
+                                        num_test_examples=12),
+    "mad_memorization": dict(seq_len=20, vocab_size=32, num_train_examples=40,
+                             num_test_examples=12),
+    "mad_compression": dict(seq_len=20, vocab_size=12, num_train_examples=40,
+                            num_test_examples=12),
+}
+
+
+def fingerprint(t):
+    tr = train_data(t, 0)
+    parts = [t.seq_len, t.vocab_size, t.num_classes, t.fixed_train, tuple(tr.inputs.shape),
+             tr.inputs.numpy().tobytes(), tr.targets.numpy().tobytes()]
+    for k, b in sorted(t.eval_sets(0).items()):
+        parts += [k, tuple(b.inputs.shape), b.inputs.numpy().tobytes(),
+                  b.targets.numpy().tobytes()]
+    return parts
+
+
+@pytest.mark.parametrize("name,param", [(n, p) for n in SYNTHETIC for p in CHANGES[n]])
+def test_each_parameter_is_used(name, param):
+    assert set(CHANGES[name]) == set(tasks.parameters(name)), "a parameter lacks a test"
+    base = SMALL[name]
+    base_fp = fingerprint(tasks.build(name, **base))
+    changed = tasks.build(name, **{**base, param: CHANGES[name][param]})
+    assert changed.params()[param] == CHANGES[name][param] or param == "eval_lens"
+    assert fingerprint(changed) != base_fp
+
+
+# ---------------------------------------------------------------------------------------
+# copying: paper and MAD format, selective and fixed spacing (one generator)
+# ---------------------------------------------------------------------------------------
+@SETTINGS
+@given(L=st.integers(1, 40), M=st.integers(2, 8), V=st.integers(6, 20), seed=seeds,
+       selective=st.booleans())
+def test_paper_copying_layout(L, M, V, seed, selective):
+    name = "selective_copying" if selective else "copying"
+    t = tasks.build(name, seq_len=L, num_tokens_to_copy=M, vocab_size=V, num_test_examples=4)
+    assert t.seq_len == L + 2 * M
+    x, y = np_batch(t.sample(16, seed))
+    region, tail = x[:, : L + M], x[:, L + M:]
+    assert (tail == V - 1).all()                          # markers at the answer positions
+    assert (y[:, : L + M] == IGNORE).all()                # targets only at the markers
+    answer = y[:, L + M:]
+    assert ((answer >= 1) & (answer <= V - 2)).all()      # data tokens, never noise/marker
+    for r in range(16):
+        data = region[r][region[r] != 0]                  # the copied tokens, in order
+        np.testing.assert_array_equal(data, answer[r])
+        assert (region[r] != V - 1).all()
+    if not selective:
+        np.testing.assert_array_equal(region[:, :M], answer)
+    elif L >= 4:
+        first = np.all(region[:, :M] != 0, axis=1)
+        assert not first.all()                            # data not always at the start
+
+
+@SETTINGS
+@given(M=st.integers(2, 6), extra=st.integers(0, 20), V=st.integers(6, 20), seed=seeds,
+       selective=st.booleans())
+def test_mad_copying_layout(M, extra, V, seed, selective):
+    L = 2 * M + 1 + extra
+    name = "mad_selective_copying" if selective else "mad_copying"
+    t = tasks.build(name, seq_len=L, num_tokens_to_copy=M, vocab_size=V,
+                    num_train_examples=4, num_test_examples=4)
+    x, y = np_batch(t.sample(16, seed))
+    assert x.shape == (16, L)
+    blank, copy = V - 2, V - 1
+    assert (x[:, L - M - 1] == copy).all() and (x[:, L - M:] == blank).all()
+    assert (y[:, : L - M] == IGNORE).all()
+    for r in range(16):
+        body = x[r, : L - M - 1]
+        np.testing.assert_array_equal(body[body != blank], y[r, L - M:])
+    if not selective:
+        np.testing.assert_array_equal(x[:, :M], y[:, L - M:])
+    elif extra >= 4:
+        assert not np.all(x[:, :M] != blank, axis=1).all()
+
+
+def test_copying_formats_share_one_generator():
+    from tasks import selective_copying as sc
+    assert all(issubclass(c, sc._CopyingBase) for c in
+               (sc.SelectiveCopying, sc.Copying, sc.MADSelectiveCopying, sc.MADCopying))
+
+
+# ---------------------------------------------------------------------------------------
+# induction heads
+# ---------------------------------------------------------------------------------------
+@SETTINGS
+@given(L=st.integers(8, 80), V=st.integers(5, 20), seed=seeds)
+def test_induction_heads_layout(L, V, seed):
+    t = tasks.build("induction_heads", seq_len=L, vocab_size=V, eval_lens=[8],
+                    num_test_examples=4)
+    x, y = np_batch(t.sample(16, seed))
+    trig = V - 1
+    assert (y[:, :-1] == IGNORE).all() and (y[:, -1] != IGNORE).all()
+    for r in range(16):
+        pos = np.flatnonzero(x[r] == trig)
+        assert len(pos) == 2 and pos[1] == L - 1          # once early, once at the end
+        assert pos[0] < max(L // 2 - 1, 1)
+        assert y[r, -1] == x[r, pos[0] + 1] != trig       # the token after the trigger
+
+
+def test_induction_heads_eval_lengths():
+    t = tasks.build("induction_heads", seq_len=32, vocab_size=8, eval_lens=[16, 32, 1024],
+                    num_test_examples=16, eval_token_budget=4096)
+    sets = t.eval_sets(0)
+    assert set(sets) == {"", "len=16", "len=32", "len=1024"}
+    assert sets["len=32"] is sets[""]
+    assert sets["len=16"].inputs.shape == (16, 16)
+    assert sets["len=1024"].inputs.shape == (4, 1024)     # the token budget caps long sets
+    x, y = np_batch(sets["len=1024"])
+    assert (y[:, -1] == [r[np.flatnonzero(r == 7)[0] + 1] for r in x]).all()
+
+
+# ---------------------------------------------------------------------------------------
+# MQAR
+# ---------------------------------------------------------------------------------------
+@SETTINGS
+@given(D=st.integers(1, 6), extra=st.integers(0, 16), V=st.integers(16, 64), seed=seeds)
+def test_mqar_values_are_those_paired_with_the_queried_keys(D, extra, V, seed):
+    L = 4 * D + 2 * extra
+    t = tasks.build("mqar", seq_len=L, vocab_size=V, num_kv_pairs=D)
+    x, y = np_batch(t.sample(16, seed))
+    half = V // 2
+    for r in range(16):
+        keys, vals = x[r, 0:2 * D:2], x[r, 1:2 * D:2]
+        assert ((keys >= 1) & (keys < half)).all() and ((vals >= half) & (vals < V)).all()
+        assert len(set(keys)) == D and len(set(vals)) == D
+        pairs = dict(zip(keys, vals))
+        q = np.flatnonzero(y[r] != IGNORE)
+        assert len(q) == D and (q >= 2 * D).all() and ((q - 2 * D) % 2 == 0).all()
+        assert sorted(x[r, q]) == sorted(keys)            # each key queried once
+        assert all(y[r, p] == pairs[x[r, p]] for p in q)
+        assert (y[r, : 2 * D] == IGNORE).all()
+
+
+def test_mqar_power_law_prefers_short_gaps():
+    near = tasks.build("mqar", seq_len=256, vocab_size=64, num_kv_pairs=4, power_a=0.01)
+    flat = tasks.build("mqar", seq_len=256, vocab_size=64, num_kv_pairs=4, power_a=1.0)
+    pos = [np.flatnonzero(t.sample(256, 0).targets.numpy() != IGNORE).mean() for t in (near, flat)]
+    assert pos[0] < pos[1] - 20
+
+
+def test_mqar_mixed_pairs_sliced_eval():
+    t = tasks.build("mqar", seq_len=32, vocab_size=40, num_kv_pairs=[2, 4, 8],
+                    num_test_examples=10)
+    sets = t.eval_sets(0)
+    assert set(sets) == {"", "kv=2", "kv=4", "kv=8"}
+    for D in (2, 4, 8):
+        assert ((sets[f"kv={D}"].targets != IGNORE).sum(1) == D).all()
+    assert len(sets[""]) == 30
+    counts = (t.sample(300, 0).targets != IGNORE).sum(1).tolist()
+    assert set(counts) == {2, 4, 8}                       # training mixes the three
+
+
+# ---------------------------------------------------------------------------------------
+# MAD in-context recall (plain and noisy)
+# ---------------------------------------------------------------------------------------
+def check_recall(x, y, V, multi_query, noise_vocab_size):
+    ns = V - (0 if multi_query else 1) - noise_vocab_size
+    for r in range(len(x)):
+        s = x[r]
+        P = len(s) // 2
+        last_value = {}
+        body = P - 1
+        for j in range(body):
+            k, v = s[2 * j], s[2 * j + 1]
+            is_kv = k < ns // 2
+            if not is_kv:   # noise motif: both tokens noise, no targets
+                assert ns <= k < ns + noise_vocab_size and ns <= v < ns + noise_vocab_size
+                assert y[r, 2 * j] == IGNORE and y[r, 2 * j + 1] == IGNORE
+                continue
+            assert ns // 2 <= v < ns
+            if k in last_value:
+                assert last_value[k] == v                  # a key keeps its value
+                assert y[r, 2 * j] == (v if multi_query else IGNORE)
+            else:
+                assert y[r, 2 * j] == IGNORE               # first sight: not recoverable
+            assert y[r, 2 * j + 1] == IGNORE
+            last_value[k] = v
+        if multi_query:
+            k, v = s[-2], s[-1]
+            assert y[r, -2] == v == last_value[k] and y[r, -1] == IGNORE
+        else:
+            assert s[-2] == V - 1 and y[r, -1] == last_value[s[-1]]
+            assert (y[r, :-1] == IGNORE).all()
+
+
+@SETTINGS
+@given(P=st.integers(4, 24), V=st.integers(4, 24), noise=st.integers(0, 6),
+       frac=st.sampled_from([0.0, 0.3, 0.8]), mq=st.booleans(), seed=seeds)
+def test_in_context_recall_targets_recoverable(P, V, noise, frac, mq, seed):
+    V = V + noise + 1
+    if frac > 0 and noise == 0:
+        noise = 1
+        V += 1
+    t = tasks.build("mad_noisy_in_context_recall", seq_len=2 * P, vocab_size=V, multi_query=mq,
+                    frac_noise=frac, noise_vocab_size=noise, num_train_examples=4,
+                    num_test_examples=4)
+    x, y = np_batch(t.sample(16, seed))
+    check_recall(x, y, V, mq, noise)
+
+
+def test_noise_fraction_is_honoured():
+    t = tasks.build("mad_noisy_in_context_recall", seq_len=256, vocab_size=32, frac_noise=0.4,
+                    noise_vocab_size=16)
+    x = t.sample(64, 0).inputs.numpy()
+    frac = (x[:, 0:-2:2] >= 16).mean()
+    assert abs(frac - 0.4) < 0.03
+
+
+# ---------------------------------------------------------------------------------------
+# fuzzy in-context recall
+# ---------------------------------------------------------------------------------------
+def find(seq, sub, before):
+    n = len(sub)
+    return any(list(seq[i:i + n]) == list(sub) for i in range(0, before - n + 1))
+
+
+@SETTINGS
+@given(k=st.integers(1, 3), v=st.integers(1, 3), extra=st.integers(0, 30), seed=seeds,
+       mq=st.booleans())
+def test_fuzzy_recall_values_follow_an_earlier_copy_of_their_key(k, v, extra, seed, mq):
+    V = 2 * max(k, v) + 4
+    L = 2 * (k + v) + 2 + extra
+    t = tasks.build("mad_fuzzy_in_context_recall", seq_len=L, vocab_size=V, k_motif_size=k,
+                    v_motif_size=v, multi_query=mq, num_train_examples=4, num_test_examples=4)
+    # test set: keys always have k tokens, so the key before a value run is known
+    x, y = np_batch(t.eval_sets(seed)[""])
+    ns = V - (1 if mq else 2)
+    for r in range(len(x)):
+        s = np.append(x[r], y[r, -1])                     # full sequence (last token = target)
+        tpos = np.flatnonzero(y[r] != IGNORE) + 1         # positions in s of target tokens
+        assert len(tpos) and tpos[-1] == L
+        assert all(ns // 2 <= s[p] < ns for p in tpos)    # only value tokens are targets
+        runs = np.split(tpos, np.flatnonzero(np.diff(tpos) > 1) + 1)
+        if not mq:
+            assert len(runs) == 1 and s[runs[0][0] - k - 1] == V - 1
+        for run in runs:
+            key = s[run[0] - k: run[0]]
+            assert all(tok < ns // 2 for tok in key)
+            assert find(s, list(key) + list(s[run]), run[0] - k)
+
+
+def test_fuzzy_training_keys_vary_in_size():
+    t = tasks.build("mad_fuzzy_in_context_recall", **{**SMALL["mad_fuzzy_in_context_recall"],
+                                                      "noise_vocab_size": 0})
+    a = t.train_set(0).inputs.numpy()
+    b = t.eval_sets(0)[""].inputs.numpy()
+    assert not np.array_equal(a[: len(b)], b)
+    # a train sequence with key runs of different lengths exists (keys are < ns // 2 = 7)
+    runs = set()
+    for row in a:
+        is_key = row < 7
+        edges = np.flatnonzero(np.diff(np.r_[0, is_key.astype(int), 0]))
+        runs |= set((edges[1::2] - edges[0::2]).tolist())
+    assert {1, 2, 3} <= runs
+
+
+# ---------------------------------------------------------------------------------------
+# memorization and compression
+# ---------------------------------------------------------------------------------------
+@SETTINGS
+@given(P=st.integers(1, 12), V=st.integers(4, 80), seed=seeds)
+def test_memorization_one_fixed_map(P, V, seed):
+    t = tasks.build("mad_memorization", seq_len=2 * P, vocab_size=V, num_train_examples=8,
+                    num_test_examples=4)
+    tr, te = np_batch(t.train_set(seed)), np_batch(t.eval_sets(seed)[""])
+    m = t.kv_map(seed)
+    for x, y in (tr, te):
+        assert (x[:, 1::2] == V - 1).all() and (y[:, 0::2] == IGNORE).all()
+        assert all(y[r, 2 * j + 1] == m[x[r, 2 * j]] for r in range(len(x)) for j in range(P))
+    assert len(set(m.values())) == len(m)
+
+
+def test_memorization_map_depends_on_seed():
+    t = tasks.build("mad_memorization")
+    assert t.kv_map(0) != t.kv_map(1)
+
+
+def test_compression_layout_and_readout():
+    t = build("mad_compression")
+    assert t.readout == "decode_from_last"
+    x, y = np_batch(t.sample(8, 0))
+    assert (x[:, -1] == t.vocab_size - 1).all() and (x[:, :-1] < t.vocab_size - 1).all()
+    np.testing.assert_array_equal(y[:, :-1], x[:, :-1])
+    assert (y[:, -1] == IGNORE).all()
+
+
+def test_heads_follow_readout():
+    from tasks.heads import make_encoder, make_head
+    h = torch.randn(3, 16, 8)
+    comp = make_head(build("mad_compression"), 8)
+    out = comp(h)
+    assert out.shape == (3, 16, 8)
+    h2 = h.clone()
+    h2[:, :-1] = torch.randn(3, 15, 8)                 # only the last position may matter
+    assert torch.allclose(comp(h2), out)
+    h2[:, -1] = torch.randn(3, 8)
+    assert not torch.allclose(comp(h2), out)
+    assert make_head(build("mqar"), 8)(h).shape == (3, 16, 40)
+    img = tasks.build("sequential_image", num_test_examples=100)
+    assert make_head(img, 8)(h).shape == (3, 10)
+    assert isinstance(make_encoder(img, 8), torch.nn.Linear)
+    assert isinstance(make_encoder(build("mqar"), 8), torch.nn.Embedding)
+
+
+# ---------------------------------------------------------------------------------------
+# character LM
+# ---------------------------------------------------------------------------------------
+TEXT = ("First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\n"
+        * 6) + "ZQXJ tail of the file, only in the test part!\n" * 3
+
+
+@pytest.fixture
+def text_file(tmp_path):
+    p = tmp_path / "input.txt"
+    p.write_text(TEXT, encoding="utf-8")
+    return str(p)
+
+
+def test_char_lm(text_file):
+    t = tasks.build("char_lm", path=text_file, seq_len=16)
+    assert t.chars == sorted(set(TEXT)) and t.vocab_size == len(t.chars)
+    split = int(len(TEXT) * 0.9)
+    b = t.train_batch(32, 0, seed=0)
+    x, y = np_batch(b)
+    assert x.shape == y.shape == (32, 16)
+    np.testing.assert_array_equal(x[:, 1:], y[:, :-1])      # next character everywhere
+    for r in range(32):
+        s = t.decode(np.append(x[r], y[r, -1]))
+        assert s in TEXT[:split]
+    ev = t.eval_sets(0)[""]
+    ex, ey = np_batch(ev)
+    assert ex.shape[0] == (len(TEXT) - split - 1) // 16
+    joined = t.decode(ex.reshape(-1))
+    assert joined == TEXT[split: split + len(joined)]         # contiguous test windows
+    assert not torch.equal(b.inputs, t.train_batch(32, 1, seed=0).inputs)
+    assert torch.equal(b.inputs, t.train_batch(32, 0, seed=0).inputs)
+    assert len(tasks.build("char_lm", path=text_file, seq_len=16,
+                           num_test_examples=3).eval_sets(0)[""]) == 3
+    t8 = tasks.build("char_lm", path=text_file, seq_len=16, train_fraction=0.5)
+    assert len(t8.eval_sets(0)[""]) > len(ev)
+    assert t.extra_metrics(AccuracyCounts(token_total=10, loss_sum=10 * math.log(2) * 1.5)) \
+        == {"bits_per_char": pytest.approx(1.5)}
+
+
+def test_char_lm_errors(text_file, tmp_path):
+    with pytest.raises(ValueError, match="path"):
+        tasks.build("char_lm")
+    with pytest.raises(ValueError, match="no such file"):
+        tasks.build("char_lm", path=str(tmp_path / "missing.txt"))
+    with pytest.raises(ValueError, match="seq_len"):
+        tasks.build("char_lm", path=text_file, seq_len=10_000)
+    with pytest.raises(TypeError, match="vocab"):
+        tasks.build("char_lm", path=text_file, vocab_size=10)
+
+
+# ---------------------------------------------------------------------------------------
+# sequential images
+# ---------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def digits():
+    return tasks.build("sequential_image")
+
+
+def test_digits(digits):
+    t = digits
+    assert t.pooled and t.input_dim == 1 and t.seq_len == 64 and t.num_classes == 10
+    tr, te = t.train_set(0), t.eval_sets(0)[""]
+    assert tr.inputs.shape[1:] == (64, 1) and tr.targets.shape == (len(tr),)
+    assert 350 <= len(te) <= 360 and len(tr) + 360 == 1797
+    assert 0 <= float(tr.inputs.min()) and float(tr.inputs.max()) <= 1
+    train = {r.tobytes() for r in tr.inputs.numpy()}
+    assert not any(r.tobytes() in train for r in te.inputs.numpy())
+    assert set(te.targets.tolist()) == set(range(10))
+    assert not torch.equal(te.inputs, t.eval_sets(1)[""].inputs)         # seeded split
+    assert torch.equal(te.inputs, t.eval_sets(0)[""].inputs)
+    small = tasks.build("sequential_image", num_train_examples=100, num_test_examples=50)
+    assert len(small.train_set(0)) == 100 and len(small.eval_sets(0)[""]) <= 50
+    with pytest.raises(ValueError, match="augment"):
+        tasks.build("sequential_image", augment=True)
+
+
+@pytest.fixture
+def cifar_dir(tmp_path):
+    rng = np.random.default_rng(0)
+    for name, n in [(f"data_batch_{i}", 6) for i in range(1, 6)] + [("test_batch", 5)]:
+        d = {b"data": rng.integers(0, 256, size=(n, 3072), dtype=np.uint8),
+             b"labels": rng.integers(0, 10, size=n).tolist()}
+        with open(tmp_path / name, "wb") as f:
+            pickle.dump(d, f)
+    return str(tmp_path)
+
+
+def test_cifar_patches_and_augmentation(cifar_dir):
+    from tasks.images import CIFAR_MEAN, CIFAR_STD, from_patches, load_cifar10
+    t = tasks.build("sequential_image", path=cifar_dir)
+    assert t.input_dim == 48 and t.seq_len == 64
+    tr, te = t.train_set(0), t.eval_sets(0)[""]
+    assert tr.inputs.shape == (30, 64, 48) and te.inputs.shape == (5, 64, 48)
+    # patch k holds the 4x4 block at (k // 8, k % 8), (row, col, channel) inside
+    _, _, vx, vy = load_cifar10(cifar_dir)
+    img = (vx[0].astype(np.float32) / 255 - CIFAR_MEAN) / CIFAR_STD
+    np.testing.assert_allclose(te.inputs[0, 8 * 2 + 3].numpy(), img[8:12, 12:16].reshape(-1),
+                               rtol=1e-6)
+    np.testing.assert_allclose(from_patches(te.inputs)[0].numpy(), img, rtol=1e-6)
+    assert te.targets.tolist() == vy.tolist()
+    assert torch.equal(t.augment_batch(tr, 0, 0).inputs, tr.inputs)     # augment off
+    ta = tasks.build("sequential_image", path=cifar_dir, augment=True)
+    a1, a2 = ta.augment_batch(tr, 0, 0), ta.augment_batch(tr, 0, 0)
+    assert torch.equal(a1.inputs, a2.inputs) and not torch.equal(a1.inputs, tr.inputs)
+    assert not torch.equal(a1.inputs, ta.augment_batch(tr, 1, 0).inputs)
+    assert torch.equal(a1.targets, tr.targets)
+
+
+def test_image_parameters(cifar_dir):
+    assert set(tasks.parameters("sequential_image")) == {
+        "path", "augment", "num_train_examples", "num_test_examples"}
+    t = tasks.build("sequential_image", path=cifar_dir, num_train_examples=7, num_test_examples=3)
+    assert len(t.train_set(0)) == 7 and len(t.eval_sets(0)[""]) == 3
+    with pytest.raises(ValueError, match="directory"):
+        tasks.build("sequential_image", path=os.path.join(cifar_dir, "nope"))
+    with pytest.raises(ValueError):
+        tasks.build("sequential_image", path=cifar_dir, num_test_examples=6)
