@@ -1,0 +1,151 @@
+"""End to end through real processes: headless run -> detached scheduler -> workers ->
+store -> export; plus failures, NaN loss, kill and crash of a worker."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from workbench import scheduler
+from workbench.profile import loads
+from workbench.store import Store
+
+TINY = """
+schema_version = 1
+name = "{name}"
+[task]
+name = "mad_selective_copying"
+vocab_size = 8
+num_tokens_to_copy = 2
+num_train_examples = 64
+num_test_examples = 16
+[sweep]
+models = {models}
+seq_lens = [8, 10]
+seeds = [0, 1]
+[model]
+d_model = 16
+n_layers = 1
+[train]
+steps = {steps}
+batch_size = 8
+lr = {lr}
+eval_every = 5
+log_every = 2
+"""
+
+
+def tiny(name="tiny", models='["lstm", "transformer"]', steps=10, lr="3e-3"):
+    return TINY.format(name=name, models=models, steps=steps, lr=lr)
+
+
+def cli(store_dir, *args, timeout=240):
+    return subprocess.run([sys.executable, "-m", "workbench", "--store", str(store_dir), *args],
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def wait_for(pred, timeout=60.0):
+    end = time.time() + timeout
+    while time.time() < end:
+        v = pred()
+        if v:
+            return v
+        time.sleep(0.2)
+    raise AssertionError("condition not reached in time")
+
+
+def test_headless_run_and_export(tmp_path):
+    prof = tmp_path / "tiny.toml"
+    prof.write_text(tiny())
+    out = cli(tmp_path / "st", "run", str(prof), "--jobs", "2")
+    assert out.returncode == 0, out.stdout + out.stderr
+    store = Store(tmp_path / "st")
+    runs = store.runs(profile="tiny")
+    assert len(runs) == 8 and {r.state for r in runs} == {"finished"}
+    r = runs[0]
+    res = store.results([r.id])[r.id][""]
+    for k in ("accuracy", "sequence_accuracy", "loss", "step_time_ms", "inference_ms", "peak_mem_mb",
+              "tokens_per_s", "params", "wall_s"):
+        assert res.get(k) is not None, k
+    assert r.info["versions"]["torch"] and r.info["device"] == "cpu" and r.info["backend"]
+    assert store.metrics(r.id, "train", "loss") and store.metrics(r.id, "eval", "accuracy")
+    assert store.system(r.id) or r.elapsed < 2  # sampled once a second
+
+    md = cli(tmp_path / "st", "export", "--profile", "tiny")
+    assert md.returncode == 0, md.stderr
+    lines = md.stdout.splitlines()
+    assert lines[0].startswith("| model \\ seq_len | seq_len=8 | seq_len=10 |")
+    assert any(l.startswith("| lstm |") and "±" in l for l in lines)  # 2 seeds: mean ± std
+
+    js = json.loads(cli(tmp_path / "st", "export", "--profile", "tiny", "--format", "json").stdout)
+    assert len(js) == 4  # 2 models x 2 lengths
+    rec = next(x for x in js if x["model"] == "lstm" and x["seq_len"] == 8)
+    assert rec["accuracy"]["n"] == 2 and set(rec["accuracy"]) == {"mean", "std", "n"}
+    accs = [store.results([x.id])[x.id][""]["accuracy"] for x in runs if x.label == "lstm" and x.seq_len == 8]
+    assert rec["accuracy"]["mean"] == pytest.approx(sum(accs) / 2)
+    csv = cli(tmp_path / "st", "export", "--profile", "tiny", "--format", "csv", "--metric", "step_time_ms")
+    assert csv.stdout.splitlines()[0] == "model \\ seq_len,8,10"
+    tex = cli(tmp_path / "st", "export", "--profile", "tiny", "--format", "latex").stdout
+    assert "\\begin{tabular}{lcc}" in tex and "$\\pm$" in tex
+
+
+def test_failures_are_kept_and_others_go_on(tmp_path):
+    # n_heads=3 does not divide d_model=16: building the transformer raises in the worker
+    text = tiny(name="mixed", models='["lstm", { name = "transformer", n_heads = 3 }]', steps=4)
+    text = text.replace("seq_lens = [8, 10]", "seq_lens = [8]").replace("seeds = [0, 1]", "seeds = [0]")
+    prof = tmp_path / "mixed.toml"
+    prof.write_text(text)
+    out = cli(tmp_path / "st", "run", str(prof))
+    assert out.returncode == 1
+    assert "did not finish" in out.stdout
+    runs = {r.model: r for r in Store(tmp_path / "st").runs()}
+    assert runs["lstm"].state == "finished"
+    assert runs["transformer"].state == "failed" and "n_heads" in runs["transformer"].error
+
+
+def test_nan_loss_fails_the_run(tmp_path):
+    text = tiny(name="nan", models='["lstm"]', steps=30, lr="1e30")
+    text = text.replace("seq_lens = [8, 10]", "seq_lens = [8]").replace("seeds = [0, 1]", "seeds = [0]")
+    text = text.replace("lr = 1e30", "lr = 1e30\ngrad_clip = 0.0")
+    prof = tmp_path / "nan.toml"
+    prof.write_text(text)
+    out = cli(tmp_path / "st", "run", str(prof))
+    assert out.returncode == 1
+    (r,) = Store(tmp_path / "st").runs()
+    assert r.state == "failed" and "loss became" in r.error
+
+
+def test_bad_profile_starts_nothing(tmp_path):
+    prof = tmp_path / "bad.toml"
+    prof.write_text(tiny().replace("batch_size = 8", "batch_size = 8\nbatch = 3"))
+    out = cli(tmp_path / "st", "run", str(prof))
+    assert out.returncode == 2 and "batch" in out.stderr and str(prof) in out.stderr
+    assert Store(tmp_path / "st").runs() == []
+
+
+def test_kill_and_crash(tmp_path):
+    store = Store(tmp_path / "st")
+    p = loads(tiny(name="long", models='["lstm"]', steps=100000).replace("seeds = [0, 1]", "seeds = [0]"))
+    ids = scheduler.submit(store, p, jobs=2)  # two slots: both lengths run at once
+    running = wait_for(lambda: len(store.runs(states=["running"])) == 2 and
+                       all(r.step > 0 for r in store.runs(states=["running"])), timeout=90)
+    assert running
+    a, b = ids
+    ra = store.get(a)
+    assert scheduler.kill(store, a)
+    assert store.get(a).state == "killed"
+    assert wait_for(lambda: not _alive(ra.pid), timeout=10)
+    rb = store.get(b)
+    os.kill(rb.pid, signal.SIGKILL)  # a worker dying without a word
+    r = wait_for(lambda: (x := store.get(b)).state == "crashed" and x, timeout=30)
+    assert "without finishing" in r.error
+    assert store.get(a).state == "killed"  # the crash detector never rewrites a kill
+
+
+def _alive(pid):
+    from workbench.store import pid_alive
+
+    return pid_alive(pid)

@@ -1,0 +1,118 @@
+"""Profiles: round trip, sweep expansion, and every kind of bad input named precisely."""
+import subprocess
+import sys
+
+import pytest
+
+from workbench import profile as P
+
+GOOD = """
+schema_version = 1
+name = "tiny"
+[task]
+name = "mad_selective_copying"
+vocab_size = 8
+num_tokens_to_copy = 2
+num_train_examples = 64
+num_test_examples = 16
+[sweep]
+models = ["transformer", { name = "lstm", label = "lstm-3L", n_layers = 3 }]
+seq_lens = [12, 16]
+seeds = [0, 1]
+[model]
+d_model = 16
+n_layers = 2
+[model.options.transformer]
+n_heads = 2
+[train]
+steps = 5
+batch_size = 4
+lr = 1e-3
+[train.early_stopping]
+metric = "loss"
+patience = 2
+"""
+
+
+def test_round_trip_and_expand(tmp_path):
+    p = P.loads(GOOD, "good.toml")
+    path = P.save(p, tmp_path / "again.toml")
+    q = P.load(path)
+    assert q == p
+    specs = P.expand(q)
+    assert len(specs) == 2 * 2 * 2
+    lstm = [s for s in specs if s.model == "lstm"]
+    assert {s.n_layers for s in lstm} == {3} and {s.label for s in lstm} == {"lstm-3L"}
+    tr = [s for s in specs if s.model == "transformer"][0]
+    assert tr.model_options == {"n_heads": 2} and tr.n_layers == 2
+    assert {s.task_params["seq_len"] for s in specs} == {12, 16}
+    assert tr.train["early_stopping"]["patience"] == 2
+
+
+def bad(text: str) -> str:
+    with pytest.raises(P.ProfileError) as e:
+        P.loads(text, "bad.toml")
+    msg = str(e.value)
+    assert msg.startswith("bad.toml"), msg
+    return msg
+
+
+def test_unknown_key_named_with_line():
+    msg = bad(GOOD.replace("lr = 1e-3", "lr = 1e-3\nlearning_rate = 3"))
+    assert "train.learning_rate" in msg
+    line = GOOD.replace("lr = 1e-3", "lr = 1e-3\nlearning_rate = 3").splitlines().index("learning_rate = 3") + 1
+    assert f"line {line}" in msg
+
+
+def test_unknown_top_level_section():
+    assert "unknown key 'optimizer'" in bad(GOOD + "\n[optimizer]\nx = 1\n")
+
+
+def test_wrong_type():
+    msg = bad(GOOD.replace("batch_size = 4", 'batch_size = "four"'))
+    assert "train.batch_size" in msg and "four" in msg
+
+
+def test_out_of_range_and_budget():
+    assert "train.lr" in bad(GOOD.replace("lr = 1e-3", "lr = -1.0"))
+    assert "exactly one of train.epochs or train.steps" in bad(GOOD.replace("steps = 5", "steps = 5\nepochs = 2"))
+
+
+def test_unknown_model_and_task_and_options():
+    assert "unknown model 'mamba9'" in bad(GOOD.replace('"transformer",', '"mamba9",'))
+    assert "unknown task 'copy_all'" in bad(GOOD.replace('name = "mad_selective_copying"', 'name = "copy_all"'))
+    assert "num_kv" in bad(GOOD.replace("vocab_size = 8", "vocab_size = 8\nnum_kv = 3"))
+    assert "n_head" in bad(GOOD.replace("n_heads = 2", "n_head = 2"))
+    assert "seq_lens" in bad(GOOD.replace("vocab_size = 8", "vocab_size = 8\nseq_len = 3"))
+
+
+def test_malformed_toml_names_line():
+    msg = bad(GOOD.replace("lr = 1e-3", "lr = = 1e-3"))
+    assert "malformed TOML" in msg and "line" in msg
+
+
+def test_schema_version():
+    assert "schema_version" in bad(GOOD.replace("schema_version = 1", "schema_version = 7"))
+
+
+def test_cli_check_exit_codes(tmp_path):
+    good = tmp_path / "good.toml"
+    good.write_text(GOOD)
+    broken = tmp_path / "broken.toml"
+    broken.write_text(GOOD.replace("batch_size = 4", "batch_size = 4\nbatchsize = 4"))
+    ok = subprocess.run([sys.executable, "-m", "workbench", "profile", "check", str(good)],
+                        capture_output=True, text=True)
+    assert ok.returncode == 0, ok.stderr
+    no = subprocess.run([sys.executable, "-m", "workbench", "profile", "check", str(broken)],
+                        capture_output=True, text=True)
+    assert no.returncode == 2
+    assert str(broken) in no.stderr and "batchsize" in no.stderr
+
+
+def test_shipped_profiles_are_valid():
+    from pathlib import Path
+
+    files = sorted((Path(__file__).parent.parent / "profiles").glob("*.toml"))
+    assert files, "no shipped profiles"
+    for f in files:
+        P.load(f)

@@ -1,0 +1,59 @@
+"""The store: run lifecycle, guarded transitions, measurements, crash detection."""
+import os
+import subprocess
+import sys
+import time
+
+from workbench.store import Store
+
+
+def spec(**kw):
+    d = dict(profile="p", model="lstm", label="lstm", task="t", seq_len=8, seed=0,
+             fields={"model": "lstm", "seq_len": 8})
+    d.update(kw)
+    return d
+
+
+def test_lifecycle(tmp_path):
+    s = Store(tmp_path)
+    (rid,) = s.add_runs([spec()])
+    assert s.get(rid).state == "pending"
+    assert s.mark_started(rid, os.getpid(), "cpu", "cpu0")
+    assert not s.mark_started(rid, os.getpid(), "cpu", "cpu0")  # only from pending
+    s.heartbeat(rid, progress=0.5, step=3, last_loss=1.5)
+    r = s.get(rid)
+    assert (r.state, r.progress, r.step, r.last_loss) == ("running", 0.5, 3, 1.5)
+    s.add_metrics(rid, [(1, None, "train", "loss", 2.0), (2, None, "train", "loss", float("nan"))])
+    rows = s.metrics(rid, "train", "loss")
+    assert [x["value"] for x in rows] == [2.0, None]  # non-finite values stored as NULL
+    assert s.metrics(rid, after_rowid=rows[0]["rowid"])[0]["step"] == 2
+    s.set_results(rid, {"accuracy": 0.5})
+    s.set_results(rid, {"accuracy": 0.25}, eval_set="len=64")
+    assert s.results([rid]) == {rid: {"": {"accuracy": 0.5}, "len=64": {"accuracy": 0.25}}}
+    assert s.finish(rid, "killed", "by user")
+    assert not s.finish(rid, "finished")  # a terminal state is never overwritten
+    assert s.get(rid).state == "killed"
+
+
+def test_a_second_process_sees_writes(tmp_path):
+    s = Store(tmp_path)
+    (rid,) = s.add_runs([spec()])
+    code = ("import sys; from workbench.store import Store; s = Store(sys.argv[1]); "
+            "s.add_metrics(int(sys.argv[2]), [(1, None, 'eval', 'accuracy', 0.75)])")
+    subprocess.run([sys.executable, "-c", code, str(tmp_path), str(rid)], check=True)
+    assert s.metrics(rid, "eval")[0]["value"] == 0.75
+
+
+def test_reap_marks_dead_worker_crashed(tmp_path):
+    s = Store(tmp_path)
+    a, b = s.add_runs([spec(), spec(seed=1)])
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    s.mark_started(a, dead.pid, "cpu", "cpu0")
+    s.mark_started(b, os.getpid(), "cpu", "cpu1")  # alive: this test process
+    assert s.reap() == [a]
+    assert s.get(a).state == "crashed" and "exited" in s.get(a).error
+    assert s.get(b).state == "running"
+    # a silent heartbeat also counts as a crash
+    assert s.reap(now=time.time() + 3600) == [b]
+    assert "no heartbeat" in s.get(b).error
