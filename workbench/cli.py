@@ -33,6 +33,14 @@ def _store(args):
     return Store(args.store) if args.store else Store()
 
 
+def _console(stderr: bool = False) -> Console:
+    """A console as wide as the terminal, or 160 columns when output is piped (tables
+    would otherwise be squeezed to 80 and truncate run names)."""
+    import shutil
+
+    return Console(width=shutil.get_terminal_size((160, 24)).columns, stderr=stderr)
+
+
 def _fmt(v, digits=4):
     if v is None:
         return "–"
@@ -74,7 +82,7 @@ def cmd_run(args) -> int:
     from workbench import scheduler
     from workbench.profile import ProfileError, load
 
-    console = Console()
+    console = _console()
     try:
         prof = load(args.profile)
     except ProfileError as e:
@@ -143,7 +151,7 @@ def cmd_runs(args) -> int:
     if not runs:
         print(f"no runs in {store.root}")
         return 0
-    _print_runs(Console(), runs)
+    _print_runs(_console(), runs)
     return 0
 
 
@@ -194,7 +202,7 @@ def cmd_models(args) -> int:
     for n in models.names():
         e = models.entry(n)
         t.add_row(n, e.family, e.description, ", ".join(f"{k}={v!r}" for k, v in e.options().items()))
-    Console().print(t)
+    _console().print(t)
     return 0
 
 
@@ -204,7 +212,7 @@ def cmd_tasks(args) -> int:
     t = Table("task", "description", "parameters")
     for n in tasks.names():
         t.add_row(n, tasks.describe(n), ", ".join(f"{k}={v!r}" for k, v in tasks.parameters(n).items()))
-    Console().print(t)
+    _console().print(t)
     return 0
 
 

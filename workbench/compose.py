@@ -4,7 +4,9 @@
            --head--> logits (batch, length, num_classes), or (batch, num_classes) when the
                      task is pooled (mean over positions, then a linear classifier)
 
-Token inputs use an embedding table; continuous inputs (pixels, patches) a linear map.
+Encoders and heads are the task's business (``tasks.heads``): token inputs use an
+embedding table, continuous inputs (pixels, patches) a linear map; the head follows the
+task's ``readout``.
 """
 from __future__ import annotations
 
@@ -49,12 +51,8 @@ class SequenceModel(nn.Module):
 
 def build_model(task, model_name: str, d_model: int = 64, n_layers: int = 2, **options: Any) -> SequenceModel:
     """Compose ``task``'s encoder and head around backbone ``model_name``."""
+    from tasks.heads import make_encoder, make_head
+
     backbone = models.build(model_name, d_model=d_model, n_layers=n_layers, **options)
-    if task.vocab_size:
-        encoder: nn.Module = nn.Embedding(task.vocab_size, d_model)
-    elif task.input_dim:
-        encoder = nn.Linear(task.input_dim, d_model)
-    else:
-        raise ValueError(f"task {task.name} declares neither vocab_size nor input_dim")
-    head = nn.Linear(d_model, task.num_classes)
-    return SequenceModel(encoder, backbone, head, pooled=bool(task.pooled))
+    # the head owns the readout (per position, mean-pooled, or decoded from the last state)
+    return SequenceModel(make_encoder(task, d_model), backbone, make_head(task, d_model), pooled=False)
