@@ -592,3 +592,20 @@ def test_image_parameters(cifar_dir):
         tasks.build("sequential_image", path=os.path.join(cifar_dir, "nope"))
     with pytest.raises(ValueError):
         tasks.build("sequential_image", path=cifar_dir, num_test_examples=6)
+
+
+def test_cifar_augmentation_is_a_padded_crop_and_flip(cifar_dir):
+    from tasks.images import from_patches
+    ta = tasks.build("sequential_image", path=cifar_dir, augment=True)
+    tr = ta.train_set(0)
+    img = from_patches(tr.inputs)
+    aug = from_patches(ta.augment_batch(tr, 3, 0).inputs)
+    padded = torch.nn.functional.pad(img, (0, 0, 4, 4, 4, 4))
+    flips = []
+    for i in range(len(img)):
+        found = [f for dy in range(9) for dx in range(9) for f in (False, True)
+                 if torch.equal(aug[i], (lambda c: c.flip(1) if f else c)(
+                     padded[i, dy:dy + 32, dx:dx + 32]))]
+        assert found, f"image {i} is not a padded crop (+flip) of its source"
+        flips.append(found[0])
+    assert any(flips) and not all(flips)
