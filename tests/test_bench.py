@@ -1,0 +1,91 @@
+"""`ssm-workbench bench`: a tiny end-to-end run, and the pieces it is made of."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from workbench import bench
+
+TINY = ["--seq-lens", "32", "--batch", "2", "--d-model", "8", "--n-layers", "1",
+        "--repeats", "1", "--warmup", "0"]
+
+
+def parse_md(text: str) -> list[dict[str, str]]:
+    lines = [ln for ln in text.strip().splitlines() if ln.startswith("|")]
+    header = [c.strip() for c in lines[0].strip("|").split("|")]
+    assert set(lines[1]) <= {"|", "-"}
+    return [dict(zip(header, (c.strip() for c in ln.strip("|").split("|")))) for ln in lines[2:]]
+
+
+def test_main_markdown_table_compares_scan_backends(capsys):
+    rc = bench.main(["--models", "mamba", "--backend", "ref,torch", *TINY])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    rows = parse_md(out)
+    assert list(rows[0]) == bench.COLUMNS
+    assert [(r["model"], r["seq_len"], r["backend"]) for r in rows] == [
+        ("mamba[ref]", "32", "ref"), ("mamba[torch]", "32", "torch")]
+    for r in rows:
+        assert int(r["params"]) > 0
+        assert float(r["fwd_bwd_ms"]) > 0 and float(r["infer_ms"]) > 0
+        assert int(r["train_tok_s"]) > 0
+        assert float(r["peak_mib"]) >= 0
+    assert rows[0]["params"] == rows[1]["params"]
+
+
+def test_main_json_stream_only(capsys):
+    rc = bench.main(["--stream-tokens", "300", "--stream-chunk", "64", "--d-model", "8",
+                     "--format", "json"])
+    doc = json.loads(capsys.readouterr().out)
+    assert rc == 0
+    assert doc["runs"] == []  # --stream-tokens alone skips the training table
+    (row,) = doc["stream"]
+    assert set(bench.STREAM_COLUMNS) <= set(row)
+    assert row["tokens"] == 300 and row["mode"] == "chunked" and row["finite"]
+    assert row["seconds"] > 0 and row["peak_rss_mib"] > 0
+
+
+def test_measure_one_in_process():
+    spec = dict(kind="train", model="s6", label="s6", options={"backend": "torch"}, seq_len=16,
+                batch=2, d_model=8, n_layers=1, repeats=2, warmup=1, device="cpu")
+    row = bench.measure_one(spec)
+    assert set(bench.COLUMNS) <= set(row)
+    assert row["backend"] == "torch" and row["train_tok_s"] == round(2 * 16 / (row["fwd_bwd_ms"] / 1e3))
+
+
+def test_measure_stream_step_mode_in_process():
+    spec = dict(kind="stream", model="mamba", options={}, tokens=20, chunk_len=8, mode="step",
+                d_model=8, n_layers=2, device="cpu")
+    row = bench.measure_stream(spec)
+    assert row["chunk_len"] == 1 and row["tokens"] == 20 and row["finite"]
+
+
+def test_plan_expands_models_backends_and_lengths():
+    args = bench.build_parser().parse_args(
+        ["--models", "mamba,s6", "--backend", "ref,torch", "--seq-lens", "8,16", "--opt", "d_state=4"])
+    specs = bench.plan(args)
+    assert [(s["label"], s["seq_len"]) for s in specs] == [
+        (m, L) for m in ("mamba[ref]", "mamba[torch]", "s6[ref]", "s6[torch]") for L in (8, 16)]
+    assert all(s["options"]["d_state"] == 4 for s in specs)
+
+
+def test_plan_rejects_unknown_models_and_options():
+    parse = bench.build_parser().parse_args
+    with pytest.raises(KeyError, match="unknown model"):
+        bench.plan(parse(["--models", "mamba,nosuchmodel"]))
+    with pytest.raises(SystemExit, match="nosuchoption"):
+        bench.plan(parse(["--models", "mamba", "--opt", "nosuchoption=1"]))
+    with pytest.raises(SystemExit):
+        parse(["--seq-lens", "0"])
+
+
+def test_format_table_csv_and_errors():
+    rows = [{"model": "a", "seq_len": 8, "backend": "torch", "params": 1, "fwd_bwd_ms": 1.5,
+             "infer_ms": 1.0, "train_tok_s": 10, "peak_mib": 2.0},
+            {"model": "b", "seq_len": 8, "backend": "", "error": "exit 1: boom"}]
+    csv_text = bench.format_table(rows, bench.COLUMNS, "csv")
+    assert csv_text.splitlines()[0] == ",".join(bench.COLUMNS + ["error"])
+    assert csv_text.splitlines()[2].endswith("exit 1: boom")
+    md = parse_md(bench.format_table(rows, bench.COLUMNS, "md"))
+    assert md[0]["fwd_bwd_ms"] == "1.5" and md[1]["error"] == "exit 1: boom"

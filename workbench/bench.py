@@ -1,0 +1,370 @@
+"""``ssm-workbench bench``: speed and memory of registry backbones, measured one config at a time.
+
+    ssm-workbench bench --models mamba,transformer --seq-lens 784,4096 --batch 8 --d-model 64
+    ssm-workbench bench --models mamba --backend ref,torch --seq-lens 1024 --repeats 1
+    ssm-workbench bench --models mamba --stream-tokens 1048576
+
+For each (model, backend, seq_len) a fresh Python process (``python -m workbench.bench --one
+SPEC``) builds the backbone with a fixed seed, then measures on random input
+x: (batch, seq_len, d_model):
+
+- fwd_bwd_ms:   forward + backward of mean(y^2) (no optimiser step), median over
+                ``--repeats`` after ``--warmup`` untimed runs; synchronised on CUDA.
+- infer_ms:     forward under ``torch.no_grad()``, median likewise.
+- train_tok_s:  batch * seq_len / fwd_bwd time.
+- peak_mib:     extra memory of the training step. CPU: the process's peak RSS
+                (``ru_maxrss``) minus its RSS just before the first forward; CUDA:
+                ``torch.cuda.max_memory_allocated`` minus the allocation before it.
+                A fresh process per config because RSS peaks never go down within one.
+
+``--stream-tokens N`` runs the mamba backbone (``--n-layers``, ``--d-model``) over N tokens at
+batch 1 in chunks of ``--stream-chunk`` (or token by token with ``--stream-mode step``),
+carrying only the recurrent state, and reports wall time, tokens/s and peak RSS.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+COLUMNS = ["model", "seq_len", "backend", "params", "fwd_bwd_ms", "infer_ms", "train_tok_s", "peak_mib"]
+STREAM_COLUMNS = ["model", "tokens", "mode", "chunk_len", "backend", "seconds", "tok_s", "peak_rss_mib", "extra_mib"]
+_REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+# ---------------------------------------------------------------------------------------
+# measurement helpers (run inside the --one subprocess)
+# ---------------------------------------------------------------------------------------
+
+def _rss_mib() -> float:
+    """Current resident set size in MiB (Linux /proc; psutil elsewhere)."""
+    try:
+        with open("/proc/self/statm") as f:
+            pages = int(f.read().split()[1])
+        return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
+    except OSError:
+        import psutil
+        return psutil.Process().memory_info().rss / 2**20
+
+
+def _peak_rss_mib() -> float:
+    """Peak resident set size of this process so far, in MiB (ru_maxrss is KiB on Linux)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / 2**20 if sys.platform == "darwin" else peak / 1024
+
+
+def _pick_device(name: str):
+    import torch
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def _sync(device) -> None:
+    import torch
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _median_ms(fn, repeats: int, warmup: int, device) -> float:
+    for _ in range(warmup):
+        fn()
+    _sync(device)
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        _sync(device)
+        times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+def measure_one(spec: dict[str, Any]) -> dict[str, Any]:
+    """Measure one (model, options, seq_len) config in this process; see module docstring."""
+    import torch
+    import models
+
+    device = _pick_device(spec["device"])
+    torch.manual_seed(spec.get("seed", 0))
+    model = models.build(spec["model"], d_model=spec["d_model"], n_layers=spec["n_layers"],
+                         **spec["options"]).to(device)
+    batch, L, d = spec["batch"], spec["seq_len"], spec["d_model"]
+    x = torch.randn(batch, L, d, device=device)
+
+    def train_step():
+        model.zero_grad(set_to_none=True)
+        model(x).pow(2).mean().backward()
+
+    def infer():
+        with torch.no_grad():
+            model(x)
+
+    # memory baseline: everything built, nothing run yet
+    _sync(device)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+        base = torch.cuda.memory_allocated(device)
+    rss_before = _rss_mib()
+    train_ms = _median_ms(train_step, spec["repeats"], spec["warmup"], device)
+    if device.type == "cuda":
+        peak = (torch.cuda.max_memory_allocated(device) - base) / 2**20
+    else:
+        peak = _peak_rss_mib() - rss_before
+    model.zero_grad(set_to_none=True)
+    infer_ms = _median_ms(infer, spec["repeats"], spec["warmup"], device)
+    return {
+        "model": spec["label"],
+        "seq_len": L,
+        "backend": models.backend(model),
+        "params": models.param_count(model),
+        "fwd_bwd_ms": round(train_ms, 2),
+        "infer_ms": round(infer_ms, 2),
+        "train_tok_s": round(batch * L / (train_ms / 1e3)),
+        "peak_mib": round(peak, 1),
+        "device": str(device),
+        "batch": batch,
+        "d_model": d,
+        "n_layers": spec["n_layers"],
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+    }
+
+
+def measure_stream(spec: dict[str, Any]) -> dict[str, Any]:
+    """Run a mamba backbone over spec['tokens'] tokens at batch 1, state carried between chunks."""
+    import torch
+    import models
+    from models.mamba import stream
+
+    device = _pick_device(spec["device"])
+    torch.manual_seed(spec.get("seed", 0))
+    model = models.build(spec["model"], d_model=spec["d_model"], n_layers=spec["n_layers"],
+                         **spec["options"]).to(device).eval()
+    tokens, chunk, d = spec["tokens"], spec["chunk_len"], spec["d_model"]
+    gen = torch.Generator(device=device).manual_seed(1)
+
+    def chunks():  # inputs made on the fly: a (1, 2^20, d) input alone would be 256 MiB
+        done = 0
+        while done < tokens:
+            n = min(chunk, tokens - done)
+            yield torch.randn(1, n, d, generator=gen, device=device)
+            done += n
+
+    checksum = 0.0
+    rss_before = _rss_mib()
+    _sync(device)
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        if spec["mode"] == "chunked":
+            for y in stream(model, chunks()):
+                checksum += float(y[0, -1].sum())
+        else:
+            state = model.init_state(1)
+            for c in chunks():
+                for x_t in c.unbind(1):
+                    y_t, state = model.step(x_t, state)
+                checksum += float(y_t.sum())
+    _sync(device)
+    seconds = time.perf_counter() - t0
+    peak = _peak_rss_mib()
+    return {
+        "model": spec["model"],
+        "tokens": tokens,
+        "mode": spec["mode"],
+        "chunk_len": chunk if spec["mode"] == "chunked" else 1,
+        "backend": models.backend(model),
+        "seconds": round(seconds, 2),
+        "tok_s": round(tokens / seconds),
+        "peak_rss_mib": round(peak, 1),
+        "extra_mib": round(peak - rss_before, 1),
+        "finite": bool(checksum == checksum and abs(checksum) != float("inf")),
+        "device": str(device),
+    }
+
+
+# ---------------------------------------------------------------------------------------
+# driver
+# ---------------------------------------------------------------------------------------
+
+def _csv_list(text: str) -> list[str]:
+    items = [t.strip() for t in text.split(",") if t.strip()]
+    if not items:
+        raise argparse.ArgumentTypeError("expected a comma-separated list")
+    return items
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        values = [int(t) for t in _csv_list(text)]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if any(v < 1 for v in values):
+        raise argparse.ArgumentTypeError("values must be >= 1")
+    return values
+
+
+def _positive(text: str) -> int:
+    v = int(text)
+    if v < 1:
+        raise argparse.ArgumentTypeError("must be >= 1")
+    return v
+
+
+def _option(text: str) -> tuple[str, Any]:
+    if "=" not in text:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    key, raw = text.split("=", 1)
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError:
+        value = raw  # a bare string such as rope
+    return key.strip(), value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="ssm-workbench bench", description=__doc__.split("\n\n")[0])
+    p.add_argument("--models", type=_csv_list, default=None,
+                   help="comma-separated registry names (default: mamba,transformer where registered)")
+    p.add_argument("--seq-lens", type=_int_list, default=[256, 1024])
+    p.add_argument("--batch", type=_positive, default=8)
+    p.add_argument("--d-model", type=_positive, default=64)
+    p.add_argument("--n-layers", type=_positive, default=2)
+    p.add_argument("--backend", type=_csv_list, default=None,
+                   help="scan backend(s) for models that take `backend` (e.g. ref,torch)")
+    p.add_argument("--opt", type=_option, action="append", default=[], metavar="KEY=VALUE",
+                   help="model option (JSON value) for every model that takes it; repeatable")
+    p.add_argument("--repeats", type=_positive, default=5)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    p.add_argument("--threads", type=_positive, default=None,
+                   help="torch intra-op threads in each measuring process (default: torch's)")
+    p.add_argument("--format", default="md", choices=["md", "csv", "json"])
+    p.add_argument("--timeout", type=float, default=1800, help="seconds per config before giving up")
+    p.add_argument("--stream-tokens", type=_positive, default=None,
+                   help="also run the streamed-inference measurement over this many tokens")
+    p.add_argument("--stream-chunk", type=_positive, default=4096)
+    p.add_argument("--stream-mode", default="chunked", choices=["chunked", "step"])
+    p.add_argument("--stream-model", default="mamba")
+    p.add_argument("--one", metavar="SPEC_JSON", help=argparse.SUPPRESS)  # internal: one config
+    return p
+
+
+def _run_subprocess(spec: dict[str, Any], timeout: float) -> dict[str, Any]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_REPO_ROOT), env.get("PYTHONPATH")]))
+    cmd = [sys.executable, "-m", "workbench.bench", "--one", json.dumps(spec)]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    except subprocess.TimeoutExpired:
+        return {"error": f"timed out after {timeout:.0f} s"}
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        return {"error": f"exit {proc.returncode}: {tail}"}
+    return json.loads(lines[-1])
+
+
+def _default_models() -> list[str]:
+    import models
+    return [m for m in ("mamba", "transformer") if m in models.names()]
+
+
+def plan(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Expand the arguments into one spec per (model, backend, seq_len)."""
+    import models
+
+    # with --stream-tokens alone, only the streaming measurement runs
+    names = args.models or ([] if args.stream_tokens else _default_models())
+    for name in names:
+        models.entry(name)  # unknown model: error listing the known ones
+    takes = {name: models.entry(name).options() for name in names}
+    if args.backend and not any("backend" in takes[n] for n in names):
+        raise SystemExit(f"--backend given but none of {', '.join(names)} takes a backend option")
+    for key, _ in args.opt:
+        if not any(key in takes[n] for n in names):
+            raise SystemExit(f"--opt {key}: none of {', '.join(names)} takes option {key!r}")
+    specs = []
+    for name in names:
+        base = {k: v for k, v in args.opt if k in takes[name]}
+        if "max_len" in takes[name] and "max_len" not in base:
+            # absolute/learned position tables must cover the longest benchmarked length
+            base["max_len"] = max(takes[name]["max_len"] or 0, max(args.seq_lens))
+        backends = args.backend if (args.backend and "backend" in takes[name]) else [None]
+        for backend in backends:
+            options = dict(base, **({"backend": backend} if backend else {}))
+            label = f"{name}[{backend}]" if backend and len(backends) > 1 else name
+            for L in args.seq_lens:
+                specs.append(dict(kind="train", model=name, label=label, options=options, seq_len=L,
+                                  batch=args.batch, d_model=args.d_model, n_layers=args.n_layers,
+                                  repeats=args.repeats, warmup=args.warmup, device=args.device,
+                                  threads=args.threads))
+    return specs
+
+
+def format_table(rows: list[dict[str, Any]], columns: list[str], fmt: str = "md") -> str:
+    """Markdown or CSV table of ``rows`` (dicts) over ``columns`` (plus errors, if any)."""
+    cols = list(columns) + (["error"] if any("error" in r for r in rows) else [])
+    if fmt == "csv":
+        buf = io.StringIO()
+        w = csv.DictWriter(buf, fieldnames=cols, extrasaction="ignore", lineterminator="\n")
+        w.writeheader()
+        w.writerows(rows)
+        return buf.getvalue().rstrip("\n")
+    cells = [[str(r.get(c, "")) for c in cols] for r in rows]
+    widths = [max([len(c)] + [len(row[i]) for row in cells]) for i, c in enumerate(cols)]
+    line = lambda vals: "| " + " | ".join(v.ljust(w) for v, w in zip(vals, widths)) + " |"  # noqa: E731
+    out = [line(cols), "|" + "|".join("-" * (w + 2) for w in widths) + "|"]
+    out += [line(row) for row in cells]
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.one:
+        spec = json.loads(args.one)
+        if spec.get("threads"):
+            import torch
+            torch.set_num_threads(spec["threads"])
+        result = measure_stream(spec) if spec["kind"] == "stream" else measure_one(spec)
+        print(json.dumps(result), flush=True)
+        return 0
+    if args.warmup < 0:
+        raise SystemExit("--warmup must be >= 0")
+
+    rows = []
+    for spec in plan(args):
+        res = _run_subprocess(spec, args.timeout)
+        if "error" in res:
+            res = {"model": spec["label"], "seq_len": spec["seq_len"],
+                   "backend": spec["options"].get("backend", ""), **res}
+        rows.append(res)
+        print(f"  measured {spec['label']} L={spec['seq_len']}", file=sys.stderr, flush=True)
+
+    stream_rows = []
+    if args.stream_tokens:
+        spec = dict(kind="stream", model=args.stream_model, options={}, tokens=args.stream_tokens,
+                    chunk_len=args.stream_chunk, mode=args.stream_mode, d_model=args.d_model,
+                    n_layers=args.n_layers, device=args.device, threads=args.threads)
+        res = _run_subprocess(spec, args.timeout)
+        stream_rows.append(res if "error" not in res else {"model": args.stream_model, **res})
+
+    if args.format == "json":
+        print(json.dumps({"runs": rows, "stream": stream_rows}, indent=1))
+    else:
+        tables = [format_table(rows, COLUMNS, args.format)] if rows else []
+        if stream_rows:
+            tables.append(format_table(stream_rows, STREAM_COLUMNS, args.format))
+        print("\n\n".join(tables))
+    return 1 if any("error" in r for r in rows + stream_rows) else 0
+
+if __name__ == "__main__":
+    sys.exit(main())
