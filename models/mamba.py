@@ -61,7 +61,7 @@ class Mamba(SelectiveSSM):
         x, z = self.in_proj(hidden).transpose(1, 2).chunk(2, dim=1)  # (b, d_inner, L) each
         conv_cuda = ss.causal_conv1d_cuda() if self.backend == "cuda" else None
         if conv_cuda is not None:
-            x = conv_cuda(x, self.conv1d.weight.squeeze(1), self.conv1d.bias, activation="silu")
+            x = conv_cuda(x.contiguous(), self.conv1d.weight.squeeze(1), self.conv1d.bias, activation="silu")
         else:
             # padding = d_conv - 1 on both sides; keeping the first L outputs makes it causal
             x = F.silu(self.conv1d(x)[..., :L])

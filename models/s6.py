@@ -71,7 +71,7 @@ class SelectiveSSM(nn.Module):
     @property
     def backend(self) -> str:
         """The scan backend that runs for this module's current device."""
-        return ss.choose_backend(self.backend_request, self.A_log.device)
+        return ss.choose_backend(self.backend_request, ss._device_of(self.A_log))
 
     # -- full sequence -----------------------------------------------------------------
     def _ssm_params(self, x_bld: torch.Tensor):

@@ -166,3 +166,31 @@ def test_registry_entries():
     m = models.build("mamba", d_model=16, n_layers=2)
     assert models.param_count(m) == sum(p.numel() for p in m.parameters())
     assert models.backend(m) == "torch"
+
+
+def test_mamba_uses_cuda_kernels_when_available(monkeypatch):
+    """With the CUDA kernels present and CUDA tensors, forward goes through both of them."""
+    from models.kernels import selective_scan as ss
+
+    calls = []
+
+    def fake_scan(u, delta, A, B, C, D, z, delta_bias, delta_softplus, return_last_state):
+        calls.append("scan")
+        return ss.selective_scan_torch(u, delta, A, B, C, D, z, delta_bias, delta_softplus, return_last_state)
+
+    def fake_conv(x, weight, bias, activation=None):
+        calls.append("conv")
+        assert weight.dim() == 2 and activation == "silu" and x.is_contiguous()
+        return F.silu(F.conv1d(x, weight[:, None], bias, padding=weight.shape[1] - 1, groups=x.shape[1])[..., : x.shape[-1]])
+
+    torch.manual_seed(6)
+    m = Mamba(8, d_state=4).double()
+    x = torch.randn(2, 11, 8, dtype=F64)
+    expected = m(x)
+    monkeypatch.setattr(ss, "_load_cuda_scan", lambda: (fake_scan, ""))
+    monkeypatch.setattr(ss, "_load_cuda_conv", lambda: (fake_conv, ""))
+    monkeypatch.setattr(ss, "_device_of", lambda t: torch.device("cuda", 0))
+    assert m.backend == "cuda"
+    assert torch.allclose(m(x), expected, atol=1e-12)
+    assert calls == ["conv", "scan"]
+    assert Mamba(8, backend="torch").backend == "torch"
