@@ -1,0 +1,188 @@
+"""The ssm-workbench TUI application: tabs for the runs table and the sweep form; the run
+view is a pushed screen. The widgets live in their own modules; this file wires them up.
+
+Run it as ``python -m workbench.tui.app [--store DIR] [--profiles DIR]``.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import threading
+from pathlib import Path
+from typing import Any
+
+from rich.text import Text
+from textual import on, work
+from textual.app import App, ComposeResult
+from textual.binding import Binding
+from textual.widgets import Footer, Header, Static, TabbedContent, TabPane
+
+from workbench.profile import Profile
+from workbench.store import STATES, Run, Store
+from workbench.tui.dialogs import ConfirmScreen
+from workbench.tui.formatting import STATE_STYLES
+from workbench.tui.messages import KillRequested, OpenRun
+from workbench.tui.run_view import RunScreen
+from workbench.tui.runs_table import RunsTable
+from workbench.tui.sweep_form import SweepForm
+
+POLL_S = 0.5  # the runs table follows the store at 2 Hz
+
+
+class WorkbenchApp(App):
+    CSS_PATH = "app.tcss"
+    TITLE = "ssm-workbench"
+    BINDINGS = [
+        Binding("q", "quit", "Quit (runs go on)"),
+        Binding("f1", "show_tab('runs')", "Runs"),
+        Binding("f2", "show_tab('sweep')", "New sweep"),
+    ]
+
+    def __init__(self, store: Store, profiles_dir: Path = Path("profiles"),
+                 scheduler: Any = None, **kwargs: Any) -> None:
+        """``scheduler``: an object with ``submit`` and ``kill`` (tests); by default the
+        :mod:`workbench.scheduler` module, imported when first needed."""
+        super().__init__(**kwargs)
+        self.store = store
+        self.profiles_dir = Path(profiles_dir)
+        self._scheduler = scheduler
+        # One SQLite connection serves the UI's threads; a lock keeps their statements
+        # (and reap's write transaction) from interleaving.
+        self.store_lock = threading.Lock()
+        self._polling = False
+        self._summary: Text | None = None
+        self.runs_seen: list[Run] = []
+
+    @property
+    def scheduler(self) -> Any:
+        if self._scheduler is None:
+            self._scheduler = importlib.import_module("workbench.scheduler")
+        return self._scheduler
+
+    def compose(self) -> ComposeResult:
+        yield Header()
+        with TabbedContent(initial="runs"):
+            with TabPane("Runs (F1)", id="runs"):
+                yield RunsTable(id="runs-table")
+                yield Static("", id="runs-summary")
+            with TabPane("New sweep (F2)", id="sweep"):
+                yield SweepForm(self.profiles_dir, id="sweep-form")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.sub_title = str(self.store.root)
+        self.query_one(RunsTable).focus()
+        self.poll_runs()
+        self.set_interval(POLL_S, self.poll_runs)
+
+    def action_show_tab(self, tab: str) -> None:
+        while len(self.screen_stack) > 1:  # from the run view (or a dialog) back to the tabs
+            self.pop_screen()
+        self.query_one(TabbedContent).active = tab
+        target = self.query_one(RunsTable) if tab == "runs" else self.query_one("#name")
+        target.focus()
+
+    # ------------------------------------------------------------------ runs table
+    def poll_runs(self) -> None:
+        if not self._polling:  # skip a tick rather than queue reads behind a slow one
+            self._polling = True
+            self._read_runs()
+
+    @work(thread=True, group="runs-poll", exit_on_error=False)
+    def _read_runs(self) -> None:
+        runs = None
+        try:
+            with self.store_lock:
+                self.store.reap()  # runs whose worker died become 'crashed'
+                runs = self.store.runs()
+        finally:
+            self.call_from_thread(self._show_runs, runs)
+
+    def _show_runs(self, runs: list[Run] | None) -> None:
+        self._polling = False
+        if runs is None:
+            return
+        self.runs_seen = runs
+        self.query_one(RunsTable).update_runs(runs)
+        counts = {s: sum(r.state == s for r in runs) for s in STATES}
+        summary = Text(f"{len(runs)} runs  ")
+        for s in STATES:
+            if counts[s]:
+                summary.append(f"{counts[s]} {s}  ", style=STATE_STYLES[s])
+        if not runs:
+            summary.append("none yet: F2 opens the sweep form", style="dim")
+        if summary != self._summary:  # a Static update re-lays out the screen: only on change
+            self._summary = summary
+            self.query_one("#runs-summary", Static).update(summary)
+
+    # ------------------------------------------------------------------ run view, kill
+    def on_open_run(self, message: OpenRun) -> None:
+        self.push_screen(RunScreen(self.store, message.run_id, self.store_lock))
+
+    def on_kill_requested(self, message: KillRequested) -> None:
+        with self.store_lock:
+            run = self.store.get(message.run_id)
+        if run is None:
+            return
+        if run.finished:
+            self.notify(f"run {run.id} is already {run.state}", severity="warning")
+            return
+
+        def answer(yes: bool | None) -> None:
+            if yes:
+                self.kill_run(run.id)
+
+        self.push_screen(ConfirmScreen(Text(f"Kill run {run.id} ({run.label}, {run.task}, "
+                                            f"seed {run.seed}), now {run.state}?")), answer)
+
+    @work(thread=True, group="scheduler")
+    def kill_run(self, run_id: int) -> None:
+        store = Store(self.store.root)  # own connection: kill may wait seconds for the worker
+        try:
+            ok = self.scheduler.kill(store, run_id)
+        except Exception as e:
+            self.call_from_thread(self.notify, f"kill failed: {e}", severity="error", markup=False)
+            return
+        finally:
+            store.close()
+        self.call_from_thread(self.notify, f"run {run_id} killed" if ok else
+                              f"run {run_id} was not running (nothing killed)",
+                              severity="information" if ok else "warning")
+
+    # ------------------------------------------------------------------ launch
+    @on(SweepForm.Launch)
+    def on_launch(self, message: SweepForm.Launch) -> None:
+        self.notify(f"launching sweep {message.profile.name!r}...", markup=False)
+        self.submit_sweep(message.profile)
+
+    @work(thread=True, group="scheduler")
+    def submit_sweep(self, profile: Profile) -> None:
+        # submit starts the detached scheduler process: off the UI thread
+        store = Store(self.store.root)  # own connection, so the 2 Hz polls never wait on it
+        try:
+            ids = self.scheduler.submit(store, profile)
+        except Exception as e:  # show it; a failed launch must not take the UI down
+            self.call_from_thread(self.notify, f"launch failed: {e}", severity="error", markup=False)
+            return
+        finally:
+            store.close()
+        self.call_from_thread(self._launched, profile, ids)
+
+    def _launched(self, profile: Profile, ids: list[int]) -> None:
+        span = f"{ids[0]}..{ids[-1]}" if len(ids) > 1 else str(ids[0]) if ids else "none"
+        self.notify(f"sweep {profile.name}: {len(ids)} runs queued (ids {span})", markup=False)
+        self.query_one(SweepForm).set_status(f"launched {len(ids)} runs (ids {span})")
+        self.action_show_tab("runs")
+        self.poll_runs()
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m workbench.tui.app", description=__doc__)
+    ap.add_argument("--store", help="store directory (default: $SSM_WORKBENCH_STORE or the XDG data dir)")
+    ap.add_argument("--profiles", default="profiles", help="folder for saved profiles (default: ./profiles)")
+    args = ap.parse_args(argv)
+    WorkbenchApp(store=Store(args.store), profiles_dir=Path(args.profiles)).run()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,42 @@
+"""Small text helpers shared by the runs table and the run view."""
+from __future__ import annotations
+
+from rich.text import Text
+
+# One colour per state; terminal states are bold so they stand out in a long table.
+STATE_STYLES = {
+    "pending": "dim",
+    "running": "bold yellow",
+    "finished": "bold green",
+    "failed": "bold red",
+    "crashed": "bold magenta",
+    "killed": "red",
+}
+
+
+def state_text(state: str) -> Text:
+    return Text(state, style=STATE_STYLES.get(state, ""))
+
+
+def duration(seconds: float | None) -> str:
+    """12.3s, 4m05s, 2h03m; '' when not started."""
+    if seconds is None:
+        return ""
+    s = max(0.0, seconds)
+    if s < 60:
+        return f"{s:.1f}s"
+    m, s = divmod(int(s), 60)
+    if m < 60:
+        return f"{m}m{s:02d}s"
+    h, m = divmod(m, 60)
+    return f"{h}h{m:02d}m"
+
+
+def number(v: float | None, digits: int = 4) -> str:
+    if v is None:
+        return ""
+    return f"{v:.{digits}g}"
+
+
+def percent(v: float | None) -> str:
+    return "" if v is None else f"{100 * v:.0f}%"

@@ -1,0 +1,49 @@
+"""A streaming line plot of metric series (textual-plotext)."""
+from __future__ import annotations
+
+from textual_plotext import PlotextPlot
+
+# plotext colour names, one per series in insertion order
+COLOURS = ["cyan", "orange", "green", "magenta", "red", "blue"]
+
+
+class MetricPlot(PlotextPlot):
+    """Plot several (step, value) series. Appending data does not redraw; :meth:`redraw`
+    does, so the caller decides the rate (the run view redraws only when rows arrived)."""
+
+    def __init__(self, title: str, ylabel: str, ylim: tuple[float, float] | None = None,
+                 **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.title, self.ylabel, self.ylim = title, ylabel, ylim
+        self.series: dict[str, tuple[list[float], list[float]]] = {}
+        self.draws = 0  # how many times the data was replotted (tests check the throttle)
+
+    def on_mount(self) -> None:
+        super().on_mount()
+        self.redraw()
+
+    def append(self, label: str, x: float, y: float | None) -> None:
+        if y is None:  # the store keeps non-finite values as NULL
+            return
+        xs, ys = self.series.setdefault(label, ([], []))
+        xs.append(x)
+        ys.append(y)
+
+    def redraw(self) -> None:
+        plt = self.plt
+        plt.clear_data()
+        plt.clear_figure()
+        plt.title(self.title)
+        plt.xlabel("step")
+        plt.ylabel(self.ylabel)
+        if self.ylim is not None:
+            plt.ylim(*self.ylim)
+        for i, (label, (xs, ys)) in enumerate(self.series.items()):
+            # a single point draws nothing as a line; show it as a marker
+            plt.plot(xs, ys, label=label, color=COLOURS[i % len(COLOURS)], marker="braille")
+        if not self.series:
+            plt.text("waiting for metrics...", x=0.5, y=0.5, alignment="center")
+            plt.xlim(0, 1)
+            plt.ylim(0, 1)
+        self.draws += 1
+        self.refresh()  # textual-plotext needs this after the data changed

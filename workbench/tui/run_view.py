@@ -1,0 +1,228 @@
+"""The run view: loss and accuracy curves streaming from the store, the run's config,
+final results, error text and a system panel.
+
+The screen polls at ~2 Hz in a thread worker. Metrics are fetched incrementally (rows after
+the last rowid seen) and the plots are redrawn only when rows arrived, so an idle or
+finished run costs nothing to display, even over a slow SSH link.
+"""
+from __future__ import annotations
+
+import json
+import threading
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from typing import Any
+
+from rich.text import Text
+from textual import work
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.screen import Screen
+from textual.widgets import Footer, Header, Static
+
+from workbench.store import Run, Store
+from workbench.tui.formatting import duration, number, percent, state_text
+from workbench.tui.messages import KillRequested
+from workbench.tui.plots import MetricPlot
+from workbench.tui.system_panel import SystemPanel
+
+POLL_S = 0.5  # 2 Hz: the plots redraw at most this often
+SYSTEM_SAMPLES = 60
+
+LOSS_SERIES = {("train", "loss"): "train loss", ("eval", "loss"): "eval loss"}
+ACC_SERIES = {("train", "accuracy"): "train acc", ("eval", "accuracy"): "eval acc",
+              ("eval", "sequence_accuracy"): "eval seq acc"}
+
+
+@dataclass
+class Snapshot:
+    """What one poll read from the store (built in a thread, applied on the UI thread)."""
+
+    run: Run | None
+    metrics: list[Any] = field(default_factory=list)
+    system: list[Any] = field(default_factory=list)
+    results: dict[str, dict[str, float | None]] = field(default_factory=dict)
+    nvml_note: str | None = None
+
+
+def nvml_note() -> str:
+    """Why NVML gives no GPU figures on this machine (empty when sysmon is unavailable)."""
+    try:
+        from workbench import sysmon
+    except ImportError:
+        return ""
+    try:
+        return "" if sysmon.gpu_available() else sysmon.nvml_status()
+    except Exception as e:  # NVML failures are a note here, never a crash of the UI
+        return f"NVML: {e}"
+
+
+class RunScreen(Screen):
+    BINDINGS = [
+        Binding("escape,backspace", "app.pop_screen", "Back to runs"),
+        Binding("k", "kill", "Kill run"),
+    ]
+
+    def __init__(self, store: Store, run_id: int, lock: threading.Lock | None = None) -> None:
+        super().__init__()
+        self.store, self.run_id = store, run_id
+        self.lock = lock or nullcontext()
+        self.last_rowid = 0
+        self.run: Run | None = None
+        self._nvml_checked = False
+        self._shown: tuple | None = None  # what the side panels last showed
+
+    def compose(self) -> ComposeResult:
+        yield Header()
+        yield Static(f"run {self.run_id}", id="run-title")
+        with Horizontal(id="run-body"):
+            with Vertical(id="plots"):
+                yield MetricPlot("loss", "loss", id="loss-plot")
+                yield MetricPlot("accuracy", "accuracy", ylim=(0.0, 1.0), id="acc-plot")
+            with VerticalScroll(id="run-side"):
+                yield SystemPanel(id="system")
+                yield Static("", id="run-error")
+                yield Static("Results", classes="panel-title")
+                yield Static("none yet", id="run-results")
+                yield Static("Config", classes="panel-title")
+                yield Static("", id="run-config")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.title = f"run {self.run_id}"
+        self._busy = False
+        self.poll()
+        self.set_interval(POLL_S, self.poll)
+
+    # ------------------------------------------------------------------ polling
+    def poll(self) -> None:
+        # one read at a time: a second concurrent read would fetch the same metric rows
+        if not self._busy:
+            self._busy = True
+            self._read()
+
+    @work(thread=True, group="run-view-poll", exit_on_error=False)
+    def _read(self) -> None:
+        snap: Snapshot | None = None
+        try:
+            with self.lock:
+                snap = Snapshot(
+                    run=self.store.get(self.run_id),
+                    metrics=self.store.metrics(self.run_id, after_rowid=self.last_rowid),
+                    system=self.store.system(self.run_id, last=SYSTEM_SAMPLES),
+                    results=self.store.results([self.run_id]).get(self.run_id, {}),
+                )
+            if not self._nvml_checked:
+                snap.nvml_note = nvml_note()
+        finally:
+            self.app.call_from_thread(self.apply, snap)
+
+    def apply(self, snap: Snapshot | None) -> None:
+        self._busy = False
+        if snap is None or not self.is_mounted:  # read failed (logged by the worker) / screen gone
+            return
+        if snap.nvml_note is not None:
+            self._nvml_checked = True
+            self.query_one(SystemPanel).nvml_note = snap.nvml_note
+        self.run = snap.run
+        if snap.run is None:
+            self.query_one("#run-title", Static).update(Text(f"run {self.run_id}: not in the store", "red"))
+            return
+        self._apply_metrics(snap.metrics)
+        self.query_one("#run-title", Static).update(self._title(snap.run))
+        self.query_one(SystemPanel).show(snap.system)
+        shown = (snap.run.state, snap.run.error, json.dumps(snap.results, sort_keys=True),
+                 json.dumps(snap.run.info, sort_keys=True, default=str))
+        if shown != self._shown:  # these change rarely: rewrite only when they did
+            self._shown = shown
+            self._show_side(snap.run, snap.results)
+
+    def _apply_metrics(self, rows: list[Any]) -> None:
+        if not rows:
+            return
+        self.last_rowid = rows[-1]["rowid"]
+        loss, acc = self.query_one("#loss-plot", MetricPlot), self.query_one("#acc-plot", MetricPlot)
+        touched = set()
+        for r in rows:
+            key = (r["split"], r["name"])
+            if key in LOSS_SERIES:
+                loss.append(LOSS_SERIES[key], r["step"], r["value"])
+                touched.add(loss)
+            elif key in ACC_SERIES:
+                acc.append(ACC_SERIES[key], r["step"], r["value"])
+                touched.add(acc)
+        for plot in touched:
+            plot.redraw()
+
+    # ------------------------------------------------------------------ rendering
+    @staticmethod
+    def _title(run: Run) -> Text:
+        t = Text.assemble(
+            (f"run {run.id}  ", "bold"), (run.label, "bold cyan"), f"  {run.task}",
+            f"  L={run.seq_len}" if run.seq_len is not None else "", f"  seed {run.seed}  ",
+            state_text(run.state),
+            f"  {percent(run.progress)}  step {run.step}" + (f"/{run.total_steps}" if run.total_steps else ""),
+            f"  {duration(run.elapsed)}",
+            f"  {run.device or ''}" + (f" ({run.backend})" if run.backend else ""),
+        )
+        if run.last_loss is not None:
+            t.append(f"  loss {number(run.last_loss)}")
+        if run.last_accuracy is not None:
+            t.append(f"  acc {number(run.last_accuracy, 3)}")
+        return t
+
+    def _show_side(self, run: Run, results: dict[str, dict[str, float | None]]) -> None:
+        err = self.query_one("#run-error", Static)
+        if run.state in ("failed", "crashed") or run.error:
+            err.update(Text.assemble((f"{run.state}: ", "bold red"), run.error or "(no error text)"))
+            err.display = True
+        else:
+            err.display = False
+        res = self.query_one("#run-results", Static)
+        if results:
+            out = Text()
+            for eval_set, values in sorted(results.items()):
+                out.append(f"{eval_set or 'default eval set'}\n", style="bold")
+                for name, value in values.items():
+                    out.append(f"  {name:<24} {number(value, 5):>10}\n")
+            res.update(out)
+        else:
+            res.update(Text("none yet" if not run.finished else "none recorded", style="dim"))
+        self.query_one("#run-config", Static).update(config_text(run))
+
+    # ------------------------------------------------------------------ actions
+    def action_kill(self) -> None:
+        self.post_message(KillRequested(self.run_id))
+
+
+def config_text(run: Run) -> Text:
+    """The run's spec as readable key: value lines (train settings indented)."""
+    spec = dict(run.spec)
+    out = Text()
+    for k in ("profile", "model", "label", "model_options", "d_model", "n_layers", "task",
+              "task_params", "seq_len", "seed"):
+        if k in spec:
+            out.append(f"{k}: ", style="bold")
+            out.append(f"{_short(spec[k])}\n")
+    train = spec.get("train") or {}
+    if train:
+        out.append("train:\n", style="bold")
+        for k, v in train.items():
+            if v is None:  # unset optional settings (e.g. epochs when steps are given)
+                continue
+            out.append(f"  {k}: {_short(v)}\n")
+    if run.info:
+        out.append("info:\n", style="bold")
+        for k, v in run.info.items():
+            out.append(f"  {k}: {_short(v)}\n")
+    if run.log_path:
+        out.append("log: ", style="bold")
+        out.append(run.log_path, style="dim")
+    return out
+
+
+def _short(v: Any) -> str:
+    if isinstance(v, dict):
+        return ", ".join(f"{k}={_short(x)}" for k, x in v.items()) or "{}"
+    return str(v)

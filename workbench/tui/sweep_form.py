@@ -1,0 +1,399 @@
+"""The "New sweep" form: pick models, a task and its parameters, sweep axes and training
+settings; validate them into a :class:`~workbench.profile.Profile`; save, load, launch.
+
+Values are handed to pydantic as typed (strings included) so that the messages the user
+sees are the profile schema's own; each message is shown next to the field it concerns and
+all of them in the status line at the bottom.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+from rich.text import Text
+from textual import on
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.message import Message
+from textual.widgets import Input, Label, Select, SelectionList, Static, Switch
+from textual.widgets.selection_list import Selection
+
+import models
+import tasks
+from workbench import profile as profiles
+from workbench.profile import Profile, ProfileError
+
+# Training fields edited as plain inputs: (field id, label, profile section, default text).
+TRAIN_INPUTS = [
+    ("batch_size", "batch size", "train", "32"),
+    ("d_model", "d_model", "model", "64"),
+    ("n_layers", "layers", "model", "2"),
+    ("lr", "learning rate", "train", "0.001"),
+    ("betas", "AdamW betas", "train", "0.9, 0.999"),
+    ("weight_decay", "weight decay", "train", "0.0"),
+    ("warmup_steps", "warm-up steps", "train", "0"),
+    ("grad_clip", "grad clip (0 = off)", "train", "1.0"),
+    ("eval_every", "evaluate every", "train", "1"),
+]
+
+
+def split_list(text: str) -> list[str]:
+    """'64, 128,256' -> ['64', '128', '256'] (left as strings: pydantic checks the type)."""
+    return [x.strip() for x in text.split(",") if x.strip()]
+
+
+def parse_param(text: str, default: Any) -> Any:
+    """Convert a task-parameter input to the type of its default (pydantic cannot: task
+    parameters are free-form in the schema and checked against the task's signature)."""
+    text = text.strip()
+    if isinstance(default, bool):
+        low = text.lower()
+        if low in ("true", "yes", "1", "on"):
+            return True
+        if low in ("false", "no", "0", "off"):
+            return False
+        raise ValueError(f"expected true or false, got {text!r}")
+    if isinstance(default, int):
+        try:
+            return int(text)
+        except ValueError:
+            raise ValueError(f"expected an integer, got {text!r}") from None
+    if isinstance(default, float):
+        try:
+            return float(text)
+        except ValueError:
+            raise ValueError(f"expected a number, got {text!r}") from None
+    if isinstance(default, (list, tuple)):
+        return [parse_param(x, default[0] if default else 0) for x in split_list(text)]
+    if default is None:  # required or untyped: take the most specific literal
+        for conv in (int, float):
+            try:
+                return conv(text)
+            except ValueError:
+                pass
+    return text
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, (list, tuple)):
+        return ", ".join(_fmt(x) for x in v)
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    return "" if v is None else str(v)
+
+
+class FieldRow(Horizontal):
+    """A label, a control and the control's validation message on one line."""
+
+    def __init__(self, label: str, control, field_id: str) -> None:
+        super().__init__(classes="field")
+        self._label, self._control, self.field_id = label, control, field_id
+
+    def compose(self) -> ComposeResult:
+        yield Label(self._label, classes="field-label")
+        yield self._control
+        yield Static("", id=f"err-{self.field_id}", classes="field-error")
+
+
+class SweepForm(VerticalScroll):
+    """The sweep form. Posts :class:`Launch` with a validated profile; saves/loads itself."""
+
+    BINDINGS = [
+        Binding("ctrl+s", "save", "Save profile"),
+        Binding("ctrl+o", "load", "Load profile"),
+        Binding("ctrl+r", "launch", "Launch sweep"),
+    ]
+
+    class Launch(Message):
+        def __init__(self, profile: Profile) -> None:
+            super().__init__()
+            self.profile = profile
+
+    def __init__(self, profiles_dir: Path, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.profiles_dir = Path(profiles_dir)
+        self._params_task: str | None = None  # task whose parameter inputs are shown
+        # What a loaded profile holds beyond the form (per-model labels/options, min_lr_ratio,
+        # ...): kept so that load -> save does not silently drop settings.
+        self._base: dict[str, Any] = {}
+        self._loaded_models: list[Any] = []
+
+    # ------------------------------------------------------------------ layout
+    def compose(self) -> ComposeResult:
+        task_names = tasks.names()
+        # start on a task that runs without further input (no required parameters)
+        ready = [n for n in task_names
+                 if all(v is not None for k, v in tasks.parameters(n).items() if k != "seq_len")]
+        first = "mad_selective_copying" if "mad_selective_copying" in task_names else (ready or task_names)[0]
+        yield Static("Profile", classes="section")
+        yield FieldRow("name", Input("sweep", id="name", compact=True), "name")
+        yield FieldRow("description", Input("", id="description", compact=True), "description")
+        yield Static("Models (space toggles)", classes="section")
+        yield SelectionList(
+            *[Selection(Text.assemble((n, "bold"), "  ", (models.describe(n), "dim")), n)
+              for n in models.names()],
+            id="models",
+        )
+        yield Static("", id="err-models", classes="field-error")
+        yield Static("Task", classes="section")
+        yield FieldRow("task", Select([(n, n) for n in task_names], id="task", allow_blank=False,
+                                      value=first, compact=True), "task")
+        yield Static("", id="task-desc", classes="hint")
+        yield Vertical(id="task-params")
+        yield Static("Sweep", classes="section")
+        yield FieldRow("sequence lengths", Input("64", id="seq_lens", compact=True,
+                                                 placeholder="comma-separated, e.g. 64, 256"), "seq_lens")
+        yield FieldRow("seeds", Input("0", id="seeds", compact=True, placeholder="e.g. 0, 1, 2"), "seeds")
+        yield Static("Training", classes="section")
+        yield FieldRow("budget", Select([("epochs", "epochs"), ("steps", "steps")], id="budget_kind",
+                                        allow_blank=False, value="steps", compact=True), "budget_kind")
+        yield FieldRow("epochs / steps", Input("200", id="budget", compact=True), "budget")
+        for fid, label, _, default in TRAIN_INPUTS:
+            yield FieldRow(label, Input(default, id=fid, compact=True), fid)
+        yield FieldRow("lr schedule", Select([("cosine", "cosine"), ("constant", "constant")],
+                                             id="schedule", allow_blank=False, value="cosine",
+                                             compact=True), "schedule")
+        yield FieldRow("mixed precision", Switch(False, id="amp"), "amp")
+        yield FieldRow("early stop on", Select([("eval accuracy", "accuracy"), ("eval loss", "loss")],
+                                               id="es_metric", allow_blank=False, value="accuracy",
+                                               compact=True), "es_metric")
+        yield FieldRow("patience (0 = off)", Input("0", id="patience", compact=True), "patience")
+        yield FieldRow("device", Select([(d, d) for d in ("auto", "cpu", "cuda")], id="device",
+                                        allow_blank=False, value="auto", compact=True), "device")
+        yield Static("", id="form-status")
+
+    async def on_mount(self) -> None:
+        await self._show_task(self.query_one("#task", Select).value)
+
+    # ------------------------------------------------------------------ task parameters
+    @on(Select.Changed, "#task")
+    async def _task_changed(self, event: Select.Changed) -> None:
+        if event.value != self._params_task and event.value is not Select.NULL:
+            await self._show_task(str(event.value))
+
+    async def _show_task(self, name: str, values: dict[str, Any] | None = None) -> None:
+        """Generate one input per task parameter (seq_len comes from the sweep's lengths)."""
+        self._params_task = name
+        self.query_one("#task-desc", Static).update(Text(tasks.describe(name)))
+        box = self.query_one("#task-params", Vertical)
+        await box.remove_children()
+        values = values or {}
+        rows = []
+        for p, default in tasks.parameters(name).items():
+            if p == "seq_len":
+                continue
+            text = _fmt(values.get(p, default))
+            hint = "required" if default is None else f"default {_fmt(default)}"
+            rows.append(FieldRow(f"  {p}", Input(text, id=f"param-{p}", compact=True,
+                                                 placeholder=hint), f"param-{p}"))
+        await box.mount_all(rows)
+
+    # ------------------------------------------------------------------ reading the form
+    def _text(self, fid: str) -> str:
+        return self.query_one(f"#{fid}", Input).value.strip()
+
+    def _select(self, fid: str) -> Any:
+        return self.query_one(f"#{fid}", Select).value
+
+    def form_data(self) -> tuple[dict[str, Any], dict[str, str]]:
+        """The profile as a plain dict (values as typed) and errors found before pydantic."""
+        errors: dict[str, str] = {}
+        base = self._base
+        task_name = str(self._select("task"))
+        params: dict[str, Any] = {}
+        for p, default in tasks.parameters(task_name).items():
+            if p == "seq_len":
+                continue
+            text = self._text(f"param-{p}")
+            if not text:
+                if default is None:
+                    errors[f"param-{p}"] = "required"
+                continue
+            try:
+                params[p] = parse_param(text, default)
+            except ValueError as e:
+                errors[f"param-{p}"] = str(e)
+        selected = list(self.query_one("#models", SelectionList).selected)
+        # keep a loaded profile's per-model entries (labels, options) for models still picked
+        chosen: list[Any] = []
+        for name in selected:
+            kept = [m for m in self._loaded_models
+                    if (m if isinstance(m, str) else m.get("name")) == name]
+            chosen.extend(kept or [name])
+        sweep = {"models": chosen, "seq_lens": split_list(self._text("seq_lens")),
+                 "seeds": split_list(self._text("seeds"))}
+        model = {k: v for k, v in base.get("model", {}).items() if k not in ("d_model", "n_layers")}
+        train = {k: v for k, v in base.get("train", {}).items() if k not in ("epochs", "steps")}
+        es = dict(train.get("early_stopping", {}))
+        for fid, _, section, _ in TRAIN_INPUTS:
+            text = self._text(fid)
+            target = model if section == "model" else train
+            if not text:
+                target.pop(fid, None)  # empty = the schema's default
+            elif fid == "betas":
+                target[fid] = split_list(text)
+            else:
+                target[fid] = text
+        budget = self._text("budget")
+        if budget:
+            train[str(self._select("budget_kind"))] = budget
+        train["schedule"] = self._select("schedule")
+        train["amp"] = self.query_one("#amp", Switch).value
+        train["device"] = self._select("device")
+        es["metric"] = self._select("es_metric")
+        if self._text("patience"):
+            es["patience"] = self._text("patience")
+        train["early_stopping"] = es
+        data = {
+            "schema_version": profiles.SCHEMA_VERSION,
+            "name": self._text("name"),
+            "description": self.query_one("#description", Input).value,
+            "task": {"name": task_name, **params},
+            "sweep": sweep,
+            "model": model,
+            "train": train,
+        }
+        return data, errors
+
+    def build_profile(self) -> Profile | None:
+        """Validate the form; show every problem and return None, or return the profile."""
+        data, errors = self.form_data()
+        general: list[str] = []
+        prof: Profile | None = None
+        try:
+            prof = Profile.model_validate(data)
+        except ValidationError as e:
+            for err in e.errors():
+                fid = self._field_for(err["loc"])
+                where = ".".join(str(p) for p in err["loc"] if p not in ("str", "ModelChoice"))
+                msg = err["msg"]
+                if err["type"] != "missing" and "input" in err and not isinstance(err["input"], (dict, list)):
+                    msg += f" (got {err['input']!r})"
+                if fid and fid not in errors:
+                    errors[fid] = msg
+                general.append(f"{where or 'profile'}: {msg}")
+        if prof is not None and not errors:
+            try:  # the registry checks (model/task names, options) the loader applies
+                prof = profiles.loads(profiles.dumps(prof), path="form")
+            except ProfileError as e:
+                general.append(str(e))
+                prof = None
+        self._show_errors(errors, general)
+        return prof if not errors and not general else None
+
+    @staticmethod
+    def _field_for(loc: tuple) -> str | None:
+        keys = [p for p in loc if isinstance(p, str)]
+        if keys[:1] == ["train"] and (len(keys) == 1 or keys[1] in ("epochs", "steps")):
+            return "budget"  # "give exactly one of epochs or steps" is a train-level error
+        mapping = {"models": "models", "seq_lens": "seq_lens", "seeds": "seeds", "name": "name",
+                   "patience": "patience", "metric": "es_metric", "description": "description"}
+        for k in reversed(keys):
+            if k in mapping:
+                return mapping[k]
+            if any(k == fid for fid, *_ in TRAIN_INPUTS) or k in ("schedule", "amp", "device"):
+                return k
+        return None
+
+    def _show_errors(self, errors: dict[str, str], general: list[str]) -> None:
+        for w in self.query(".field-error"):
+            w.update("")
+        for fid, msg in errors.items():
+            hits = self.query(f"#err-{fid}")
+            if hits:
+                hits.first().update(Text(msg))
+        status = self.query_one("#form-status", Static)
+        lines = [f"{fid}: {msg}" for fid, msg in errors.items()
+                 if not any(line.split(":")[0].endswith(fid) for line in general)] + general
+        if lines:
+            status.set_class(True, "bad")
+            status.update(Text("Cannot use this profile:\n" + "\n".join(lines)))
+            first = next(iter(errors), None)
+            if first and self.query(f"#{first}"):
+                self.query_one(f"#{first}").scroll_visible()
+        else:
+            status.set_class(False, "bad")
+            status.update("")
+
+    def set_status(self, text: str, bad: bool = False) -> None:
+        status = self.query_one("#form-status", Static)
+        status.set_class(bad, "bad")
+        status.update(Text(text))
+
+    # ------------------------------------------------------------------ filling the form
+    async def fill(self, prof: Profile) -> None:
+        """Show a loaded profile in the form (settings the form has no field for are kept)."""
+        d = profiles.to_dict(prof)
+        self._base = d
+        self._loaded_models = list(d["sweep"]["models"])
+        self.query_one("#name", Input).value = prof.name
+        self.query_one("#description", Input).value = prof.description
+        names = dict.fromkeys(m if isinstance(m, str) else m["name"] for m in self._loaded_models)
+        sel = self.query_one("#models", SelectionList)
+        sel.deselect_all()
+        for n in names:  # in the profile's order, which is the sweep's order
+            sel.select(n)
+        await self._show_task(prof.task.name, prof.task.params())
+        self.query_one("#task", Select).value = prof.task.name
+        self.query_one("#seq_lens", Input).value = _fmt(prof.sweep.seq_lens)
+        self.query_one("#seeds", Input).value = _fmt(prof.sweep.seeds)
+        t = prof.train
+        kind = "epochs" if t.epochs is not None else "steps"
+        self.query_one("#budget_kind", Select).value = kind
+        self.query_one("#budget", Input).value = str(t.epochs if kind == "epochs" else t.steps)
+        for fid, _, section, _ in TRAIN_INPUTS:
+            src = prof.model if section == "model" else t
+            self.query_one(f"#{fid}", Input).value = _fmt(getattr(src, fid))
+        self.query_one("#schedule", Select).value = t.schedule
+        self.query_one("#amp", Switch).value = t.amp
+        self.query_one("#es_metric", Select).value = t.early_stopping.metric
+        self.query_one("#patience", Input).value = str(t.early_stopping.patience)
+        self.query_one("#device", Select).value = t.device
+        self._show_errors({}, [])
+
+    # ------------------------------------------------------------------ actions
+    def action_save(self) -> None:
+        from workbench.tui.dialogs import PathScreen
+
+        prof = self.build_profile()
+        if prof is None:
+            return
+
+        def done(path: Path | None) -> None:
+            if path is None:
+                return
+            try:
+                written = profiles.save(prof, path)
+            except OSError as e:
+                self.set_status(f"cannot save {path}: {e.strerror}", bad=True)
+                return
+            self.set_status(f"saved {written}")
+            self.notify(f"saved {written}", markup=False)
+
+        default = self.profiles_dir / f"{prof.name}.toml"
+        self.app.push_screen(PathScreen("Save profile to", str(default)), done)
+
+    def action_load(self) -> None:
+        from workbench.tui.dialogs import PathScreen
+
+        async def done(path: Path | None) -> None:
+            if path is None:
+                return
+            try:
+                prof = profiles.load(path)
+            except ProfileError as e:
+                self.set_status(str(e), bad=True)
+                self.notify(str(e), title="cannot load profile", severity="error", markup=False)
+                return
+            await self.fill(prof)
+            self.set_status(f"loaded {path}")
+
+        self.app.push_screen(PathScreen("Load profile from", str(self.profiles_dir) + "/",
+                                        browse=self.profiles_dir), done)
+
+    def action_launch(self) -> None:
+        prof = self.build_profile()
+        if prof is not None:
+            self.post_message(self.Launch(prof))

@@ -1,0 +1,57 @@
+"""The system panel of a run: GPU memory/utilisation from NVML where the worker had a
+driver, otherwise CPU % and process memory, from the ``system`` rows the worker writes."""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.containers import Vertical
+from textual.widgets import Sparkline, Static
+
+
+def _has_gpu(row: Any) -> bool:
+    return row["gpu_mem_total_mb"] is not None or row["gpu_name"] is not None
+
+
+class SystemPanel(Vertical):
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.nvml_note = ""  # why there are no GPU figures, from sysmon.nvml_status()
+
+    def compose(self) -> ComposeResult:
+        yield Static("System", classes="panel-title")
+        yield Static("no samples yet", id="sys-text")
+        yield Sparkline([], id="sys-spark", summary_function=max)
+
+    def show(self, rows: Sequence[Any]) -> None:
+        """rows: the run's latest ``system`` rows, oldest first."""
+        text = self.query_one("#sys-text", Static)
+        spark = self.query_one("#sys-spark", Sparkline)
+        if not rows:
+            text.update(Text("no system samples yet" + (f"\n{self.nvml_note}" if self.nvml_note else ""),
+                             style="dim"))
+            spark.data = []
+            return
+        last = rows[-1]
+        out = Text()
+        if _has_gpu(last):
+            used, total = last["gpu_mem_used_mb"], last["gpu_mem_total_mb"]
+            out.append(f"{last['gpu_name'] or 'GPU'}\n", style="bold")
+            if used is not None and total:
+                out.append(f"GPU memory {used:,.0f} / {total:,.0f} MiB ({100 * used / total:.0f}%)\n")
+            if last["gpu_util"] is not None:
+                out.append(f"GPU utilisation {last['gpu_util']:.0f}%\n")
+            out.append("utilisation, last samples:", style="dim")
+            spark.data = [r["gpu_util"] or 0.0 for r in rows]
+        else:
+            if last["cpu_percent"] is not None:
+                out.append(f"CPU {last['cpu_percent']:.0f}%\n")
+            if last["rss_mb"] is not None:
+                out.append(f"process memory (RSS) {last['rss_mb']:,.0f} MiB\n")
+            out.append("No NVIDIA GPU found: showing CPU and process memory.\n", style="yellow")
+            if self.nvml_note:  # sysmon's reason, e.g. "no NVIDIA GPU found (NVML: ...)"
+                out.append(self.nvml_note.replace("no NVIDIA GPU found ", "") + "\n", style="dim")
+            out.append("CPU %, last samples:", style="dim")
+            spark.data = [r["cpu_percent"] or 0.0 for r in rows]
+        text.update(out)
