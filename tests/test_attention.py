@@ -9,7 +9,6 @@ import torch
 import models
 from models.attention import CausalSelfAttention, Rotary, sinusoidal_positions
 
-torch.set_default_dtype(torch.float32)
 POSITIONS = ["absolute", "learned", "rope", "xpos", "none"]
 
 
@@ -163,6 +162,9 @@ def test_transformer_option_errors():
         models.build("transformer", d_model=18, n_layers=1, n_heads=4)
     with pytest.raises(ValueError, match="pos"):
         models.build("transformer", d_model=16, n_layers=1, pos="alibi")
+    with pytest.raises(ValueError, match="even head dimension"):
+        models.build("transformer", d_model=12, n_layers=1, n_heads=4, pos="rope")
+    models.build("transformer", d_model=12, n_layers=1, n_heads=4, pos="absolute")  # d_head 3 ok
     with pytest.raises(TypeError, match="n_head\\b"):
         models.build("transformer", d_model=16, n_layers=1, n_head=4)
     m = models.build("transformer", d_model=16, n_layers=1, pos="learned", max_len=8)
