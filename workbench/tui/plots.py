@@ -16,6 +16,7 @@ class MetricPlot(PlotextPlot):
         super().__init__(**kwargs)
         self.title, self.ylabel, self.ylim = title, ylabel, ylim
         self.series: dict[str, tuple[list[float], list[float]]] = {}
+        self.xmax: float | None = None  # the run's total steps: both plots share one x range
         self.draws = 0  # how many times the data was replotted (tests check the throttle)
 
     def on_mount(self) -> None:
@@ -38,6 +39,8 @@ class MetricPlot(PlotextPlot):
         plt.ylabel(self.ylabel)
         if self.ylim is not None:
             plt.ylim(*self.ylim)
+        if self.xmax:
+            plt.xlim(0, self.xmax)
         for i, (label, (xs, ys)) in enumerate(self.series.items()):
             # a single point draws nothing as a line; show it as a marker
             plt.plot(xs, ys, label=label, color=COLOURS[i % len(COLOURS)], marker="braille")

@@ -129,6 +129,12 @@ class RunScreen(Screen):
         if snap.run is None:
             self.query_one("#run-title", Static).update(Text(f"run {self.run_id}: not in the store", "red"))
             return
+        total = snap.run.total_steps
+        for plot in self.query(MetricPlot):
+            if total and plot.xmax != total:  # known once the worker planned its steps
+                plot.xmax = total
+                if plot.series:
+                    plot.redraw()
         self._apply_metrics(snap.metrics)
         self.query_one("#run-title", Static).update(self._title(snap.run))
         self.query_one(SystemPanel).show(snap.system)
@@ -185,6 +191,8 @@ class RunScreen(Screen):
             for eval_set, values in sorted(results.items()):
                 out.append(f"{eval_set or 'default eval set'}\n", style="bold")
                 for name, value in values.items():
+                    if value is None:  # not measured here (e.g. GPU figures on a CPU run)
+                        continue
                     out.append(f"  {name:<24} {number(value, 5):>10}\n")
             res.update(out)
         else:

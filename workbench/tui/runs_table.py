@@ -68,7 +68,7 @@ class RunsTable(DataTable):
             else:
                 for k, value in cells.items():
                     if old[k] != value:
-                        self.update_cell(str(run.id), k, value)
+                        self.update_cell(str(run.id), k, value, update_width=True)
             self._cells[run.id] = cells
         for gone in set(self._cells) - seen:
             self.remove_row(str(gone))

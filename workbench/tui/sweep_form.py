@@ -136,6 +136,7 @@ class SweepForm(VerticalScroll):
               for n in models.names()],
             id="models",
         )
+        yield Static("", id="models-picked", classes="hint")
         yield Static("", id="err-models", classes="field-error")
         yield Static("Task", classes="section")
         yield FieldRow("task", Select([(n, n) for n in task_names], id="task", allow_blank=False,
@@ -165,7 +166,14 @@ class SweepForm(VerticalScroll):
         yield Static("", id="form-status")
 
     async def on_mount(self) -> None:
+        self.query_one("#models-picked", Static).update("none picked")
         await self._show_task(self.query_one("#task", Select).value)
+
+    @on(SelectionList.SelectedChanged, "#models")
+    def _models_changed(self, event: SelectionList.SelectedChanged) -> None:
+        picked = event.selection_list.selected
+        self.query_one("#models-picked", Static).update(
+            Text(f"{len(picked)} picked: {', '.join(picked)}" if picked else "none picked"))
 
     # ------------------------------------------------------------------ task parameters
     @on(Select.Changed, "#task")
@@ -310,9 +318,10 @@ class SweepForm(VerticalScroll):
         if lines:
             status.set_class(True, "bad")
             status.update(Text("Cannot use this profile:\n" + "\n".join(lines)))
-            first = next(iter(errors), None)
-            if first and self.query(f"#{first}"):
-                self.query_one(f"#{first}").scroll_visible()
+            # take the user to the first field (in form order) that needs fixing
+            first = next((w for w in self.query("Input, Select, SelectionList") if w.id in errors), None)
+            if first is not None:
+                first.focus()
         else:
             status.set_class(False, "bad")
             status.update("")
