@@ -5,9 +5,30 @@
 - sequence accuracy (exact match): sequences whose every targeted position is right /
   sequences with at least one target.
 
-For sequence classification (one label per sequence) the two coincide.
-Published benchmarks sometimes use other definitions (e.g. macro-averaged accuracy over
-classes, or accuracy of the last position only); docs/RESULTS.md notes where.
+For sequence classification (one label per sequence) the two coincide, and so they do for
+tasks with one target per sequence (induction heads: the last position only).
+
+The loss is the mean cross-entropy (nats) over the same targeted positions; the training
+loss is the same quantity on training batches. Where the tasks put targets is documented in
+each task module (``tasks.describe(name)`` and the module docstring).
+
+How published benchmarks compare with these definitions (compare like with like):
+
+- MAD (Poli et al. 2024): accuracy over the recall / copy target positions, micro-averaged:
+  our token accuracy. MAD *trains* on every next token of the recall tasks but scores only
+  the targets; we train on the targets only (tasks/mad.py). Its compression reference also
+  scores the compression token itself (a free point); ours does not.
+- Zoology MQAR (Arora et al. 2023): accuracy over query positions, micro-averaged: our token
+  accuracy. Its per-kv-pairs numbers are our ``"kv=D"`` eval sets.
+- Mamba paper selective copying / induction heads (Gu & Dao 2023): accuracy on the copied
+  tokens / the final token: our token accuracy. Their "solved" means near 100%, i.e. also
+  our sequence accuracy.
+- Sequential image classification (sequential MNIST/CIFAR, LRA Image): plain accuracy over
+  test images (micro), our token accuracy. Macro-averaged (per-class mean) accuracy differs
+  on class-imbalanced sets; digits and CIFAR-10 test sets are (near) balanced, so the two
+  agree to within a fraction of a point there, but we never report macro averages.
+- Character-level LMs report loss in nats per character (nanoGPT) or bits per character
+  (loss / ln 2; ``task.extra_metrics`` -> ``bits_per_char``), not accuracy.
 """
 from __future__ import annotations
 
