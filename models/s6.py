@@ -43,6 +43,8 @@ class SelectiveSSM(nn.Module):
     ) -> None:
         if backend not in ss.BACKENDS:
             raise ValueError(f"unknown backend {backend!r}; expected one of {ss.BACKENDS}")
+        if backend == "cuda" and not ss.cuda_available():  # fail at build time, saying why
+            raise RuntimeError(f"backend 'cuda' unavailable: {ss.cuda_unavailable_reason()}")
         if not 0 < dt_min <= dt_max:
             raise ValueError(f"need 0 < dt_min <= dt_max, got {dt_min}, {dt_max}")
         self.d_inner, self.d_state, self.dt_rank = d_inner, d_state, dt_rank

@@ -189,20 +189,29 @@ def selective_scan_ref(
 # Fast pure-PyTorch scan: blockwise, custom backward that recomputes states per block
 # ---------------------------------------------------------------------------------------
 
-def _block_inputs(deltaT, uT, A, BT, s, e):
-    """deltaA, deltaB_u for steps s..e-1, each (T, batch, dim, state), contiguous."""
-    d = deltaT[s:e]                                              # (T, b, dim)
-    deltaA = torch.exp(d[..., None] * A)                         # (T, b, dim, state)
-    deltaB_u = (d * uT[s:e])[..., None] * BT[s:e][:, :, None, :]  # (T, b, dim, state)
+def _block_inputs(deltaT, uT, At, BT, s, e):
+    """deltaA, deltaB_u for steps s..e-1, each (T, batch, state, dim), contiguous.
+
+    deltaT, uT: (L, batch, dim); At: (state, dim); BT: (L, batch, state).
+    """
+    d = deltaT[s:e]                                                # (T, b, dim)
+    deltaA = torch.exp(d[:, :, None, :] * At)                      # ZOH:   exp(delta A)
+    deltaB_u = (d * uT[s:e])[:, :, None, :] * BT[s:e, :, :, None]  # Euler: delta B u
     return deltaA, deltaB_u
 
 
 def _run_block(deltaA, deltaB_u, h, hs):
-    """h_t = deltaA_t h_{t-1} + deltaB_u_t for the block; states written into hs (T,b,d,n)."""
+    """h_t = deltaA_t h_{t-1} + deltaB_u_t over the block; states written into hs (T,b,N,d)."""
     for dA_t, dBu_t, h_out in zip(deltaA.unbind(0), deltaB_u.unbind(0), hs.unbind(0)):
         torch.addcmul(dBu_t, dA_t, h, out=h_out)
         h = h_out
     return h
+
+
+def _time_major(u, delta, A, B, C):
+    """(batch, dim, L) / (batch, N, L) / (dim, N) -> contiguous (L, batch, dim) / (L, batch, N) / (N, dim)."""
+    return (u.permute(2, 0, 1).contiguous(), delta.permute(2, 0, 1).contiguous(),
+            A.t().contiguous(), B.permute(2, 0, 1).contiguous(), C.permute(2, 0, 1).contiguous())
 
 
 class SelectiveScanTorch(torch.autograd.Function):
@@ -212,36 +221,35 @@ class SelectiveScanTorch(torch.autograd.Function):
       u, delta: (batch, dim, L) with delta already biased/softplus'd; A: (dim, N);
       B, C: (batch, N, L); h0: (batch, dim, N) or None.
       y: (batch, dim, L); h_last: (batch, dim, N).
-    Saves only the inputs and the state at every block start (n_blocks, batch, dim, N).
-    Internally time-major (L, batch, dim[, N]) so each step is one contiguous slice.
-    Contractions are written as multiply-then-sum: on CPU that beats bmm/einsum with
-    these tiny (dim x N) matrices by 2-5x.
+    Saves only the inputs and the state at every block start (n_blocks, batch, N, dim).
+
+    Internally time-major with the state index before the channel, (T, batch, N, dim):
+    each step is one contiguous slice, and the sums over N (y, and the delta / u
+    gradients) add contiguous rows of length dim, which on CPU is 2-3x faster than
+    reducing a length-16 last axis; multiply-then-sum also beats bmm/einsum here.
     """
 
     @staticmethod
     def forward(ctx, u, delta, A, B, C, h0, block_len):
         batch, dim, L = u.shape
         N = A.shape[1]
-        uT = u.permute(2, 0, 1).contiguous()          # (L, b, dim)
-        deltaT = delta.permute(2, 0, 1).contiguous()  # (L, b, dim)
-        BT = B.permute(2, 0, 1).contiguous()          # (L, b, N)
-        CT = C.permute(2, 0, 1).contiguous()          # (L, b, N)
-        h = u.new_zeros(batch, dim, N) if h0 is None else h0.to(u.dtype).contiguous()
+        uT, deltaT, At, BT, CT = _time_major(u, delta, A, B, C)
+        h = u.new_zeros(batch, N, dim) if h0 is None else h0.to(u.dtype).transpose(1, 2).contiguous()
         starts = list(range(0, L, block_len))
-        block_h0 = u.new_empty(len(starts), batch, dim, N)
+        block_h0 = u.new_empty(len(starts), batch, N, dim)
         yT = u.new_empty(L, batch, dim)
-        hs = u.new_empty(min(block_len, L), batch, dim, N)
+        hs = u.new_empty(min(block_len, L), batch, N, dim)
         for k, s in enumerate(starts):
             e = min(s + block_len, L)
             block_h0[k] = h
-            deltaA, deltaB_u = _block_inputs(deltaT, uT, A, BT, s, e)
+            deltaA, deltaB_u = _block_inputs(deltaT, uT, At, BT, s, e)
             hsb = hs[: e - s]
             h = _run_block(deltaA, deltaB_u, h, hsb).clone()  # hs is overwritten next
-            torch.sum(hsb.mul_(CT[s:e, :, None, :]), dim=-1, out=yT[s:e])  # y_t = C_t . h_t
+            torch.sum(hsb.mul_(CT[s:e, :, :, None]), dim=2, out=yT[s:e])  # y_t = C_t . h_t
         ctx.save_for_backward(u, delta, A, B, C, block_h0)
         ctx.block_len = block_len
         ctx.has_h0 = h0 is not None
-        return yT.permute(1, 2, 0), h
+        return yT.permute(1, 2, 0), h.transpose(1, 2)
 
     @staticmethod
     def backward(ctx, dy, dh_last):
@@ -249,52 +257,51 @@ class SelectiveScanTorch(torch.autograd.Function):
         block_len = ctx.block_len
         batch, dim, L = u.shape
         N = A.shape[1]
-        uT = u.permute(2, 0, 1).contiguous()
-        deltaT = delta.permute(2, 0, 1).contiguous()
-        BT = B.permute(2, 0, 1).contiguous()
-        CT = C.permute(2, 0, 1).contiguous()
+        uT, deltaT, At, BT, CT = _time_major(u, delta, A, B, C)
         dyT = dy.permute(2, 0, 1).contiguous()  # (L, b, dim)
 
         du = torch.empty_like(uT)
         ddelta = torch.empty_like(deltaT)
         dB = torch.empty_like(BT)
         dC = torch.empty_like(CT)
-        dA = torch.zeros_like(A)
+        dAt = torch.zeros_like(At)
         # carry = dLoss/dh at the end of the current block, from everything after it
-        carry = dh_last if dh_last is not None else u.new_zeros(batch, dim, N)
-        hs = u.new_empty(min(block_len, L), batch, dim, N)
+        carry = (dh_last.transpose(1, 2).contiguous() if dh_last is not None
+                 else u.new_zeros(batch, N, dim))
+        hs = u.new_empty(min(block_len, L), batch, N, dim)
         starts = list(range(0, L, block_len))
         for k in reversed(range(len(starts))):
             s = starts[k]
             e = min(s + block_len, L)
             h_start = block_h0[k]
-            deltaA, deltaB_u = _block_inputs(deltaT, uT, A, BT, s, e)
+            deltaA, deltaB_u = _block_inputs(deltaT, uT, At, BT, s, e)
             hsb = hs[: e - s]
             _run_block(deltaA, deltaB_u, h_start, hsb)  # recompute this block's states
-            d_blk, u_blk, dy_blk = deltaT[s:e], uT[s:e], dyT[s:e]
+            d_blk, u_blk, dy_blk = deltaT[s:e, :, None, :], uT[s:e, :, None, :], dyT[s:e, :, None, :]
 
             # Adjoint recurrence: g_t = dL/dh_t = C_t dy_t + deltaA_{t+1} g_{t+1}
-            gs = dy_blk[..., None] * CT[s:e, :, None, :]              # (T, b, dim, N)
+            gs = CT[s:e, :, :, None] * dy_blk                          # (T, b, N, dim)
             g_steps, dA_steps = gs.unbind(0), deltaA.unbind(0)
             g_steps[-1].add_(carry)
             for t in range(len(g_steps) - 2, -1, -1):
                 g_steps[t].addcmul_(dA_steps[t + 1], g_steps[t + 1])
-            carry = dA_steps[0] * g_steps[0]                          # dL/dh_{s-1}
+            carry = dA_steps[0] * g_steps[0]                           # dL/dh_{s-1}
 
-            # y_t = C_t . h_t  ->  dC_t[n] = sum_d dy_t[d] h_t[d, n]
-            dC[s:e] = (hsb * dy_blk[..., None]).sum(2)
+            # y_t = C_t . h_t  ->  dC_t[n] = sum_d dy_t[d] h_t[n, d]
+            torch.sum(hsb * dy_blk, dim=-1, out=dC[s:e])
             # deltaB_u_t = delta_t u_t B_t: g_t is dL/d(deltaB_u_t)
-            gB = (gs * BT[s:e, :, None, :]).sum(-1)                   # (T, b, dim)
-            du[s:e] = gB * d_blk
-            dB[s:e] = (gs * (d_blk * u_blk)[..., None]).sum(2)
+            gB = (gs * BT[s:e, :, :, None]).sum(2)                     # (T, b, dim): sum_n g B
+            torch.mul(gB, d_blk[:, :, 0], out=du[s:e])
+            torch.sum(gs * (d_blk * u_blk), dim=-1, out=dB[s:e])
             # deltaA_t = exp(delta_t A): dL/d(delta_t A) = g_t h_{t-1} deltaA_t  (in place in gs)
             gs[1:].mul_(hsb[:-1])
             gs[0].mul_(h_start)
             gs.mul_(deltaA)
-            ddelta[s:e] = (gs * A).sum(-1) + gB * u_blk
-            dA += (gs * d_blk[..., None]).sum((0, 1))
-        dh0 = carry if ctx.has_h0 else None
-        return (du.permute(1, 2, 0), ddelta.permute(1, 2, 0), dA,
+            torch.sum(gs * At, dim=2, out=ddelta[s:e])
+            ddelta[s:e].addcmul_(gB, u_blk[:, :, 0])
+            dAt += (gs * d_blk).sum((0, 1))
+        dh0 = carry.transpose(1, 2) if ctx.has_h0 else None
+        return (du.permute(1, 2, 0), ddelta.permute(1, 2, 0), dAt.t(),
                 dB.permute(1, 2, 0), dC.permute(1, 2, 0), dh0, None)
 
 
