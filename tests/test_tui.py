@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
+import tasks
 from textual.widgets import DataTable, Input, Select, SelectionList, Static, Switch
 
 from workbench import profile as profiles
@@ -210,8 +211,32 @@ async def test_empty_model_selection_and_task_param_errors(store, tmp_path):
         assert "integer" in err_text(form, "param-vocab_size")
 
 
+async def test_task_switch_and_model_options(store, tmp_path):
+    app = make_app(store, tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("f2")
+        form = app.query_one(SweepForm)
+        app.query_one("#models", SelectionList).select("transformer")
+        app.query_one("#task", Select).value = "mqar"
+        await settle(pilot)
+        assert form.query("#param-num_kv_pairs") and not form.query("#param-num_tokens_to_copy")
+        assert not form.query("#param-seq_len")  # comes from the sequence lengths
+        assert "MQAR" in str(form.query_one("#task-desc", Static).render()) or \
+            str(form.query_one("#task-desc", Static).render()) == tasks.describe("mqar")
+        app.query_one("#param-num_kv_pairs", Input).value = "4"
+        app.query_one("#model_options", Input).value = 'transformer.pos=rope, transformer.n_heads=2'
+        p = form.build_profile()
+        assert p is not None and p.task.name == "mqar" and p.task.params()["num_kv_pairs"] == 4
+        assert p.model.options == {"transformer": {"pos": "rope", "n_heads": 2}}
+        app.query_one("#model_options", Input).value = "transformer.nope=1"
+        assert form.build_profile() is None and "nope" in err_text(form, "model_options")
+        app.query_one("#model_options", Input).value = "garbage"
+        assert form.build_profile() is None and "model.option=value" in err_text(form, "model_options")
+
+
 # --------------------------------------------------------------------------- runs table
 async def test_launch_fills_runs_table_in_place(store, tmp_path):
+    old = store.add_runs(s.to_dict() for s in profiles.expand(tiny_profile("earlier")))
     sched = FakeScheduler()
     app = make_app(store, tmp_path, sched)
     async with app.run_test(size=SIZE) as pilot:
@@ -227,18 +252,20 @@ async def test_launch_fills_runs_table_in_place(store, tmp_path):
         await poll(pilot)
         table = app.query_one(RunsTable)
         assert app.screen.focused is table  # launch switched to the runs tab
-        ids = [r.id for r in store.runs()]
-        assert table.row_count == len(ids) == 4
-        assert [str(c) for c in table.get_column("state")] == ["pending"] * 4
+        ids = [r.id for r in store.runs() if r.id not in old]
+        assert table.row_count == 8 and len(ids) == 4
+        assert table.current_run_id == ids[0]  # the cursor sits on the first new run
+        assert [str(c) for c in table.get_column("state")] == ["pending"] * 8
+        assert [str(c) for c in table.get_column("profile")] == ["earlier"] * 4 + ["launchme"] * 4
 
-        # progress of run 2: the row changes in place, the cursor stays where the user put it
+        # progress of a run: the row changes in place, the cursor stays where the user put it
         await pilot.press("down", "down")
-        assert table.cursor_row == 2
+        assert table.cursor_row == 6
         store.mark_started(ids[1], os.getpid(), "cpu", "cpu0")
         store.heartbeat(ids[1], progress=0.5, step=2, total_steps=4, last_loss=1.5, last_accuracy=0.25)
         store.finish(ids[2], "failed", "boom")
         await poll(pilot)
-        assert table.row_count == 4 and table.cursor_row == 2
+        assert table.row_count == 8 and table.cursor_row == 6
         row = dict(zip([c.key.value for c in table.columns.values()], table.get_row(str(ids[1]))))
         assert str(row["state"]) == "running" and str(row["progress"]) == "50%"
         assert str(row["loss"]) == "1.5" and str(row["accuracy"]) == "0.25" and row["device"] == "cpu"

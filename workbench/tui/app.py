@@ -51,6 +51,7 @@ class WorkbenchApp(App):
         self.store_lock = threading.Lock()
         self._polling = False
         self._summary: Text | None = None
+        self._goto_run: int | None = None  # put the cursor here once the row exists
         self.runs_seen: list[Run] = []
 
     @property
@@ -103,7 +104,11 @@ class WorkbenchApp(App):
         if runs is None:
             return
         self.runs_seen = runs
-        self.query_one(RunsTable).update_runs(runs)
+        table = self.query_one(RunsTable)
+        table.update_runs(runs)
+        if self._goto_run is not None and str(self._goto_run) in table.rows:
+            table.move_cursor(row=table.get_row_index(str(self._goto_run)))
+            self._goto_run = None
         counts = {s: sum(r.state == s for r in runs) for s in STATES}
         summary = Text(f"{len(runs)} runs  ")
         for s in STATES:
@@ -172,6 +177,7 @@ class WorkbenchApp(App):
         span = f"{ids[0]}..{ids[-1]}" if len(ids) > 1 else str(ids[0]) if ids else "none"
         self.notify(f"sweep {profile.name}: {len(ids)} runs queued (ids {span})", markup=False)
         self.query_one(SweepForm).set_status(f"launched {len(ids)} runs (ids {span})")
+        self._goto_run = ids[0] if ids else None
         self.action_show_tab("runs")
         self.poll_runs()
 

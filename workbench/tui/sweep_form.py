@@ -7,6 +7,9 @@ all of them in the status line at the bottom.
 """
 from __future__ import annotations
 
+import inspect
+import json
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -76,6 +79,66 @@ def parse_param(text: str, default: Any) -> Any:
     return text
 
 
+def _split_top(text: str) -> list[str]:
+    """Split on ';' or ',' outside [...] and quotes."""
+    parts, cur, depth, quote = [], [], 0, None
+    for ch in text:
+        if quote:
+            quote = None if ch == quote else quote
+        elif ch in "\"'":
+            quote = ch
+        elif ch == "[":
+            depth += 1
+        elif ch == "]":
+            depth -= 1
+        elif ch in ";," and depth == 0:
+            parts.append("".join(cur))
+            cur = []
+            continue
+        cur.append(ch)
+    parts.append("".join(cur))
+    return parts
+
+
+def parse_model_options(text: str) -> dict[str, dict[str, Any]]:
+    """'transformer.pos=rope, mamba.d_state=8' -> {'transformer': {'pos': 'rope'}, ...}.
+
+    Values are TOML literals when they parse as one (numbers, true/false, [lists],
+    "strings"), otherwise bare strings. Names and options are checked by the profile loader.
+    """
+    out: dict[str, dict[str, Any]] = {}
+    for item in (x.strip() for x in _split_top(text)):
+        if not item:
+            continue
+        key, eq, raw = item.partition("=")
+        model, dot, opt = key.strip().partition(".")
+        if not eq or not dot or not model or not opt.strip():
+            raise ValueError(f"{item!r}: write model.option=value")
+        try:
+            value = tomllib.loads(f"v = {raw.strip()}")["v"]
+        except tomllib.TOMLDecodeError:
+            value = raw.strip()
+        out.setdefault(model.strip(), {})[opt.strip()] = value
+    return out
+
+
+def format_model_options(options: dict[str, dict[str, Any]]) -> str:
+    parts = []
+    for model, opts in options.items():
+        for k, v in opts.items():
+            # JSON scalars and lists are valid TOML literals, on one line
+            parts.append(f"{model}.{k}={json.dumps(v)}")
+    return ", ".join(parts)
+
+
+def required_params(task: str) -> set[str]:
+    """Task parameters without a default (``tasks.parameters`` shows both these and
+    optional ``None`` defaults as None; the constructor's signature tells them apart)."""
+    sig = inspect.signature(tasks.task_class(task).__init__)
+    return {p.name for p in sig.parameters.values() if p.default is inspect.Parameter.empty
+            and p.name != "self" and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)}
+
+
 def _fmt(v: Any) -> str:
     if isinstance(v, (list, tuple)):
         return ", ".join(_fmt(x) for x in v)
@@ -138,6 +201,9 @@ class SweepForm(VerticalScroll):
         )
         yield Static("", id="models-picked", classes="hint")
         yield Static("", id="err-models", classes="field-error")
+        yield FieldRow("model options", Input("", id="model_options", compact=True,
+                                              placeholder="e.g. transformer.pos=rope, mamba.d_state=8"),
+                       "model_options")
         yield Static("Task", classes="section")
         yield FieldRow("task", Select([(n, n) for n in task_names], id="task", allow_blank=False,
                                       value=first, compact=True), "task")
@@ -188,12 +254,14 @@ class SweepForm(VerticalScroll):
         box = self.query_one("#task-params", Vertical)
         await box.remove_children()
         values = values or {}
+        required = required_params(name)
         rows = []
         for p, default in tasks.parameters(name).items():
             if p == "seq_len":
                 continue
             text = _fmt(values.get(p, default))
-            hint = "required" if default is None else f"default {_fmt(default)}"
+            hint = ("required" if p in required else "not set" if default is None
+                    else f"default {_fmt(default)}")
             rows.append(FieldRow(f"  {p}", Input(text, id=f"param-{p}", compact=True,
                                                  placeholder=hint), f"param-{p}"))
         await box.mount_all(rows)
@@ -211,12 +279,13 @@ class SweepForm(VerticalScroll):
         base = self._base
         task_name = str(self._select("task"))
         params: dict[str, Any] = {}
+        required = required_params(task_name)
         for p, default in tasks.parameters(task_name).items():
             if p == "seq_len":
                 continue
             text = self._text(f"param-{p}")
             if not text:
-                if default is None:
+                if p in required:
                     errors[f"param-{p}"] = "required"
                 continue
             try:
@@ -232,7 +301,14 @@ class SweepForm(VerticalScroll):
             chosen.extend(kept or [name])
         sweep = {"models": chosen, "seq_lens": split_list(self._text("seq_lens")),
                  "seeds": split_list(self._text("seeds"))}
-        model = {k: v for k, v in base.get("model", {}).items() if k not in ("d_model", "n_layers")}
+        model = {k: v for k, v in base.get("model", {}).items() if k not in ("d_model", "n_layers", "options")}
+        try:
+            opts = parse_model_options(self._text("model_options"))
+        except ValueError as e:
+            errors["model_options"] = str(e)
+        else:
+            if opts:
+                model["options"] = opts
         train = {k: v for k, v in base.get("train", {}).items() if k not in ("epochs", "steps")}
         es = dict(train.get("early_stopping", {}))
         for fid, _, section, _ in TRAIN_INPUTS:
@@ -287,6 +363,11 @@ class SweepForm(VerticalScroll):
                 prof = profiles.loads(profiles.dumps(prof), path="form")
             except ProfileError as e:
                 general.append(str(e))
+                for line in str(e).splitlines()[1:]:  # point at the field where we can
+                    if "model options" in line or "model.options" in line:
+                        errors.setdefault("model_options", line.strip())
+                    elif line.strip().startswith("task"):
+                        errors.setdefault("task", line.strip())
                 prof = None
         self._show_errors(errors, general)
         return prof if not errors and not general else None
@@ -344,6 +425,7 @@ class SweepForm(VerticalScroll):
         sel.deselect_all()
         for n in names:  # in the profile's order, which is the sweep's order
             sel.select(n)
+        self.query_one("#model_options", Input).value = format_model_options(prof.model.options)
         await self._show_task(prof.task.name, prof.task.params())
         self.query_one("#task", Select).value = prof.task.name
         self.query_one("#seq_lens", Input).value = _fmt(prof.sweep.seq_lens)
