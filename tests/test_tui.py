@@ -370,7 +370,14 @@ async def test_quit_leaves_runs_alone(store, tmp_path):
     app = make_app(store, tmp_path)
     async with app.run_test(size=SIZE) as pilot:
         await settle(pilot)
-        await pilot.press("q")
+        await pilot.press("f2")
+        app.query_one("#models", SelectionList).focus()
+        await pilot.press("q")  # in the form a stray q must not quit (ctrl+q does)
+        await pilot.pause()
+        assert app.is_running
+        await pilot.press("f1", "q")
+        await pilot.pause()
+        assert not app.is_running
     assert store.get(rid).state == "running"
 
 

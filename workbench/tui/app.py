@@ -15,6 +15,7 @@ from rich.text import Text
 from textual import on, work
 from textual.app import App, ComposeResult
 from textual.binding import Binding
+from textual.widget import Widget
 from textual.widgets import Footer, Header, Static, TabbedContent, TabPane
 
 from workbench.profile import Profile
@@ -33,7 +34,9 @@ class WorkbenchApp(App):
     CSS_PATH = "app.tcss"
     TITLE = "ssm-workbench"
     BINDINGS = [
-        Binding("q", "quit", "Quit (runs go on)"),
+        Binding("q", "quit_key", "Quit (runs go on)"),
+        # not a priority binding (as Textual's default is), so the form's footer can show it
+        Binding("ctrl+q", "quit", "Quit", show=False),
         Binding("f1", "show_tab('runs')", "Runs"),
         Binding("f2", "show_tab('sweep')", "New sweep"),
     ]
@@ -120,7 +123,23 @@ class WorkbenchApp(App):
             self._summary = summary
             self.query_one("#runs-summary", Static).update(summary)
 
+    def check_action(self, action: str, parameters: tuple) -> bool | None:
+        # 'q' would be a typo away in the form (lists and switches don't take letters):
+        # there ctrl+q quits, as the form's footer says
+        if action == "quit_key" and isinstance(self.screen.focused, Widget) and \
+                any(isinstance(a, SweepForm) for a in self.screen.focused.ancestors_with_self):
+            return False
+        return True
+
+    async def action_quit_key(self) -> None:
+        await self.action_quit()  # workers are detached: quitting leaves them running
+
     # ------------------------------------------------------------------ run view, kill
+    def on_data_table_row_selected(self, event: RunsTable.RowSelected) -> None:
+        # a mouse click on a row (the keyboard's enter is RunsTable's own binding)
+        if event.row_key.value is not None:
+            self.push_screen(RunScreen(self.store, int(event.row_key.value), self.store_lock))
+
     def on_open_run(self, message: OpenRun) -> None:
         self.push_screen(RunScreen(self.store, message.run_id, self.store_lock))
 

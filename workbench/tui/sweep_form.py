@@ -167,6 +167,7 @@ class SweepForm(VerticalScroll):
         Binding("ctrl+s", "save", "Save profile"),
         Binding("ctrl+o", "load", "Load profile"),
         Binding("ctrl+r", "launch", "Launch sweep"),
+        Binding("ctrl+q", "app.quit", "Quit (runs go on)"),
     ]
 
     class Launch(Message):
