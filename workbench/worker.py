@@ -25,6 +25,7 @@ import torch
 
 import models
 import tasks
+from tasks import Batch
 from tasks import metrics as task_metrics
 from workbench import __version__, sysmon
 from workbench.compose import build_model
@@ -221,8 +222,10 @@ class Trainer:
         stop_reason = ""
         step = 0
         epoch = None
+        seed = int(self.spec["seed"])
         for step, (epoch, x, y) in enumerate(self.batches(per_epoch), start=1):
-            x, y = x.to(dev, non_blocking=True), y.to(dev, non_blocking=True)
+            aug = self.task.augment_batch(Batch(x, y), step, seed)  # identity for most tasks
+            x, y = aug.inputs.to(dev, non_blocking=True), aug.targets.to(dev, non_blocking=True)
             sync(dev)
             ts = time.perf_counter()
             with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=self.amp):
