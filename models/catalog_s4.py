@@ -58,11 +58,11 @@ def build_hyena(d_model: int, n_layers: int, order: int = 2, short_width: int = 
         emb_dim=emb_dim, l_max=l_max), norm=norm, dropout=dropout)
 
 
-@register("h3", "H3: Q * S4D-Lin(shift-SSM(K) * V), output projection; pre-norm residual stack",
+@register("h3", "H3: Q * S4D-Lin(shift-SSM(K) * V), output projection; pre-norm residual stack, step mode",
           family="ssm")
 def build_h3(d_model: int, n_layers: int, d_state: int = 64, shift_size: int = 4,
              norm: str = "rms", dropout: float = 0.0):
-    return ResidualStack(d_model, n_layers, lambda i: H3(
+    return SSMStack(d_model, n_layers, lambda i: H3(
         d_model, d_state=d_state, shift_size=shift_size), norm=norm, dropout=dropout)
 
 

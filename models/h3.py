@@ -39,6 +39,15 @@ class ShiftSSM(nn.Module):
     def state_size(self) -> int:
         return self.d * (self.N - 1)   # the last N-1 inputs; the current one is x_t
 
+    def init_state(self, batch: int) -> torch.Tensor:
+        w = self.conv.weight
+        return torch.zeros(batch, self.d, self.N - 1, dtype=w.dtype, device=w.device)
+
+    def step(self, x_t: torch.Tensor, state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """x_t: (batch, d), state: the last N-1 inputs (batch, d, N-1) -> (y_t, state)."""
+        window = torch.cat([state, x_t[..., None]], dim=-1)            # (batch, d, N)
+        return (window * self.conv.weight[:, 0, :]).sum(-1), window[..., 1:]
+
 
 class H3(nn.Module):
     """H3 layer. x: (batch, length, d) -> (batch, length, d), causal.
@@ -62,6 +71,18 @@ class H3(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
         return self.out_proj(q * self.inner(self.shift(k) * v))
+
+    def init_state(self, batch: int):
+        """(shift SSM state, inner state); needs an inner layer with step mode."""
+        return self.shift.init_state(batch), self.inner.init_state(batch)
+
+    def step(self, x_t: torch.Tensor, state):
+        """x_t: (batch, d) -> (y_t (batch, d), state)."""
+        shift_state, inner_state = state
+        q, k, v = self.q_proj(x_t), self.k_proj(x_t), self.v_proj(x_t)
+        k, shift_state = self.shift.step(k, shift_state)
+        y, inner_state = self.inner.step(k * v, inner_state)
+        return self.out_proj(q * y), (shift_state, inner_state)
 
     def state_size(self) -> int | None:
         fn = getattr(self.inner, "state_size", None)
