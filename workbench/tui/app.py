@@ -21,7 +21,7 @@ from textual.widgets import Footer, Header, Static, TabbedContent, TabPane
 from workbench.profile import Profile
 from workbench.store import STATES, Run, Store
 from workbench.tui.dialogs import ConfirmScreen
-from workbench.tui.formatting import STATE_STYLES
+from workbench.tui.formatting import STATE_STYLES, set_text
 from workbench.tui.messages import KillRequested, OpenRun
 from workbench.tui.run_view import RunScreen
 from workbench.tui.runs_table import RunsTable
@@ -53,7 +53,6 @@ class WorkbenchApp(App):
         # (and reap's write transaction) from interleaving.
         self.store_lock = threading.Lock()
         self._polling = False
-        self._summary: Text | None = None
         self._goto_run: int | None = None  # put the cursor here once the row exists
         self.runs_seen: list[Run] = []
 
@@ -88,6 +87,8 @@ class WorkbenchApp(App):
 
     # ------------------------------------------------------------------ runs table
     def poll_runs(self) -> None:
+        if isinstance(self.screen, RunScreen):
+            return  # the table is hidden (and the run view polls for itself)
         if not self._polling:  # skip a tick rather than queue reads behind a slow one
             self._polling = True
             self._read_runs()
@@ -119,9 +120,7 @@ class WorkbenchApp(App):
                 summary.append(f"{counts[s]} {s}  ", style=STATE_STYLES[s])
         if not runs:
             summary.append("none yet: F2 opens the sweep form", style="dim")
-        if summary != self._summary:  # a Static update re-lays out the screen: only on change
-            self._summary = summary
-            self.query_one("#runs-summary", Static).update(summary)
+        set_text(self.query_one("#runs-summary", Static), summary)
 
     def check_action(self, action: str, parameters: tuple) -> bool | None:
         # 'q' would be a typo away in the form (lists and switches don't take letters):

@@ -19,12 +19,13 @@ def state_text(state: str) -> Text:
 
 
 def duration(seconds: float | None) -> str:
-    """12.3s, 4m05s, 2h03m; '' when not started."""
+    """12s, 4m05s, 2h03m; '' when not started. Whole seconds: a running run's cell
+    then changes once a second, not on every 2 Hz poll (each change is a repaint)."""
     if seconds is None:
         return ""
     s = max(0.0, seconds)
     if s < 60:
-        return f"{s:.1f}s"
+        return f"{s:.0f}s"
     m, s = divmod(int(s), 60)
     if m < 60:
         return f"{m}m{s:02d}s"
@@ -40,3 +41,17 @@ def number(v: float | None, digits: int = 4) -> str:
 
 def percent(v: float | None) -> str:
     return "" if v is None else f"{100 * v:.0f}%"
+
+
+def set_text(widget, content) -> bool:
+    """Update a Static only when its content changed, and re-lay out the screen only when
+    its line count did. Over SSH every repaint is bytes: a layout pass repaints the whole
+    screen (plots included), a same-size update repaints just the widget."""
+    old = getattr(widget, "_wb_content", None)
+    if old is not None and old == content:
+        return False
+    lines = str(content).count("\n")
+    same_size = old is not None and str(old).count("\n") == lines
+    widget._wb_content = content
+    widget.update(content, layout=not same_size)
+    return True

@@ -22,7 +22,7 @@ from textual.screen import Screen
 from textual.widgets import Footer, Header, Static
 
 from workbench.store import Run, Store
-from workbench.tui.formatting import duration, number, percent, state_text
+from workbench.tui.formatting import duration, number, percent, set_text, state_text
 from workbench.tui.messages import KillRequested
 from workbench.tui.plots import MetricPlot
 from workbench.tui.system_panel import SystemPanel
@@ -136,7 +136,7 @@ class RunScreen(Screen):
                 if plot.series:
                     plot.redraw()
         self._apply_metrics(snap.metrics)
-        self.query_one("#run-title", Static).update(self._title(snap.run))
+        set_text(self.query_one("#run-title", Static), self._title(snap.run))
         self.query_one(SystemPanel).show(snap.system)
         shown = (snap.run.state, snap.run.error, json.dumps(snap.results, sort_keys=True),
                  json.dumps(snap.run.info, sort_keys=True, default=str))
@@ -194,10 +194,10 @@ class RunScreen(Screen):
                     if value is None:  # not measured here (e.g. GPU figures on a CPU run)
                         continue
                     out.append(f"  {name:<24} {number(value, 5):>10}\n")
-            res.update(out)
+            set_text(res, out)
         else:
-            res.update(Text("none yet" if not run.finished else "none recorded", style="dim"))
-        self.query_one("#run-config", Static).update(config_text(run))
+            set_text(res, Text("none yet" if not run.finished else "none recorded", style="dim"))
+        set_text(self.query_one("#run-config", Static), config_text(run))
 
     # ------------------------------------------------------------------ actions
     def action_kill(self) -> None:

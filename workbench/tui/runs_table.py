@@ -11,12 +11,15 @@ from workbench.store import Run
 from workbench.tui.messages import KillRequested, OpenRun
 from workbench.tui.formatting import duration, number, percent, state_text
 
-# (column key, header); the key doubles as the DataTable column key for update_cell.
+# (column key, header, fixed width or None = fit the content). Fixed widths for the
+# columns that change while a run trains: a cell update then never re-lays out the table.
 COLUMNS = [
-    ("id", "id"), ("profile", "profile"), ("model", "model"), ("task", "task"),
-    ("seq_len", "seq_len"), ("seed", "seed"), ("state", "state"), ("progress", "progress"),
-    ("loss", "loss"), ("accuracy", "accuracy"), ("elapsed", "elapsed"), ("device", "device"),
+    ("id", "id", None), ("profile", "profile", None), ("model", "model", None),
+    ("task", "task", None), ("seq_len", "seq_len", None), ("seed", "seed", None),
+    ("state", "state", 8), ("progress", "progress", 8), ("loss", "loss", 8),
+    ("accuracy", "accuracy", 8), ("elapsed", "elapsed", 7), ("device", "device", None),
 ]
+FIXED = {k for k, _, w in COLUMNS if w}
 
 
 def row_cells(run: Run) -> dict[str, Any]:
@@ -49,30 +52,56 @@ class RunsTable(DataTable):
         Binding("k", "kill_run", "Kill run"),
     ]
 
+    _batch = False  # class default: DataTable.__init__ already refreshes
+
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(cursor_type="row", zebra_stripes=True, **kwargs)
         self._cells: dict[int, dict[str, Any]] = {}
 
     def on_mount(self) -> None:
-        for key, label in COLUMNS:
-            self.add_column(label, key=key)
+        for key, label, width in COLUMNS:
+            self.add_column(label, key=key, width=width)
+
+    def refresh(self, *regions, **kwargs):
+        # DataTable.update_cell repaints the whole table; while update_runs runs, those
+        # bare refreshes are dropped and only the rows that changed are repainted after
+        if self._batch and not regions and not kwargs:
+            return self
+        return super().refresh(*regions, **kwargs)
 
     def update_runs(self, runs: list[Run]) -> None:
         seen = set()
-        for run in runs:
-            seen.add(run.id)
-            cells = row_cells(run)
-            old = self._cells.get(run.id)
-            if old is None:
-                self.add_row(*(cells[k] for k, _ in COLUMNS), key=str(run.id))
-            else:
-                for k, value in cells.items():
-                    if old[k] != value:
-                        self.update_cell(str(run.id), k, value, update_width=True)
-            self._cells[run.id] = cells
-        for gone in set(self._cells) - seen:
-            self.remove_row(str(gone))
-            del self._cells[gone]
+        changed: list[str] = []
+        full = False  # rows added or removed: repaint everything
+        self._batch = True
+        try:
+            for run in runs:
+                seen.add(run.id)
+                key = str(run.id)
+                cells = row_cells(run)
+                old = self._cells.get(run.id)
+                if old is None:
+                    self.add_row(*(cells[k] for k, *_ in COLUMNS), key=key)
+                    full = True
+                else:
+                    for k, value in cells.items():
+                        if old[k] != value:
+                            # content-sized columns may need to grow (then the virtual
+                            # size changes and DataTable repaints all by itself)
+                            self.update_cell(key, k, value, update_width=k not in FIXED)
+                            changed.append(key)
+                self._cells[run.id] = cells
+            for gone in set(self._cells) - seen:
+                self.remove_row(str(gone))
+                del self._cells[gone]
+                full = True
+        finally:
+            self._batch = False
+        if full:
+            self.refresh()
+        else:
+            for key in dict.fromkeys(changed):
+                self.refresh_row(self.get_row_index(key))
 
     @property
     def current_run_id(self) -> int | None:

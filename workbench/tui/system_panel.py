@@ -9,6 +9,8 @@ from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.widgets import Sparkline, Static
 
+from workbench.tui.formatting import set_text
+
 
 def _has_gpu(row: Any) -> bool:
     return row["gpu_mem_total_mb"] is not None or row["gpu_name"] is not None
@@ -29,10 +31,13 @@ class SystemPanel(Vertical):
         text = self.query_one("#sys-text", Static)
         spark = self.query_one("#sys-spark", Sparkline)
         if not rows:
-            text.update(Text("no system samples yet" + (f"\n{self.nvml_note}" if self.nvml_note else ""),
+            set_text(text, Text("no system samples yet" + (f"\n{self.nvml_note}" if self.nvml_note else ""),
                              style="dim"))
-            spark.data = []
+            if spark.data:
+                spark.data = []
+            spark.display = False  # an empty sparkline draws a misleading flat line
             return
+        spark.display = True
         last = rows[-1]
         out = Text()
         if _has_gpu(last):
@@ -43,7 +48,7 @@ class SystemPanel(Vertical):
             if last["gpu_util"] is not None:
                 out.append(f"GPU utilisation {last['gpu_util']:.0f}%\n")
             out.append("utilisation, last samples:", style="dim")
-            spark.data = [r["gpu_util"] or 0.0 for r in rows]
+            data = [r["gpu_util"] or 0.0 for r in rows]
         else:
             if last["cpu_percent"] is not None:
                 out.append(f"CPU {last['cpu_percent']:.0f}%\n")
@@ -53,5 +58,7 @@ class SystemPanel(Vertical):
             if self.nvml_note:  # sysmon's reason, e.g. "no NVIDIA GPU found (NVML: ...)"
                 out.append(self.nvml_note.replace("no NVIDIA GPU found ", "") + "\n", style="dim")
             out.append("CPU %, last samples:", style="dim")
-            spark.data = [r["cpu_percent"] or 0.0 for r in rows]
-        text.update(out)
+            data = [r["cpu_percent"] or 0.0 for r in rows]
+        set_text(text, out)
+        if list(spark.data or []) != data:  # a new sample arrived
+            spark.data = data
