@@ -108,5 +108,15 @@ class S4(LongConvLayer):
         V = power_vectors(Abar, Bbar, L)                 # (d, N, L)
         return torch.einsum("hn,hnl->hl", self.C, V)
 
+    def init_state(self, batch: int) -> torch.Tensor:
+        """Zero state (batch, d, N)."""
+        return torch.zeros(batch, self.d, self.N, dtype=self.C.dtype, device=self.C.device)
+
+    def step(self, x_t: torch.Tensor, state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """x_k = Abar x_{k-1} + Bbar u_k, y_k = C x_k + D u_k.  x_t: (batch, d) -> (y_t, state)."""
+        Abar, Bbar = self.discretize()
+        state = torch.einsum("hnm,bhm->bhn", Abar, state) + Bbar * x_t[..., None]
+        return torch.einsum("hn,bhn->bh", self.C, state) + self.D * x_t, state
+
     def state_size(self) -> int:
         return self.d * self.N

@@ -76,7 +76,9 @@ def test_mamba_block_uses_expanded_inner_and_gate():
         assert blk(torch.randn(2, 5, D)).abs().max() == 0
 
 
-@pytest.mark.parametrize("name", ["none_s4d_real", "mamba_s4d_inv", "none_s6", "mamba_s6", "h3_s4d_lin", "h3_s6", "h3"])
+@pytest.mark.parametrize("name", [
+    "none_s4d_real", "mamba_s4d_inv", "none_s6", "mamba_s6", "h3_s4d_lin", "h3_s6", "h3",
+])
 def test_step_mode_matches_forward(name):
     torch.manual_seed(2)
     m = models.build(name, d_model=D, n_layers=2, d_state=4).double()

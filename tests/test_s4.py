@@ -144,3 +144,19 @@ def test_dplr_float32_long_kernel_close_to_float64():
         K64 = m.double().kernel(1024)
     assert torch.isfinite(K32).all()
     assert (K32.double() - K64).abs().max() < 1e-4 * K64.abs().max()
+
+
+def test_dense_s4_backbone_step_matches_forward():
+    import models
+    torch.manual_seed(6)
+    m = models.build("s4", d_model=4, n_layers=2, d_state=6).double()
+    assert models.state_size(m) == 2 * 4 * 6
+    x = torch.randn(2, 20, 4, dtype=torch.float64)
+    with torch.no_grad():
+        y = m(x)
+        s = m.init_state(2)
+        ys = []
+        for t in range(x.shape[1]):
+            yt, s = m.step(x[:, t], s)
+            ys.append(yt)
+    assert torch.allclose(torch.stack(ys, 1), y, atol=1e-9)
