@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import tasks
+from textual.widget import Widget
 from textual.widgets import DataTable, Input, Select, SelectionList, Static, Switch
 
 from workbench import profile as profiles
@@ -271,6 +272,32 @@ async def test_launch_fills_runs_table_in_place(store, tmp_path):
         assert str(row["loss"]) == "1.5" and str(row["accuracy"]) == "0.25" and row["device"] == "cpu"
         assert str(table.get_cell(str(ids[2]), "state")) == "failed"
         assert "1 running" in str(app.query_one("#runs-summary", Static).render())
+
+
+async def test_progress_repaints_only_changed_rows(store, tmp_path, monkeypatch):
+    """A heartbeat changes a few cells: only that row is repainted, not the whole table
+    (over SSH each full repaint is ~14 KB at 160x48)."""
+    ids = store.add_runs(s.to_dict() for s in profiles.expand(tiny_profile()))
+    app = make_app(store, tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        table = app.query_one(RunsTable)
+        calls: list[tuple] = []
+        orig = Widget.refresh
+
+        def spy(self, *regions, **kwargs):  # what reaches Textual, after RunsTable's filter
+            if self is table:
+                calls.append((regions, kwargs))
+            return orig(self, *regions, **kwargs)
+
+        monkeypatch.setattr(Widget, "refresh", spy)
+        store.heartbeat(ids[2], progress=0.25, last_loss=2.0)
+        await poll(pilot)
+        assert str(table.get_cell(str(ids[2]), "progress")) == "25%"
+        bare = [c for c in calls if not c[0] and not c[1]]
+        regions = [r for c in calls for r in c[0]]
+        assert not bare, "the whole table was repainted"
+        assert regions and all(r.height == 1 for r in regions)
 
 
 async def test_reopening_shows_history(store, tmp_path):
