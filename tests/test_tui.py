@@ -128,7 +128,7 @@ async def test_form_fill_save_and_reload(store, tmp_path):
         p = profiles.load(path)
         assert p.name == "mysweep"
         assert [m if isinstance(m, str) else m.name for m in p.sweep.models] == picked
-        assert p.task.name == TASK and p.task.params()["vocab_size"] == 12
+        assert p.task.name == TASK and p.task.params() == {"vocab_size": 12}  # defaults stay implicit
         assert "seq_len" not in p.task.params()
         assert p.sweep.seq_lens == [32, 64] and p.sweep.seeds == [1, 2]
         t = p.train
@@ -148,6 +148,24 @@ async def test_form_fill_save_and_reload(store, tmp_path):
         assert app.query_one("#lr", Input).value == "0.003"
         assert list(sel.selected) == picked
         assert app.query_one("#param-vocab_size", Input).value == "12"
+        assert form.build_profile() == p
+
+
+async def test_load_then_build_keeps_what_the_form_cannot_show(store, tmp_path):
+    """Per-model labels/options, min_lr_ratio, early-stopping target survive load -> save."""
+    src = tmp_path / "labels.toml"
+    src.write_text(
+        'schema_version = 1\nname = "labels"\n[task]\nname = "mad_selective_copying"\n'
+        '[sweep]\nmodels = [{name = "transformer", label = "tf-rope", pos = "rope"},'
+        ' {name = "transformer", label = "tf-abs"}, "lstm"]\nseq_lens = [16]\n'
+        '[model.options.lstm]\nnorm = "layer"\n'
+        '[train]\nepochs = 2\nmin_lr_ratio = 0.1\n[train.early_stopping]\ntarget = 0.9\n')
+    p = profiles.load(src)
+    app = make_app(store, tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        form = app.query_one(SweepForm)
+        await form.fill(p)
+        assert app.query_one("#model_options", Input).value == 'lstm.norm="layer"'
         assert form.build_profile() == p
 
 

@@ -139,6 +139,10 @@ def required_params(task: str) -> set[str]:
             and p.name != "self" and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)}
 
 
+def _default_value(default: Any) -> Any:
+    return list(default) if isinstance(default, tuple) else default
+
+
 def _fmt(v: Any) -> str:
     if isinstance(v, (list, tuple)):
         return ", ".join(_fmt(x) for x in v)
@@ -290,9 +294,14 @@ class SweepForm(VerticalScroll):
                     errors[f"param-{p}"] = "required"
                 continue
             try:
-                params[p] = parse_param(text, default)
+                value = parse_param(text, default)
             except ValueError as e:
                 errors[f"param-{p}"] = str(e)
+                continue
+            # write what differs from the task's default, or what the loaded profile had:
+            # a profile then keeps following the registry's defaults where it never chose
+            if value != _default_value(default) or p in base.get("task", {}):
+                params[p] = value
         selected = list(self.query_one("#models", SelectionList).selected)
         # keep a loaded profile's per-model entries (labels, options) for models still picked
         chosen: list[Any] = []
