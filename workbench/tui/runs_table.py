@@ -36,7 +36,8 @@ def row_cells(run: Run) -> dict[str, Any]:
         "loss": Text(number(run.last_loss), justify="right"),
         "accuracy": Text(number(run.last_accuracy, 3), justify="right"),
         "elapsed": Text(duration(run.elapsed), justify="right"),
-        "device": run.device or "",
+        # which GPU, when there are several: the scheduler's slot is the CUDA index
+        "device": f"{run.device}:{run.slot}" if run.device == "cuda" and run.slot else (run.device or ""),
     }
 
 
