@@ -383,6 +383,15 @@ async def test_run_view_streams_metrics_and_system(store, tmp_path):
         assert isinstance(app.screen.query_one(RunsTable), DataTable)
 
 
+def test_thin_keeps_ends_and_budget():
+    from workbench.tui.plots import thin
+
+    v = list(range(1001))
+    t = thin(v, 200)
+    assert len(t) <= 202 and t[0] == 0 and t[-1] == 1000 and t == sorted(set(t))
+    assert thin([1.0, 2.0], 200) == [1.0, 2.0]
+
+
 # --------------------------------------------------------------------------- kill
 @pytest.mark.parametrize("from_view", [False, True])
 async def test_kill_with_confirmation(store, tmp_path, from_view):

@@ -7,6 +7,19 @@ from textual_plotext import PlotextPlot
 COLOURS = ["cyan", "orange", "green", "magenta", "red", "blue"]
 
 
+def thin(values: list[float], budget: int) -> list[float]:
+    """Every k-th value (and the last) so at most ~budget points are drawn: a long run's
+    thousands of loss records would otherwise make each redraw slow, for pixels the
+    terminal cannot show anyway."""
+    if len(values) <= budget:
+        return values
+    k = -(-len(values) // budget)
+    out = values[::k]
+    if (len(values) - 1) % k:  # the newest point is always drawn
+        out.append(values[-1])
+    return out
+
+
 class MetricPlot(PlotextPlot):
     """Plot several (step, value) series. Appending data does not redraw; :meth:`redraw`
     does, so the caller decides the rate (the run view redraws only when rows arrived)."""
@@ -41,8 +54,9 @@ class MetricPlot(PlotextPlot):
             plt.ylim(*self.ylim)
         if self.xmax:
             plt.xlim(0, self.xmax)
+        budget = max(200, 4 * self.size.width)  # braille: 2 dots per cell, x2 to spare
         for i, (label, (xs, ys)) in enumerate(self.series.items()):
-            # a single point draws nothing as a line; show it as a marker
+            xs, ys = thin(xs, budget), thin(ys, budget)
             plt.plot(xs, ys, label=label, color=COLOURS[i % len(COLOURS)], marker="braille")
         if not self.series:
             plt.text("waiting for metrics...", x=0.5, y=0.5, alignment="center")
