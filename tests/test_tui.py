@@ -455,6 +455,7 @@ async def test_real_scheduler_runs_a_tiny_sweep(store, tmp_path):
             await pilot.pause(0.5)
         [run] = store.runs()
         assert run.state == "finished", run.error
+        await poll(pilot)  # the run may have ended between the last poll and the check
         table = app.query_one(RunsTable)
         assert str(table.get_cell(str(run.id), "state")) == "finished"
         assert str(table.get_cell(str(run.id), "progress")) == "100%"
