@@ -80,7 +80,16 @@ async def type_into(pilot, selector: str, text: str) -> None:
 
 
 async def poll(pilot) -> None:
+    """A store read that starts after this call (a poll already in flight may have read
+    before the test changed the store, and a new one is skipped while it runs)."""
+    await settle(pilot)
     pilot.app.poll_runs()
+    await settle(pilot)
+
+
+async def poll_view(pilot, screen: RunScreen) -> None:
+    await settle(pilot)
+    screen.poll()
     await settle(pilot)
 
 
@@ -358,14 +367,12 @@ async def test_run_view_streams_metrics_and_system(store, tmp_path):
 
         # no new rows: polls do not redraw; new rows: one redraw, data appended
         draws = loss.draws
-        screen.poll()
-        await settle(pilot)
+        await poll_view(pilot, screen)
         assert loss.draws == draws
         store.add_metrics(rid, [(5, None, "train", "loss", 1.5)])
         store.add_system(rid, {"gpu_util": 87.0, "gpu_mem_used_mb": 1024.0,
                                "gpu_mem_total_mb": 81920.0, "gpu_name": "NVIDIA H100"})
-        screen.poll()
-        await settle(pilot)
+        await poll_view(pilot, screen)
         assert loss.draws == draws + 1 and loss.series["train loss"][0][-1] == 5
         assert acc.draws == draws  # nothing new for accuracy
         system = str(screen.query_one("#sys-text", Static).render())
@@ -374,8 +381,7 @@ async def test_run_view_streams_metrics_and_system(store, tmp_path):
         # the run fails: the error and results appear
         store.set_results(rid, {"accuracy": 0.31})
         store.finish(rid, "failed", "RuntimeError: shapes do not match")
-        screen.poll()
-        await settle(pilot)
+        await poll_view(pilot, screen)
         err = screen.query_one("#run-error", Static)
         assert err.display and "shapes do not match" in str(err.render())
         assert "0.31" in str(screen.query_one("#run-results", Static).render())
