@@ -109,10 +109,24 @@ def test_cli_check_exit_codes(tmp_path):
     assert str(broken) in no.stderr and "batchsize" in no.stderr
 
 
-def test_shipped_profiles_are_valid():
+def test_shipped_profiles_are_valid(tmp_path, monkeypatch):
     from pathlib import Path
 
     files = sorted((Path(__file__).parent.parent / "profiles").glob("*.toml"))
     assert files, "no shipped profiles"
+    # the char-LM profile reads data/tinyshakespeare.txt relative to the working directory;
+    # the repository ships no data, so give it a small text of our own
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "tinyshakespeare.txt").write_text("To be, or not to be: that is the question.\n" * 400)
+    monkeypatch.chdir(tmp_path)
     for f in files:
         P.load(f)
+
+
+def test_task_values_checked_before_any_run():
+    # 2 tokens to copy need seq_len >= 5: the profile is refused, naming the length
+    msg = bad(GOOD.replace("seq_lens = [12, 16]", "seq_lens = [4, 16]"))
+    assert "seq_len=4" in msg
+    char = GOOD.replace('name = "mad_selective_copying"', 'name = "char_lm"')
+    char = "\n".join(l for l in char.splitlines() if not l.startswith(("vocab_size", "num_tokens", "num_train")))
+    assert "path" in bad(char)

@@ -16,8 +16,12 @@ MINE = ["selective-copying-paper", "mamba-table1-grid", "induction-heads",
 
 
 @pytest.mark.parametrize("name", MINE)
-def test_profile_validates_and_tasks_build(name, tmp_path):
+def test_profile_validates_and_tasks_build(name, tmp_path, monkeypatch):
     path = ROOT / f"{name}.toml"
+    # profile.load builds the task; char-LM's data file is the user's (relative path)
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "tinyshakespeare.txt").write_text("To be, or not to be. " * 400)
+    monkeypatch.chdir(tmp_path)
     text = path.read_text()
     assert "REDUCED" in text or "Runs on CPU as is" in text      # says how it was reduced
     assert "Published" in text or "published" in text            # and what was published

@@ -236,6 +236,16 @@ def _check_registries(p: Profile, path: str, text: str) -> None:
             bad = [k for k in params if k not in tasks.parameters(p.task.name)]
             line = _line_of(text, bad[0], "task") if bad else None
             problems.append(f"  task (line {line}): {e}" if line else f"  task: {e}")
+        else:
+            # build the task once per length: bad values (a missing data file, a length
+            # too short for the tokens to copy) are caught here, before any run starts
+            for L in p.sweep.seq_lens or [None]:
+                try:
+                    tasks.build(p.task.name, **params, **({"seq_len": L} if L is not None else {}))
+                except (ValueError, TypeError, OSError) as e:
+                    where = f" with seq_len={L}" if L is not None else ""
+                    problems.append(f"  task {p.task.name!r}{where}: {e}")
+                    break
     for choice in p.sweep.model_choices():
         try:
             models.entry(choice.name)

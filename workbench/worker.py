@@ -117,7 +117,9 @@ class Background(threading.Thread):
     def run(self) -> None:
         store = Store(self.store_dir)
         last_beat = 0.0
-        while not self.stop_event.wait(self.interval):
+        first = True  # sample at once, so even a short run shows its system panel
+        while first or not self.stop_event.wait(self.interval):
+            first = False
             try:
                 s = sysmon.sample()
                 if s.get("gpu_util") is not None:
