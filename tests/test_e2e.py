@@ -149,3 +149,38 @@ def _alive(pid):
     from workbench.store import pid_alive
 
     return pid_alive(pid)
+
+
+def test_worker_in_process_epochs_over_a_whole_dataset(tmp_path):
+    """A task whose training set is 'all of it' (num_train_examples=0): the epoch plan
+    comes from the data, and evaluation runs once per epoch."""
+    from workbench import worker
+    from workbench.profile import expand
+
+    p = loads("""
+schema_version = 1
+name = "digits-tiny"
+[task]
+name = "sequential_image"
+num_test_examples = 50
+[sweep]
+models = ["lstm"]
+[model]
+d_model = 8
+n_layers = 1
+[train]
+epochs = 2
+batch_size = 256
+""")
+    store = Store(tmp_path / "st")
+    (rid,) = store.add_runs([expand(p)[0].to_dict()])
+    store.mark_started(rid, os.getpid(), "cpu", "cpu0")
+    assert worker.run(str(store.root), rid) == 0
+    r = store.get(rid)
+    assert r.state == "finished", r.error
+    evals = store.metrics(rid, "eval", "accuracy")
+    assert [e["epoch"] for e in evals] == [1.0, 2.0]
+    import tasks
+
+    n_train = len(tasks.build("sequential_image", num_test_examples=50).train_set(0))
+    assert r.step == 2 * -(-n_train // 256)

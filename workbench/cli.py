@@ -304,6 +304,11 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "bench":  # the benchmark has its own options, --help included
+        from workbench import bench
+
+        return int(bench.main(argv[1:]) or 0)
     args = parser().parse_args(argv)
     if not getattr(args, "fn", None):
         args.profiles_dir = "profiles"

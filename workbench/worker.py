@@ -151,25 +151,32 @@ class Trainer:
         self.history: list[dict] = []
         self.best: float | None = None
         self.bad_evals = 0
+        self._train = None
 
     # -- data ---------------------------------------------------------------------
+    def train_data(self):
+        """The fixed training set (built once), for tasks that have one."""
+        if self._train is None:
+            self._train = self.task.train_set(int(self.spec["seed"]))
+        return self._train
+
     def _plan(self) -> tuple[int, int]:
-        """(total optimizer steps, steps per epoch or 0 in fresh-batch mode)."""
+        """(total optimizer steps, steps per epoch; 0 per epoch in fresh-batch mode)."""
         bs = self.cfg["batch_size"]
+        if self.task.fixed_train:
+            per_epoch = math.ceil(len(self.train_data()) / bs)
+        else:
+            per_epoch = math.ceil(self.task.num_train_examples / bs) if self.task.num_train_examples else 0
         if self.cfg.get("epochs"):
-            if not self.task.fixed_train:
-                per_epoch = max(1, math.ceil(self.task.num_train_examples / bs)) if self.task.num_train_examples else 0
-                if not per_epoch:
-                    raise RunFailed(f"task {self.task.name} draws fresh batches: give train.steps, not epochs")
-            else:
-                per_epoch = math.ceil(self.task.num_train_examples / bs)
+            if not per_epoch:
+                raise RunFailed(f"task {self.task.name} draws fresh batches: give train.steps, not epochs")
             return self.cfg["epochs"] * per_epoch, per_epoch
-        return self.cfg["steps"], 0
+        return self.cfg["steps"], per_epoch
 
     def batches(self, per_epoch: int):
         bs, seed = self.cfg["batch_size"], int(self.spec["seed"])
-        if per_epoch and self.task.fixed_train:
-            train = self.task.train_set(seed)
+        if self.task.fixed_train:
+            train = self.train_data()
             g = torch.Generator().manual_seed(seed)
             epoch = 0
             while True:
@@ -254,8 +261,11 @@ class Trainer:
                 ])
                 self.store.heartbeat(self.run_id, step=step, progress=step / total, last_loss=mean,
                                      epoch=epoch)
-            at_eval = (per_epoch and step % per_epoch == 0 and (step // per_epoch) % cfg["eval_every"] == 0) \
-                or (not per_epoch and step % cfg["eval_every"] == 0) or step == total
+            if cfg.get("epochs"):  # eval_every counts epochs
+                at_eval = step % per_epoch == 0 and (step // per_epoch) % cfg["eval_every"] == 0
+            else:                  # eval_every counts steps
+                at_eval = step % cfg["eval_every"] == 0
+            at_eval = at_eval or step == total
             if at_eval:
                 c = self.evaluate(default_eval)
                 ep = self._epoch_f(step, per_epoch)
