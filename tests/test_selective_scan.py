@@ -210,3 +210,57 @@ def test_import_guard_catches_non_import_errors(monkeypatch, fresh_cuda_cache):
 def test_no_cuda_device_reason(monkeypatch, fresh_cuda_cache):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert ss.cuda_unavailable_reason() == "torch sees no CUDA device"
+
+
+# ---------------------------------------------------------------------------------------
+# backend "compiled": the same blocks as pure functions under torch.compile (opt-in)
+# ---------------------------------------------------------------------------------------
+
+def _fresh_kernels(monkeypatch):
+    """Fresh lazily-compiled kernels, so one test's compile state does not leak into another."""
+    monkeypatch.setattr(ss, "_compiled_forward", ss._Compiled(ss._block_forward))
+    monkeypatch.setattr(ss, "_compiled_backward", ss._Compiled(ss._block_backward))
+
+
+def _check_compiled_against_ref(length, block_len):
+    use, softplus, last = ("D", "z", "delta_bias", "initial_state"), True, True
+    inputs = make_inputs(length=length, seed=length)
+    ref_out, ref_grads = run(ss.selective_scan_ref, inputs, use, softplus, last)
+    out, grads = run(ss.selective_scan_torch, inputs, use, softplus, last,
+                     block_len=block_len, compiled=True)
+    for a, b in zip(ref_out, out):
+        assert a.shape == b.shape
+        assert_close(a, b)
+    assert set(grads) == set(ref_grads)
+    for name in ref_grads:
+        assert_close(ref_grads[name], grads[name])
+
+
+def test_compiled_falls_back_to_eager_with_one_warning(monkeypatch):
+    """No compiler: one RuntimeWarning, then the same pure block functions run eagerly, exact."""
+    _fresh_kernels(monkeypatch)
+
+    def broken_compile(*a, **k):
+        raise RuntimeError("no C compiler found\nsecond line")
+
+    monkeypatch.setattr(torch, "compile", broken_compile)
+    with pytest.warns(RuntimeWarning, match="torch.compile of _block_forward failed"):
+        _check_compiled_against_ref(length=11, block_len=4)  # blocks of 4, 4, 3
+    assert ss._compiled_forward.failed and ss._compiled_backward.failed
+
+
+@pytest.mark.slow
+def test_compiled_matches_ref(monkeypatch):
+    """Really compiled (cold: ~1 min on 2 cores, so marked slow). Blocks of 4 and a tail of 3."""
+    _fresh_kernels(monkeypatch)
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # a silent eager fallback would fail here
+        _check_compiled_against_ref(length=11, block_len=4)
+    assert not ss._compiled_forward.failed and ss._compiled_forward.compiled is not None
+
+
+def test_compiled_is_opt_in_only():
+    assert ss.choose_backend("compiled", "cpu") == "compiled"
+    assert ss.choose_backend("auto", "cpu") == "torch"
+    assert "compiled" in ss.BACKENDS
