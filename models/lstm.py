@@ -36,9 +36,14 @@ class LSTMMixer(nn.Module):
 
     def step(self, x_t: torch.Tensor, state: tuple[torch.Tensor, torch.Tensor]):
         """x_t: (batch, d_model); state (h, c) each (batch, d_model) -> (y_t, (h, c))."""
+        y, state = self.forward_with_state(x_t[:, None, :], state)
+        return y[:, 0], state
+
+    def forward_with_state(self, x: torch.Tensor, state: tuple[torch.Tensor, torch.Tensor]):
+        """x: (batch, length, d_model) continuing from state (h, c) -> (y, final (h, c))."""
         h, c = state
-        y, (h, c) = self.lstm(x_t[:, None, :], (h[None], c[None]))
-        return y[:, 0], (h[0], c[0])
+        y, (h, c) = self.lstm(x, (h[None], c[None]))
+        return y, (h[0], c[0])
 
     def state_size(self) -> int:
         return 2 * self.d_model
@@ -69,6 +74,25 @@ class LSTMBackbone(nn.Module):
         dtype = dtype or p.dtype
         z = lambda: torch.zeros(batch, self.d_model, device=device, dtype=dtype)  # noqa: E731
         return [(z(), z()) for _ in self.stack.layers]
+
+    def forward_with_state(self, x: torch.Tensor, state: State) -> tuple[torch.Tensor, State]:
+        """x: (batch, length, d_model) continuing from ``state`` -> (y, state after x)."""
+        new_state: State = []
+        for layer, s in zip(self.stack.layers, state):
+            y, s = layer.mixer.forward_with_state(layer.norm(x), s)
+            x = x + layer.dropout(y)
+            new_state.append(s)
+        return self.stack.norm_f(x), new_state
+
+    def forward_chunked(self, x: torch.Tensor, chunk_len: int) -> torch.Tensor:
+        """The same output as forward(x), computed chunk by chunk with the (h, c) state
+        carried across, so the LSTM's working memory does not grow with length."""
+        state = self.init_state(x.shape[0], x.device, x.dtype)
+        out = []
+        for chunk in x.split(chunk_len, dim=1):
+            y, state = self.forward_with_state(chunk, state)
+            out.append(y)
+        return torch.cat(out, dim=1)
 
     def step(self, x_t: torch.Tensor, state: State) -> tuple[torch.Tensor, State]:
         """x_t: (batch, d_model) -> (y_t: (batch, d_model), new state)."""

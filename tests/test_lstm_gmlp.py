@@ -115,3 +115,15 @@ def test_lstm_learns_previous_token_but_gated_mlp_cannot():
     so the gated MLP stays at chance (1/8) while the LSTM solves the task."""
     assert _previous_token_accuracy("lstm") > 0.9
     assert _previous_token_accuracy("gated_mlp") < 0.25
+
+
+def test_lstm_chunked_forward_matches_full():
+    import models
+
+    torch.manual_seed(0)
+    m = models.build("lstm", d_model=8, n_layers=2).double().eval()
+    x = torch.randn(2, 37, 8, dtype=torch.float64)
+    with torch.no_grad():
+        full = m(x)
+        for chunk in (1, 5, 16, 37):
+            assert torch.allclose(m.forward_chunked(x, chunk), full, atol=1e-12), chunk
