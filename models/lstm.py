@@ -96,9 +96,5 @@ class LSTMBackbone(nn.Module):
 
     def step(self, x_t: torch.Tensor, state: State) -> tuple[torch.Tensor, State]:
         """x_t: (batch, d_model) -> (y_t: (batch, d_model), new state)."""
-        new_state: State = []
-        for layer, s in zip(self.stack.layers, state):
-            y, s = layer.mixer.step(layer.norm(x_t), s)
-            x_t = x_t + layer.dropout(y)
-            new_state.append(s)
-        return self.stack.norm_f(x_t), new_state
+        y, state = self.forward_with_state(x_t[:, None, :], state)
+        return y[:, 0], state
