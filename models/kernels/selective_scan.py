@@ -196,22 +196,25 @@ def selective_scan_ref(
 # Fast pure-PyTorch scan: blockwise, custom backward that recomputes states per block
 # ---------------------------------------------------------------------------------------
 
-def _block_inputs(deltaT, uT, At, BT, s, e):
-    """deltaA, deltaB_u for steps s..e-1, each (T, batch, state, dim), contiguous.
+def _block_inputs(d, du, At, B, deltaA, deltaB_u):
+    """Fill deltaA = exp(delta A) and deltaB_u = delta u B for one block, in place.
 
-    deltaT, uT: (L, batch, dim); At: (state, dim); BT: (L, batch, state).
+    d: (T, batch, dim) delta; du: (T, batch, dim) delta * u; At: (N, dim); B: (T, batch, N);
+    deltaA, deltaB_u: (T, batch, N, dim) workspace slices, overwritten. Writing into reused
+    buffers instead of fresh tensors saves an allocation (and its page faults) per big op:
+    about 1.8x on a (32, 8, 16, 128) multiply on this CPU.
     """
-    d = deltaT[s:e]                                                # (T, b, dim)
-    deltaA = torch.exp(d[:, :, None, :] * At)                      # ZOH:   exp(delta A)
-    deltaB_u = (d * uT[s:e])[:, :, None, :] * BT[s:e, :, :, None]  # Euler: delta B u
-    return deltaA, deltaB_u
+    torch.mul(d[:, :, None, :], At, out=deltaA)
+    deltaA.exp_()                                                  # ZOH:   exp(delta A)
+    torch.mul(du[:, :, None, :], B[..., None], out=deltaB_u)       # Euler: delta B u
 
 
-def _run_block(deltaA, deltaB_u, h, hs):
-    """h_t = deltaA_t h_{t-1} + deltaB_u_t over the block; states written into hs (T,b,N,d)."""
-    for dA_t, dBu_t, h_out in zip(deltaA.unbind(0), deltaB_u.unbind(0), hs.unbind(0)):
-        torch.addcmul(dBu_t, dA_t, h, out=h_out)
-        h = h_out
+def _run_block(deltaA, deltaB_u, h):
+    """h_t = deltaA_t h_{t-1} + deltaB_u_t over the block, in place: deltaB_u becomes the
+    states h_t (T, b, N, d). Returns the last state (a view into deltaB_u)."""
+    for dA_t, h_t in zip(deltaA.unbind(0), deltaB_u.unbind(0)):
+        h_t.addcmul_(dA_t, h)
+        h = h_t
     return h
 
 
@@ -234,6 +237,8 @@ class SelectiveScanTorch(torch.autograd.Function):
     each step is one contiguous slice, and the sums over N (y, and the delta / u
     gradients) add contiguous rows of length dim, which on CPU is 2-3x faster than
     reducing a length-16 last axis; multiply-then-sum also beats bmm/einsum here.
+    All (T, batch, N, dim) intermediates live in a few workspace buffers reused by every
+    block (forward: 2, backward: 4).
     """
 
     @staticmethod
@@ -241,18 +246,20 @@ class SelectiveScanTorch(torch.autograd.Function):
         batch, dim, L = u.shape
         N = A.shape[1]
         uT, deltaT, At, BT, CT = _time_major(u, delta, A, B, C)
+        duT = deltaT * uT
         h = u.new_zeros(batch, N, dim) if h0 is None else h0.to(u.dtype).transpose(1, 2).contiguous()
         starts = list(range(0, L, block_len))
         block_h0 = u.new_empty(len(starts), batch, N, dim)
         yT = u.new_empty(L, batch, dim)
-        hs = u.new_empty(min(block_len, L), batch, N, dim)
+        T0 = min(block_len, L)
+        ws_dA, ws_h = u.new_empty(T0, batch, N, dim), u.new_empty(T0, batch, N, dim)
         for k, s in enumerate(starts):
             e = min(s + block_len, L)
             block_h0[k] = h
-            deltaA, deltaB_u = _block_inputs(deltaT, uT, At, BT, s, e)
-            hsb = hs[: e - s]
-            h = _run_block(deltaA, deltaB_u, h, hsb).clone()  # hs is overwritten next
-            torch.sum(hsb.mul_(CT[s:e, :, :, None]), dim=2, out=yT[s:e])  # y_t = C_t . h_t
+            dA, hs = ws_dA[: e - s], ws_h[: e - s]
+            _block_inputs(deltaT[s:e], duT[s:e], At, BT[s:e], dA, hs)
+            h = _run_block(dA, hs, h).clone()                          # hs is overwritten next
+            torch.sum(hs.mul_(CT[s:e, :, :, None]), dim=2, out=yT[s:e])  # y_t = C_t . h_t
         ctx.save_for_backward(u, delta, A, B, C, block_h0)
         ctx.block_len = block_len
         ctx.has_h0 = h0 is not None
@@ -265,6 +272,7 @@ class SelectiveScanTorch(torch.autograd.Function):
         batch, dim, L = u.shape
         N = A.shape[1]
         uT, deltaT, At, BT, CT = _time_major(u, delta, A, B, C)
+        duT = deltaT * uT
         dyT = dy.permute(2, 0, 1).contiguous()  # (L, b, dim)
 
         du = torch.empty_like(uT)
@@ -272,41 +280,46 @@ class SelectiveScanTorch(torch.autograd.Function):
         dB = torch.empty_like(BT)
         dC = torch.empty_like(CT)
         dAt = torch.zeros_like(At)
+        dAt_k = torch.empty_like(At)
+        gB = torch.empty_like(uT[:block_len])
         # carry = dLoss/dh at the end of the current block, from everything after it
         carry = (dh_last.transpose(1, 2).contiguous() if dh_last is not None
                  else u.new_zeros(batch, N, dim))
-        hs = u.new_empty(min(block_len, L), batch, N, dim)
+        T0 = min(block_len, L)
+        ws_dA, ws_h, ws_g, ws_tmp = (u.new_empty(T0, batch, N, dim) for _ in range(4))
         starts = list(range(0, L, block_len))
         for k in reversed(range(len(starts))):
             s = starts[k]
             e = min(s + block_len, L)
+            T = e - s
             h_start = block_h0[k]
-            deltaA, deltaB_u = _block_inputs(deltaT, uT, At, BT, s, e)
-            hsb = hs[: e - s]
-            _run_block(deltaA, deltaB_u, h_start, hsb)  # recompute this block's states
-            d_blk, u_blk, dy_blk = deltaT[s:e, :, None, :], uT[s:e, :, None, :], dyT[s:e, :, None, :]
+            dA, hs, gs, tmp, gB_b = ws_dA[:T], ws_h[:T], ws_g[:T], ws_tmp[:T], gB[:T]
+            _block_inputs(deltaT[s:e], duT[s:e], At, BT[s:e], dA, hs)
+            _run_block(dA, hs, h_start)                                # recompute this block's states
+            d_blk, u_blk, dy_blk = deltaT[s:e], uT[s:e], dyT[s:e, :, None, :]
 
             # Adjoint recurrence: g_t = dL/dh_t = C_t dy_t + deltaA_{t+1} g_{t+1}
-            gs = CT[s:e, :, :, None] * dy_blk                          # (T, b, N, dim)
-            g_steps, dA_steps = gs.unbind(0), deltaA.unbind(0)
+            torch.mul(CT[s:e, :, :, None], dy_blk, out=gs)             # (T, b, N, dim)
+            g_steps, dA_steps = gs.unbind(0), dA.unbind(0)
             g_steps[-1].add_(carry)
-            for t in range(len(g_steps) - 2, -1, -1):
+            for t in range(T - 2, -1, -1):
                 g_steps[t].addcmul_(dA_steps[t + 1], g_steps[t + 1])
             carry = dA_steps[0] * g_steps[0]                           # dL/dh_{s-1}
 
             # y_t = C_t . h_t  ->  dC_t[n] = sum_d dy_t[d] h_t[n, d]
-            torch.sum(hsb * dy_blk, dim=-1, out=dC[s:e])
+            torch.sum(torch.mul(hs, dy_blk, out=tmp), dim=-1, out=dC[s:e])
             # deltaB_u_t = delta_t u_t B_t: g_t is dL/d(deltaB_u_t)
-            gB = (gs * BT[s:e, :, :, None]).sum(2)                     # (T, b, dim): sum_n g B
-            torch.mul(gB, d_blk[:, :, 0], out=du[s:e])
-            torch.sum(gs * (d_blk * u_blk), dim=-1, out=dB[s:e])
+            torch.sum(torch.mul(gs, BT[s:e, :, :, None], out=tmp), dim=2, out=gB_b)  # sum_n g B
+            torch.mul(gB_b, d_blk, out=du[s:e])
+            torch.sum(torch.mul(gs, duT[s:e, :, None, :], out=tmp), dim=-1, out=dB[s:e])
             # deltaA_t = exp(delta_t A): dL/d(delta_t A) = g_t h_{t-1} deltaA_t  (in place in gs)
-            gs[1:].mul_(hsb[:-1])
+            gs[1:].mul_(hs[:-1])
             gs[0].mul_(h_start)
-            gs.mul_(deltaA)
-            torch.sum(gs * At, dim=2, out=ddelta[s:e])
-            ddelta[s:e].addcmul_(gB, u_blk[:, :, 0])
-            dAt += (gs * d_blk).sum((0, 1))
+            gs.mul_(dA)
+            torch.sum(torch.mul(gs, At, out=tmp), dim=2, out=ddelta[s:e])
+            ddelta[s:e].addcmul_(gB_b, u_blk)
+            torch.sum(torch.mul(gs, d_blk[:, :, None, :], out=tmp), dim=(0, 1), out=dAt_k)
+            dAt += dAt_k
         dh0 = carry.transpose(1, 2) if ctx.has_h0 else None
         return (du.permute(1, 2, 0), ddelta.permute(1, 2, 0), dAt.t(),
                 dB.permute(1, 2, 0), dC.permute(1, 2, 0), dh0, None)
