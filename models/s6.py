@@ -33,8 +33,9 @@ class SelectiveSSM(nn.Module):
     """Parameters and scan of a selective SSM over ``d_inner`` channels.
 
     Subclasses call :meth:`_init_ssm` in their constructor. ``backend`` is the requested
-    scan backend ("auto", "cuda", "torch", "ref"); the attribute ``backend`` reports the
-    one that runs for the module's current device.
+    scan backend ("auto", "cuda", "torch", "compiled", "ref"; "compiled" is opt-in, never
+    picked by "auto"); the attribute ``backend`` reports the one that runs for the module's
+    current device.
     """
 
     def _init_ssm(

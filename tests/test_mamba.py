@@ -194,3 +194,30 @@ def test_mamba_uses_cuda_kernels_when_available(monkeypatch):
     assert torch.allclose(m(x), expected, atol=1e-12)
     assert calls == ["conv", "scan"]
     assert Mamba(8, backend="torch").backend == "torch"
+
+
+def test_backend_compiled_option_reaches_the_scan(monkeypatch):
+    """backend="compiled" builds, reports itself, and computes what "torch" does (here with a
+    broken compiler, so the test stays fast: it must warn and fall back to eager kernels)."""
+    from models.kernels import selective_scan as ss
+
+    monkeypatch.setattr(ss, "_compiled_forward", ss._Compiled(ss._block_forward))
+    monkeypatch.setattr(ss, "_compiled_backward", ss._Compiled(ss._block_backward))
+
+    def broken_compile(*a, **k):
+        raise RuntimeError("no compiler")
+
+    monkeypatch.setattr(torch, "compile", broken_compile)
+    torch.manual_seed(5)
+    fast = models.build("mamba", d_model=8, n_layers=1, backend="torch").double()
+    comp = models.build("mamba", d_model=8, n_layers=1, backend="compiled").double()
+    comp.load_state_dict(fast.state_dict())
+    assert models.backend(comp) == "compiled" and models.backend(fast) == "torch"
+    x = torch.randn(2, 40, 8, dtype=F64)
+    with pytest.warns(RuntimeWarning, match="torch.compile"):
+        y = comp(x)
+    assert torch.allclose(y, fast(x), atol=1e-12)
+    y.pow(2).sum().backward()
+    fast(x).pow(2).sum().backward()
+    for (n, p), q in zip(comp.named_parameters(), fast.parameters()):
+        assert torch.allclose(p.grad, q.grad, atol=1e-10), n
