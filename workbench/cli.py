@@ -171,7 +171,7 @@ def cmd_show(args) -> int:
     res = store.results([r.id]).get(r.id, {})
     for es, vals in sorted(res.items()):
         c.print(f"results{f' [{es}]' if es else ''}: " + ", ".join(f"{k}={_fmt(v)}" for k, v in sorted(vals.items())),
-                highlight=False)
+                highlight=False, markup=False)
     if r.error:
         c.print("[red]error:[/red]")
         c.print(r.error, markup=False, highlight=False)

@@ -132,14 +132,22 @@ def _label(fields: list[str], key: tuple) -> str:
     return ", ".join(f"{f}={v}" for f, v in zip(fields, key))
 
 
+def _col_header(cols: list[str], key: tuple) -> str:
+    label = _label(cols, key)
+    if not label:
+        return "(default)" if cols == ["eval_set"] else f"{cols[0]}=–"
+    if len(cols) == 1 and "=" not in label:  # 'seq_len=256'; eval sets already read 'len=256'
+        return f"{cols[0]}={label}"
+    return label or "(default)"
+
+
 def render(recs: list[dict], metric: str, rows: list[str], cols: list[str], fmt: str,
            digits: int = 3) -> str:
     if fmt == "json":
         return json.dumps(to_json(recs, rows + cols), indent=2)
     t = table(recs, metric, rows, cols)
     corner = "/".join(rows) + " \\ " + "/".join(cols)
-    header = [corner] + [f"{'/'.join(cols)}={_label(cols, c)}" if len(cols) == 1 else _label(cols, c)
-                         for c in t["cols"]]
+    header = [corner] + [_col_header(cols, c) for c in t["cols"]]
     body = [[_label(rows, rk)] + [fmt_cell(t["cells"].get((rk, ck)), digits, fmt == "latex")
                                   for ck in t["cols"]] for rk in t["rows"]]
     n_note = sorted({a["n"] for a in t["cells"].values()})
