@@ -113,7 +113,7 @@ async def test_form_fill_save_and_reload(store, tmp_path):
         task = app.query_one("#task", Select)
         task.value = TASK
         await pilot.pause()
-        await type_into(pilot, "#seq_lens", "32, 64")
+        await type_into(pilot, "#seq_lens", "40, 64")
         await type_into(pilot, "#lr", "0.003")
         for fid, text in [("#param-vocab_size", "12"), ("#seeds", "1,2"), ("#betas", "0.8, 0.95"),
                           ("#weight_decay", "0.1"), ("#warmup_steps", "5"), ("#budget", "50"),
@@ -139,7 +139,7 @@ async def test_form_fill_save_and_reload(store, tmp_path):
         assert [m if isinstance(m, str) else m.name for m in p.sweep.models] == picked
         assert p.task.name == TASK and p.task.params() == {"vocab_size": 12}  # defaults stay implicit
         assert "seq_len" not in p.task.params()
-        assert p.sweep.seq_lens == [32, 64] and p.sweep.seeds == [1, 2]
+        assert p.sweep.seq_lens == [40, 64] and p.sweep.seeds == [1, 2]
         t = p.train
         assert (t.lr, t.betas, t.weight_decay, t.warmup_steps) == (0.003, (0.8, 0.95), 0.1, 5)
         assert (t.steps, t.epochs, t.schedule, t.amp) == (50, None, "constant", True)
@@ -166,7 +166,7 @@ async def test_load_then_build_keeps_what_the_form_cannot_show(store, tmp_path):
     src.write_text(
         'schema_version = 1\nname = "labels"\n[task]\nname = "mad_selective_copying"\n'
         '[sweep]\nmodels = [{name = "transformer", label = "tf-rope", pos = "rope"},'
-        ' {name = "transformer", label = "tf-abs"}, "lstm"]\nseq_lens = [16]\n'
+        ' {name = "transformer", label = "tf-abs"}, "lstm"]\nseq_lens = [40]\n'
         '[model.options.lstm]\nnorm = "layer"\n'
         '[train]\nepochs = 2\nmin_lr_ratio = 0.1\n[train.early_stopping]\ntarget = 0.9\n')
     p = profiles.load(src)
@@ -196,7 +196,7 @@ async def test_load_bad_profile_shows_error(store, tmp_path):
 BAD_VALUES = [  # (input, bad value, where the message must appear, a good value)
     ("#lr", "-1", "lr", "0.001"),
     ("#lr", "abc", "lr", "0.001"),
-    ("#seq_lens", "12,x", "seq_lens", "12"),
+    ("#seq_lens", "12,x", "seq_lens", "48"),  # 16 tokens to copy need seq_len >= 33
     ("#betas", "0.9, 1.5", "betas", "0.9, 0.99"),
     ("#budget", "0", "budget", "10"),
 ]
@@ -273,7 +273,7 @@ async def test_launch_fills_runs_table_in_place(store, tmp_path):
         sel.select("lstm")
         sel.select("transformer")
         app.query_one("#name", Input).value = "launchme"
-        app.query_one("#seq_lens", Input).value = "16,32"
+        app.query_one("#seq_lens", Input).value = "40,48"
         await pilot.press("ctrl+r")
         await settle(pilot)
         assert [p.name for p in sched.submitted] == ["launchme"]
