@@ -22,7 +22,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from models.common import ResidualStack
+from models.common import ResidualStack, stack_with_state
 from models.h3 import H3
 from models.hyena import HyenaFilterConv
 from models.s4 import S4
@@ -143,12 +143,7 @@ class SSMStack(ResidualStack):
 
     def step(self, x_t: torch.Tensor, state: list) -> tuple[torch.Tensor, list]:
         """x_t: (batch, d_model) -> (y_t (batch, d_model), next state)."""
-        new_state = []
-        for layer, s in zip(self.layers, state):
-            y, s = layer.mixer.step(layer.norm(x_t), s)
-            x_t = x_t + layer.dropout(y)
-            new_state.append(s)
-        return self.norm_f(x_t), new_state
+        return stack_with_state(self, x_t, state, "step")
 
 
 def make_block(block: str, inner: str, d_model: int, d_state: int | None = None,

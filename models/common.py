@@ -88,3 +88,19 @@ class ResidualStack(nn.Module):
                 return None
             total += s
         return total
+
+
+def stack_with_state(stack: ResidualStack, x: torch.Tensor, state: list,
+                     method: str = "forward_with_state") -> tuple[torch.Tensor, list]:
+    """Run a ResidualStack's layers carrying each mixer's recurrent state.
+
+    ``method`` is the mixer method called as ``method(norm(x), state_i) -> (y, state_i)``:
+    ``"step"`` for one token (x: (batch, d_model)) or ``"forward_with_state"`` for a chunk
+    (x: (batch, length, d_model)). Returns (final-normed output, list of new states).
+    """
+    new_state = []
+    for layer, s in zip(stack.layers, state):
+        y, s = getattr(layer.mixer, method)(layer.norm(x), s)
+        x = x + layer.dropout(y)
+        new_state.append(s)
+    return stack.norm_f(x), new_state

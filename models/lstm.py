@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from models.common import ResidualStack
+from models.common import ResidualStack, stack_with_state
 
 State = list[tuple[torch.Tensor, torch.Tensor]]  # per layer (h, c), each (batch, d_model)
 
@@ -77,12 +77,7 @@ class LSTMBackbone(nn.Module):
 
     def forward_with_state(self, x: torch.Tensor, state: State) -> tuple[torch.Tensor, State]:
         """x: (batch, length, d_model) continuing from ``state`` -> (y, state after x)."""
-        new_state: State = []
-        for layer, s in zip(self.stack.layers, state):
-            y, s = layer.mixer.forward_with_state(layer.norm(x), s)
-            x = x + layer.dropout(y)
-            new_state.append(s)
-        return self.stack.norm_f(x), new_state
+        return stack_with_state(self.stack, x, state, "forward_with_state")
 
     def forward_chunked(self, x: torch.Tensor, chunk_len: int) -> torch.Tensor:
         """The same output as forward(x), computed chunk by chunk with the (h, c) state

@@ -25,7 +25,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from models.common import ResidualStack
+from models.common import ResidualStack, stack_with_state
 from models.kernels import selective_scan as ss
 from models.s6 import SelectiveSSM, resolve_dt_rank
 
@@ -118,21 +118,11 @@ class RecurrentStack(ResidualStack):
 
     def step(self, x_t: torch.Tensor, state: list) -> tuple[torch.Tensor, list]:
         """x_t: (batch, d_model) -> (y_t (batch, d_model), next state)."""
-        new_state = []
-        for layer, s in zip(self.layers, state):
-            y, s = layer.mixer.step(layer.norm(x_t), s)
-            x_t = x_t + layer.dropout(y)
-            new_state.append(s)
-        return self.norm_f(x_t), new_state
+        return stack_with_state(self, x_t, state, "step")
 
     def forward_with_state(self, x: torch.Tensor, state: list) -> tuple[torch.Tensor, list]:
         """x: (batch, length, d_model) from ``state`` -> (y, next state)."""
-        new_state = []
-        for layer, s in zip(self.layers, state):
-            y, s = layer.mixer.forward_with_state(layer.norm(x), s)
-            x = x + layer.dropout(y)
-            new_state.append(s)
-        return self.norm_f(x), new_state
+        return stack_with_state(self, x, state, "forward_with_state")
 
     def forward_chunked(self, x: torch.Tensor, chunk_len: int) -> torch.Tensor:
         """Same result as ``forward(x)``, computed chunk by chunk from carried states."""
