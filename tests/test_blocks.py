@@ -6,6 +6,8 @@ import models
 from models.blocks import BLOCKS, INNERS, MambaBlock, NoGateBlock, make_block, make_inner
 from models.catalog_s4 import GRID_NAMES
 
+from helpers import run_steps
+
 D = 8
 
 
@@ -85,12 +87,7 @@ def test_step_mode_matches_forward(name):
     x = torch.randn(2, 12, D, dtype=torch.float64)
     with torch.no_grad():
         y = m(x)
-        s = m.init_state(2)
-        ys = []
-        for t in range(x.shape[1]):
-            yt, s = m.step(x[:, t], s)
-            ys.append(yt)
-    assert torch.allclose(torch.stack(ys, 1), y, atol=1e-8)
+    assert torch.allclose(run_steps(m, x), y, atol=1e-8)
 
 
 def test_step_mode_absent_is_an_error():

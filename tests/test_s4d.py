@@ -7,6 +7,8 @@ import torch
 import models
 from models.s4d import INITS, S4D, s4d_init, vandermonde_naive, vandermonde_split
 
+from helpers import run_steps
+
 
 def test_init_formulas():
     N = 8
@@ -89,12 +91,7 @@ def test_step_matches_forward(init):
     u = torch.randn(3, 30, 4, dtype=torch.float64)
     with torch.no_grad():
         y = m(u)
-        s = m.init_state(3)
-        ys = []
-        for t in range(u.shape[1]):
-            yt, s = m.step(u[:, t], s)
-            ys.append(yt)
-    assert torch.allclose(torch.stack(ys, 1), y, atol=1e-10)
+    assert torch.allclose(run_steps(m, u), y, atol=1e-10)
 
 
 def test_backbone_step_and_state_size():
@@ -105,12 +102,7 @@ def test_backbone_step_and_state_size():
     x = torch.randn(2, 25, d, dtype=torch.float64)
     with torch.no_grad():
         y = m(x)
-        s = m.init_state(2)
-        ys = []
-        for t in range(x.shape[1]):
-            yt, s = m.step(x[:, t], s)
-            ys.append(yt)
-    assert torch.allclose(torch.stack(ys, 1), y, atol=1e-9)
+    assert torch.allclose(run_steps(m, x), y, atol=1e-9)
 
 
 def test_float32_split_kernel_accuracy_long():
