@@ -141,10 +141,7 @@ def test_bfloat16_inputs_are_scanned_in_float32():
 @pytest.fixture
 def fresh_cuda_cache(monkeypatch):
     """Forget any cached import result so a test can fake mamba-ssm's presence."""
-    monkeypatch.setattr(ss, "_cuda_scan", ss._UNLOADED)
-    monkeypatch.setattr(ss, "_cuda_scan_reason", "")
-    monkeypatch.setattr(ss, "_cuda_conv", ss._UNLOADED)
-    monkeypatch.setattr(ss, "_cuda_conv_reason", "")
+    monkeypatch.setattr(ss, "_cuda_cache", {})
 
 
 def test_auto_on_cpu_picks_torch():

@@ -47,7 +47,7 @@ has no such input, so ``auto`` uses the torch backend whenever an initial state 
 from __future__ import annotations
 
 import warnings
-from typing import Any, Callable
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -59,43 +59,45 @@ DEFAULT_BLOCK_LEN = 32
 # Optional CUDA kernels (mamba-ssm, causal-conv1d), imported lazily and defensively.
 # ---------------------------------------------------------------------------------------
 
-_UNLOADED = object()
-_cuda_scan: Any = _UNLOADED  # mamba-ssm's selective_scan_fn, or None
-_cuda_scan_reason = ""
-_cuda_conv: Any = _UNLOADED  # causal_conv1d_fn, or None
-_cuda_conv_reason = ""
+# name -> (callable or None, reason it is None); filled on first use
+_cuda_cache: dict[str, tuple[Callable | None, str]] = {}
+
+
+def _guarded_import(name: str, importer: Callable[[], Callable]) -> tuple[Callable | None, str]:
+    """(the CUDA kernel ``importer()`` returns, or None with the reason). Cached.
+
+    mamba-ssm and causal-conv1d raise non-ImportErrors (OSError, RuntimeError, ...) when their
+    extensions are missing or were built for another CUDA, so any exception means
+    "not available" and its text is kept for the user."""
+    if name not in _cuda_cache:
+        if not torch.cuda.is_available():
+            _cuda_cache[name] = (None, "torch sees no CUDA device")
+        else:
+            try:
+                _cuda_cache[name] = (importer(), "")
+            except Exception as exc:  # noqa: BLE001  any failure means "not available"
+                _cuda_cache[name] = (None, f"import {name} failed: {type(exc).__name__}: {exc}")
+    return _cuda_cache[name]
+
+
+def _import_scan() -> Callable:
+    from mamba_ssm.ops.selective_scan_interface import selective_scan_fn
+    return selective_scan_fn
+
+
+def _import_conv() -> Callable:
+    from causal_conv1d import causal_conv1d_fn
+    return causal_conv1d_fn
 
 
 def _load_cuda_scan() -> tuple[Callable | None, str]:
-    """(mamba-ssm's selective_scan_fn or None, reason it is None). Cached."""
-    global _cuda_scan, _cuda_scan_reason
-    if _cuda_scan is _UNLOADED:
-        if not torch.cuda.is_available():
-            _cuda_scan, _cuda_scan_reason = None, "torch sees no CUDA device"
-        else:
-            try:  # mamba-ssm raises non-ImportErrors when its extension is missing
-                from mamba_ssm.ops.selective_scan_interface import selective_scan_fn as fn
-                _cuda_scan, _cuda_scan_reason = fn, ""
-            except Exception as exc:  # noqa: BLE001  any failure means "not available"
-                _cuda_scan = None
-                _cuda_scan_reason = f"import mamba_ssm failed: {type(exc).__name__}: {exc}"
-    return _cuda_scan, _cuda_scan_reason
+    """(mamba-ssm's selective_scan_fn or None, reason it is None)."""
+    return _guarded_import("mamba_ssm", _import_scan)
 
 
 def _load_cuda_conv() -> tuple[Callable | None, str]:
-    """(causal_conv1d_fn or None, reason it is None). Cached."""
-    global _cuda_conv, _cuda_conv_reason
-    if _cuda_conv is _UNLOADED:
-        if not torch.cuda.is_available():
-            _cuda_conv, _cuda_conv_reason = None, "torch sees no CUDA device"
-        else:
-            try:
-                from causal_conv1d import causal_conv1d_fn as fn
-                _cuda_conv, _cuda_conv_reason = fn, ""
-            except Exception as exc:  # noqa: BLE001
-                _cuda_conv = None
-                _cuda_conv_reason = f"import causal_conv1d failed: {type(exc).__name__}: {exc}"
-    return _cuda_conv, _cuda_conv_reason
+    """(causal_conv1d_fn or None, reason it is None)."""
+    return _guarded_import("causal_conv1d", _import_conv)
 
 
 def cuda_available() -> bool:
