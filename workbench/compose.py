@@ -19,9 +19,9 @@ import models
 
 
 class SequenceModel(nn.Module):
-    def __init__(self, encoder: nn.Module, backbone: nn.Module, head: nn.Module, pooled: bool):
+    def __init__(self, encoder: nn.Module, backbone: nn.Module, head: nn.Module):
         super().__init__()
-        self.encoder, self.backbone, self.head, self.pooled = encoder, backbone, head, pooled
+        self.encoder, self.backbone, self.head = encoder, backbone, head
 
     def forward(self, inputs: torch.Tensor, chunk_len: int | None = None) -> torch.Tensor:
         """inputs: long (batch, length) or float (batch, length, input_dim) -> logits.
@@ -34,8 +34,6 @@ class SequenceModel(nn.Module):
             h = self.backbone.forward_chunked(h, chunk_len)
         else:
             h = self.backbone(h)
-        if self.pooled:
-            h = h.mean(dim=1)
         return self.head(h)
 
     @property
@@ -55,4 +53,4 @@ def build_model(task, model_name: str, d_model: int = 64, n_layers: int = 2, **o
 
     backbone = models.build(model_name, d_model=d_model, n_layers=n_layers, **options)
     # the head owns the readout (per position, mean-pooled, or decoded from the last state)
-    return SequenceModel(make_encoder(task, d_model), backbone, make_head(task, d_model), pooled=False)
+    return SequenceModel(make_encoder(task, d_model), backbone, make_head(task, d_model))

@@ -168,7 +168,7 @@ class RunSpec:
 def _line_of(text: str, key: str, parent: str | None = None) -> int | None:
     """Best-effort line number of ``key`` (as a TOML key) in the source text."""
     pat = re.compile(rf'^\s*(?:"{re.escape(key)}"|{re.escape(key)})\s*=|[{{,]\s*{re.escape(key)}\s*=')
-    section = re.compile(rf"^\s*\[+\s*([^\]]*?)\s*\]+")
+    section = re.compile(r"^\s*\[+\s*([^\]]*?)\s*\]+")
     current = ""
     for i, line in enumerate(text.splitlines(), 1):
         m = section.match(line)
