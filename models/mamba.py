@@ -26,6 +26,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from models.common import ResidualStack, stack_with_state
+from models.kernels import cpu_kernels
 from models.kernels import selective_scan as ss
 from models.s6 import SelectiveSSM, resolve_dt_rank
 
@@ -55,32 +56,47 @@ class Mamba(SelectiveSSM):
         self.out_proj = nn.Linear(d_inner, d_model, bias=bias)
 
     # -- full sequence -----------------------------------------------------------------
+    def _conv(self, x: torch.Tensor, left: torch.Tensor | None = None) -> torch.Tensor:
+        """silu(causal depthwise conv(x)), time-major: x (batch, L, d_inner) -> same shape.
+
+        ``left`` (batch, d_conv - 1, d_inner) holds the inputs before x (None = zeros). The
+        conv follows the scan backend: causal-conv1d's kernel with "cuda", the C kernel with
+        "cpu", PyTorch's conv1d otherwise (so a forced "torch" run is PyTorch throughout).
+        """
+        backend = self.backend
+        if backend == "cpu":
+            return cpu_kernels.CausalConv1dCPU.apply(x, self.conv1d.weight, self.conv1d.bias,
+                                                     left, True)
+        conv_cuda = ss.causal_conv1d_cuda() if backend == "cuda" else None
+        x_bdl = x.transpose(1, 2)
+        if conv_cuda is not None and left is None:
+            y = conv_cuda(x_bdl.contiguous(), self.conv1d.weight.squeeze(1), self.conv1d.bias,
+                          activation="silu")
+            return y.transpose(1, 2)
+        x_bdl = (F.pad(x_bdl, (self.d_conv - 1, 0)) if left is None
+                 else torch.cat([left.transpose(1, 2).to(x.dtype), x_bdl], dim=-1))
+        y = F.conv1d(x_bdl, self.conv1d.weight, self.conv1d.bias, groups=self.d_inner)
+        return F.silu(y).transpose(1, 2)
+
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden: (batch, length, d_model) -> (batch, length, d_model)."""
-        L = hidden.shape[1]
-        x, z = self.in_proj(hidden).transpose(1, 2).chunk(2, dim=1)  # (b, d_inner, L) each
-        conv_cuda = ss.causal_conv1d_cuda() if self.backend == "cuda" else None
-        if conv_cuda is not None:
-            x = conv_cuda(x.contiguous(), self.conv1d.weight.squeeze(1), self.conv1d.bias, activation="silu")
-        else:
-            # padding = d_conv - 1 on both sides; keeping the first L outputs makes it causal
-            x = F.silu(self.conv1d(x)[..., :L])
-        y = self._scan(x, z)                                         # (b, d_inner, L)
-        return self.out_proj(y.transpose(1, 2))
+        x, z = self.in_proj(hidden).chunk(2, dim=-1)   # (b, L, d_inner) views, time-major
+        y = self._scan(self._conv(x), z)               # (b, L, d_inner)
+        return self.out_proj(y)
 
     def forward_with_state(self, hidden: torch.Tensor, state: MambaState) -> tuple[torch.Tensor, MambaState]:
         """Run a chunk from ``state``; returns (out (batch, length, d_model), next state).
 
         Chaining chunks this way equals one forward over their concatenation.
         """
-        conv_state, ssm_state = state
-        x, z = self.in_proj(hidden).transpose(1, 2).chunk(2, dim=1)
-        # the conv sees the previous d_conv - 1 inputs instead of zero padding
-        x_ext = torch.cat([conv_state.to(x.dtype), x], dim=-1)     # (b, d_inner, d_conv-1+L)
-        new_conv_state = x_ext[..., x_ext.shape[-1] - (self.d_conv - 1):]
-        x = F.silu(F.conv1d(x_ext, self.conv1d.weight, self.conv1d.bias, groups=self.d_inner))
-        y, ssm_state = self._scan(x, z, initial_state=ssm_state, return_last_state=True)
-        return self.out_proj(y.transpose(1, 2)), (new_conv_state, ssm_state)
+        conv_state, ssm_state = state                  # (b, d_inner, d_conv - 1), (b, d_inner, N)
+        x, z = self.in_proj(hidden).chunk(2, dim=-1)
+        left = conv_state.transpose(1, 2).to(x.dtype)  # the conv sees the previous inputs
+        k1 = self.d_conv - 1
+        new_conv_state = torch.cat([left, x], dim=1)[:, x.shape[1]:].transpose(1, 2) if k1 else conv_state
+        y, ssm_state = self._scan(self._conv(x, left), z, initial_state=ssm_state,
+                                  return_last_state=True)
+        return self.out_proj(y), (new_conv_state.contiguous(), ssm_state)
 
     # -- recurrent mode ----------------------------------------------------------------
     def init_state(self, batch: int) -> MambaState:

@@ -33,8 +33,8 @@ class SelectiveSSM(nn.Module):
     """Parameters and scan of a selective SSM over ``d_inner`` channels.
 
     Subclasses call :meth:`_init_ssm` in their constructor. ``backend`` is the requested
-    scan backend ("auto", "cuda", "torch", "compiled", "ref"; "compiled" is opt-in, never
-    picked by "auto"); the attribute ``backend`` reports the one that runs for the module's
+    scan backend ("auto", "cuda", "cpu", "torch", "compiled", "ref"; "compiled" is opt-in,
+    never picked by "auto"); the attribute ``backend`` reports the one that runs for the module's
     current device.
     """
 
@@ -78,21 +78,25 @@ class SelectiveSSM(nn.Module):
 
     # -- full sequence -----------------------------------------------------------------
     def _ssm_params(self, x_bld: torch.Tensor):
-        """x: (batch, L, d_inner) -> delta (batch, d_inner, L) without bias, B, C (batch, N, L)."""
+        """x: (batch, L, d_inner) -> delta (batch, L, d_inner) without bias, B, C (batch, L, N).
+
+        B and C are views into x_proj's output (no copies); the time-major scan reads them
+        as they are.
+        """
         x_dbl = self.x_proj(x_bld)                                     # (b, L, R + 2N)
         dt, B, C = torch.split(x_dbl, [self.dt_rank, self.d_state, self.d_state], dim=-1)
-        delta = (dt @ self.dt_proj.weight.t()).transpose(1, 2)         # (b, d_inner, L)
-        return delta, B.transpose(1, 2), C.transpose(1, 2)
+        delta = F.linear(dt, self.dt_proj.weight)                      # bias: added in the scan
+        return delta, B, C
 
     def _scan(
-        self, x_bdl: torch.Tensor, z_bdl: torch.Tensor | None = None,
+        self, x_bld: torch.Tensor, z_bld: torch.Tensor | None = None,
         initial_state: torch.Tensor | None = None, return_last_state: bool = False,
     ):
-        """x, z: (batch, d_inner, L) -> y (batch, d_inner, L) [, last state (batch, d_inner, N)]."""
-        delta, B, C = self._ssm_params(x_bdl.transpose(1, 2))
+        """x, z: (batch, L, d_inner) -> y (batch, L, d_inner) [, last state (batch, d_inner, N)]."""
+        delta, B, C = self._ssm_params(x_bld)
         A = -torch.exp(_atleast_f32(self.A_log))
-        return ss.selective_scan_fn(
-            x_bdl, delta, A, B, C, _atleast_f32(self.D), z=z_bdl,
+        return ss.selective_scan_tm(
+            x_bld, delta, A, B, C, _atleast_f32(self.D), z=z_bld,
             delta_bias=_atleast_f32(self.dt_proj.bias), delta_softplus=True,
             return_last_state=return_last_state, backend=self.backend_request,
             initial_state=initial_state,
@@ -137,12 +141,11 @@ class S6(SelectiveSSM):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: (batch, length, d_inner) -> (batch, length, d_inner)."""
-        return self._scan(x.transpose(1, 2)).transpose(1, 2)
+        return self._scan(x)
 
     def forward_with_state(self, x: torch.Tensor, state: torch.Tensor):
         """Continue from ``state`` (batch, d_inner, N): returns (y (batch, length, d_inner), state)."""
-        y, h = self._scan(x.transpose(1, 2), initial_state=state, return_last_state=True)
-        return y.transpose(1, 2), h
+        return self._scan(x, initial_state=state, return_last_state=True)
 
     def init_state(self, batch: int) -> torch.Tensor:
         p = self.A_log

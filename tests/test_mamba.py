@@ -6,10 +6,13 @@ import torch
 import torch.nn.functional as F
 
 import models
+from models.kernels import cpu_kernels
 from models.mamba import Mamba, stream
 from models.s6 import S6
 
 F64 = torch.float64
+# what "auto" resolves to for CPU tensors: the C kernels when they build here
+AUTO_ON_CPU = "cpu" if cpu_kernels.available() else "torch"
 
 # mamba-ssm's Mamba module (checkpoint keys), with shapes for d_model=16, d_state=8, d_conv=4,
 # expand=2 -> d_inner=32, dt_rank=ceil(16/16)=1
@@ -60,10 +63,11 @@ def test_dt_rank_and_bad_options():
         models.build("mamba", d_model=16, n_layers=1, d_statee=4)
 
 
+@pytest.mark.parametrize("backend", ["auto", "torch"])
 @pytest.mark.parametrize("name", ["mamba", "s6"])
-def test_backbone_shape_causality_and_gradients(name):
+def test_backbone_shape_causality_and_gradients(name, backend):
     torch.manual_seed(0)
-    m = models.build(name, d_model=16, n_layers=2, d_state=4).double()
+    m = models.build(name, d_model=16, n_layers=2, d_state=4, backend=backend).double()
     x = torch.randn(2, 40, 16, dtype=F64, requires_grad=True)
     y = m(x)
     assert y.shape == x.shape
@@ -78,7 +82,7 @@ def test_backbone_shape_causality_and_gradients(name):
     for pname, p in m.named_parameters():
         assert p.grad is not None and p.grad.abs().sum() > 0, pname
     assert x.grad.abs().sum() > 0
-    assert m.backend == "torch"
+    assert m.backend == (AUTO_ON_CPU if backend == "auto" else backend)
 
 
 @pytest.mark.parametrize("name", ["mamba", "s6"])
@@ -133,15 +137,23 @@ def test_stream_generator_over_chunks_matches_forward():
         assert torch.allclose(torch.cat(outs, 1), m(x), atol=1e-10)
 
 
+@pytest.mark.parametrize("backend", ["torch", "cpu"])
 @pytest.mark.parametrize("name", ["mamba", "s6"])
-def test_backend_option_ref_matches_torch(name):
+def test_backend_option_matches_ref(name, backend):
+    """Each fast backend (block conv and scan included) against "ref", outputs and gradients."""
+    if backend == "cpu" and AUTO_ON_CPU != "cpu":
+        pytest.skip("CPU kernels unavailable")
     torch.manual_seed(4)
-    fast = models.build(name, d_model=8, n_layers=1, backend="torch").double()
+    fast = models.build(name, d_model=8, n_layers=1, backend=backend).double()
     slow = models.build(name, d_model=8, n_layers=1, backend="ref").double()
     slow.load_state_dict(fast.state_dict())
-    assert (fast.backend, slow.backend) == ("torch", "ref")
-    x = torch.randn(2, 20, 8, dtype=F64)
+    assert (fast.backend, slow.backend) == (backend, "ref")
+    x = torch.randn(2, 40, 8, dtype=F64)
     assert torch.allclose(fast(x), slow(x), atol=1e-12)
+    fast(x).sin().sum().backward()
+    slow(x).sin().sum().backward()
+    for (n, p), q in zip(fast.named_parameters(), slow.parameters()):
+        assert torch.allclose(p.grad, q.grad, atol=1e-10), n
     with pytest.raises(RuntimeError, match="cuda"):
         models.build(name, d_model=8, n_layers=1, backend="cuda").backend  # no CUDA here
 
@@ -165,7 +177,7 @@ def test_registry_entries():
     assert "Mamba" in models.describe("mamba")
     m = models.build("mamba", d_model=16, n_layers=2)
     assert models.param_count(m) == sum(p.numel() for p in m.parameters())
-    assert models.backend(m) == "torch"
+    assert models.backend(m) == AUTO_ON_CPU
 
 
 def test_mamba_uses_cuda_kernels_when_available(monkeypatch):

@@ -38,7 +38,12 @@ Backends (``backend=``):
   seconds (less with inductor's on-disk cache), so it is opt-in only, never chosen by
   ``auto``. If compilation fails (e.g. no C compiler) it warns once and runs the same
   pure functions eagerly.
-- ``"auto"``:  cuda if possible, else torch. :func:`cuda_unavailable_reason` says why not.
+- ``"cpu"``:   :class:`models.kernels.cpu_kernels.SelectiveScanCPU`, a fused C kernel for CPU
+  tensors (built with the system C compiler on first use, loaded with ctypes; same chunked
+  recompute-in-backward memory scheme, chunks of 64). :func:`cpu_unavailable_reason` says
+  why it cannot be used (no compiler, or disabled).
+- ``"auto"``:  cuda if possible; else cpu for CPU tensors when the kernel builds; else torch.
+  :func:`cuda_unavailable_reason` says why not cuda.
 
 Extension beyond mamba-ssm: ``initial_state`` (batch, dim, state) starts the recurrence
 from a given h_{-1} (used to stream very long sequences chunk by chunk). The CUDA kernel
@@ -52,7 +57,9 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-BACKENDS = ("auto", "cuda", "torch", "compiled", "ref")
+from models.kernels import cpu_kernels
+
+BACKENDS = ("auto", "cuda", "cpu", "torch", "compiled", "ref")
 DEFAULT_BLOCK_LEN = 32
 
 # ---------------------------------------------------------------------------------------
@@ -114,16 +121,31 @@ def causal_conv1d_cuda() -> Callable | None:
     return _load_cuda_conv()[0]
 
 
-def choose_backend(backend: str, device: torch.device | str, initial_state: bool = False) -> str:
-    """Resolve ``backend`` for tensors on ``device`` to one of "cuda", "torch", "compiled", "ref".
+def cpu_unavailable_reason() -> str:
+    """Why the fused CPU kernel cannot be used ("" when it can)."""
+    return cpu_kernels.unavailable_reason()
 
-    Forcing "cuda" where it cannot run is an error that says why, not a silent fallback.
+
+def choose_backend(backend: str, device: torch.device | str, initial_state: bool = False) -> str:
+    """Resolve ``backend`` for tensors on ``device`` to one of "cuda", "cpu", "torch",
+    "compiled", "ref".
+
+    Forcing "cuda" or "cpu" where it cannot run is an error that says why, not a silent
+    fallback.
     """
     if backend not in BACKENDS:
         raise ValueError(f"unknown selective-scan backend {backend!r}; expected one of {BACKENDS}")
-    on_cuda = torch.device(device).type == "cuda"
+    kind = torch.device(device).type
+    on_cuda = kind == "cuda"
     if backend == "auto":
-        return "cuda" if (on_cuda and not initial_state and cuda_available()) else "torch"
+        if on_cuda and not initial_state and cuda_available():
+            return "cuda"
+        return "cpu" if (kind == "cpu" and cpu_kernels.available()) else "torch"
+    if backend == "cpu":
+        if not cpu_kernels.available():
+            raise RuntimeError(f"selective-scan backend 'cpu' unavailable: {cpu_unavailable_reason()}")
+        if kind != "cpu":
+            raise RuntimeError(f"selective-scan backend 'cpu' needs CPU tensors, got device {device}")
     if backend == "cuda":
         if not cuda_available():
             raise RuntimeError(f"selective-scan backend 'cuda' unavailable: {cuda_unavailable_reason()}")
@@ -469,6 +491,32 @@ def selective_scan_torch(
     return (out, last) if return_last_state else out
 
 
+def selective_scan_cpu_tm(
+    u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_softplus=False,
+    return_last_state=False, initial_state=None, chunk_len: int = cpu_kernels.CHUNK_LEN,
+):
+    """The fused C kernel (backend "cpu"), time-major: u, delta, z: (batch, L, dim);
+    B, C: (batch, L, N); A: (dim, N); D, delta_bias: (dim,); initial_state (batch, dim, N).
+    Returns out (batch, L, dim) [, last_state (batch, dim, N)]. Softplus, bias, D and the
+    gate run inside the kernel, forward and backward.
+    """
+    if chunk_len < 1:
+        raise ValueError("chunk_len must be >= 1")
+    if B.dim() == 4 or C.dim() == 4:
+        raise NotImplementedError("grouped B/C are not supported by the time-major scan")
+    if A.is_complex():
+        raise NotImplementedError("complex A is not supported")
+    dtype_in = u.dtype
+    work = torch.float32 if u.dtype in (torch.float16, torch.bfloat16) else u.dtype
+    out, last = cpu_kernels.SelectiveScanCPU.apply(
+        u.to(work), delta.to(work), A.to(work), B.to(work), C.to(work),
+        None if D is None else D.to(work), None if z is None else z.to(work),
+        None if delta_bias is None else delta_bias.to(work),
+        None if initial_state is None else initial_state.to(work), bool(delta_softplus), chunk_len)
+    out = out.to(dtype_in)
+    return (out, last) if return_last_state else out
+
+
 # ---------------------------------------------------------------------------------------
 # Public entry point
 # ---------------------------------------------------------------------------------------
@@ -482,7 +530,7 @@ def selective_scan_fn(
     u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_softplus=False,
     return_last_state=False, backend: str = "auto", initial_state=None,
 ):
-    """mamba-ssm-compatible selective scan; ``backend`` in auto | cuda | torch | compiled | ref.
+    """mamba-ssm-compatible selective scan; ``backend`` in auto | cuda | cpu | torch | compiled | ref.
 
     u, delta, z: (batch, dim, length); A: (dim, state); B, C: (batch, state, length);
     D, delta_bias: (dim,); initial_state: (batch, dim, state) or None.
@@ -495,6 +543,41 @@ def selective_scan_fn(
     if chosen == "ref":
         return selective_scan_ref(u, delta, A, B, C, D, z, delta_bias, delta_softplus,
                                   return_last_state, initial_state=initial_state)
+    if chosen == "cpu":
+        if B.dim() == 4:  # (batch, 1, N, L): one group
+            if B.shape[1] != 1 or C.dim() != 4 or C.shape[1] != 1:
+                raise NotImplementedError("grouped B/C with more than one group are not supported")
+            B, C = B[:, 0], C[:, 0]
+        res = selective_scan_cpu_tm(
+            u.transpose(1, 2), delta.transpose(1, 2), A, B.transpose(1, 2), C.transpose(1, 2),
+            D, None if z is None else z.transpose(1, 2), delta_bias, delta_softplus,
+            return_last_state, initial_state)
+        if return_last_state:
+            return res[0].transpose(1, 2), res[1]
+        return res.transpose(1, 2)
     return selective_scan_torch(u, delta, A, B, C, D, z, delta_bias, delta_softplus,
                                 return_last_state, initial_state=initial_state,
                                 compiled=chosen == "compiled")
+
+
+def selective_scan_tm(
+    u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_softplus=False,
+    return_last_state=False, backend: str = "auto", initial_state=None,
+):
+    """:func:`selective_scan_fn` for time-major tensors, the layout the Mamba block makes:
+    u, delta, z: (batch, L, dim); B, C: (batch, L, N); returns out (batch, L, dim).
+
+    The "cpu" backend reads these directly (strided views are fine); the others get
+    transposed views and their output is transposed back.
+    """
+    chosen = choose_backend(backend, _device_of(u), initial_state is not None)
+    if chosen == "cpu":
+        return selective_scan_cpu_tm(u, delta, A, B, C, D, z, delta_bias, delta_softplus,
+                                     return_last_state, initial_state)
+    res = selective_scan_fn(
+        u.transpose(1, 2), delta.transpose(1, 2), A, B.transpose(1, 2), C.transpose(1, 2), D,
+        None if z is None else z.transpose(1, 2), delta_bias, delta_softplus,
+        return_last_state, backend=chosen, initial_state=initial_state)
+    if return_last_state:
+        return res[0].transpose(1, 2), res[1]
+    return res.transpose(1, 2)

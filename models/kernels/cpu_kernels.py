@@ -1,0 +1,316 @@
+"""CPU kernels of the Mamba block in C: builds ``csrc/cpu_kernels.c`` on first use, loads it
+with ctypes, and wraps its two kernels in autograd Functions:
+
+- :class:`SelectiveScanCPU`: the fused selective scan (backend ``"cpu"`` of
+  :mod:`models.kernels.selective_scan`): softplus, the recurrence, the D skip and the
+  SiLU gate in one pass, time-major, with a hand-written backward;
+- :class:`CausalConv1dCPU`: the block's causal depthwise conv + SiLU, time-major.
+
+Why C: on CPU the blockwise PyTorch scan spends its time launching a few tiny ops per time
+step, and the ops around it (transposes to (batch, dim, L), softplus, gate) are whole passes
+over memory, forward and backward (profile in ``docs/RESULTS.md``). The C source is the
+maths of the paper written once per step; see the comment at its top.
+
+Building needs only a C compiler (``$CC`` or ``cc``), no PyTorch headers: it takes under a
+second. The library is cached under ``$SSM_WORKBENCH_KERNEL_CACHE`` (default
+``$XDG_CACHE_HOME/ssm-workbench/kernels`` or ``~/.cache/ssm-workbench/kernels``), named by a
+hash of the sources, the compiler, the flags and this CPU's feature flags, so a home
+directory shared by different machines never loads a binary built for another CPU.
+If no compiler works, :func:`load` returns the reason and ``auto`` falls back to the
+``torch`` backend. ``SSM_WORKBENCH_NO_CPU_KERNEL=1`` disables the kernel.
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch
+
+ABI_VERSION = 3
+_MIN_ITEMS = 8           # backward work items per call (at least; see SelectiveScanCPU.backward)
+CHUNK_LEN = 32          # steps between stored states; backward recomputes a chunk at a time
+_SRC_DIR = Path(__file__).parent / "csrc"
+_SOURCES = ("cpu_kernels.c", "selective_scan_impl.h", "causal_conv1d_impl.h")
+_BASE_FLAGS = ["-O3", "-std=c11", "-fPIC", "-shared", "-pthread", "-fno-math-errno",
+               "-fopenmp-simd"]
+# Tried in order; the first that compiles and links wins. libmvec gives vectorised exp();
+# -fopenmp shares PyTorch's OpenMP thread pool (see cpu_kernels.c).
+_FLAG_SETS = (
+    ["-march=native", "-fopenmp", "-DSCAN_VECTOR_EXP", "-lmvec"],
+    ["-march=native", "-fopenmp"],
+    ["-march=native"],
+    [],
+)
+
+_loaded: tuple[ctypes.CDLL | None, str] | None = None
+
+
+def _cpu_signature() -> str:
+    """What the compiled code depends on besides its sources: the CPU's feature flags."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")):
+                return line
+    except OSError:
+        pass
+    return platform.machine() + platform.processor()
+
+
+def cache_dir() -> Path:
+    env = os.environ.get("SSM_WORKBENCH_KERNEL_CACHE")
+    if env:
+        return Path(env)
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "ssm-workbench" / "kernels"
+
+
+def _compiler() -> str | None:
+    return shutil.which(os.environ.get("CC", "cc"))
+
+
+def _compile(cc: str, out: Path, extra: list[str]) -> str:
+    """Compile to ``out`` atomically; returns "" on success, else the compiler's complaint."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
+    os.close(fd)
+    cmd = [cc, *_BASE_FLAGS, f"-I{_SRC_DIR}", "-o", tmp, str(_SRC_DIR / _SOURCES[0]),
+           *extra, "-lm"]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        os.unlink(tmp)
+        return f"{type(exc).__name__}: {exc}"
+    if proc.returncode != 0:
+        os.unlink(tmp)
+        return (proc.stderr.strip().splitlines() or ["failed"])[-1][:300]
+    os.replace(tmp, out)  # atomic: a concurrent process sees no half-written library
+    return ""
+
+
+def _build_and_load() -> tuple[ctypes.CDLL | None, str]:
+    if os.environ.get("SSM_WORKBENCH_NO_CPU_KERNEL", "") not in ("", "0"):
+        return None, "disabled by SSM_WORKBENCH_NO_CPU_KERNEL"
+    cc = _compiler()
+    if cc is None:
+        return None, "no C compiler found ($CC or cc)"
+    try:
+        version = subprocess.run([cc, "--version"], capture_output=True, text=True,
+                                 timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return None, f"C compiler {cc} does not run: {exc}"
+    sources = b"".join((_SRC_DIR / name).read_bytes() for name in _SOURCES)
+    errors = []
+    for extra in _FLAG_SETS:
+        key = hashlib.sha256(b"\0".join([
+            sources, cc.encode(), version.encode(), " ".join(_BASE_FLAGS + extra).encode(),
+            _cpu_signature().encode()])).hexdigest()[:20]
+        for directory in (cache_dir(), Path(tempfile.gettempdir()) / "ssm-workbench-kernels"):
+            path = directory / f"cpu_kernels-{key}.so"
+            try:
+                if not path.exists():
+                    err = _compile(cc, path, extra)
+                    if err:
+                        errors.append(f"{' '.join(extra) or 'plain'}: {err}")
+                        break  # these flags fail anywhere; try the next set
+                lib = ctypes.CDLL(str(path))
+            except OSError as exc:  # unwritable cache dir, or a library that will not load
+                errors.append(f"{path}: {exc}")
+                continue
+            if lib.ss_abi_version() != ABI_VERSION:
+                errors.append(f"{path}: ABI {lib.ss_abi_version()} != {ABI_VERSION}")
+                continue
+            _declare(lib)
+            return lib, ""
+    return None, "building the CPU kernels failed: " + "; ".join(errors)
+
+
+def _declare(lib: ctypes.CDLL) -> None:
+    for sfx in ("f32", "f64"):
+        for kind in ("ss_fwd", "ss_bwd", "conv_fwd", "conv_bwd"):
+            fn = getattr(lib, f"{kind}_{sfx}")
+            fn.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_long)]
+            fn.restype = ctypes.c_int
+
+
+def load() -> tuple[ctypes.CDLL | None, str]:
+    """(the kernel library, "") or (None, why it is unavailable). Built at most once per process."""
+    global _loaded
+    if _loaded is None:
+        _loaded = _build_and_load()
+    return _loaded
+
+
+def available() -> bool:
+    return load()[0] is not None
+
+
+def unavailable_reason() -> str:
+    return load()[1]
+
+
+_SUFFIX = {torch.float32: "f32", torch.float64: "f64"}
+
+
+def _call(lib: ctypes.CDLL, kind: str, dtype: torch.dtype, tensors: list, sizes: list[int]) -> None:
+    """Call <kind>_<type> with the pointer and size arrays described in the C file."""
+    ptrs = (ctypes.c_void_p * len(tensors))(*[None if t is None else t.data_ptr() for t in tensors])
+    longs = (ctypes.c_long * len(sizes))(*sizes)
+    if getattr(lib, f"{kind}_{_SUFFIX[dtype]}")(ptrs, longs) != 0:
+        raise MemoryError(f"CPU kernel {kind}: could not allocate a work buffer")
+
+
+def _library_for(*tensors: torch.Tensor | None) -> ctypes.CDLL:
+    """The loaded library, after checking the tensors are float32/float64 on the CPU."""
+    lib = load()[0]
+    if lib is None:
+        raise RuntimeError(f"CPU kernels unavailable: {unavailable_reason()}")
+    given = [t for t in tensors if t is not None]
+    if given[0].dtype not in _SUFFIX or any(t.device.type != "cpu" for t in given):
+        raise RuntimeError(f"CPU kernels take float32/float64 CPU tensors, got "
+                           f"{given[0].dtype} on {given[0].device}")
+    return lib
+
+
+def _time_strides(t: torch.Tensor | None) -> list[int]:
+    """(batch, time) strides of a (batch, L, C) tensor whose last axis is contiguous."""
+    return [0, 0] if t is None else [t.stride(0), t.stride(1)]
+
+
+def _rows_contiguous(t: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
+    """``t`` in ``dtype`` with a unit stride on its last axis (copied only if needed)."""
+    if t is None:
+        return None
+    t = t.to(dtype)
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
+class SelectiveScanCPU(torch.autograd.Function):
+    """Fused scan, time-major. forward(u, delta, A, B, C, D, z, delta_bias, h0, softplus,
+    chunk_len) -> (out, h_last):
+
+      u, delta, z: (batch, L, dim)  (delta raw: the kernel adds delta_bias, applies softplus)
+      A: (dim, N); B, C: (batch, L, N); D, delta_bias: (dim,) or None; h0: (batch, dim, N)
+      out: (batch, L, dim) = (C_t . h_t + D u_t) * silu(z_t); h_last: (batch, dim, N)
+
+    Inputs may be strided views (e.g. slices of a projection's output) as long as their
+    last axis is contiguous. float32 / float64 CPU tensors. Saves the inputs and the state
+    at every ``chunk_len``-th step: (batch, L / chunk_len, N, dim).
+    """
+
+    @staticmethod
+    def forward(ctx, u, delta, A, B, C, D, z, delta_bias, h0, softplus, chunk_len):
+        lib = _library_for(u, delta, A, B, C, D, z, delta_bias, h0)
+        dtype = u.dtype
+        batch, L, dim = u.shape
+        N = A.shape[1]
+        u, delta, z, B, C = (_rows_contiguous(t, dtype) for t in (u, delta, z, B, C))
+        At = A.to(dtype).t().contiguous()
+        D, delta_bias, h0 = (None if t is None else t.to(dtype).contiguous()
+                             for t in (D, delta_bias, h0))
+        out = u.new_empty(batch, L, dim)
+        h_last = u.new_zeros(batch, dim, N) if h0 is None else h0.clone()
+        needs_grad = any(ctx.needs_input_grad[:9])
+        n_chunks = -(-L // chunk_len)
+        ckpt = u.new_empty(batch, n_chunks, N, dim) if needs_grad else None
+        sizes = [batch, L, dim, N, chunk_len, int(softplus), *_time_strides(u),
+                 *_time_strides(delta), *_time_strides(z), *_time_strides(B),
+                 *_time_strides(C), torch.get_num_threads()]
+        if L > 0 and batch * dim > 0:
+            _call(lib, "ss_fwd", dtype, [u, delta, z, At, B, C, D, delta_bias, h0, out, h_last, ckpt],
+                  sizes)
+        if needs_grad:
+            ctx.save_for_backward(u, delta, z, At, B, C, D, delta_bias, ckpt)
+            ctx.sizes = sizes
+            ctx.has = (D is not None, z is not None, delta_bias is not None, h0 is not None)
+        return out, h_last
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, dout, dh_last):
+        lib = load()[0]
+        u, delta, z, At, B, C, D, delta_bias, ckpt = ctx.saved_tensors
+        has_D, has_z, has_bias, has_h0 = ctx.has
+        batch, L, dim = u.shape
+        N = At.shape[0]
+        threads = torch.get_num_threads()
+        # Channel groups per batch row, so that there are work items for up to 16 threads.
+        # Each item writes its own (L, N) sums of dB and dC over its channels (added up
+        # below). G depends on the shapes only, never on the thread count, so results are
+        # bitwise the same on any machine.
+        n_tiles = -(-dim // 16)
+        G = max(1, min(n_tiles, -(-_MIN_ITEMS // batch)))
+        dout = u.new_zeros(batch, L, dim) if dout is None else dout.to(u.dtype).contiguous()
+        dh = None if dh_last is None else dh_last.to(u.dtype).contiguous()
+        du, ddelta = u.new_empty(batch, L, dim), u.new_empty(batch, L, dim)
+        dz = u.new_empty(batch, L, dim) if has_z else None
+        dA_part = u.new_empty(batch, dim, N)
+        dD_part, dbias_part = u.new_empty(batch, dim), u.new_empty(batch, dim)
+        dB_part, dC_part = u.new_empty(batch * G, L, N), u.new_empty(batch * G, L, N)
+        dh0 = u.new_zeros(batch, dim, N) if dh is None else dh.clone()
+        sizes = list(ctx.sizes)
+        sizes[16] = threads
+        if L > 0 and batch * dim > 0:
+            _call(lib, "ss_bwd", u.dtype,
+                  [u, delta, z, At, B, C, D, delta_bias, None, None, None, ckpt, dout, dh,
+                   du, ddelta, dz, dA_part, dD_part, dbias_part, dB_part, dC_part, dh0],
+                  sizes + [G])
+        else:
+            for t in (du, ddelta, dA_part, dD_part, dbias_part, dB_part, dC_part) + ((dz,) if has_z else ()):
+                t.zero_()
+        dB = dB_part.view(batch, G, L, N).sum(1)
+        dC = dC_part.view(batch, G, L, N).sum(1)
+        return (du, ddelta, dA_part.sum(0), dB, dC, dD_part.sum(0) if has_D else None, dz,
+                dbias_part.sum(0) if has_bias else None, dh0 if has_h0 else None, None, None)
+
+
+class CausalConv1dCPU(torch.autograd.Function):
+    """Causal depthwise conv, time-major: forward(x, weight, bias, left, silu) -> out.
+
+      x: (batch, L, dim), last axis contiguous (a strided view is fine);
+      weight: (dim, 1, k) as in ``nn.Conv1d(dim, dim, k, groups=dim)``; bias: (dim,) or None;
+      left: (batch, k - 1, dim), the inputs before t = 0 (None = zeros);
+      out[b, t] = act(bias + sum_j weight[:, 0, j] * x[b, t - (k - 1) + j]), act = SiLU or identity.
+    """
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, left, silu):
+        lib = _library_for(x, weight, bias, left)
+        dtype = x.dtype
+        batch, L, dim = x.shape
+        k = weight.shape[-1]
+        x = _rows_contiguous(x, dtype)
+        wt = weight.to(dtype).reshape(dim, k).t().contiguous()         # (k, dim)
+        bias = None if bias is None else bias.to(dtype).contiguous()
+        left = None if left is None else left.to(dtype).contiguous()
+        out = x.new_empty(batch, L, dim)
+        sizes = [batch, L, dim, k, int(silu), *_time_strides(x), torch.get_num_threads()]
+        if out.numel():
+            _call(lib, "conv_fwd", dtype, [x, wt, bias, left, out], sizes)
+        ctx.save_for_backward(x, wt, bias, left)
+        ctx.sizes = sizes
+        return out
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, dout):
+        x, wt, bias, left = ctx.saved_tensors
+        batch, L, dim = x.shape
+        k = wt.shape[0]
+        dout = dout.to(x.dtype).contiguous()
+        dx = x.new_empty(batch, L, dim)                                  # all written by the kernel
+        dwt_part, dbias_part = x.new_empty(batch, k, dim), x.new_empty(batch, dim)
+        dleft = None if left is None else x.new_zeros(batch, k - 1, dim)
+        work = x.new_empty(batch, L, dim)
+        sizes = list(ctx.sizes)
+        sizes[-1] = torch.get_num_threads()
+        if dx.numel():
+            _call(load()[0], "conv_bwd", x.dtype,
+                  [x, wt, bias, left, None, dout, dx, dwt_part, dbias_part, dleft, work], sizes)
+        dweight = dwt_part.sum(0).t().reshape(dim, 1, k)
+        return dx, dweight, None if bias is None else dbias_part.sum(0), dleft, None

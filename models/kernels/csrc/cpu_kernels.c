@@ -1,0 +1,139 @@
+/*
+ * CPU kernels of the Mamba block, loaded by models/kernels/cpu_kernels.py: the causal
+ * depthwise conv (causal_conv1d_impl.h, documented there) and the fused selective scan
+ * (S6, Gu & Dao 2023; selective_scan_impl.h), forward and hand-written backward of
+ *
+ *   delta_t = softplus(delta_raw_t + delta_bias)       (or without softplus)
+ *   h_t     = exp(delta_t * A) * h_{t-1} + delta_t * u_t * B_t
+ *   out_t   = (C_t . h_t + D * u_t) * silu(z_t)        (z optional, D optional)
+ *
+ * for every batch row b and channel d (A: per channel and state index n; B_t, C_t: per b, t).
+ * models/kernels/cpu_kernels.py builds this file with the system C compiler and calls it
+ * through ctypes (backend "cpu" of models/kernels/selective_scan.py).
+ *
+ * Why it exists: in PyTorch the recurrence is a chain of tiny ops per time step and launch
+ * overhead, not arithmetic, sets the speed; around it, softplus, the D skip and the gate
+ * are separate passes over (batch, L, dim) tensors, forward and backward. Here a work item
+ * is one batch row and a tile of W channels: its state h (N, W) stays in cache, every
+ * loop over the W lanes is vectorised (exp() too, with glibc's libmvec when
+ * SCAN_VECTOR_EXP is defined), no reduction crosses lanes, and items run in parallel.
+ *
+ * Layout: time-major, as the Mamba block produces its tensors, so no transposes are needed:
+ *   u, delta, z : element (b, t, d) at b * s_b + t * s_t + d      (channels contiguous)
+ *   B, C        : element (b, t, n) at b * s_b + t * s_t + n      (views of x_proj's output)
+ *   At          : (N, dim) contiguous (A transposed), D, delta_bias: (dim,)
+ *   out, dout, du, ddelta, dz : (batch, L, dim) contiguous
+ *   h0, h_last, dh_last, dh0, dA_part : (batch, dim, N) contiguous
+ *   dD_part, dbias_part : (batch, dim)    (caller sums over batch)
+ *   ckpt        : (batch, n_chunks, N, dim), the state h_{t-1} at every chunk start t = cK
+ *   dB_part, dC_part : (batch * G, L, N): each work item's sum over its channels
+ * Backward recomputes each chunk of K steps from its checkpoint (memory O(L / K), not O(L)),
+ * then runs the adjoint recurrence g_t = dL/dh_t = C_t dy_t + exp(delta_{t+1} A) g_{t+1}
+ * backwards through it. Every number is written by exactly one work item, so results do
+ * not depend on thread timing.
+ *
+ * Entry points take arrays, so the Python side stays one list per call:
+ *   p (pointers): 0 u, 1 delta, 2 z|NULL, 3 At, 4 B, 5 C, 6 D|NULL, 7 delta_bias|NULL,
+ *                 8 h0|NULL, 9 out, 10 h_last, 11 ckpt|NULL (forward: NULL = no backward);
+ *                 backward adds 12 dout, 13 dh_last|NULL, 14 du, 15 ddelta, 16 dz|NULL,
+ *                 17 dA_part, 18 dD_part, 19 dbias_part, 20 dB_part, 21 dC_part, 22 dh0
+ *   s (sizes):    0 batch, 1 L, 2 dim, 3 N, 4 K, 5 softplus, 6-7 u strides (b, t),
+ *                 8-9 delta strides, 10-11 z strides, 12-13 B strides, 14-15 C strides,
+ *                 16 threads, 17 G (backward: channel groups per batch row)
+ * Functions return 0 on success, -1 when a work buffer cannot be allocated.
+ */
+#include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifdef SCAN_VECTOR_EXP
+/* Declare glibc's vector variants (libmvec) so the compiler may call them from
+ * vectorised loops; math.h only does this under -ffast-math, which we avoid because it
+ * would also change NaN semantics and the process-wide denormal mode. */
+float expf(float) __attribute__((simd("notinbranch")));
+double exp(double) __attribute__((simd("notinbranch")));
+float log1pf(float) __attribute__((simd("notinbranch")));
+double log1p(double) __attribute__((simd("notinbranch")));
+#endif
+
+/* lanes per tile: one AVX-512 register of floats; plain loops, so any ISA works */
+#define W 16
+
+/* ---- parallel loop over work items ----
+ * With OpenMP the items run on the OpenMP runtime that PyTorch already loaded (same
+ * soname, libgomp.so.1, so the dynamic loader reuses it): one thread pool for both, where a
+ * private pool would fight PyTorch's spin-waiting OpenMP threads for the cores (measured:
+ * 2 threads gave no speed-up that way). Without OpenMP, a minimal pthread pool. */
+
+typedef void (*item_fn)(const void *args, long item);
+
+#ifdef _OPENMP
+#include <omp.h>
+
+static void run_parallel(item_fn fn, const void *args, long n_items, int n_threads) {
+    if (n_threads < 1) n_threads = 1;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(n_threads)
+    for (long i = 0; i < n_items; i++) fn(args, i);
+}
+#else
+typedef struct {
+    item_fn fn;
+    const void *args;
+    long n_items;
+    atomic_long next;
+} pool_t;
+
+static void *pool_worker(void *p) {
+    pool_t *pool = (pool_t *)p;
+    long i;
+    while ((i = atomic_fetch_add(&pool->next, 1)) < pool->n_items) pool->fn(pool->args, i);
+    return NULL;
+}
+
+static void run_parallel(item_fn fn, const void *args, long n_items, int n_threads) {
+    pool_t pool;
+    pool.fn = fn;
+    pool.args = args;
+    pool.n_items = n_items;
+    atomic_init(&pool.next, 0);
+    if (n_threads > n_items) n_threads = (int)n_items;
+    if (n_threads < 1) n_threads = 1;
+    if (n_threads > 256) n_threads = 256;
+    pthread_t th[256];
+    int started = 0;
+    for (int k = 1; k < n_threads; k++) {
+        if (pthread_create(&th[started], NULL, pool_worker, &pool) == 0) started++;
+    }
+    pool_worker(&pool); /* this thread works too; if no thread could start, it does all */
+    for (int k = 0; k < started; k++) pthread_join(th[k], NULL);
+}
+#endif
+
+/* ---- the kernels, once per scalar type ---- */
+
+#define SCALAR float
+#define EXP expf
+#define LOG1P log1pf
+#define SFX(name) name##_f32
+#include "selective_scan_impl.h"
+#include "causal_conv1d_impl.h"
+#undef SCALAR
+#undef EXP
+#undef LOG1P
+#undef SFX
+
+#define SCALAR double
+#define EXP exp
+#define LOG1P log1p
+#define SFX(name) name##_f64
+#include "selective_scan_impl.h"
+#include "causal_conv1d_impl.h"
+#undef SCALAR
+#undef EXP
+#undef LOG1P
+#undef SFX
+
+/* ABI version: the Python loader refuses a library whose version differs. */
+int ss_abi_version(void) { return 3; }

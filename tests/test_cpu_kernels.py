@@ -1,0 +1,221 @@
+"""The C kernels of the Mamba block (backend "cpu"): the fused selective scan and the causal
+conv, against the sequential reference and PyTorch's conv1d; building, caching, fallback."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from models.kernels import cpu_kernels
+from models.kernels import selective_scan as ss
+from tests.test_selective_scan import OPTION_SETS, assert_close, check_against_ref, make_inputs, run
+
+F64 = torch.float64
+
+needs_kernel = pytest.mark.skipif(not cpu_kernels.available(),
+                                  reason=f"CPU kernels unavailable: {cpu_kernels.unavailable_reason()}")
+
+
+def _positive_delta(inputs):
+    for k in ("delta", "delta_bias"):
+        inputs[k] = inputs[k].detach().abs().requires_grad_()
+    return inputs
+
+
+# ---------------------------------------------------------------------------------------
+# the scan
+# ---------------------------------------------------------------------------------------
+
+@needs_kernel
+@pytest.mark.parametrize("length", [1, 31, 32, 33, 70])
+@pytest.mark.parametrize("use,softplus,last", OPTION_SETS)
+def test_cpu_scan_matches_ref_forward_and_backward(length, use, softplus, last):
+    """float64 to 1e-8 relative, every output and gradient; lengths around the chunk (32)."""
+    inputs = make_inputs(length=length, seed=length)
+    if not softplus:
+        _positive_delta(inputs)
+    check_against_ref(ss.selective_scan_fn, inputs, use, softplus, last, backend="cpu")
+
+
+@needs_kernel
+@pytest.mark.parametrize("threads", [1, 2])
+def test_many_tiles_and_channel_groups(threads):
+    """37 channels = two full tiles of 16 and a tail of 5; batch 3 with 2 threads splits each
+    batch row into channel groups whose dB / dC partial sums are added up."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        inputs = make_inputs(batch=3, dim=37, state=16, length=45, seed=11)
+        check_against_ref(ss.selective_scan_fn, inputs, ("D", "z", "delta_bias", "initial_state"),
+                          True, True, backend="cpu")
+    finally:
+        torch.set_num_threads(before)
+
+
+@needs_kernel
+def test_results_do_not_depend_on_thread_count():
+    inputs = make_inputs(batch=2, dim=40, state=4, length=50, seed=12, dtype=torch.float32)
+    use = ("D", "z", "delta_bias")
+    before = torch.get_num_threads()
+    results = []
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            results.append(run(ss.selective_scan_fn, inputs, use, True, False, backend="cpu"))
+    finally:
+        torch.set_num_threads(before)
+    (out1, g1), (out2, g2) = results
+    assert torch.equal(out1[0], out2[0])
+    for name in g1:
+        assert torch.equal(g1[name], g2[name]), name
+
+
+@needs_kernel
+def test_time_major_strided_views_equal_contiguous_copies():
+    """The Mamba block hands the kernel slices of projection outputs (row strides != dim)."""
+    g = torch.Generator().manual_seed(3)
+    b, L, d, N = 2, 19, 20, 4
+    xz = torch.randn(b, L, 2 * d, generator=g, dtype=F64, requires_grad=True)
+    dbl = torch.randn(b, L, 3 + 2 * N, generator=g, dtype=F64, requires_grad=True)
+    u, z = xz[..., :d], xz[..., d:]
+    B, C = dbl[..., 3:3 + N], dbl[..., 3 + N:]
+    delta = torch.randn(b, L, d, generator=g, dtype=F64)
+    A = -torch.rand(d, N, generator=g, dtype=F64) - 0.1
+    D, bias = torch.randn(d, generator=g, dtype=F64), torch.randn(d, generator=g, dtype=F64)
+    w = torch.randn(b, L, d, generator=g, dtype=F64)
+
+    def loss(u, z, B, C):
+        out = ss.selective_scan_tm(u, delta, A, B, C, D, z, bias, True, backend="cpu")
+        return (out * w).sum(), out
+
+    (l1, o1), (l2, o2) = loss(u, z, B, C), loss(*(t.contiguous() for t in (u, z, B, C)))
+    assert_close(o1, o2, 1e-14)
+    ref = ss.selective_scan_ref(u.transpose(1, 2), delta.transpose(1, 2), A, B.transpose(1, 2),
+                                C.transpose(1, 2), D, z.transpose(1, 2), bias, True)
+    assert_close(ref.transpose(1, 2), o1)
+    g1 = torch.autograd.grad(l1, [xz, dbl])
+    g2 = torch.autograd.grad(l2, [xz, dbl])
+    for a, b_ in zip(g1, g2):
+        assert_close(a, b_, 1e-14)
+
+
+@needs_kernel
+def test_time_major_entry_matches_for_every_backend():
+    """selective_scan_tm gives the same answer whichever backend runs it."""
+    x = make_inputs(batch=2, dim=6, state=3, length=25, seed=9)
+    args = {k: x[k].detach() for k in ("u", "delta", "A", "B", "C", "D", "z", "delta_bias")}
+    tm = {k: (v.transpose(1, 2) if v.dim() == 3 else v) for k, v in args.items()}
+    outs = {be: ss.selective_scan_tm(**tm, delta_softplus=True, backend=be) for be in ("cpu", "torch", "ref")}
+    assert outs["cpu"].shape == (2, 25, 6)
+    assert_close(outs["ref"], outs["cpu"])
+    assert_close(outs["ref"], outs["torch"])
+
+
+@needs_kernel
+def test_nan_in_the_input_reaches_the_output_and_gradients():
+    """The trainer stops a run on a NaN loss: the kernel must not swallow NaNs."""
+    x = make_inputs(length=12, seed=5)
+    args = {k: x[k].detach().clone() for k in ("u", "delta", "A", "B", "C", "D")}
+    args["u"][0, 1, 3] = float("nan")
+    nan_maps = []
+    for backend in ("ref", "cpu"):
+        inputs = {k: v.clone().requires_grad_() for k, v in args.items()}
+        out = ss.selective_scan_fn(**inputs, delta_softplus=True, backend=backend)
+        out.sum().backward()
+        nan_maps.append([torch.isnan(out)] + [torch.isnan(v.grad) for v in inputs.values()])
+    ref_map, cpu_map = nan_maps
+    assert cpu_map[0][0, 1, 3:].all() and not cpu_map[0][1].any()   # NaN from t = 3 on, row 0
+    assert any(m.any() for m in cpu_map[1:])                        # and in the gradients
+    for a, b in zip(ref_map, cpu_map):
+        assert torch.equal(a, b)
+
+
+@needs_kernel
+def test_no_grad_forward_stores_nothing_and_empty_sequences_work():
+    x = make_inputs(length=9, seed=1)
+    args = {k: x[k].detach() for k in ("u", "delta", "A", "B", "C")}
+    with torch.no_grad():
+        out = ss.selective_scan_fn(**args, backend="cpu")
+    assert_close(ss.selective_scan_ref(**args), out)
+    empty = {k: (v[..., :0] if v.dim() == 3 else v) for k, v in args.items()}
+    out, last = ss.selective_scan_fn(**empty, backend="cpu", return_last_state=True,
+                                     initial_state=x["initial_state"].detach())
+    assert out.shape == (2, 5, 0) and torch.equal(last, x["initial_state"].detach())
+
+
+# ---------------------------------------------------------------------------------------
+# the conv
+# ---------------------------------------------------------------------------------------
+
+@needs_kernel
+@pytest.mark.parametrize("k", [1, 2, 4])
+@pytest.mark.parametrize("silu", [True, False])
+@pytest.mark.parametrize("with_left", [True, False])
+def test_causal_conv_matches_conv1d(k, silu, with_left):
+    g = torch.Generator().manual_seed(k)
+    b, L, d = 2, 9, 19
+    xz = torch.randn(b, L, 2 * d, generator=g, dtype=F64, requires_grad=True)
+    x = xz[..., :d]                                            # a strided view, as in Mamba
+    w = torch.randn(d, 1, k, generator=g, dtype=F64, requires_grad=True)
+    bias = torch.randn(d, generator=g, dtype=F64, requires_grad=True)
+    left = (torch.randn(b, k - 1, d, generator=g, dtype=F64, requires_grad=True) if with_left
+            else None)
+    out = cpu_kernels.CausalConv1dCPU.apply(x, w, bias, left, silu)
+    padded = torch.cat([left if with_left else x.new_zeros(b, k - 1, d), x], 1)
+    ref = F.conv1d(padded.transpose(1, 2), w, bias, groups=d).transpose(1, 2)
+    ref = F.silu(ref) if silu else ref
+    assert_close(ref, out, 1e-13)
+    dout = torch.randn(b, L, d, generator=g, dtype=F64)
+    ins = [xz, w, bias] + ([left] if with_left else [])
+    for a, r in zip(torch.autograd.grad(out, ins, dout), torch.autograd.grad(ref, ins, dout)):
+        assert a.shape == r.shape
+        if r.numel():                                          # left is empty when k = 1
+            assert_close(r, a, 1e-13)
+
+
+# ---------------------------------------------------------------------------------------
+# dispatch, building, fallback
+# ---------------------------------------------------------------------------------------
+
+@needs_kernel
+def test_auto_picks_the_kernel_on_cpu():
+    assert ss.choose_backend("auto", "cpu") == "cpu"
+    assert ss.choose_backend("auto", "cpu", initial_state=True) == "cpu"
+    with pytest.raises(RuntimeError, match="needs CPU tensors"):
+        ss.choose_backend("cpu", "cuda")
+
+
+def test_without_the_kernel_auto_falls_back_to_torch(monkeypatch):
+    from models.mamba import Mamba
+
+    monkeypatch.setattr(cpu_kernels, "_loaded", (None, "no C compiler found ($CC or cc)"))
+    assert ss.choose_backend("auto", "cpu") == "torch"
+    assert Mamba(8, d_state=4).backend == "torch"
+    with pytest.raises(RuntimeError, match="'cpu' unavailable: no C compiler"):
+        ss.choose_backend("cpu", "cpu")
+
+
+def test_build_caches_by_content_and_reports_failures(monkeypatch, tmp_path):
+    real_compile = cpu_kernels._compile
+    monkeypatch.setenv("SSM_WORKBENCH_KERNEL_CACHE", str(tmp_path))
+    monkeypatch.delenv("SSM_WORKBENCH_NO_CPU_KERNEL", raising=False)
+    if cpu_kernels._compiler() is None:
+        lib, reason = cpu_kernels._build_and_load()
+        assert lib is None and "no C compiler" in reason
+        return
+    lib, reason = cpu_kernels._build_and_load()
+    assert lib is not None and reason == ""
+    built = list(tmp_path.glob("cpu_kernels-*.so"))
+    assert len(built) == 1
+    # a second process (here: a second load) reuses the file instead of compiling
+    monkeypatch.setattr(cpu_kernels, "_compile", lambda *a: pytest.fail("compiled again"))
+    assert cpu_kernels._build_and_load()[0] is not None
+    # a broken compiler is reported, not raised
+    monkeypatch.setenv("SSM_WORKBENCH_KERNEL_CACHE", str(tmp_path / "other"))
+    monkeypatch.setenv("CC", "/bin/false")
+    monkeypatch.setattr(cpu_kernels, "_compile", real_compile)
+    lib, reason = cpu_kernels._build_and_load()
+    assert lib is None and reason.startswith("building the CPU kernels failed")
+    monkeypatch.setenv("SSM_WORKBENCH_NO_CPU_KERNEL", "1")
+    assert cpu_kernels._build_and_load() == (None, "disabled by SSM_WORKBENCH_NO_CPU_KERNEL")
+
