@@ -46,6 +46,21 @@ def test_main_json_stream_only(capsys):
     assert row["seconds"] > 0 and row["peak_rss_mib"] > 0
 
 
+def test_main_scan_kernel_table_only(capsys):
+    """--scan-backends alone: one row per (backend, length), speed-up over the first backend."""
+    rc = bench.main(["--scan-backends", "ref,torch", "--seq-lens", "16,24", "--batch", "1",
+                     "--d-model", "4", "--repeats", "1", "--warmup", "0", "--format", "json"])
+    doc = json.loads(capsys.readouterr().out)
+    assert rc == 0 and doc["runs"] == [] and doc["stream"] == []
+    rows = doc["scan"]
+    assert [(r["backend"], r["seq_len"]) for r in rows] == [
+        ("ref", 16), ("ref", 24), ("torch", 16), ("torch", 24)]
+    assert all(set(bench.SCAN_COLUMNS) <= set(r) for r in rows)
+    assert rows[0]["x_first"] == 1.0 and rows[0]["dim"] == 8
+    # x_first is rounded to 0.1 from the rounded times
+    assert rows[2]["x_first"] == pytest.approx(rows[0]["fwd_bwd_ms"] / rows[2]["fwd_bwd_ms"], abs=0.051)
+
+
 def test_measure_one_in_process():
     spec = dict(kind="train", model="s6", label="s6", options={"backend": "torch"}, seq_len=16,
                 batch=2, d_model=8, n_layers=1, repeats=2, warmup=1, device="cpu")

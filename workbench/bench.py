@@ -17,6 +17,11 @@ x: (batch, seq_len, d_model):
                 ``torch.cuda.max_memory_allocated`` minus the allocation before it.
                 A fresh process per config because RSS peaks never go down within one.
 
+``--scan-backends ref,torch,cpu`` measures the selective scan alone (S6's kernel, as Mamba
+calls it: softplus, D skip and gate included) on u, delta, z: (batch, 2 * d_model, seq_len),
+B, C: (batch, 16, seq_len), for each backend and length: forward + backward, forward, peak
+memory, and the speed-up over the first backend listed (``x_first``).
+
 ``--stream-tokens N`` runs the mamba backbone (``--n-layers``, ``--d-model``) over N tokens at
 batch 1 in chunks of ``--stream-chunk`` (or token by token with ``--stream-mode step``),
 carrying only the recurrent state, and reports wall time, tokens/s and peak RSS.
@@ -37,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 COLUMNS = ["model", "seq_len", "backend", "params", "fwd_bwd_ms", "infer_ms", "train_tok_s", "peak_mib"]
+SCAN_COLUMNS = ["kernel", "seq_len", "backend", "fwd_bwd_ms", "fwd_ms", "peak_mib", "x_first"]
 STREAM_COLUMNS = ["model", "tokens", "mode", "chunk_len", "backend", "seconds", "tok_s", "peak_rss_mib", "extra_mib"]
 _REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -137,6 +143,43 @@ def measure_one(spec: dict[str, Any]) -> dict[str, Any]:
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
     }
+
+
+def measure_scan(spec: dict[str, Any]) -> dict[str, Any]:
+    """The selective scan alone, one backend and length, on random inputs (see module doc)."""
+    import torch
+    from models.kernels import selective_scan as ss
+
+    device = _pick_device(spec["device"])
+    g = torch.Generator(device=device).manual_seed(spec.get("seed", 0))
+    batch, dim, N, L = spec["batch"], 2 * spec["d_model"], 16, spec["seq_len"]
+
+    def r(*shape, scale=1.0):
+        return (torch.randn(*shape, generator=g, device=device) * scale).requires_grad_()
+
+    inputs = dict(u=r(batch, dim, L), delta=r(batch, dim, L, scale=0.5),
+                  A=(-torch.arange(1, N + 1, device=device).float().repeat(dim, 1)).requires_grad_(),
+                  B=r(batch, N, L), C=r(batch, N, L), D=r(dim), z=r(batch, dim, L),
+                  delta_bias=r(dim, scale=0.1))
+    weight = torch.randn(batch, dim, L, generator=g, device=device)
+    backend = ss.choose_backend(spec["backend"], device)
+
+    def train_step():
+        out = ss.selective_scan_fn(**inputs, delta_softplus=True, backend=backend)
+        torch.autograd.grad((out * weight).sum(), list(inputs.values()))
+
+    def forward():
+        with torch.no_grad():
+            ss.selective_scan_fn(**inputs, delta_softplus=True, backend=backend)
+
+    rss_before = _rss_mib()
+    train_ms = _median_ms(train_step, spec["repeats"], spec["warmup"], device)
+    peak = _peak_rss_mib() - rss_before
+    fwd_ms = _median_ms(forward, spec["repeats"], spec["warmup"], device)
+    return {"kernel": "selective_scan", "seq_len": L, "backend": backend,
+            "fwd_bwd_ms": round(train_ms, 2), "fwd_ms": round(fwd_ms, 2),
+            "peak_mib": round(peak, 1), "device": str(device), "batch": batch, "dim": dim,
+            "state": N, "threads": torch.get_num_threads()}
 
 
 def measure_stream(spec: dict[str, Any]) -> dict[str, Any]:
@@ -249,6 +292,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="torch intra-op threads in each measuring process (default: torch's)")
     p.add_argument("--format", default="md", choices=["md", "csv", "json"])
     p.add_argument("--timeout", type=float, default=1800, help="seconds per config before giving up")
+    p.add_argument("--scan-backends", type=_csv_list, default=None,
+                   help="measure the selective scan alone with these backends (e.g. ref,torch,cpu)")
     p.add_argument("--stream-tokens", type=_positive, default=None,
                    help="also run the streamed-inference measurement over this many tokens")
     p.add_argument("--stream-chunk", type=_positive, default=4096)
@@ -282,8 +327,8 @@ def plan(args: argparse.Namespace) -> list[dict[str, Any]]:
     """Expand the arguments into one spec per (model, backend, seq_len)."""
     import models
 
-    # with --stream-tokens alone, only the streaming measurement runs
-    names = args.models or ([] if args.stream_tokens else _default_models())
+    # with --stream-tokens or --scan-backends alone, only those measurements run
+    names = args.models or ([] if (args.stream_tokens or args.scan_backends) else _default_models())
     for name in names:
         models.entry(name)  # unknown model: error listing the known ones
     takes = {name: models.entry(name).options() for name in names}
@@ -334,7 +379,8 @@ def main(argv: list[str] | None = None) -> int:
         if spec.get("threads"):
             import torch
             torch.set_num_threads(spec["threads"])
-        result = measure_stream(spec) if spec["kind"] == "stream" else measure_one(spec)
+        measure = {"stream": measure_stream, "scan": measure_scan}.get(spec["kind"], measure_one)
+        result = measure(spec)
         print(json.dumps(result), flush=True)
         return 0
     if args.warmup < 0:
@@ -349,6 +395,21 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(res)
         print(f"  measured {spec['label']} L={spec['seq_len']}", file=sys.stderr, flush=True)
 
+    scan_rows = []
+    for backend in args.scan_backends or []:
+        for L in args.seq_lens:
+            spec = dict(kind="scan", backend=backend, seq_len=L, batch=args.batch,
+                        d_model=args.d_model, repeats=args.repeats, warmup=args.warmup,
+                        device=args.device, threads=args.threads)
+            res = _run_subprocess(spec, args.timeout)
+            scan_rows.append(res if "error" not in res else
+                             {"kernel": "selective_scan", "seq_len": L, "backend": backend, **res})
+            print(f"  measured scan[{backend}] L={L}", file=sys.stderr, flush=True)
+    first = {r["seq_len"]: r.get("fwd_bwd_ms") for r in scan_rows if r["backend"] == scan_rows[0]["backend"]} if scan_rows else {}
+    for r in scan_rows:
+        if r.get("fwd_bwd_ms") and first.get(r["seq_len"]):
+            r["x_first"] = round(first[r["seq_len"]] / r["fwd_bwd_ms"], 1)
+
     stream_rows = []
     if args.stream_tokens:
         spec = dict(kind="stream", model=args.stream_model, options={}, tokens=args.stream_tokens,
@@ -358,13 +419,15 @@ def main(argv: list[str] | None = None) -> int:
         stream_rows.append(res if "error" not in res else {"model": args.stream_model, **res})
 
     if args.format == "json":
-        print(json.dumps({"runs": rows, "stream": stream_rows}, indent=1))
+        print(json.dumps({"runs": rows, "scan": scan_rows, "stream": stream_rows}, indent=1))
     else:
         tables = [format_table(rows, COLUMNS, args.format)] if rows else []
+        if scan_rows:
+            tables.append(format_table(scan_rows, SCAN_COLUMNS, args.format))
         if stream_rows:
             tables.append(format_table(stream_rows, STREAM_COLUMNS, args.format))
         print("\n\n".join(tables))
-    return 1 if any("error" in r for r in rows + stream_rows) else 0
+    return 1 if any("error" in r for r in rows + scan_rows + stream_rows) else 0
 
 if __name__ == "__main__":
     sys.exit(main())
