@@ -40,7 +40,9 @@ static void SFX(unpack)(SFX(args_t) *a, void *const *p, const long *s) {
 static void SFX(load_tile)(const SFX(args_t) *a, long d0, long nw, SCALAR *Av, SCALAR *Dv,
                            SCALAR *biasv) {
     for (long n = 0; n < a->N; n++)
+        #pragma omp simd
         for (long l = 0; l < W; l++) Av[n * W + l] = l < nw ? a->At[n * a->dim + d0 + l] : 0;
+    #pragma omp simd
     for (long l = 0; l < W; l++) {
         Dv[l] = (a->D && l < nw) ? a->D[d0 + l] : 0;
         biasv[l] = (a->bias && l < nw) ? a->bias[d0 + l] : 0;
@@ -49,13 +51,24 @@ static void SFX(load_tile)(const SFX(args_t) *a, long d0, long nw, SCALAR *Av, S
 
 /* Inputs of step t for a tile: u, raw delta, z (zero lanes past the channel end). */
 static inline void SFX(load_step)(const SCALAR *restrict src, long nw, SCALAR *restrict dst) {
+    if (nw == W) {                 /* full tile: one vector copy */
+        memcpy(dst, src, sizeof(SCALAR) * W);
+        return;
+    }
     for (long l = 0; l < W; l++) dst[l] = l < nw ? src[l] : 0;
+}
+
+/* Store the first nw lanes of src (all W of a full tile in one vector copy). */
+static inline void SFX(store_step)(const SCALAR *restrict src, long nw, SCALAR *restrict dst) {
+    if (nw == W) memcpy(dst, src, sizeof(SCALAR) * W);
+    else memcpy(dst, src, sizeof(SCALAR) * nw);
 }
 
 /* h (N, W) <-> a (batch, dim, N) state tensor */
 static void SFX(state_in)(const SCALAR *src, long b, long dim, long N, long d0, long nw,
                           SCALAR *h) {
     for (long n = 0; n < N; n++)
+        #pragma omp simd
         for (long l = 0; l < W; l++)
             h[n * W + l] = (src && l < nw) ? src[((b * dim) + d0 + l) * N + n] : 0;
 }
@@ -90,6 +103,7 @@ static void SFX(fwd_item)(const void *p, long item) {
         }
         SFX(load_step)(a->u + b * a->su_b + t * a->su_t + d0, nw, uv);
         SFX(load_step)(a->delta + b * a->sd_b + t * a->sd_t + d0, nw, dv);
+        #pragma omp simd
         for (long l = 0; l < W; l++) {
             const SCALAR raw = dv[l] + biasv[l];
             dv[l] = a->softplus ? SFX(softplus)(raw) : raw;      /* delta_t */
@@ -102,6 +116,7 @@ static void SFX(fwd_item)(const void *p, long item) {
             const SCALAR Bn = Bt[n], Cn = Ct[n];
             SCALAR *restrict hn = h + n * W;
             const SCALAR *restrict An = Av + n * W;
+            #pragma omp simd
             for (long l = 0; l < W; l++) {
                 hn[l] = EXP(dv[l] * An[l]) * hn[l] + xv[l] * Bn;  /* ZOH for A, Euler for B */
                 yv[l] += Cn * hn[l];
@@ -110,11 +125,13 @@ static void SFX(fwd_item)(const void *p, long item) {
         SCALAR *restrict out = a->out + (b * a->L + t) * dim + d0;
         if (a->z) {
             SFX(load_step)(a->z + b * a->sz_b + t * a->sz_t + d0, nw, zv);
+            #pragma omp simd
             for (long l = 0; l < W; l++) yv[l] = (yv[l] + Dv[l] * uv[l]) * zv[l] * SFX(sigmoid)(zv[l]);
         } else {
+            #pragma omp simd
             for (long l = 0; l < W; l++) yv[l] += Dv[l] * uv[l];
         }
-        for (long l = 0; l < nw; l++) out[l] = yv[l];
+        SFX(store_step)(yv, nw, out);
     }
     if (a->h_last) SFX(state_out)(h, b, dim, N, d0, nw, a->h_last);
     free(buf);
@@ -152,11 +169,13 @@ static void SFX(bwd_recompute)(const SFX(bwd_args_t) *a, long b, long c, long s,
     const long N = f->N, dim = f->dim;
     const SCALAR *src = a->ckpt + ((b * f->n_chunks + c) * N) * dim + d0;
     for (long n = 0; n < N; n++)
+        #pragma omp simd
         for (long l = 0; l < W; l++) hs[n * W + l] = l < nw ? src[n * dim + l] : 0;
     for (long t = 0; t < T; t++) {
         SFX(load_step)(f->u + b * f->su_b + (s + t) * f->su_t + d0, nw, uv);
         SFX(load_step)(f->delta + b * f->sd_b + (s + t) * f->sd_t + d0, nw, dv);
         SCALAR *restrict dt = dtk + t * W, *restrict y = yk + t * W;
+        #pragma omp simd
         for (long l = 0; l < W; l++) {
             const SCALAR raw = dv[l] + biasv[l];
             dt[l] = f->softplus ? SFX(softplus)(raw) : raw;
@@ -229,15 +248,18 @@ static void SFX(bwd_item)(const void *p, long item) {
                 if (f->z) {  /* out = (y + D u) silu(z) */
                     SFX(load_step)(f->z + b * f->sz_b + i * f->sz_t + d0, nw, zv);
                     SCALAR *restrict dz = a->dz + (b * L + i) * dim + d0;
+                    #pragma omp simd
                     for (long l = 0; l < W; l++) {
                         const SCALAR sg = SFX(sigmoid)(zv[l]);  /* silu' = s (1 + z (1 - s)) */
                         dyv[l] = gov[l] * zv[l] * sg;
                         gA[l] = gov[l] * (y[l] + Dv[l] * uv[l]) * sg * (1 + zv[l] * (1 - sg));
                     }
-                    for (long l = 0; l < nw; l++) dz[l] = gA[l];
+                    SFX(store_step)(gA, nw, dz);
                 } else {
+                    #pragma omp simd
                     for (long l = 0; l < W; l++) dyv[l] = gov[l];
                 }
+                #pragma omp simd
                 for (long l = 0; l < W; l++) { gB[l] = 0; gA[l] = 0; dD_acc[l] += dyv[l] * uv[l]; }
                 const SCALAR *restrict Bt = f->B + b * f->sB_b + i * f->sB_t;
                 const SCALAR *restrict Ct = f->C + b * f->sC_b + i * f->sC_t;
@@ -264,6 +286,7 @@ static void SFX(bwd_item)(const void *p, long item) {
                 SCALAR *restrict dd = a->ddelta + (b * L + i) * dim + d0;
                 if (f->softplus)
                     SFX(load_step)(f->delta + b * f->sd_b + i * f->sd_t + d0, nw, dv);
+                #pragma omp simd
                 for (long l = 0; l < W; l++) {
                     const SCALAR ddt = uv[l] * gB[l] + gA[l];           /* dL/d delta_t */
                     gov[l] = dyv[l] * Dv[l] + dt[l] * gB[l];            /* dL/du_t */
@@ -271,7 +294,8 @@ static void SFX(bwd_item)(const void *p, long item) {
                     dv[l] = f->softplus ? ddt * SFX(sigmoid)(dv[l] + biasv[l]) : ddt;
                     dbias_acc[l] += dv[l];
                 }
-                for (long l = 0; l < nw; l++) { du[l] = gov[l]; dd[l] = dv[l]; }
+                SFX(store_step)(gov, nw, du);
+                SFX(store_step)(dv, nw, dd);
             }
         }
         /* dB[b, t, n], dC[b, t, n] of this item: the chunk's lane sums, reduced */
@@ -279,6 +303,7 @@ static void SFX(bwd_item)(const void *p, long item) {
         SCALAR *restrict dCo = a->dC_part + (item * L + s) * N;
         for (long i = 0; i < T * N; i++) {
             SCALAR sb = 0, sc = 0;
+            #pragma omp simd
             for (long l = 0; l < W; l++) { sb += dBc[i * W + l]; sc += dCc[i * W + l]; }
             dBo[i] = sb;
             dCo[i] = sc;
