@@ -32,7 +32,7 @@ from pathlib import Path
 
 import torch
 
-ABI_VERSION = 3
+ABI_VERSION = 4
 _MIN_ITEMS = 8           # backward work items per call (at least; see SelectiveScanCPU.backward)
 CHUNK_LEN = 32          # steps between stored states; backward recomputes a chunk at a time
 _SRC_DIR = Path(__file__).parent / "csrc"
@@ -182,6 +182,18 @@ def _time_strides(t: torch.Tensor | None) -> list[int]:
     return [0, 0] if t is None else [t.stride(0), t.stride(1)]
 
 
+def _strides3(t: torch.Tensor | None) -> list[int]:
+    """(batch, time, channel) strides of a (batch, L, dim) tensor (any layout)."""
+    return [0, 0, 0] if t is None else list(t.stride())
+
+
+def _new_btd(like: torch.Tensor, batch: int, L: int, dim: int, channel_major: bool) -> torch.Tensor:
+    """An empty (batch, L, dim) tensor, stored as (batch, dim, L) when ``channel_major``."""
+    if channel_major:
+        return like.new_empty(batch, dim, L).transpose(1, 2)
+    return like.new_empty(batch, L, dim)
+
+
 def _rows_contiguous(t: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
     """``t`` in ``dtype`` with a unit stride on its last axis (copied only if needed)."""
     if t is None:
@@ -191,36 +203,41 @@ def _rows_contiguous(t: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor
 
 
 class SelectiveScanCPU(torch.autograd.Function):
-    """Fused scan, time-major. forward(u, delta, A, B, C, D, z, delta_bias, h0, softplus,
-    chunk_len) -> (out, h_last):
+    """Fused scan. forward(u, delta, A, B, C, D, z, delta_bias, h0, softplus, chunk_len,
+    channel_major) -> (out, h_last):
 
       u, delta, z: (batch, L, dim)  (delta raw: the kernel adds delta_bias, applies softplus)
       A: (dim, N); B, C: (batch, L, N); D, delta_bias: (dim,) or None; h0: (batch, dim, N)
       out: (batch, L, dim) = (C_t . h_t + D u_t) * silu(z_t); h_last: (batch, dim, N)
 
-    Inputs may be strided views (e.g. slices of a projection's output) as long as their
-    last axis is contiguous. float32 / float64 CPU tensors. Saves the inputs and the state
-    at every ``chunk_len``-th step: (batch, L / chunk_len, N, dim).
+    u, delta, z may have any strides: slices of a projection's output (the Mamba block),
+    or transposed (batch, dim, L) tensors (mamba-ssm's layout; ``channel_major=True`` then
+    stores ``out`` and the gradients as (batch, dim, L) too, returned as (batch, L, dim)
+    views). Time-major with contiguous channels is the fast path. B, C need a contiguous
+    last axis. float32 / float64 CPU tensors. Saves the inputs and the state at every
+    ``chunk_len``-th step: (batch, L / chunk_len, N, dim).
     """
 
     @staticmethod
-    def forward(ctx, u, delta, A, B, C, D, z, delta_bias, h0, softplus, chunk_len):
+    def forward(ctx, u, delta, A, B, C, D, z, delta_bias, h0, softplus, chunk_len,
+                channel_major=False):
         lib = _library_for(u, delta, A, B, C, D, z, delta_bias, h0)
         dtype = u.dtype
         batch, L, dim = u.shape
         N = A.shape[1]
-        u, delta, z, B, C = (_rows_contiguous(t, dtype) for t in (u, delta, z, B, C))
+        u, delta, z = (None if t is None else t.to(dtype) for t in (u, delta, z))
+        B, C = _rows_contiguous(B, dtype), _rows_contiguous(C, dtype)
         At = A.to(dtype).t().contiguous()
         D, delta_bias, h0 = (None if t is None else t.to(dtype).contiguous()
                              for t in (D, delta_bias, h0))
-        out = u.new_empty(batch, L, dim)
+        out = _new_btd(u, batch, L, dim, channel_major)
         h_last = u.new_zeros(batch, dim, N) if h0 is None else h0.clone()
         needs_grad = any(ctx.needs_input_grad[:9])
         n_chunks = -(-L // chunk_len)
         ckpt = u.new_empty(batch, n_chunks, N, dim) if needs_grad else None
-        sizes = [batch, L, dim, N, chunk_len, int(softplus), *_time_strides(u),
-                 *_time_strides(delta), *_time_strides(z), *_time_strides(B),
-                 *_time_strides(C), torch.get_num_threads()]
+        sizes = [batch, L, dim, N, chunk_len, int(softplus), *_strides3(u), *_strides3(delta),
+                 *_strides3(z), *_time_strides(B), *_time_strides(C), *_strides3(out),
+                 torch.get_num_threads()]
         if L > 0 and batch * dim > 0:
             _call(lib, "ss_fwd", dtype, [u, delta, z, At, B, C, D, delta_bias, h0, out, h_last, ckpt],
                   sizes)
@@ -228,6 +245,7 @@ class SelectiveScanCPU(torch.autograd.Function):
             ctx.save_for_backward(u, delta, z, At, B, C, D, delta_bias, ckpt)
             ctx.sizes = sizes
             ctx.has = (D is not None, z is not None, delta_bias is not None, h0 is not None)
+            ctx.channel_major = channel_major
         return out, h_last
 
     @staticmethod
@@ -245,28 +263,29 @@ class SelectiveScanCPU(torch.autograd.Function):
         # bitwise the same on any machine.
         n_tiles = -(-dim // 16)
         G = max(1, min(n_tiles, -(-_MIN_ITEMS // batch)))
-        dout = u.new_zeros(batch, L, dim) if dout is None else dout.to(u.dtype).contiguous()
+        dout = u.new_zeros(batch, L, dim) if dout is None else dout.to(u.dtype)
         dh = None if dh_last is None else dh_last.to(u.dtype).contiguous()
-        du, ddelta = u.new_empty(batch, L, dim), u.new_empty(batch, L, dim)
-        dz = u.new_empty(batch, L, dim) if has_z else None
+        # the gradients take the layout of out (ctx.sizes holds its strides)
+        du, ddelta = (_new_btd(u, batch, L, dim, ctx.channel_major) for _ in range(2))
+        dz = _new_btd(u, batch, L, dim, ctx.channel_major) if has_z else None
         dA_part = u.new_empty(batch, dim, N)
         dD_part, dbias_part = u.new_empty(batch, dim), u.new_empty(batch, dim)
         dB_part, dC_part = u.new_empty(batch * G, L, N), u.new_empty(batch * G, L, N)
         dh0 = u.new_zeros(batch, dim, N) if dh is None else dh.clone()
         sizes = list(ctx.sizes)
-        sizes[16] = threads
+        sizes[22] = threads
         if L > 0 and batch * dim > 0:
             _call(lib, "ss_bwd", u.dtype,
                   [u, delta, z, At, B, C, D, delta_bias, None, None, None, ckpt, dout, dh,
                    du, ddelta, dz, dA_part, dD_part, dbias_part, dB_part, dC_part, dh0],
-                  sizes + [G])
+                  sizes + [G, *_strides3(dout)])
         else:
             for t in (du, ddelta, dA_part, dD_part, dbias_part, dB_part, dC_part) + ((dz,) if has_z else ()):
                 t.zero_()
         dB = dB_part.view(batch, G, L, N).sum(1)
         dC = dC_part.view(batch, G, L, N).sum(1)
         return (du, ddelta, dA_part.sum(0), dB, dC, dD_part.sum(0) if has_D else None, dz,
-                dbias_part.sum(0) if has_bias else None, dh0 if has_h0 else None, None, None)
+                dbias_part.sum(0) if has_bias else None, dh0 if has_h0 else None, None, None, None)
 
 
 class CausalConv1dCPU(torch.autograd.Function):

@@ -494,11 +494,13 @@ def selective_scan_torch(
 def selective_scan_cpu_tm(
     u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_softplus=False,
     return_last_state=False, initial_state=None, chunk_len: int = cpu_kernels.CHUNK_LEN,
+    channel_major: bool = False,
 ):
     """The fused C kernel (backend "cpu"), time-major: u, delta, z: (batch, L, dim);
     B, C: (batch, L, N); A: (dim, N); D, delta_bias: (dim,); initial_state (batch, dim, N).
     Returns out (batch, L, dim) [, last_state (batch, dim, N)]. Softplus, bias, D and the
-    gate run inside the kernel, forward and backward.
+    gate run inside the kernel, forward and backward. ``channel_major``: u, delta, z are
+    transposed (batch, dim, L) tensors; out is then stored that way too.
     """
     if chunk_len < 1:
         raise ValueError("chunk_len must be >= 1")
@@ -512,7 +514,8 @@ def selective_scan_cpu_tm(
         u.to(work), delta.to(work), A.to(work), B.to(work), C.to(work),
         None if D is None else D.to(work), None if z is None else z.to(work),
         None if delta_bias is None else delta_bias.to(work),
-        None if initial_state is None else initial_state.to(work), bool(delta_softplus), chunk_len)
+        None if initial_state is None else initial_state.to(work), bool(delta_softplus), chunk_len,
+        channel_major)
     out = out.to(dtype_in)
     return (out, last) if return_last_state else out
 
@@ -551,7 +554,7 @@ def selective_scan_fn(
         res = selective_scan_cpu_tm(
             u.transpose(1, 2), delta.transpose(1, 2), A, B.transpose(1, 2), C.transpose(1, 2),
             D, None if z is None else z.transpose(1, 2), delta_bias, delta_softplus,
-            return_last_state, initial_state)
+            return_last_state, initial_state, channel_major=True)   # read and written in place
         if return_last_state:
             return res[0].transpose(1, 2), res[1]
         return res.transpose(1, 2)

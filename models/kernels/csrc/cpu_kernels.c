@@ -18,11 +18,14 @@
  * loop over the W lanes is vectorised (exp() too, with glibc's libmvec when
  * SCAN_VECTOR_EXP is defined), no reduction crosses lanes, and items run in parallel.
  *
- * Layout: time-major, as the Mamba block produces its tensors, so no transposes are needed:
- *   u, delta, z : element (b, t, d) at b * s_b + t * s_t + d      (channels contiguous)
+ * Layout: any strides on (batch, time, channel) for u, delta, z, out and the gradients, so
+ * the kernel reads the Mamba block's time-major tensors (b, L, d) in place, and mamba-ssm's
+ * (b, d, L) ones too (a step then gathers its W channels at stride L: the same cache lines
+ * serve the next steps). Time-major with contiguous channels is the fast path.
+ *   u, delta, z : element (b, t, d) at b * s_b + t * s_t + d * s_d
+ *   out, du, ddelta, dz : the out strides; dout: its own strides
  *   B, C        : element (b, t, n) at b * s_b + t * s_t + n      (views of x_proj's output)
  *   At          : (N, dim) contiguous (A transposed), D, delta_bias: (dim,)
- *   out, dout, du, ddelta, dz : (batch, L, dim) contiguous
  *   h0, h_last, dh_last, dh0, dA_part : (batch, dim, N) contiguous
  *   dD_part, dbias_part : (batch, dim)    (caller sums over batch)
  *   ckpt        : (batch, n_chunks, N, dim), the state h_{t-1} at every chunk start t = cK
@@ -37,9 +40,10 @@
  *                 8 h0|NULL, 9 out, 10 h_last, 11 ckpt|NULL (forward: NULL = no backward);
  *                 backward adds 12 dout, 13 dh_last|NULL, 14 du, 15 ddelta, 16 dz|NULL,
  *                 17 dA_part, 18 dD_part, 19 dbias_part, 20 dB_part, 21 dC_part, 22 dh0
- *   s (sizes):    0 batch, 1 L, 2 dim, 3 N, 4 K, 5 softplus, 6-7 u strides (b, t),
- *                 8-9 delta strides, 10-11 z strides, 12-13 B strides, 14-15 C strides,
- *                 16 threads, 17 G (backward: channel groups per batch row)
+ *   s (sizes):    0 batch, 1 L, 2 dim, 3 N, 4 K, 5 softplus, 6-8 u strides (b, t, d),
+ *                 9-11 delta strides, 12-14 z strides, 15-16 B strides (b, t), 17-18 C
+ *                 strides, 19-21 out strides, 22 threads; backward adds 23 G (channel
+ *                 groups per batch row), 24-26 dout strides
  * Functions return 0 on success, -1 when a work buffer cannot be allocated.
  */
 #include <math.h>
@@ -166,4 +170,4 @@ static inline float exp_f32(float x) {
 #undef SFX
 
 /* ABI version: the Python loader refuses a library whose version differs. */
-int ss_abi_version(void) { return 3; }
+int ss_abi_version(void) { return 4; }

@@ -20,7 +20,8 @@ typedef struct {
     const SCALAR *u, *delta, *z, *At, *B, *C, *D, *bias, *h0;
     SCALAR *out, *h_last, *ckpt;
     long batch, L, dim, N, K, n_chunks, n_tiles, softplus;
-    long su_b, su_t, sd_b, sd_t, sz_b, sz_t, sB_b, sB_t, sC_b, sC_t;
+    long su_b, su_t, su_d, sd_b, sd_t, sd_d, sz_b, sz_t, sz_d, sB_b, sB_t, sC_b, sC_t;
+    long so_b, so_t, so_d;     /* out, and the gradients du, ddelta, dz in backward */
     atomic_int failed;
 } SFX(args_t);
 
@@ -29,8 +30,11 @@ static void SFX(unpack)(SFX(args_t) *a, void *const *p, const long *s) {
     a->u = p[0]; a->delta = p[1]; a->z = p[2]; a->At = p[3]; a->B = p[4]; a->C = p[5];
     a->D = p[6]; a->bias = p[7]; a->h0 = p[8];
     a->batch = s[0]; a->L = s[1]; a->dim = s[2]; a->N = s[3]; a->K = s[4]; a->softplus = s[5];
-    a->su_b = s[6]; a->su_t = s[7]; a->sd_b = s[8]; a->sd_t = s[9]; a->sz_b = s[10];
-    a->sz_t = s[11]; a->sB_b = s[12]; a->sB_t = s[13]; a->sC_b = s[14]; a->sC_t = s[15];
+    a->su_b = s[6]; a->su_t = s[7]; a->su_d = s[8];
+    a->sd_b = s[9]; a->sd_t = s[10]; a->sd_d = s[11];
+    a->sz_b = s[12]; a->sz_t = s[13]; a->sz_d = s[14];
+    a->sB_b = s[15]; a->sB_t = s[16]; a->sC_b = s[17]; a->sC_t = s[18];
+    a->so_b = s[19]; a->so_t = s[20]; a->so_d = s[21];
     a->n_chunks = (a->L + a->K - 1) / a->K;
     a->n_tiles = (a->dim + W - 1) / W;
     atomic_init(&a->failed, 0);
@@ -50,18 +54,23 @@ static void SFX(load_tile)(const SFX(args_t) *a, long d0, long nw, SCALAR *Av, S
 }
 
 /* Inputs of step t for a tile: u, raw delta, z (zero lanes past the channel end). */
-static inline void SFX(load_step)(const SCALAR *restrict src, long nw, SCALAR *restrict dst) {
-    if (nw == W) {                 /* full tile: one vector copy */
+static inline void SFX(load_step)(const SCALAR *restrict src, long stride, long nw,
+                                  SCALAR *restrict dst) {
+    if (stride == 1 && nw == W) {  /* time-major full tile: one vector copy */
         memcpy(dst, src, sizeof(SCALAR) * W);
         return;
     }
-    for (long l = 0; l < W; l++) dst[l] = l < nw ? src[l] : 0;
+    for (long l = 0; l < W; l++) dst[l] = l < nw ? src[l * stride] : 0;
 }
 
-/* Store the first nw lanes of src (all W of a full tile in one vector copy). */
-static inline void SFX(store_step)(const SCALAR *restrict src, long nw, SCALAR *restrict dst) {
-    if (nw == W) memcpy(dst, src, sizeof(SCALAR) * W);
-    else memcpy(dst, src, sizeof(SCALAR) * nw);
+/* Store the first nw lanes of src to channels 0, stride, 2 stride, ... of dst. */
+static inline void SFX(store_step)(const SCALAR *restrict src, long stride, long nw,
+                                   SCALAR *restrict dst) {
+    if (stride == 1) {
+        memcpy(dst, src, sizeof(SCALAR) * nw);
+        return;
+    }
+    for (long l = 0; l < nw; l++) dst[l * stride] = src[l];
 }
 
 /* h (N, W) <-> a (batch, dim, N) state tensor */
@@ -101,8 +110,8 @@ static void SFX(fwd_item)(const void *p, long item) {
             for (long n = 0; n < N; n++)
                 for (long l = 0; l < nw; l++) dst[n * dim + l] = h[n * W + l];
         }
-        SFX(load_step)(a->u + b * a->su_b + t * a->su_t + d0, nw, uv);
-        SFX(load_step)(a->delta + b * a->sd_b + t * a->sd_t + d0, nw, dv);
+        SFX(load_step)(a->u + b * a->su_b + t * a->su_t + d0 * a->su_d, a->su_d, nw, uv);
+        SFX(load_step)(a->delta + b * a->sd_b + t * a->sd_t + d0 * a->sd_d, a->sd_d, nw, dv);
         #pragma omp simd
         for (long l = 0; l < W; l++) {
             const SCALAR raw = dv[l] + biasv[l];
@@ -122,16 +131,16 @@ static void SFX(fwd_item)(const void *p, long item) {
                 yv[l] += Cn * hn[l];
             }
         }
-        SCALAR *restrict out = a->out + (b * a->L + t) * dim + d0;
+        SCALAR *restrict out = a->out + b * a->so_b + t * a->so_t + d0 * a->so_d;
         if (a->z) {
-            SFX(load_step)(a->z + b * a->sz_b + t * a->sz_t + d0, nw, zv);
+            SFX(load_step)(a->z + b * a->sz_b + t * a->sz_t + d0 * a->sz_d, a->sz_d, nw, zv);
             #pragma omp simd
             for (long l = 0; l < W; l++) yv[l] = (yv[l] + Dv[l] * uv[l]) * zv[l] * SFX(sigmoid)(zv[l]);
         } else {
             #pragma omp simd
             for (long l = 0; l < W; l++) yv[l] += Dv[l] * uv[l];
         }
-        SFX(store_step)(yv, nw, out);
+        SFX(store_step)(yv, a->so_d, nw, out);
     }
     if (a->h_last) SFX(state_out)(h, b, dim, N, d0, nw, a->h_last);
     free(buf);
@@ -141,7 +150,7 @@ int SFX(ss_fwd)(void *const *p, const long *s) {
     SFX(args_t) a;
     SFX(unpack)(&a, p, s);
     a.out = p[9]; a.h_last = p[10]; a.ckpt = p[11];
-    run_parallel(SFX(fwd_item), &a, a.batch * a.n_tiles, (int)s[16]);
+    run_parallel(SFX(fwd_item), &a, a.batch * a.n_tiles, (int)s[22]);
     return atomic_load(&a.failed) ? -1 : 0;
 }
 
@@ -155,7 +164,7 @@ typedef struct {
     SFX(args_t) f;
     const SCALAR *ckpt, *dout, *dh_last;
     SCALAR *du, *ddelta, *dz, *dA_part, *dD_part, *dbias_part, *dB_part, *dC_part, *dh0;
-    long G;
+    long G, sg_b, sg_t, sg_d;  /* channel groups per batch row; dout strides */
 } SFX(bwd_args_t);
 
 /* Recompute one chunk of one tile: delta_t (T, W), y_t = C_t . h_t (T, W), the decays
@@ -172,8 +181,8 @@ static void SFX(bwd_recompute)(const SFX(bwd_args_t) *a, long b, long c, long s,
         #pragma omp simd
         for (long l = 0; l < W; l++) hs[n * W + l] = l < nw ? src[n * dim + l] : 0;
     for (long t = 0; t < T; t++) {
-        SFX(load_step)(f->u + b * f->su_b + (s + t) * f->su_t + d0, nw, uv);
-        SFX(load_step)(f->delta + b * f->sd_b + (s + t) * f->sd_t + d0, nw, dv);
+        SFX(load_step)(f->u + b * f->su_b + (s + t) * f->su_t + d0 * f->su_d, f->su_d, nw, uv);
+        SFX(load_step)(f->delta + b * f->sd_b + (s + t) * f->sd_t + d0 * f->sd_d, f->sd_d, nw, dv);
         SCALAR *restrict dt = dtk + t * W, *restrict y = yk + t * W;
         #pragma omp simd
         for (long l = 0; l < W; l++) {
@@ -242,19 +251,19 @@ static void SFX(bwd_item)(const void *p, long item) {
             /* adjoint, last step first; on entry g = exp(delta_{t+1} A) g_{t+1} */
             for (long t = T - 1; t >= 0; t--) {
                 const long i = s + t;
-                SFX(load_step)(f->u + b * f->su_b + i * f->su_t + d0, nw, uv);
-                SFX(load_step)(a->dout + (b * L + i) * dim + d0, nw, gov);
+                SFX(load_step)(f->u + b * f->su_b + i * f->su_t + d0 * f->su_d, f->su_d, nw, uv);
+                SFX(load_step)(a->dout + b * a->sg_b + i * a->sg_t + d0 * a->sg_d, a->sg_d, nw, gov);
                 const SCALAR *restrict dt = dtk + t * W, *restrict y = yk + t * W;
                 if (f->z) {  /* out = (y + D u) silu(z) */
-                    SFX(load_step)(f->z + b * f->sz_b + i * f->sz_t + d0, nw, zv);
-                    SCALAR *restrict dz = a->dz + (b * L + i) * dim + d0;
+                    SFX(load_step)(f->z + b * f->sz_b + i * f->sz_t + d0 * f->sz_d, f->sz_d, nw, zv);
+                    SCALAR *restrict dz = a->dz + b * f->so_b + i * f->so_t + d0 * f->so_d;
                     #pragma omp simd
                     for (long l = 0; l < W; l++) {
                         const SCALAR sg = SFX(sigmoid)(zv[l]);  /* silu' = s (1 + z (1 - s)) */
                         dyv[l] = gov[l] * zv[l] * sg;
                         gA[l] = gov[l] * (y[l] + Dv[l] * uv[l]) * sg * (1 + zv[l] * (1 - sg));
                     }
-                    SFX(store_step)(gA, nw, dz);
+                    SFX(store_step)(gA, f->so_d, nw, dz);
                 } else {
                     #pragma omp simd
                     for (long l = 0; l < W; l++) dyv[l] = gov[l];
@@ -282,10 +291,10 @@ static void SFX(bwd_item)(const void *p, long item) {
                         gn[l] = gt * dA[l];                             /* carry to t - 1 */
                     }
                 }
-                SCALAR *restrict du = a->du + (b * L + i) * dim + d0;
-                SCALAR *restrict dd = a->ddelta + (b * L + i) * dim + d0;
+                SCALAR *restrict du = a->du + b * f->so_b + i * f->so_t + d0 * f->so_d;
+                SCALAR *restrict dd = a->ddelta + b * f->so_b + i * f->so_t + d0 * f->so_d;
                 if (f->softplus)
-                    SFX(load_step)(f->delta + b * f->sd_b + i * f->sd_t + d0, nw, dv);
+                    SFX(load_step)(f->delta + b * f->sd_b + i * f->sd_t + d0 * f->sd_d, f->sd_d, nw, dv);
                 #pragma omp simd
                 for (long l = 0; l < W; l++) {
                     const SCALAR ddt = uv[l] * gB[l] + gA[l];           /* dL/d delta_t */
@@ -294,8 +303,8 @@ static void SFX(bwd_item)(const void *p, long item) {
                     dv[l] = f->softplus ? ddt * SFX(sigmoid)(dv[l] + biasv[l]) : ddt;
                     dbias_acc[l] += dv[l];
                 }
-                SFX(store_step)(gov, nw, du);
-                SFX(store_step)(dv, nw, dd);
+                SFX(store_step)(gov, f->so_d, nw, du);
+                SFX(store_step)(dv, f->so_d, nw, dd);
             }
         }
         /* dB[b, t, n], dC[b, t, n] of this item: the chunk's lane sums, reduced */
@@ -327,7 +336,8 @@ int SFX(ss_bwd)(void *const *p, const long *s) {
     a.ckpt = p[11]; a.dout = p[12]; a.dh_last = p[13];
     a.du = p[14]; a.ddelta = p[15]; a.dz = p[16]; a.dA_part = p[17]; a.dD_part = p[18];
     a.dbias_part = p[19]; a.dB_part = p[20]; a.dC_part = p[21]; a.dh0 = p[22];
-    a.G = s[17];
-    run_parallel(SFX(bwd_item), &a, a.f.batch * a.G, (int)s[16]);
+    a.G = s[23];
+    a.sg_b = s[24]; a.sg_t = s[25]; a.sg_d = s[26];
+    run_parallel(SFX(bwd_item), &a, a.f.batch * a.G, (int)s[22]);
     return atomic_load(&a.f.failed) ? -1 : 0;
 }
