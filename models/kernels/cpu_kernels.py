@@ -3,7 +3,8 @@ with ctypes, and wraps its two kernels in autograd Functions:
 
 - :class:`SelectiveScanCPU`: the fused selective scan (backend ``"cpu"`` of
   :mod:`models.kernels.selective_scan`): softplus, the recurrence, the D skip and the
-  SiLU gate in one pass, time-major, with a hand-written backward;
+  SiLU gate in one pass, with a hand-written backward; reads time-major (batch, L, dim)
+  slices in place (the Mamba block's layout) and any other strides, e.g. (batch, dim, L);
 - :class:`CausalConv1dCPU`: the block's causal depthwise conv + SiLU, time-major.
 
 Why C: on CPU the blockwise PyTorch scan spends its time launching a few tiny ops per time
@@ -39,8 +40,9 @@ _SRC_DIR = Path(__file__).parent / "csrc"
 _SOURCES = ("cpu_kernels.c", "selective_scan_impl.h", "causal_conv1d_impl.h")
 _BASE_FLAGS = ["-O3", "-std=c11", "-fPIC", "-shared", "-pthread", "-fno-math-errno",
                "-fopenmp-simd"]
-# Tried in order; the first that compiles and links wins. libmvec gives vectorised exp();
-# -fopenmp shares PyTorch's OpenMP thread pool (see cpu_kernels.c).
+# Tried in order; the first that compiles and links wins. libmvec gives vectorised log1p
+# (softplus) and float64 exp (float32 exp is inlined); -fopenmp shares PyTorch's OpenMP
+# thread pool (see cpu_kernels.c).
 _FLAG_SETS = (
     ["-march=native", "-fopenmp", "-DSCAN_VECTOR_EXP", "-lmvec"],
     ["-march=native", "-fopenmp"],

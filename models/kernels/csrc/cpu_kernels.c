@@ -15,8 +15,9 @@
  * overhead, not arithmetic, sets the speed; around it, softplus, the D skip and the gate
  * are separate passes over (batch, L, dim) tensors, forward and backward. Here a work item
  * is one batch row and a tile of W channels: its state h (N, W) stays in cache, every
- * loop over the W lanes is vectorised (exp() too, with glibc's libmvec when
- * SCAN_VECTOR_EXP is defined), no reduction crosses lanes, and items run in parallel.
+ * loop over the W lanes is vectorised (exp() too: inlined for float32, glibc's libmvec
+ * for float64 and log1p when SCAN_VECTOR_EXP is defined), no reduction crosses lanes, and
+ * items run in parallel.
  *
  * Layout: any strides on (batch, time, channel) for u, delta, z, out and the gradients, so
  * the kernel reads the Mamba block's time-major tensors (b, L, d) in place, and mamba-ssm's
