@@ -160,8 +160,9 @@ def choose_backend(backend: str, device: torch.device | str, initial_state: bool
 # Reference: the recurrence, step by step
 # ---------------------------------------------------------------------------------------
 
-def _prepare(u, delta, A, B, C, delta_bias, delta_softplus):
-    """Common input handling: group dim, dtype, bias + softplus of delta."""
+def _check_bc(A, B, C):
+    """B, C as (batch, state, length) (one group of (batch, 1, state, length) is squeezed);
+    errors for what no backend here supports."""
     if B.dim() == 4:
         if B.shape[1] != 1 or C.dim() != 4 or C.shape[1] != 1:
             raise NotImplementedError("grouped B/C with more than one group are not supported")
@@ -170,8 +171,18 @@ def _prepare(u, delta, A, B, C, delta_bias, delta_softplus):
         raise ValueError("B and C must be (batch, state, length) (input-dependent)")
     if A.is_complex():
         raise NotImplementedError("complex A is not supported")
-    # Low-precision inputs are scanned in float32, as mamba-ssm does.
-    work = torch.float32 if u.dtype in (torch.float16, torch.bfloat16) else u.dtype
+    return B, C
+
+
+def _work_dtype(u: torch.Tensor) -> torch.dtype:
+    """Low-precision inputs are scanned in float32, as mamba-ssm does."""
+    return torch.float32 if u.dtype in (torch.float16, torch.bfloat16) else u.dtype
+
+
+def _prepare(u, delta, A, B, C, delta_bias, delta_softplus):
+    """Common input handling: group dim, dtype, bias + softplus of delta."""
+    B, C = _check_bc(A, B, C)
+    work = _work_dtype(u)
     u, delta, B, C = u.to(work), delta.to(work), B.to(work), C.to(work)
     A = A.to(work)
     if delta_bias is not None:
@@ -248,6 +259,11 @@ def _time_major(u, delta, A, B, C):
             A.t().contiguous(), B.permute(2, 0, 1).contiguous(), C.permute(2, 0, 1).contiguous())
 
 
+def _backward_inputs(u, delta, A, B, C, dy):
+    """The saved inputs and dy (batch, dim, L), time-major as both blockwise backwards use them."""
+    return (*_time_major(u, delta, A, B, C), dy.permute(2, 0, 1).contiguous())  # dy: (L, b, dim)
+
+
 class SelectiveScanTorch(torch.autograd.Function):
     """Core recurrence h_t = exp(delta_t A) h_{t-1} + delta_t B_t u_t, y_t = C_t . h_t.
 
@@ -295,9 +311,8 @@ class SelectiveScanTorch(torch.autograd.Function):
         block_len = ctx.block_len
         batch, dim, L = u.shape
         N = A.shape[1]
-        uT, deltaT, At, BT, CT = _time_major(u, delta, A, B, C)
+        uT, deltaT, At, BT, CT, dyT = _backward_inputs(u, delta, A, B, C, dy)
         duT = deltaT * uT
-        dyT = dy.permute(2, 0, 1).contiguous()  # (L, b, dim)
 
         du = torch.empty_like(uT)
         ddelta = torch.empty_like(deltaT)
@@ -453,8 +468,7 @@ class SelectiveScanCompiled(torch.autograd.Function):
         block_len = ctx.block_len
         batch, dim, L = u.shape
         N = A.shape[1]
-        uT, deltaT, At, BT, CT = _time_major(u, delta, A, B, C)
-        dyT = dy.permute(2, 0, 1).contiguous()
+        uT, deltaT, At, BT, CT, dyT = _backward_inputs(u, delta, A, B, C, dy)
         carry = (dh_last.transpose(1, 2).contiguous() if dh_last is not None
                  else u.new_zeros(batch, N, dim))
         du, ddelta, dB, dC = (torch.empty_like(uT), torch.empty_like(deltaT),
@@ -504,12 +518,9 @@ def selective_scan_cpu_tm(
     """
     if chunk_len < 1:
         raise ValueError("chunk_len must be >= 1")
-    if B.dim() == 4 or C.dim() == 4:
-        raise NotImplementedError("grouped B/C are not supported by the time-major scan")
-    if A.is_complex():
-        raise NotImplementedError("complex A is not supported")
+    B, C = _check_bc(A, B, C)
     dtype_in = u.dtype
-    work = torch.float32 if u.dtype in (torch.float16, torch.bfloat16) else u.dtype
+    work = _work_dtype(u)
     out, last = cpu_kernels.SelectiveScanCPU.apply(
         u.to(work), delta.to(work), A.to(work), B.to(work), C.to(work),
         None if D is None else D.to(work), None if z is None else z.to(work),
@@ -547,17 +558,11 @@ def selective_scan_fn(
         return selective_scan_ref(u, delta, A, B, C, D, z, delta_bias, delta_softplus,
                                   return_last_state, initial_state=initial_state)
     if chosen == "cpu":
-        if B.dim() == 4:  # (batch, 1, N, L): one group
-            if B.shape[1] != 1 or C.dim() != 4 or C.shape[1] != 1:
-                raise NotImplementedError("grouped B/C with more than one group are not supported")
-            B, C = B[:, 0], C[:, 0]
-        res = selective_scan_cpu_tm(
+        B, C = _check_bc(A, B, C)
+        return _swap_time_and_channels(selective_scan_cpu_tm(
             u.transpose(1, 2), delta.transpose(1, 2), A, B.transpose(1, 2), C.transpose(1, 2),
             D, None if z is None else z.transpose(1, 2), delta_bias, delta_softplus,
-            return_last_state, initial_state, channel_major=True)   # read and written in place
-        if return_last_state:
-            return res[0].transpose(1, 2), res[1]
-        return res.transpose(1, 2)
+            return_last_state, initial_state, channel_major=True), return_last_state)
     return selective_scan_torch(u, delta, A, B, C, D, z, delta_bias, delta_softplus,
                                 return_last_state, initial_state=initial_state,
                                 compiled=chosen == "compiled")
@@ -577,10 +582,14 @@ def selective_scan_tm(
     if chosen == "cpu":
         return selective_scan_cpu_tm(u, delta, A, B, C, D, z, delta_bias, delta_softplus,
                                      return_last_state, initial_state)
-    res = selective_scan_fn(
+    return _swap_time_and_channels(selective_scan_fn(
         u.transpose(1, 2), delta.transpose(1, 2), A, B.transpose(1, 2), C.transpose(1, 2), D,
         None if z is None else z.transpose(1, 2), delta_bias, delta_softplus,
-        return_last_state, backend=chosen, initial_state=initial_state)
+        return_last_state, backend=chosen, initial_state=initial_state), return_last_state)
+
+
+def _swap_time_and_channels(res, return_last_state: bool):
+    """out (b, L, d) <-> (b, d, L) of a scan result; the last state is left as it is."""
     if return_last_state:
         return res[0].transpose(1, 2), res[1]
     return res.transpose(1, 2)
