@@ -26,7 +26,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from models.common import ResidualStack, stack_with_state
-from models.kernels import cpu_kernels
+from models.kernels import cpu_kernels, triton_kernels
 from models.kernels import selective_scan as ss
 from models.s6 import SelectiveSSM, resolve_dt_rank
 
@@ -60,8 +60,9 @@ class Mamba(SelectiveSSM):
         """silu(causal depthwise conv(x)), time-major: x (batch, L, d_inner) -> same shape.
 
         ``left`` (batch, d_conv - 1, d_inner) holds the inputs before x (None = zeros). The
-        conv follows the scan backend: causal-conv1d's kernel with "cuda", the C kernel with
-        "cpu", PyTorch's conv1d otherwise (so a forced "torch" run is PyTorch throughout).
+        conv follows the scan backend: causal-conv1d's kernel with "cuda" (the Triton conv
+        when it is missing), the Triton conv with "triton", the C kernel with "cpu",
+        PyTorch's conv1d otherwise (so a forced "torch" run is PyTorch throughout).
         """
         backend = self.backend
         if backend == "cpu":
@@ -73,6 +74,11 @@ class Mamba(SelectiveSSM):
             y = conv_cuda(x_bdl.contiguous(), self.conv1d.weight.squeeze(1), self.conv1d.bias,
                           activation="silu")
             return y.transpose(1, 2)
+        # The Triton conv with "triton", and with "cuda" when causal-conv1d is missing or a
+        # streaming chunk carries inputs from before it (causal-conv1d takes none).
+        if backend in ("triton", "cuda") and triton_kernels.available(x.device):
+            return triton_kernels.CausalConv1dTriton.apply(x, self.conv1d.weight,
+                                                           self.conv1d.bias, left, True)
         x_bdl = (F.pad(x_bdl, (self.d_conv - 1, 0)) if left is None
                  else torch.cat([left.transpose(1, 2).to(x.dtype), x_bdl], dim=-1))
         y = F.conv1d(x_bdl, self.conv1d.weight, self.conv1d.bias, groups=self.d_inner)

@@ -33,7 +33,7 @@ class SelectiveSSM(nn.Module):
     """Parameters and scan of a selective SSM over ``d_inner`` channels.
 
     Subclasses call :meth:`_init_ssm` in their constructor. ``backend`` is the requested
-    scan backend ("auto", "cuda", "cpu", "torch", "compiled", "ref"; "compiled" is opt-in,
+    scan backend ("auto", "cuda", "triton", "cpu", "torch", "compiled", "ref"; "compiled" is opt-in,
     never picked by "auto"); the attribute ``backend`` reports the one that runs for the module's
     current device.
     """

@@ -15,6 +15,12 @@ stamp=".venv/.installed-$(cat pyproject.toml scripts/setup-env.sh | cksum | cut 
 if [ ! -e "$stamp" ]; then
   .venv/bin/python -m pip install -q --upgrade pip >/dev/null 2>&1 || true
   .venv/bin/python -m pip install -q "$TORCH_SPEC"
+  # Triton: CUDA builds of torch bring it (the GPU kernels need nothing else); beside the CPU
+  # build the tests use its interpreter to check the same kernels on CPU tensors.
+  if ! .venv/bin/python -c "import triton" >/dev/null 2>&1; then
+    .venv/bin/python -m pip install -q "${TRITON_SPEC:-triton==3.6.0}" \
+      || echo "setup-env: could not install triton; the Triton kernel tests will be skipped" >&2
+  fi
   .venv/bin/python -m pip install -q -e ".[${EXTRAS}]"
   rm -f .venv/.installed-* && touch "$stamp"
 fi

@@ -58,7 +58,7 @@ def test_dt_rank_and_bad_options():
     with pytest.raises(ValueError):
         Mamba(16, dt_rank=0)
     with pytest.raises(ValueError):
-        Mamba(16, backend="triton")
+        Mamba(16, backend="tritonn")
     with pytest.raises(TypeError, match="d_statee"):
         models.build("mamba", d_model=16, n_layers=1, d_statee=4)
 

@@ -7,10 +7,12 @@ import types
 import pytest
 import torch
 
-from models.kernels import cpu_kernels
+from models.kernels import cpu_kernels, triton_kernels
 from models.kernels import selective_scan as ss
 
 F64 = torch.float64
+# what "auto" picks for CUDA tensors when mamba-ssm is missing
+AUTO_CUDA_WITHOUT_MAMBA_SSM = "triton" if triton_kernels.available("cuda") else "torch"
 
 
 def make_inputs(batch=2, dim=5, state=3, length=37, seed=0, dtype=F64):
@@ -176,7 +178,7 @@ def test_forcing_cuda_without_it_is_a_clear_error():
 def test_unknown_backend_is_an_error():
     x = make_inputs(length=4)
     with pytest.raises(ValueError, match="unknown selective-scan backend"):
-        ss.selective_scan_fn(**{k: x[k].detach() for k in ("u", "delta", "A", "B", "C")}, backend="triton")
+        ss.selective_scan_fn(**{k: x[k].detach() for k in ("u", "delta", "A", "B", "C")}, backend="tritonn")
 
 
 def test_cuda_kernel_chosen_for_cuda_tensors(monkeypatch, fresh_cuda_cache):
@@ -194,7 +196,8 @@ def test_cuda_kernel_chosen_for_cuda_tensors(monkeypatch, fresh_cuda_cache):
     assert calls == [(True, False, True, False)] and torch.all(out == 7.0)
     assert ss.choose_backend("auto", "cuda") == "cuda"
     assert ss.choose_backend("auto", "cpu") != "cuda"            # CPU tensors never go to CUDA
-    assert ss.choose_backend("auto", "cuda", initial_state=True) == "torch"  # kernel has no h0
+    # mamba-ssm's kernel takes no h0: the Triton kernels (or torch) take over
+    assert ss.choose_backend("auto", "cuda", initial_state=True) == AUTO_CUDA_WITHOUT_MAMBA_SSM
     assert ss.choose_backend("auto", "cuda") == "cuda"
     with pytest.raises(RuntimeError, match="needs CUDA tensors"):
         ss.choose_backend("cuda", "cpu")
@@ -216,7 +219,7 @@ def test_import_guard_catches_non_import_errors(monkeypatch, fresh_cuda_cache):
     assert not ss.cuda_available()
     assert "OSError" in ss.cuda_unavailable_reason() and "libcudart" in ss.cuda_unavailable_reason()
     assert ss.causal_conv1d_cuda() is None
-    assert ss.choose_backend("auto", "cuda") == "torch"
+    assert ss.choose_backend("auto", "cuda") == AUTO_CUDA_WITHOUT_MAMBA_SSM
 
 
 def test_no_cuda_device_reason(monkeypatch, fresh_cuda_cache):

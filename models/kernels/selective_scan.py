@@ -38,16 +38,23 @@ Backends (``backend=``):
   seconds (less with inductor's on-disk cache), so it is opt-in only, never chosen by
   ``auto``. If compilation fails (e.g. no C compiler) it warns once and runs the same
   pure functions eagerly.
+- ``"triton"``: :class:`models.kernels.triton_kernels.SelectiveScanTriton`, the project's
+  own fused Triton kernels for CUDA tensors (chunked parallel scan, state in float32
+  registers, checkpointed every 16 steps for the backward; bias, softplus, D and gate fused;
+  initial state in, last state out). No build step: Triton ships with CUDA builds of
+  PyTorch. On CPU tensors it runs only under Triton's interpreter (``TRITON_INTERPRET=1``;
+  the tests use it). :func:`triton_unavailable_reason` says why not.
 - ``"cpu"``:   :class:`models.kernels.cpu_kernels.SelectiveScanCPU`, a fused C kernel for CPU
   tensors (built with the system C compiler on first use, loaded with ctypes; same chunked
   recompute-in-backward memory scheme, chunks of 64). :func:`cpu_unavailable_reason` says
   why it cannot be used (no compiler, or disabled).
-- ``"auto"``:  cuda if possible; else cpu for CPU tensors when the kernel builds; else torch.
-  :func:`cuda_unavailable_reason` says why not cuda.
+- ``"auto"``:  on CUDA tensors cuda if importable, else triton, else torch; on CPU tensors
+  cpu when the C kernel builds, else torch. :func:`cuda_unavailable_reason` says why not cuda.
 
 Extension beyond mamba-ssm: ``initial_state`` (batch, dim, state) starts the recurrence
 from a given h_{-1} (used to stream very long sequences chunk by chunk). The CUDA kernel
-has no such input, so ``auto`` uses the torch backend whenever an initial state is given.
+has no such input, so ``auto`` uses the triton backend (else torch) whenever an initial
+state is given on a CUDA device.
 """
 from __future__ import annotations
 
@@ -57,9 +64,9 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from models.kernels import cpu_kernels
+from models.kernels import cpu_kernels, triton_kernels
 
-BACKENDS = ("auto", "cuda", "cpu", "torch", "compiled", "ref")
+BACKENDS = ("auto", "cuda", "triton", "cpu", "torch", "compiled", "ref")
 DEFAULT_BLOCK_LEN = 32
 
 # ---------------------------------------------------------------------------------------
@@ -126,9 +133,18 @@ def cpu_unavailable_reason() -> str:
     return cpu_kernels.unavailable_reason()
 
 
+def triton_unavailable_reason(device: torch.device | str | None = "cuda") -> str:
+    """Why the Triton kernels cannot run on ``device`` ("" when they can)."""
+    return triton_kernels.unavailable_reason(device)
+
+
 def choose_backend(backend: str, device: torch.device | str, initial_state: bool = False) -> str:
-    """Resolve ``backend`` for tensors on ``device`` to one of "cuda", "cpu", "torch",
-    "compiled", "ref".
+    """Resolve ``backend`` for tensors on ``device`` to one of "cuda", "triton", "cpu",
+    "torch", "compiled", "ref".
+
+    ``auto``: on CUDA tensors mamba-ssm's kernel when importable (and no initial state is
+    given: it takes none), else the Triton kernels, else torch; on CPU tensors the C
+    kernels, else torch. Triton on CPU tensors (its interpreter) is only ever forced.
 
     Forcing "cuda" or "cpu" where it cannot run is an error that says why, not a silent
     fallback.
@@ -140,7 +156,13 @@ def choose_backend(backend: str, device: torch.device | str, initial_state: bool
     if backend == "auto":
         if on_cuda and not initial_state and cuda_available():
             return "cuda"
+        if on_cuda and triton_kernels.available(kind):
+            return "triton"
         return "cpu" if (kind == "cpu" and cpu_kernels.available()) else "torch"
+    if backend == "triton":
+        reason = triton_kernels.unavailable_reason(kind)
+        if reason:
+            raise RuntimeError(f"selective-scan backend 'triton' unavailable: {reason}")
     if backend == "cpu":
         if not cpu_kernels.available():
             raise RuntimeError(f"selective-scan backend 'cpu' unavailable: {cpu_unavailable_reason()}")
@@ -531,6 +553,22 @@ def selective_scan_cpu_tm(
     return (out, last) if return_last_state else out
 
 
+def selective_scan_triton_tm(
+    u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_softplus=False,
+    return_last_state=False, initial_state=None, channel_major: bool = False,
+):
+    """The fused Triton kernels (backend "triton"), time-major: u, delta, z: (batch, L, dim);
+    B, C: (batch, L, N); A: (dim, N); D, delta_bias: (dim,); initial_state (batch, dim, N).
+    Returns out (batch, L, dim) in u's dtype [, last_state (batch, dim, N) float32]. Any
+    strides; float32 state and arithmetic for float32 / bfloat16 / float16 inputs (float64
+    for float64). ``channel_major``: out is stored as (batch, dim, L) (mamba-ssm's layout).
+    """
+    B, C = _check_bc(A, B, C)
+    out, last = triton_kernels.SelectiveScanTriton.apply(
+        u, delta, A, B, C, D, z, delta_bias, initial_state, bool(delta_softplus), channel_major)
+    return (out, last) if return_last_state else out
+
+
 # ---------------------------------------------------------------------------------------
 # Public entry point
 # ---------------------------------------------------------------------------------------
@@ -544,7 +582,8 @@ def selective_scan_fn(
     u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_softplus=False,
     return_last_state=False, backend: str = "auto", initial_state=None,
 ):
-    """mamba-ssm-compatible selective scan; ``backend`` in auto | cuda | cpu | torch | compiled | ref.
+    """mamba-ssm-compatible selective scan; ``backend`` in auto | cuda | triton | cpu | torch |
+    compiled | ref.
 
     u, delta, z: (batch, dim, length); A: (dim, state); B, C: (batch, state, length);
     D, delta_bias: (dim,); initial_state: (batch, dim, state) or None.
@@ -557,9 +596,10 @@ def selective_scan_fn(
     if chosen == "ref":
         return selective_scan_ref(u, delta, A, B, C, D, z, delta_bias, delta_softplus,
                                   return_last_state, initial_state=initial_state)
-    if chosen == "cpu":
+    if chosen in ("cpu", "triton"):
         B, C = _check_bc(A, B, C)
-        return _swap_time_and_channels(selective_scan_cpu_tm(
+        fused = selective_scan_cpu_tm if chosen == "cpu" else selective_scan_triton_tm
+        return _swap_time_and_channels(fused(
             u.transpose(1, 2), delta.transpose(1, 2), A, B.transpose(1, 2), C.transpose(1, 2),
             D, None if z is None else z.transpose(1, 2), delta_bias, delta_softplus,
             return_last_state, initial_state, channel_major=True), return_last_state)
@@ -575,13 +615,14 @@ def selective_scan_tm(
     """:func:`selective_scan_fn` for time-major tensors, the layout the Mamba block makes:
     u, delta, z: (batch, L, dim); B, C: (batch, L, N); returns out (batch, L, dim).
 
-    The "cpu" backend reads these directly (strided views are fine); the others get
+    The "cpu" and "triton" backends read these directly (strided views are fine); the others get
     transposed views and their output is transposed back.
     """
     chosen = choose_backend(backend, _device_of(u), initial_state is not None)
-    if chosen == "cpu":
-        return selective_scan_cpu_tm(u, delta, A, B, C, D, z, delta_bias, delta_softplus,
-                                     return_last_state, initial_state)
+    if chosen in ("cpu", "triton"):
+        fused = selective_scan_cpu_tm if chosen == "cpu" else selective_scan_triton_tm
+        return fused(u, delta, A, B, C, D, z, delta_bias, delta_softplus, return_last_state,
+                     initial_state)
     return _swap_time_and_channels(selective_scan_fn(
         u.transpose(1, 2), delta.transpose(1, 2), A, B.transpose(1, 2), C.transpose(1, 2), D,
         None if z is None else z.transpose(1, 2), delta_bias, delta_softplus,
