@@ -173,8 +173,15 @@ def measure_scan(spec: dict[str, Any]) -> dict[str, Any]:
             ss.selective_scan_fn(**inputs, delta_softplus=True, backend=backend)
 
     rss_before = _rss_mib()
+    if device.type == "cuda":
+        _sync(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        base = torch.cuda.memory_allocated(device)
     train_ms = _median_ms(train_step, spec["repeats"], spec["warmup"], device)
-    peak = _peak_rss_mib() - rss_before
+    if device.type == "cuda":  # allocator peak above the inputs, as in the model table
+        peak = (torch.cuda.max_memory_allocated(device) - base) / 2**20
+    else:
+        peak = _peak_rss_mib() - rss_before
     fwd_ms = _median_ms(forward, spec["repeats"], spec["warmup"], device)
     return {"kernel": "selective_scan", "seq_len": L, "backend": backend,
             "fwd_bwd_ms": round(train_ms, 2), "fwd_ms": round(fwd_ms, 2),
@@ -332,7 +339,7 @@ def plan(args: argparse.Namespace) -> list[dict[str, Any]]:
     for name in names:
         models.entry(name)  # unknown model: error listing the known ones
     takes = {name: models.entry(name).options() for name in names}
-    if args.backend and not any("backend" in takes[n] for n in names):
+    if args.backend and names and not any("backend" in takes[n] for n in names):
         raise SystemExit(f"--backend given but none of {', '.join(names)} takes a backend option")
     for key, _ in args.opt:
         if not any(key in takes[n] for n in names):
@@ -412,7 +419,9 @@ def main(argv: list[str] | None = None) -> int:
 
     stream_rows = []
     if args.stream_tokens:
-        spec = dict(kind="stream", model=args.stream_model, options={}, tokens=args.stream_tokens,
+        # --backend (its first entry) picks the stream's scan backend too; default auto
+        stream_options = {"backend": args.backend[0]} if args.backend else {}
+        spec = dict(kind="stream", model=args.stream_model, options=stream_options, tokens=args.stream_tokens,
                     chunk_len=args.stream_chunk, mode=args.stream_mode, d_model=args.d_model,
                     n_layers=args.n_layers, device=args.device, threads=args.threads)
         res = _run_subprocess(spec, args.timeout)

@@ -20,10 +20,25 @@ import os
 
 import torch
 
+
+
+def _scan_tile() -> tuple[int, int]:
+    """(steps per chunk, channels per program) of the scan: ``SSM_WORKBENCH_TRITON_SCAN_TILE``
+    = "BTxBD" (powers of two) overrides the default, for tuning on a new GPU with `bench`."""
+    raw = os.environ.get("SSM_WORKBENCH_TRITON_SCAN_TILE", "16x16")
+    try:
+        bt, bd = (int(v) for v in raw.lower().split("x"))
+        if bt < 2 or bd < 2 or bt & (bt - 1) or bd & (bd - 1):
+            raise ValueError
+    except ValueError:
+        raise ValueError(f"SSM_WORKBENCH_TRITON_SCAN_TILE={raw!r}: expected BTxBD, powers of two "
+                         f">= 2, e.g. 16x16") from None
+    return bt, bd
+
+
 # Chunk (time tile) and channel tile of the scan; the checkpointed states cost
 # batch * dim * N * L / SCAN_BT floats. 16 x 16 x N=16 keeps a chunk's tiles in registers.
-SCAN_BT = 16
-SCAN_BD = 16
+SCAN_BT, SCAN_BD = _scan_tile()
 CONV_BLT = 64
 CONV_BLD = 32
 
