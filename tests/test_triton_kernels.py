@@ -258,3 +258,33 @@ def test_forcing_triton_where_it_cannot_run_says_why(monkeypatch):
     assert ss.choose_backend("auto", "cpu") in ("cpu", "torch")
     with pytest.raises(RuntimeError, match="no triton"):
         ss.choose_backend("triton", "cuda")
+
+
+def test_self_check_passes_and_catches_a_broken_kernel(monkeypatch):
+    """On first CUDA use the kernels are checked on a tiny problem; a failure makes auto fall
+    back to torch with the reason instead of failing the run."""
+    assert tk.self_check(DEVICE) == ""
+    real = tk.SelectiveScanTriton.apply
+
+    def off_by_a_bit(*args):
+        out, last = real(*args)
+        return out * 1.01, last
+
+    monkeypatch.setattr(tk.SelectiveScanTriton, "apply", off_by_a_bit)
+    assert "disagree with the reference" in tk.self_check(DEVICE)
+
+    def does_not_compile(*args):
+        raise RuntimeError("PassManager::run failed")
+
+    monkeypatch.setattr(tk.SelectiveScanTriton, "apply", does_not_compile)
+    reason = tk.self_check(DEVICE)
+    assert "failed" in reason and "PassManager" in reason
+    # the cached verdict drives dispatch on CUDA
+    monkeypatch.setattr(tk, "_self_check_result", reason)
+    monkeypatch.setattr(tk, "interpreting", lambda: False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(ss, "_load_cuda_scan", lambda: (None, "no mamba-ssm"))
+    assert tk.unavailable_reason("cuda") == reason
+    assert ss.choose_backend("auto", "cuda") == "torch"
+    monkeypatch.setenv("SSM_WORKBENCH_NO_TRITON", "1")
+    assert tk.unavailable_reason("cpu") == "disabled by SSM_WORKBENCH_NO_TRITON"

@@ -126,8 +126,62 @@ def version() -> str:
         return ""
 
 
+_self_check_result: str | None = None
+
+
+def self_check(device: torch.device | str) -> str:
+    """Run the kernels once on a tiny problem on ``device`` and compare with the sequential
+    reference: "" when they agree, else what went wrong (compile error, mismatch).
+
+    The first CUDA use in a process runs it (a second or two of compiling), so a GPU, driver
+    or Triton version on which the kernels do not build makes ``auto`` fall back to torch
+    with the reason, instead of failing the run.
+    """
+    from models.kernels.selective_scan import selective_scan_ref
+
+    try:
+        g = torch.Generator().manual_seed(0)
+        b, L, dim, N, K = 2, SCAN_BT + 3, 5, 3, 4
+
+        def r(*shape):
+            return torch.randn(*shape, generator=g).to(device).requires_grad_()
+
+        u, delta, z, B, C = r(b, L, dim), r(b, L, dim), r(b, L, dim), r(b, L, N), r(b, L, N)
+        A = (-torch.rand(dim, N, generator=g) - 0.5).to(device).requires_grad_()
+        D, bias, h0 = r(dim), r(dim), r(b, dim, N)
+        w, cb = r(dim, 1, K), r(dim)
+        inputs = [u, delta, A, B, C, D, z, bias, h0, w, cb]
+
+        def loss(fast: bool):
+            if fast:
+                x = CausalConv1dTriton.apply(u, w, cb, None, True)
+                out, last = SelectiveScanTriton.apply(x, delta, A, B, C, D, z, bias, h0, True, False)
+            else:
+                x = torch.nn.functional.silu(torch.nn.functional.conv1d(
+                    torch.nn.functional.pad(u.transpose(1, 2), (K - 1, 0)), w, cb, groups=dim))
+                out, last = selective_scan_ref(x, delta.transpose(1, 2), A, B.transpose(1, 2),
+                                               C.transpose(1, 2), D, z.transpose(1, 2), bias,
+                                               True, True, h0)
+                out = out.transpose(1, 2)
+            return (out.sin().sum() + last.cos().sum()), out
+
+        (lf, of), (lr, o_ref) = loss(True), loss(False)
+        gf, gr = torch.autograd.grad(lf, inputs), torch.autograd.grad(lr, inputs)
+        worst = max([((a - c).abs().max() / c.abs().max().clamp_min(1e-6)).item()
+                     for a, c in zip([of, *gf], [o_ref, *gr])])
+        if not worst < 1e-3:  # also catches NaN
+            return f"Triton kernels disagree with the reference on {device} (relative error {worst:.2g})"
+        return ""
+    except Exception as exc:  # noqa: BLE001  a kernel that does not compile here: report it
+        msg = (str(exc).strip().splitlines() or [""])[0][:300]
+        return f"Triton kernels failed on {device}: {type(exc).__name__}: {msg}"
+
+
 def unavailable_reason(device: torch.device | str | None = None) -> str:
     """Why backend "triton" cannot run on ``device`` ("" when it can; None: on any device)."""
+    global _self_check_result
+    if os.environ.get("SSM_WORKBENCH_NO_TRITON", "") not in ("", "0"):
+        return "disabled by SSM_WORKBENCH_NO_TRITON"
     if _load() is None:
         return _import_error
     kind = None if device is None else torch.device(device).type
@@ -140,6 +194,13 @@ def unavailable_reason(device: torch.device | str | None = None) -> str:
         return f"Triton kernels do not run on {kind} tensors"
     if kind is None and not interpreting() and not torch.cuda.is_available():
         return "torch sees no CUDA device (and TRITON_INTERPRET is not set)"
+    if kind == "cuda":
+        if not torch.cuda.is_available():
+            return "torch sees no CUDA device"
+        if _self_check_result is None:
+            _self_check_result = ""  # the check itself runs the kernels: no recursion
+            _self_check_result = self_check("cuda")
+        return _self_check_result
     return ""
 
 
