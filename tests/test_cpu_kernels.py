@@ -8,7 +8,8 @@ import torch.nn.functional as F
 
 from models.kernels import cpu_kernels
 from models.kernels import selective_scan as ss
-from tests.test_selective_scan import OPTION_SETS, assert_close, check_against_ref, make_inputs, run
+from tests.test_selective_scan import (OPTION_SETS, assert_close, check_against_ref,
+                                       check_time_major_strided_views, make_inputs, run)
 
 F64 = torch.float64
 
@@ -73,30 +74,7 @@ def test_results_do_not_depend_on_thread_count():
 @needs_kernel
 def test_time_major_strided_views_equal_contiguous_copies():
     """The Mamba block hands the kernel slices of projection outputs (row strides != dim)."""
-    g = torch.Generator().manual_seed(3)
-    b, L, d, N = 2, 19, 20, 4
-    xz = torch.randn(b, L, 2 * d, generator=g, dtype=F64, requires_grad=True)
-    dbl = torch.randn(b, L, 3 + 2 * N, generator=g, dtype=F64, requires_grad=True)
-    u, z = xz[..., :d], xz[..., d:]
-    B, C = dbl[..., 3:3 + N], dbl[..., 3 + N:]
-    delta = torch.randn(b, L, d, generator=g, dtype=F64)
-    A = -torch.rand(d, N, generator=g, dtype=F64) - 0.1
-    D, bias = torch.randn(d, generator=g, dtype=F64), torch.randn(d, generator=g, dtype=F64)
-    w = torch.randn(b, L, d, generator=g, dtype=F64)
-
-    def loss(u, z, B, C):
-        out = ss.selective_scan_tm(u, delta, A, B, C, D, z, bias, True, backend="cpu")
-        return (out * w).sum(), out
-
-    (l1, o1), (l2, o2) = loss(u, z, B, C), loss(*(t.contiguous() for t in (u, z, B, C)))
-    assert_close(o1, o2, 1e-14)
-    ref = ss.selective_scan_ref(u.transpose(1, 2), delta.transpose(1, 2), A, B.transpose(1, 2),
-                                C.transpose(1, 2), D, z.transpose(1, 2), bias, True)
-    assert_close(ref.transpose(1, 2), o1)
-    g1 = torch.autograd.grad(l1, [xz, dbl])
-    g2 = torch.autograd.grad(l2, [xz, dbl])
-    for a, b_ in zip(g1, g2):
-        assert_close(a, b_, 1e-14)
+    check_time_major_strided_views("cpu")
 
 
 @needs_kernel

@@ -16,7 +16,8 @@ import torch.nn.functional as F
 import models
 from models.kernels import selective_scan as ss
 from models.kernels import triton_kernels as tk
-from tests.test_selective_scan import OPTION_SETS, assert_close, make_inputs, run
+from tests.test_selective_scan import (OPTION_SETS, assert_close,
+                                       check_time_major_strided_views, make_inputs, run)
 
 F64 = torch.float64
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -94,29 +95,7 @@ def test_bfloat16_inputs_are_scanned_in_float32():
 
 def test_time_major_strided_views_equal_contiguous_copies():
     """The Mamba block hands the kernel slices of projection outputs (row strides != dim)."""
-    g = torch.Generator().manual_seed(3)
-    b, L, d, N = 2, 19, 20, 4
-
-    def t(*shape, grad=False):
-        return torch.randn(*shape, generator=g, dtype=F64).to(DEVICE).requires_grad_(grad)
-
-    xz, dbl = t(b, L, 2 * d, grad=True), t(b, L, 3 + 2 * N, grad=True)
-    u, z = xz[..., :d], xz[..., d:]
-    B, C = dbl[..., 3:3 + N], dbl[..., 3 + N:]
-    delta, D, bias, w = t(b, L, d), t(d), t(d), t(b, L, d)
-    A = -torch.rand(d, N, generator=g, dtype=F64).to(DEVICE) - 0.1
-
-    def loss(u, z, B, C):
-        out = ss.selective_scan_tm(u, delta, A, B, C, D, z, bias, True, backend="triton")
-        return (out * w).sum(), out
-
-    (l1, o1), (l2, o2) = loss(u, z, B, C), loss(*(x.contiguous() for x in (u, z, B, C)))
-    assert_close(o1, o2, 1e-14)
-    ref = ss.selective_scan_ref(u.transpose(1, 2), delta.transpose(1, 2), A, B.transpose(1, 2),
-                                C.transpose(1, 2), D, z.transpose(1, 2), bias, True)
-    assert_close(ref.transpose(1, 2), o1)
-    for a, b_ in zip(torch.autograd.grad(l1, [xz, dbl]), torch.autograd.grad(l2, [xz, dbl])):
-        assert_close(a, b_, 1e-14)
+    check_time_major_strided_views("triton", DEVICE)
 
 
 def test_chunks_with_initial_state_equal_one_pass():

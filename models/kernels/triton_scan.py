@@ -57,6 +57,68 @@ def _softplus(x):
 
 
 @triton.jit
+def _channel_tile(A_ptr, D_ptr, bias_ptr, pid_d, dim, N, HAS_D: tl.constexpr,
+                  HAS_BIAS: tl.constexpr, COMPUTE: tl.constexpr, BD: tl.constexpr,
+                  BN: tl.constexpr):
+    """A program's channels d (BD,) and state indices n (BN,), their masks, the (BD, BN)
+    offsets and mask into (dim, N) arrays, and its rows of A (BD, BN), D and delta_bias
+    (BD,; zeros when absent)."""
+    d = pid_d * BD + tl.arange(0, BD)
+    n = tl.arange(0, BN)
+    dmask = d < dim
+    nmask = n < N
+    dn_mask = dmask[:, None] & nmask[None, :]
+    dn_off = d[:, None] * N + n[None, :]
+    A = tl.load(A_ptr + dn_off, mask=dn_mask, other=0.0).to(COMPUTE)
+    if HAS_D:
+        Dv = tl.load(D_ptr + d, mask=dmask, other=0.0).to(COMPUTE)
+    else:
+        Dv = tl.zeros((BD,), dtype=COMPUTE)
+    if HAS_BIAS:
+        bias = tl.load(bias_ptr + d, mask=dmask, other=0.0).to(COMPUTE)
+    else:
+        bias = tl.zeros((BD,), dtype=COMPUTE)
+    return d, n, dmask, nmask, dn_mask, dn_off, A, Dv, bias
+
+
+@triton.jit
+def _load_chunk(u_ptr, delta_ptr, bias, B_ptr, C_ptr, b, t, d, n, L, dim, N,
+                su_b, su_t, su_d, sdt_b, sdt_t, sdt_d, sB_b, sB_t, sB_n, sC_b, sC_t, sC_n,
+                HAS_BIAS: tl.constexpr, SOFTPLUS: tl.constexpr, COMPUTE: tl.constexpr):
+    """One chunk's inputs at times t (BT,): u (BT, BD); delta + bias before softplus
+    (dt_raw) and after it, zero at padded steps (dt); B, C (BT, BN)."""
+    tmask = t < L
+    td_mask = tmask[:, None] & (d < dim)[None, :]
+    tn_mask = tmask[:, None] & (n < N)[None, :]
+    u = tl.load(u_ptr + b * su_b + t[:, None] * su_t + d[None, :] * su_d,
+                mask=td_mask, other=0.0).to(COMPUTE)
+    dt_raw = tl.load(delta_ptr + b * sdt_b + t[:, None] * sdt_t + d[None, :] * sdt_d,
+                     mask=td_mask, other=0.0).to(COMPUTE)
+    if HAS_BIAS:
+        dt_raw = dt_raw + bias[None, :]
+    if SOFTPLUS:
+        dt = _softplus(dt_raw)
+    else:
+        dt = dt_raw
+    dt = tl.where(td_mask, dt, 0.0)                                       # padding: identity step
+    Bt = tl.load(B_ptr + b * sB_b + t[:, None] * sB_t + n[None, :] * sB_n,
+                 mask=tn_mask, other=0.0).to(COMPUTE)
+    Ct = tl.load(C_ptr + b * sC_b + t[:, None] * sC_t + n[None, :] * sC_n,
+                 mask=tn_mask, other=0.0).to(COMPUTE)
+    return u, dt_raw, dt, Bt, Ct
+
+
+@triton.jit
+def _chunk_states(dt, u, Bt, A, h_in):
+    """States of one chunk from the state entering it: decay a_t, input b_t and h_t, all
+    (BT, BD, BN), by a parallel prefix scan along time."""
+    decay = tl.exp(dt[:, :, None] * A[None, :, :])                        # ZOH
+    inp = (dt * u)[:, :, None] * Bt[:, None, :]                           # Euler
+    P, H = tl.associative_scan((decay, inp), 0, _first_order_combine)
+    return decay, inp, H + P * h_in[None, :, :]
+
+
+@triton.jit
 def selective_scan_fwd_kernel(
     u_ptr, delta_ptr, z_ptr, A_ptr, B_ptr, C_ptr, D_ptr, bias_ptr, h0_ptr,
     out_ptr, hlast_ptr, ckpt_ptr,
@@ -72,17 +134,8 @@ def selective_scan_fwd_kernel(
     ckpt: (batch, n_chunks, dim, N) contiguous, the state entering each chunk."""
     pid_d = tl.program_id(0)
     b = tl.program_id(1).to(tl.int64)
-    d = pid_d * BD + tl.arange(0, BD)
-    n = tl.arange(0, BN)
-    dmask = d < dim
-    nmask = n < N
-    dn_mask = dmask[:, None] & nmask[None, :]
-    dn_off = d[:, None] * N + n[None, :]                                   # (BD, BN)
-    A = tl.load(A_ptr + dn_off, mask=dn_mask, other=0.0).to(COMPUTE)
-    if HAS_D:
-        Dv = tl.load(D_ptr + d, mask=dmask, other=0.0).to(COMPUTE)
-    if HAS_BIAS:
-        bias = tl.load(bias_ptr + d, mask=dmask, other=0.0).to(COMPUTE)
+    d, n, dmask, nmask, dn_mask, dn_off, A, Dv, bias = _channel_tile(
+        A_ptr, D_ptr, bias_ptr, pid_d, dim, N, HAS_D, HAS_BIAS, COMPUTE, BD, BN)
     state_off = b * dim * N + dn_off
     if HAS_H0:
         h = tl.load(h0_ptr + state_off, mask=dn_mask, other=0.0).to(COMPUTE)
@@ -94,26 +147,12 @@ def selective_scan_fwd_kernel(
         if SAVE_CKPT:
             tl.store(ckpt_ptr + (b * n_chunks + c) * dim * N + dn_off, h, mask=dn_mask)
         t = c * BT + t_local
-        tmask = t < L
-        td_mask = tmask[:, None] & dmask[None, :]
-        tn_mask = tmask[:, None] & nmask[None, :]
-        u = tl.load(u_ptr + b * su_b + t[:, None] * su_t + d[None, :] * su_d,
-                    mask=td_mask, other=0.0).to(COMPUTE)                  # (BT, BD)
-        dt = tl.load(delta_ptr + b * sdt_b + t[:, None] * sdt_t + d[None, :] * sdt_d,
-                     mask=td_mask, other=0.0).to(COMPUTE)
-        if HAS_BIAS:
-            dt = dt + bias[None, :]
-        if SOFTPLUS:
-            dt = _softplus(dt)
-        dt = tl.where(td_mask, dt, 0.0)                                    # padding: identity step
-        Bt = tl.load(B_ptr + b * sB_b + t[:, None] * sB_t + n[None, :] * sB_n,
-                     mask=tn_mask, other=0.0).to(COMPUTE)                  # (BT, BN)
-        Ct = tl.load(C_ptr + b * sC_b + t[:, None] * sC_t + n[None, :] * sC_n,
-                     mask=tn_mask, other=0.0).to(COMPUTE)
-        decay = tl.exp(dt[:, :, None] * A[None, :, :])                      # (BT, BD, BN)
-        inp = (dt * u)[:, :, None] * Bt[:, None, :]
-        P, H = tl.associative_scan((decay, inp), 0, _first_order_combine)
-        hs = H + P * h[None, :, :]
+        td_mask = (t < L)[:, None] & dmask[None, :]
+        u, dt_raw, dt, Bt, Ct = _load_chunk(
+            u_ptr, delta_ptr, bias, B_ptr, C_ptr, b, t, d, n, L, dim, N,
+            su_b, su_t, su_d, sdt_b, sdt_t, sdt_d, sB_b, sB_t, sB_n, sC_b, sC_t, sC_n,
+            HAS_BIAS, SOFTPLUS, COMPUTE)
+        decay, inp, hs = _chunk_states(dt, u, Bt, A, h)
         y = tl.sum(hs * Ct[:, None, :], axis=2)                             # (BT, BD)
         if HAS_D:
             y = y + Dv[None, :] * u
@@ -145,17 +184,8 @@ def selective_scan_bwd_kernel(
     dB, dC (batch, n_dtiles, L, N) contiguous (summed over batch / tiles by the caller)."""
     pid_d = tl.program_id(0)
     b = tl.program_id(1).to(tl.int64)
-    d = pid_d * BD + tl.arange(0, BD)
-    n = tl.arange(0, BN)
-    dmask = d < dim
-    nmask = n < N
-    dn_mask = dmask[:, None] & nmask[None, :]
-    dn_off = d[:, None] * N + n[None, :]
-    A = tl.load(A_ptr + dn_off, mask=dn_mask, other=0.0).to(COMPUTE)
-    if HAS_D:
-        Dv = tl.load(D_ptr + d, mask=dmask, other=0.0).to(COMPUTE)
-    if HAS_BIAS:
-        bias = tl.load(bias_ptr + d, mask=dmask, other=0.0).to(COMPUTE)
+    d, n, dmask, nmask, dn_mask, dn_off, A, Dv, bias = _channel_tile(
+        A_ptr, D_ptr, bias_ptr, pid_d, dim, N, HAS_D, HAS_BIAS, COMPUTE, BD, BN)
     state_off = b * dim * N + dn_off
     if HAS_DHLAST:
         carry = tl.load(dhlast_ptr + state_off, mask=dn_mask, other=0.0).to(COMPUTE)
@@ -169,20 +199,12 @@ def selective_scan_bwd_kernel(
     for i in range(0, n_chunks):
         c = n_chunks - 1 - i
         t = c * BT + t_local
-        tmask = t < L
-        td_mask = tmask[:, None] & dmask[None, :]
-        tn_mask = tmask[:, None] & nmask[None, :]
-        u = tl.load(u_ptr + b * su_b + t[:, None] * su_t + d[None, :] * su_d,
-                    mask=td_mask, other=0.0).to(COMPUTE)
-        dt_raw = tl.load(delta_ptr + b * sdt_b + t[:, None] * sdt_t + d[None, :] * sdt_d,
-                         mask=td_mask, other=0.0).to(COMPUTE)
-        if HAS_BIAS:
-            dt_raw = dt_raw + bias[None, :]
-        if SOFTPLUS:
-            dt = _softplus(dt_raw)
-        else:
-            dt = dt_raw
-        dt = tl.where(td_mask, dt, 0.0)
+        td_mask = (t < L)[:, None] & dmask[None, :]
+        tn_mask = (t < L)[:, None] & nmask[None, :]
+        u, dt_raw, dt, Bt, Ct = _load_chunk(
+            u_ptr, delta_ptr, bias, B_ptr, C_ptr, b, t, d, n, L, dim, N,
+            su_b, su_t, su_d, sdt_b, sdt_t, sdt_d, sB_b, sB_t, sB_n, sC_b, sC_t, sC_n,
+            HAS_BIAS, SOFTPLUS, COMPUTE)
         # a_{t+1}: the next step's decay, within this chunk (the chunk's last step takes carry)
         t1 = t + 1
         next_mask = ((t_local < BT - 1) & (t1 < L))[:, None] & dmask[None, :]
@@ -193,19 +215,11 @@ def selective_scan_bwd_kernel(
         if SOFTPLUS:
             dt1 = _softplus(dt1)
         dt1 = tl.where(next_mask, dt1, 0.0)                                 # a = exp(0) = 1
-        Bt = tl.load(B_ptr + b * sB_b + t[:, None] * sB_t + n[None, :] * sB_n,
-                     mask=tn_mask, other=0.0).to(COMPUTE)
-        Ct = tl.load(C_ptr + b * sC_b + t[:, None] * sC_t + n[None, :] * sC_n,
-                     mask=tn_mask, other=0.0).to(COMPUTE)
         dout = tl.load(dout_ptr + b * sdo_b + t[:, None] * sdo_t + d[None, :] * sdo_d,
                        mask=td_mask, other=0.0).to(COMPUTE)
         h_in = tl.load(ckpt_ptr + (b * n_chunks + c) * dim * N + dn_off,
                        mask=dn_mask, other=0.0).to(COMPUTE)
-        # recompute the chunk's states
-        decay = tl.exp(dt[:, :, None] * A[None, :, :])
-        inp = (dt * u)[:, :, None] * Bt[:, None, :]
-        P, H = tl.associative_scan((decay, inp), 0, _first_order_combine)
-        hs = H + P * h_in[None, :, :]
+        decay, inp, hs = _chunk_states(dt, u, Bt, A, h_in)                  # recomputed
         # gate and skip
         if HAS_Z:
             zt = tl.load(z_ptr + b * sz_b + t[:, None] * sz_t + d[None, :] * sz_d,
