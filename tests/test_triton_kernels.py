@@ -267,3 +267,4 @@ def test_self_check_passes_and_catches_a_broken_kernel(monkeypatch):
     assert ss.choose_backend("auto", "cuda") == "torch"
     monkeypatch.setenv("SSM_WORKBENCH_NO_TRITON", "1")
     assert tk.unavailable_reason("cpu") == "disabled by SSM_WORKBENCH_NO_TRITON"
+

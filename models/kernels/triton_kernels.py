@@ -264,6 +264,7 @@ class SelectiveScanTriton(torch.autograd.Function):
         batch, L, dim = u.shape
         N = A.shape[1]
         state_dtype = torch.float64 if u.dtype == torch.float64 else torch.float32
+        grad_dtypes = (A.dtype, B.dtype, C.dtype)          # gradients go back in these
         A = A.to(state_dtype).contiguous()
         D, delta_bias = (None if t is None else t.contiguous() for t in (D, delta_bias))
         h0 = None if h0 is None else h0.to(state_dtype).contiguous()
@@ -287,7 +288,7 @@ class SelectiveScanTriton(torch.autograd.Function):
             ctx.save_for_backward(u, delta, z, A, B, C, D, delta_bias, ckpt)
             ctx.softplus, ctx.channel_major = bool(softplus), channel_major
             ctx.has_h0 = h0 is not None
-            ctx.dtypes = (A.dtype, B.dtype, C.dtype)
+            ctx.dtypes = grad_dtypes
         return out, h_last
 
     @staticmethod
