@@ -77,8 +77,7 @@ class Mamba(SelectiveSSM):
         # The Triton conv with "triton", and with "cuda" when causal-conv1d is missing or a
         # streaming chunk carries inputs from before it (causal-conv1d takes none).
         if backend in ("triton", "cuda") and triton_kernels.available(x.device):
-            return triton_kernels.CausalConv1dTriton.apply(x, self.conv1d.weight,
-                                                           self.conv1d.bias, left, True)
+            return triton_kernels.causal_conv1d(x, self.conv1d.weight, self.conv1d.bias, left)
         x_bdl = (F.pad(x_bdl, (self.d_conv - 1, 0)) if left is None
                  else torch.cat([left.transpose(1, 2).to(x.dtype), x_bdl], dim=-1))
         y = F.conv1d(x_bdl, self.conv1d.weight, self.conv1d.bias, groups=self.d_inner)

@@ -564,7 +564,7 @@ def selective_scan_triton_tm(
     for float64). ``channel_major``: out is stored as (batch, dim, L) (mamba-ssm's layout).
     """
     B, C = _check_bc(A, B, C)
-    out, last = triton_kernels.SelectiveScanTriton.apply(
+    out, last = triton_kernels.selective_scan(
         u, delta, A, B, C, D, z, delta_bias, initial_state, bool(delta_softplus), channel_major)
     return (out, last) if return_last_state else out
 

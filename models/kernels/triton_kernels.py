@@ -403,3 +403,21 @@ class CausalConv1dTriton(torch.autograd.Function):
         dweight = dw_part.sum((0, 1)).t().reshape(ctx.weight_shape).to(w.dtype)
         dbias = None if bias is None else dbias_part.sum((0, 1)).to(bias.dtype)
         return dx, dweight, dbias, dleft if ctx.had_left else None, None
+
+
+# torch.compile of a model (the `compile` training setting) runs these eagerly, as graph
+# breaks: tracing into the kernel launches is not needed and not what they were tested as.
+_eager = getattr(torch.compiler, "disable", lambda fn: fn)
+
+
+@_eager
+def causal_conv1d(x, weight, bias=None, left=None, silu=True):
+    """:class:`CausalConv1dTriton` as a function (shapes there): (batch, L, dim) -> same."""
+    return CausalConv1dTriton.apply(x, weight, bias, left, silu)
+
+
+@_eager
+def selective_scan(u, delta, A, B, C, D, z, delta_bias, initial_state, softplus, channel_major):
+    """:class:`SelectiveScanTriton` as a function (shapes there): (out, last_state)."""
+    return SelectiveScanTriton.apply(u, delta, A, B, C, D, z, delta_bias, initial_state,
+                                     softplus, channel_major)
