@@ -8,6 +8,7 @@ import sys
 import time
 
 import pytest
+import torch
 
 from workbench import scheduler
 from workbench.profile import loads
@@ -38,6 +39,11 @@ log_every = 2
 """
 
 
+# what the worker records for train.device = "auto": the GPU when torch sees one (and the
+# scheduler found one to pin the worker to; a CPU slot hides the GPUs from its worker)
+DEVICE = "cuda" if torch.cuda.is_available() and scheduler._visible_gpus() else "cpu"
+
+
 def tiny(name="tiny", models='["lstm", "transformer"]', steps=10, lr="3e-3"):
     return TINY.format(name=name, models=models, steps=steps, lr=lr)
 
@@ -60,7 +66,8 @@ def wait_for(pred, timeout=60.0):
 def test_headless_run_and_export(tmp_path):
     prof = tmp_path / "tiny.toml"
     prof.write_text(tiny())
-    out = cli(tmp_path / "st", "run", str(prof), "--jobs", "2")
+    # two at a time on a CPU (--jobs) and on a single GPU (--runs-per-gpu)
+    out = cli(tmp_path / "st", "run", str(prof), "--jobs", "2", "--runs-per-gpu", "2")
     assert out.returncode == 0, out.stdout + out.stderr
     store = Store(tmp_path / "st")
     runs = store.runs(profile="tiny")
@@ -70,7 +77,8 @@ def test_headless_run_and_export(tmp_path):
     for k in ("accuracy", "sequence_accuracy", "loss", "step_time_ms", "inference_ms", "peak_mem_mb",
               "tokens_per_s", "params", "wall_s"):
         assert res.get(k) is not None, k
-    assert r.info["versions"]["torch"] and r.info["device"] == "cpu" and r.info["backend"]
+    assert r.info["versions"]["torch"] and r.info["device"] == DEVICE and r.info["backend"]
+    assert r.device == DEVICE
     assert store.metrics(r.id, "train", "loss") and store.metrics(r.id, "eval", "accuracy")
     assert store.system(r.id) or r.elapsed < 2  # sampled once a second
 
@@ -129,7 +137,7 @@ def test_bad_profile_starts_nothing(tmp_path):
 def test_kill_and_crash(tmp_path):
     store = Store(tmp_path / "st")
     p = loads(tiny(name="long", models='["lstm"]', steps=100000).replace("seeds = [0, 1]", "seeds = [0]"))
-    ids = scheduler.submit(store, p, jobs=2)  # two slots: both lengths run at once
+    ids = scheduler.submit(store, p, jobs=2, runs_per_gpu=2)  # two slots (CPU or one GPU): both lengths at once
     running = wait_for(lambda: len(store.runs(states=["running"])) == 2 and
                        all(r.step > 0 for r in store.runs(states=["running"])), timeout=90)
     assert running

@@ -57,3 +57,24 @@ def test_reap_marks_dead_worker_crashed(tmp_path):
     # a silent heartbeat also counts as a crash
     assert s.reap(now=time.time() + 3600) == [b]
     assert "no heartbeat" in s.get(b).error
+
+
+def test_system_samples_keep_the_runs_own_gpu_memory_and_old_stores_upgrade(tmp_path):
+    """A store made before the per-process GPU memory column gains it on open, keeping its
+    rows; new samples store the field."""
+    import sqlite3
+
+    old = sqlite3.connect(tmp_path / "store.sqlite")
+    old.executescript(
+        "CREATE TABLE system (run_id INTEGER NOT NULL, t REAL NOT NULL, cpu_percent REAL,"
+        " rss_mb REAL, gpu_util REAL, gpu_mem_used_mb REAL, gpu_mem_total_mb REAL, gpu_name TEXT);"
+        "INSERT INTO system VALUES (1, 0.0, 50.0, 100.0, NULL, NULL, NULL, NULL);")
+    old.commit()
+    old.close()
+    s = Store(tmp_path)
+    (rid,) = s.add_runs([spec()])
+    s.add_system(rid, {"gpu_util": 80.0, "gpu_mem_used_mb": 2048.0, "gpu_mem_total_mb": 81559.0,
+                       "gpu_proc_mem_mb": 700.0, "gpu_name": "H100"})
+    assert s.system(rid)[-1]["gpu_proc_mem_mb"] == 700.0
+    assert s.system(1)[0]["cpu_percent"] == 50.0 and s.system(1)[0]["gpu_proc_mem_mb"] is None
+    Store(tmp_path)  # opening again is a no-op

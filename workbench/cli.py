@@ -7,6 +7,7 @@
     ssm-workbench models | tasks
     ssm-workbench profile check FILE...
     ssm-workbench bench ...            speed/memory benchmark table
+    ssm-workbench doctor [--json]      what this machine can do (GPU, kernels, store), and why not
 
 ``--store DIR`` (or ``$SSM_WORKBENCH_STORE``) picks the store; see workbench.store.
 Exit codes: 0 success, 1 a run did not finish, 2 bad input (profile, arguments).
@@ -89,7 +90,7 @@ def cmd_run(args) -> int:
         Console(stderr=True).print(str(e), markup=False, highlight=False)
         return 2
     store = _store(args)
-    ids = scheduler.submit(store, prof, jobs=args.jobs)
+    ids = scheduler.submit(store, prof, jobs=args.jobs, runs_per_gpu=args.runs_per_gpu)
     console.print(f"profile [bold]{prof.name}[/bold]: {len(ids)} run(s) queued "
                   f"(ids {ids[0]}–{ids[-1]}); store {store.root}", highlight=False)
     try:
@@ -241,6 +242,19 @@ def cmd_export(args) -> int:
     return 0
 
 
+def cmd_doctor(args) -> int:
+    import json
+
+    from workbench import doctor
+
+    rows = doctor.probe(args.store)
+    if args.json:
+        print(json.dumps([r.to_dict() for r in rows], indent=1))
+    else:
+        doctor.render(rows, _console())
+    return doctor.exit_code(rows)
+
+
 def cmd_bench(args) -> int:
     from workbench import bench
 
@@ -248,6 +262,16 @@ def cmd_bench(args) -> int:
 
 
 # --------------------------------------------------------------------------- parser
+def _positive_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {v}")
+    return v
+
+
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="ssm-workbench", description="Compare sequence models from a terminal.")
     ap.add_argument("--version", action="version", version=f"ssm-workbench {__version__}")
@@ -260,7 +284,10 @@ def parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("run", help="replay a profile headlessly")
     p.add_argument("profile")
-    p.add_argument("--jobs", type=int, help="concurrent CPU runs (default 1; GPU: one per device)")
+    p.add_argument("--jobs", type=int, help="concurrent CPU runs (default 1; GPU: see --runs-per-gpu)")
+    p.add_argument("--runs-per-gpu", type=_positive_int, metavar="N",
+                   help="concurrent runs per visible GPU (default: the profile's runs_per_gpu, else 1); "
+                        "no effect on a machine without a GPU (use --jobs there)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.set_defaults(fn=cmd_run)
 
@@ -296,6 +323,11 @@ def parser() -> argparse.ArgumentParser:
     c = psub.add_parser("check", help="validate profiles")
     c.add_argument("files", nargs="+")
     c.set_defaults(fn=cmd_profile_check)
+
+    p = sub.add_parser("doctor", help="what this machine can do (GPU, driver, kernels, store) and why not;"
+                                      " exit 1 if the store is not writable")
+    p.add_argument("--json", action="store_true", help="the rows as JSON (component, status, detail)")
+    p.set_defaults(fn=cmd_doctor)
 
     p = sub.add_parser("bench", help="speed/memory benchmark table (see `bench --help`)", add_help=False)
     p.add_argument("rest", nargs=argparse.REMAINDER)

@@ -95,6 +95,7 @@ class TrainSection(_Strict):
     min_lr_ratio: float = Field(default=0.0, ge=0, le=1)
     grad_clip: float = Field(default=1.0, ge=0)  # 0 = off
     amp: bool = False
+    compile: bool = False  # train through torch.compile(model); first-step time -> compile_s
     eval_every: int = Field(default=1, gt=0)  # epochs (epochs mode) or steps (steps mode)
     log_every: int = Field(default=10, gt=0)  # steps between train-loss records
     early_stopping: EarlyStopping = Field(default_factory=EarlyStopping)
@@ -122,6 +123,7 @@ class Profile(_Strict):
     sweep: SweepSection
     model: ModelSection = Field(default_factory=ModelSection)
     train: TrainSection
+    runs_per_gpu: int | None = Field(default=None, gt=0)  # runs sharing a GPU (--runs-per-gpu wins; None = 1)
 
     @field_validator("schema_version")
     @classmethod

@@ -1,8 +1,10 @@
 """The local scheduler: launches one detached worker process per pending run.
 
-Slots: one per visible GPU when CUDA is there (each worker pinned with
-``CUDA_VISIBLE_DEVICES``), otherwise ``cpu`` slots, one unless ``--jobs N``. Pending runs
-wait for a free slot (oldest first). The scheduler itself runs detached
+Slots: ``runs_per_gpu`` (default 1) per visible GPU when CUDA is there: with G GPUs there
+are G*N slots and slot i is pinned to GPU i // N with ``CUDA_VISIBLE_DEVICES`` (the run's
+``slot`` column records that GPU's id); otherwise ``cpu`` slots, one unless ``--jobs N``
+(``runs_per_gpu`` has no effect without a GPU). Pending runs wait for a free slot (oldest
+first) and go to the least busy GPU. The scheduler itself runs detached
 (``python -m workbench.scheduler --store DIR``) so that quitting the TUI or losing the SSH
 connection stops nothing; it exits once nothing is pending or running. A file lock makes
 sure only one scheduler per store hands out slots; a second one waits for the lock and then
@@ -17,6 +19,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 from workbench.store import Store, pid_alive, tail_log
@@ -24,15 +27,23 @@ from workbench.store import Store, pid_alive, tail_log
 POLL_S = 0.5
 
 
-def detect_slots(jobs: int | None = None) -> list[tuple[str, str | None]]:
-    """[(device, slot)]: ("cuda", "0"), ("cuda", "1") ... or ("cpu", "cpu0") ..."""
+def detect_slots(jobs: int | None = None, runs_per_gpu: int | None = None) -> list[tuple[str, str | None]]:
+    """[(device, slot)]: with G visible GPUs, G * runs_per_gpu entries, entry i = ("cuda",
+    id of GPU i // runs_per_gpu), e.g. ("cuda", "0"), ("cuda", "0"), ("cuda", "1") ...;
+    a GPU id appears once per run it may hold. Without a GPU ("cpu", "cpu0") ..., ``jobs``
+    of them (default 1)."""
     gpus = _visible_gpus()
     if gpus:
-        slots = [("cuda", g) for g in gpus]
-        if jobs:  # several runs per GPU when asked
-            slots = [slots[i % len(slots)] for i in range(max(jobs, 1))]
-        return slots
+        n = max(1, runs_per_gpu or 1)
+        return [("cuda", gpus[i // n]) for i in range(len(gpus) * n)]
     return [("cpu", f"cpu{i}") for i in range(max(1, jobs or 1))]
+
+
+def resolve_runs_per_gpu(flag: int | None, profile=None) -> int:
+    """Runs sharing one GPU: the command-line flag, else the profile's ``runs_per_gpu``, else 1."""
+    if flag:
+        return int(flag)
+    return int(getattr(profile, "runs_per_gpu", None) or 1)
 
 
 def _visible_gpus() -> list[str]:
@@ -61,13 +72,25 @@ def worker_env(device: str, slot: str | None, n_cpu_jobs: int) -> dict[str, str]
 
 
 class Scheduler:
-    def __init__(self, store: Store, jobs: int | None = None):
+    def __init__(self, store: Store, jobs: int | None = None, runs_per_gpu: int | None = None):
         self.store = store
-        self.slots = detect_slots(jobs)
+        self.slots = detect_slots(jobs, runs_per_gpu)
+        # how many runs each slot id (a GPU id, or cpuK) may hold at once
+        self.capacity: Counter[str] = Counter(s for _, s in self.slots if s)
         self.children: dict[int, subprocess.Popen] = {}  # run_id -> worker we started
 
-    def busy_slots(self) -> set[str]:
-        return {r.slot for r in self.store.runs(states=["running"]) if r.slot}
+    def busy_slots(self) -> Counter[str]:
+        """Running runs per slot id."""
+        return Counter(r.slot for r in self.store.runs(states=["running"]) if r.slot)
+
+    def free_slot(self, busy: Counter[str]) -> tuple[str, str] | None:
+        """The (device, slot) with the most room left (first listed on ties), or None."""
+        best, room = None, 0
+        for device, slot in dict.fromkeys(self.slots):  # each slot id once, in order
+            left = self.capacity[slot] - busy[slot]
+            if left > room:
+                best, room = (device, slot), left
+        return best
 
     def launch(self, run_id: int, device: str, slot: str) -> None:
         log = open(self.store.log_path(run_id), "ab")
@@ -104,14 +127,14 @@ class Scheduler:
         self.store.reap()
         busy = self.busy_slots()
         pending = self.store.runs(states=["pending"])
-        for device, slot in self.slots:
-            if not pending:
+        while pending:
+            free = self.free_slot(busy)
+            if free is None:
                 break
-            if slot in busy:
-                continue
+            device, slot = free
             run = pending.pop(0)
             self.launch(run.id, device, slot)
-            busy.add(slot)
+            busy[slot] += 1
         running = self.store.runs(states=["running"])
         return bool(pending or running or self.children)
 
@@ -126,11 +149,13 @@ def _lock(store: Store):
     return f
 
 
-def spawn(store: Store, jobs: int | None = None) -> subprocess.Popen:
+def spawn(store: Store, jobs: int | None = None, runs_per_gpu: int | None = None) -> subprocess.Popen:
     """Start a detached scheduler process for ``store``."""
     cmd = [sys.executable, "-u", "-m", "workbench.scheduler", "--store", str(store.root)]
     if jobs:
         cmd += ["--jobs", str(jobs)]
+    if runs_per_gpu:
+        cmd += ["--runs-per-gpu", str(runs_per_gpu)]
     log = open(store.root / "logs" / "scheduler.log", "ab")
     env = worker_env("cpu", None, 1)
     env.pop("CUDA_VISIBLE_DEVICES", None)
@@ -142,12 +167,15 @@ def spawn(store: Store, jobs: int | None = None) -> subprocess.Popen:
     return p
 
 
-def submit(store: Store, profile, jobs: int | None = None) -> list[int]:
-    """Queue every run of ``profile``'s sweep and make sure a scheduler serves them."""
+def submit(store: Store, profile, jobs: int | None = None, runs_per_gpu: int | None = None) -> list[int]:
+    """Queue every run of ``profile``'s sweep and make sure a scheduler serves them.
+
+    ``runs_per_gpu``: the command-line value; None falls back to the profile's, then 1.
+    (A scheduler already serving this store keeps its own setting for these runs.)"""
     from workbench.profile import expand
 
     ids = store.add_runs(spec.to_dict() for spec in expand(profile))
-    spawn(store, jobs)
+    spawn(store, jobs, resolve_runs_per_gpu(runs_per_gpu, profile))
     return ids
 
 
@@ -182,11 +210,12 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m workbench.scheduler")
     ap.add_argument("--store", required=True)
     ap.add_argument("--jobs", type=int, default=None)
+    ap.add_argument("--runs-per-gpu", type=int, default=None)
     a = ap.parse_args(argv)
     store = Store(a.store)
     lock = _lock(store)
     try:
-        Scheduler(store, a.jobs).run_until_idle()
+        Scheduler(store, a.jobs, a.runs_per_gpu).run_until_idle()
     finally:
         lock.close()
     return 0

@@ -80,7 +80,8 @@ CREATE TABLE IF NOT EXISTS system (
     gpu_util REAL,
     gpu_mem_used_mb REAL,
     gpu_mem_total_mb REAL,
-    gpu_name TEXT
+    gpu_name TEXT,
+    gpu_proc_mem_mb REAL                 -- this run's own GPU memory (NVML, per process)
 );
 CREATE INDEX IF NOT EXISTS system_run ON system(run_id, t);
 CREATE TABLE IF NOT EXISTS results (
@@ -167,6 +168,10 @@ class Store:
         self.conn.executescript(SCHEMA)  # idempotent; executescript manages its own transaction
         with self.tx() as c:
             c.execute("INSERT OR IGNORE INTO meta VALUES ('schema_version', ?)", (SCHEMA_VERSION,))
+            # columns added after a store was first created (older stores are upgraded in place)
+            have = {r[1] for r in c.execute("PRAGMA table_info(system)")}
+            if "gpu_proc_mem_mb" not in have:
+                c.execute("ALTER TABLE system ADD COLUMN gpu_proc_mem_mb REAL")
 
     # -- connection ---------------------------------------------------------------
     @property
@@ -313,7 +318,8 @@ class Store:
         return self.conn.execute(q + " ORDER BY rowid", args).fetchall()
 
     def add_system(self, run_id: int, sample: dict) -> None:
-        cols = ("cpu_percent", "rss_mb", "gpu_util", "gpu_mem_used_mb", "gpu_mem_total_mb", "gpu_name")
+        cols = ("cpu_percent", "rss_mb", "gpu_util", "gpu_mem_used_mb", "gpu_mem_total_mb", "gpu_name",
+                "gpu_proc_mem_mb")
         with self.tx() as c:
             c.execute(
                 f"INSERT INTO system (run_id, t, {', '.join(cols)}) VALUES (?, ?, {', '.join('?' * len(cols))})",

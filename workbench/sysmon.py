@@ -55,13 +55,28 @@ def _visible_index() -> int:
     return int(vis) if vis.isdigit() else 0
 
 
+def _proc_gpu_mem_mb(nv, handle, pids: set[int]) -> float | None:
+    """GPU memory (MiB) NVML attributes to ``pids`` on this device; None when NVML lists none
+    of them (no CUDA context yet, or a container whose pids NVML does not see) or does not
+    report per-process memory."""
+    used, seen = 0, False
+    for proc in nv.nvmlDeviceGetComputeRunningProcesses(handle):
+        mem = getattr(proc, "usedGpuMemory", None)
+        if getattr(proc, "pid", None) in pids and mem is not None:
+            used, seen = used + int(mem), True
+    return used / 2**20 if seen else None
+
+
 def sample(pid: int | None = None, gpu_index: int | None = None) -> dict[str, Any]:
     """One sample: cpu_percent and rss_mb of ``pid`` (default: this process, with children),
-    plus gpu_util (%), gpu_mem_used_mb, gpu_mem_total_mb and gpu_name when NVML works."""
+    plus gpu_util (%), gpu_mem_used_mb, gpu_mem_total_mb and gpu_name when NVML works, and
+    gpu_proc_mem_mb, the device memory of ``pid`` (with children) alone, when NVML lists it."""
     out: dict[str, Any] = {}
+    pids = {pid or os.getpid()}
     try:
         p = psutil.Process(pid or os.getpid())
         procs = [p] + p.children(recursive=True)
+        pids.update(q.pid for q in procs)
         out["cpu_percent"] = sum(_cpu(q) for q in procs)
         out["rss_mb"] = sum(_rss(q) for q in procs) / 2**20
     except psutil.Error:
@@ -80,6 +95,13 @@ def sample(pid: int | None = None, gpu_index: int | None = None) -> dict[str, An
             )
         except Exception:
             pass
+        else:
+            try:
+                own = _proc_gpu_mem_mb(nv, h, pids)
+                if own is not None:
+                    out["gpu_proc_mem_mb"] = own
+            except Exception:  # per-process numbers are optional (some drivers, MIG)
+                pass
     return out
 
 

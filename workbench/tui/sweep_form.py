@@ -349,6 +349,8 @@ class SweepForm(VerticalScroll):
             "model": model,
             "train": train,
         }
+        if base.get("runs_per_gpu"):  # no field in the form: keep a loaded profile's
+            data["runs_per_gpu"] = base["runs_per_gpu"]
         return data, errors
 
     def build_profile(self) -> Profile | None:

@@ -12,6 +12,14 @@ from textual.widgets import Sparkline, Static
 from workbench.tui.formatting import set_text
 
 
+def _get(row: Any, key: str) -> Any:
+    """row[key], or None where the row has no such column (a store without it)."""
+    try:
+        return row[key]
+    except (IndexError, KeyError):
+        return None
+
+
 def _has_gpu(row: Any) -> bool:
     return row["gpu_mem_total_mb"] is not None or row["gpu_name"] is not None
 
@@ -42,8 +50,12 @@ class SystemPanel(Vertical):
         out = Text()
         if _has_gpu(last):
             used, total = last["gpu_mem_used_mb"], last["gpu_mem_total_mb"]
+            own = _get(last, "gpu_proc_mem_mb")  # this run's worker alone, when NVML lists it
             out.append(f"{last['gpu_name'] or 'GPU'}\n", style="bold")
-            if used is not None and total:
+            if own is not None and used is not None and total:
+                out.append(f"this run: {own:,.0f} MiB · GPU: {used:,.0f} / {total:,.0f} MiB "
+                           f"({100 * used / total:.0f}%)\n")
+            elif used is not None and total:
                 out.append(f"GPU memory {used:,.0f} / {total:,.0f} MiB ({100 * used / total:.0f}%)\n")
             if last["gpu_util"] is not None:
                 out.append(f"GPU utilisation {last['gpu_util']:.0f}%\n")
