@@ -16,6 +16,7 @@ so that the tests check these kernels on machines without a GPU.
 """
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -405,9 +406,21 @@ class CausalConv1dTriton(torch.autograd.Function):
         return dx, dweight, dbias, dleft if ctx.had_left else None, None
 
 
-# torch.compile of a model (the `compile` training setting) runs these eagerly, as graph
-# breaks: tracing into the kernel launches is not needed and not what they were tested as.
-_eager = getattr(torch.compiler, "disable", lambda fn: fn)
+def _eager(fn):
+    """torch.compile of a model (the `compile` training setting) runs ``fn`` eagerly, as a
+    graph break: tracing into the kernel launches is not needed and not what they were
+    tested as. ``torch.compiler.disable`` is applied on the first call, because it imports
+    torch._dynamo (over a second), which every process importing the models would pay."""
+    disabled = None
+
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        nonlocal disabled
+        if disabled is None:
+            disabled = getattr(torch.compiler, "disable", lambda f: f)(fn)
+        return disabled(*args, **kwargs)
+
+    return call
 
 
 @_eager
