@@ -26,6 +26,7 @@ METRICS = {
     "best_at_epoch": "epoch at which the best eval accuracy was first reached",
     "step_time_ms": "median forward+backward+update time per step after warm-up (ms)",
     "inference_ms": "median no-grad forward time of one eval batch (ms)",
+    "compile_s": "time of the first training step with train.compile, compilation included (s)",
     "tokens_per_s": "training tokens per second",
     "peak_mem_mb": "peak memory (GPU allocator peak, else process peak RSS) in MiB",
     "gpu_util_mean": "mean GPU utilisation sampled by NVML during the run (%)",
@@ -41,7 +42,8 @@ METRICS = {
 # metrics of the run as a whole live in eval set '' and apply to every eval set's row
 RUN_LEVEL = {"step_time_ms", "inference_ms", "tokens_per_s", "peak_mem_mb", "gpu_util_mean",
              "gpu_util_max", "gpu_mem_peak_mb", "params", "state_size", "wall_s", "steps",
-             "epochs", "best_accuracy", "best_at_epoch", "best_at_step", "train_s"}
+             "epochs", "best_accuracy", "best_at_epoch", "best_at_step", "train_s",
+             "compile_s"}
 
 
 def records(store: Store, profile: str | None = None, states: Iterable[str] = ("finished",)) -> list[dict]:

@@ -25,7 +25,7 @@ import torch
 
 import models
 import tasks
-from tasks import Batch
+from tasks import Batch, Task
 from tasks import metrics as task_metrics
 from workbench import __version__, sysmon
 from workbench.compose import build_model
@@ -37,6 +37,7 @@ STREAM_ABOVE = 16384      # evaluate longer sequences chunk by chunk where the m
 STREAM_CHUNK = 4096
 ATTENTION_EVAL_MAX = 16384  # longer sequences are skipped for models without recurrent state
 EVAL_TOKENS_PER_BATCH = 1 << 16
+RESIDENT_MAX_BYTES = 1 << 30  # fixed training sets up to this size are moved to the device once
 
 
 class RunFailed(Exception):
@@ -59,6 +60,86 @@ def pick_device(want: str) -> torch.device:
 def sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize()
+
+
+class StepClock:
+    """Per-step times without host synchronisation inside a step.
+
+    On CUDA a pair of timing events is recorded around each step and read only in
+    :meth:`collect` (at log points and at the end); on CPU ``time.perf_counter`` (the work
+    is done when the call returns). ``times`` holds seconds per step, in step order.
+    """
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.times: list[float] = []
+        self._pending: list[tuple[Any, Any]] = []
+        self._start: Any = None
+
+    def start(self) -> None:
+        if self.cuda:
+            self._start = torch.cuda.Event(enable_timing=True)
+            self._start.record()
+        else:
+            self._start = time.perf_counter()
+
+    def stop(self) -> None:
+        if self.cuda:
+            end = torch.cuda.Event(enable_timing=True)
+            end.record()
+            self._pending.append((self._start, end))
+        else:
+            self.times.append(time.perf_counter() - self._start)
+
+    def collect(self) -> list[float]:
+        """Resolve the recorded events (one wait for the last); returns ``times``."""
+        if self._pending:
+            self._pending[-1][1].synchronize()
+            self.times.extend(a.elapsed_time(b) / 1000 for a, b in self._pending)
+            self._pending.clear()
+        return self.times
+
+
+class LossTracker:
+    """Train loss kept on the device: a running sum for the log window and the first step
+    whose loss was not finite (0: none yet, set with ``torch.where``, so no host sync).
+    Read once per log point (:meth:`flush`) or before an evaluation (:meth:`check`)."""
+
+    def __init__(self, device: torch.device):
+        z = lambda: torch.zeros((), dtype=torch.float64, device=device)  # noqa: E731
+        self.sum, self.bad_step, self.bad_value = z(), z(), z()
+        self.count = 0
+
+    def add(self, loss: torch.Tensor, step: int) -> None:
+        loss = loss.detach().double()
+        self.sum += loss
+        first = (self.bad_step == 0) & ~torch.isfinite(loss)
+        self.bad_step = torch.where(first, float(step), self.bad_step)
+        self.bad_value = torch.where(first, loss, self.bad_value)
+        self.count += 1
+
+    @staticmethod
+    def _fail(bad_step: float, bad_value: float) -> None:
+        if bad_step:
+            raise RunFailed(f"loss became {bad_value} at step {int(bad_step)}")
+
+    def check(self) -> None:
+        """Fail the run if any loss so far was not finite (one host read)."""
+        if self.bad_step.item():
+            self._fail(self.bad_step.item(), self.bad_value.item())
+
+    def flush(self) -> float:
+        """Check, then return the mean loss since the last flush and start a new window."""
+        total, bad_step, bad_value = torch.stack([self.sum, self.bad_step, self.bad_value]).tolist()
+        self._fail(bad_step, bad_value)
+        mean = total / max(1, self.count)
+        self.sum.zero_()
+        self.count = 0
+        return mean
+
+
+def _is_compile_error(e: BaseException) -> bool:
+    return type(e).__module__.startswith(("torch._dynamo", "torch._inductor"))
 
 
 def peak_memory_mb(device: torch.device) -> float:
@@ -147,11 +228,14 @@ class Trainer:
             **spec["model_options"],
         ).to(self.device)
         self.amp = bool(self.cfg.get("amp")) and self.device.type == "cuda"
-        self.step_times: list[float] = []
+        self.clock = StepClock(self.device)
+        self.step_times: list[float] = self.clock.times  # filled at log points and at the end
+        self.compile_s: float | None = None  # first (compiling) step, with train.compile
         self.history: list[dict] = []
         self.best: float | None = None
         self.bad_evals = 0
         self._train = None
+        self.train_on_device = False  # the fixed training set was moved to the device once
 
     # -- data ---------------------------------------------------------------------
     def train_data(self):
@@ -173,14 +257,41 @@ class Trainer:
             return self.cfg["epochs"] * per_epoch, per_epoch
         return self.cfg["steps"], per_epoch
 
+    def _resident_train(self) -> Batch | None:
+        """The fixed training set on the device (moved once), or None to index it on the
+        CPU and copy each batch: when it is over RESIDENT_MAX_BYTES, or when the task
+        augments batches (augmentation is task code written for CPU tensors)."""
+        train = self.train_data()
+        augment = getattr(self.task.augment_batch, "__func__", None)
+        if augment is not Task.augment_batch:
+            return None
+        if train.inputs.nbytes + train.targets.nbytes > RESIDENT_MAX_BYTES:
+            return None
+        self.train_on_device = True
+        if self.device.type == "cpu":
+            return train
+        return Batch(train.inputs.to(self.device), train.targets.to(self.device))
+
+    def to_device(self, t: torch.Tensor) -> torch.Tensor:
+        """A batch tensor on the device; from pinned memory without waiting on CUDA."""
+        if t.device == self.device:
+            return t
+        if self.device.type == "cuda":
+            return t.pin_memory().to(self.device, non_blocking=True)
+        return t.to(self.device)
+
     def batches(self, per_epoch: int):
+        """(epoch, inputs, targets) per step. A fixed training set is shuffled each epoch by
+        a CPU generator seeded with the run's seed (the same order wherever the set lives)."""
         bs, seed = self.cfg["batch_size"], int(self.spec["seed"])
         if self.task.fixed_train:
-            train = self.train_data()
+            train = self._resident_train() or self.train_data()
             g = torch.Generator().manual_seed(seed)
             epoch = 0
             while True:
                 order = torch.randperm(len(train), generator=g)
+                if train.inputs.device != order.device:
+                    order = self.to_device(order)  # once per epoch; batches are indexed there
                 for i in range(per_epoch):
                     idx = order[i * bs:(i + 1) * bs]
                     yield epoch, train.inputs[idx], train.targets[idx]
@@ -216,45 +327,69 @@ class Trainer:
         return dict(fn(counts)) if callable(fn) else {}
 
     # -- the loop -----------------------------------------------------------------
+    def _forward(self):
+        """The callable for the training forward: the model, or torch.compile(model) with
+        train.compile (evaluation, streaming and inference always use the module itself)."""
+        if not self.cfg.get("compile"):
+            return self.model
+        try:
+            return torch.compile(self.model)
+        except Exception as e:
+            raise RunFailed(f"torch.compile failed: {type(e).__name__}: {e}") from e
+
     def train(self) -> dict[str, Any]:
+        """The training loop. Nothing inside a step waits for the device: step times come
+        from CUDA events (StepClock), the loss and the non-finite check stay on the device
+        (LossTracker) and are read at log points, before evaluations and at the end."""
         cfg, dev = self.cfg, self.device
         total, per_epoch = self._plan()
+        fused = {"fused": True} if dev.type == "cuda" else {}
         opt = torch.optim.AdamW(param_groups(self.model, cfg["weight_decay"]), lr=cfg["lr"],
-                                betas=tuple(cfg["betas"]))
+                                betas=tuple(cfg["betas"]), **fused)
         sched = torch.optim.lr_scheduler.LambdaLR(
             opt, lambda s: lr_factor(s, total, cfg["warmup_steps"], cfg["schedule"], cfg["min_lr_ratio"]))
         eval_set = self.task.eval_sets(int(self.spec["seed"]))
         default_eval = eval_set.get("") or next(iter(eval_set.values()))
+        forward = self._forward()
+        compiling = forward is not self.model
+        losses = LossTracker(dev)
         self.store.heartbeat(self.run_id, total_steps=total, progress=0.0, step=0)
         t0 = time.time()
-        window: list[float] = []
         stop_reason = ""
         step = 0
         epoch = None
         seed = int(self.spec["seed"])
         for step, (epoch, x, y) in enumerate(self.batches(per_epoch), start=1):
             aug = self.task.augment_batch(Batch(x, y), step, seed)  # identity for most tasks
-            x, y = aug.inputs.to(dev, non_blocking=True), aug.targets.to(dev, non_blocking=True)
-            sync(dev)
-            ts = time.perf_counter()
-            with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=self.amp):
-                logits = self.model(x)
-            loss = task_metrics.loss(logits.float(), y)
-            if not torch.isfinite(loss):
-                raise RunFailed(f"loss became {loss.item()} at step {step}")
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
+            x, y = self.to_device(aug.inputs), self.to_device(aug.targets)
+            first_compiled = compiling and step == 1
+            if first_compiled:  # compilation happens here: timed on its own, synchronised
+                sync(dev)
+                tc = time.perf_counter()
+            self.clock.start()
+            try:
+                with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=self.amp):
+                    logits = forward(x)
+                loss = task_metrics.loss(logits.float(), y)
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+            except Exception as e:
+                if first_compiled and _is_compile_error(e):
+                    raise RunFailed(f"torch.compile failed: {type(e).__name__}: {e}") from e
+                raise
             if cfg["grad_clip"] > 0:
                 torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg["grad_clip"])
             opt.step()
             sched.step()
-            sync(dev)
-            self.step_times.append(time.perf_counter() - ts)
-            window.append(loss.item())
+            self.clock.stop()
+            if first_compiled:
+                sync(dev)
+                self.compile_s = time.perf_counter() - tc
+            losses.add(loss, step)
 
             if step % cfg["log_every"] == 0 or step == total:
-                mean = sum(window) / len(window)
-                window.clear()
+                mean = losses.flush()  # fails the run if a loss since the start was not finite
+                self.clock.collect()
                 self.store.add_metrics(self.run_id, [
                     (step, self._epoch_f(step, per_epoch), "train", "loss", mean),
                     (step, self._epoch_f(step, per_epoch), "train", "lr", sched.get_last_lr()[0]),
@@ -267,6 +402,7 @@ class Trainer:
                 at_eval = step % cfg["eval_every"] == 0
             at_eval = at_eval or step == total
             if at_eval:
+                losses.check()
                 c = self.evaluate(default_eval)
                 ep = self._epoch_f(step, per_epoch)
                 rows = [(step, ep, "eval", "loss", c.loss), (step, ep, "eval", "accuracy", c.token_accuracy),
@@ -281,6 +417,8 @@ class Trainer:
                     break
             if step >= total:
                 break
+        losses.check()
+        self.clock.collect()
         wall_train = time.time() - t0
         return {"steps": step, "total_steps": total, "per_epoch": per_epoch, "eval_sets": eval_set,
                 "stop_reason": stop_reason, "train_s": wall_train}
@@ -405,6 +543,8 @@ def run(store_dir: str, run_id: int) -> int:
             first = next(h for h in trainer.history if h["accuracy"] == best)
             summary["best_at_epoch"] = first["epoch"]
             summary["best_at_step"] = first["step"]
+        if trainer.compile_s is not None:  # train.compile: the first step, compilation included
+            summary["compile_s"] = trainer.compile_s
         store.set_results(run_id, summary, eval_set="")
         store.set_info(run_id, {"stop_reason": out["stop_reason"], "eval_skipped": skipped})
         store.finish(run_id, "finished")
