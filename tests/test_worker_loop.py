@@ -5,6 +5,7 @@ import math
 import os
 import sys
 import time
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -216,6 +217,42 @@ def test_fixed_train_set_keeps_its_batch_order_and_losses(tmp_path, monkeypatch,
     assert trainer.train_on_device == (limit > 0)
     got = [m["value"] for m in store.metrics(rid, "train", "loss")]
     assert got == expected_losses(s)  # bit for bit
+
+
+def test_to_device_leaves_gpu_tensors_alone_and_copies_cpu_ones_from_pinned_memory():
+    """The CUDA branch with stand-in tensors (no GPU here). The resident training set lives
+    on ``cuda:0`` while the trainer's device is ``cuda`` (the two compare unequal): its
+    batches must be used as they are, not pinned (pinning a CUDA tensor raises) or copied."""
+    log = []
+
+    class OnGpu:
+        device = torch.device("cuda", 0)
+
+        def pin_memory(self):
+            raise RuntimeError("cannot pin 'torch.cuda.LongTensor' only dense CPU tensors can be pinned")
+
+        def to(self, *a, **k):
+            raise AssertionError("copied again")
+
+    class OnCpu:
+        device = torch.device("cpu")
+
+        def pin_memory(self):
+            log.append("pin")
+            return self
+
+        def to(self, device, non_blocking=False):
+            log.append((str(device), non_blocking))
+            return "on the gpu"
+
+    cuda = SimpleNamespace(device=torch.device("cuda"))
+    gpu = OnGpu()
+    assert worker.Trainer.to_device(cuda, gpu) is gpu
+    assert worker.Trainer.to_device(cuda, OnCpu()) == "on the gpu"
+    assert log == ["pin", ("cuda", True)]
+    log.clear()
+    assert worker.Trainer.to_device(SimpleNamespace(device=torch.device("cpu")), x := torch.ones(2)) is x
+    assert log == []
 
 
 def test_augmenting_task_indexes_on_the_cpu_and_augments_every_step(tmp_path):

@@ -273,8 +273,10 @@ class Trainer:
         return Batch(train.inputs.to(self.device), train.targets.to(self.device))
 
     def to_device(self, t: torch.Tensor) -> torch.Tensor:
-        """A batch tensor on the device; from pinned memory without waiting on CUDA."""
-        if t.device == self.device:
+        """A batch tensor on the device; from pinned memory without waiting on CUDA.
+        (Compares device types: the resident set lives on ``cuda:0``, and
+        ``torch.device("cuda:0") != torch.device("cuda")``.)"""
+        if t.device.type == self.device.type:
             return t
         if self.device.type == "cuda":
             return t.pin_memory().to(self.device, non_blocking=True)
@@ -343,7 +345,9 @@ class Trainer:
         (LossTracker) and are read at log points, before evaluations and at the end."""
         cfg, dev = self.cfg, self.device
         total, per_epoch = self._plan()
-        fused = {"fused": True} if dev.type == "cuda" else {}
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        fused = ({"fused": True} if dev.type == "cuda"
+                 and all(p.is_cuda and p.is_floating_point() for p in params) else {})
         opt = torch.optim.AdamW(param_groups(self.model, cfg["weight_decay"]), lr=cfg["lr"],
                                 betas=tuple(cfg["betas"]), **fused)
         sched = torch.optim.lr_scheduler.LambdaLR(
