@@ -1,6 +1,6 @@
 """The Mamba mixer (Gu & Dao 2023, Figure 3) and recurrent backbones built from it.
 
-Mamba(x), for x: (batch, length, d_model), with d_inner = expand * d_model:
+Mamba(x), for x: (batch, length, d_model), with d_inner = expand * d_model (or given):
 
     x, z  = in_proj(x)                   two (batch, length, d_inner) streams
     x     = silu(causal depthwise conv1d(x))   kernel d_conv, left-padded, per channel
@@ -40,13 +40,19 @@ class Mamba(SelectiveSSM):
         self, d_model: int, d_state: int = 16, d_conv: int = 4, expand: int = 2,
         dt_rank="auto", dt_min: float = 0.001, dt_max: float = 0.1,
         dt_init_floor: float = 1e-4, bias: bool = False, conv_bias: bool = True,
-        backend: str = "auto",
+        backend: str = "auto", d_inner: int | None = None,
     ):
         super().__init__()
         if d_conv < 1 or expand < 1:
             raise ValueError("d_conv and expand must be >= 1")
-        self.d_model, self.d_conv, self.expand = d_model, d_conv, expand
-        d_inner = expand * d_model
+        if d_inner is not None and (isinstance(d_inner, bool) or not isinstance(d_inner, int)
+                                    or d_inner < 1):
+            raise ValueError(f"d_inner must be a positive int, got {d_inner!r}")
+        # An explicit width overrides expand: Hugging Face configs fix intermediate_size
+        # (1536 in mamba-130m's) whatever hidden_size is, so a small model built from such a
+        # config has a width no integer expand gives (issue 10).
+        d_inner = expand * d_model if d_inner is None else d_inner
+        self.d_model, self.d_conv, self.expand = d_model, d_conv, d_inner / d_model
         self.in_proj = nn.Linear(d_model, 2 * d_inner, bias=bias)
         self.conv1d = nn.Conv1d(d_inner, d_inner, kernel_size=d_conv, groups=d_inner,
                                 padding=d_conv - 1, bias=conv_bias)

@@ -92,6 +92,9 @@ class TrainSection(_Strict):
     weight_decay: float = Field(default=0.0, ge=0)
     warmup_steps: int = Field(default=0, ge=0)
     schedule: Literal["cosine", "constant"] = "cosine"
+    # "adam": torch.optim.Adam, weight decay (if any) added to the gradient as L2, what the
+    # hybrid-model MAD code and the Mamba paper's synthetic runs used; "adamw": decoupled.
+    optimizer: Literal["adamw", "adam"] = "adamw"
     min_lr_ratio: float = Field(default=0.0, ge=0, le=1)
     grad_clip: float = Field(default=1.0, ge=0)  # 0 = off
     amp: bool = False

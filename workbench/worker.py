@@ -162,6 +162,15 @@ def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
             {"params": no_decay, "weight_decay": 0.0}]
 
 
+def make_optimizer(model: torch.nn.Module, cfg: dict, extra: dict | None = None) -> torch.optim.Optimizer:
+    """``train.optimizer``: AdamW (decoupled weight decay) or Adam (L2 added to the gradient),
+    both with the same parameter groups (no decay for ``_no_weight_decay`` parameters and
+    vectors), ``lr`` and ``betas``; ``extra`` e.g. ``{"fused": True}`` on CUDA."""
+    cls = {"adamw": torch.optim.AdamW, "adam": torch.optim.Adam}[cfg.get("optimizer", "adamw")]
+    return cls(param_groups(model, cfg["weight_decay"]), lr=cfg["lr"], betas=tuple(cfg["betas"]),
+               **(extra or {}))
+
+
 def lr_factor(step: int, total: int, warmup: int, schedule: str, min_ratio: float) -> float:
     """Linear warm-up over ``warmup`` steps, then cosine decay to ``min_ratio`` (or constant)."""
     if warmup and step < warmup:
@@ -348,8 +357,7 @@ class Trainer:
         params = [p for p in self.model.parameters() if p.requires_grad]
         fused = ({"fused": True} if dev.type == "cuda"
                  and all(p.is_cuda and p.is_floating_point() for p in params) else {})
-        opt = torch.optim.AdamW(param_groups(self.model, cfg["weight_decay"]), lr=cfg["lr"],
-                                betas=tuple(cfg["betas"]), **fused)
+        opt = make_optimizer(self.model, cfg, fused)
         sched = torch.optim.lr_scheduler.LambdaLR(
             opt, lambda s: lr_factor(s, total, cfg["warmup_steps"], cfg["schedule"], cfg["min_lr_ratio"]))
         eval_set = self.task.eval_sets(int(self.spec["seed"]))
