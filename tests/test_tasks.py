@@ -152,7 +152,7 @@ CHANGES = {
                         num_train_examples=40, num_test_examples=12),
     "induction_heads": dict(seq_len=48, vocab_size=12, eval_lens=[16, 128],
                             num_train_examples=40, num_test_examples=4,
-                            eval_token_budget=1024),
+                            eval_token_budget=1024, trigger="anywhere"),
     "mqar": dict(seq_len=40, vocab_size=64, num_kv_pairs=[2, 4], power_a=1.0,
                  num_train_examples=40, num_test_examples=12),
     "mad_in_context_recall": dict(seq_len=40, vocab_size=24, multi_query=False,
@@ -263,6 +263,46 @@ def test_induction_heads_layout(L, V, seed):
         assert len(pos) == 2 and pos[1] == L - 1          # once early, once at the end
         assert pos[0] < max(L // 2 - 1, 1)
         assert y[r, -1] == x[r, pos[0] + 1] != trig       # the token after the trigger
+
+
+@SETTINGS
+@given(L=st.integers(8, 80), V=st.integers(5, 20), seed=seeds,
+       trigger=st.sampled_from(["first_half", "anywhere", "prefix:1", "prefix:5", "prefix:500"]))
+def test_induction_heads_trigger_placement(L, V, seed, trigger):
+    """Wherever the first trigger goes, the sequence keeps its form; it stays within its range."""
+    t = tasks.build("induction_heads", seq_len=L, vocab_size=V, eval_lens=[8, 2 * L],
+                    num_test_examples=4, trigger=trigger)
+
+    def bound(n):  # exclusive upper bound of the first trigger's position at length n
+        if trigger == "first_half":
+            return max(n // 2 - 1, 1)
+        if trigger == "anywhere":
+            return n - 2
+        return min(int(trigger.partition(":")[2]), n - 2)
+
+    for x, y in [np_batch(t.sample(32, seed)), np_batch(t.eval_sets(seed)[f"len={2 * L}"])]:
+        n = x.shape[1]
+        for r in range(len(x)):
+            pos = np.flatnonzero(x[r] == V - 1)
+            assert len(pos) == 2 and pos[1] == n - 1
+            assert 0 <= pos[0] < bound(n)
+            assert y[r, -1] == x[r, pos[0] + 1] != V - 1
+
+
+def test_induction_heads_trigger_ranges_are_used():
+    """'anywhere' reaches the second half; 'prefix:K' stays in the first K; bad values fail."""
+    def firsts(trigger):
+        t = tasks.build("induction_heads", seq_len=64, vocab_size=8, trigger=trigger, eval_lens=[64])
+        x, _ = np_batch(t.sample(512, 0))
+        return np.array([np.flatnonzero(r == 7)[0] for r in x])
+
+    assert firsts("first_half").max() < 31
+    assert firsts("anywhere").max() > 50 and firsts("anywhere").min() < 5
+    assert firsts("prefix:10").max() == 9
+    assert tasks.build("induction_heads", trigger="prefix:4").params()["trigger"] == "prefix:4"
+    for bad in ("middle", "prefix:0", "prefix:x", 3):
+        with pytest.raises(ValueError, match="trigger must be one of"):
+            tasks.build("induction_heads", trigger=bad)
 
 
 def test_induction_heads_eval_lengths():
