@@ -9,6 +9,7 @@ import models
 from models.kernels import cpu_kernels
 from models.mamba import Mamba, stream
 from models.s6 import S6
+from models.kernels import scan_compiled
 
 F64 = torch.float64
 # what "auto" resolves to for CPU tensors: the C kernels when they build here
@@ -213,8 +214,8 @@ def test_backend_compiled_option_reaches_the_scan(monkeypatch):
     broken compiler, so the test stays fast: it must warn and fall back to eager kernels)."""
     from models.kernels import selective_scan as ss
 
-    monkeypatch.setattr(ss, "_compiled_forward", ss._Compiled(ss._block_forward))
-    monkeypatch.setattr(ss, "_compiled_backward", ss._Compiled(ss._block_backward))
+    monkeypatch.setattr(scan_compiled, "_compiled_forward", scan_compiled._Compiled(scan_compiled._block_forward))
+    monkeypatch.setattr(scan_compiled, "_compiled_backward", scan_compiled._Compiled(scan_compiled._block_backward))
 
     def broken_compile(*a, **k):
         raise RuntimeError("no compiler")

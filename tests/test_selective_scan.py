@@ -9,6 +9,7 @@ import torch
 
 from models.kernels import cpu_kernels, triton_kernels
 from models.kernels import selective_scan as ss
+from models.kernels import scan_compiled
 
 F64 = torch.float64
 # what "auto" picks for CUDA tensors when mamba-ssm is missing
@@ -262,8 +263,8 @@ def test_no_cuda_device_reason(monkeypatch, fresh_cuda_cache):
 
 def _fresh_kernels(monkeypatch):
     """Fresh lazily-compiled kernels, so one test's compile state does not leak into another."""
-    monkeypatch.setattr(ss, "_compiled_forward", ss._Compiled(ss._block_forward))
-    monkeypatch.setattr(ss, "_compiled_backward", ss._Compiled(ss._block_backward))
+    monkeypatch.setattr(scan_compiled, "_compiled_forward", scan_compiled._Compiled(scan_compiled._block_forward))
+    monkeypatch.setattr(scan_compiled, "_compiled_backward", scan_compiled._Compiled(scan_compiled._block_backward))
 
 
 def _check_compiled_against_ref(length, block_len):
@@ -282,7 +283,7 @@ def test_compiled_falls_back_to_eager_with_one_warning(monkeypatch):
     monkeypatch.setattr(torch, "compile", broken_compile)
     with pytest.warns(RuntimeWarning, match="torch.compile of _block_forward failed"):
         _check_compiled_against_ref(length=11, block_len=4)  # blocks of 4, 4, 3
-    assert ss._compiled_forward.failed and ss._compiled_backward.failed
+    assert scan_compiled._compiled_forward.failed and scan_compiled._compiled_backward.failed
 
 
 @pytest.mark.slow
@@ -293,7 +294,7 @@ def test_compiled_matches_ref(monkeypatch):
     with warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)  # a silent eager fallback would fail here
         _check_compiled_against_ref(length=11, block_len=4)
-    assert not ss._compiled_forward.failed and ss._compiled_forward.compiled is not None
+    assert not scan_compiled._compiled_forward.failed and scan_compiled._compiled_forward.compiled is not None
 
 
 def test_compiled_is_opt_in_only():
