@@ -10,7 +10,8 @@ from models.registry import register
 from models.s6 import S6
 
 
-@register("mamba", "Mamba (S6 selective scan + causal conv + gate), pre-norm residual stack", family="ssm")
+@register("mamba", "Mamba (S6 selective scan + causal conv + gate), pre-norm residual stack", family="ssm",
+          init="mamba")
 def build_mamba(
     d_model: int, n_layers: int, d_state: int = 16, d_conv: int = 4, expand: int = 2,
     dt_rank="auto", dt_min: float = 0.001, dt_max: float = 0.1, dt_init_floor: float = 1e-4,
@@ -34,7 +35,7 @@ def build_mamba(
 
 
 @register("s6", "S6 selective SSM alone (no conv, no gate; d_inner = d_model), pre-norm residual stack",
-          family="ssm")
+          family="ssm", init="mamba")
 def build_s6(
     d_model: int, n_layers: int, d_state: int = 16, dt_rank="auto", dt_min: float = 0.001,
     dt_max: float = 0.1, dt_init_floor: float = 1e-4, backend: str = "auto",

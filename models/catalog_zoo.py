@@ -8,6 +8,10 @@ from models.registry import register
     "transformer",
     "Causal Transformer: pre-norm multi-head attention + GELU MLP; positions absolute (default), learned, rope, xpos or none",
     family="attention",
+    # PyTorch defaults: this Transformer's default shape (sinusoidal positions of amplitude
+    # 1) has no single reference; GPT-Neo's init (init_scheme = "hf") belongs with its
+    # learned N(0, 0.02) positions (pos = "learned"). With sinusoidal positions the 0.02
+    # token embeddings drown and the learning tests stay at chance for 300 steps.
 )
 def transformer(d_model: int, n_layers: int, n_heads: int = 4, pos: str = "absolute",
                 mlp_mult: int = 4, dropout: float = 0.0, norm: str = "layer",

@@ -28,6 +28,7 @@ class ModelEntry:
     description: str
     factory: Callable[..., nn.Module]  # factory(d_model=, n_layers=, **options)
     family: str = ""                   # e.g. "ssm", "attention", "rnn", "hybrid"
+    init: str = "torch"                # default init scheme (models.init_schemes), see register
 
     def options(self) -> dict[str, Any]:
         """Keyword options the factory takes beyond d_model / n_layers, with defaults."""
@@ -47,15 +48,22 @@ class UnknownModelError(KeyError):
         return str(self.args[0])
 
 
-def register(name: str, description: str, family: str = ""):
-    """Decorator: register ``factory(d_model, n_layers, **options) -> nn.Module``."""
+def register(name: str, description: str, family: str = "", init: str = "torch"):
+    """Decorator: register ``factory(d_model, n_layers, **options) -> nn.Module``.
+
+    ``init`` is the init scheme (``models.init_schemes``) a composed model gets unless the
+    profile says otherwise: the one the model's reference implementation uses.
+    """
+    from models.init_schemes import check_scheme
+
     if "\n" in description:
         raise ValueError("model descriptions are one line")
+    check_scheme(init)
 
     def deco(factory: Callable[..., nn.Module]):
         if name in _REGISTRY:
             raise ValueError(f"model {name!r} registered twice")
-        _REGISTRY[name] = ModelEntry(name, description, factory, family)
+        _REGISTRY[name] = ModelEntry(name, description, factory, family, init)
         return factory
 
     return deco

@@ -63,6 +63,7 @@ class SelectiveSSM(nn.Module):
         with torch.no_grad():
             self.dt_proj.bias.copy_(inv_softplus_dt)
         self.dt_proj.bias._no_reinit = True
+        self.dt_proj.weight._no_reinit = True  # its scale sets delta's spread (init_schemes "hf")
         # S4D-Real: A_n = -(n + 1), the same for every channel; stored as log(-A).
         A = torch.arange(1, d_state + 1, dtype=torch.float32).repeat(d_inner, 1)
         self.A_log = nn.Parameter(torch.log(A))

@@ -199,11 +199,15 @@ def cmd_kill(args) -> int:
 def cmd_models(args) -> int:
     import models
 
-    t = Table("model", "family", "description", "options")
+    t = Table("model", "family", "init", "description", "options")
     for n in models.names():
         e = models.entry(n)
-        t.add_row(n, e.family, e.description, ", ".join(f"{k}={v!r}" for k, v in e.options().items()))
+        t.add_row(n, e.family, e.init, e.description, ", ".join(f"{k}={v!r}" for k, v in e.options().items()))
     _console().print(t)
+    print("init: the default init scheme, the one the model's reference code uses (mamba: "
+          "state-spaces/mamba, tied head; hf: Hugging Face GPT-Neo, tied head; torch: PyTorch "
+          "module defaults, untied). Set init_scheme / init_std / tie_embeddings under [model] or per "
+          "model; details in models/init_schemes.py.")
     return 0
 
 

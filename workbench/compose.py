@@ -47,10 +47,70 @@ class SequenceModel(nn.Module):
         return hasattr(self.backbone, "forward_chunked")
 
 
-def build_model(task, model_name: str, d_model: int = 64, n_layers: int = 2, **options: Any) -> SequenceModel:
-    """Compose ``task``'s encoder and head around backbone ``model_name``."""
+COMPOSE_OPTIONS = ("init_scheme", "init_std", "tie_embeddings")  # model options that are not the backbone's
+
+
+def split_options(options: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(backbone options, composition options) of one model's option dict."""
+    backbone = {k: v for k, v in options.items() if k not in COMPOSE_OPTIONS}
+    return backbone, {k: v for k, v in options.items() if k in COMPOSE_OPTIONS}
+
+
+def check_compose_options(options: dict[str, Any]) -> None:
+    """ValueError naming the bad value of init_scheme / init_std / tie_embeddings."""
+    from models.init_schemes import check_scheme
+
+    if options.get("init_scheme") is not None:
+        check_scheme(options["init_scheme"])
+    std = options.get("init_std")
+    if std is not None and (isinstance(std, bool) or not isinstance(std, (int, float)) or not std > 0):
+        raise ValueError(f"init_std must be a number > 0, got {std!r}")
+    tie_opt = options.get("tie_embeddings")
+    if tie_opt is not None and not isinstance(tie_opt, bool):
+        raise ValueError(f"tie_embeddings must be true or false, got {tie_opt!r}")
+
+
+def resolve_init(task, model_name: str, init_scheme: str | None = None, init_std: float | None = None,
+                 tie_embeddings: bool | None = None) -> dict[str, Any]:
+    """The init choice a run gets: the profile's, else the model's reference scheme.
+
+    Returns ``{"init_scheme", "init_std", "tie_embeddings"}``. An unset ``tie_embeddings`` follows
+    the scheme (``mamba`` and ``hf`` tie, as their reference LM heads do) where the task
+    can tie (token inputs, per-position outputs over the same vocabulary).
+    """
+    from models.init_schemes import DEFAULT_STD
+
+    check_compose_options({"init_scheme": init_scheme, "init_std": init_std,
+                           "tie_embeddings": tie_embeddings})
+    scheme = init_scheme if init_scheme is not None else models.entry(model_name).init
+    std = DEFAULT_STD if init_std is None else float(init_std)
+    if tie_embeddings is None:
+        tie_embeddings = scheme != "torch" and task_can_tie(task)
+    return {"init_scheme": scheme, "init_std": std, "tie_embeddings": bool(tie_embeddings)}
+
+
+def task_can_tie(task) -> bool:
+    return (not getattr(task, "input_dim", None) and task.readout == "per_position"
+            and bool(task.vocab_size) and task.num_classes == task.vocab_size)
+
+
+def build_model(task, model_name: str, d_model: int = 64, n_layers: int = 2, *,
+                init_scheme: str | None = None, init_std: float | None = None,
+                tie_embeddings: bool | None = None, **options: Any) -> SequenceModel:
+    """Compose ``task``'s encoder and head around backbone ``model_name``, then initialise.
+
+    ``init_scheme`` / ``init_std`` / ``tie_embeddings``: see :func:`resolve_init` and
+    ``models.init_schemes``; the resolved choice is ``model.init_choice``.
+    """
+    from models.init_schemes import apply_init, tie
     from tasks.heads import make_encoder, make_head
 
+    choice = resolve_init(task, model_name, init_scheme, init_std, tie_embeddings)
     backbone = models.build(model_name, d_model=d_model, n_layers=n_layers, **options)
     # the head owns the readout (per position, mean-pooled, or decoded from the last state)
-    return SequenceModel(make_encoder(task, d_model), backbone, make_head(task, d_model))
+    model = SequenceModel(make_encoder(task, d_model), backbone, make_head(task, d_model))
+    apply_init(model, choice["init_scheme"], choice["init_std"])
+    if choice["tie_embeddings"]:
+        model.head = tie(model.encoder, model.head)
+    model.init_choice = choice
+    return model

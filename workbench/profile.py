@@ -72,7 +72,16 @@ class SweepSection(_Strict):
 class ModelSection(_Strict):
     d_model: int = Field(default=64, gt=0)
     n_layers: int = Field(default=2, gt=0)
+    # Composition options for every model of the sweep (a model's own options win); unset,
+    # each model gets its reference implementation's init (`ssm-workbench models`).
+    init_scheme: Literal["torch", "mamba", "hf"] | None = None
+    init_std: float | None = Field(default=None, gt=0)
+    tie_embeddings: bool | None = None
     options: dict[str, dict[str, Any]] = Field(default_factory=dict)
+
+    def shared_options(self) -> dict[str, Any]:
+        return {k: v for k in ("init_scheme", "init_std", "tie_embeddings")
+                if (v := getattr(self, k)) is not None}
 
 
 class EarlyStopping(_Strict):
@@ -225,6 +234,7 @@ def _check_registries(p: Profile, path: str, text: str) -> None:
     """Model and task names and their options must exist in the registries."""
     import models
     import tasks
+    from workbench.compose import check_compose_options, split_options
 
     problems: list[str] = []
     try:
@@ -257,10 +267,11 @@ def _check_registries(p: Profile, path: str, text: str) -> None:
         except KeyError as e:
             problems.append(f"  sweep.models (line {_line_of(text, 'models')}): {e}")
             continue
-        opts = {**p.model.options.get(choice.name, {}), **choice.options()}
+        backbone_opts, compose_opts = split_options(_model_options(p, choice))
         try:
-            models.check_options(choice.name, opts)
-        except TypeError as e:
+            models.check_options(choice.name, backbone_opts)
+            check_compose_options(compose_opts)
+        except (TypeError, ValueError) as e:
             problems.append(f"  model options for {choice.name!r}: {e}")
     for name in p.model.options:
         if name not in models.names():
@@ -330,7 +341,7 @@ def expand(p: Profile) -> list[RunSpec]:
     seq_lens: list[int | None] = list(p.sweep.seq_lens) or [None]
     train = p.train.model_dump(mode="json")
     for choice in p.sweep.model_choices():
-        opts = {**p.model.options.get(choice.name, {}), **choice.options()}
+        opts = _model_options(p, choice)
         d_model = choice.d_model or p.model.d_model
         n_layers = choice.n_layers or p.model.n_layers
         for L in seq_lens:
@@ -350,6 +361,11 @@ def expand(p: Profile) -> list[RunSpec]:
                     seq_len=L, seed=seed, train=train, index=len(specs), fields=fields,
                 ))
     return specs
+
+
+def _model_options(p: Profile, choice: ModelChoice) -> dict[str, Any]:
+    """One model's options: [model] shared < [model.options.NAME] < the sweep entry's own."""
+    return {**p.model.shared_options(), **p.model.options.get(choice.name, {}), **choice.options()}
 
 
 def _scalar(v: Any) -> bool:

@@ -508,6 +508,7 @@ def run(store_dir: str, run_id: int) -> int:
             "params_total": models.param_count(trainer.model), "state_size": trainer.model.state_size(),
             "torch_threads": torch.get_num_threads(), "nvml": sysmon.nvml_status(),
             "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+            **trainer.model.init_choice,  # init scheme, std and tying as resolved for this run
         }
         reason = getattr(sys.modules.get("models.kernels.selective_scan"), "cuda_unavailable_reason", None)
         if callable(reason):
@@ -515,7 +516,9 @@ def run(store_dir: str, run_id: int) -> int:
         store.set_info(run_id, info)
         store.heartbeat(run_id, backend=trainer.model.backend, device=str(dev))
         print(f"[worker] run {run_id}: {r.label} on {r.task} L={r.seq_len} seed={r.seed} "
-              f"device={dev} backend={trainer.model.backend} params={params}", flush=True)
+              f"device={dev} backend={trainer.model.backend} params={params} "
+              f"init={trainer.model.init_choice['init_scheme']}"
+              f"{' tied' if trainer.model.init_choice['tie_embeddings'] else ''}", flush=True)
 
         out = trainer.train()
         # final measurements on every eval set
