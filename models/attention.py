@@ -102,8 +102,13 @@ class CausalSelfAttention(nn.Module):
 
     def __init__(self, d_model: int, n_heads: int = 4, pos: str = "rope", dropout: float = 0.0,
                  bias: bool = False, rope_base: float = 10000.0, xpos_scale_base: float = 512.0,
-                 xpos_gamma: float = 0.4):
+                 xpos_gamma: float = 0.4, scale: float | None = None):
+        """``scale``: factor on q.k before the softmax; None = 1/sqrt(d_head). GPT-Neo
+        uses 1.0 (Hugging Face's GPTNeoSelfAttention does not scale its scores)."""
         super().__init__()
+        if scale is not None and not scale > 0:
+            raise ValueError(f"attention scale must be > 0, got {scale!r}")
+        self.scale = scale
         if n_heads < 1 or d_model % n_heads:
             raise ValueError(
                 f"n_heads={n_heads} must be >= 1 and divide d_model={d_model} "
@@ -138,7 +143,8 @@ class CausalSelfAttention(nn.Module):
             q = self.rotary(q, positions, is_key=False, centre=centre)
             k = self.rotary(k, positions, is_key=True, centre=centre)
         y = F.scaled_dot_product_attention(
-            q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0
+            q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0,
+            scale=self.scale,
         )                                                          # (batch, heads, length, d_head)
         y = y.transpose(1, 2).reshape(b, length, self.d_model)
         return self.out_proj(y)

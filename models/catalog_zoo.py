@@ -15,11 +15,12 @@ from models.registry import register
 )
 def transformer(d_model: int, n_layers: int, n_heads: int = 4, pos: str = "absolute",
                 mlp_mult: int = 4, dropout: float = 0.0, norm: str = "layer",
-                max_len: int = 4096):
+                max_len: int = 4096, attn_scale: float | None = None):
+    """``attn_scale``: score scale, default 1/sqrt(d_head); GPT-Neo's is 1.0."""
     from models.transformer import Transformer
 
     return Transformer(d_model, n_layers, n_heads=n_heads, pos=pos, mlp_mult=mlp_mult,
-                       dropout=dropout, norm=norm, max_len=max_len)
+                       dropout=dropout, norm=norm, max_len=max_len, attn_scale=attn_scale)
 
 
 @register(

@@ -18,10 +18,14 @@ row learns about twice as fast with its reference init and tied head). Three sch
     (a = sqrt 5, PyTorch's Linear default) and divided by sqrt(number of residual
     branches). Other Linear weights keep PyTorch's default. Tied head.
 ``hf``
-    Hugging Face's GPT-2 / GPT-Neo ``_init_weights``: every Linear and Embedding weight
-    ``N(0, std)`` (``initializer_range``, 0.02), Linear biases zero, norm weights 1 and
-    biases 0, no residual rescale. Weights a backbone marks ``_no_reinit`` (Mamba's
-    dt_proj, whose init sets the step size) are left alone. Tied head.
+    What Hugging Face's ``_init_weights`` does for the architecture. GPT-Neo's (attention,
+    MLPs and everything else): every Linear and Embedding weight ``N(0, std)``
+    (``initializer_range``, 0.02), Linear biases zero, norm weights 1 and biases 0, no
+    residual rescale. ``MambaPreTrainedModel``'s for Mamba / S6 mixers (as of the late-2024
+    releases the published MAD runs used): embedding ``N(0, std)``, Linear biases zeroed
+    except the dt bias, Linear weights at PyTorch's default, and no residual rescale
+    (``rescale_prenorm_residual`` is false in its configs) — so the out-projection the
+    workbench's Mamba shrinks by 1/sqrt(n_layers) is redrawn at the default scale. Tied head.
 
 A tied head is ``Linear(d_model, vocab, bias=False)`` sharing the embedding matrix, as in
 both references' LM heads; tying needs token inputs and per-position outputs over the same
@@ -52,6 +56,14 @@ def count_residual_branches(model: nn.Module) -> int:
     return sum(isinstance(m, PreNormResidual) for m in model.modules())
 
 
+def _selective_ssm_linears(model: nn.Module) -> set[int]:
+    """ids of the Linear layers inside Mamba / S6 mixers (Hugging Face inits them apart)."""
+    from models.s6 import SelectiveSSM
+
+    return {id(m) for mixer in model.modules() if isinstance(mixer, SelectiveSSM)
+            for m in mixer.modules() if isinstance(m, nn.Linear)}
+
+
 def _norm_modules(model: nn.Module):
     from models.common import RMSNorm
 
@@ -66,14 +78,20 @@ def apply_init(model: nn.Module, scheme: str, std: float = DEFAULT_STD) -> None:
         raise ValueError(f"init_std must be > 0, got {std!r}")
     if scheme == "torch":
         return
-    for module in model.modules():
+    in_ssm = _selective_ssm_linears(model)
+    for name, module in model.named_modules():
         if isinstance(module, nn.Embedding):
             nn.init.normal_(module.weight, std=std)
         elif isinstance(module, nn.Linear):
             if module.bias is not None and not getattr(module.bias, "_no_reinit", False):
                 nn.init.zeros_(module.bias)
-            if scheme == "hf" and not getattr(module.weight, "_no_reinit", False):
+            if scheme != "hf" or getattr(module.weight, "_no_reinit", False):
+                continue
+            if id(module) not in in_ssm:
                 nn.init.normal_(module.weight, std=std)
+            elif name.rsplit(".", 1)[-1] in RESIDUAL_OUT_NAMES:
+                # undo the backbone's 1/sqrt(n_layers): PyTorch's default, as HF leaves it
+                nn.init.kaiming_uniform_(module.weight, a=math.sqrt(5))
     if scheme == "hf":
         for norm in _norm_modules(model):
             nn.init.ones_(norm.weight)

@@ -33,7 +33,7 @@ class Transformer(nn.Module):
 
     def __init__(self, d_model: int, n_layers: int, n_heads: int = 4, pos: str = "absolute",
                  mlp_mult: int = 4, dropout: float = 0.0, norm: str = "layer",
-                 max_len: int = 4096):
+                 max_len: int = 4096, attn_scale: float | None = None):
         super().__init__()
         if pos not in TRANSFORMER_POSITIONS:
             raise ValueError(f"unknown pos {pos!r}; expected one of "
@@ -49,7 +49,8 @@ class Transformer(nn.Module):
             # Even sub-layers attend, odd ones are the MLP: one Transformer layer = two
             # pre-norm residual sub-layers.
             if i % 2 == 0:
-                return CausalSelfAttention(d_model, n_heads, pos=attn_pos, dropout=dropout)
+                return CausalSelfAttention(d_model, n_heads, pos=attn_pos, dropout=dropout,
+                                           scale=attn_scale)
             return MLP(d_model, mlp_mult, dropout)
 
         self.stack = ResidualStack(d_model, 2 * n_layers, make_mixer, norm=norm, dropout=dropout)

@@ -23,7 +23,12 @@ tokens 0..V-3, blank V-2, copy token V-1. A sequence has exactly ``seq_len = L``
 
     [M data tokens with L-2M-1 blanks inserted] [copy] [blank x M]
 
-- ``mad_selective_copying``: blanks inserted at random positions (data order kept);
+- ``mad_selective_copying``: blanks inserted among the data (data order kept). With
+  ``placement = "mad"`` (default) exactly as mad-lab's generator does it: each blank goes
+  in front of a uniformly chosen data token (``np.insert`` at indices in [0, M)), so no
+  blank ever follows the last data token, which always sits right before the copy token,
+  and the gaps are multinomial. ``placement = "uniform"``: the data at a uniformly random
+  ordered subset of the region (the last data token anywhere; a harder task).
 - ``mad_copying``: data first, then the blanks.
 
 Targets (both formats): IGNORE everywhere except the last M positions, whose targets are the
@@ -35,10 +40,8 @@ tokens right; sequence accuracy = all M right. (MAD reports token accuracy on th
 positions as well; the Mamba paper's Table 1 reports accuracy on the copied tokens.)
 
 Differences from the published generators: MAD draws the blank positions from numpy's
-unseeded global RNG (``np.random.randint``) so its data are not reproducible, and it
-inserts blanks with ``np.insert`` at uniform indices (position distribution slightly
-non-uniform); here the data slots are a uniform random subset drawn from the task's seeded
-generator. Training data: a fixed set of ``num_train_examples`` examples (MAD: 12 800) or,
+unseeded global RNG (``np.random.randint``) so its data are not reproducible; here every
+draw comes from the task's seeded generator (same distribution, other numbers). Training data: a fixed set of ``num_train_examples`` examples (MAD: 12 800) or,
 with ``num_train_examples = 0``, fresh batches every step (the Mamba paper's setting).
 """
 from __future__ import annotations
@@ -53,7 +56,7 @@ from tasks.registry import register
 def copying_examples(
     n: int, rng: np.random.Generator, *, region_len: int, num_tokens_to_copy: int,
     data_low: int, data_high: int, filler: int, separator: tuple[int, ...], tail: int,
-    selective: bool,
+    placement: str,
 ) -> tuple[np.ndarray, np.ndarray]:
     """n copying examples: inputs and targets of shape (n, region_len + len(separator) + M).
 
@@ -61,19 +64,32 @@ def copying_examples(
     data tokens are drawn uniformly from [data_low, data_high);
     separator: tokens between region and the answer positions (MAD: the copy token);
     tail: the input token at the M answer positions (paper: marker, MAD: blank);
-    selective: data at a uniformly random ordered subset of the region, else its first M.
+    placement: where the data sit in the region, in order:
+      ``first``   its first M positions;
+      ``uniform`` a uniformly random M-subset of its positions;
+      ``mad``     mad-lab's rule: each of the region_len - M fillers is inserted in front
+                  of a uniformly chosen data token, so the last data token ends the region.
     """
     m = num_tokens_to_copy
     length = region_len + len(separator) + m
     data = rng.integers(data_low, data_high, size=(n, m))
     inputs = np.full((n, length), filler, dtype=np.int64)
-    if selective:
+    if placement == "uniform":
         # a uniform random M-subset of the region per row (argsort of iid keys), kept in order
         keys = rng.random((n, region_len))
         slots = np.sort(np.argpartition(keys, m - 1, axis=1)[:, :m], axis=1) if m < region_len \
             else np.broadcast_to(np.arange(m), (n, m))
-    else:
+    elif placement == "mad":
+        # filler j goes in front of data token idx[j]: token i is preceded by the fillers
+        # with idx <= i, so it sits at (that count) + i
+        idx = rng.integers(0, m, size=(n, region_len - m))
+        rows = np.arange(n)[:, None]
+        counts = np.bincount((rows * m + idx).ravel(), minlength=n * m).reshape(n, m)
+        slots = np.cumsum(counts, axis=1) + np.arange(m)
+    elif placement == "first":
         slots = np.broadcast_to(np.arange(m), (n, m))
+    else:
+        raise ValueError(f"unknown placement {placement!r}")
     np.put_along_axis(inputs, np.ascontiguousarray(slots), data, axis=1)
     for i, tok in enumerate(separator):
         inputs[:, region_len + i] = tok
@@ -88,7 +104,8 @@ class _CopyingBase(Task):
     paper_format: bool = True
 
     def __init__(self, seq_len, vocab_size, num_tokens_to_copy, num_train_examples,
-                 num_test_examples):
+                 num_test_examples, placement: str | None = None):
+        self.placement = placement or ("uniform" if self.selective else "first")
         self.num_tokens_to_copy = m = check_int("num_tokens_to_copy", num_tokens_to_copy, 1)
         self.vocab_size = check_int("vocab_size", vocab_size, 3)
         seq_len = check_int("seq_len", seq_len, 1)
@@ -118,7 +135,7 @@ class _CopyingBase(Task):
 
     def _generate(self, n, rng):
         return copying_examples(n, rng, num_tokens_to_copy=self.num_tokens_to_copy,
-                                selective=self.selective, **self._layout)
+                                placement=self.placement, **self._layout)
 
 
 _PAPER_DOC = (" seq_len = L noise positions (the model sees L + 2M tokens); vocab_size includes"
@@ -168,9 +185,14 @@ class MADSelectiveCopying(_CopyingBase):
     selective, paper_format = True, False
 
     def __init__(self, seq_len: int = 256, vocab_size: int = 16, num_tokens_to_copy: int = 16,
-                 num_train_examples: int = 12_800, num_test_examples: int = 1_280):
+                 num_train_examples: int = 12_800, num_test_examples: int = 1_280,
+                 placement: str = "mad"):
+        if placement not in ("mad", "uniform"):
+            raise ValueError(f"placement must be 'mad' (mad-lab's generator) or 'uniform', "
+                             f"got {placement!r}")
         super().__init__(seq_len, vocab_size, num_tokens_to_copy, num_train_examples,
-                         num_test_examples)
+                         num_test_examples, placement)
+        self._params["placement"] = placement
 
 
 @register

@@ -191,3 +191,21 @@ def test_transformer_learns_to_copy_previous_token():
     tok = torch.randint(0, vocab, (64, 16))
     acc = (head(m(emb(tok)))[:, 1:].argmax(-1) == tok[:, :-1]).float().mean().item()
     assert acc > 0.9, acc
+
+
+def test_attention_scale_matches_explicit_softmax():
+    # GPT-Neo's unscaled scores (scale 1.0) against a written-out causal softmax
+    torch.manual_seed(0)
+    attn = CausalSelfAttention(16, n_heads=2, pos="none", scale=1.0)
+    x = torch.randn(2, 5, 16)
+    q, k, v = attn.qkv(x).view(2, 5, 3, 2, 8).unbind(2)
+    q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+    scores = q @ k.transpose(-1, -2)                   # no 1/sqrt(d_head)
+    scores = scores.masked_fill(torch.ones(5, 5, dtype=torch.bool).triu(1), float("-inf"))
+    y = (scores.softmax(-1) @ v).transpose(1, 2).reshape(2, 5, 16)
+    torch.testing.assert_close(attn(x), attn.out_proj(y))
+    default = CausalSelfAttention(16, n_heads=2, pos="none")
+    default.load_state_dict(attn.state_dict())
+    assert not torch.allclose(default(x), attn(x))
+    with pytest.raises(ValueError, match="scale"):
+        CausalSelfAttention(16, n_heads=2, scale=0.0)

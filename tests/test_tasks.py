@@ -147,7 +147,8 @@ CHANGES = {
     "copying": dict(seq_len=30, vocab_size=12, num_tokens_to_copy=5,
                     num_train_examples=40, num_test_examples=12),
     "mad_selective_copying": dict(seq_len=30, vocab_size=12, num_tokens_to_copy=5,
-                                  num_train_examples=40, num_test_examples=12),
+                                  num_train_examples=40, num_test_examples=12,
+                                  placement="uniform"),
     "mad_copying": dict(seq_len=30, vocab_size=12, num_tokens_to_copy=5,
                         num_train_examples=40, num_test_examples=12),
     "induction_heads": dict(seq_len=48, vocab_size=12, eval_lens=[16, 128],
@@ -239,6 +240,34 @@ def test_mad_copying_layout(M, extra, V, seed, selective):
         np.testing.assert_array_equal(x[:, :M], y[:, L - M:])
     elif extra >= 4:
         assert not np.all(x[:, :M] != blank, axis=1).all()
+
+
+@pytest.mark.parametrize("placement", ["mad", "uniform"])
+def test_mad_selective_copying_placement(placement):
+    M, L = 5, 20
+    t = tasks.build("mad_selective_copying", seq_len=L, num_tokens_to_copy=M, vocab_size=16,
+                    num_train_examples=4, num_test_examples=4, placement=placement)
+    x, _ = np_batch(t.sample(4000, 0))
+    region = x[:, : L - M - 1]
+    is_data = region != 14
+    last_is_data = is_data[:, -1].mean()
+    if placement == "mad":
+        assert last_is_data == 1.0      # mad-lab: the last data token precedes the copy token
+        # and the gaps follow np.insert at uniform indices in [0, M): simulate that rule
+        rng = np.random.default_rng(1)
+        ref = np.zeros(L - M - 1)
+        for _ in range(4000):
+            row = np.insert(np.ones(M), rng.integers(0, M, L - 2 * M - 1), 0)
+            ref += row
+        np.testing.assert_allclose(is_data.mean(0), ref / 4000, atol=0.03)
+    else:
+        assert abs(last_is_data - M / (L - M - 1)) < 0.03   # uniform subset: P = M / region
+    assert is_data.sum(1).min() == M
+
+
+def test_mad_selective_copying_rejects_unknown_placement():
+    with pytest.raises(ValueError, match="placement"):
+        tasks.build("mad_selective_copying", seq_len=20, num_tokens_to_copy=5, placement="end")
 
 
 def test_copying_formats_share_one_generator():

@@ -221,6 +221,25 @@ def cmd_tasks(args) -> int:
     return 0
 
 
+def cmd_report(args) -> int:
+    from workbench import profile as prof
+    from workbench import report
+
+    store = _store(args)
+    store.reap()
+    try:
+        text = report.render(store, args.profiles, args.digits)
+    except (prof.ProfileError, OSError) as e:
+        print(e, file=sys.stderr)
+        return 2
+    if args.into:
+        report.write_into(args.into, text)
+        print(f"wrote the report block of {args.into} ({len(args.profiles)} profile(s))")
+    else:
+        print(text, end="")
+    return 0
+
+
 def cmd_export(args) -> int:
     from workbench import export
 
@@ -305,6 +324,13 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--output", "-o")
     p.add_argument("--include-unfinished", action="store_true")
     p.set_defaults(fn=cmd_export)
+
+    p = sub.add_parser("report", help="published vs ours, from the store: reproduction tables of profiles")
+    p.add_argument("profiles", nargs="+", help="profile files whose runs (finished, in --store) to report")
+    p.add_argument("--into", metavar="FILE",
+                   help="replace the report block of FILE (e.g. docs/RESULTS.md) instead of printing")
+    p.add_argument("--digits", type=int, default=3)
+    p.set_defaults(fn=cmd_report)
 
     p = sub.add_parser("runs", help="list runs")
     p.add_argument("--profile")

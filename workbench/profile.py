@@ -127,6 +127,28 @@ class TrainSection(_Strict):
         return self
 
 
+class PublishedValue(_Strict):
+    """A number the published work reports, for ``ssm-workbench report`` to set ours beside.
+
+    ``model`` is a sweep label; the value is eval ``metric`` at ``epoch`` (or ``step``) of
+    the training history when given, else the final result on eval set ``eval_set``.
+    """
+    model: str
+    metric: str = "accuracy"
+    value: float
+    seq_len: int | None = None
+    eval_set: str = ""
+    epoch: float | None = Field(default=None, gt=0)
+    step: int | None = Field(default=None, gt=0)
+    source: str = ""
+
+    @model_validator(mode="after")
+    def _one_point(self):
+        if self.epoch is not None and self.step is not None:
+            raise ValueError("give at most one of epoch or step")
+        return self
+
+
 class Profile(_Strict):
     schema_version: int
     name: str = Field(min_length=1)
@@ -136,6 +158,7 @@ class Profile(_Strict):
     model: ModelSection = Field(default_factory=ModelSection)
     train: TrainSection
     runs_per_gpu: int | None = Field(default=None, gt=0)  # runs sharing a GPU (--runs-per-gpu wins; None = 1)
+    published: list[PublishedValue] = Field(default_factory=list)  # for `ssm-workbench report`
 
     @field_validator("schema_version")
     @classmethod
@@ -277,6 +300,10 @@ def _check_registries(p: Profile, path: str, text: str) -> None:
         if name not in models.names():
             problems.append(f"  model.options.{name} (line {_line_of(text, name)}): unknown model {name!r}")
     labels = [c.display for c in p.sweep.model_choices()]
+    for i, pub in enumerate(p.published):
+        if pub.model not in labels:
+            problems.append(f"  published[{i}].model: {pub.model!r} is not a model label of the "
+                            f"sweep ({', '.join(labels)})")
     dupes = sorted({x for x in labels if labels.count(x) > 1})
     if dupes:
         problems.append(f"  sweep.models: duplicate model label(s) {', '.join(dupes)}; give each a distinct 'label'")
@@ -318,6 +345,8 @@ def to_dict(p: Profile) -> dict[str, Any]:
     ]
     if not d["sweep"]["seq_lens"]:
         del d["sweep"]["seq_lens"]
+    if not d.get("published"):
+        d.pop("published", None)
     return d
 
 

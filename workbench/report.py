@@ -1,0 +1,175 @@
+"""Reproduction reports: published numbers beside ours, generated from the store.
+
+``ssm-workbench report PROFILE.toml ...`` writes, per profile, Markdown tables of
+
+1. **published vs ours**: each ``[[published]]`` entry of the profile (the paper's number,
+   where it comes from) beside our value at the same point (the eval metric at the same
+   epoch or step of the training history, else the final result on the named eval set):
+   mean ± std over the seeds that finished, the per-seed values, and the parameter count;
+2. **learning curve**: eval accuracy after each evaluation, mean ± std over seeds, for
+   profiles trained in epochs (as the published tables count them);
+3. **eval sets**: with several eval sets (induction heads' test lengths and distances),
+   the final accuracy per eval set, one row per run (per seed), plus the mean row.
+
+Everything is read from the store; nothing is typed. ``--into FILE`` replaces the part of
+FILE between ``<!-- report:begin -->`` and ``<!-- report:end -->`` (appending the markers
+if absent), so hand-written sections of docs/RESULTS.md stay as they are.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from workbench import profile as prof
+from workbench.export import aggregate, fmt_cell
+from workbench.store import Store
+
+BEGIN, END = "<!-- report:begin -->", "<!-- report:end -->"
+
+
+def _runs_by_label(store: Store, p: prof.Profile) -> dict[tuple[str, Any], list]:
+    """(label, seq_len) -> finished runs of this profile, by seed."""
+    out: dict[tuple[str, Any], list] = {}
+    for r in store.runs(profile=p.name, states=["finished"]):
+        out.setdefault((r.label, r.seq_len), []).append(r)
+    for runs in out.values():
+        runs.sort(key=lambda r: r.seed)
+    return out
+
+
+def _history_value(store: Store, run_id: int, metric: str, epoch: float | None,
+                   step: int | None) -> float | None:
+    for row in store.metrics(run_id, split="eval", name=metric):
+        if epoch is not None and row["epoch"] is not None and abs(row["epoch"] - epoch) < 1e-9:
+            return row["value"]
+        if step is not None and row["step"] == step:
+            return row["value"]
+    return None
+
+
+def _value(store: Store, results: dict, run, pub: prof.PublishedValue) -> float | None:
+    if pub.epoch is not None or pub.step is not None:
+        return _history_value(store, run.id, pub.metric, pub.epoch, pub.step)
+    return results.get(run.id, {}).get(pub.eval_set, {}).get(pub.metric)
+
+
+def _params(run) -> str:
+    n = (run.info or {}).get("params_total")
+    return f"{n:,}" if isinstance(n, (int, float)) else "–"
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    out = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    out += ["| " + " | ".join(r) + " |" for r in rows]
+    return out
+
+
+def _point(pub: prof.PublishedValue) -> str:
+    where = (f"epoch {pub.epoch:g}" if pub.epoch is not None else
+             f"step {pub.step}" if pub.step is not None else "final")
+    return f"{pub.metric}{' ' + pub.eval_set if pub.eval_set else ''}, {where}"
+
+
+def published_table(store: Store, p: prof.Profile, runs, results, digits: int) -> list[str]:
+    rows = []
+    for pub in p.published:
+        matched = [r for (label, L), rs in runs.items() for r in rs
+                   if label == pub.model and (pub.seq_len is None or L == pub.seq_len)]
+        vals = [_value(store, results, r, pub) for r in matched]
+        per_seed = ", ".join(f"{r.seed}: " + ("–" if v is None else f"{v:.{digits}f}")
+                             for r, v in zip(matched, vals))
+        rows.append([pub.model, _point(pub), f"{pub.value:.{digits}f}",
+                     fmt_cell(aggregate(vals), digits) + f" (n={aggregate(vals)['n']})",
+                     per_seed or "no finished run", _params(matched[0]) if matched else "–",
+                     pub.source or "–"])
+    return _table(["model", "metric, point", "published", "ours: mean ± std", "ours per seed",
+                   "params", "source"], rows)
+
+
+def curve_table(store: Store, runs, digits: int, metric: str = "accuracy") -> list[str]:
+    """Eval ``metric`` after each evaluation (by epoch), mean ± std over seeds."""
+    series: dict[str, dict[float, list[float]]] = {}
+    for (label, L), rs in runs.items():
+        key = label if L is None else f"{label} (L={L})"
+        for r in rs:
+            for row in store.metrics(r.id, split="eval", name=metric):
+                if row["epoch"] is not None:
+                    series.setdefault(key, {}).setdefault(round(row["epoch"], 6), []).append(row["value"])
+    epochs = sorted({e for s in series.values() for e in s})
+    if not epochs or len(epochs) > 25:
+        return []
+    rows = [[key] + [fmt_cell(aggregate(s.get(e, [])), digits) for e in epochs]
+            for key, s in series.items()]
+    return _table(["model"] + [f"ep {e:g}" for e in epochs], rows)
+
+
+def eval_set_table(runs, results, digits: int, metric: str = "accuracy") -> list[str]:
+    """Final ``metric`` per eval set: one row per run, then the mean over seeds per model."""
+    sets = sorted({es for rs in runs.values() for r in rs for es in results.get(r.id, {}) if es},
+                  key=_eval_set_key)
+    if len(sets) < 2:
+        return []
+    rows = []
+    for (label, L), rs in runs.items():
+        per_set: dict[str, list] = {es: [] for es in sets}
+        for r in rs:
+            vals = [results.get(r.id, {}).get(es, {}).get(metric) for es in sets]
+            for es, v in zip(sets, vals):
+                per_set[es].append(v)
+            rows.append([label, str(r.seed)] + ["–" if v is None else f"{v:.{digits}f}" for v in vals])
+        if len(rs) > 1:
+            rows.append([f"**{label}**", "mean ± std"] + [fmt_cell(aggregate(per_set[es]), digits)
+                                                       for es in sets])
+    return _table(["model", "seed"] + sets, rows)
+
+
+def _eval_set_key(name: str) -> tuple:
+    kind, _, num = name.partition("=")
+    try:
+        return (kind, int(num))
+    except ValueError:
+        return (kind, 0)
+
+
+def profile_section(store: Store, path: str | Path, digits: int = 3) -> str:
+    p = prof.load(path, check_registries=False)
+    runs = _runs_by_label(store, p)
+    all_runs = store.runs(profile=p.name)
+    results = store.results([r.id for rs in runs.values() for r in rs])
+    seeds = sorted({r.seed for rs in runs.values() for r in rs})
+    lines = [f"### {p.name}", "", p.description, "",
+             f"Command: `ssm-workbench run {path}` · {sum(map(len, runs.values()))} finished of "
+             f"{len(prof.expand(p))} runs in the profile ({len(all_runs)} in the store), "
+             f"seeds {', '.join(map(str, seeds)) or '–'}.", ""]
+    if p.published:
+        lines += ["Published vs ours:", ""] + published_table(store, p, runs, results, digits) + [""]
+    curve = curve_table(store, runs, digits)
+    if curve:
+        lines += ["Eval accuracy after each epoch (mean ± std over seeds):", ""] + curve + [""]
+    sets = eval_set_table(runs, results, digits)
+    if sets:
+        lines += ["Final accuracy per eval set:", ""] + sets + [""]
+    if not runs:
+        lines += ["No finished runs in this store yet.", ""]
+    return "\n".join(lines)
+
+
+def render(store: Store, paths: list[str], digits: int = 3) -> str:
+    body = "\n".join(profile_section(store, path, digits) for path in paths)
+    return (f"{BEGIN}\n<!-- generated by `ssm-workbench --store {store.root} report "
+            f"{' '.join(paths)}`; edits here are overwritten -->\n\n{body}{END}\n")
+
+
+def write_into(path: str | Path, block: str) -> None:
+    """Replace the report block of ``path`` (or append one); atomic."""
+    path = Path(path)
+    text = path.read_text(encoding="utf-8") if path.exists() else ""
+    if BEGIN in text and END in text:
+        head, rest = text.split(BEGIN, 1)
+        tail = rest.split(END, 1)[1].lstrip("\n")
+        text = head + block + tail
+    else:
+        text = text.rstrip("\n") + ("\n\n" if text else "") + block
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(path)
