@@ -25,6 +25,13 @@ length. Long sequences are evaluated with few examples: at length N the set hold
 gives 4 sequences at 2^20), because 2^20-token sequences run with streaming inference.
 Every length uses its own test seed stream. Training draws fresh batches every step
 (``num_train_examples = 0``) or uses a fixed set.
+
+Distance sets: accuracy depends on how far back the first trigger is (its distance D to
+the last position, ``L - 1 - p``) more than on the total length (issue 10). Each D in
+``eval_distances`` adds a set keyed ``"dist=D"`` whose every sequence has its first trigger
+exactly D positions before the end: at the training length where that fits
+(D <= seq_len - 2, so the distance alone varies), else at length D + 2 (one token before
+the trigger). Sizes follow the same token budget; own seed stream per distance.
 """
 from __future__ import annotations
 
@@ -62,11 +69,20 @@ def trigger_bound(trigger: str, seq_len: int) -> int:
 
 
 def induction_examples(n: int, seq_len: int, vocab_size: int, rng: np.random.Generator,
-                       trigger: str = "first_half"):
-    """n induction-head examples: inputs, targets (n, seq_len) int64."""
+                       trigger: str = "first_half", distance: int | None = None):
+    """n induction-head examples: inputs, targets (n, seq_len) int64.
+
+    ``distance``: put every first trigger exactly that many positions before the last
+    (p = seq_len - 1 - distance; needs 2 <= distance <= seq_len - 1) instead of ``trigger``.
+    """
     token = vocab_size - 1
     x = rng.integers(0, vocab_size - 1, size=(n, seq_len))
-    p = rng.integers(0, trigger_bound(trigger, seq_len), size=n)
+    if distance is None:
+        p = rng.integers(0, trigger_bound(trigger, seq_len), size=n)
+    elif 2 <= distance <= seq_len - 1:
+        p = np.full(n, seq_len - 1 - distance)
+    else:
+        raise ValueError(f"distance {distance} needs 2 <= distance <= seq_len - 1 = {seq_len - 1}")
     rows = np.arange(n)
     x[rows, p] = token
     # x[p + 1] is already an ordinary token: it is the token to copy
@@ -87,7 +103,7 @@ class InductionHeads(Task):
     def __init__(self, seq_len: int = 256, vocab_size: int = 16,
                  eval_lens: list[int] = DEFAULT_EVAL_LENS, num_train_examples: int = 0,
                  num_test_examples: int = 256, eval_token_budget: int = 2 ** 22,
-                 trigger: str = "first_half"):
+                 trigger: str = "first_half", eval_distances: list[int] = ()):
         self.seq_len = check_int("seq_len", seq_len, 4)
         self.vocab_size = check_int("vocab_size", vocab_size, 3)
         self.eval_lens = check_int_list("eval_lens", eval_lens, 4)
@@ -95,12 +111,17 @@ class InductionHeads(Task):
         self.num_test_examples = check_int("num_test_examples", num_test_examples, 1)
         self.eval_token_budget = check_int("eval_token_budget", eval_token_budget, 1)
         self.trigger = check_trigger(trigger)
+        no_distances = eval_distances is None or (
+            isinstance(eval_distances, (list, tuple)) and not eval_distances)
+        self.eval_distances = [] if no_distances else list(
+            check_int_list("eval_distances", eval_distances, 2))
         self.fixed_train = self.num_train_examples > 0
         self.num_classes = self.vocab_size
         self._params = dict(
             seq_len=seq_len, vocab_size=vocab_size, eval_lens=list(self.eval_lens),
             num_train_examples=num_train_examples, num_test_examples=num_test_examples,
             eval_token_budget=eval_token_budget, trigger=trigger,
+            eval_distances=list(self.eval_distances),
         )
 
     def _generate(self, n, rng):
@@ -122,4 +143,13 @@ class InductionHeads(Task):
             x, y = induction_examples(self.eval_examples_at(length), length, self.vocab_size,
                                       rng_for(seed, TEST_STREAM, 1, length), self.trigger)
             sets[f"len={length}"] = self._to_batch(x, y)
+        for d in self.eval_distances:
+            length = self.distance_len(d)
+            x, y = induction_examples(self.eval_examples_at(length), length, self.vocab_size,
+                                      rng_for(seed, TEST_STREAM, 2, d), distance=d)
+            sets[f"dist={d}"] = self._to_batch(x, y)
         return sets
+
+    def distance_len(self, distance: int) -> int:
+        """Length of the sequences of eval set ``dist=distance``."""
+        return self.seq_len if distance <= self.seq_len - 2 else distance + 2

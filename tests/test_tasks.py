@@ -153,7 +153,7 @@ CHANGES = {
                         num_train_examples=40, num_test_examples=12),
     "induction_heads": dict(seq_len=48, vocab_size=12, eval_lens=[16, 128],
                             num_train_examples=40, num_test_examples=4,
-                            eval_token_budget=1024, trigger="anywhere"),
+                            eval_token_budget=1024, trigger="anywhere", eval_distances=[8, 100]),
     "mqar": dict(seq_len=40, vocab_size=64, num_kv_pairs=[2, 4], power_a=1.0,
                  num_train_examples=40, num_test_examples=12),
     "mad_in_context_recall": dict(seq_len=40, vocab_size=24, multi_query=False,
@@ -240,6 +240,23 @@ def test_mad_copying_layout(M, extra, V, seed, selective):
         np.testing.assert_array_equal(x[:, :M], y[:, L - M:])
     elif extra >= 4:
         assert not np.all(x[:, :M] != blank, axis=1).all()
+
+
+def test_induction_heads_distance_sets():
+    t = tasks.build("induction_heads", seq_len=32, vocab_size=8, eval_lens=[32],
+                    num_test_examples=16, eval_distances=[5, 30, 100])
+    sets = t.eval_sets(0)
+    assert {"dist=5", "dist=30", "dist=100"} <= set(sets)
+    for d, length in ((5, 32), (30, 32), (100, 102)):
+        x, y = np_batch(sets[f"dist={d}"])
+        assert x.shape == (16, length)
+        trig = 7
+        first = np.argmax(x == trig, axis=1)
+        assert (first == length - 1 - d).all()                    # exactly d before the end
+        assert ((x == trig).sum(1) == 2).all()                    # trigger twice, as always
+        np.testing.assert_array_equal(y[:, -1], x[np.arange(16), first + 1])
+    with pytest.raises(ValueError, match="eval_distances"):
+        tasks.build("induction_heads", seq_len=32, eval_distances=[1])
 
 
 @pytest.mark.parametrize("placement", ["mad", "uniform"])
