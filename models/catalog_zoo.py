@@ -66,6 +66,28 @@ def hybrid(d_model: int, n_layers: int, t_layers: int = 1, m_layers: int = 1,
 
 
 @register(
+    "hybrid_parallel",
+    "GPT-Neo and Mamba branches side by side per block between projector split/combine (null/res/gres/gres-soft), "
+    "block output replaces the stream (sadmankiba/hybrid-model)",
+    family="hybrid",
+    init="hf",  # the reference builds both branches from Hugging Face models
+)
+def hybrid_parallel(d_model: int, n_layers: int, t_layers: int = 1, m_layers: int = 1,
+                    projector: str = "res", n_heads: int = 4, mlp_mult: int = 4,
+                    attn_scale: float | None = 1.0, max_len: int = 2048, d_state: int = 16,
+                    d_conv: int = 4, expand: int = 2, d_inner: int | None = None,
+                    dt_rank="auto", backend: str = "auto"):
+    """n_layers blocks; ``attn_scale`` 1.0 is GPT-Neo's (None: 1/sqrt(d_head))."""
+    from models.hybrid_parallel import ParallelHybrid
+
+    return ParallelHybrid(d_model, n_layers, t_layers=t_layers, m_layers=m_layers,
+                          projector=projector, n_heads=n_heads, mlp_mult=mlp_mult,
+                          attn_scale=attn_scale, max_len=max_len,
+                          mamba_kwargs=dict(d_state=d_state, d_conv=d_conv, expand=expand,
+                                            d_inner=d_inner, dt_rank=dt_rank, backend=backend))
+
+
+@register(
     "mambaformer",
     "MambaFormer (Park et al. 2024): leading Mamba instead of positions, then alternating attention and Mamba layers",
     family="hybrid",
