@@ -120,9 +120,16 @@ def in_context_recall_examples(n, seq_len, vocab_size, multi_query, frac_noise,
     return x, y
 
 
+TRAIN_TARGETS = ("recall", "next_token")
+
+
 class _RecallBase(_MADTask):
     def __init__(self, seq_len, vocab_size, multi_query, frac_noise, noise_vocab_size,
-                 num_train_examples, num_test_examples):
+                 num_train_examples, num_test_examples, train_targets="recall"):
+        if train_targets not in TRAIN_TARGETS:
+            raise ValueError(f"train_targets must be one of {', '.join(TRAIN_TARGETS)}, "
+                             f"got {train_targets!r}")
+        self.train_targets = train_targets
         self._common(seq_len, vocab_size, num_train_examples, num_test_examples)
         if self.seq_len % 2 or self.seq_len < 4:
             raise ValueError(f"seq_len must be even and >= 4 (key-value motifs), got {seq_len}")
@@ -133,11 +140,21 @@ class _RecallBase(_MADTask):
             seq_len=seq_len, vocab_size=vocab_size, multi_query=multi_query,
             frac_noise=frac_noise, noise_vocab_size=noise_vocab_size,
             num_train_examples=num_train_examples, num_test_examples=num_test_examples,
+            train_targets=train_targets,
         )
 
-    def _generate(self, n, rng):
+    def _generate_test(self, n, rng):
         return in_context_recall_examples(n, self.seq_len, self.vocab_size, self.multi_query,
                                           self.frac_noise, self.noise_vocab_size, rng)
+
+    def _generate(self, n, rng):
+        x, y = self._generate_test(n, rng)
+        if self.train_targets == "next_token":
+            # MAD's (and hybrid-model's) training: a language model on every next token,
+            # unpredictable keys and noise included; evaluation stays on the recall targets
+            y = np.full_like(x, IGNORE)
+            y[:, :-1] = x[:, 1:]
+        return x, y
 
 
 _RECALL_DOC = """
@@ -146,7 +163,8 @@ _RECALL_DOC = """
     See :func:`in_context_recall_examples` for the layout. Differences from MAD: sequences
     are exactly seq_len tokens in both modes (MAD's multi-query sequences are seq_len - 1
     long, its final value token dropped by the shift); the probe is always the last motif;
-    loss on the target positions only (MAD trains on all next tokens).
+    loss on the target positions only by default (MAD trains on all next tokens: set
+    ``train_targets = "next_token"`` for that; evaluation is on the recall targets either way).
 """
 
 
@@ -161,9 +179,10 @@ class MADInContextRecall(_RecallBase):
 
     def __init__(self, seq_len: int = 128, vocab_size: int = 16, multi_query: bool = True,
                  frac_noise: float = 0.0, noise_vocab_size: int = 0,
-                 num_train_examples: int = 12_800, num_test_examples: int = 1_280):
+                 num_train_examples: int = 12_800, num_test_examples: int = 1_280,
+                 train_targets: str = "recall"):
         super().__init__(seq_len, vocab_size, multi_query, frac_noise, noise_vocab_size,
-                         num_train_examples, num_test_examples)
+                         num_train_examples, num_test_examples, train_targets)
 
 
 @register
@@ -177,9 +196,10 @@ class MADNoisyInContextRecall(_RecallBase):
 
     def __init__(self, seq_len: int = 128, vocab_size: int = 32, multi_query: bool = True,
                  frac_noise: float = 0.2, noise_vocab_size: int = 16,
-                 num_train_examples: int = 12_800, num_test_examples: int = 1_280):
+                 num_train_examples: int = 12_800, num_test_examples: int = 1_280,
+                 train_targets: str = "recall"):
         super().__init__(seq_len, vocab_size, multi_query, frac_noise, noise_vocab_size,
-                         num_train_examples, num_test_examples)
+                         num_train_examples, num_test_examples, train_targets)
 
 
 # ---------------------------------------------------------------------------------

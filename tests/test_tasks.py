@@ -158,10 +158,11 @@ CHANGES = {
                  num_train_examples=40, num_test_examples=12),
     "mad_in_context_recall": dict(seq_len=40, vocab_size=24, multi_query=False,
                                   frac_noise=0.3, noise_vocab_size=0, num_train_examples=40,
-                                  num_test_examples=12),
+                                  num_test_examples=12, train_targets="next_token"),
     "mad_noisy_in_context_recall": dict(seq_len=40, vocab_size=40, multi_query=False,
                                         frac_noise=0.6, noise_vocab_size=8,
-                                        num_train_examples=40, num_test_examples=12),
+                                        num_train_examples=40, num_test_examples=12,
+                                        train_targets="next_token"),
     "mad_fuzzy_in_context_recall": dict(seq_len=56, vocab_size=20, k_motif_size=2,
                                         v_motif_size=2, multi_query=False, frac_noise=0.3,
                                         noise_vocab_size=0, num_train_examples=40,
@@ -240,6 +241,21 @@ def test_mad_copying_layout(M, extra, V, seed, selective):
         np.testing.assert_array_equal(x[:, :M], y[:, L - M:])
     elif extra >= 4:
         assert not np.all(x[:, :M] != blank, axis=1).all()
+
+
+def test_recall_next_token_training_keeps_recall_evaluation():
+    kw = dict(seq_len=32, vocab_size=16, num_train_examples=64, num_test_examples=16)
+    lm = tasks.build("mad_in_context_recall", train_targets="next_token", **kw)
+    plain = tasks.build("mad_in_context_recall", **kw)
+    x, y = np_batch(lm.train_set(0))
+    np.testing.assert_array_equal(y[:, :-1], x[:, 1:])      # every next token is a target
+    assert (y[:, -1] == IGNORE).all()
+    px, _ = np_batch(plain.train_set(0))
+    np.testing.assert_array_equal(x, px)                    # same sequences
+    for a, b in zip(np_batch(lm.eval_sets(0)[""]), np_batch(plain.eval_sets(0)[""])):
+        np.testing.assert_array_equal(a, b)                 # evaluation: recall targets only
+    with pytest.raises(ValueError, match="train_targets"):
+        tasks.build("mad_in_context_recall", train_targets="all", **kw)
 
 
 def test_induction_heads_distance_sets():
