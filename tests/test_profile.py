@@ -86,6 +86,15 @@ def test_unknown_model_and_task_and_options():
     assert "seq_lens" in bad(GOOD.replace("vocab_size = 8", "vocab_size = 8\nseq_len = 3"))
 
 
+def test_model_option_values_checked_before_any_run():
+    # the backbone is built on the meta device at check time: bad values, not just bad names
+    msg = bad(GOOD.replace("n_heads = 2", "n_heads = 3"))
+    assert "model options for 'transformer'" in msg and "n_heads=3" in msg
+    msg = bad(GOOD.replace('"transformer",', '{ name = "mamba", d_inner = 0 },'))
+    assert "d_inner must be a positive int" in msg
+    P.loads(GOOD.replace('"transformer",', '"s4_dplr",'))  # meta-only limitations are not errors
+
+
 def test_malformed_toml_names_line():
     msg = bad(GOOD.replace("lr = 1e-3", "lr = = 1e-3"))
     assert "malformed TOML" in msg and "line" in msg

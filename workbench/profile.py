@@ -253,6 +253,23 @@ def _validation_message(err: ValidationError, path: str, text: str) -> str:
     return "\n".join(lines)
 
 
+def _build_on_meta(name: str, d_model: int, n_layers: int, options: dict[str, Any]) -> None:
+    """Build the backbone without memory (meta device), so bad option values (d_inner = 0,
+    n_heads not dividing d_model) are reported before any run; ValueError / TypeError
+    propagate, anything the meta device itself cannot do is ignored (the run will tell)."""
+    import torch
+
+    import models
+
+    try:
+        with torch.device("meta"):
+            models.build(name, d_model=d_model, n_layers=n_layers, **options)
+    except (TypeError, ValueError):
+        raise
+    except Exception:
+        pass
+
+
 def _check_registries(p: Profile, path: str, text: str) -> None:
     """Model and task names and their options must exist in the registries."""
     import models
@@ -294,8 +311,10 @@ def _check_registries(p: Profile, path: str, text: str) -> None:
         try:
             models.check_options(choice.name, backbone_opts)
             check_compose_options(compose_opts)
+            _build_on_meta(choice.name, choice.d_model or p.model.d_model,
+                           choice.n_layers or p.model.n_layers, backbone_opts)
         except (TypeError, ValueError) as e:
-            problems.append(f"  model options for {choice.name!r}: {e}")
+            problems.append(f"  model options for {choice.display!r}: {e}")
     for name in p.model.options:
         if name not in models.names():
             problems.append(f"  model.options.{name} (line {_line_of(text, name)}): unknown model {name!r}")
