@@ -56,7 +56,7 @@ def filled(tmp_path):
         store.add_metrics(run_id, [(10, 1.0, "eval", "accuracy", a1), (20, 2.0, "eval", "accuracy", a2)])
         store.set_results(run_id, {"accuracy": a2}, "")
         store.set_results(run_id, {"accuracy": a2 / 2}, "len=16")
-        store.set_results(run_id, {"accuracy": a2 / 4}, "len=32")
+        store.set_results(run_id, {"accuracy": a2 / 4, "eval_sequences": 7}, "len=32")
         store.set_info(run_id, {"params_total": 1234})
         store.finish(run_id, "finished")
     return store, str(path)
@@ -77,6 +77,7 @@ def test_report_sets_ours_beside_published(filled):
     assert "| lstm-a (L=16) | 0.300 ± 0.100 | 0.900 ± 0.100 |" in text
     assert "| model | seed | len=16 | len=32 |" in text
     assert "| lstm-a | 1 | 0.450 | 0.225 |" in text
+    assert "| sequences per set |  | – | 7 |" in text
     assert "5 finished of 6 runs" in text
 
 

@@ -22,6 +22,7 @@ METRICS = {
     "accuracy": "eval accuracy per target token",
     "sequence_accuracy": "eval whole-sequence exact match",
     "loss": "eval loss (nats per target token)",
+    "eval_sequences": "sequences in the eval set (the accuracy's sample size)",
     "best_accuracy": "best eval accuracy seen during training",
     "best_at_epoch": "epoch at which the best eval accuracy was first reached",
     "step_time_ms": "median forward+backward+update time per step after warm-up (ms)",

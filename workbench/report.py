@@ -120,6 +120,11 @@ def eval_set_table(runs, results, digits: int, metric: str = "accuracy") -> list
         if len(rs) > 1:
             rows.append([f"**{label}**", "mean ± std"] + [fmt_cell(aggregate(per_set[es]), digits)
                                                        for es in sets])
+    sizes = [next((results[r.id][es].get("eval_sequences") for rs in runs.values() for r in rs
+                   if results.get(r.id, {}).get(es, {}).get("eval_sequences") is not None), None)
+             for es in sets]
+    if any(n is not None for n in sizes):
+        rows.append(["sequences per set", ""] + ["–" if n is None else f"{n:.0f}" for n in sizes])
     return _table(["model", "seed"] + sets, rows)
 
 

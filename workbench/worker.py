@@ -529,7 +529,8 @@ def run(store_dir: str, run_id: int) -> int:
             except RunFailed as e:
                 skipped[name or "default"] = str(e)
                 continue
-            vals = {"accuracy": c.token_accuracy, "sequence_accuracy": c.sequence_accuracy, "loss": c.loss}
+            vals = {"accuracy": c.token_accuracy, "sequence_accuracy": c.sequence_accuracy,
+                    "loss": c.loss, "eval_sequences": c.seq_total}
             vals.update(trainer._extra(c))
             store.set_results(run_id, vals, eval_set=name)
         default_eval = out["eval_sets"].get("") or next(iter(out["eval_sets"].values()))
