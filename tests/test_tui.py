@@ -161,14 +161,17 @@ async def test_form_fill_save_and_reload(store, tmp_path):
 
 
 async def test_load_then_build_keeps_what_the_form_cannot_show(store, tmp_path):
-    """Per-model labels/options, min_lr_ratio, early-stopping target survive load -> save."""
+    """Per-model labels/options, shared init options, min_lr_ratio, early-stopping target and
+    published numbers survive load -> save."""
     src = tmp_path / "labels.toml"
     src.write_text(
         'schema_version = 1\nname = "labels"\n[task]\nname = "mad_selective_copying"\n'
         '[sweep]\nmodels = [{name = "transformer", label = "tf-rope", pos = "rope"},'
         ' {name = "transformer", label = "tf-abs"}, "lstm"]\nseq_lens = [40]\n'
+        '[model]\ninit_scheme = "hf"\ninit_std = 0.05\n'
         '[model.options.lstm]\nnorm = "layer"\n'
-        '[train]\nepochs = 2\nmin_lr_ratio = 0.1\n[train.early_stopping]\ntarget = 0.9\n')
+        '[train]\nepochs = 2\nmin_lr_ratio = 0.1\n[train.early_stopping]\ntarget = 0.9\n'
+        '[[published]]\nmodel = "tf-rope"\nvalue = 0.5\nepoch = 2\n')
     p = profiles.load(src)
     app = make_app(store, tmp_path)
     async with app.run_test(size=SIZE) as pilot:

@@ -351,6 +351,11 @@ class SweepForm(VerticalScroll):
         }
         if base.get("runs_per_gpu"):  # no field in the form: keep a loaded profile's
             data["runs_per_gpu"] = base["runs_per_gpu"]
+        # a loaded profile's published numbers, for the models still picked
+        labels = {m if isinstance(m, str) else m.get("label") or m.get("name") for m in chosen}
+        published = [e for e in base.get("published", []) if e.get("model") in labels]
+        if published:
+            data["published"] = published
         return data, errors
 
     def build_profile(self) -> Profile | None:
