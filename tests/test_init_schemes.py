@@ -165,3 +165,18 @@ def test_profile_rejects_bad_per_model_values():
     text = PROFILE.replace("tie_embeddings = false", 'tie_embeddings = "yes"')
     with pytest.raises(prof.ProfileError, match="tie_embeddings must be true or false"):
         prof.loads(text)
+
+
+def test_as_run_profile_builds_the_published_mamba():
+    """The shipped as-run MAD profile builds what the published code built: 759,392
+    parameters with Hugging Face's init at std 0.1 and the head tied (issue 10)."""
+    from pathlib import Path
+
+    p = prof.load(Path(__file__).parent.parent / "profiles" / "mad-selective-copying-as-run.toml")
+    spec = next(s for s in prof.expand(p) if s.model == "mamba")
+    task = tasks.build(spec.task, **spec.task_params)
+    m = build_model(task, spec.model, d_model=spec.d_model, n_layers=spec.n_layers,
+                    **spec.model_options)
+    assert models.param_count(m) == 759_392
+    assert m.init_choice == {"init_scheme": "hf", "init_std": 0.1, "tie_embeddings": True}
+    assert task.placement == "mad" and p.train.optimizer == "adam" and p.train.grad_clip == 0
