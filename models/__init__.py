@@ -25,3 +25,4 @@ from models.registry import (  # noqa: F401  (public API)
 from models import catalog_s6  # noqa: F401,E402  S6 / Mamba family
 from models import catalog_zoo  # noqa: F401,E402  everything else
 from models import catalog_s4  # noqa: F401,E402
+from models import catalog_pretrained  # noqa: F401,E402  checkpoints from local folders

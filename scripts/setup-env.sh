@@ -2,12 +2,12 @@
 # Create .venv (once) and install ssm-workbench with its test tools into it.
 # TORCH_SPEC picks the torch build: the default pins the CPU build that installs quickly on
 # CPU machines; on a CUDA machine use e.g. TORCH_SPEC="torch==2.13.0" with your CUDA index,
-# and add the official kernels with EXTRAS="test,cuda".
+# and add the official kernels with EXTRAS="test,pretrained,cuda".
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-python3}"
 TORCH_SPEC="${TORCH_SPEC:-torch==2.13.0}"
-EXTRAS="${EXTRAS:-test}"
+EXTRAS="${EXTRAS:-test,pretrained}"
 if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi

@@ -107,9 +107,25 @@ def build_model(task, model_name: str, d_model: int = 64, n_layers: int = 2, *,
 
     choice = resolve_init(task, model_name, init_scheme, init_std, tie_embeddings)
     backbone = models.build(model_name, d_model=d_model, n_layers=n_layers, **options)
+    pretrained = getattr(backbone, "token_embedding", None)
+    if pretrained is not None:
+        # a checkpoint brings its own width and token embedding (models.pretrained)
+        d_model, encoder = backbone.d_model, pretrained
+        del backbone.token_embedding
+        if task.vocab_size and task.vocab_size > encoder.num_embeddings:
+            raise ValueError(f"the task's vocabulary ({task.vocab_size} tokens) is larger than "
+                             f"the checkpoint's embedding ({encoder.num_embeddings}): tokenise "
+                             "with the checkpoint's own tokenizer")
+    else:
+        encoder = make_encoder(task, d_model)
     # the head owns the readout (per position, mean-pooled, or decoded from the last state)
-    model = SequenceModel(make_encoder(task, d_model), backbone, make_head(task, d_model))
-    apply_init(model, choice["init_scheme"], choice["init_std"])
+    model = SequenceModel(encoder, backbone, make_head(task, d_model))
+    if pretrained is not None:
+        encoder.requires_grad_(any(p.requires_grad for p in backbone.parameters()))
+        choice = {**choice, "init_scheme": "pretrained", "tie_embeddings": False}
+        apply_init(model.head, "torch")  # the head alone is new; the rest is the checkpoint's
+    else:
+        apply_init(model, choice["init_scheme"], choice["init_std"])
     if choice["tie_embeddings"]:
         model.head = tie(model.encoder, model.head)
     model.init_choice = choice

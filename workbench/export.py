@@ -34,6 +34,7 @@ METRICS = {
     "gpu_util_max": "max GPU utilisation sampled by NVML (%)",
     "gpu_mem_peak_mb": "peak GPU memory used by the device according to NVML (MiB)",
     "params": "backbone parameter count",
+    "params_trainable": "parameters the optimizer updates (all of the model's that require grad)",
     "state_size": "recurrent state size (floats per sequence)",
     "wall_s": "wall time of the run (s)",
     "steps": "optimizer steps taken",
@@ -42,7 +43,7 @@ METRICS = {
 }
 # metrics of the run as a whole live in eval set '' and apply to every eval set's row
 RUN_LEVEL = {"step_time_ms", "inference_ms", "tokens_per_s", "peak_mem_mb", "gpu_util_mean",
-             "gpu_util_max", "gpu_mem_peak_mb", "params", "state_size", "wall_s", "steps",
+             "gpu_util_max", "gpu_mem_peak_mb", "params", "params_trainable", "state_size", "wall_s", "steps",
              "epochs", "best_accuracy", "best_at_epoch", "best_at_step", "train_s",
              "compile_s"}
 

@@ -1,0 +1,162 @@
+"""Pretrained backbones from local Hugging Face checkpoint folders (issue 11).
+
+A checkpoint folder is what ``save_pretrained`` writes: ``config.json`` plus
+``model.safetensors`` (or ``pytorch_model.bin``), and for text tasks the tokenizer files.
+The workbench never downloads: a missing or incomplete folder is an error that says what
+was expected and how to get it on a connected machine.
+
+- **Mamba** (``model_type = "mamba"``, the ``state-spaces/mamba-*-hf`` checkpoints) is
+  loaded into the workbench's own Mamba (``models.mamba``): its parameter names are the
+  official ones, so ``backbone.layers.{i}.mixer.*`` map one to one and the model runs on
+  the workbench's kernels (C on CPU, Triton on GPU). Widths come from the config
+  (``intermediate_size`` -> d_inner, ``time_step_rank`` -> dt_rank, ``state_size``,
+  ``conv_kernel``, ``layer_norm_epsilon``); ``tests/test_pretrained.py`` checks the outputs
+  against ``transformers``' own ``MambaModel`` on the same weights.
+- **Causal LMs** (GPT-Neo and any other ``AutoModel`` checkpoint) run through
+  ``transformers`` itself, fed ``inputs_embeds``.
+
+Both return a backbone ``(batch, length, d_model) -> (batch, length, d_model)`` (the final
+norm included) that carries the checkpoint's token embedding as ``token_embedding``;
+``workbench.compose`` uses it as the encoder. ``d_model`` and the depth come from the
+checkpoint, not from the profile.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn as nn
+
+EXTRA_HINT = "install the optional extra: pip install 'ssm-workbench[pretrained]'"
+WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint folder that cannot be used; the message says what was expected."""
+
+
+def _how_to_get(path: Path, example: str) -> str:
+    return (f"expected a Hugging Face checkpoint folder at {path} (config.json and "
+            f"{' or '.join(WEIGHT_FILES)}, as save_pretrained writes it). The workbench does "
+            f"not download; on a connected machine run e.g. `huggingface-cli download "
+            f"{example} --local-dir {path}` and copy the folder here")
+
+
+def read_config(path: str | Path, example: str = "state-spaces/mamba-130m-hf") -> dict[str, Any]:
+    path = Path(path).expanduser()
+    if not path.is_dir():
+        raise CheckpointError(f"checkpoint folder {path} does not exist: " + _how_to_get(path, example))
+    cfg_file = path / "config.json"
+    if not cfg_file.is_file():
+        raise CheckpointError(f"{cfg_file} is missing: " + _how_to_get(path, example))
+    try:
+        return json.loads(cfg_file.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f"{cfg_file} is not valid JSON ({e})") from None
+
+
+def load_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
+    """The checkpoint's tensors (safetensors preferred, else a torch pickle, weights only)."""
+    path = Path(path).expanduser()
+    st, pt = path / WEIGHT_FILES[0], path / WEIGHT_FILES[1]
+    if st.is_file():
+        try:
+            from safetensors.torch import load_file
+        except ImportError:
+            raise CheckpointError(f"reading {st} needs the safetensors package: {EXTRA_HINT}") from None
+        return load_file(str(st))
+    if pt.is_file():
+        return torch.load(pt, map_location="cpu", weights_only=True)
+    sharded = sorted(path.glob("model-*.safetensors"))
+    if sharded:
+        from safetensors.torch import load_file
+
+        out: dict[str, torch.Tensor] = {}
+        for f in sharded:
+            out.update(load_file(str(f)))
+        return out
+    raise CheckpointError(f"no weights in {path}: " + _how_to_get(path, "state-spaces/mamba-130m-hf"))
+
+
+# ------------------------------------------------------------------------------- Mamba
+def mamba_from_checkpoint(path: str | Path, backend: str = "auto"):
+    """The workbench's Mamba stack with a ``-hf`` checkpoint's weights (see module doc)."""
+    from models.common import RMSNorm
+    from models.mamba import Mamba, RecurrentStack
+
+    cfg = read_config(path)
+    if cfg.get("model_type") != "mamba":
+        raise CheckpointError(f"{path}: config.json has model_type {cfg.get('model_type')!r}; "
+                              "pretrained_mamba reads Mamba checkpoints (model_type 'mamba'); "
+                              "use pretrained_causal_lm for other causal LMs")
+    sd = load_state_dict(path)
+    missing_keys = [k for k in ("hidden_size", "num_hidden_layers", "vocab_size") if k not in cfg]
+    if missing_keys:
+        raise CheckpointError(f"{path}/config.json lacks {', '.join(missing_keys)}: not a complete "
+                              "Mamba config")
+    d, n = int(cfg["hidden_size"]), int(cfg["num_hidden_layers"])
+    d_inner = int(cfg.get("intermediate_size") or cfg.get("expand", 2) * d)
+    stack = RecurrentStack(
+        d, n,
+        lambda i: Mamba(d, d_state=int(cfg.get("state_size", 16)), d_conv=int(cfg.get("conv_kernel", 4)),
+                        d_inner=d_inner, dt_rank=int(cfg["time_step_rank"]) if cfg.get("time_step_rank")
+                        not in (None, "auto") else "auto",
+                        bias=bool(cfg.get("use_bias", False)),
+                        conv_bias=bool(cfg.get("use_conv_bias", True)), backend=backend),
+        norm="rms")
+    eps = float(cfg.get("layer_norm_epsilon", 1e-5))
+    for m in stack.modules():
+        if isinstance(m, RMSNorm):
+            m.eps = eps
+    stack.token_embedding = nn.Embedding(int(cfg["vocab_size"]), d)
+    prefix = "backbone." if any(k.startswith("backbone.") for k in sd) else ""
+    mapped = {}
+    for k, v in sd.items():
+        if not k.startswith(prefix) or k.startswith("lm_head"):
+            continue
+        k = k[len(prefix):]
+        mapped["token_embedding.weight" if k == "embeddings.weight" else k] = v
+    missing, unexpected = stack.load_state_dict(mapped, strict=False)
+    if missing or unexpected:
+        raise CheckpointError(f"{path}: the weights do not fit the config: missing {missing[:5]}, "
+                              f"unexpected {unexpected[:5]}")
+    stack.checkpoint = str(path)
+    return stack
+
+
+# ------------------------------------------------------------------------- causal LMs
+class HFCausalLMBackbone(nn.Module):
+    """A ``transformers`` base model fed embeddings: (batch, length, d) -> last hidden state."""
+
+    backend = "transformers"
+
+    def __init__(self, path: str | Path):
+        super().__init__()
+        try:
+            from transformers import AutoModel
+        except ImportError:
+            raise CheckpointError(f"pretrained_causal_lm needs transformers: {EXTRA_HINT}") from None
+        cfg = read_config(path, example="EleutherAI/gpt-neo-125m")
+        load_state_dict(path)  # a clear error for a folder without weights, before transformers'
+        self.model = AutoModel.from_pretrained(str(path), local_files_only=True)
+        self.d_model = int(self.model.config.hidden_size)
+        self.model_type = cfg.get("model_type", "?")
+        self.token_embedding = self.model.get_input_embeddings()
+        self.checkpoint = str(path)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.model(inputs_embeds=x).last_hidden_state
+
+    def state_size(self) -> None:
+        return None
+
+
+def apply_training_mode(backbone: nn.Module, mode: str) -> None:
+    """``full``: everything trains; ``freeze``: the backbone and its embedding do not (the
+    task head still does)."""
+    if mode not in ("full", "freeze"):
+        raise ValueError(f"train_mode must be 'full' or 'freeze', got {mode!r}")
+    if mode == "freeze":
+        backbone.requires_grad_(False)

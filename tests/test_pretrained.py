@@ -1,0 +1,183 @@
+"""Pretrained backbones from local checkpoint folders (models.pretrained, issue 11).
+
+Tiny random checkpoints are written in the test with transformers' save_pretrained; nothing
+downloads."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import models
+import tasks
+from models.pretrained import CheckpointError
+from workbench.compose import build_model
+from workbench.worker import make_optimizer
+
+transformers = pytest.importorskip("transformers")
+from test_registry_contract import check_causal, check_gradients, check_shape  # noqa: E402
+
+VOCAB = 50
+
+
+@pytest.fixture(scope="module")
+def mamba_dir(tmp_path_factory):
+    from transformers import MambaConfig, MambaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = MambaConfig(vocab_size=VOCAB, hidden_size=16, num_hidden_layers=2, state_size=8,
+                      intermediate_size=40, time_step_rank=5, layer_norm_epsilon=1e-6)
+    model = MambaForCausalLM(cfg)
+    with torch.no_grad():  # non-trivial D and biases, so a mis-mapped tensor shows
+        for layer in model.backbone.layers:
+            layer.mixer.D.normal_()
+            layer.mixer.conv1d.bias.normal_()
+            layer.norm.weight.uniform_(0.5, 1.5)
+    path = tmp_path_factory.mktemp("ckpt") / "tiny-mamba"
+    model.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def gptneo_dir(tmp_path_factory):
+    from transformers import GPTNeoConfig, GPTNeoForCausalLM
+
+    torch.manual_seed(0)
+    cfg = GPTNeoConfig(vocab_size=VOCAB, hidden_size=16, num_layers=2, num_heads=2,
+                       attention_types=[[["global", "local"], 1]], max_position_embeddings=64,
+                       window_size=8)
+    path = tmp_path_factory.mktemp("ckpt") / "tiny-gptneo"
+    GPTNeoForCausalLM(cfg).save_pretrained(path)
+    return path
+
+
+@pytest.mark.parametrize("backend", ["torch", "ref"])
+def test_mamba_checkpoint_matches_transformers(mamba_dir, backend):
+    from transformers import MambaModel
+
+    ref = MambaModel.from_pretrained(mamba_dir).eval()
+    ours = models.build("pretrained_mamba", d_model=1, n_layers=1, path=str(mamba_dir),
+                        backend=backend).eval()
+    ids = torch.randint(0, VOCAB, (3, 23), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        expected = ref(ids).last_hidden_state
+        got = ours(ours.token_embedding(ids))
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+    assert ours.d_model == 16 and len(ours.layers) == 2
+    assert ours.layers[0].mixer.in_proj.out_features == 80 and ours.layers[0].norm.eps == 1e-6
+
+
+def test_pretrained_mamba_keeps_the_registry_contract(mamba_dir):
+    torch.manual_seed(0)
+    m = models.build("pretrained_mamba", d_model=1, n_layers=1, path=str(mamba_dir), backend="torch")
+    del m.token_embedding  # the contract is about the backbone: (batch, length, d) -> same
+    check_shape(m, d_model=16)
+    check_gradients(m, d_model=16)
+    check_causal(m, d_model=16)
+
+
+def test_causal_lm_checkpoint_matches_transformers(gptneo_dir):
+    from transformers import GPTNeoModel
+
+    ref = GPTNeoModel.from_pretrained(gptneo_dir).eval()
+    ours = models.build("pretrained_causal_lm", d_model=1, n_layers=1, path=str(gptneo_dir)).eval()
+    ids = torch.randint(0, VOCAB, (2, 11), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        torch.testing.assert_close(ours(ours.token_embedding(ids)), ref(ids).last_hidden_state)
+
+
+def _copy_task():
+    return tasks.build("mad_selective_copying", seq_len=12, vocab_size=16, num_tokens_to_copy=3,
+                       num_train_examples=16, num_test_examples=8)
+
+
+@pytest.mark.parametrize("name,fixture", [("pretrained_mamba", "mamba_dir"),
+                                          ("pretrained_causal_lm", "gptneo_dir")])
+def test_freeze_trains_only_the_head(name, fixture, request):
+    path = request.getfixturevalue(fixture)
+    task = _copy_task()
+    m = build_model(task, name, path=str(path), train_mode="freeze")
+    assert m.encoder.weight.shape == (VOCAB, 16)           # the checkpoint's own embedding
+    assert m.init_choice["init_scheme"] == "pretrained"
+    trainable = {n for n, p in m.named_parameters() if p.requires_grad}
+    assert trainable == {"head.weight", "head.bias"}
+    opt = make_optimizer(m, {"weight_decay": 0.0, "lr": 1e-3, "betas": (0.9, 0.999)})
+    held = {id(p) for g in opt.param_groups for p in g["params"]}
+    assert held == {id(m.head.weight), id(m.head.bias)}
+    before = {n: p.detach().clone() for n, p in m.named_parameters()}
+    x, y = task.train_set(0).inputs[:4], task.train_set(0).targets[:4]
+    tasks.metrics.loss(m(x), y).backward()
+    opt.step()
+    for n, p in m.named_parameters():
+        assert torch.equal(p, before[n]) == (n not in trainable), n
+        if n not in trainable:
+            assert p.grad is None, n
+
+
+def test_full_finetuning_trains_everything(mamba_dir):
+    m = build_model(_copy_task(), "pretrained_mamba", path=str(mamba_dir))
+    assert all(p.requires_grad for p in m.parameters())
+
+
+@pytest.mark.parametrize("layout, message", [
+    ("missing", "does not exist"),
+    ("no_config", "config.json is missing"),
+    ("no_weights", "no weights in"),
+    ("gptneo", "model_type 'gpt_neo'"),
+])
+def test_bad_checkpoint_folders_say_what_was_expected(tmp_path, gptneo_dir, layout, message):
+    path = tmp_path / "ckpt"
+    if layout == "no_config":
+        path.mkdir()
+    elif layout == "no_weights":
+        path.mkdir()
+        (path / "config.json").write_text('{"model_type": "mamba"}')
+    elif layout == "gptneo":
+        path = gptneo_dir
+    with pytest.raises(CheckpointError, match=message) as e:
+        models.build("pretrained_mamba", d_model=1, n_layers=1, path=str(path))
+    assert str(path) in str(e.value)
+    if layout != "gptneo":
+        assert "does not download" in str(e.value) and "huggingface-cli download" in str(e.value)
+
+
+def test_task_vocabulary_must_fit_the_checkpoint(mamba_dir):
+    task = tasks.build("induction_heads", seq_len=16, vocab_size=64, eval_lens=[16])
+    with pytest.raises(ValueError, match="checkpoint's own tokenizer"):
+        build_model(task, "pretrained_mamba", path=str(mamba_dir))
+
+
+PROFILE = """
+schema_version = 1
+name = "frozen"
+[task]
+name = "mad_selective_copying"
+vocab_size = 16
+num_tokens_to_copy = 3
+num_train_examples = 32
+num_test_examples = 8
+[sweep]
+models = [{{ name = "pretrained_mamba", path = "{path}", train_mode = "freeze" }}]
+seq_lens = [12]
+[train]
+steps = 6
+batch_size = 4
+log_every = 2
+eval_every = 3
+"""
+
+
+def test_frozen_pretrained_run_through_the_worker(tmp_path, mamba_dir):
+    from workbench.store import Store
+
+    prof = tmp_path / "frozen.toml"
+    prof.write_text(PROFILE.format(path=mamba_dir))
+    out = subprocess.run([sys.executable, "-m", "workbench", "--store", str(tmp_path / "st"),
+                          "run", "--quiet", str(prof)], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    (run,) = Store(tmp_path / "st").runs()
+    res = Store(tmp_path / "st").results([run.id])[run.id][""]
+    assert run.state == "finished" and res["params_trainable"] == 16 * 16 + 16
+    assert run.info["params_total"] > res["params_trainable"] and run.info["init_scheme"] == "pretrained"
