@@ -153,10 +153,51 @@ class HFCausalLMBackbone(nn.Module):
         return None
 
 
-def apply_training_mode(backbone: nn.Module, mode: str) -> None:
-    """``full``: everything trains; ``freeze``: the backbone and its embedding do not (the
-    task head still does)."""
-    if mode not in ("full", "freeze"):
-        raise ValueError(f"train_mode must be 'full' or 'freeze', got {mode!r}")
+LORA_TARGETS = {
+    # the attention and MLP projections (GPT-Neo's module names)
+    "gpt_neo": ("q_proj", "k_proj", "v_proj", "out_proj", "c_fc", "c_proj"),
+    # the block's input and output projections; x_proj may be added. dt_proj cannot: its
+    # weight is applied inside the fused selective scan, not by calling the module
+    "mamba": ("in_proj", "out_proj"),
+}
+TRAIN_MODES = ("full", "freeze", "lora")
+
+
+def apply_training_mode(backbone: nn.Module, mode: str, lora_r: int = 16, lora_alpha: float = 32,
+                        lora_dropout: float = 0.1, lora_targets: list[str] | None = None,
+                        model_type: str = "mamba") -> None:
+    """``full``: everything trains; ``freeze``: nothing in the backbone (nor its embedding)
+    does, only the task head; ``lora``: LoRA adapters (peft) on ``lora_targets`` train and
+    the rest is frozen. Defaults r 16, alpha 32, dropout 0.1 (the e5-mistral adapter recipe);
+    targets by model type: ``LORA_TARGETS``."""
+    if mode not in TRAIN_MODES:
+        raise ValueError(f"train_mode must be one of {', '.join(TRAIN_MODES)}, got {mode!r}")
+    if mode == "full":
+        return
+    backbone.requires_grad_(False)
     if mode == "freeze":
-        backbone.requires_grad_(False)
+        return
+    targets = list(lora_targets) if lora_targets else list(LORA_TARGETS.get(model_type, ()))
+    if not targets:
+        raise ValueError(f"no default LoRA targets for model type {model_type!r}: give "
+                         "lora_targets (names of Linear modules)")
+    if "dt_proj" in targets:
+        raise ValueError("LoRA cannot wrap dt_proj: the fused scan applies its weight directly; "
+                         "use in_proj, out_proj and x_proj")
+    if not (isinstance(lora_r, int) and lora_r > 0) or not lora_alpha > 0 or not 0 <= lora_dropout < 1:
+        raise ValueError(f"need lora_r > 0, lora_alpha > 0, 0 <= lora_dropout < 1; got "
+                         f"{lora_r}, {lora_alpha}, {lora_dropout}")
+    try:
+        from peft import LoraConfig, inject_adapter_in_model
+    except ImportError:
+        raise CheckpointError(f"train_mode = 'lora' needs peft: {EXTRA_HINT}") from None
+    names = {n.rsplit(".", 1)[-1] for n, m in backbone.named_modules() if isinstance(m, nn.Linear)}
+    unknown = sorted(set(targets) - names)
+    if unknown:
+        raise ValueError(f"lora_targets {unknown} name no Linear layer of this model; it has "
+                         f"{', '.join(sorted(names))}")
+    config = LoraConfig(r=lora_r, lora_alpha=lora_alpha, lora_dropout=lora_dropout,
+                        target_modules=targets, bias="none")
+    inject_adapter_in_model(config, backbone)
+    for name, p in backbone.named_parameters():
+        p.requires_grad_("lora_" in name)

@@ -181,3 +181,50 @@ def test_frozen_pretrained_run_through_the_worker(tmp_path, mamba_dir):
     res = Store(tmp_path / "st").results([run.id])[run.id][""]
     assert run.state == "finished" and res["params_trainable"] == 16 * 16 + 16
     assert run.info["params_total"] > res["params_trainable"] and run.info["init_scheme"] == "pretrained"
+
+
+@pytest.mark.parametrize("name,fixture,targets", [
+    ("pretrained_mamba", "mamba_dir", None),
+    ("pretrained_mamba", "mamba_dir", ["in_proj", "out_proj", "x_proj"]),
+    ("pretrained_causal_lm", "gptneo_dir", None),
+])
+def test_lora_trains_only_adapters_and_head(name, fixture, targets, request):
+    pytest.importorskip("peft")
+    path = request.getfixturevalue(fixture)
+    task = _copy_task()
+    torch.manual_seed(0)
+    plain = build_model(task, name, path=str(path), train_mode="freeze")
+    torch.manual_seed(0)
+    m = build_model(task, name, path=str(path), train_mode="lora", lora_r=4, lora_alpha=8,
+                    lora_dropout=0.0, lora_targets=targets)
+    trainable = {n for n, p in m.named_parameters() if p.requires_grad}
+    assert trainable and all("lora_" in n or n.startswith("head.") for n in trainable)
+    wrapped = {n.split(".lora_")[0].rsplit(".", 1)[-1] for n in trainable if "lora_" in n}
+    expected = set(targets or (["in_proj", "out_proj"] if name == "pretrained_mamba" else
+                               ["q_proj", "k_proj", "v_proj", "out_proj", "c_fc", "c_proj"]))
+    assert wrapped == expected
+    x, y = task.train_set(0).inputs[:4], task.train_set(0).targets[:4]
+    with torch.no_grad():  # LoRA's B starts at zero: the adapted model starts as the base one
+        m.head.load_state_dict(plain.head.state_dict())
+        torch.testing.assert_close(m.eval()(x), plain.eval()(x))
+    m.train()
+    opt = make_optimizer(m, {"weight_decay": 0.0, "lr": 1e-2, "betas": (0.9, 0.999)})
+    before = {n: p.detach().clone() for n, p in m.named_parameters()}
+    for _ in range(2):  # B moves on step 1, then A gets gradient too
+        opt.zero_grad()
+        tasks.metrics.loss(m(x), y).backward()
+        opt.step()
+    changed = {n for n, p in m.named_parameters() if not torch.equal(p, before[n])}
+    assert changed == trainable
+
+
+def test_lora_option_errors(mamba_dir):
+    pytest.importorskip("peft")
+    with pytest.raises(ValueError, match="dt_proj"):
+        models.build("pretrained_mamba", d_model=1, n_layers=1, path=str(mamba_dir),
+                     train_mode="lora", lora_targets=["dt_proj"])
+    with pytest.raises(ValueError, match="name no Linear layer"):
+        models.build("pretrained_mamba", d_model=1, n_layers=1, path=str(mamba_dir),
+                     train_mode="lora", lora_targets=["q_proj"])
+    with pytest.raises(ValueError, match="train_mode"):
+        models.build("pretrained_mamba", d_model=1, n_layers=1, path=str(mamba_dir), train_mode="adapters")
