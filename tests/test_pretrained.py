@@ -228,3 +228,59 @@ def test_lora_option_errors(mamba_dir):
                      train_mode="lora", lora_targets=["q_proj"])
     with pytest.raises(ValueError, match="train_mode"):
         models.build("pretrained_mamba", d_model=1, n_layers=1, path=str(mamba_dir), train_mode="adapters")
+
+
+@pytest.fixture(scope="module")
+def mamba4_dir(tmp_path_factory):
+    from transformers import MambaConfig, MambaForCausalLM
+
+    torch.manual_seed(1)
+    cfg = MambaConfig(vocab_size=VOCAB, hidden_size=16, num_hidden_layers=4, state_size=8,
+                      intermediate_size=32, time_step_rank=4)
+    path = tmp_path_factory.mktemp("ckpt") / "tiny-mamba4"
+    MambaForCausalLM(cfg).save_pretrained(path)
+    return path
+
+
+def test_stitched_hybrid_structure_and_contract(gptneo_dir, mamba4_dir):
+    from models.pretrained_hybrid import StitchedHybrid
+    from transformers import GPTNeoModel
+
+    torch.manual_seed(0)
+    m = models.build("pretrained_hybrid", d_model=1, n_layers=1, gptneo_path=str(gptneo_dir),
+                     mamba_path=str(mamba4_dir), projector="null", backend="torch")
+    assert isinstance(m, StitchedHybrid) and len(m.attn_layers) == 2 and len(m.mamba_layers[1]) == 2
+    # with the null projector: h <- (GPT-Neo layer(h) + Mamba layers(h)) / 2, then GPT-Neo's ln_f
+    neo = GPTNeoModel.from_pretrained(gptneo_dir).eval()
+    ids = torch.randint(0, VOCAB, (2, 9))
+    with torch.no_grad():
+        h = neo.wte(ids) + neo.wpe(torch.arange(9))[None]
+        for i, layer in enumerate(neo.h):
+            h = (layer(h)[0] + m.mamba_layers[i](h)) / 2
+        torch.testing.assert_close(m.eval()(m.token_embedding(ids)), neo.ln_f(h))
+    emb = m.token_embedding
+    del m.token_embedding
+    check_shape(m, d_model=16)
+    check_causal(m, d_model=16)
+    m.token_embedding = emb
+
+
+def test_stitched_hybrid_frozen_trains_projectors_and_head(gptneo_dir, mamba4_dir):
+    m = build_model(_copy_task(), "pretrained_hybrid", gptneo_path=str(gptneo_dir),
+                    mamba_path=str(mamba4_dir), projector="res", train_mode="freeze", backend="torch")
+    trainable = {n for n, p in m.named_parameters() if p.requires_grad}
+    assert trainable and all(n.startswith(("backbone.splitters", "backbone.combiners", "head."))
+                             for n in trainable)
+    assert any(n.startswith("backbone.splitters") for n in trainable)
+    x, y = _copy_task().train_set(0).inputs[:2], _copy_task().train_set(0).targets[:2]
+    tasks.metrics.loss(m(x), y).backward()
+    assert all(p.grad is not None for n, p in m.named_parameters() if n in trainable)
+
+
+def test_stitched_hybrid_errors(gptneo_dir, mamba_dir, mamba4_dir):
+    with pytest.raises(CheckpointError, match="need 4 Mamba layers"):
+        models.build("pretrained_hybrid", d_model=1, n_layers=1, gptneo_path=str(gptneo_dir),
+                     mamba_path=str(mamba_dir))
+    with pytest.raises(CheckpointError, match="GPT-Neo checkpoint"):
+        models.build("pretrained_hybrid", d_model=1, n_layers=1, gptneo_path=str(mamba4_dir),
+                     mamba_path=str(mamba4_dir))
