@@ -139,3 +139,16 @@ def test_task_values_checked_before_any_run():
     char = GOOD.replace('name = "mad_selective_copying"', 'name = "char_lm"')
     char = "\n".join(l for l in char.splitlines() if not l.startswith(("vocab_size", "num_tokens", "num_train")))
     assert "path" in bad(char)
+
+
+def test_set_overrides_apply_before_validation(tmp_path):
+    src = tmp_path / "p.toml"
+    src.write_text(GOOD)
+    p = P.load(src, overrides=["train.steps=9", "model.options.lstm.norm=layer",
+                               'sweep.seeds=[3]', "task.num_test_examples=8"])
+    assert p.train.steps == 9 and p.sweep.seeds == [3] and p.task.params()["num_test_examples"] == 8
+    assert p.model.options["lstm"] == {"norm": "layer"}          # bare word -> string
+    with pytest.raises(P.ProfileError, match="dotted.key=value"):
+        P.load(src, overrides=["train.steps"])
+    with pytest.raises(P.ProfileError, match="train.bogus|bogus"):
+        P.load(src, overrides=["train.bogus=1"])                  # still strictly validated

@@ -65,7 +65,7 @@ def cmd_profile_check(args) -> int:
     code = 0
     for f in args.files:
         try:
-            p = load(f)
+            p = load(f, overrides=args.set)
         except ProfileError as e:
             err.print(str(e), markup=False, highlight=False)
             code = 2
@@ -85,7 +85,7 @@ def cmd_run(args) -> int:
 
     console = _console()
     try:
-        prof = load(args.profile)
+        prof = load(args.profile, overrides=args.set)
     except ProfileError as e:
         Console(stderr=True).print(str(e), markup=False, highlight=False)
         return 2
@@ -312,6 +312,9 @@ def parser() -> argparse.ArgumentParser:
                    help="concurrent runs per visible GPU (default: the profile's runs_per_gpu, else 1); "
                         "no effect on a machine without a GPU (use --jobs there)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a profile setting, e.g. --set task.data_path=/data/aclImdb "
+                        "--set model.options.pretrained_mamba.path=/ckpt/mamba-130m-hf (repeatable)")
     p.set_defaults(fn=cmd_run)
 
     p = sub.add_parser("export", help="print a comparison table")
@@ -352,6 +355,8 @@ def parser() -> argparse.ArgumentParser:
     psub = p.add_subparsers(dest="pcmd", required=True)
     c = psub.add_parser("check", help="validate profiles")
     c.add_argument("files", nargs="+")
+    c.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a setting before checking, as for `run --set`")
     c.set_defaults(fn=cmd_profile_check)
 
     p = sub.add_parser("doctor", help="what this machine can do (GPU, driver, kernels, store) and why not;"

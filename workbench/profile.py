@@ -346,13 +346,44 @@ def loads(text: str, path: str = "<string>", check_registries: bool = True) -> P
     return prof
 
 
-def load(path: str | Path, check_registries: bool = True) -> Profile:
+def load(path: str | Path, check_registries: bool = True,
+         overrides: list[str] | None = None) -> Profile:
+    """Read and validate a profile; ``overrides`` are ``dotted.key=TOML value`` settings
+    (``run --set``) applied before validation, e.g. ``task.data_path="/data/aclImdb"``."""
     p = Path(path)
     try:
         text = p.read_text(encoding="utf-8")
     except OSError as e:
         raise ProfileError(f"{path}: cannot read profile: {e.strerror}") from None
+    if overrides:
+        text = apply_overrides(text, overrides, str(path))
     return loads(text, str(path), check_registries)
+
+
+def apply_overrides(text: str, overrides: list[str], path: str = "<string>") -> str:
+    """The profile text with each ``a.b.c=value`` set (value parsed as TOML; a bare word
+    that is not valid TOML is taken as a string, so paths need no quotes)."""
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise ProfileError(f"{path}: {e}") from None
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        parts = [k.strip() for k in key.split(".")]
+        if not sep or not all(parts):
+            raise ProfileError(f"--set {item!r}: expected dotted.key=value")
+        try:
+            value = tomllib.loads(f"v = {raw}")["v"]
+        except tomllib.TOMLDecodeError:
+            value = raw
+        node = data
+        for k in parts[:-1]:
+            nxt = node.setdefault(k, {})
+            if not isinstance(nxt, dict):
+                raise ProfileError(f"--set {item!r}: {k!r} is not a table in {path}")
+            node = nxt
+        node[parts[-1]] = value
+    return tomli_w.dumps(data)
 
 
 def to_dict(p: Profile) -> dict[str, Any]:
