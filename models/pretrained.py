@@ -57,6 +57,16 @@ def read_config(path: str | Path, example: str = "state-spaces/mamba-130m-hf") -
         raise CheckpointError(f"{cfg_file} is not valid JSON ({e})") from None
 
 
+def check_folder(path: str | Path, example: str = "state-spaces/mamba-130m-hf") -> dict[str, Any]:
+    """The config of a usable checkpoint folder (config.json and weights present), without
+    reading the weights: what ``profile check`` verifies before any run starts."""
+    cfg = read_config(path, example)
+    path = Path(path).expanduser()
+    if not any((path / f).is_file() for f in WEIGHT_FILES) and not any(path.glob("model-*.safetensors")):
+        raise CheckpointError(f"no weights in {path}: " + _how_to_get(path, example))
+    return cfg
+
+
 def load_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
     """The checkpoint's tensors (safetensors preferred, else a torch pickle, weights only)."""
     path = Path(path).expanduser()

@@ -24,5 +24,6 @@ from tasks import (  # noqa: F401,E402
     mad,
     mqar,
     selective_copying,
+    text_classification,
 )
 from tasks import heads  # noqa: F401,E402

@@ -29,7 +29,9 @@ What the worker needs to put a model around a backbone:
   ``"per_position"`` (a linear layer at every position), ``"pooled"`` (mean over positions,
   one label per sequence; ``pooled`` is True exactly then) or ``"decode_from_last"`` (MAD
   compression: the last position's output is decoded into one prediction per position by an
-  MLP with position embeddings; a per-position head would let the model copy its input);
+  MLP with position embeddings; a per-position head would let the model copy its input)
+  or ``"cumulative_mean"`` (logits at position t from the mean of the outputs 0..t: mean
+  pooling over a prefix, with per-position targets; text classification with ``pool = "mean"``);
 - ``augment_batch(batch, step, seed)``: call on every training batch (identity unless the
   task has augmentations, e.g. CIFAR crops/flips);
 - ``extra_metrics(counts)``: task-specific numbers derived from the eval counts (e.g.
@@ -50,7 +52,7 @@ from tasks.metrics import IGNORE, AccuracyCounts
 TRAIN_STREAM = 0
 TEST_STREAM = 1
 
-READOUTS = ("per_position", "pooled", "decode_from_last")
+READOUTS = ("per_position", "pooled", "decode_from_last", "cumulative_mean")
 
 
 def rng_for(seed: int, *stream: int) -> np.random.Generator:

@@ -14,7 +14,11 @@ a property of the task, so they are built here from the task's attributes:
   * ``decode_from_last``: ``h[:, -1]`` plus a learned position embedding for every position,
     through a two-layer GELU MLP, then linear: ``(batch, length, num_classes)``. Only the
     last position's state reaches the decoder, so the backbone must compress the sequence
-    into it (MAD's compression task; its AutoEncoder decodes the same way).
+    into it (MAD's compression task; its AutoEncoder decodes the same way);
+  * ``cumulative_mean``: linear on the running mean of ``h`` over positions ``0..t``:
+    ``(batch, length, num_classes)``. With the target at an example's last real token and
+    the padding after it (``tasks.text_classification``), that is mean pooling over exactly
+    the real tokens, with no mask.
 
 These carry no positional information into the backbone: position handling belongs to the
 backbone (e.g. the Transformer's own positional encoding).
@@ -58,6 +62,23 @@ class MeanPoolHead(nn.Module):
         return self.out(h.mean(dim=1))
 
 
+class CumulativeMeanHead(nn.Module):
+    """h: (batch, length, d_model) -> logits (batch, length, num_classes), where the logits at
+    position t are ``Linear(mean(h[:, :t + 1]))``."""
+
+    def __init__(self, d_model: int, num_classes: int):
+        super().__init__()
+        self.out = nn.Linear(d_model, num_classes)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        # a linear map commutes with the mean: project first, so the running sum runs over
+        # num_classes values, not d_model; in float32, since a bf16 sum over hundreds of
+        # positions would lose the small differences the classifier reads
+        z = nn.functional.linear(h, self.out.weight).float()
+        count = torch.arange(1, h.shape[1] + 1, device=h.device, dtype=torch.float32)
+        return z.cumsum(dim=1) / count[None, :, None] + self.out.bias.float()
+
+
 def make_encoder(task: Task, d_model: int) -> nn.Module:
     if task.input_dim:
         return nn.Linear(task.input_dim, d_model)
@@ -74,4 +95,6 @@ def make_head(task: Task, d_model: int) -> nn.Module:
         return MeanPoolHead(d_model, task.num_classes)
     if readout == "decode_from_last":
         return LastPositionDecoder(d_model, task.seq_len, task.num_classes)
+    if readout == "cumulative_mean":
+        return CumulativeMeanHead(d_model, task.num_classes)
     return nn.Linear(d_model, task.num_classes)

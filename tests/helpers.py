@@ -12,3 +12,54 @@ def run_steps(model, x: torch.Tensor) -> torch.Tensor:
         y_t, state = model.step(x_t, state)
         ys.append(y_t)
     return torch.stack(ys, 1)
+
+
+SENTENCES = [
+    "a wonderful film with a great story", "the acting was superb and moving",
+    "a dull and boring movie", "terrible plot and awful acting", "i loved it", "i hated it",
+]
+
+
+def write_tokenizer(folder) -> int:
+    """A word-level tokenizer trained on ``SENTENCES``, saved as folder/tokenizer.json (as
+    save_pretrained writes it); returns its vocabulary size."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.WordLevel(unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.train_from_iterator(SENTENCES, trainers.WordLevelTrainer(special_tokens=["[PAD]", "[UNK]"]))
+    folder.mkdir(parents=True, exist_ok=True)
+    tok.save(str(folder / "tokenizer.json"))
+    return tok.get_vocab_size()
+
+
+def write_imdb(folder, per_class: int = 4) -> None:
+    """An aclImdb-shaped folder: {train,test}/{pos,neg}/*.txt, one review per file."""
+    for split in ("train", "test"):
+        for label, words in (("pos", SENTENCES[:2] + SENTENCES[4:5]), ("neg", SENTENCES[2:4] + SENTENCES[5:])):
+            d = folder / split / label
+            d.mkdir(parents=True, exist_ok=True)
+            for i in range(per_class):  # distinct reviews: a test review never equals a training one
+                extra = " ".join(["i loved it" if label == "pos" else "i hated it"] * (i + 1))
+                text = f"{words[i % len(words)]} {extra}" + (" the" * (split == "test"))
+                (d / f"{i}_{label}.txt").write_text(text)
+
+
+def write_tiny_checkpoints(root, vocab: int = 64, width: int = 16):
+    """Tiny random GPT-Neo (2 layers) and Mamba (4 layers) checkpoints of one width, each with
+    the word-level tokenizer, at root/gpt-neo-125m and root/mamba-130m-hf (the shipped IMDB
+    profiles' folder names). Returns the two paths."""
+    from transformers import GPTNeoConfig, GPTNeoForCausalLM, MambaConfig, MambaForCausalLM
+
+    torch.manual_seed(0)
+    neo, mamba = root / "gpt-neo-125m", root / "mamba-130m-hf"
+    GPTNeoForCausalLM(GPTNeoConfig(
+        vocab_size=vocab, hidden_size=width, num_layers=2, num_heads=2,
+        attention_types=[[["global", "local"], 1]], max_position_embeddings=1024, window_size=8,
+        bos_token_id=0, eos_token_id=0)).save_pretrained(neo)
+    MambaForCausalLM(MambaConfig(
+        vocab_size=vocab, hidden_size=width, num_hidden_layers=4, state_size=8,
+        intermediate_size=2 * width, time_step_rank=4)).save_pretrained(mamba)
+    for folder in (neo, mamba):
+        assert write_tokenizer(folder) <= vocab
+    return neo, mamba

@@ -284,3 +284,36 @@ def test_stitched_hybrid_errors(gptneo_dir, mamba_dir, mamba4_dir):
     with pytest.raises(CheckpointError, match="GPT-Neo checkpoint"):
         models.build("pretrained_hybrid", d_model=1, n_layers=1, gptneo_path=str(mamba4_dir),
                      mamba_path=str(mamba4_dir))
+
+
+@pytest.mark.parametrize("profile, sets", [
+    ("imdb-mamba-frozen.toml", ["model.options.pretrained_mamba.path={mamba}", "task.tokenizer={mamba}"]),
+    ("imdb-hybrid-frozen.toml", ["model.options.pretrained_hybrid.gptneo_path={neo}",
+                                 "model.options.pretrained_hybrid.mamba_path={mamba}",
+                                 "task.tokenizer={neo}"]),
+])
+def test_shipped_imdb_profile_runs_through_the_worker(tmp_path, profile, sets):
+    """The shipped profile, pointed with --set at a tiny aclImdb folder and tiny checkpoints."""
+    pytest.importorskip("tokenizers")
+    from pathlib import Path
+
+    from helpers import write_imdb, write_tiny_checkpoints
+    from workbench.store import Store
+
+    write_imdb(tmp_path / "aclImdb")
+    neo, mamba = write_tiny_checkpoints(tmp_path / "ck")
+    args = [f"--set={s.format(neo=neo, mamba=mamba)}" for s in sets] + [
+        f"--set=task.data_path={tmp_path / 'aclImdb'}", "--set=task.num_train_examples=8",
+        "--set=task.num_test_examples=8", "--set=sweep.seq_lens=[16]"]
+    shipped = Path(__file__).parent.parent / "profiles" / profile
+    out = subprocess.run([sys.executable, "-m", "workbench", "--store", str(tmp_path / "st"), "run",
+                          "--quiet", str(shipped), *args], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout + out.stderr
+    store = Store(tmp_path / "st")
+    (run,) = store.runs()
+    res = store.results([run.id])[run.id][""]
+    assert run.state == "finished" and res["steps"] == 8 and 0 <= res["accuracy"] <= 1
+    head = 16 * 2 + 2                              # the classification head over 2 labels
+    projectors = res["params_trainable"] - head    # the hybrid's splitters/combiners also train
+    assert projectors == 0 if "mamba" in profile else projectors > 0
+    assert run.info["params_total"] > res["params_trainable"]

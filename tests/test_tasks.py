@@ -50,7 +50,8 @@ SYNTHETIC = sorted(SMALL)
 
 
 def test_every_synthetic_task_is_covered():
-    real = {"char_lm", "sequential_image"}  # tested in test_tasks_real_data.py
+    # tested in test_tasks_real_data.py and test_text_classification.py
+    real = {"char_lm", "sequential_image", "text_classification"}
     assert set(tasks.names()) == set(SYNTHETIC) | real
 
 

@@ -261,6 +261,14 @@ def _build_on_meta(name: str, d_model: int, n_layers: int, options: dict[str, An
 
     import models
 
+    if models.entry(name).family == "pretrained":
+        # building would read the weights: check the folders (config and weights present)
+        from models.pretrained import check_folder
+
+        for key, value in options.items():
+            if key == "path" or key.endswith("_path"):
+                check_folder(value)
+        return
     try:
         with torch.device("meta"):
             models.build(name, d_model=d_model, n_layers=n_layers, **options)

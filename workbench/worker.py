@@ -550,13 +550,14 @@ def run(store_dir: str, run_id: int) -> int:
             "epochs": out["steps"] / out["per_epoch"] if out["per_epoch"] else None,
             "train_s": out["train_s"],
             "wall_s": time.time() - t_start,
-            "best_accuracy": max((h["accuracy"] for h in trainer.history), default=None),
+            "best_accuracy": max((h["accuracy"] for h in trainer.history
+                                  if not math.isnan(h["accuracy"])), default=None),
             "gpu_util_mean": statistics.mean(bg.gpu_util) if bg.gpu_util else None,
             "gpu_util_max": max(bg.gpu_util) if bg.gpu_util else None,
             "gpu_mem_peak_mb": max(bg.gpu_mem) if bg.gpu_mem else None,
         }
         # the epoch at which eval accuracy first reached its best value (papers report it)
-        if trainer.history:
+        if summary["best_accuracy"] is not None:  # an empty eval set gives NaN accuracies
             best = summary["best_accuracy"]
             first = next(h for h in trainer.history if h["accuracy"] == best)
             summary["best_at_epoch"] = first["epoch"]
