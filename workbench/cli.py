@@ -202,11 +202,13 @@ def cmd_models(args) -> int:
     t = Table("model", "family", "init", "description", "options")
     for n in models.names():
         e = models.entry(n)
-        t.add_row(n, e.family, e.init, e.description, ", ".join(f"{k}={v!r}" for k, v in e.options().items()))
+        init = "checkpoint" if e.family == "pretrained" else e.init  # only the head is new
+        t.add_row(n, e.family, init, e.description, ", ".join(f"{k}={v!r}" for k, v in e.options().items()))
     _console().print(t)
     print("init: the default init scheme, the one the model's reference code uses (mamba: "
           "state-spaces/mamba, tied head; hf: Hugging Face GPT-Neo, tied head; torch: PyTorch "
-          "module defaults, untied). Set init_scheme / init_std / tie_embeddings under [model] or per "
+          "module defaults, untied; checkpoint: the checkpoint folder's weights, only the task "
+          "head is initialised). Set init_scheme / init_std / tie_embeddings under [model] or per "
           "model; details in models/init_schemes.py.")
     return 0
 
