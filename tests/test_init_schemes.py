@@ -180,3 +180,16 @@ def test_as_run_profile_builds_the_published_mamba():
     assert models.param_count(m) == 759_392
     assert m.init_choice == {"init_scheme": "hf", "init_std": 0.1, "tie_embeddings": True}
     assert task.placement == "mad" and p.train.optimizer == "adam" and p.train.grad_clip == 0
+
+
+def test_models_command_shows_each_default_init():
+    import os
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "workbench", "models"], capture_output=True,
+                         text=True, check=True, env={**os.environ, "COLUMNS": "250"}).stdout
+    rows = {line.split("│")[1].strip(): line.split("│")[3].strip()
+            for line in out.splitlines() if line.startswith("│") and line.split("│")[1].strip()}
+    assert rows["mamba"] == "mamba" and rows["s6"] == "mamba" and rows["lstm"] == "torch"
+    assert rows["hybrid_parallel"] == "hf" and rows["pretrained_mamba"] == "checkpoint"
