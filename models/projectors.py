@@ -45,6 +45,15 @@ def _linears(kind: str, d: int) -> nn.ModuleList | None:
     return layers
 
 
+def _gate(kind: str) -> nn.Parameter | None:
+    """The learned gate: two scalars at 1 (gres), one scalar ~ N(0, 1) (gres-soft), or none."""
+    if kind == "gres":
+        return nn.Parameter(torch.ones(2))
+    if kind == "gres-soft":
+        return nn.Parameter(torch.randn(1))
+    return None
+
+
 def _soft_pair(a: torch.Tensor) -> torch.Tensor:
     """(s_1, s_2) = softmax(a, 1 - a) for a scalar parameter a of shape (1,)."""
     return torch.softmax(torch.cat([a, 1 - a]), dim=0)
@@ -57,10 +66,7 @@ class Splitter(nn.Module):
         super().__init__()
         self.kind = _check(kind)
         self.proj = _linears(kind, d)
-        if kind == "gres":
-            self.alpha = nn.Parameter(torch.ones(2))
-        elif kind == "gres-soft":
-            self.alpha = nn.Parameter(torch.randn(1))
+        self.alpha = _gate(kind)
 
     def forward(self, x: torch.Tensor) -> list[torch.Tensor]:
         if self.kind == "null":
@@ -78,10 +84,7 @@ class Combiner(nn.Module):
         super().__init__()
         self.kind = _check(kind)
         self.proj = _linears(kind, d)
-        if kind == "gres":
-            self.gamma = nn.Parameter(torch.ones(2))
-        elif kind == "gres-soft":
-            self.gamma = nn.Parameter(torch.randn(1))
+        self.gamma = _gate(kind)
 
     def forward(self, ys: list[torch.Tensor]) -> torch.Tensor:
         if self.kind == "null":

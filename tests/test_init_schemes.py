@@ -97,8 +97,8 @@ def test_tied_weight_gets_both_gradients_and_is_one_parameter(copy_task):
     # the gradient through the head alone reaches rows of tokens that never appear as input
     unused = torch.ones(16, dtype=torch.bool)
     unused[x.unique()] = False
-    if unused.any():
-        assert grad_both[unused].abs().sum() > 0
+    assert unused.any()  # the batch leaves some tokens out (fixed seed), so this checks something
+    assert grad_both[unused].abs().sum() > 0
 
 
 def test_tie_defaults_and_errors(copy_task):

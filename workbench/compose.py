@@ -121,8 +121,8 @@ def build_model(task, model_name: str, d_model: int = 64, n_layers: int = 2, *,
     # the head owns the readout (per position, mean-pooled, or decoded from the last state)
     model = SequenceModel(encoder, backbone, make_head(task, d_model))
     if pretrained is not None:
+        # only the head is new (PyTorch's init); everything else is the checkpoint's
         choice = {**choice, "init_scheme": "pretrained", "tie_embeddings": False}
-        apply_init(model.head, "torch")  # the head alone is new; the rest is the checkpoint's
     else:
         apply_init(model, choice["init_scheme"], choice["init_std"])
     if choice["tie_embeddings"]:

@@ -506,7 +506,6 @@ def run(store_dir: str, run_id: int) -> int:
             "device_name": torch.cuda.get_device_name(0) if dev.type == "cuda" else platform.processor() or "cpu",
             "backend": trainer.model.backend, "params_backbone": params,
             "params_total": models.param_count(trainer.model), "state_size": trainer.model.state_size(),
-            "params_trainable": sum(p.numel() for p in trainer.model.parameters() if p.requires_grad),
             "torch_threads": torch.get_num_threads(), "nvml": sysmon.nvml_status(),
             "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
             **trainer.model.init_choice,  # init scheme, std and tying as resolved for this run
