@@ -41,6 +41,13 @@ METRICS = {
     "epochs": "epochs trained",
     "bits_per_char": "eval bits per character (char-LM)",
 }
+# which way is better, for highlighting the best cell (metrics not listed have no "best":
+# parameter counts, steps, sample sizes)
+BETTER = {
+    **dict.fromkeys(("accuracy", "sequence_accuracy", "best_accuracy", "tokens_per_s"), "max"),
+    **dict.fromkeys(("loss", "bits_per_char", "step_time_ms", "inference_ms", "compile_s",
+                     "peak_mem_mb", "gpu_mem_peak_mb", "wall_s", "best_at_epoch"), "min"),
+}
 # metrics of the run as a whole live in eval set '' and apply to every eval set's row
 RUN_LEVEL = {"step_time_ms", "inference_ms", "tokens_per_s", "peak_mem_mb", "gpu_util_mean",
              "gpu_util_max", "gpu_mem_peak_mb", "params", "params_trainable", "state_size", "wall_s", "steps",
@@ -111,6 +118,36 @@ def table(recs: list[dict], metric: str, rows: list[str], cols: list[str]) -> di
     row_keys.sort(key=lambda k: tuple(_key(v) for v in k))
     col_keys.sort(key=lambda k: tuple(_key(v) for v in k))
     return {"rows": row_keys, "cols": col_keys, "cells": cells}
+
+
+def best_cells(t: dict, metric: str) -> set[tuple]:
+    """The (row, col) keys holding the best mean of each column of :func:`table`'s result
+    (all of them on a tie); empty for metrics without a direction."""
+    how = BETTER.get(metric)
+    if how is None:
+        return set()
+    out = set()
+    for ck in t["cols"]:
+        means = {rk: a["mean"] for rk in t["rows"]
+                 if (a := t["cells"].get((rk, ck))) and a["mean"] is not None}
+        if len(means) > 1:  # a lone value is not "best" of anything
+            best = (max if how == "max" else min)(means.values())
+            out |= {(rk, ck) for rk, m in means.items() if m == best}
+    return out
+
+
+def fields_of(recs: list[dict]) -> list[str]:
+    """The fields a table can be laid out by: the run fields present, then eval_set."""
+    skip = {"run_id", "profile", "__metrics__", "eval_set"}
+    names = [k for k in dict.fromkeys(k for r in recs for k in r) if k not in skip
+             and not any(k in r.get("__metrics__", ()) for r in recs)]
+    return names + ["eval_set"]
+
+
+def metrics_of(recs: list[dict]) -> list[str]:
+    """The metrics these records hold, known ones first in METRICS order."""
+    have = {k for r in recs for k in r.get("__metrics__", ())}
+    return [m for m in METRICS if m in have] + sorted(have - set(METRICS))
 
 
 def _two_level(recs, rows, cols):

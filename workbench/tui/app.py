@@ -22,7 +22,9 @@ from workbench.profile import Profile
 from workbench.store import STATES, Run, Store
 from workbench.tui.dialogs import ConfirmScreen
 from workbench.tui.formatting import STATE_STYLES, set_text
-from workbench.tui.messages import KillRequested, OpenRun
+from workbench.tui.compare_view import CompareScreen
+from workbench.tui.messages import CompareRuns, KillRequested, OpenRun
+from workbench.tui.results_view import ResultsView
 from workbench.tui.run_view import RunScreen
 from workbench.tui.runs_table import RunsTable
 from workbench.tui.sweep_form import SweepForm
@@ -31,7 +33,7 @@ POLL_S = 0.5  # the runs table follows the store at 2 Hz
 
 
 class WorkbenchApp(App):
-    CSS_PATH = "app.tcss"
+    CSS_PATH = ["app.tcss", "results.tcss"]
     TITLE = "ssm-workbench"
     BINDINGS = [
         Binding("q", "quit_key", "Quit (runs go on)"),
@@ -39,15 +41,18 @@ class WorkbenchApp(App):
         Binding("ctrl+q", "quit", "Quit", show=False),
         Binding("f1", "show_tab('runs')", "Runs"),
         Binding("f2", "show_tab('sweep')", "New sweep"),
+        Binding("f3", "show_tab('results')", "Results"),
     ]
 
     def __init__(self, store: Store, profiles_dir: Path = Path("profiles"),
-                 scheduler: Any = None, **kwargs: Any) -> None:
+                 scheduler: Any = None, figures_dir: Path = Path("figures"), **kwargs: Any) -> None:
         """``scheduler``: an object with ``submit`` and ``kill`` (tests); by default the
-        :mod:`workbench.scheduler` module, imported when first needed."""
+        :mod:`workbench.scheduler` module, imported when first needed. ``figures_dir``:
+        where the compare and results views write figures and tables."""
         super().__init__(**kwargs)
         self.store = store
         self.profiles_dir = Path(profiles_dir)
+        self.figures_dir = Path(figures_dir)
         self._scheduler = scheduler
         # One SQLite connection serves the UI's threads; a lock keeps their statements
         # (and reap's write transaction) from interleaving.
@@ -70,6 +75,8 @@ class WorkbenchApp(App):
                 yield Static("", id="runs-summary")
             with TabPane("New sweep (F2)", id="sweep"):
                 yield SweepForm(self.profiles_dir, id="sweep-form")
+            with TabPane("Results (F3)", id="results"):
+                yield ResultsView(self.store, self.store_lock, self.figures_dir, id="results-view")
         yield Footer()
 
     def on_mount(self) -> None:
@@ -82,13 +89,15 @@ class WorkbenchApp(App):
         while len(self.screen_stack) > 1:  # from the run view (or a dialog) back to the tabs
             self.pop_screen()
         self.query_one(TabbedContent).active = tab
-        target = self.query_one(RunsTable) if tab == "runs" else self.query_one("#name")
-        target.focus()
+        target = {"runs": RunsTable, "sweep": "#name", "results": "#results-table"}[tab]
+        self.query_one(target).focus()
+        if tab == "results":  # read now, not at the next 2 s tick (once the tab is drawn)
+            self.call_after_refresh(self.query_one(ResultsView).refresh_data)
 
     # ------------------------------------------------------------------ runs table
     def poll_runs(self) -> None:
-        if isinstance(self.screen, RunScreen):
-            return  # the table is hidden (and the run view polls for itself)
+        if isinstance(self.screen, (RunScreen, CompareScreen)):
+            return  # the table is hidden (and those views poll for themselves)
         if not self._polling:  # skip a tick rather than queue reads behind a slow one
             self._polling = True
             self._read_runs()
@@ -141,6 +150,10 @@ class WorkbenchApp(App):
 
     def on_open_run(self, message: OpenRun) -> None:
         self.push_screen(RunScreen(self.store, message.run_id, self.store_lock))
+
+    def on_compare_runs(self, message: CompareRuns) -> None:
+        self.push_screen(CompareScreen(self.store, message.run_ids, self.store_lock, message.title,
+                                       figures_dir=self.figures_dir))
 
     def on_kill_requested(self, message: KillRequested) -> None:
         with self.store_lock:

@@ -18,3 +18,12 @@ class KillRequested(Message):
     def __init__(self, run_id: int) -> None:
         super().__init__()
         self.run_id = run_id
+
+
+class CompareRuns(Message):
+    """Show the compare view of ``run_ids``; ``title`` says what they are (a profile, or
+    'runs 3, 5, 8')."""
+
+    def __init__(self, run_ids: list[int], title: str = "") -> None:
+        super().__init__()
+        self.run_ids, self.title = run_ids, title

@@ -64,3 +64,48 @@ class MetricPlot(PlotextPlot):
             plt.ylim(0, 1)
         self.draws += 1
         self.refresh()  # textual-plotext needs this after the data changed
+
+
+class CurvePlot(PlotextPlot):
+    """Group curves (:class:`workbench.curves.GroupCurve`): the mean as a line, its band's
+    edges as faint dots in the same colour. The legend is the caller's (the compare view's
+    table: a legend inside the plot would hide the curves once there are a few groups);
+    ``colours`` keeps one colour per group across the view's plots."""
+
+    def __init__(self, title: str, ylim: tuple[float, float] | None = None, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.title, self.ylim = title, ylim
+        self.curves: list = []
+        self.colours: list[str] = []  # per curve; default: COLOURS in order
+        self.xlabel = "step"
+        self.empty_text = "waiting for metrics..."
+        self.draws = 0
+
+    def on_mount(self) -> None:
+        super().on_mount()
+        self.redraw()
+
+    def show(self, title: str, curves: list, xlabel: str) -> None:
+        self.title, self.curves, self.xlabel = title, curves, xlabel
+        self.redraw()
+
+    def redraw(self) -> None:
+        plt = self.plt
+        plt.clear_data()
+        plt.clear_figure()
+        plt.title(self.title)
+        plt.xlabel(self.xlabel)
+        if self.ylim is not None:
+            plt.ylim(*self.ylim)
+        for i, c in enumerate(self.curves):
+            colour = self.colours[i] if i < len(self.colours) else COLOURS[i % len(COLOURS)]
+            if c.lo != c.mean:  # a band to show (several seeds, or min/max)
+                plt.plot(c.x, c.lo, color=colour, marker="·")
+                plt.plot(c.x, c.hi, color=colour, marker="·")
+            plt.plot(c.x, c.mean, color=colour, marker="braille")
+        if not self.curves:
+            plt.text(self.empty_text, x=0.5, y=0.5, alignment="center")
+            plt.xlim(0, 1)
+            plt.ylim(0, 1)
+        self.draws += 1
+        self.refresh()

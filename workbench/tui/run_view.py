@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rich.text import Text
-from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
@@ -22,6 +21,7 @@ from textual.screen import Screen
 from textual.widgets import Footer, Header, Static
 
 from workbench.store import Run, Store
+from workbench.tui.background import PollsStore
 from workbench.tui.formatting import duration, number, percent, set_text, state_text
 from workbench.tui.messages import KillRequested
 from workbench.tui.plots import MetricPlot
@@ -58,7 +58,7 @@ def nvml_note() -> str:
         return f"NVML: {e}"
 
 
-class RunScreen(Screen):
+class RunScreen(PollsStore, Screen):
     BINDINGS = [
         Binding("escape,backspace", "app.pop_screen", "Back to runs"),
         Binding("k", "kill", "Kill run"),
@@ -91,37 +91,23 @@ class RunScreen(Screen):
 
     def on_mount(self) -> None:
         self.title = f"run {self.run_id}"
-        self._busy = False
         self.poll()
         self.set_interval(POLL_S, self.poll)
 
     # ------------------------------------------------------------------ polling
-    def poll(self) -> None:
-        # one read at a time: a second concurrent read would fetch the same metric rows
-        if not self._busy:
-            self._busy = True
-            self._read()
+    def read(self) -> Snapshot:
+        with self.lock:
+            snap = Snapshot(
+                run=self.store.get(self.run_id),
+                metrics=self.store.metrics(self.run_id, after_rowid=self.last_rowid),
+                system=self.store.system(self.run_id, last=SYSTEM_SAMPLES),
+                results=self.store.results([self.run_id]).get(self.run_id, {}),
+            )
+        if not self._nvml_checked:
+            snap.nvml_note = nvml_note()
+        return snap
 
-    @work(thread=True, group="run-view-poll", exit_on_error=False)
-    def _read(self) -> None:
-        snap: Snapshot | None = None
-        try:
-            with self.lock:
-                snap = Snapshot(
-                    run=self.store.get(self.run_id),
-                    metrics=self.store.metrics(self.run_id, after_rowid=self.last_rowid),
-                    system=self.store.system(self.run_id, last=SYSTEM_SAMPLES),
-                    results=self.store.results([self.run_id]).get(self.run_id, {}),
-                )
-            if not self._nvml_checked:
-                snap.nvml_note = nvml_note()
-        finally:
-            self.app.call_from_thread(self.apply, snap)
-
-    def apply(self, snap: Snapshot | None) -> None:
-        self._busy = False
-        if snap is None or not self.is_mounted:  # read failed (logged by the worker) / screen gone
-            return
+    def apply(self, snap: Snapshot) -> None:
         if snap.nvml_note is not None:
             self._nvml_checked = True
             self.query_one(SystemPanel).nvml_note = snap.nvml_note

@@ -8,13 +8,13 @@ from textual.binding import Binding
 from textual.widgets import DataTable
 
 from workbench.store import Run
-from workbench.tui.messages import KillRequested, OpenRun
+from workbench.tui.messages import CompareRuns, KillRequested, OpenRun
 from workbench.tui.formatting import duration, number, percent, state_text
 
 # (column key, header, fixed width or None = fit the content). Fixed widths for the
 # columns that change while a run trains: a cell update then never re-lays out the table.
 COLUMNS = [
-    ("id", "id", None), ("profile", "profile", None), ("model", "model", None),
+    ("mark", "", 1), ("id", "id", None), ("profile", "profile", None), ("model", "model", None),
     ("task", "task", None), ("seq_len", "seq_len", None), ("seed", "seed", None),
     ("state", "state", 8), ("progress", "progress", 8), ("loss", "loss", 8),
     ("accuracy", "accuracy", 8), ("elapsed", "elapsed", 7), ("device", "device", None),
@@ -22,9 +22,13 @@ COLUMNS = [
 FIXED = {k for k, _, w in COLUMNS if w}
 
 
-def row_cells(run: Run) -> dict[str, Any]:
+MARK = Text("●", style="bold yellow")
+
+
+def row_cells(run: Run, marked: bool = False) -> dict[str, Any]:
     """The table cells of one run, by column key."""
     return {
+        "mark": MARK if marked else "",
         "id": Text(str(run.id), justify="right"),
         "profile": run.profile,
         "model": run.label,
@@ -51,6 +55,10 @@ class RunsTable(DataTable):
     BINDINGS = [
         Binding("enter", "open_run", "Open run"),
         Binding("k", "kill_run", "Kill run"),
+        Binding("space", "toggle_mark", "Mark"),
+        Binding("c", "compare", "Compare marked"),
+        Binding("p", "compare_profile", "Compare profile"),
+        Binding("u", "unmark", "Unmark all", show=False),
     ]
 
     _batch = False  # class default: DataTable.__init__ already refreshes
@@ -58,6 +66,8 @@ class RunsTable(DataTable):
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(cursor_type="row", zebra_stripes=True, **kwargs)
         self._cells: dict[int, dict[str, Any]] = {}
+        self._runs: dict[int, Run] = {}
+        self.marked: set[int] = set()  # runs picked for the compare view
 
     def on_mount(self) -> None:
         for key, label, width in COLUMNS:
@@ -78,8 +88,9 @@ class RunsTable(DataTable):
         try:
             for run in runs:
                 seen.add(run.id)
+                self._runs[run.id] = run
                 key = str(run.id)
-                cells = row_cells(run)
+                cells = row_cells(run, run.id in self.marked)
                 old = self._cells.get(run.id)
                 if old is None:
                     self.add_row(*(cells[k] for k, *_ in COLUMNS), key=key)
@@ -95,6 +106,8 @@ class RunsTable(DataTable):
             for gone in set(self._cells) - seen:
                 self.remove_row(str(gone))
                 del self._cells[gone]
+                self._runs.pop(gone, None)
+                self.marked.discard(gone)
                 full = True
         finally:
             self._batch = False
@@ -120,3 +133,39 @@ class RunsTable(DataTable):
         rid = self.current_run_id
         if rid is not None:
             self.post_message(KillRequested(rid))
+
+    # ------------------------------------------------------------------ marks, compare
+    def _set_mark(self, run_id: int, on: bool) -> None:
+        (self.marked.add if on else self.marked.discard)(run_id)
+        cells = self._cells.get(run_id)
+        if cells is not None:
+            cells["mark"] = MARK if on else ""
+            self.update_cell(str(run_id), "mark", cells["mark"])
+
+    def action_toggle_mark(self) -> None:
+        rid = self.current_run_id
+        if rid is None:
+            return
+        self._set_mark(rid, rid not in self.marked)
+        if self.cursor_row < self.row_count - 1:  # mark down a list with repeated presses
+            self.move_cursor(row=self.cursor_row + 1)
+
+    def action_unmark(self) -> None:
+        for rid in list(self.marked):
+            self._set_mark(rid, False)
+
+    def action_compare(self) -> None:
+        if not self.marked:
+            self.notify("mark runs with space first (or p: the whole profile of this run)",
+                        severity="warning")
+            return
+        ids = sorted(self.marked)
+        self.post_message(CompareRuns(ids, "runs " + ", ".join(map(str, ids))))
+
+    def action_compare_profile(self) -> None:
+        rid = self.current_run_id
+        if rid is None or rid not in self._runs:
+            return
+        profile = self._runs[rid].profile
+        ids = sorted(r.id for r in self._runs.values() if r.profile == profile)
+        self.post_message(CompareRuns(ids, f"profile {profile}"))

@@ -1,0 +1,178 @@
+"""The compare view: several runs' loss and accuracy curves overlaid, runs that differ only
+by seed grouped into one line with a mean ± std (or min..max) band.
+
+Like the run view it polls the store at ~2 Hz in a thread worker, reads only metric rows
+newer than the last one seen, and redraws only when rows arrived or a setting changed, so
+runs that are still training update live at the run view's rate.
+
+Keys: ``x`` step / epoch / wall time, ``b`` band std / min..max / none, ``g`` group seeds
+or show every run, ``l`` / ``a`` which loss / accuracy metric, ``f`` write the figures
+(PNG + SVG, matplotlib) of what is shown.
+"""
+from __future__ import annotations
+
+import threading
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Any
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.screen import Screen
+from textual.widgets import DataTable, Footer, Header, Static
+
+from workbench import curves as cv
+from workbench.store import Run, Store
+from workbench.tui.background import PollsStore, write_in_thread
+from workbench.tui.formatting import number, set_text, state_text
+from workbench.tui.plots import COLOURS, CurvePlot
+
+POLL_S = 0.5
+LOSS_METRICS = [("train", "loss"), ("eval", "loss")]
+ACC_METRICS = [("eval", "accuracy"), ("eval", "sequence_accuracy"), ("train", "accuracy")]
+
+
+def _next(options: list, current: Any) -> Any:
+    return options[(options.index(current) + 1) % len(options)]
+
+
+class CompareScreen(PollsStore, Screen):
+    CSS_PATH = "compare.tcss"
+    BINDINGS = [
+        Binding("escape,backspace", "app.pop_screen", "Back"),
+        Binding("x", "cycle_axis", "x axis"),
+        Binding("b", "cycle_band", "Band"),
+        Binding("g", "toggle_group", "Group seeds"),
+        Binding("l", "cycle_loss", "Loss metric"),
+        Binding("a", "cycle_acc", "Acc metric"),
+        Binding("f", "figures", "Write figures"),
+    ]
+
+    def __init__(self, store: Store, run_ids: list[int], lock: threading.Lock | None = None,
+                 title: str = "", figures_dir: Path = Path("figures")) -> None:
+        super().__init__()
+        self.store, self.run_ids = store, sorted(run_ids)
+        self.lock = lock or nullcontext()
+        self.what = title or f"{len(run_ids)} runs"
+        self.figures_dir = Path(figures_dir)
+        self.axis, self.band, self.by_seed = "step", "std", True
+        self.loss_metric, self.acc_metric = LOSS_METRICS[0], ACC_METRICS[0]
+        self.runs: list[Run] = []
+        self.rows: list[Any] = []  # every curve-metric row of these runs read so far
+        self.last_rowid = 0
+        self._dirty = True  # settings changed or rows arrived: recompute and redraw
+
+    def compose(self) -> ComposeResult:
+        yield Header()
+        yield Static("", id="compare-title")
+        with Horizontal(id="compare-body"):
+            with Vertical(id="compare-plots"):
+                yield CurvePlot("loss", id="compare-loss")
+                yield CurvePlot("accuracy", id="compare-acc")  # auto range: differences near 1 show
+            yield DataTable(id="compare-legend", cursor_type="none", zebra_stripes=True)
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.title = f"compare {self.what}"
+        legend = self.query_one("#compare-legend", DataTable)
+        for label in ("", "group", "runs", "state", "loss", "acc"):
+            legend.add_column(label, key=label or "colour")
+        self.poll()
+        self.set_interval(POLL_S, self.poll)
+
+    # ------------------------------------------------------------------ polling
+    def read(self) -> tuple[list[Run], list[Any]]:
+        with self.lock:
+            return (self.store.runs(ids=self.run_ids),
+                    cv.read_rows(self.store, self.run_ids, self.last_rowid))
+
+    def apply(self, got: tuple[list[Run], list[Any]]) -> None:
+        runs, rows = got
+        states = [(r.state, r.started) for r in runs]
+        if rows:
+            self.rows.extend(rows)
+            self.last_rowid = rows[-1]["rowid"]
+            self._dirty = True
+        if states != [(r.state, r.started) for r in self.runs]:
+            self._dirty = True  # a run started (wall x needs it) or ended
+        self.runs = runs
+        if self._dirty:
+            self._dirty = False
+            self.redraw()
+
+    # ------------------------------------------------------------------ drawing
+    def current_curves(self) -> tuple[list[cv.GroupCurve], list[cv.GroupCurve]]:
+        budget = max(200, 4 * self.size.width)
+        return tuple(cv.curves_from_rows(self.runs, self.rows, split, name, self.axis, self.band,
+                                         self.by_seed, budget)
+                     for split, name in (self.loss_metric, self.acc_metric))
+
+    def redraw(self) -> None:
+        loss, acc = self.current_curves()
+        # one colour per group in both plots, even when a group has no points in one of them
+        order = [k for k in cv.group_runs(self.runs, self.by_seed)]
+        labels = cv.group_labels(cv.group_runs(self.runs, self.by_seed))
+        colour_of = {labels[k]: COLOURS[i % len(COLOURS)] for i, k in enumerate(order)}
+        xlabel = cv.X_LABELS[self.axis]
+        for plot, metric, cs in ((self.query_one("#compare-loss", CurvePlot), self.loss_metric, loss),
+                                 (self.query_one("#compare-acc", CurvePlot), self.acc_metric, acc)):
+            plot.colours = [colour_of.get(c.label, COLOURS[0]) for c in cs]
+            plot.empty_text = f"no {cv.CURVE_METRICS[metric]} yet"
+            plot.show(cv.CURVE_METRICS[metric], cs, xlabel)
+        self._show_legend(order, labels, colour_of, loss, acc)
+        band = {"std": "mean ± std", "minmax": "min..max", "none": "no band"}[self.band]
+        set_text(self.query_one("#compare-title", Static), Text.assemble(
+            (f"compare {self.what}", "bold"), f"  {len(self.runs)} runs in {len(order)} "
+            f"{'groups' if self.by_seed else 'lines'}  x: {self.axis}  band: {band}  ",
+            ("seeds grouped" if self.by_seed else "each run", "dim")))
+
+    def _show_legend(self, order, labels, colour_of, loss, acc) -> None:
+        table = self.query_one("#compare-legend", DataTable)
+        groups = cv.group_runs(self.runs, self.by_seed)
+        last = {c.label: c.mean[-1] for c in loss}, {c.label: c.mean[-1] for c in acc}
+        table.clear()
+        for k in order:
+            label, rs = labels[k], groups[k]
+            states = sorted({r.state for r in rs})
+            table.add_row(
+                Text("━━", style=colour_of[label].replace("orange", "dark_orange")),
+                label, ",".join(str(r.id) for r in rs),
+                state_text(states[0]) if len(states) == 1 else Text("/".join(states)),
+                Text(number(last[0].get(label)), justify="right"),
+                Text(number(last[1].get(label), 3), justify="right"))
+
+    # ------------------------------------------------------------------ actions
+    def _changed(self) -> None:
+        self.redraw()
+
+    def action_cycle_axis(self) -> None:
+        self.axis = _next(list(cv.X_AXES), self.axis)
+        self._changed()
+
+    def action_cycle_band(self) -> None:
+        self.band = _next(list(cv.BANDS), self.band)
+        self._changed()
+
+    def action_toggle_group(self) -> None:
+        self.by_seed = not self.by_seed
+        self._changed()
+
+    def action_cycle_loss(self) -> None:
+        self.loss_metric = _next(LOSS_METRICS, self.loss_metric)
+        self._changed()
+
+    def action_cycle_acc(self) -> None:
+        self.acc_metric = _next(ACC_METRICS, self.acc_metric)
+        self._changed()
+
+    def action_figures(self) -> None:
+        from workbench import plot
+
+        runs, axis, band, by_seed = list(self.runs), self.axis, self.band, self.by_seed
+        metrics = [self.loss_metric, self.acc_metric]
+        write_in_thread(self, self.store.root, lambda store: [
+            path for metric in metrics for path in plot.plot_curves(
+                store, runs, self.figures_dir, metric=metric, axis=axis, band=band, by_seed=by_seed)],
+            "figures")

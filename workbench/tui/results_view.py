@@ -1,0 +1,233 @@
+"""The results view: the ``export`` comparison table inside the TUI.
+
+One profile's finished runs (or all profiles'), one metric, rows and columns by any run
+field or by eval set (e.g. induction heads' test lengths as columns); cells are mean ± std
+over seeds, the best cell of each column highlighted. ``w`` writes the table as Markdown,
+LaTeX and CSV files, ``f`` the figures of the profile (matplotlib). The store is re-read
+every few seconds while the tab is shown, off the UI thread; the table is rebuilt only
+when the finished runs or the choices changed.
+"""
+from __future__ import annotations
+
+import re
+import threading
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Any
+
+from rich.text import Text
+from textual import on
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.widgets import DataTable, Label, Select, Static
+
+from workbench import export
+from workbench.store import Store
+from workbench.tui.background import PollsStore, write_in_thread
+from workbench.tui.formatting import set_text
+
+POLL_S = 2.0  # results change only when a run finishes
+ALL = "(all profiles)"
+
+
+def safe_name(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.=-]+", "_", text).strip("_") or "results"
+
+
+class ResultsView(PollsStore, Vertical):
+    BINDINGS = [
+        Binding("m", "cycle('metric')", "Metric"),
+        Binding("r", "cycle('rows')", "Rows"),
+        Binding("o", "cycle('cols')", "Columns"),
+        Binding("n", "cycle('profile')", "Next profile"),
+        Binding("w", "write_table", "Write md/tex/csv"),
+        Binding("f", "figures", "Figures"),
+    ]
+
+    def __init__(self, store: Store, lock: threading.Lock | None = None,
+                 out_dir: Path = Path("figures"), **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.store, self.lock, self.out_dir = store, lock or nullcontext(), Path(out_dir)
+        self.recs: list[dict] = []
+        self.profiles: list[str] = []
+        self._reading: str | None = None
+        self.options: dict[str, list[str]] = {}  # each Select's values, in order
+        self.chosen: set[str] = set()  # the choices the user made (the rest follow the data)
+        self._shown: tuple | None = None  # what the table was last built from
+
+    def compose(self) -> ComposeResult:
+        with Horizontal(id="results-choices"):
+            for fid, label in (("profile", "profile"), ("metric", "metric"), ("rows", "rows"),
+                               ("cols", "columns")):
+                yield Label(label, classes="choice-label")
+                yield Select([], id=f"results-{fid}", allow_blank=True, compact=True,
+                             prompt="–")
+        yield DataTable(id="results-table", zebra_stripes=True, cursor_type="cell")
+        yield Static("", id="results-caption")
+
+    def on_mount(self) -> None:
+        self.set_interval(POLL_S, self.refresh_data)
+
+    # ------------------------------------------------------------------ reading
+    def _value(self, fid: str) -> Any:
+        v = self.query_one(f"#results-{fid}", Select).value
+        return None if v is Select.NULL else v
+
+    def refresh_data(self) -> None:
+        """Re-read the store (in a thread) when the view is on screen."""
+        if not self.is_attached or not self.screen.is_current:
+            return
+        if not self.is_on_screen:  # another tab in front (was not drawn in the last update)
+            return
+        self.poll()
+
+    def poll(self) -> None:
+        self._reading = self._value("profile")  # read on the UI thread, used by read()
+        super().poll()
+
+    def read(self) -> tuple[list[str], str | None, list[dict]]:
+        profile = self._reading
+        with self.lock:
+            profiles = self.store.profiles()
+            if profile is None and profiles:  # the first time: the newest profile
+                newest = self.store.conn.execute(
+                    "SELECT profile FROM runs ORDER BY id DESC LIMIT 1").fetchone()
+                profile = newest[0] if newest else profiles[0]
+            recs = export.records(self.store, None if profile == ALL else profile)
+        return profiles, profile, recs
+
+    def apply(self, got: tuple[list[str], str | None, list[dict]]) -> None:
+        profiles, profile, recs = got
+        if "profile" in self.chosen and self._value("profile") not in (None, profile):
+            self.call_later(self.poll)  # the user picked another profile during the read
+            return
+        if profiles != self.profiles:
+            self.profiles = profiles
+            self._set_options("profile", [ALL] + profiles, profile)
+        elif self._value("profile") != profile:
+            self._set_value("profile", profile)
+        self.recs = recs
+        self._choices_for(recs)
+        self.rebuild()
+
+    def _choices_for(self, recs: list[dict]) -> None:
+        """Metric and field options from what the records hold, keeping the user's picks
+        when they still apply; the others take defaults that follow the data (columns
+        become the eval sets once a run has them)."""
+        metrics = export.metrics_of(recs) or list(export.METRICS)
+        fields = export.fields_of(recs) if recs else ["model", "seq_len", "seed", "eval_set"]
+        has_sets = any(r.get("eval_set") for r in recs)
+        metric, rows, cols = (self._value(f) if f in self.chosen else None
+                              for f in ("metric", "rows", "cols"))
+        self._set_options("metric", metrics, metric if metric in metrics else
+                          "accuracy" if "accuracy" in metrics else metrics[0])
+        rows = rows if rows in fields else "model"
+        # eval sets as columns when there are any (accuracy against test length), else the
+        # sequence lengths (one column of mean ± std over seeds when there is one length)
+        default_cols = "eval_set" if has_sets else "seq_len"
+        cols = cols if cols in fields and cols != rows else default_cols
+        self._set_options("rows", fields, rows)
+        self._set_options("cols", fields, cols)
+
+    def _set_options(self, fid: str, options: list[str], value: str | None) -> None:
+        sel = self.query_one(f"#results-{fid}", Select)
+        if self.options.get(fid) != options:
+            self.options[fid] = list(options)
+            with sel.prevent(Select.Changed):
+                sel.set_options([(o, o) for o in options])
+        self._set_value(fid, value)
+
+    def _set_value(self, fid: str, value: str | None) -> None:
+        sel = self.query_one(f"#results-{fid}", Select)
+        if value is not None and sel.value != value:
+            with sel.prevent(Select.Changed):
+                sel.value = value
+
+    @on(Select.Changed)
+    def _changed(self, event: Select.Changed) -> None:
+        event.stop()
+        fid = event.select.id.removeprefix("results-")
+        self.chosen.add(fid)  # programmatic changes are prevented: this is the user's
+        if fid == "profile":
+            self.chosen -= {"rows", "cols"}  # another profile: its own default layout
+            self._shown = None
+            self.poll()
+        else:
+            self.rebuild()
+
+    # ------------------------------------------------------------------ the table
+    def current(self) -> tuple[str | None, str | None, str | None, str | None]:
+        return tuple(self._value(f) for f in ("profile", "metric", "rows", "cols"))
+
+    def rebuild(self) -> None:
+        profile, metric, rows, cols = self.current()
+        key = (profile, metric, rows, cols,
+               tuple((r["run_id"], r["eval_set"], r.get(metric)) for r in self.recs))
+        if key == self._shown:
+            return
+        self._shown = key
+        table = self.query_one("#results-table", DataTable)
+        table.clear(columns=True)
+        caption = self.query_one("#results-caption", Static)
+        if not self.recs or not metric or not rows or not cols:
+            set_text(caption, Text(f"no finished runs{f' in profile {profile}' if profile and profile != ALL else ''}"
+                                   " yet: F2 launches a sweep", style="dim"))
+            return
+        t = export.table(self.recs, metric, [rows], [cols])
+        best = export.best_cells(t, metric)
+        table.add_column(f"{rows} \\ {cols}", key="__row__")
+        for ck in t["cols"]:
+            table.add_column(export._col_header([cols], ck), key=repr(ck))
+        for rk in t["rows"]:
+            cells: list[Any] = [export._label([rows], rk)]
+            for ck in t["cols"]:
+                text = export.fmt_cell(t["cells"].get((rk, ck)))
+                cells.append(Text(text, style="bold green" if (rk, ck) in best else "",
+                                  justify="right"))
+            table.add_row(*cells, key=repr(rk))
+        ns = sorted({a["n"] for a in t["cells"].values()})
+        how = {"max": "highest", "min": "lowest"}.get(export.BETTER.get(metric, ""), "")
+        set_text(caption, Text.assemble(
+            (f"{metric}", "bold"), f": {export.METRICS.get(metric, metric)}; mean ± std over "
+            f"{'/'.join(map(str, ns))} run(s) per cell",
+            (f"; {how} of each column in green" if how else "", "green")))
+
+    # ------------------------------------------------------------------ actions
+    def action_cycle(self, fid: str) -> None:
+        sel = self.query_one(f"#results-{fid}", Select)
+        options = self.options.get(fid, [])
+        if not options:
+            return
+        value = sel.value
+        nxt = options[(options.index(value) + 1) % len(options)] if value in options else options[0]
+        if fid in ("rows", "cols"):  # rows and columns by the same field make no table
+            other = self._value("cols" if fid == "rows" else "rows")
+            if nxt == other:
+                nxt = options[(options.index(nxt) + 1) % len(options)]
+        sel.value = nxt  # posts Changed: rebuilds (or re-reads, for the profile)
+
+    def action_write_table(self) -> None:
+        profile, metric, rows, cols = self.current()
+        if not self.recs or not metric:
+            self.notify("no table to write", severity="warning")
+            return
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        stem = self.out_dir / safe_name(f"{profile}-{metric}-by-{rows}-{cols}")
+        written = []
+        for fmt, ext in (("md", ".md"), ("latex", ".tex"), ("csv", ".csv")):
+            path = stem.with_suffix(ext)
+            path.write_text(export.render(self.recs, metric, [rows], [cols], fmt))
+            written.append(path)
+        self.notify("wrote " + ", ".join(map(str, written)), markup=False)
+
+    def action_figures(self) -> None:
+        from workbench import plot
+
+        profile = self.current()[0]
+        if not profile or profile == ALL or not self.recs:
+            self.notify("pick one profile with finished runs first", severity="warning")
+            return
+        write_in_thread(self, self.store.root,
+                        lambda store: plot.plot_all(store, profile, self.out_dir / safe_name(profile)),
+                        f"the figures of {profile}")
