@@ -10,12 +10,13 @@ from pathlib import Path
 import pytest
 import tasks
 from textual.widget import Widget
-from textual.widgets import DataTable, Input, Select, SelectionList, Static, Switch
+from textual.widgets import DataTable, Input, Select, Static, Switch
 
 from workbench import profile as profiles
 from workbench.store import Store
 from workbench.tui.app import WorkbenchApp
 from workbench.tui.dialogs import ConfirmScreen, PathScreen
+from workbench.tui.model_picker import ModelPicker
 from workbench.tui.plots import MetricPlot
 from workbench.tui.run_view import RunScreen
 from workbench.tui.runs_table import RunsTable
@@ -105,10 +106,10 @@ async def test_form_fill_save_and_reload(store, tmp_path):
         form = app.query_one(SweepForm)
         await type_into(pilot, "#name", "mysweep")
         # models: first two entries toggled with space
-        sel = app.query_one("#models", SelectionList)
+        sel = app.query_one("#models", ModelPicker)
         sel.focus()
         await pilot.press("space", "down", "space")
-        picked = list(sel.selected)
+        picked = sel.picked
         assert len(picked) == 2
         task = app.query_one("#task", Select)
         task.value = TASK
@@ -147,7 +148,7 @@ async def test_form_fill_save_and_reload(store, tmp_path):
 
         # load it back into a reset form: every field shows what was saved
         app.query_one("#lr", Input).value = "0.5"
-        sel.deselect_all()
+        sel.set_picked([])
         await pilot.press("ctrl+o")
         await pilot.pause()
         assert isinstance(app.screen, PathScreen)
@@ -155,7 +156,7 @@ async def test_form_fill_save_and_reload(store, tmp_path):
         await pilot.press("enter")
         await settle(pilot)
         assert app.query_one("#lr", Input).value == "0.003"
-        assert list(sel.selected) == picked
+        assert sel.picked == picked
         assert app.query_one("#param-vocab_size", Input).value == "12"
         assert form.build_profile() == p
 
@@ -211,7 +212,7 @@ async def test_validation_blocks_save_and_launch(store, tmp_path):
     async with app.run_test(size=SIZE) as pilot:
         await pilot.press("f2")
         form = app.query_one(SweepForm)
-        app.query_one("#models", SelectionList).select("lstm")
+        app.query_one("#models", ModelPicker).set_picked(["lstm"])
         for field, value, where, good in BAD_VALUES:
             await type_into(pilot, field, value)
             await pilot.press("ctrl+s")
@@ -247,7 +248,7 @@ async def test_task_switch_and_model_options(store, tmp_path):
     async with app.run_test(size=SIZE) as pilot:
         await pilot.press("f2")
         form = app.query_one(SweepForm)
-        app.query_one("#models", SelectionList).select("transformer")
+        app.query_one("#models", ModelPicker).set_picked(["transformer"])
         app.query_one("#task", Select).value = "mqar"
         await settle(pilot)
         assert form.query("#param-num_kv_pairs") and not form.query("#param-num_tokens_to_copy")
@@ -272,9 +273,7 @@ async def test_launch_fills_runs_table_in_place(store, tmp_path):
     app = make_app(store, tmp_path, sched)
     async with app.run_test(size=SIZE) as pilot:
         await pilot.press("f2")
-        sel = app.query_one("#models", SelectionList)
-        sel.select("lstm")
-        sel.select("transformer")
+        app.query_one("#models", ModelPicker).set_picked(["lstm", "transformer"])
         app.query_one("#name", Input).value = "launchme"
         app.query_one("#seq_lens", Input).value = "40,48"
         await pilot.press("ctrl+r")
@@ -434,7 +433,7 @@ async def test_quit_leaves_runs_alone(store, tmp_path):
     async with app.run_test(size=SIZE) as pilot:
         await settle(pilot)
         await pilot.press("f2")
-        app.query_one("#models", SelectionList).focus()
+        app.query_one("#models", ModelPicker).focus()  # the list, where letters are no input
         await pilot.press("q")  # in the form a stray q must not quit (ctrl+q does)
         await pilot.pause()
         assert app.is_running

@@ -229,5 +229,5 @@ class ResultsView(PollsStore, Vertical):
             self.notify("pick one profile with finished runs first", severity="warning")
             return
         write_in_thread(self, self.store.root,
-                        lambda store: plot.plot_all(store, profile, self.out_dir / safe_name(profile)),
+                        lambda store: plot.plot_profile(store, profile, self.out_dir / safe_name(profile))[0],
                         f"the figures of {profile}")

@@ -20,13 +20,12 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.message import Message
-from textual.widgets import Input, Label, Select, SelectionList, Static, Switch
-from textual.widgets.selection_list import Selection
+from textual.widgets import Input, Label, Select, Static, Switch
 
-import models
 import tasks
 from workbench import profile as profiles
 from workbench.profile import Profile, ProfileError
+from workbench.tui.model_picker import ModelPicker
 
 # Training fields edited as plain inputs: (field id, label, profile section, default text).
 TRAIN_INPUTS = [
@@ -143,6 +142,45 @@ def _default_value(default: Any) -> Any:
     return list(default) if isinstance(default, tuple) else default
 
 
+def _model_name(m: Any) -> str:
+    """A sweep entry's registry name (entries are names or tables with a name)."""
+    return m if isinstance(m, str) else m["name"]
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" + ("" if n == 1 else "s")
+
+
+def run_count_text(sweep: dict[str, Any], task: str) -> tuple[str, bool]:
+    """'will launch N runs = M models x K lengths x S seeds' for the form's sweep section,
+    or what keeps it from being counted; and whether it could be counted.
+
+    The count is ``len(expand(...))`` of a profile with the form's sweep and placeholders
+    elsewhere: the runs are the sweep's product, whatever the other fields say, so the count
+    shows while they are still being edited (about a millisecond for hundreds of runs)."""
+    try:
+        prof = Profile.model_validate({"schema_version": profiles.SCHEMA_VERSION, "name": "count",
+                                       "task": {"name": task}, "sweep": sweep, "train": {"steps": 1}})
+    except ValidationError as e:
+        axis = {"models": "models", "seq_lens": "sequence lengths", "seeds": "seeds"}
+        problems = []
+        for err in e.errors():
+            where = next((axis[p] for p in err["loc"] if p in axis), "sweep")
+            if err["type"] == "too_short":
+                problem = "pick at least one model" if where == "models" else f"give at least one of the {where}"
+            else:
+                bad = f" ({err['input']!r})" if not isinstance(err.get("input"), (dict, list)) else ""
+                problem = f"{where}{bad}: {err['msg']}"
+            if problem not in problems:
+                problems.append(problem)
+        return "cannot count the runs yet: " + "; ".join(problems), False
+    lens = prof.sweep.seq_lens
+    length_part = _plural(len(lens), "length") if lens else "1 length (the task's default)"
+    return (f"will launch {_plural(len(profiles.expand(prof)), 'run')} = "
+            f"{_plural(len(prof.sweep.models), 'model')} x {length_part} x "
+            f"{_plural(len(prof.sweep.seeds), 'seed')}"), True
+
+
 def _fmt(v: Any) -> str:
     if isinstance(v, (list, tuple)):
         return ", ".join(_fmt(x) for x in v)
@@ -198,13 +236,8 @@ class SweepForm(VerticalScroll):
         yield Static("Profile", classes="section")
         yield FieldRow("name", Input("sweep", id="name", compact=True), "name")
         yield FieldRow("description", Input("", id="description", compact=True), "description")
-        yield Static("Models (space toggles)", classes="section")
-        yield SelectionList(
-            *[Selection(Text.assemble((n, "bold"), "  ", (models.describe(n), "dim")), n)
-              for n in models.names()],
-            id="models",
-        )
-        yield Static("", id="models-picked", classes="hint")
+        yield Static("Models (type to filter, down to the list, space toggles)", classes="section")
+        yield ModelPicker(id="models")
         yield Static("", id="err-models", classes="field-error")
         yield FieldRow("model options", Input("", id="model_options", compact=True,
                                               placeholder="e.g. transformer.pos=rope, mamba.d_state=8"),
@@ -218,6 +251,7 @@ class SweepForm(VerticalScroll):
         yield FieldRow("sequence lengths", Input("64", id="seq_lens", compact=True,
                                                  placeholder="comma-separated, e.g. 64, 256"), "seq_lens")
         yield FieldRow("seeds", Input("0", id="seeds", compact=True, placeholder="e.g. 0, 1, 2"), "seeds")
+        yield Static("", id="run-count")
         yield Static("Training", classes="section")
         yield FieldRow("budget", Select([("epochs", "epochs"), ("steps", "steps")], id="budget_kind",
                                         allow_blank=False, value="steps", compact=True), "budget_kind")
@@ -237,14 +271,18 @@ class SweepForm(VerticalScroll):
         yield Static("", id="form-status")
 
     async def on_mount(self) -> None:
-        self.query_one("#models-picked", Static).update("none picked")
         await self._show_task(self.query_one("#task", Select).value)
+        self._show_run_count()
 
-    @on(SelectionList.SelectedChanged, "#models")
-    def _models_changed(self, event: SelectionList.SelectedChanged) -> None:
-        picked = event.selection_list.selected
-        self.query_one("#models-picked", Static).update(
-            Text(f"{len(picked)} picked: {', '.join(picked)}" if picked else "none picked"))
+    # the number of runs follows the three sweep axes as they are edited
+    @on(ModelPicker.Changed, "#models")
+    @on(Input.Changed, "#seq_lens")
+    @on(Input.Changed, "#seeds")
+    def _show_run_count(self) -> None:
+        text, ok = run_count_text(self._sweep_data(), str(self._select("task")))
+        count = self.query_one("#run-count", Static)
+        count.set_class(not ok, "bad")
+        count.update(Text(text))
 
     # ------------------------------------------------------------------ task parameters
     @on(Select.Changed, "#task")
@@ -302,15 +340,8 @@ class SweepForm(VerticalScroll):
             # a profile then keeps following the registry's defaults where it never chose
             if value != _default_value(default) or p in base.get("task", {}):
                 params[p] = value
-        selected = list(self.query_one("#models", SelectionList).selected)
-        # keep a loaded profile's per-model entries (labels, options) for models still picked
-        chosen: list[Any] = []
-        for name in selected:
-            kept = [m for m in self._loaded_models
-                    if (m if isinstance(m, str) else m.get("name")) == name]
-            chosen.extend(kept or [name])
-        sweep = {"models": chosen, "seq_lens": split_list(self._text("seq_lens")),
-                 "seeds": split_list(self._text("seeds"))}
+        sweep = self._sweep_data()
+        chosen = sweep["models"]
         model = {k: v for k, v in base.get("model", {}).items() if k not in ("d_model", "n_layers", "options")}
         try:
             opts = parse_model_options(self._text("model_options"))
@@ -357,6 +388,17 @@ class SweepForm(VerticalScroll):
         if published:
             data["published"] = published
         return data, errors
+
+    def _sweep_data(self) -> dict[str, Any]:
+        """The sweep section as typed: models, sequence lengths, seeds."""
+        picked = self.query_one("#models", ModelPicker).picked
+        # a loaded profile's entries (labels, options) for the models still picked, in its
+        # order (the order its runs go in); models picked since follow in registry order
+        chosen: list[Any] = [m for m in self._loaded_models if _model_name(m) in picked]
+        kept = {_model_name(m) for m in chosen}
+        chosen += [n for n in picked if n not in kept]
+        return {"models": chosen, "seq_lens": split_list(self._text("seq_lens")),
+                "seeds": split_list(self._text("seeds"))}
 
     def build_profile(self) -> Profile | None:
         """Validate the form; show every problem and return None, or return the profile."""
@@ -417,7 +459,7 @@ class SweepForm(VerticalScroll):
             status.set_class(True, "bad")
             status.update(Text("Cannot use this profile:\n" + "\n".join(lines)))
             # take the user to the first field (in form order) that needs fixing
-            first = next((w for w in self.query("Input, Select, SelectionList") if w.id in errors), None)
+            first = next((w for w in self.query("Input, Select, ModelPicker") if w.id in errors), None)
             if first is not None:
                 first.focus()
         else:
@@ -437,11 +479,7 @@ class SweepForm(VerticalScroll):
         self._loaded_models = list(d["sweep"]["models"])
         self.query_one("#name", Input).value = prof.name
         self.query_one("#description", Input).value = prof.description
-        names = dict.fromkeys(m if isinstance(m, str) else m["name"] for m in self._loaded_models)
-        sel = self.query_one("#models", SelectionList)
-        sel.deselect_all()
-        for n in names:  # in the profile's order, which is the sweep's order
-            sel.select(n)
+        self.query_one("#models", ModelPicker).set_picked(_model_name(m) for m in self._loaded_models)
         self.query_one("#model_options", Input).value = format_model_options(prof.model.options)
         await self._show_task(prof.task.name, prof.task.params())
         self.query_one("#task", Select).value = prof.task.name
@@ -504,4 +542,7 @@ class SweepForm(VerticalScroll):
     def action_launch(self) -> None:
         prof = self.build_profile()
         if prof is not None:
+            # the app replaces this with the ids once the runs are queued
+            text, _ = run_count_text(self._sweep_data(), prof.task.name)
+            self.set_status(text.replace("will launch", "launching", 1))
             self.post_message(self.Launch(prof))

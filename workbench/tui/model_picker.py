@@ -1,0 +1,224 @@
+"""The sweep form's model picker: a filter input above the registry's models, grouped by
+family, with a line saying what is picked.
+
+The list is a :class:`~textual.widgets.SelectionList` that is rebuilt whenever the filter
+changes; family headers are disabled entries (the cursor skips them, space and enter cannot
+toggle them) drawn without a check box. Picks live beside the list, so a model picked and
+then filtered out stays picked.
+
+Keys: type to filter (several words: each must match the name, family or description);
+down or enter goes from the filter into the list; up from the list's first model goes back
+to the filter; space or enter toggles a model; escape clears the filter.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable
+
+from rich.text import Text
+from textual import on
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Vertical
+from textual.message import Message
+from textual.strip import Strip
+from textual.widgets import Input, OptionList, SelectionList, Static
+from textual.widgets.selection_list import Selection
+
+import models
+
+# Families shown first to last: the few baselines before the long SSM grid, so that every
+# family's header is on the first screen of the list; families not named here follow.
+FAMILY_ORDER = ("attention", "rnn", "conv", "mlp", "hybrid", "ssm", "pretrained")
+
+
+@dataclass(frozen=True)
+class Entry:
+    name: str
+    family: str
+    description: str
+
+
+def registry_entries() -> list[Entry]:
+    """The model registry, in its own (name) order."""
+    return [Entry(n, models.entry(n).family or "other", models.describe(n)) for n in models.names()]
+
+
+def matches(query: str, entry: Entry) -> bool:
+    """Every word of ``query`` is a case-insensitive substring of the entry's name, family or
+    description (each word may match a different one)."""
+    hay = f"{entry.name}\n{entry.family}\n{entry.description}".lower()
+    return all(word in hay for word in query.lower().split())
+
+
+class _PickList(SelectionList):
+    """A SelectionList whose disabled entries are family headers: no check box, and up from
+    the first model leaves the list for the filter above it (instead of wrapping round)."""
+
+    class UpFromTop(Message):
+        """Up was pressed on the first model."""
+
+    def render_line(self, y: int) -> Strip:
+        # SelectionList maps screen line to option index one to one (so prompts never wrap:
+        # see the no-wrap rule in app.tcss); a header gets OptionList's plain line, padded
+        # by the check box's width so the line still spans the list
+        index = self.scroll_offset.y + y
+        if index < self.option_count and self.get_option_at_index(index).disabled:
+            line = OptionList.render_line(self, y)
+            return line.extend_cell_length(line.cell_length + self._get_left_gutter_width(),
+                                           next(iter(line)).style if line.cell_length else None)
+        return super().render_line(y)
+
+    def action_cursor_up(self) -> None:
+        first = next((i for i, o in enumerate(self.options) if not o.disabled), None)
+        if self.highlighted is None or self.highlighted == first:
+            self.post_message(self.UpFromTop())
+        else:
+            super().action_cursor_up()
+
+
+class ModelPicker(Vertical):
+    """Pick models for a sweep. ``picked`` is what is picked (registry order), filtered out
+    or not; ``set_picked`` replaces it. Posts :class:`Changed` when the picks change."""
+
+    BINDINGS = [
+        Binding("escape", "clear_filter", "Clear filter"),
+        Binding("down", "into_list", "To the list", show=False),
+    ]
+
+    class Changed(Message):
+        def __init__(self, picker: ModelPicker) -> None:
+            super().__init__()
+            self.picker = picker
+
+        @property
+        def control(self) -> ModelPicker:  # lets handlers select by the picker's id
+            return self.picker
+
+    def __init__(self, entries: Iterable[Entry] | None = None, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self._entries = list(entries) if entries is not None else registry_entries()
+        known = {e.family for e in self._entries}
+        families = [f for f in FAMILY_ORDER if f in known] + sorted(known - set(FAMILY_ORDER))
+        self._groups = [(f, [e for e in self._entries if e.family == f]) for f in families]
+        self._width = max((len(e.name) for e in self._entries), default=0)
+        # models picked, as of the last rebuild; for the models the list shows, the list's
+        # own check boxes are what counts (see `picked`)
+        self._picked: set[str] = set()
+        self._shown: set[str] = set()
+
+    # ------------------------------------------------------------------ layout
+    def compose(self) -> ComposeResult:
+        yield Input(placeholder="type to filter: name, family or description (esc clears)",
+                    id="models-filter", compact=True)
+        yield _PickList(*self._options(""), id="models-list", compact=True)
+        yield Static("", id="models-picked")
+
+    def on_mount(self) -> None:
+        self._show_summary()
+
+    def _options(self, query: str) -> list[Selection]:
+        """Headers and entries matching ``query``; sets ``_shown``."""
+        options: list[Selection] = []
+        shown = set()
+        for family, entries in self._groups:
+            hits = [e for e in entries if matches(query, e)]
+            if not hits:
+                continue
+            count = f"{len(hits)}" if len(hits) == len(entries) else f"{len(hits)} of {len(entries)}"
+            # disabled: OptionList's cursor skips it and neither space nor enter selects it;
+            # its value is no model name, so it can never be part of `picked`
+            options.append(Selection(Text(f"{family} ({count})"), ("family", family), disabled=True))
+            for e in hits:
+                prompt = Text.assemble((e.name.ljust(self._width), "bold"), "  ", (e.description, "dim"))
+                options.append(Selection(prompt, e.name, e.name in self._picked))
+                shown.add(e.name)
+        self._shown = shown
+        return options
+
+    @property
+    def _list(self) -> _PickList:
+        return self.query_one("#models-list", _PickList)
+
+    @property
+    def filter_input(self) -> Input:
+        return self.query_one("#models-filter", Input)
+
+    # ------------------------------------------------------------------ public API
+    @property
+    def picked(self) -> list[str]:
+        """Picked model names in registry order, including those the filter hides."""
+        on = set(self._list.selected)
+        return [e.name for e in self._entries
+                if e.name in on or (e.name in self._picked and e.name not in self._shown)]
+
+    def set_picked(self, names: Iterable[str]) -> None:
+        """Pick exactly ``names`` (names the registry does not have are ignored)."""
+        self._picked = set(names)
+        self._rebuild()
+        self._picks_changed()
+
+    @property
+    def shown(self) -> list[str]:
+        """The model names the filter lets through, in list order."""
+        return [o.value for o in self._list.options if not o.disabled]
+
+    def focus(self, scroll_visible: bool = True) -> ModelPicker:
+        """Focus the list (where space picks), or the filter when it hides every model."""
+        (self._list if self._shown else self.filter_input).focus(scroll_visible)
+        return self
+
+    # ------------------------------------------------------------------ behaviour
+    def _rebuild(self) -> None:
+        lst = self._list
+        # rebuilding re-selects the picked entries: that is no change to report
+        with lst.prevent(SelectionList.SelectedChanged):
+            lst.clear_options()
+            lst.add_options(self._options(self.filter_input.value))
+        lst.action_first()  # the first model, not its header
+        self._show_summary()
+
+    @on(Input.Changed, "#models-filter")
+    def _filter_changed(self, event: Input.Changed) -> None:
+        event.stop()  # the form's own Input.Changed handlers are for its fields
+        self._picked = set(self.picked)  # keep the picks of entries about to be hidden
+        self._rebuild()
+
+    @on(Input.Submitted, "#models-filter")
+    def _filter_submitted(self, event: Input.Submitted) -> None:
+        event.stop()
+        self.action_into_list()
+
+    @on(SelectionList.SelectedChanged, "#models-list")
+    def _list_changed(self, event: SelectionList.SelectedChanged) -> None:
+        event.stop()
+        self._picks_changed()
+
+    @on(_PickList.UpFromTop)
+    def _up_from_list(self, event: _PickList.UpFromTop) -> None:
+        event.stop()
+        self.filter_input.focus()
+
+    def action_into_list(self) -> None:
+        if self._shown:
+            self._list.focus()
+
+    def action_clear_filter(self) -> None:
+        self.filter_input.value = ""  # Input.Changed rebuilds the list
+
+    def _picks_changed(self) -> None:
+        self._show_summary()
+        self.post_message(self.Changed(self))
+
+    def _show_summary(self) -> None:
+        picked = self.picked
+        text = Text(f"{len(picked)} picked: {', '.join(picked)}" if picked else "none picked")
+        hidden = sum(n not in self._shown for n in picked)
+        if hidden:
+            text.append(f"  ({hidden} hidden by the filter)", style="italic")
+        query = self.filter_input.value.strip()
+        if query:
+            text.append(f"\nfilter {query!r}: {len(self._shown)} of {len(self._entries)} models shown"
+                        if self._shown else f"\nno model matches {query!r} (escape clears the filter)",
+                        style="dim")
+        self.query_one("#models-picked", Static).update(text)
