@@ -3,6 +3,8 @@
     ssm-workbench                      open the TUI
     ssm-workbench run PROFILE.toml     replay a profile headlessly (progress bars)
     ssm-workbench export               comparison table from the store
+    ssm-workbench plot [PROFILE]       figures (PNG + SVG): curves, metric vs length, eval sets
+    ssm-workbench serve                the TUI in a browser (127.0.0.1 by default)
     ssm-workbench runs | show ID | kill ID...
     ssm-workbench models | tasks
     ssm-workbench profile check FILE...
@@ -365,6 +367,11 @@ def parser() -> argparse.ArgumentParser:
                                       " exit 1 if the store is not writable")
     p.add_argument("--json", action="store_true", help="the rows as JSON (component, status, detail)")
     p.set_defaults(fn=cmd_doctor)
+
+    from workbench import plot, serve  # both import their heavy libraries only when run
+
+    plot.add_parser(sub)
+    serve.add_parser(sub)
 
     p = sub.add_parser("bench", help="speed/memory benchmark table (see `bench --help`)", add_help=False)
     p.add_argument("rest", nargs=argparse.REMAINDER)

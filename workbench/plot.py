@@ -1,0 +1,690 @@
+"""Figures for papers and notes: ``ssm-workbench plot`` and the TUI's "write figures".
+
+Three kinds, each written as ``<stem>.png`` (150 dpi) and ``<stem>.svg``:
+
+- **curves**: learning curves of some runs (train/eval loss, eval accuracy, ...) against
+  optimizer step, epoch or wall time, one line per group of runs that differ only by seed
+  with a mean ± std (or min..max) band; the numbers come from :func:`workbench.curves.curves`.
+- **length**: a result metric (accuracy, step time, peak memory, ...) against the training
+  sequence length, one line per model, mean with error bars over seeds (the published
+  accuracy/time/memory-vs-length figures). Needs runs at two or more lengths.
+- **eval sets**: a metric against the eval sets named ``<prefix>=<number>`` (``len=1024``:
+  test length; ``dist=4094``: trigger-to-end distance), one line per model, with a dotted
+  line at the training length (the induction-heads extrapolation figure).
+
+Lengths double in every shipped sweep, so length axes are log2; time and memory grow over
+orders of magnitude, so those y axes are log. A model keeps its colour in every figure of a
+profile (:func:`model_colors`, keyed by model label in the profile's run order).
+
+matplotlib is imported inside the functions (the CLI starts without it) and only its
+object-oriented API is used (``Figure`` + the Agg canvas, never pyplot): no display, no
+global figure list to leak in the long-lived TUI, and no state shared between threads.
+The ``*_figure`` functions build and return the Figure (tests inspect what was drawn);
+the ``plot_*`` functions build, save and return the written paths. Bad input (no runs, a
+metric no run has, one sequence length only) raises ValueError with the reason.
+"""
+from __future__ import annotations
+
+import re
+import sys
+from collections import Counter
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Iterable, Iterator, Sequence
+
+from workbench import export
+from workbench.curves import BANDS, CURVE_METRICS, X_AXES, X_LABELS, curves
+from workbench.store import STATES, Run, Store
+
+if TYPE_CHECKING:  # for annotations only: importing matplotlib costs ~0.3 s
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+
+KINDS = ("curves", "length", "eval-sets")
+DEFAULT_CURVES = (("train", "loss"), ("eval", "loss"), ("eval", "accuracy"))
+DEFAULT_LENGTH_METRICS = ("accuracy", "step_time_ms", "peak_mem_mb")
+DEFAULT_EVAL_SET_METRICS = ("accuracy",)
+# y-axis text with units for the metrics figures usually show; others are derived from
+# export.METRICS (its descriptions end in the unit in parentheses)
+Y_LABELS = {
+    "accuracy": "accuracy (fraction of target tokens)",
+    "sequence_accuracy": "sequence accuracy (fraction exact)",
+    "best_accuracy": "best accuracy (fraction of target tokens)",
+    "loss": "loss (nats per target token)",
+    "step_time_ms": "time per training step (ms)",
+    "inference_ms": "inference time per eval batch (ms)",
+    "peak_mem_mb": "peak memory (MiB)",
+    "gpu_mem_peak_mb": "peak GPU memory (MiB)",
+    "tokens_per_s": "training throughput (tokens/s)",
+    "wall_s": "wall time of the run (s)",
+    "compile_s": "compile time (s)",
+    "bits_per_char": "bits per character",
+}
+# metrics spanning orders of magnitude across lengths/models: log y
+LOG_Y = {"step_time_ms", "inference_ms", "peak_mem_mb", "gpu_mem_peak_mb", "tokens_per_s",
+         "wall_s", "train_s", "compile_s", "params", "params_trainable", "state_size"}
+ACCURACY_LIKE = {"accuracy", "sequence_accuracy", "best_accuracy"}
+EVAL_SET_AXES = {"len": "test sequence length (tokens)",
+                 "dist": "distance from first trigger to end (tokens)"}
+LINESTYLES = ("-", "--", ":", "-.")
+MARKERS = "osD^vP<X>p"
+REFERENCE_LABEL = "training length"
+AXIS_WORDS = {"step": "optimizer step", "epoch": "epoch", "wall": "wall time"}
+CURVE_POINTS = 1000  # thin very long series (curves.combine's budget): the figure is ~1000 px wide
+FIGSIZE = (6.4, 4.2)
+DPI = 150
+STYLE = {
+    "font.size": 9, "axes.titlesize": 9.5, "axes.labelsize": 9, "legend.fontsize": 8,
+    "xtick.labelsize": 8, "ytick.labelsize": 8, "axes.grid": True, "grid.alpha": 0.3,
+    "axes.spines.top": False, "axes.spines.right": False,
+    # the same data gives byte-identical SVGs (clean diffs when figures are committed)
+    "svg.hashsalt": "ssm-workbench",
+}
+_EVAL_SET = re.compile(r"^([A-Za-z_]\w*)=(-?\d+(?:\.\d+)?)$")
+
+
+# --------------------------------------------------------------------------- helpers
+def _mpl():
+    """matplotlib, imported on first use with the Agg backend (no display needed)."""
+    import matplotlib
+
+    if "matplotlib.pyplot" not in sys.modules:  # never switch a backend someone else chose
+        matplotlib.use("Agg")
+    return matplotlib
+
+
+@contextmanager
+def _style() -> Iterator[None]:
+    # rc settings are read when artists are created and when saving, so both happen inside
+    with _mpl().rc_context(STYLE):
+        yield
+
+
+def _new_figure() -> tuple["Figure", "Axes"]:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=FIGSIZE, layout="constrained")
+    FigureCanvasAgg(fig)
+    return fig, fig.add_subplot()
+
+
+def safe_stem(text: str) -> str:
+    """A file name stem from free text: letters, digits, '.', '_' and '-' only."""
+    stem = re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-.")
+    return stem or "figure"
+
+
+def save(fig: "Figure", out_dir: str | Path, stem: str) -> list[Path]:
+    """Write ``<out_dir>/<stem>.png`` and ``.svg``; returns both paths."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    stem = safe_stem(stem)
+    paths = [out / f"{stem}.png", out / f"{stem}.svg"]
+    with _style():
+        fig.savefig(paths[0], dpi=DPI)
+        fig.savefig(paths[1], metadata={"Date": None})  # no timestamp: reproducible files
+    return paths
+
+
+def model_of(run: Run) -> str:
+    """The model label a run is grouped and coloured by (export's ``model`` field)."""
+    return run.fields.get("model", run.label)
+
+
+def model_colors(labels: Iterable[str]) -> dict[str, str]:
+    """One colour per distinct label, in first-seen order (tab10, tab20 past 10 models)."""
+    mpl = _mpl()
+    order = list(dict.fromkeys(labels))
+    cmap = mpl.colormaps["tab10" if len(order) <= 10 else "tab20"]
+    return {m: mpl.colors.to_hex(cmap(i % cmap.N)) for i, m in enumerate(order)}
+
+
+def profile_colors(store: Store, profile: str | None, runs: Sequence[Run] = ()) -> dict[str, str]:
+    """The colour map of a profile: every run's model in run order, whatever state or
+    figure, so a model has one colour in all of the profile's figures."""
+    every = store.runs(profile=profile) if profile else []
+    return model_colors([model_of(r) for r in every] + [model_of(r) for r in runs])
+
+
+def metric_label(metric: str) -> str:
+    """Axis text with the unit: 'peak memory (MiB)'."""
+    if metric in Y_LABELS:
+        return Y_LABELS[metric]
+    desc = export.METRICS.get(metric, "")
+    unit = re.search(r"\(([^()]*)\)\s*$", desc)
+    return f"{metric.replace('_', ' ')} ({unit.group(1)})" if unit else metric.replace("_", " ")
+
+
+def metric_title(metric: str) -> str:
+    """The axis text without its unit, for titles: 'peak memory'."""
+    return re.sub(r"\s*\([^()]*\)$", "", metric_label(metric))
+
+
+def parse_ids(text: str) -> list[int]:
+    """'1,2,5-8' -> [1, 2, 5, 6, 7, 8]."""
+    ids: list[int] = []
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        lo, sep, hi = part.partition("-")
+        try:
+            a, b = int(lo), int(hi) if sep else int(lo)
+        except ValueError:
+            raise ValueError(f"bad run list {text!r}: expected ids and ranges like 1,2,5-8") from None
+        if b < a:
+            raise ValueError(f"bad range {part!r} in {text!r}: the end is before the start")
+        ids.extend(range(a, b + 1))
+    if not ids:
+        raise ValueError(f"bad run list {text!r}: no ids")
+    return list(dict.fromkeys(ids))
+
+
+def _id_ranges(ids: Iterable[int]) -> str:
+    """[1, 2, 5, 6, 7] -> '1-2_5-7' (a file-name-safe form of a run selection)."""
+    ids = sorted(set(ids))
+    parts, start = [], None
+    for i, v in enumerate(ids):
+        start = v if start is None else start
+        if i + 1 == len(ids) or ids[i + 1] != v + 1:
+            parts.append(str(v) if v == start else f"{start}-{v}")
+            start = None
+    return "_".join(parts)
+
+
+def _seeds_text(ns: Iterable[int], band: str) -> str:
+    ns = sorted(set(ns))
+    if not ns or ns == [1]:
+        return "1 seed"
+    count = f"{ns[0]} seeds" if len(ns) == 1 else f"{ns[0]}–{ns[-1]} seeds"
+    return {"std": f"mean ± std over {count}", "minmax": f"mean and min–max over {count}",
+            "none": f"mean over {count}"}[band]
+
+
+def _one_or_many(values: Iterable, many: str) -> str | None:
+    vals = sorted({v for v in values if v is not None}, key=str)
+    return None if not vals else str(vals[0]) if len(vals) == 1 else many
+
+
+def _where(profile: str | None, run_ids: Iterable[int] | None) -> str:
+    if profile and run_ids:
+        return f"profile {profile!r} (runs {_id_ranges(run_ids).replace('_', ',')})"
+    if profile:
+        return f"profile {profile!r}"
+    return f"runs {_id_ranges(run_ids or []).replace('_', ',')}"
+
+
+def _log_y(metric: str, means: Sequence[float]) -> bool:
+    """Time/memory: always log; other positive metrics (losses) log when their means span
+    more than two decades (a loss going to 1e-6 is flat on a linear axis); accuracy never.
+    The means decide, not the bands: mean - std of a loss near zero is often negative."""
+    vals = [v for v in means if v is not None]
+    return (metric not in ACCURACY_LIKE and bool(vals) and min(vals) > 0
+            and (metric in LOG_Y or max(vals) / min(vals) > 100))
+
+
+def _y_axis(ax: "Axes", metric: str, log: bool) -> None:
+    if metric in ACCURACY_LIKE:
+        ax.set_ylim(-0.02, 1.02)  # the whole 0..1 range, so figures compare at a glance
+    elif log:
+        ax.set_yscale("log")
+
+
+def _log2_x(ax: "Axes", xs: Sequence[float]) -> None:
+    """A log2 x axis ticked at exactly the lengths measured, written as plain numbers."""
+    from matplotlib.ticker import FixedFormatter, FixedLocator, NullLocator
+
+    xs = sorted(set(xs))
+    ax.set_xscale("log", base=2)
+    ax.xaxis.set_major_locator(FixedLocator(xs))
+    ax.xaxis.set_major_formatter(FixedFormatter([f"{x:g}" for x in xs]))
+    ax.xaxis.set_minor_locator(NullLocator())
+    if len(xs) > 9:  # long labels like 16384 would touch
+        ax.tick_params(axis="x", labelrotation=45)
+
+
+def _legend(fig: "Figure", ax: "Axes") -> None:
+    handles, labels = ax.get_legend_handles_labels()
+    if not handles:
+        return
+    # the models first, reference lines (training length) after them
+    order = sorted(range(len(labels)), key=lambda i: labels[i].startswith(REFERENCE_LABEL))
+    handles, labels = [handles[i] for i in order], [labels[i] for i in order]
+    if len(handles) <= 4:
+        ax.legend(handles, labels, loc="best", frameon=False)
+    else:  # many lines: below the axes, where it cannot cover data
+        fig.legend(handles, labels, loc="outside lower center", ncols=min(3, len(handles)),
+                   frameon=False)
+
+
+def _styles(models: Sequence[str], colors: dict[str, str]) -> list[tuple[str, str, str]]:
+    """(colour, linestyle, marker) per line. Colour and marker shape follow the model (its
+    place in ``colors``), so models whose points coincide (several at accuracy 1.0) stay
+    distinguishable; lines sharing a model (two lengths of it, or one per seed) get
+    different dash patterns."""
+    # models outside the map (a caller's partial map) continue it rather than reuse its colours
+    full = model_colors(list(colors) + list(models))
+    place = {m: i for i, m in enumerate(full)}
+    seen: Counter = Counter()
+    out = []
+    for m in models:
+        out.append((colors.get(m) or full[m], LINESTYLES[seen[m] % len(LINESTYLES)],
+                    MARKERS[place[m] % len(MARKERS)]))
+        seen[m] += 1
+    return out
+
+
+# --------------------------------------------------------------------------- curves
+def parse_curve_metric(text: str) -> list[tuple[str, str]]:
+    """'eval.accuracy' or 'eval:accuracy' -> [('eval', 'accuracy')]; a bare name gives
+    every split of workbench.curves.CURVE_METRICS that has it ('loss' -> train and eval)."""
+    split, sep, name = text.replace(":", ".").partition(".")
+    if sep:
+        if split not in ("train", "eval") or not name:
+            raise ValueError(f"bad curve metric {text!r}: expected train.NAME or eval.NAME")
+        return [(split, name)]
+    found = [k for k in CURVE_METRICS if k[1] == text]
+    if not found:
+        known = ", ".join(f"{s}.{n}" for s, n in CURVE_METRICS)
+        raise ValueError(f"{text!r} is not a logged curve metric; known: {known} (or any train.NAME/eval.NAME)")
+    return found
+
+
+def curves_figure(store: Store, runs: Sequence[Run], metric: tuple[str, str] = ("eval", "accuracy"),
+                  axis: str = "step", band: str = "std", by_seed: bool = True,
+                  title: str | None = None, colors: dict[str, str] | None = None) -> "Figure":
+    """Learning curves of ``runs`` for metric (split, name): one line per group of runs
+    differing only by seed (per run with ``by_seed=False``), mean with a band."""
+    runs = list(runs)
+    if not runs:
+        raise ValueError("no runs to plot")
+    if axis not in X_AXES:
+        raise ValueError(f"unknown x axis {axis!r}; expected one of {', '.join(X_AXES)}")
+    if band not in BANDS:
+        raise ValueError(f"unknown band {band!r}; expected one of {', '.join(BANDS)}")
+    split, name = metric
+    groups = curves(store, runs, split, name, axis, band, by_seed, budget=CURVE_POINTS)
+    if not groups:
+        raise ValueError(_no_curve_reason(store, runs, split, name, axis))
+    log = _log_y(name, [v for g in groups for v in g.mean])
+    std_note = ""
+    if log and band == "std" and any(v <= 0 for g in groups for v in g.lo):
+        # mean - std <= 0 cannot be drawn on a log axis (a heavy-tailed loss: one seed far
+        # above the others); min..max stays positive and says the same honestly
+        groups = curves(store, runs, split, name, axis, "minmax", by_seed, budget=CURVE_POINTS)
+        band, std_note = "minmax", " (mean − std ≤ 0 on a log axis)"
+    by_id = {r.id: r for r in runs}
+    models = [model_of(by_id[g.run_ids[0]]) for g in groups]
+    profiles = {r.profile for r in runs}
+    colors = colors or profile_colors(store, next(iter(profiles)) if len(profiles) == 1 else None, runs)
+    with _style():
+        fig, ax = _new_figure()
+        for g, (color, ls, marker) in zip(groups, _styles(models, colors)):
+            # markers when sparse (eval every epoch): a line alone hides where the points are
+            ax.plot(g.x, g.mean, color=color, linestyle=ls, marker=marker if len(g.x) <= 30 else None,
+                    markersize=3.5, linewidth=1.5, label=g.label)
+            if band != "none" and any(h > lo for lo, h in zip(g.lo, g.hi)):
+                ax.fill_between(g.x, g.lo, g.hi, color=color, alpha=0.2, linewidth=0)
+        ax.set_xlabel(X_LABELS[axis])
+        ax.set_ylabel(f"{split} {metric_label(name)}")
+        _y_axis(ax, name, log)
+        if axis == "step" and max(x for g in groups for x in g.x) >= 1e4:
+            # 5k, 10k, 15k: shorter than 20000 and plainer than matplotlib's '1e4' offset
+            from matplotlib.ticker import FuncFormatter
+
+            ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v / 1000:g}k"))
+        what = CURVE_METRICS.get(metric, f"{split} {name}")
+        how = "one line per run" if not by_seed else _seeds_text((max(g.n) for g in groups), band) + std_note
+        ax.set_title(title or f"{_runs_heading(runs)}\n{what} by {AXIS_WORDS[axis]}; {how}")
+        _legend(fig, ax)
+    return fig
+
+
+def _runs_heading(runs: Sequence[Run]) -> str:
+    """'profile — task, L=20' for the runs shown."""
+    profiles = sorted({r.profile for r in runs})
+    head = profiles[0] if len(profiles) == 1 else f"{len(profiles)} profiles"
+    task = _one_or_many((r.task for r in runs), "several tasks")
+    lens = _one_or_many((r.seq_len for r in runs), "")
+    return head + (f" — {task}" if task else "") + (f", L={lens}" if lens else "")
+
+
+def _no_curve_reason(store: Store, runs: Sequence[Run], split: str, name: str, axis: str) -> str:
+    ids = [r.id for r in runs]
+    q = (f"SELECT COUNT(*) FROM metrics WHERE split=? AND name=? AND value IS NOT NULL "
+         f"AND run_id IN ({','.join('?' * len(ids))})")
+    if store.conn.execute(q, [split, name, *ids]).fetchone()[0] == 0:
+        have = store.conn.execute(
+            f"SELECT DISTINCT split || '.' || name FROM metrics WHERE run_id IN ({','.join('?' * len(ids))})"
+            " ORDER BY 1", ids).fetchall()
+        return (f"none of the {len(runs)} run(s) logged {split}.{name}"
+                + (f"; they logged {', '.join(r[0] for r in have)}" if have else "; they logged nothing yet"))
+    if axis == "epoch":
+        return f"the runs logged {split}.{name} without epoch numbers (trained by steps); use the step or wall axis"
+    return f"the runs logged {split}.{name} but have no {axis} values (never started?)"
+
+
+def plot_curves(store: Store, runs: Sequence[Run], out_dir: str | Path,
+                metric: tuple[str, str] = ("eval", "accuracy"), axis: str = "step",
+                band: str = "std", by_seed: bool = True, title: str | None = None,
+                stem: str | None = None, colors: dict[str, str] | None = None) -> list[Path]:
+    """Write the learning-curve figure (see :func:`curves_figure`); returns [png, svg].
+    The default stem is ``<profile or runs-ids>-curves-<split>-<name>-by-<axis>``."""
+    fig = curves_figure(store, runs, metric, axis, band, by_seed, title, colors)
+    if stem is None:
+        profiles = {r.profile for r in runs}
+        base = next(iter(profiles)) if len(profiles) == 1 else f"runs-{_id_ranges(r.id for r in runs)}"
+        stem = f"{base}-curves-{metric[0]}-{metric[1]}-by-{axis}" + ("" if by_seed else "-per-run")
+    return save(fig, out_dir, stem)
+
+
+# --------------------------------------------------------------------------- results
+def _records(store: Store, profile: str | None, run_ids: Iterable[int] | None,
+             states: Iterable[str]) -> list[dict]:
+    recs = export.records(store, profile=profile, states=states)
+    if run_ids is not None:
+        keep = set(run_ids)
+        recs = [r for r in recs if r["run_id"] in keep]
+    if not recs:
+        raise ValueError(f"no {'/'.join(states)} runs with results in {_where(profile, run_ids)}")
+    return recs
+
+
+def _series(recs: list[dict], metric: str, x_of, band: str) -> dict[str, dict]:
+    """{model: {'x', 'mean', 'lo', 'hi', 'n'}} over the records' seeds at each x, models in
+    record order and x ascending; points without a value are left out."""
+    cells: dict[str, dict[float, list[float]]] = {}
+    for r in recs:
+        x, v = x_of(r), r.get(metric)
+        if x is not None and v is not None:
+            cells.setdefault(r.get("model"), {}).setdefault(x, []).append(v)
+    out = {}
+    for model, by_x in cells.items():
+        s = {"x": [], "mean": [], "lo": [], "hi": [], "n": []}
+        for x in sorted(by_x):
+            vals = by_x[x]
+            agg = export.aggregate(vals)
+            m, sd = agg["mean"], agg["std"]
+            lo, hi = {"std": (m - sd, m + sd), "minmax": (min(vals), max(vals)), "none": (m, m)}[band]
+            for k, v in zip(("x", "mean", "lo", "hi", "n"), (x, m, lo, hi, agg["n"])):
+                s[k].append(v)
+        out[model] = s
+    return out
+
+
+def _draw_series(ax: "Axes", series: dict[str, dict], colors: dict[str, str]) -> None:
+    """Mean with error bars (lo..hi) per model; no bars where one seed gives no spread."""
+    for (model, s), (color, ls, marker) in zip(series.items(), _styles(list(series), colors)):
+        err = [[m - lo for m, lo in zip(s["mean"], s["lo"])], [hi - m for m, hi in zip(s["mean"], s["hi"])]]
+        ax.errorbar(s["x"], s["mean"], yerr=err if any(map(any, err)) else None, color=color,
+                    linestyle=ls, marker=marker, markersize=6, capsize=3,
+                    # hollow: when models tie (accuracy 1.0) both outlines stay visible
+                    markerfacecolor="none", markeredgewidth=1.3, linewidth=1.5, label=model)
+
+
+def _missing_metric(recs: list[dict], metric: str, where: str) -> str:
+    have = sorted({k for r in recs for k in r.get("__metrics__", ())})
+    return f"no run in {where} has {metric!r}" + (f"; metrics there: {', '.join(have)}" if have else "")
+
+
+def _check_band(band: str) -> None:
+    if band not in BANDS:
+        raise ValueError(f"unknown band {band!r}; expected one of {', '.join(BANDS)}")
+
+
+def vs_length_figure(store: Store, profile: str | None, metric: str = "accuracy", band: str = "std",
+                     run_ids: Iterable[int] | None = None, states: Iterable[str] = ("finished",),
+                     title: str | None = None, colors: dict[str, str] | None = None) -> "Figure":
+    """``metric`` (a run result: accuracy on the default eval set, step_time_ms,
+    peak_mem_mb, ...) against the training sequence length, one line per model."""
+    _check_band(band)
+    states = tuple(states)
+    run_ids = None if run_ids is None else list(run_ids)
+    where = _where(profile, run_ids)
+    recs = [r for r in _records(store, profile, run_ids, states) if r["eval_set"] == ""]
+    with_metric = [r for r in recs if r.get(metric) is not None and r.get("seq_len") is not None]
+    if not with_metric:
+        raise ValueError(_missing_metric(recs, metric, where))
+    lengths = sorted({r["seq_len"] for r in with_metric})
+    if len(lengths) < 2:
+        raise ValueError(f"every run in {where} has sequence length {lengths[0]}: a figure against "
+                         "length needs runs at two or more lengths (the curves and eval-set figures apply)")
+    series = _series(with_metric, metric, lambda r: r["seq_len"], band)
+    runs = store.runs(ids=[r["run_id"] for r in with_metric])
+    colors = colors or profile_colors(store, profile, runs)
+    with _style():
+        fig, ax = _new_figure()
+        _draw_series(ax, series, colors)
+        _log2_x(ax, lengths)
+        ax.set_xlabel("training sequence length (tokens)")
+        ax.set_ylabel(metric_label(metric))
+        _y_axis(ax, metric, _log_y(metric, [v for s in series.values() for v in s["mean"]]))
+        # time and memory mean nothing without the device they were measured on
+        device = _one_or_many((r.device for r in runs), "several devices")
+        head = f"{profile or 'runs ' + _id_ranges(run_ids or []).replace('_', ',')}"
+        task = _one_or_many((r["task"] for r in with_metric), "several tasks")
+        head += (f" — {task}" if task else "") + (f", on {device}" if device else "")
+        how = _seeds_text((n for s in series.values() for n in s["n"]), band)
+        ax.set_title(title or f"{head}\n{metric_title(metric)} against training length; {how}")
+        _legend(fig, ax)
+    return fig
+
+
+def plot_vs_length(store: Store, profile: str | None, metric: str, out_dir: str | Path,
+                   band: str = "std", run_ids: Iterable[int] | None = None,
+                   states: Iterable[str] = ("finished",), title: str | None = None,
+                   stem: str | None = None, colors: dict[str, str] | None = None) -> list[Path]:
+    """Write the metric-against-length figure; stem ``<profile>-<metric>-vs-length``."""
+    run_ids = None if run_ids is None else list(run_ids)
+    fig = vs_length_figure(store, profile, metric, band, run_ids, states, title, colors)
+    base = profile or f"runs-{_id_ranges(run_ids or [])}"
+    return save(fig, out_dir, stem or f"{base}-{metric}-vs-length")
+
+
+def eval_set_prefixes(recs: Iterable[dict]) -> list[str]:
+    """The prefixes of numeric eval sets among records: ['dist', 'len'] for len=N, dist=D."""
+    return sorted({m.group(1) for r in recs if (m := _EVAL_SET.match(r.get("eval_set") or ""))})
+
+
+def _eval_set_x(r: dict, prefix: str) -> float | None:
+    m = _EVAL_SET.match(r.get("eval_set") or "")
+    if not m or m.group(1) != prefix:
+        return None
+    v = float(m.group(2))
+    return int(v) if v.is_integer() else v
+
+
+def eval_sets_figure(store: Store, profile: str | None, metric: str = "accuracy", prefix: str = "len",
+                     band: str = "std", run_ids: Iterable[int] | None = None,
+                     states: Iterable[str] = ("finished",), title: str | None = None,
+                     colors: dict[str, str] | None = None) -> "Figure":
+    """``metric`` on the eval sets ``<prefix>=<number>`` against that number, one line per
+    model, with a dotted line at the training length when all runs share one."""
+    _check_band(band)
+    run_ids = None if run_ids is None else list(run_ids)
+    where = _where(profile, run_ids)
+    recs = _records(store, profile, run_ids, states)
+    sets = [r for r in recs if _eval_set_x(r, prefix) is not None]
+    if not sets:
+        names = sorted({r["eval_set"] for r in recs if r["eval_set"]})
+        raise ValueError(f"no eval sets named {prefix}=N in {where}"
+                         + (f"; eval sets there: {', '.join(names[:12])}" if names else "; only the default eval set"))
+    with_metric = [r for r in sets if r.get(metric) is not None]
+    if not with_metric:
+        raise ValueError(_missing_metric(sets, metric, f"the {prefix}= eval sets of {where}"))
+    series = _series(with_metric, metric, lambda r: _eval_set_x(r, prefix), band)
+    xs = sorted({x for s in series.values() for x in s["x"]})
+    runs = store.runs(ids=[r["run_id"] for r in with_metric])
+    colors = colors or profile_colors(store, profile, runs)
+    train_lens = {r.seq_len for r in runs}
+    with _style():
+        fig, ax = _new_figure()
+        _draw_series(ax, series, colors)
+        if len(train_lens) == 1 and None not in train_lens:
+            (L,) = train_lens
+            ax.axvline(L, linestyle=":", color="0.35", linewidth=1.2, label=f"{REFERENCE_LABEL} L={L}")
+        _log2_x(ax, xs)
+        if len(train_lens) == 1 and None not in train_lens:  # keep the marker in view
+            ax.set_xlim(min(ax.get_xlim()[0], L / 1.2), max(ax.get_xlim()[1], L * 1.2))
+        ax.set_xlabel(EVAL_SET_AXES.get(prefix, f"eval set {prefix}=N"))
+        ax.set_ylabel(metric_label(metric))
+        _y_axis(ax, metric, _log_y(metric, [v for s in series.values() for v in s["mean"]]))
+        task = _one_or_many((r["task"] for r in with_metric), "several tasks")
+        lens = _one_or_many(train_lens, "several lengths")
+        head = (profile or f"runs {_id_ranges(run_ids or []).replace('_', ',')}") \
+            + (f" — {task}" if task else "") + (f", trained at L={lens}" if lens else "")
+        what = {"len": "test length", "dist": "trigger-to-end distance"}.get(prefix, f"{prefix}")
+        how = _seeds_text((n for s in series.values() for n in s["n"]), band)
+        ax.set_title(title or f"{head}\n{metric_title(metric)} against {what}; {how}")
+        _legend(fig, ax)
+    return fig
+
+
+def plot_eval_sets(store: Store, profile: str | None, out_dir: str | Path, metric: str = "accuracy",
+                   prefix: str = "len", band: str = "std", run_ids: Iterable[int] | None = None,
+                   states: Iterable[str] = ("finished",), title: str | None = None,
+                   stem: str | None = None, colors: dict[str, str] | None = None) -> list[Path]:
+    """Write the eval-set figure; stem ``<profile>-<metric>-vs-<prefix>``."""
+    run_ids = None if run_ids is None else list(run_ids)
+    fig = eval_sets_figure(store, profile, metric, prefix, band, run_ids, states, title, colors)
+    base = profile or f"runs-{_id_ranges(run_ids or [])}"
+    return save(fig, out_dir, stem or f"{base}-{metric}-vs-{prefix}")
+
+
+# --------------------------------------------------------------------------- all at once
+def plot_profile(store: Store, profile: str | None, out_dir: str | Path, *,
+                 kinds: Iterable[str] = KINDS, metrics: Sequence[str] | None = None,
+                 run_ids: Iterable[int] | None = None, axis: str = "step", band: str = "std",
+                 by_seed: bool = True, states: Iterable[str] = ("finished",)) -> tuple[list[Path], list[str]]:
+    """Every figure of ``kinds`` that applies to a profile's runs (or the runs ``run_ids``,
+    or both): curves of train/eval loss and eval accuracy, accuracy/step time/peak memory
+    against length (two lengths or more), each metric on each ``prefix=N`` eval-set family.
+    ``metrics`` replaces each kind's defaults (curve metrics as train.NAME/eval.NAME or a
+    bare name). Returns (paths written, one note per figure skipped and why). Raises
+    ValueError when there is no run to plot at all."""
+    states = tuple(states)
+    run_ids = None if run_ids is None else list(run_ids)
+    kinds = list(kinds)
+    unknown = set(kinds) - set(KINDS)
+    if unknown:
+        raise ValueError(f"unknown figure kind(s) {', '.join(sorted(unknown))}; expected {', '.join(KINDS)}")
+    runs = store.runs(profile=profile, states=states, ids=run_ids)
+    if not runs:
+        raise ValueError(f"no {'/'.join(states)} runs in {_where(profile, run_ids)}")
+    colors = profile_colors(store, profile, runs)  # one map for every figure written here
+    # a selection gets its own file names, so it never overwrites the whole profile's figures
+    base = safe_stem("-".join(filter(None, [profile, run_ids and f"runs-{_id_ranges(run_ids)}"])))
+    ids = [r.id for r in runs] if run_ids is not None else None
+    paths: list[Path] = []
+    notes: list[str] = []
+
+    def attempt(what: str, fn, *args, **kw) -> None:
+        try:
+            paths.extend(fn(*args, **kw))
+        except ValueError as e:
+            notes.append(f"{what}: {e}")
+
+    if "curves" in kinds:
+        wanted: list[tuple[str, str]] = []
+        for m in metrics or [f"{s}.{n}" for s, n in DEFAULT_CURVES]:
+            try:
+                wanted += parse_curve_metric(m)
+            except ValueError as e:
+                notes.append(f"curves {m}: {e}")
+        for split, name in dict.fromkeys(wanted):
+            stem = f"{base}-curves-{split}-{name}-by-{axis}" + ("" if by_seed else "-per-run")
+            attempt(f"curves {split}.{name}", plot_curves, store, runs, out_dir, (split, name), axis,
+                    band, by_seed, stem=stem, colors=colors)
+    lengths = sorted({r.seq_len for r in runs if r.seq_len is not None})
+    if "length" in kinds and len(lengths) < 2:  # one note, not one per metric
+        notes.append(f"length: every run in {_where(profile, run_ids)} has sequence length "
+                     f"{lengths[0] if lengths else 'unset'}; a figure against length needs two or more")
+    elif "length" in kinds:
+        for m in metrics or DEFAULT_LENGTH_METRICS:
+            attempt(f"length {m}", plot_vs_length, store, profile, m, out_dir, band, ids, states,
+                    stem=f"{base}-{m}-vs-length", colors=colors)
+    if "eval-sets" in kinds:
+        keep = {r.id for r in runs}
+        prefixes = eval_set_prefixes(r for r in export.records(store, profile=profile, states=states)
+                                     if r["run_id"] in keep)
+        if not prefixes:
+            notes.append(f"eval-sets: no eval sets named like len=N or dist=N in {_where(profile, run_ids)}")
+        for prefix in prefixes:
+            for m in metrics or DEFAULT_EVAL_SET_METRICS:
+                attempt(f"eval-sets {prefix}= {m}", plot_eval_sets, store, profile, out_dir, m, prefix,
+                        band, ids, states, stem=f"{base}-{m}-vs-{prefix}", colors=colors)
+    return paths, notes
+
+
+# --------------------------------------------------------------------------- CLI
+def add_parser(sub) -> None:
+    """Add the ``plot`` subcommand to an argparse subparsers object."""
+    p = sub.add_parser(
+        "plot", help="write PNG and SVG figures (learning curves, metric vs length, eval sets)",
+        description="Write matplotlib figures (PNG 150 dpi + SVG) of a profile's runs or of chosen "
+                    "runs: learning curves grouped over seeds with bands, a metric against sequence "
+                    "length per model, a metric against the len=N / dist=N eval sets. Each path "
+                    "written is printed; figures that do not apply are listed as skipped.")
+    p.add_argument("profile", nargs="?", help="profile name (`ssm-workbench runs` lists them)")
+    p.add_argument("--runs", help="run ids, e.g. 1,2,5-8 (with a profile: only those of it)")
+    p.add_argument("--kind", choices=("all",) + KINDS, default="all",
+                   help="which figures (default all that apply to the data)")
+    p.add_argument("--metric", action="append",
+                   help="metric(s), comma-separated or repeated: for curves train.NAME / eval.NAME or "
+                        "a bare name (loss = train and eval); for length and eval-sets a result metric "
+                        "(accuracy, step_time_ms, peak_mem_mb, ...; see `export --help`). Default: "
+                        "train/eval loss and eval accuracy curves; accuracy, step_time_ms, peak_mem_mb "
+                        "against length; accuracy on eval sets")
+    p.add_argument("--x", dest="axis", choices=X_AXES, default="step", help="curves' x axis (default step)")
+    p.add_argument("--band", choices=BANDS, default="std",
+                   help="spread over seeds: mean ± std, min..max, or none (default std)")
+    p.add_argument("--no-group", action="store_true", help="curves: one line per run instead of per seed group")
+    p.add_argument("--include-unfinished", action="store_true",
+                   help="also runs that are running, failed, crashed or killed (default finished only)")
+    p.add_argument("--out", help="output folder (default figures/<profile>, or figures/runs-<ids>)")
+    p.set_defaults(fn=cmd_plot)
+
+
+def cmd_plot(args) -> int:
+    """``ssm-workbench plot``: 0 when a figure was written, 2 on bad input or nothing to plot."""
+    store = Store(args.store) if getattr(args, "store", None) else Store()
+    store.reap()
+    try:
+        run_ids = parse_ids(args.runs) if args.runs else None
+    except ValueError as e:
+        print(e, file=sys.stderr)
+        return 2
+    if not args.profile and not run_ids:
+        print("name a profile or --runs; profiles in the store: " + (", ".join(store.profiles()) or "none"),
+              file=sys.stderr)
+        return 2
+    if args.profile and args.profile not in store.profiles():
+        print(f"no profile {args.profile!r} in {store.root}; known: " + (", ".join(store.profiles()) or "none"),
+              file=sys.stderr)
+        return 2
+    states = STATES[1:] if args.include_unfinished else ("finished",)  # pending runs have no data
+    if run_ids:
+        found = {r.id: r for r in store.runs(ids=run_ids)}
+        bad = [f"{i} (not in the store)" if i not in found else
+               f"{i} (profile {found[i].profile})" if args.profile and found[i].profile != args.profile else
+               f"{i} ({found[i].state}; add --include-unfinished)" if found[i].state not in states else None
+               for i in run_ids]
+        if any(bad):
+            print("cannot plot run(s) " + ", ".join(b for b in bad if b), file=sys.stderr)
+            return 2
+    metrics = [m.strip() for ms in args.metric or [] for m in ms.split(",") if m.strip()] or None
+    out = Path(args.out) if args.out else Path("figures") / safe_stem(args.profile or f"runs-{_id_ranges(run_ids)}")
+    kinds = KINDS if args.kind == "all" else (args.kind,)
+    try:
+        paths, notes = plot_profile(store, args.profile, out, kinds=kinds, metrics=metrics, run_ids=run_ids,
+                                    axis=args.axis, band=args.band, by_seed=not args.no_group, states=states)
+    except ValueError as e:
+        print(e, file=sys.stderr)
+        return 2
+    for p in paths:
+        print(p)
+    for n in notes:
+        print(f"skipped {n}", file=sys.stderr)
+    if not paths:
+        print("no figure written", file=sys.stderr)
+        return 2
+    return 0
+
