@@ -14,6 +14,7 @@ import math
 from importlib.metadata import version
 
 import pytest
+from textual.widgets import Input
 
 from test_curves import sweep
 from test_tui import FakeScheduler
@@ -68,6 +69,8 @@ async def settled(pilot) -> None:
         await pilot.app.workers.wait_for_complete()
         await pilot.pause(0.3)
     await pilot.app.workers.wait_for_complete()
+    for inp in pilot.app.screen.query(Input):  # a blinking cursor is on in some pictures only
+        inp.cursor_blink = False
     await pilot.pause()
 
 
