@@ -23,3 +23,19 @@ def store_dir(tmp_path, monkeypatch):
     d = tmp_path / "store"
     monkeypatch.setenv("SSM_WORKBENCH_STORE", str(d))
     return d
+
+
+from slurm_cluster import SlurmCluster, unavailable_reason as slurm_unavailable_reason  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster(tmp_path_factory):
+    """A real one-node Slurm cluster (munged, slurmctld, slurmd; tests/slurm_cluster.py),
+    started once and shared by the session's tests; pass ``slurm_cluster.env`` to sbatch,
+    squeue, scontrol and scancel. Skips when Slurm/munge are not installed or not root;
+    fails, with the daemons' logs, when they are but the node does not come up."""
+    reason = slurm_unavailable_reason()
+    if reason:
+        pytest.skip(reason)
+    with SlurmCluster(tmp_path_factory.mktemp("slurm")) as cluster:
+        yield cluster

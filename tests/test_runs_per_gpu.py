@@ -184,7 +184,7 @@ def test_scheduler_main_reads_the_flag(monkeypatch, tmp_path):
 def test_cli_flag(monkeypatch, tmp_path, argv, want):
     seen = {}
 
-    def submit(store, prof, jobs=None, runs_per_gpu=None):
+    def submit(store, prof, jobs=None, runs_per_gpu=None, fresh=False):
         seen.update(runs_per_gpu=runs_per_gpu, profile=prof.runs_per_gpu)
         raise SystemExit(0)  # stop before the progress loop
 

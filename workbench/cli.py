@@ -24,10 +24,10 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from workbench import __version__
+from workbench import __version__, slurm
 
 STATE_STYLE = {"pending": "dim", "running": "cyan", "finished": "green", "failed": "red",
-               "crashed": "magenta", "killed": "yellow"}
+               "crashed": "magenta", "killed": "yellow", "preempted": "bold cyan"}
 
 
 def _store(args):
@@ -50,6 +50,16 @@ def _fmt(v, digits=4):
     if isinstance(v, float):
         return f"{v:.{digits}g}"
     return str(v)
+
+
+def refresh(store) -> None:
+    """Bring the store up to date: dead local workers become crashed, Slurm runs get their
+    rows ingested, their jobs submitted and their states read (workbench/slurm.py)."""
+    store.reap()
+    try:
+        slurm.sync(store)
+    except slurm.SlurmError as e:
+        print(f"slurm: {e}", file=sys.stderr)
 
 
 # --------------------------------------------------------------------------- commands
@@ -91,10 +101,21 @@ def cmd_run(args) -> int:
     except ProfileError as e:
         Console(stderr=True).print(str(e), markup=False, highlight=False)
         return 2
+    if args.executor:
+        prof = prof.model_copy(update={"executor": args.executor})
     store = _store(args)
-    ids = scheduler.submit(store, prof, jobs=args.jobs, runs_per_gpu=args.runs_per_gpu)
-    console.print(f"profile [bold]{prof.name}[/bold]: {len(ids)} run(s) queued "
-                  f"(ids {ids[0]}–{ids[-1]}); store {store.root}", highlight=False)
+    try:
+        ids = scheduler.submit(store, prof, jobs=args.jobs, runs_per_gpu=args.runs_per_gpu, fresh=args.fresh)
+    except slurm.SlurmError as e:
+        Console(stderr=True).print(f"slurm: {e}", markup=False, highlight=False)
+        return 2
+    done = [f"{len(getattr(ids, k))} {k}" for k in ("queued", "resumed", "restarted", "skipped", "attached")
+            if getattr(ids, k, None)]
+    where = " as Slurm jobs" if prof.executor == "slurm" else ""
+    console.print(f"profile [bold]{prof.name}[/bold]: {len(ids)} run(s){where} (ids {ids[0]}–{ids[-1]}: "
+                  f"{', '.join(done) or 'nothing to do'}); store {store.root}", highlight=False)
+    for rid, why in getattr(ids, "refused", []):
+        console.print(f"  run {rid} not requeued: {why}", markup=False, highlight=False)
     try:
         with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.percentage:>5.1f}%"),
                       TextColumn("{task.fields[status]}"), TimeElapsedColumn(),
@@ -104,7 +125,7 @@ def cmd_run(args) -> int:
                 desc = f"#{r.id} {r.label} L={r.seq_len} s={r.seed}"
                 bars[r.id] = progress.add_task(desc, total=1.0, status="pending")
             while True:
-                store.reap()
+                refresh(store)
                 runs = store.runs(ids=ids)
                 for r in runs:
                     status = f"[{STATE_STYLE[r.state]}]{r.state}[/]"
@@ -112,6 +133,8 @@ def cmd_run(args) -> int:
                         status += f" loss {r.last_loss:.3f}"
                     if r.last_accuracy is not None:
                         status += f" acc {r.last_accuracy:.3f}"
+                    if slurm.is_slurm(r):
+                        status += f" [dim]{slurm.describe(r)}[/dim]"
                     progress.update(bars[r.id], completed=r.progress, status=status)
                 if all(r.finished for r in runs):
                     break
@@ -143,13 +166,13 @@ def _print_runs(console: Console, runs) -> None:
         t.add_row(str(r.id), r.profile, r.label, r.task, _fmt(r.seq_len), str(r.seed),
                   f"[{STATE_STYLE.get(r.state, '')}]{r.state}[/]", f"{100 * r.progress:.0f}%",
                   _fmt(r.last_loss), _fmt(r.last_accuracy), "–" if el is None else f"{el:.0f}s",
-                  r.device or "–")
+                  slurm.describe(r) if slurm.is_slurm(r) else (r.device or "–"))
     console.print(t)
 
 
 def cmd_runs(args) -> int:
     store = _store(args)
-    store.reap()
+    refresh(store)
     runs = store.runs(profile=args.profile, states=args.state or None)
     if not runs:
         print(f"no runs in {store.root}")
@@ -249,7 +272,8 @@ def cmd_export(args) -> int:
 
     store = _store(args)
     store.reap()
-    states = ["finished"] if not args.include_unfinished else ["finished", "failed", "crashed", "killed", "running"]
+    states = ["finished"] if not args.include_unfinished else ["finished", "failed", "crashed", "killed",
+                                                                 "preempted", "running"]
     recs = export.records(store, profile=args.profile, states=states)
     if not recs:
         print("no finished runs" + (f" for profile {args.profile!r}" if args.profile else "")
@@ -319,6 +343,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a profile setting, e.g. --set task.data_path=/data/aclImdb "
                         "--set model.options.pretrained_mamba.path=/ckpt/mamba-130m-hf (repeatable)")
+    p.add_argument("--fresh", action="store_true",
+                   help="add every run anew (default: skip finished runs, resume unfinished ones)")
+    p.add_argument("--executor", choices=["local", "slurm"],
+                   help="where the runs execute (default: the profile's `executor`, else local); "
+                        "slurm: one sbatch job per run with the profile's [slurm] settings")
     p.set_defaults(fn=cmd_run)
 
     p = sub.add_parser("export", help="print a comparison table")
@@ -341,7 +370,7 @@ def parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("runs", help="list runs")
     p.add_argument("--profile")
-    p.add_argument("--state", action="append", choices=["pending", "running", "finished", "failed", "crashed", "killed"])
+    p.add_argument("--state", action="append", choices=list(STATE_STYLE))
     p.set_defaults(fn=cmd_runs)
 
     p = sub.add_parser("show", help="one run: settings, results, error")
@@ -368,10 +397,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="the rows as JSON (component, status, detail)")
     p.set_defaults(fn=cmd_doctor)
 
-    from workbench import plot, serve  # both import their heavy libraries only when run
+    from workbench import plot, resume, serve  # each imports its heavy libraries only when run
 
     plot.add_parser(sub)
     serve.add_parser(sub)
+    resume.add_parser(sub)
 
     p = sub.add_parser("bench", help="speed/memory benchmark table (see `bench --help`)", add_help=False)
     p.add_argument("rest", nargs=argparse.REMAINDER)

@@ -17,6 +17,8 @@ from typing import Any, Literal, Union
 import tomli_w
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from workbench.slurm import SlurmSettings
+
 SCHEMA_VERSION = 1
 
 
@@ -112,6 +114,12 @@ class TrainSection(_Strict):
     log_every: int = Field(default=10, gt=0)  # steps between train-loss records
     early_stopping: EarlyStopping = Field(default_factory=EarlyStopping)
     device: Literal["auto", "cpu", "cuda"] = "auto"
+    # Checkpoints for resuming (docs/ARCHITECTURE.md, "Checkpoints and resume"): every N
+    # optimizer steps (0 = off) and every M minutes of training (0 = off); always on
+    # SIGTERM / SIGUSR1. Ten minutes bounds what a crash loses on long runs and never fires
+    # on short ones; neither setting changes what a run computes.
+    checkpoint_every: int = Field(default=0, ge=0)
+    checkpoint_minutes: float = Field(default=10.0, ge=0)
 
     @field_validator("betas")
     @classmethod
@@ -159,6 +167,9 @@ class Profile(_Strict):
     train: TrainSection
     runs_per_gpu: int | None = Field(default=None, gt=0)  # runs sharing a GPU (--runs-per-gpu wins; None = 1)
     published: list[PublishedValue] = Field(default_factory=list)  # for `ssm-workbench report`
+    # where the runs execute: this machine's scheduler, or one Slurm job per run
+    executor: Literal["local", "slurm"] = "local"
+    slurm: SlurmSettings = Field(default_factory=SlurmSettings)  # the #SBATCH settings
 
     @field_validator("schema_version")
     @classmethod

@@ -9,6 +9,10 @@ first) and go to the least busy GPU. The scheduler itself runs detached
 connection stops nothing; it exits once nothing is pending or running. A file lock makes
 sure only one scheduler per store hands out slots; a second one waits for the lock and then
 picks up whatever is still pending.
+
+:func:`submit` is idempotent: replaying a profile skips its finished runs and requeues the
+unfinished ones (resumed from their checkpoints, workbench/resume.py) instead of adding
+them again. Resumed runs are ordinary pending runs here; the worker does the resuming.
 """
 from __future__ import annotations
 
@@ -22,6 +26,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
+from workbench import slurm
 from workbench.store import Store, pid_alive, tail_log
 
 POLL_S = 0.5
@@ -126,7 +131,8 @@ class Scheduler:
         self.poll_children()
         self.store.reap()
         busy = self.busy_slots()
-        pending = self.store.runs(states=["pending"])
+        # Slurm runs are submitted by workbench.slurm.sync, not started here
+        pending = [r for r in self.store.runs(states=["pending"]) if not slurm.is_slurm(r)]
         while pending:
             free = self.free_slot(busy)
             if free is None:
@@ -135,7 +141,7 @@ class Scheduler:
             run = pending.pop(0)
             self.launch(run.id, device, slot)
             busy[slot] += 1
-        running = self.store.runs(states=["running"])
+        running = [r for r in self.store.runs(states=["running"]) if not slurm.is_slurm(r)]
         return bool(pending or running or self.children)
 
     def run_until_idle(self) -> None:
@@ -167,16 +173,88 @@ def spawn(store: Store, jobs: int | None = None, runs_per_gpu: int | None = None
     return p
 
 
-def submit(store: Store, profile, jobs: int | None = None, runs_per_gpu: int | None = None) -> list[int]:
-    """Queue every run of ``profile``'s sweep and make sure a scheduler serves them.
+class Submission(list):
+    """The run ids of a submitted sweep, in sweep order (what ``run`` watches), and what
+    submitting did with each: ``queued`` new runs, ``resumed`` from a checkpoint,
+    ``restarted`` from scratch (unfinished, no checkpoint), ``skipped`` (already finished),
+    ``attached`` (already pending or running), ``refused`` ((id, reason): could not be
+    requeued, e.g. its worker is still exiting)."""
+
+    def __init__(self):
+        super().__init__()
+        self.queued: list[int] = []
+        self.resumed: list[int] = []
+        self.restarted: list[int] = []
+        self.skipped: list[int] = []
+        self.attached: list[int] = []
+        self.refused: list[tuple[int, str]] = []
+
+
+def submit(store: Store, profile, jobs: int | None = None, runs_per_gpu: int | None = None,
+           fresh: bool = False) -> Submission:
+    """Queue the runs of ``profile``'s sweep and make sure a scheduler serves them.
+
+    Replaying is idempotent: a run of the sweep that the store already holds (same profile
+    name, same spec: :func:`checkpoint.spec_key`) is not added again. Finished ones are
+    skipped, pending or running ones watched, and the others requeued: resumed from their
+    checkpoint, or restarted when they have none. ``fresh`` adds every run anew.
 
     ``runs_per_gpu``: the command-line value; None falls back to the profile's, then 1.
     (A scheduler already serving this store keeps its own setting for these runs.)"""
+    from workbench import resume
+    from workbench.checkpoint import spec_key
     from workbench.profile import expand
 
-    ids = store.add_runs(spec.to_dict() for spec in expand(profile))
-    spawn(store, jobs, resolve_runs_per_gpu(runs_per_gpu, profile))
-    return ids
+    specs = [spec.to_dict() for spec in expand(profile)]
+    out = Submission()
+    if fresh:
+        out.queued = store.add_runs(specs)
+        out.extend(out.queued)
+    else:
+        store.reap()  # a dead 'running' run counts as unfinished, not as going
+        have: dict[str, list] = {}
+        for r in store.runs(profile=profile.name):
+            have.setdefault(spec_key(r.spec), []).append(r)
+        order: list[int | None] = []  # an existing run's id, or None for a new one
+        new = []
+        for s in specs:
+            r = _best_match(have.get(spec_key(s), []))
+            if r is None:
+                new.append(s)
+                order.append(None)
+                continue
+            have[spec_key(s)].remove(r)  # one existing run answers one spec
+            order.append(r.id)
+            if r.state == "finished":
+                out.skipped.append(r.id)
+            elif r.state in ("pending", "running"):
+                out.attached.append(r.id)
+            else:
+                try:
+                    how = resume.requeue(store, r.id, require_checkpoint=False)
+                except resume.ResumeError as e:
+                    out.refused.append((r.id, str(e)))
+                    continue
+                (out.resumed if how == "resumed" else out.restarted).append(r.id)
+        out.queued = store.add_runs(new)
+        fresh_ids = iter(out.queued)
+        out.extend(i if i is not None else next(fresh_ids) for i in order)
+    if getattr(profile, "executor", "local") == "slurm":
+        slurm.mark_for_slurm(store, out.queued + out.resumed + out.restarted, profile.slurm)
+        slurm.sync(store)  # submits a job per pending Slurm run
+    elif out.queued or out.resumed or out.restarted or out.attached:
+        spawn(store, jobs, resolve_runs_per_gpu(runs_per_gpu, profile))
+    return out
+
+
+def _best_match(runs: list):
+    """The existing run that stands for a spec: a finished one, else one pending or running,
+    else the latest that ended unfinished."""
+    for states in (("finished",), ("pending", "running")):
+        found = [r for r in runs if r.state in states]
+        if found:
+            return found[-1]
+    return runs[-1] if runs else None
 
 
 def _terminate_group(pid: int, sig: int = signal.SIGTERM) -> None:
@@ -190,10 +268,15 @@ def _terminate_group(pid: int, sig: int = signal.SIGTERM) -> None:
 
 
 def kill(store: Store, run_id: int, grace_s: float = 5.0) -> bool:
-    """Kill a pending or running run. Returns False if it had already ended."""
+    """Kill a pending or running run. Returns False if it had already ended.
+
+    The run is marked ``killed`` first; its worker then finishes the step it is in and
+    saves a checkpoint (so ``resume`` can continue it) unless that takes over ``grace_s``."""
     r = store.get(run_id)
     if r is None:
         raise KeyError(f"no run {run_id}")
+    if slurm.is_slurm(r):
+        return slurm.cancel(store, run_id)
     if not store.finish(run_id, "killed", "killed by user"):
         return False
     if r.pid and r.state == "running":

@@ -8,7 +8,10 @@ of its own run's rows after that (short transactions, a heartbeat every few seco
 Readers (TUI, CLI, export) call :meth:`Store.reap` to turn runs whose worker is gone into
 ``crashed``.
 
-States: pending -> running -> finished | failed | crashed | killed.
+States: pending -> running -> finished | failed | crashed | killed | preempted. ``preempted``:
+the worker got SIGTERM or SIGUSR1 from anyone but ``kill`` (a cluster's preemption or time
+limit) and saved a checkpoint if it could. Runs that did not finish can be put back to
+``pending`` (:meth:`Store.requeue`, from ``ssm-workbench resume`` or a replayed profile).
 """
 from __future__ import annotations
 
@@ -22,8 +25,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
-STATES = ("pending", "running", "finished", "failed", "crashed", "killed")
-TERMINAL = frozenset({"finished", "failed", "crashed", "killed"})
+STATES = ("pending", "running", "finished", "failed", "crashed", "killed", "preempted")
+TERMINAL = frozenset({"finished", "failed", "crashed", "killed", "preempted"})
+UNFINISHED = ("failed", "crashed", "killed", "preempted")  # ended without results: may be requeued
 HEARTBEAT_S = 2.0
 HEARTBEAT_TIMEOUT_S = 30.0  # a running run silent this long is crashed
 
@@ -188,8 +192,13 @@ class Store:
 
     @contextmanager
     def tx(self) -> Iterator[sqlite3.Connection]:
-        """A short write transaction (BEGIN IMMEDIATE takes the write lock up front)."""
+        """A short write transaction (BEGIN IMMEDIATE takes the write lock up front).
+        Inside another one it joins it, so several writes can commit together (the
+        ingestion of a run file applies a batch of events and its offset as one)."""
         c = self.conn
+        if c.in_transaction:
+            yield c
+            return
         c.execute("BEGIN IMMEDIATE")
         try:
             yield c
@@ -265,6 +274,23 @@ class Store:
             )
             return cur.rowcount == 1
 
+    def mark_started_remote(self, run_id: int, host: str | None, pid: int | None,
+                            started: float | None) -> bool:
+        """A worker on another node (a Slurm job) started, or started again after a
+        requeue: pending/preempted/crashed -> running. Its pid is not checked from here."""
+        now = time.time()
+        with self.tx() as c:
+            cur = c.execute(
+                "UPDATE runs SET state='running', pid=?, pid_start=NULL, host=?, device=COALESCE(device,"
+                " 'slurm'), started=COALESCE(started, ?), ended=NULL, error=NULL, heartbeat=? WHERE id=?"
+                " AND state IN ('pending','preempted','crashed')",
+                (pid, host, started or now, now, run_id))
+            return cur.rowcount == 1
+
+    def set_log_path(self, run_id: int, path: str) -> None:
+        with self.tx() as c:
+            c.execute("UPDATE runs SET log_path=? WHERE id=?", (path, run_id))
+
     def heartbeat(self, run_id: int, **fields: Any) -> None:
         """Worker: refresh the heartbeat and any of progress/step/epoch/last_* columns."""
         allowed = {"progress", "step", "total_steps", "epoch", "last_loss", "last_accuracy", "backend", "device"}
@@ -296,10 +322,46 @@ class Store:
             )
             return cur.rowcount == 1
 
+    def requeue(self, run_id: int, resume: dict | None) -> bool:
+        """An ended, unfinished run back to ``pending`` (the scheduler starts it again).
+
+        ``resume``: the marker the worker reads to load the run's checkpoint (kept in the
+        info as ``resume``); None starts it from scratch, so its measurements so far are
+        deleted. Returns False when the run is not in an UNFINISHED state."""
+        states = ",".join("?" * len(UNFINISHED))
+        with self.tx() as c:
+            row = c.execute(f"SELECT info FROM runs WHERE id=? AND state IN ({states})",
+                            (run_id, *UNFINISHED)).fetchone()
+            if row is None:
+                return False
+            info = {**(json.loads(row[0]) if row[0] else {}), "resume": resume}
+            c.execute(
+                "UPDATE runs SET state='pending', pid=NULL, pid_start=NULL, host=NULL, slot=NULL,"
+                " started=NULL, ended=NULL, heartbeat=NULL, error=NULL, info=? WHERE id=?",
+                (json.dumps(info, default=str), run_id),
+            )
+            if resume is None:
+                for table in ("metrics", "results", "system"):
+                    c.execute(f"DELETE FROM {table} WHERE run_id=?", (run_id,))
+                c.execute("UPDATE runs SET progress=0, step=0, epoch=NULL, last_loss=NULL,"
+                          " last_accuracy=NULL WHERE id=?", (run_id,))
+        return True
+
+    def trim_after(self, run_id: int, step: int) -> int:
+        """Drop what a resumed run will compute again: metrics logged after ``step`` (by the
+        attempt that was interrupted after its checkpoint) and any results. Returns the
+        number of metric rows deleted."""
+        with self.tx() as c:
+            n = c.execute("DELETE FROM metrics WHERE run_id=? AND step>?", (run_id, step)).rowcount
+            c.execute("DELETE FROM results WHERE run_id=?", (run_id,))
+        return n
+
     # -- measurements ---------------------------------------------------------------
-    def add_metrics(self, run_id: int, rows: Iterable[tuple[int, float | None, str, str, float]]) -> None:
-        """rows: (step, epoch, split, name, value)."""
-        now = time.time()
+    def add_metrics(self, run_id: int, rows: Iterable[tuple[int, float | None, str, str, float]],
+                    t: float | None = None) -> None:
+        """rows: (step, epoch, split, name, value); ``t``: when they were measured (a run
+        file's rows are ingested later than that), default now."""
+        now = t or time.time()
         with self.tx() as c:
             c.executemany(
                 "INSERT INTO metrics (run_id, step, epoch, split, name, value, t) VALUES (?,?,?,?,?,?,?)",
@@ -317,13 +379,13 @@ class Store:
             args.append(name)
         return self.conn.execute(q + " ORDER BY rowid", args).fetchall()
 
-    def add_system(self, run_id: int, sample: dict) -> None:
+    def add_system(self, run_id: int, sample: dict, t: float | None = None) -> None:
         cols = ("cpu_percent", "rss_mb", "gpu_util", "gpu_mem_used_mb", "gpu_mem_total_mb", "gpu_name",
                 "gpu_proc_mem_mb")
         with self.tx() as c:
             c.execute(
                 f"INSERT INTO system (run_id, t, {', '.join(cols)}) VALUES (?, ?, {', '.join('?' * len(cols))})",
-                (run_id, time.time(), *(sample.get(k) for k in cols)),
+                (run_id, t or time.time(), *(sample.get(k) for k in cols)),
             )
 
     def system(self, run_id: int, last: int | None = None) -> list[sqlite3.Row]:
@@ -359,6 +421,8 @@ class Store:
         host = socket.gethostname()
         crashed = []
         for r in self.runs(states=["running"]):
+            if (r.info or {}).get("executor") == "slurm":
+                continue  # another node's worker: Slurm's job state says (workbench.slurm.sync)
             reason = None
             if r.host == host and r.pid and not pid_alive(r.pid, r.pid_start):
                 reason = "worker process exited without finishing"

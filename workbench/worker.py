@@ -3,8 +3,13 @@
 Started by the scheduler as ``python -u -m workbench.worker --store DIR --run-id N`` in its
 own session (so a closed terminal does not stop it). It is the only writer of its run's
 rows: metrics and system samples in short transactions, a heartbeat every few seconds,
-and a terminal state at the end (finished, or failed with the error text). SIGTERM (kill)
-stops it; the killer has already marked the run ``killed``.
+and a terminal state at the end (finished, or failed with the error text).
+
+Checkpoints (workbench/checkpoint.py) are saved every ``train.checkpoint_every`` steps and
+``train.checkpoint_minutes`` minutes, and on SIGTERM or SIGUSR1: inside the training loop the
+signal only sets a flag, the current step finishes, the checkpoint is written and the run
+ends ``preempted`` (or stays ``killed`` when ``kill`` sent the signal and marked it first).
+A run whose info carries a ``resume`` marker loads its checkpoint and continues from it.
 """
 from __future__ import annotations
 
@@ -19,6 +24,7 @@ import sys
 import threading
 import time
 import traceback
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -27,8 +33,9 @@ import models
 import tasks
 from tasks import Batch, Task
 from tasks import metrics as task_metrics
-from workbench import __version__, sysmon
+from workbench import __version__, checkpoint, sysmon
 from workbench.compose import build_model
+from workbench.runfile import RunFile
 from workbench.store import HEARTBEAT_S, Store
 
 WARMUP_STEPS = 3          # steps excluded from the step-time median
@@ -44,8 +51,33 @@ class RunFailed(Exception):
     """The run cannot go on; the message becomes the run's error."""
 
 
-class Killed(BaseException):
-    """SIGTERM arrived (a user killed the run)."""
+class Stopped(BaseException):
+    """SIGTERM or SIGUSR1 arrived: stop (after saving a checkpoint where there is state)."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+class StopFlag:
+    """The SIGTERM/SIGUSR1 handler. While ``defer`` is set (inside the training loop) a
+    signal only records itself and the loop stops after the step it is in, so the
+    checkpoint holds a whole step; elsewhere it raises :class:`Stopped` at once."""
+
+    SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+
+    def __init__(self):
+        self.signum: int | None = None
+        self.defer = False
+
+    def handler(self, signum, frame) -> None:
+        self.signum = signum
+        if not self.defer:
+            raise Stopped(signum)
+
+    def raise_if_set(self) -> None:
+        if self.signum is not None:
+            raise Stopped(self.signum)
 
 
 # --------------------------------------------------------------------------- helpers
@@ -137,6 +169,17 @@ class LossTracker:
         self.count = 0
         return mean
 
+    def state(self) -> dict[str, float | int]:
+        """The open log window for a checkpoint (one host read), so a resumed run logs the
+        same mean at the next log point."""
+        total, bad_step, bad_value = torch.stack([self.sum, self.bad_step, self.bad_value]).tolist()
+        return {"sum": total, "count": self.count, "bad_step": bad_step, "bad_value": bad_value}
+
+    def load(self, st: dict[str, float | int]) -> None:
+        for name in ("sum", "bad_step", "bad_value"):
+            getattr(self, name).fill_(st[name])
+        self.count = int(st["count"])
+
 
 def _is_compile_error(e: BaseException) -> bool:
     return type(e).__module__.startswith(("torch._dynamo", "torch._inductor"))
@@ -197,15 +240,16 @@ def versions() -> dict[str, str]:
 class Background(threading.Thread):
     """Heartbeat + system samples, on its own store connection."""
 
-    def __init__(self, store_dir: str, run_id: int, interval: float = 1.0):
+    def __init__(self, store, run_id: int, interval: float = 1.0):
         super().__init__(daemon=True, name="heartbeat")
-        self.store_dir, self.run_id, self.interval = store_dir, run_id, interval
+        self.store_main, self.run_id, self.interval = store, run_id, interval
         self.stop_event = threading.Event()
         self.gpu_util: list[float] = []
         self.gpu_mem: list[float] = []
 
     def run(self) -> None:
-        store = Store(self.store_dir)
+        # a store gets a connection of its own; a run file is shared (it locks its writes)
+        store = Store(self.store_main.root) if isinstance(self.store_main, Store) else self.store_main
         last_beat = 0.0
         first = True  # sample at once, so even a short run shows its system panel
         while first or not self.stop_event.wait(self.interval):
@@ -225,8 +269,9 @@ class Background(threading.Thread):
 
 # --------------------------------------------------------------------------- training
 class Trainer:
-    def __init__(self, store: Store, run_id: int, spec: dict[str, Any]):
+    def __init__(self, store: Store, run_id: int, spec: dict[str, Any], stop: StopFlag | None = None):
         self.store, self.run_id, self.spec = store, run_id, spec
+        self.stop = stop or StopFlag()
         self.cfg = spec["train"]
         self.device = pick_device(self.cfg.get("device", "auto"))
         seed = int(spec["seed"])
@@ -245,6 +290,18 @@ class Trainer:
         self.bad_evals = 0
         self._train = None
         self.train_on_device = False  # the fixed training set was moved to the device once
+        # -- what checkpoints carry beyond model/optimizer/scheduler/RNGs (see checkpoint_state)
+        self.resume_state: dict | None = None  # the loaded checkpoint, consumed by train()
+        self.data_pos: dict = {}  # where the data stream stands after the last batch handed out
+        self.attempts = [0]  # index into step_times where each attempt began (its warm-up)
+        self.before: dict[str, float] = {"train_s": 0.0, "wall_s": 0.0, "peak_mem_mb": 0.0}
+        self.gpu_util: list[float] = []  # earlier attempts' NVML samples (run() adds this one's)
+        self.gpu_mem: list[float] = []
+        self.attempt_start = time.time()
+        self.ckpt_path = checkpoint.path_for(store.root, run_id)
+        self.saved: dict | None = None  # {"step", "done"} of the last checkpoint written
+        self.out: dict | None = None  # train()'s result once the loop is over
+        self.background = None  # the Background sampler (its GPU samples go into checkpoints)
 
     # -- data ---------------------------------------------------------------------
     def train_data(self):
@@ -291,25 +348,36 @@ class Trainer:
             return t.pin_memory().to(self.device, non_blocking=True)
         return t.to(self.device)
 
-    def batches(self, per_epoch: int):
+    def batches(self, per_epoch: int, start: dict | None = None):
         """(epoch, inputs, targets) per step. A fixed training set is shuffled each epoch by
-        a CPU generator seeded with the run's seed (the same order wherever the set lives)."""
+        a CPU generator seeded with the run's seed (the same order wherever the set lives).
+
+        Before each yield ``data_pos`` says where the stream will stand once that batch is
+        used: for a fixed set the epoch, the batches of it used, and the generator's state
+        before the epoch's permutation was drawn; for fresh batches (a function of seed and
+        step) the number drawn. ``start`` (a saved ``data_pos``) continues from there."""
         bs, seed = self.cfg["batch_size"], int(self.spec["seed"])
         if self.task.fixed_train:
             train = self._resident_train() or self.train_data()
             g = torch.Generator().manual_seed(seed)
-            epoch = 0
+            epoch, first = 0, 0
+            if start:
+                g.set_state(start["generator"])
+                epoch, first = start["epoch"], start["batch"]
             while True:
+                before = g.get_state()
                 order = torch.randperm(len(train), generator=g)
                 if train.inputs.device != order.device:
                     order = self.to_device(order)  # once per epoch; batches are indexed there
-                for i in range(per_epoch):
+                for i in range(first, per_epoch):
                     idx = order[i * bs:(i + 1) * bs]
+                    self.data_pos = {"epoch": epoch, "batch": i + 1, "generator": before}
                     yield epoch, train.inputs[idx], train.targets[idx]
-                epoch += 1
-        step = 0
+                epoch, first = epoch + 1, 0
+        step = start["drawn"] if start else 0
         while True:
             b = self.task.train_batch(bs, step, seed)
+            self.data_pos = {"drawn": step + 1}
             yield (step // per_epoch if per_epoch else None), b.inputs, b.targets
             step += 1
 
@@ -351,30 +419,67 @@ class Trainer:
     def train(self) -> dict[str, Any]:
         """The training loop. Nothing inside a step waits for the device: step times come
         from CUDA events (StepClock), the loss and the non-finite check stay on the device
-        (LossTracker) and are read at log points, before evaluations and at the end."""
+        (LossTracker) and are read at log points, before evaluations and at the end.
+
+        With ``resume_state`` (a loaded checkpoint) it continues after the checkpoint's
+        step with the optimizer, scheduler, loss window, data position and RNGs as saved,
+        so the steps that follow are those of the uninterrupted run."""
         cfg, dev = self.cfg, self.device
         total, per_epoch = self._plan()
+        self.total, self.per_epoch = total, per_epoch
         params = [p for p in self.model.parameters() if p.requires_grad]
         fused = ({"fused": True} if dev.type == "cuda"
                  and all(p.is_cuda and p.is_floating_point() for p in params) else {})
-        opt = make_optimizer(self.model, cfg, fused)
-        sched = torch.optim.lr_scheduler.LambdaLR(
+        opt = self.opt = make_optimizer(self.model, cfg, fused)
+        sched = self.sched = torch.optim.lr_scheduler.LambdaLR(
             opt, lambda s: lr_factor(s, total, cfg["warmup_steps"], cfg["schedule"], cfg["min_lr_ratio"]))
         eval_set = self.task.eval_sets(int(self.spec["seed"]))
         default_eval = eval_set.get("") or next(iter(eval_set.values()))
+        losses = self.losses = LossTracker(dev)
+        stop_reason, step, done = "", 0, False
+        ck, self.resume_state = self.resume_state, None
+        if ck:
+            if (ck["total_steps"], ck["per_epoch"]) != (total, per_epoch):
+                raise RunFailed(f"checkpoint plan ({ck['total_steps']} steps, {ck['per_epoch']} per epoch) "
+                                f"differs from this run's ({total}, {per_epoch})")
+            opt.load_state_dict(ck["optimizer"])
+            sched.load_state_dict(ck["scheduler"])
+            losses.load(ck["losses"])
+            step, stop_reason, done = ck["step"], ck["stop_reason"], ck["train_done"]
+        self.store.heartbeat(self.run_id, total_steps=total, progress=step / total, step=step)
+        self.train_t0 = time.time() - self.before["train_s"]
+        try:
+            if not done:
+                step, stop_reason = self._loop(opt, sched, losses, default_eval, total, per_epoch,
+                                               step, stop_reason, ck)
+            self.clock.collect()
+            self.out = {"steps": step, "total_steps": total, "per_epoch": per_epoch, "eval_sets": eval_set,
+                        "stop_reason": stop_reason, "train_s": time.time() - self.train_t0}
+        finally:
+            self.stop.defer = False
+        self.stop.raise_if_set()  # a signal after the last step's check: run() saves the final state
+        return self.out
+
+    def _loop(self, opt, sched, losses: LossTracker, default_eval, total: int, per_epoch: int,
+              start: int, stop_reason: str, ck: dict | None) -> tuple[int, str]:
+        """Steps start+1 ... until the budget or early stopping; returns (last step, stop
+        reason). Signals are deferred to the end of a step, then a checkpoint is saved and
+        :class:`Stopped` raised; periodic checkpoints follow train.checkpoint_every/_minutes."""
+        cfg, dev = self.cfg, self.device
         forward = self._forward()
         compiling = forward is not self.model
-        losses = LossTracker(dev)
-        self.store.heartbeat(self.run_id, total_steps=total, progress=0.0, step=0)
-        t0 = time.time()
-        stop_reason = ""
-        step = 0
-        epoch = None
         seed = int(self.spec["seed"])
-        for step, (epoch, x, y) in enumerate(self.batches(per_epoch), start=1):
+        every, minutes = cfg.get("checkpoint_every") or 0, cfg.get("checkpoint_minutes") or 0
+        data = self.batches(per_epoch, ck["data"] if ck else None)
+        if ck:  # last, so nothing between here and the first step draws from them
+            checkpoint.set_rng_state(ck["rng"])
+        last_save = time.monotonic()
+        step = start
+        self.stop.defer = True
+        for step, (epoch, x, y) in enumerate(data, start=start + 1):
             aug = self.task.augment_batch(Batch(x, y), step, seed)  # identity for most tasks
             x, y = self.to_device(aug.inputs), self.to_device(aug.targets)
-            first_compiled = compiling and step == 1
+            first_compiled = compiling and step == start + 1
             if first_compiled:  # compilation happens here: timed on its own, synchronised
                 sync(dev)
                 tc = time.perf_counter()
@@ -396,7 +501,8 @@ class Trainer:
             self.clock.stop()
             if first_compiled:
                 sync(dev)
-                self.compile_s = time.perf_counter() - tc
+                if self.compile_s is None:  # a resumed attempt compiles again; keep the first
+                    self.compile_s = time.perf_counter() - tc
             losses.add(loss, step)
 
             if step % cfg["log_every"] == 0 or step == total:
@@ -425,15 +531,77 @@ class Trainer:
                                      last_accuracy=c.token_accuracy, epoch=epoch)
                 self.history.append({"step": step, "epoch": ep, "accuracy": c.token_accuracy, "loss": c.loss})
                 stop_reason = self._early_stop(c)
-                if stop_reason:
-                    break
-            if step >= total:
+            done = bool(stop_reason) or step >= total
+            signalled = self.stop.signum is not None
+            # periodic checkpoints only while steps remain: at the end the run finishes
+            due = not done and ((every and step % every == 0) or
+                                (minutes and time.monotonic() - last_save >= 60 * minutes))
+            if signalled or due:
+                self.save_checkpoint(step, stop_reason, done)
+                last_save = time.monotonic()
+            if signalled:
+                raise Stopped(self.stop.signum)
+            if done:
                 break
         losses.check()
+        return step, stop_reason
+
+    # -- checkpoints -----------------------------------------------------------------
+    def checkpoint_state(self, step: int, stop_reason: str, done: bool) -> dict[str, Any]:
+        """Everything the rest of the run depends on, after ``step`` completed: weights,
+        optimizer and LR scheduler, every RNG, the data position, the open loss window,
+        early-stopping and eval history, and the measurements summed over attempts (step
+        times, training and wall time, peak memory, GPU samples). Mixed precision is bf16
+        autocast, which needs no gradient scaler, so there is no scaler state to keep."""
         self.clock.collect()
-        wall_train = time.time() - t0
-        return {"steps": step, "total_steps": total, "per_epoch": per_epoch, "eval_sets": eval_set,
-                "stop_reason": stop_reason, "train_s": wall_train}
+        gpu_util = self.gpu_util + (self.background.gpu_util if self.background else [])
+        gpu_mem = self.gpu_mem + (self.background.gpu_mem if self.background else [])
+        return {
+            "format": checkpoint.FORMAT, "run_id": self.run_id, "spec_key": checkpoint.spec_key(self.spec),
+            "step": step, "total_steps": self.total, "per_epoch": self.per_epoch,
+            "train_done": done, "stop_reason": stop_reason, "device": str(self.device),
+            "model": self.model.state_dict(), "optimizer": self.opt.state_dict(),
+            "scheduler": self.sched.state_dict(), "rng": checkpoint.rng_state(),
+            "data": self.data_pos, "losses": self.losses.state(),
+            "history": self.history, "best": self.best, "bad_evals": self.bad_evals,
+            "step_times": list(self.step_times), "attempts": self.attempts, "compile_s": self.compile_s,
+            "train_s": self.out["train_s"] if self.out else time.time() - self.train_t0,
+            "wall_s": self.before["wall_s"] + time.time() - self.attempt_start,
+            "peak_mem_mb": max(self.before["peak_mem_mb"], peak_memory_mb(self.device)),
+            "gpu_util": gpu_util, "gpu_mem": gpu_mem, "saved_at": time.time(),
+        }
+
+    def save_checkpoint(self, step: int, stop_reason: str, done: bool) -> None:
+        """Write the checkpoint atomically and record it in the run's info."""
+        t = time.perf_counter()
+        size = checkpoint.save(self.checkpoint_state(step, stop_reason, done), self.ckpt_path)
+        self.saved = {"step": step, "done": done}
+        self.store.set_info(self.run_id, {"checkpoint": {
+            "path": str(self.ckpt_path), "step": step, "train_done": done, "time": time.time(),
+            "bytes": size}})
+        print(f"[worker] run {self.run_id}: checkpoint at step {step} ({size / 2**20:.1f} MiB, "
+              f"{time.perf_counter() - t:.2f} s)", flush=True)
+
+    def restore(self, ck: dict[str, Any]) -> None:
+        """Load a checkpoint's weights and bookkeeping; train() takes the rest (optimizer,
+        scheduler, loss window, data position and RNGs) when it builds those."""
+        self.model.load_state_dict(ck["model"])
+        self.resume_state = ck
+        self.history, self.best, self.bad_evals = list(ck["history"]), ck["best"], ck["bad_evals"]
+        self.clock.times.extend(ck["step_times"])
+        self.attempts = list(ck["attempts"]) + [len(self.clock.times)]
+        self.compile_s = ck["compile_s"]
+        self.before = {"train_s": ck["train_s"], "wall_s": ck["wall_s"], "peak_mem_mb": ck["peak_mem_mb"]}
+        self.gpu_util, self.gpu_mem = list(ck["gpu_util"]), list(ck["gpu_mem"])
+        self.saved = {"step": ck["step"], "done": ck["train_done"]}
+
+    def timed_steps(self) -> list[float]:
+        """Step times without each attempt's first WARMUP_STEPS (all of them if that is
+        nothing)."""
+        t, skip = self.step_times, set()
+        for a in self.attempts:
+            skip.update(range(a, a + WARMUP_STEPS))
+        return [x for i, x in enumerate(t) if i not in skip] or t
 
     @staticmethod
     def _epoch_f(step: int, per_epoch: int) -> float | None:
@@ -472,14 +640,24 @@ class Trainer:
         return statistics.median(times[1:]) * 1000
 
 
-def run(store_dir: str, run_id: int) -> int:
-    store = Store(store_dir)
+def run(store_dir: str | None, run_id: int, run_file: str | None = None) -> int:
+    """Run ``run_id`` of the store in ``store_dir``, or, with ``run_file`` (a Slurm job on
+    another node), of the run file in that shared folder (workbench/runfile.py)."""
+    store = RunFile(run_file, run_id) if run_file else Store(store_dir)
     t_start = time.time()
+    stop = StopFlag()
+    previous = {sig: signal.signal(sig, stop.handler) for sig in StopFlag.SIGNALS}
+    try:
+        return _run(store, run_id, t_start, stop)
+    except Stopped as e:  # before the run started: nothing to save
+        store.finish(run_id, "preempted", f"preempted ({signal.Signals(e.signum).name}) before it started")
+        return 128 + e.signum
+    finally:  # in-process callers (tests) get their handlers back
+        for sig, h in previous.items():
+            signal.signal(sig, h)
 
-    def on_term(signum, frame):
-        raise Killed()
 
-    signal.signal(signal.SIGTERM, on_term)
+def _run(store: Store, run_id: int, t_start: float, stop: StopFlag) -> int:
     # The scheduler records our pid right after starting us; wait for it so the first
     # heartbeat cannot race with the pending -> running transition.
     for _ in range(100):
@@ -493,10 +671,25 @@ def run(store_dir: str, run_id: int) -> int:
     if r.state != "running":
         print(f"run {run_id} is {r.state}; nothing to do", file=sys.stderr)
         return 0
-    bg = Background(store_dir, run_id)
+    bg = Background(store, run_id)
     bg.start()
+    trainer = None
     try:
-        trainer = Trainer(store, run_id, r.spec)
+        trainer = Trainer(store, run_id, r.spec, stop)
+        trainer.attempt_start = t_start
+        trainer.background = bg
+        resumed = None
+        if r.info.get("resume"):
+            try:
+                ck = checkpoint.load_for_run(store.root, run_id, r.spec)
+            except checkpoint.CheckpointError as e:
+                raise RunFailed(f"cannot resume: {e}") from None
+            trainer.restore(ck)
+            dropped = store.trim_after(run_id, ck["step"])  # the interrupted attempt's later rows
+            resumed = {"step": ck["step"], "from_device": ck["device"], "metrics_dropped": dropped,
+                       "time": time.time()}
+            print(f"[worker] run {run_id}: resuming from the checkpoint at step {ck['step']} "
+                  f"({dropped} later metric rows dropped)", flush=True)
         dev = trainer.device
         if dev.type == "cuda":
             torch.cuda.reset_peak_memory_stats()
@@ -510,6 +703,8 @@ def run(store_dir: str, run_id: int) -> int:
             "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
             **trainer.model.init_choice,  # init scheme, std and tying as resolved for this run
         }
+        if resumed:
+            info["resumed"] = r.info.get("resumed", []) + [resumed]
         reason = getattr(sys.modules.get("models.kernels.selective_scan"), "cuda_unavailable_reason", None)
         if callable(reason):
             info["cuda_kernels"] = reason() or "available"
@@ -534,26 +729,27 @@ def run(store_dir: str, run_id: int) -> int:
             vals.update(trainer._extra(c))
             store.set_results(run_id, vals, eval_set=name)
         default_eval = out["eval_sets"].get("") or next(iter(out["eval_sets"].values()))
-        st = trainer.step_times[WARMUP_STEPS:] or trainer.step_times
+        st = trainer.timed_steps()
         step_ms = statistics.median(st) * 1000
         bs, L = trainer.cfg["batch_size"], default_eval.inputs.shape[1]
+        gpu_util, gpu_mem = trainer.gpu_util + bg.gpu_util, trainer.gpu_mem + bg.gpu_mem
         summary = {
             "step_time_ms": step_ms,
             "inference_ms": trainer.inference_ms(default_eval),
             "tokens_per_s": bs * L / (step_ms / 1000),
-            "peak_mem_mb": peak_memory_mb(dev),
+            "peak_mem_mb": max(trainer.before["peak_mem_mb"], peak_memory_mb(dev)),
             "params": params,
             "params_trainable": sum(p.numel() for p in trainer.model.parameters() if p.requires_grad),
             "state_size": trainer.model.state_size(),
             "steps": out["steps"],
             "epochs": out["steps"] / out["per_epoch"] if out["per_epoch"] else None,
             "train_s": out["train_s"],
-            "wall_s": time.time() - t_start,
+            "wall_s": trainer.before["wall_s"] + time.time() - t_start,
             "best_accuracy": max((h["accuracy"] for h in trainer.history
                                   if not math.isnan(h["accuracy"])), default=None),
-            "gpu_util_mean": statistics.mean(bg.gpu_util) if bg.gpu_util else None,
-            "gpu_util_max": max(bg.gpu_util) if bg.gpu_util else None,
-            "gpu_mem_peak_mb": max(bg.gpu_mem) if bg.gpu_mem else None,
+            "gpu_util_mean": statistics.mean(gpu_util) if gpu_util else None,
+            "gpu_util_max": max(gpu_util) if gpu_util else None,
+            "gpu_mem_peak_mb": max(gpu_mem) if gpu_mem else None,
         }
         # the epoch at which eval accuracy first reached its best value (papers report it)
         if summary["best_accuracy"] is not None:  # an empty eval set gives NaN accuracies
@@ -565,13 +761,15 @@ def run(store_dir: str, run_id: int) -> int:
             summary["compile_s"] = trainer.compile_s
         store.set_results(run_id, summary, eval_set="")
         store.set_info(run_id, {"stop_reason": out["stop_reason"], "eval_skipped": skipped})
+        stop.defer = True  # all measured: a signal from here on changes nothing
         store.finish(run_id, "finished")
+        if trainer.saved:  # a finished run needs no checkpoint (weights + optimizer: often GBs)
+            checkpoint.remove(store.root, run_id)
+            store.set_info(run_id, {"checkpoint": None})
         print(f"[worker] run {run_id} finished: {summary}", flush=True)
         return 0
-    except Killed:
-        store.finish(run_id, "killed", "killed (SIGTERM)")
-        print(f"[worker] run {run_id} killed", flush=True)
-        return 143
+    except Stopped as e:
+        return _stopped(store, run_id, trainer, stop, e.signum)
     except RunFailed as e:
         store.finish(run_id, "failed", str(e))
         print(f"[worker] run {run_id} failed: {e}", flush=True)
@@ -585,12 +783,39 @@ def run(store_dir: str, run_id: int) -> int:
         bg.stop_event.set()
 
 
+def _stopped(store: Store, run_id: int, trainer: Trainer | None, stop: StopFlag, signum: int) -> int:
+    """SIGTERM/SIGUSR1 ended the run. Training over but the run not finished (the signal
+    came during the final evaluations): save the final state, so a resume only evaluates.
+    Then mark the run ``preempted`` naming its checkpoint, unless ``kill`` marked it
+    ``killed`` first (its checkpoint is resumable all the same)."""
+    stop.defer = True  # a second signal must not cut the save short
+    name = signal.Signals(signum).name
+    if trainer is not None and trainer.out is not None and not (trainer.saved or {}).get("done"):
+        try:
+            trainer.save_checkpoint(trainer.out["steps"], trainer.out["stop_reason"], True)
+        except Exception as e:  # the earlier checkpoint (if any) stays valid
+            print(f"[worker] run {run_id}: final checkpoint failed: {e}", file=sys.stderr, flush=True)
+    ck = (store.get(run_id).info or {}).get("checkpoint")
+    if ck and Path(ck["path"]).is_file():
+        msg = f"preempted ({name}): checkpoint at step {ck['step']}; `ssm-workbench resume {run_id}` continues"
+    else:
+        msg = f"preempted ({name}) before its first checkpoint"
+    if not store.finish(run_id, "preempted", msg):
+        msg = f"stopped ({name}) after it was marked {store.get(run_id).state}" + (
+            f"; checkpoint at step {ck['step']}" if ck else "")
+    print(f"[worker] run {run_id}: {msg}", flush=True)
+    return 128 + signum
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m workbench.worker")
-    ap.add_argument("--store", required=True)
+    where = ap.add_mutually_exclusive_group(required=True)
+    where.add_argument("--store", help="the store's folder (a worker on this machine)")
+    where.add_argument("--run-file", metavar="SHARED",
+                       help="a shared folder holding slurm/run-ID/ (a Slurm job: rows go to a run file)")
     ap.add_argument("--run-id", type=int, required=True)
     a = ap.parse_args(argv)
-    return run(a.store, a.run_id)
+    return run(a.store, a.run_id, a.run_file)
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ from textual.binding import Binding
 from textual.widget import Widget
 from textual.widgets import Footer, Header, Static, TabbedContent, TabPane
 
+from workbench import slurm
 from workbench.profile import Profile
 from workbench.store import STATES, Run, Store
 from workbench.tui.dialogs import ConfirmScreen
@@ -60,6 +61,7 @@ class WorkbenchApp(App):
         self._polling = False
         self._goto_run: int | None = None  # put the cursor here once the row exists
         self.runs_seen: list[Run] = []
+        self._slurm_error = ""
 
     @property
     def scheduler(self) -> Any:
@@ -108,9 +110,18 @@ class WorkbenchApp(App):
         try:
             with self.store_lock:
                 self.store.reap()  # runs whose worker died become 'crashed'
+                try:  # Slurm runs: ingest their rows, submit, read job states (throttled)
+                    slurm.sync(self.store)
+                except slurm.SlurmError as e:
+                    self.call_from_thread(self._slurm_problem, str(e))
                 runs = self.store.runs()
         finally:
             self.call_from_thread(self._show_runs, runs)
+
+    def _slurm_problem(self, text: str) -> None:
+        if text != self._slurm_error:  # once per distinct problem, not at every poll
+            self._slurm_error = text
+            self.notify(f"slurm: {text}", severity="error", markup=False)
 
     def _show_runs(self, runs: list[Run] | None) -> None:
         self._polling = False

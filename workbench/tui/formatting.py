@@ -11,6 +11,7 @@ STATE_STYLES = {
     "failed": "bold red",
     "crashed": "bold magenta",
     "killed": "red",
+    "preempted": "bold cyan",  # SIGTERM/SIGUSR1 (preemption, time limit): `resume` continues it
 }
 
 

@@ -7,6 +7,7 @@ from rich.text import Text
 from textual.binding import Binding
 from textual.widgets import DataTable
 
+from workbench import slurm
 from workbench.store import Run
 from workbench.tui.messages import CompareRuns, KillRequested, OpenRun
 from workbench.tui.formatting import duration, number, percent, state_text
@@ -40,8 +41,10 @@ def row_cells(run: Run, marked: bool = False) -> dict[str, Any]:
         "loss": Text(number(run.last_loss), justify="right"),
         "accuracy": Text(number(run.last_accuracy, 3), justify="right"),
         "elapsed": Text(duration(run.elapsed), justify="right"),
-        # which GPU, when there are several: the scheduler's slot is the CUDA index
-        "device": f"{run.device}:{run.slot}" if run.device == "cuda" and run.slot else (run.device or ""),
+        # which GPU, when there are several: the scheduler's slot is the CUDA index; Slurm
+        # runs: the job id and Slurm's state (PENDING with its reason, TIMEOUT, NODE_FAIL...)
+        "device": slurm.describe(run) if slurm.is_slurm(run) else
+        f"{run.device}:{run.slot}" if run.device == "cuda" and run.slot else (run.device or ""),
     }
 
 

@@ -1,0 +1,102 @@
+"""``ssm-workbench resume ID...``: continue runs from their last checkpoint.
+
+A run that ended without finishing (killed, crashed, preempted, failed) and has a
+checkpoint (workbench/checkpoint.py) is put back to ``pending`` with a resume marker in its
+info; the scheduler starts its worker the usual way (one detached scheduler per store,
+:func:`scheduler.spawn`), and the worker, seeing the marker, loads the checkpoint, drops
+the metrics the interrupted attempt logged after the checkpoint's step and continues.
+
+:func:`requeue` is the one way back to ``pending``: the command, a replayed profile
+(:func:`scheduler.submit`) and, later, a cluster requeue call it.
+"""
+from __future__ import annotations
+
+import socket
+import sys
+import time
+
+from workbench import slurm
+from workbench.store import UNFINISHED, Store, pid_alive
+
+
+class ResumeError(Exception):
+    """The run cannot be resumed; the message says why."""
+
+
+def requeue(store: Store, run_id: int, require_checkpoint: bool = True) -> str:
+    """Put an unfinished run back to ``pending``. Returns ``"resumed"`` when it will continue
+    from its checkpoint, or (``require_checkpoint`` False, no checkpoint) ``"restarted"``
+    when it starts over with its measurements cleared. Raises ResumeError otherwise."""
+    from workbench import checkpoint  # imports torch: not at the CLI's start-up
+
+    r = store.get(run_id)
+    if r is None:
+        raise ResumeError(f"no run {run_id}")
+    if r.state not in UNFINISHED:
+        hint = "; nothing to resume" if r.state == "finished" else ""
+        raise ResumeError(f"run {run_id} is {r.state}{hint}")
+    if r.pid and r.host == socket.gethostname() and pid_alive(r.pid, r.pid_start):
+        # e.g. just killed and still writing its checkpoint: two workers must never share a run
+        raise ResumeError(f"run {run_id}: its worker (pid {r.pid}) has not exited yet; try again shortly")
+    # a Slurm run keeps its checkpoint in the shared folder its jobs write to
+    path = checkpoint.path_for(r.info.get("slurm_shared") or store.root, run_id)
+    if path.is_file():
+        step = (r.info.get("checkpoint") or {}).get("step")
+        marker = {"checkpoint": str(path), "step": step, "requested": time.time()}
+        if not store.requeue(run_id, marker):
+            raise ResumeError(f"run {run_id} changed state meanwhile")
+        return "resumed"
+    if require_checkpoint:
+        raise ResumeError(f"run {run_id} ({r.state}) has no checkpoint to resume from "
+                          f"(expected {path}); `ssm-workbench run PROFILE` restarts it from scratch")
+    checkpoint.remove(r.info.get("slurm_shared") or store.root, run_id)
+    if not store.requeue(run_id, None):
+        raise ResumeError(f"run {run_id} changed state meanwhile")
+    return "restarted"
+
+
+def resume_runs(store: Store, run_ids, jobs: int | None = None,
+                runs_per_gpu: int | None = None) -> tuple[list[int], list[str]]:
+    """Requeue each run from its checkpoint and start a scheduler if any was; returns
+    (resumed ids, error messages)."""
+    from workbench import scheduler
+
+    store.reap()  # a 'running' run whose worker is gone is crashed, hence resumable
+    done, errors = [], []
+    for rid in run_ids:
+        try:
+            requeue(store, rid, require_checkpoint=True)
+        except ResumeError as e:
+            errors.append(str(e))
+            continue
+        done.append(rid)
+    if any(not slurm.is_slurm(r) for r in store.runs(ids=done)):
+        scheduler.spawn(store, jobs, runs_per_gpu)
+    if any(slurm.is_slurm(r) for r in store.runs(ids=done)):
+        slurm.sync(store)  # a new job for each (its worker resumes from the checkpoint)
+    return done, errors
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("resume", help="continue unfinished runs (killed, crashed, preempted, failed) "
+                                      "from their last checkpoint")
+    p.add_argument("ids", type=int, nargs="+")
+    p.add_argument("--jobs", type=int, help="concurrent CPU runs, if a scheduler has to be started")
+    p.add_argument("--runs-per-gpu", type=int, metavar="N",
+                   help="concurrent runs per visible GPU, if a scheduler has to be started")
+    p.set_defaults(fn=cmd_resume)
+
+
+def cmd_resume(args) -> int:
+    """Exit 0 when every run was requeued, 2 when any could not be (each says why)."""
+    store = Store(args.store) if getattr(args, "store", None) else Store()
+    done, errors = resume_runs(store, args.ids, getattr(args, "jobs", None),
+                               getattr(args, "runs_per_gpu", None))
+    for rid in done:
+        step = (store.get(rid).info.get("resume") or {}).get("step")
+        print(f"run {rid}: resumes from its checkpoint" + (f" at step {step}" if step is not None else ""))
+    for e in errors:
+        print(e, file=sys.stderr)
+    if done:
+        print("watch with `ssm-workbench runs` or the TUI")
+    return 2 if errors else 0

@@ -1,0 +1,300 @@
+"""The Slurm executor: one batch job per run, submitted with plain ``sbatch``.
+
+Why ``sbatch`` and not submitit or job arrays: a job per run gives each run its own job id,
+so ``kill`` cancels exactly that run, ``scontrol requeue`` restarts exactly that run and the
+TUI shows each run's own Slurm state; the batch script is a readable file in the job folder
+that a cluster user can inspect or resubmit by hand; and the worker entry point stays the
+same command line, with nothing pickled across Python environments.
+
+Flow (:func:`sync`, called by every poll of the TUI and of ``run``/``runs``):
+1. each Slurm run's events file is ingested into the store (:mod:`workbench.runfile`);
+2. a pending Slurm run without a live job (new, resumed, or requeued by ``resume``) gets
+   its snapshot written and a job submitted; the job id goes into the run's info;
+3. the jobs' states are read with ``squeue`` (and ``scontrol show job`` for jobs that have
+   left the queue; accounting, hence ``sacct``, is not assumed) and mapped onto run
+   states when the worker itself did not say how it ended.
+
+State mapping (the worker's own record wins when there is one):
+PENDING/REQUEUED/CONFIGURING -> pending (the reason shown), RUNNING/COMPLETING -> running,
+PREEMPTED -> preempted, TIMEOUT -> preempted ("time limit", the checkpoint kept),
+NODE_FAIL/BOOT_FAIL/OUT_OF_MEMORY/FAILED -> crashed, CANCELLED -> killed, COMPLETED
+without the worker's final record -> crashed.
+"""
+from __future__ import annotations
+
+import fcntl
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from workbench import runfile
+from workbench.store import TERMINAL, Store
+
+ACTIVE = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "REQUEUED", "REQUEUE_HOLD",
+          "REQUEUE_FED", "RESIZING", "SUSPENDED", "STOPPED", "SIGNALING", "STAGE_OUT"}
+# how a Slurm end state shows on a run the worker left unfinished: (state, what it means)
+ENDED = {
+    "PREEMPTED": ("preempted", "preempted by Slurm"),
+    "TIMEOUT": ("preempted", "TIMEOUT: the job reached its time limit"),
+    "NODE_FAIL": ("crashed", "NODE_FAIL: the node running the job failed"),
+    "BOOT_FAIL": ("crashed", "BOOT_FAIL: the node could not boot"),
+    "OUT_OF_MEMORY": ("crashed", "OUT_OF_MEMORY: the job exceeded its memory"),
+    "FAILED": ("crashed", "FAILED: the job exited with an error"),
+    "DEADLINE": ("crashed", "DEADLINE: the job missed its deadline"),
+    "CANCELLED": ("killed", "CANCELLED by Slurm or scancel"),
+    "COMPLETED": ("crashed", "the job completed without the worker's final record"),
+}
+QUERY_EVERY_S = 3.0
+TIME_RE = re.compile(r"^(\d+-)?\d+(:\d{1,2}){0,2}$")
+
+
+class SlurmSettings(BaseModel):
+    """What a user puts in ``#SBATCH`` lines today (the profile's ``[slurm]`` table)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    time: str | None = Field(None, description="time limit per run: MM, HH:MM:SS or D-HH:MM:SS")
+    gpus_per_run: int = Field(1, ge=0)
+    cpus_per_run: int = Field(4, ge=1)
+    mem: str | None = Field(None, description="memory per run, e.g. 32G")
+    extra: list[str] = Field(default_factory=list, description="more sbatch flags, e.g. ['--constraint=a100']")
+    signal_s: int = Field(120, ge=0, description="SIGUSR1 this many seconds before the time limit: "
+                                                  "the worker saves a checkpoint (0: none)")
+    requeue: bool = True
+    shared_dir: str | None = Field(None, description="a folder every node sees, for job files "
+                                                     "(SHARED/slurm/run-N) and checkpoints (default: "
+                                                     "the store's folder)")
+    python: str | None = Field(None, description="the Python on the nodes (default: this one)")
+    setup: list[str] = Field(default_factory=list, description="shell lines before the worker, "
+                                                               "e.g. 'module load cuda'")
+
+    @field_validator("time")
+    @classmethod
+    def _time(cls, v: str | None) -> str | None:
+        if v is not None and not TIME_RE.match(v):
+            raise ValueError(f"time {v!r}: write MM, HH:MM:SS or D-HH:MM:SS")
+        return v
+
+
+class SlurmError(RuntimeError):
+    """A Slurm command failed; the message has its output."""
+
+
+@dataclass
+class JobState:
+    state: str
+    reason: str = ""
+    node: str = ""
+
+    def text(self) -> str:
+        why = f" ({self.reason})" if self.reason and self.reason not in ("None", "(null)") else ""
+        return self.state + why
+
+
+# --------------------------------------------------------------------------- commands
+def available() -> bool:
+    return all(shutil.which(c) for c in ("sbatch", "squeue", "scontrol", "scancel"))
+
+
+def _run(cmd: list[str], check: bool = True) -> str:
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    except FileNotFoundError:
+        raise SlurmError(f"{cmd[0]} not found: is this a Slurm login node (slurm-client installed)?") from None
+    except subprocess.TimeoutExpired:
+        raise SlurmError(f"{' '.join(cmd[:2])} did not answer in 60 s") from None
+    if check and p.returncode != 0:
+        raise SlurmError(f"{' '.join(cmd[:2])} failed ({p.returncode}): {(p.stderr or p.stdout).strip()}")
+    return p.stdout
+
+
+def shared_dir(store: Store, settings: SlurmSettings) -> Path:
+    return Path(settings.shared_dir).expanduser() if settings.shared_dir else store.root
+
+
+def job_script(run_id: int, settings: SlurmSettings, folder: Path, shared: Path, name: str) -> str:
+    """The batch script of one run."""
+    sb = [f"--job-name={name}", f"--output={folder}/slurm-%j.out", "--open-mode=append",
+          "--ntasks=1", f"--cpus-per-task={settings.cpus_per_run}"]
+    if settings.gpus_per_run:
+        sb.append(f"--gpus={settings.gpus_per_run}")
+    for flag, value in (("partition", settings.partition), ("account", settings.account),
+                        ("qos", settings.qos), ("time", settings.time), ("mem", settings.mem)):
+        if value:
+            sb.append(f"--{flag}={value}")
+    sb.append("--requeue" if settings.requeue else "--no-requeue")
+    if settings.signal_s and settings.time:
+        sb.append(f"--signal=B:USR1@{settings.signal_s}")  # B: to the batch shell = the worker
+    sb += settings.extra
+    python = settings.python or sys.executable
+    lines = ["#!/bin/bash", *(f"#SBATCH {shlex.quote(f)}" for f in sb),
+             "# written by ssm-workbench; the worker writes its rows to events.jsonl beside this file",
+             "set -e", *settings.setup,
+             f"cd {shlex.quote(os.getcwd())}",
+             "export PYTHONUNBUFFERED=1",
+             # exec: the worker is the batch shell, so Slurm's signals reach it directly
+             f"exec {shlex.quote(python)} -u -m workbench.worker --run-file {shlex.quote(str(shared))} "
+             f"--run-id {run_id}"]
+    return "\n".join(lines) + "\n"
+
+
+def submit_job(store: Store, run_id: int, settings: SlurmSettings) -> str:
+    """Write the run's snapshot and batch script, ``sbatch`` it; returns the job id."""
+    shared = shared_dir(store, settings)
+    folder = runfile.job_dir(shared, run_id)
+    folder.mkdir(parents=True, exist_ok=True)
+    run = store.get(run_id)
+    # a resubmitted run starts a new events file section: the reader's offset must match
+    events = folder / runfile.EVENTS
+    store.set_info(run_id, {"runfile_offset": events.stat().st_size if events.exists() else 0})
+    runfile.write_snapshot(store, run_id, folder)
+    script = folder / "job.sh"
+    script.write_text(job_script(run_id, settings, folder, shared, f"ssmwb-{run.profile}-{run_id}"[:60]))
+    out = _run(["sbatch", "--parsable", str(script)])
+    job = out.strip().split(";")[0]
+    if not job.isdigit():
+        raise SlurmError(f"sbatch printed {out!r}, not a job id")
+    jobs = run.info.get("slurm_jobs", []) + [job]
+    store.set_info(run_id, {"slurm_job_id": job, "slurm_jobs": jobs, "slurm_state": "PENDING",
+                            "slurm_dir": str(folder), "slurm_shared": str(shared)})
+    store.set_log_path(run_id, str(folder / f"slurm-{job}.out"))
+    return job
+
+
+def job_states(job_ids: list[str]) -> dict[str, JobState]:
+    """Slurm's view of these jobs: squeue for queued/running ones, scontrol for jobs that
+    have ended but are still remembered (MinJobAge); jobs Slurm forgot are missing."""
+    out: dict[str, JobState] = {}
+    if not job_ids:
+        return out
+    text = _run(["squeue", "-h", "-t", "all", "-j", ",".join(job_ids), "-o", "%i|%T|%r|%N"], check=False)
+    for line in text.splitlines():
+        parts = line.strip().split("|")
+        if len(parts) == 4 and parts[0] in job_ids:
+            out[parts[0]] = JobState(parts[1], parts[2], parts[3])
+    for job in job_ids:
+        if job not in out:
+            info = _run(["scontrol", "show", "job", "-o", job], check=False)
+            fields = dict(re.findall(r"(\w+)=(\S*)", info))
+            if fields.get("JobState"):
+                out[job] = JobState(fields["JobState"], fields.get("Reason", ""), fields.get("NodeList", ""))
+    return out
+
+
+def cancel(store: Store, run_id: int) -> bool:
+    """``kill`` of a Slurm run: mark it killed and scancel its job."""
+    run = store.get(run_id)
+    if run is None:
+        raise KeyError(f"no run {run_id}")
+    ok = store.finish(run_id, "killed", "killed by user (scancel)")
+    job = run.info.get("slurm_job_id")
+    if job:
+        _run(["scancel", job], check=False)
+        store.set_info(run_id, {"slurm_state": "CANCELLED"})
+    return ok
+
+
+def is_slurm(run) -> bool:
+    return (run.info or {}).get("executor") == "slurm"
+
+
+# --------------------------------------------------------------------------- sync
+def sync(store: Store, min_interval_s: float = QUERY_EVERY_S) -> dict[str, list[int]]:
+    """Ingest run files, submit jobs for pending Slurm runs, map job states (see the
+    module docstring). Returns {"submitted": ids, "updated": ids}. Does nothing (and
+    runs no command) when the store has no live Slurm runs. Slurm is asked at most every
+    ``min_interval_s`` seconds per store (a TUI polls at 2 Hz; squeue at that rate
+    would burden a shared controller); run files are read on every call.
+
+    Several processes may sync one store (a TUI and ``run``): a lock file serialises
+    them, so a pending run is never submitted twice."""
+    done: dict[str, list[int]] = {"submitted": [], "updated": []}
+    runs = [r for r in store.runs() if is_slurm(r)]
+    live = [r for r in runs if not r.finished or r.info.get("slurm_state") in ACTIVE]
+    if not live:
+        return done
+    with open(store.root / "slurm.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _sync(store, live, done, min_interval_s)
+
+
+_last_query: dict[str, float] = {}
+
+
+def _sync(store: Store, live: list, done: dict[str, list[int]], min_interval_s: float) -> dict[str, list[int]]:
+    for r in live:
+        folder = r.info.get("slurm_dir")
+        if folder and runfile.ingest(store, r.id, Path(folder)):
+            done["updated"].append(r.id)
+    runs = store.runs(ids=[r.id for r in live])
+    unsubmitted = any(r.state == "pending" and not r.info.get("slurm_job_id") for r in runs)
+    key = str(store.root)
+    if not unsubmitted and time.time() - _last_query.get(key, 0.0) < min_interval_s:
+        return done
+    _last_query[key] = time.time()
+    states = job_states([r.info["slurm_job_id"] for r in runs if r.info.get("slurm_job_id")])
+    for r in runs:
+        job = r.info.get("slurm_job_id")
+        js = states.get(job) if job else None
+        if r.state == "pending" and (js is None or js.state not in ACTIVE):
+            settings = SlurmSettings(**r.info.get("slurm", {}))
+            try:
+                submit_job(store, r.id, settings)
+            except SlurmError as e:
+                store.finish(r.id, "failed", f"sbatch: {e}")
+            done["submitted"].append(r.id)
+            continue
+        if js is None:
+            continue
+        if js.text() != r.info.get("slurm_state"):
+            store.set_info(r.id, {"slurm_state": js.text(), "slurm_node": js.node})
+            done["updated"].append(r.id)
+        if js.state in ACTIVE:
+            if js.state == "RUNNING" and r.state == "pending":
+                store.mark_started_remote(r.id, js.node, None, None)
+            elif js.state in ("PENDING", "REQUEUED", "REQUEUE_HOLD") and r.state in (
+                    "running", "preempted", "crashed"):
+                # Slurm requeued the job (scontrol requeue, preemption, a failed node): the
+                # run waits in the queue again and goes on from its checkpoint if it has one
+                if r.state == "running":
+                    store.finish(r.id, "preempted", f"Slurm job {job} was requeued")
+                from workbench import checkpoint  # imports torch: only when needed
+
+                ck = checkpoint.path_for(r.info.get("slurm_shared") or store.root, r.id)
+                store.requeue(r.id, {"checkpoint": str(ck), "by": "slurm"} if ck.is_file() else None)
+            continue
+        # the job has ended: read what the worker wrote last, then say how it ended
+        if r.info.get("slurm_dir"):
+            runfile.ingest(store, r.id, Path(r.info["slurm_dir"]))
+        r = store.get(r.id)
+        if not r.finished and js.state in ENDED:
+            state, why = ENDED[js.state]
+            ck = (r.info or {}).get("checkpoint")
+            if ck:
+                why += f"; checkpoint at step {ck.get('step')} kept (ssm-workbench resume {r.id})"
+            store.finish(r.id, state, f"Slurm job {job}: {why}")
+    return done
+
+
+def mark_for_slurm(store: Store, run_ids: list[int], settings: SlurmSettings) -> None:
+    """Hand these (pending) runs to the Slurm executor; :func:`sync` submits them."""
+    for rid in run_ids:
+        store.set_info(rid, {"executor": "slurm", "slurm": settings.model_dump(exclude_defaults=True)})
+
+
+def describe(run) -> str:
+    """'slurm 1234 PENDING (Priority)' for the runs table and ``runs``."""
+    info: dict[str, Any] = run.info or {}
+    return " ".join(filter(None, ["slurm", info.get("slurm_job_id"), info.get("slurm_state")]))
