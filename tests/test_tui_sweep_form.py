@@ -221,3 +221,30 @@ async def test_loading_a_profile_sets_the_picks(store, tmp_path):
         await pilot.press("escape")
         await pilot.pause()
         assert sorted(picker.query_one("#models-list").selected) == ["lstm", "transformer"]
+
+
+async def test_executor_and_slurm_settings(store, tmp_path):
+    """The form's Where section: executor and #SBATCH settings go into the profile, bad
+    settings show next to their field, and a loaded Slurm profile fills them back."""
+    from textual.widgets import Select, Static
+
+    app = make_app(store, tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        form = app.query_one(SweepForm)
+        await form.fill(tiny_profile())
+        await settle(pilot)
+        assert form.build_profile().executor == "local"
+        form.query_one("#executor", Select).value = "slurm"
+        await type_into(pilot, "#slurm", 'partition=gpu, time=04:00:00, gpus_per_run=2, extra=["--exclusive"]')
+        prof = form.build_profile()
+        assert prof.executor == "slurm" and prof.slurm.partition == "gpu"
+        assert prof.slurm.time == "04:00:00" and prof.slurm.gpus_per_run == 2 and prof.slurm.extra == ["--exclusive"]
+        await type_into(pilot, "#slurm", "time=soon")
+        assert form.build_profile() is None
+        assert "HH:MM:SS" in str(form.query_one("#err-slurm", Static).render())
+        # load -> the fields; save -> the same settings
+        await form.fill(prof)
+        await settle(pilot)
+        assert form.query_one("#executor", Select).value == "slurm"
+        again = form.build_profile()
+        assert again.slurm == prof.slurm and again.executor == "slurm"

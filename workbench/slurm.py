@@ -22,6 +22,7 @@ without the worker's final record -> crashed.
 """
 from __future__ import annotations
 
+import datetime as dt
 import fcntl
 import os
 import re
@@ -80,10 +81,12 @@ class SlurmSettings(BaseModel):
     setup: list[str] = Field(default_factory=list, description="shell lines before the worker, "
                                                                "e.g. 'module load cuda'")
 
-    @field_validator("time")
+    @field_validator("time", mode="before")
     @classmethod
-    def _time(cls, v: str | None) -> str | None:
-        if v is not None and not TIME_RE.match(v):
+    def _time(cls, v: Any) -> str | None:
+        if isinstance(v, (dt.time, int)):  # TOML reads 04:00:00 unquoted as a time, 30 as an int
+            v = v.strftime("%H:%M:%S") if isinstance(v, dt.time) else str(v)
+        if v is not None and not TIME_RE.match(str(v)):
             raise ValueError(f"time {v!r}: write MM, HH:MM:SS or D-HH:MM:SS")
         return v
 
@@ -222,7 +225,8 @@ def sync(store: Store, min_interval_s: float = QUERY_EVERY_S) -> dict[str, list[
     them, so a pending run is never submitted twice."""
     done: dict[str, list[int]] = {"submitted": [], "updated": []}
     runs = [r for r in store.runs() if is_slurm(r)]
-    live = [r for r in runs if not r.finished or r.info.get("slurm_state") in ACTIVE]
+    # finished runs too while their job is still active (the worker is done, Slurm not yet)
+    live = [r for r in runs if not r.finished or (r.info.get("slurm_state") or "").split(" ")[0] in ACTIVE]
     if not live:
         return done
     with open(store.root / "slurm.lock", "w") as lock:
@@ -279,6 +283,10 @@ def _sync(store: Store, live: list, done: dict[str, list[int]], min_interval_s: 
         if r.info.get("slurm_dir"):
             runfile.ingest(store, r.id, Path(r.info["slurm_dir"]))
         r = store.get(r.id)
+        if r.finished and js.state in ENDED and js.state != "COMPLETED":
+            # the worker recorded its own end (e.g. SIGTERM at the time limit: preempted with
+            # a checkpoint); say what Slurm did beside it
+            store.set_info(r.id, {"slurm_end": f"Slurm job {job}: {ENDED[js.state][1]}"})
         if not r.finished and js.state in ENDED:
             state, why = ENDED[js.state]
             ck = (r.info or {}).get("checkpoint")

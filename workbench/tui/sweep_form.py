@@ -121,6 +121,18 @@ def parse_model_options(text: str) -> dict[str, dict[str, Any]]:
     return out
 
 
+def parse_settings(text: str) -> dict[str, Any]:
+    """'partition=gpu, time="04:00:00", extra=["--exclusive"]' -> a dict (values as in
+    :func:`parse_model_options`; the schema checks names and types)."""
+    return {opt: v for opts in parse_model_options(
+        ", ".join(f"s.{item.strip()}" for item in _split_top(text) if item.strip())).values()
+        for opt, v in opts.items()}
+
+
+def format_settings(settings: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={json.dumps(v)}" for k, v in settings.items())
+
+
 def format_model_options(options: dict[str, dict[str, Any]]) -> str:
     parts = []
     for model, opts in options.items():
@@ -268,6 +280,16 @@ class SweepForm(VerticalScroll):
         yield FieldRow("patience (0 = off)", Input("0", id="patience", compact=True), "patience")
         yield FieldRow("device", Select([(d, d) for d in ("auto", "cpu", "cuda")], id="device",
                                         allow_blank=False, value="auto", compact=True), "device")
+        yield Static("Where", classes="section")
+        yield FieldRow("executor", Select([("this machine", "local"), ("Slurm: a job per run", "slurm")],
+                                          id="executor", allow_blank=False, value="local", compact=True),
+                       "executor")
+        yield FieldRow("Slurm settings", Input("", id="slurm", compact=True,
+                                               placeholder="partition=gpu, time=04:00:00, gpus_per_run=1, mem=32G"),
+                       "slurm")
+        yield Static("#SBATCH settings as key=value: partition, account, qos, time, gpus_per_run, "
+                     "cpus_per_run, mem, extra=[...], signal_s, requeue, shared_dir, setup=[...]",
+                     classes="hint")
         yield Static("", id="form-status")
 
     async def on_mount(self) -> None:
@@ -380,6 +402,14 @@ class SweepForm(VerticalScroll):
             "model": model,
             "train": train,
         }
+        data["executor"] = self._select("executor")
+        try:
+            slurm_settings = parse_settings(self._text("slurm"))
+        except ValueError as e:
+            errors["slurm"] = str(e)
+        else:
+            if slurm_settings:
+                data["slurm"] = slurm_settings
         if base.get("runs_per_gpu"):  # no field in the form: keep a loaded profile's
             data["runs_per_gpu"] = base["runs_per_gpu"]
         # a loaded profile's published numbers, for the models still picked
@@ -436,6 +466,8 @@ class SweepForm(VerticalScroll):
         keys = [p for p in loc if isinstance(p, str)]
         if keys[:1] == ["train"] and (len(keys) == 1 or keys[1] in ("epochs", "steps")):
             return "budget"  # "give exactly one of epochs or steps" is a train-level error
+        if keys[:1] in (["slurm"], ["executor"]):
+            return keys[0]
         mapping = {"models": "models", "seq_lens": "seq_lens", "seeds": "seeds", "name": "name",
                    "patience": "patience", "metric": "es_metric", "description": "description"}
         for k in reversed(keys):
@@ -497,6 +529,8 @@ class SweepForm(VerticalScroll):
         self.query_one("#es_metric", Select).value = t.early_stopping.metric
         self.query_one("#patience", Input).value = str(t.early_stopping.patience)
         self.query_one("#device", Select).value = t.device
+        self.query_one("#executor", Select).value = prof.executor
+        self.query_one("#slurm", Input).value = format_settings(prof.slurm.model_dump(exclude_defaults=True))
         self._show_errors({}, [])
 
     # ------------------------------------------------------------------ actions
