@@ -17,7 +17,7 @@ from workbench.tui.formatting import duration, number, percent, state_text
 COLUMNS = [
     ("mark", "", 1), ("id", "id", None), ("profile", "profile", None), ("model", "model", None),
     ("task", "task", None), ("seq_len", "seq_len", None), ("seed", "seed", None),
-    ("state", "state", 8), ("progress", "progress", 8), ("loss", "loss", 8),
+    ("state", "state", 9), ("progress", "progress", 8), ("loss", "loss", 8),
     ("accuracy", "accuracy", 8), ("elapsed", "elapsed", 7), ("device", "device", None),
 ]
 FIXED = {k for k, _, w in COLUMNS if w}
