@@ -184,3 +184,27 @@ async def test_results_tab_shows_eval_sets_as_columns_and_follows_the_store(stor
         view._busy = False
         view.refresh_data()
         assert not view._busy
+
+
+async def test_resume_key_requeues_a_run_with_a_checkpoint(store, tmp_path, monkeypatch):
+    from workbench import checkpoint, scheduler
+
+    spawned = []
+    monkeypatch.setattr(scheduler, "spawn", lambda *a, **k: spawned.append(a))
+    a, b = sweep(store, models=("lstm",), seeds=(0, 1))
+    for rid in (a, b):
+        store.mark_started(rid, 4_194_000, "cpu", None)  # a pid no process has: the worker is gone
+        store.finish(rid, "preempted", "preempted (SIGTERM)")
+    path = checkpoint.path_for(store.root, a)
+    path.parent.mkdir(parents=True)
+    path.write_bytes(b"a checkpoint")  # only its presence matters to requeue
+    app = make_app(store, tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await poll(pilot)
+        await pilot.press("r")  # run a: has a checkpoint
+        await settle(pilot)
+        assert store.get(a).state == "pending" and store.get(a).info["resume"]["checkpoint"] == str(path)
+        assert len(spawned) == 1
+        await pilot.press("down", "r")  # run b: none
+        await settle(pilot)
+        assert store.get(b).state == "preempted" and len(spawned) == 1

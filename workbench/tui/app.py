@@ -24,7 +24,7 @@ from workbench.store import STATES, Run, Store
 from workbench.tui.dialogs import ConfirmScreen
 from workbench.tui.formatting import STATE_STYLES, set_text
 from workbench.tui.compare_view import CompareScreen
-from workbench.tui.messages import CompareRuns, KillRequested, OpenRun
+from workbench.tui.messages import CompareRuns, KillRequested, OpenRun, ResumeRequested
 from workbench.tui.results_view import ResultsView
 from workbench.tui.run_view import RunScreen
 from workbench.tui.runs_table import RunsTable
@@ -181,6 +181,26 @@ class WorkbenchApp(App):
 
         self.push_screen(ConfirmScreen(Text(f"Kill run {run.id} ({run.label}, {run.task}, "
                                             f"seed {run.seed}), now {run.state}?")), answer)
+
+    def on_resume_requested(self, message: ResumeRequested) -> None:
+        self.resume_run(message.run_id)
+
+    @work(thread=True, group="scheduler")
+    def resume_run(self, run_id: int) -> None:
+        from workbench import resume
+
+        store = Store(self.store.root)  # own connection: it may start a scheduler or sbatch
+        try:
+            done, errors = resume.resume_runs(store, [run_id])
+        except Exception as e:
+            errors = [f"resume failed: {e}"]
+            done = []
+        finally:
+            store.close()
+        for text in errors:
+            self.call_from_thread(self.notify, text, severity="warning", markup=False)
+        if done:
+            self.call_from_thread(self.notify, f"run {run_id} resumes from its checkpoint", markup=False)
 
     @work(thread=True, group="scheduler")
     def kill_run(self, run_id: int) -> None:

@@ -27,3 +27,11 @@ class CompareRuns(Message):
     def __init__(self, run_ids: list[int], title: str = "") -> None:
         super().__init__()
         self.run_ids, self.title = run_ids, title
+
+
+class ResumeRequested(Message):
+    """The user asked to resume ``run_id`` from its checkpoint."""
+
+    def __init__(self, run_id: int) -> None:
+        super().__init__()
+        self.run_id = run_id

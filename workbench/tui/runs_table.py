@@ -9,7 +9,7 @@ from textual.widgets import DataTable
 
 from workbench import slurm
 from workbench.store import Run
-from workbench.tui.messages import CompareRuns, KillRequested, OpenRun
+from workbench.tui.messages import CompareRuns, KillRequested, OpenRun, ResumeRequested
 from workbench.tui.formatting import duration, number, percent, state_text
 
 # (column key, header, fixed width or None = fit the content). Fixed widths for the
@@ -58,6 +58,7 @@ class RunsTable(DataTable):
     BINDINGS = [
         Binding("enter", "open_run", "Open run"),
         Binding("k", "kill_run", "Kill run"),
+        Binding("r", "resume_run", "Resume run"),
         Binding("space", "toggle_mark", "Mark"),
         Binding("c", "compare", "Compare marked"),
         Binding("p", "compare_profile", "Compare profile"),
@@ -131,6 +132,11 @@ class RunsTable(DataTable):
         rid = self.current_run_id
         if rid is not None:
             self.post_message(OpenRun(rid))
+
+    def action_resume_run(self) -> None:
+        rid = self.current_run_id
+        if rid is not None:
+            self.post_message(ResumeRequested(rid))
 
     def action_kill_run(self) -> None:
         rid = self.current_run_id
