@@ -74,41 +74,22 @@ async def settled(pilot) -> None:
     await pilot.pause()
 
 
-def test_runs_table(snap_compare, tmp_path, monkeypatch):
-    assert snap_compare(make(tmp_path, monkeypatch), terminal_size=SIZE, run_before=settled)
+# each main screen: the keys that reach it from the runs table
+SCREENS = {
+    "runs_table": (),
+    "run_view": ("enter",),
+    "compare_view_grouped_over_seeds": ("p",),
+    "results_tab": ("f3",),
+    "sweep_form": ("f2",),
+}
 
 
-def test_run_view(snap_compare, tmp_path, monkeypatch):
-    async def open_run(pilot):
+@pytest.mark.parametrize("screen", list(SCREENS))
+def test_screen(screen, snap_compare, tmp_path, monkeypatch):
+    async def reach(pilot):
         await settled(pilot)
-        await pilot.press("enter")
-        await settled(pilot)
+        if SCREENS[screen]:
+            await pilot.press(*SCREENS[screen])
+            await settled(pilot)
 
-    assert snap_compare(make(tmp_path, monkeypatch), terminal_size=SIZE, run_before=open_run)
-
-
-def test_compare_view_grouped_over_seeds(snap_compare, tmp_path, monkeypatch):
-    async def compare(pilot):
-        await settled(pilot)
-        await pilot.press("p")
-        await settled(pilot)
-
-    assert snap_compare(make(tmp_path, monkeypatch), terminal_size=SIZE, run_before=compare)
-
-
-def test_results_tab(snap_compare, tmp_path, monkeypatch):
-    async def results(pilot):
-        await settled(pilot)
-        await pilot.press("f3")
-        await settled(pilot)
-
-    assert snap_compare(make(tmp_path, monkeypatch), terminal_size=SIZE, run_before=results)
-
-
-def test_sweep_form(snap_compare, tmp_path, monkeypatch):
-    async def form(pilot):
-        await settled(pilot)
-        await pilot.press("f2")
-        await settled(pilot)
-
-    assert snap_compare(make(tmp_path, monkeypatch), terminal_size=SIZE, run_before=form)
+    assert snap_compare(make(tmp_path, monkeypatch), terminal_size=SIZE, run_before=reach)
