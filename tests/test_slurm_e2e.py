@@ -75,7 +75,7 @@ def test_a_profile_runs_through_sbatch_and_exports(slurm_env, tmp_path):
 
 def test_requeued_job_resumes_from_its_checkpoint(slurm_env, tmp_path):
     store = Store(tmp_path / "store")
-    [rid] = scheduler.submit(store, slurm_profile("slurm-requeue", steps=4000, checkpoint_every=200))
+    [rid] = scheduler.submit(store, slurm_profile("slurm-requeue", steps=2000, checkpoint_every=200))
     wait(store, [rid], lambda rs: (rs[0].info.get("checkpoint") or {}).get("step", 0) >= 200, 120,
          "a checkpoint")
     job = store.get(rid).info["slurm_job_id"]
@@ -88,7 +88,7 @@ def test_requeued_job_resumes_from_its_checkpoint(slurm_env, tmp_path):
         seen.add(rs[0].state)
         return rs[0].finished and rs[0].state != "preempted"  # preempted: waiting to run again
 
-    runs = wait(store, [rid], ended, 180, "the requeued run to finish")
+    runs = wait(store, [rid], ended, 300, "the requeued run to finish")
     r = runs[0]
     assert r.state == "finished", r.error
     assert r.info["slurm_job_id"] == job and r.info["slurm_attempt"] >= 1  # the same job, again
@@ -96,7 +96,7 @@ def test_requeued_job_resumes_from_its_checkpoint(slurm_env, tmp_path):
     [resumed] = r.info["resumed"]
     assert resumed["step"] >= 200
     steps = [m["step"] for m in store.metrics(rid, "train", "loss")]
-    assert steps == list(range(1, 4001))  # the interrupted attempt's later rows were dropped
+    assert steps == list(range(1, 2001))  # the interrupted attempt's later rows were dropped
 
 
 def test_kill_scancels_the_job(slurm_env, tmp_path):
@@ -120,3 +120,29 @@ def test_time_limit_shows_timeout_and_keeps_the_checkpoint(slurm_env, tmp_path):
     assert r.state == "preempted"
     ck = r.info["checkpoint"]
     assert ck["step"] >= 100 and os.path.exists(ck["path"])
+
+
+@pytest.mark.slow
+def test_time_limit_warning_checkpoints_and_requeues(slurm_env, tmp_path):
+    """With a time limit, Slurm's SIGUSR1 (signal_s before the limit) makes the worker save
+    a checkpoint and requeue its own job; the next attempt goes on from it and finishes."""
+    store = Store(tmp_path / "store")
+    # each attempt is warned 16-26 s in (1-minute limit, 40 s warning: Slurm checks about
+    # every 30 s); 12000 steps take about 70 s on a 2-core machine: several attempts
+    prof = slurm_profile("slurm-usr1", steps=12000, checkpoint_every=200, time="1", signal_s=40)
+    [rid] = scheduler.submit(store, prof)
+    states: list[str] = []
+
+    def done(rs):
+        if not states or states[-1] != rs[0].state:
+            states.append(rs[0].state)
+        return rs[0].state in ("finished", "failed", "crashed", "killed")
+
+    r = wait(store, [rid], done, 400, "the run to finish across attempts")[0]
+    assert r.state == "finished", r.error
+    assert r.info["slurm_attempt"] >= 1 and r.info["resumed"]
+    # between attempts the run was shown stopped (preempted) or queued again, then ran on
+    later = states[states.index("running") + 1:]
+    assert any(s in ("preempted", "pending") for s in later) and "running" in later, states
+    steps = [m["step"] for m in store.metrics(rid, "train", "loss")]
+    assert steps == list(range(1, 12001))

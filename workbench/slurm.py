@@ -74,6 +74,9 @@ class SlurmSettings(BaseModel):
     signal_s: int = Field(120, ge=0, description="SIGUSR1 this many seconds before the time limit: "
                                                   "the worker saves a checkpoint (0: none)")
     requeue: bool = True
+    requeue_at_time_limit: bool = Field(True, description="on the SIGUSR1 before the time limit, save "
+                                                          "a checkpoint and requeue the job (needs "
+                                                          "time, signal_s and requeue)")
     shared_dir: str | None = Field(None, description="a folder every node sees, for job files "
                                                      "(SHARED/slurm/run-N) and checkpoints (default: "
                                                      "the store's folder)")
@@ -147,6 +150,8 @@ def job_script(run_id: int, settings: SlurmSettings, folder: Path, shared: Path,
              "set -e", *settings.setup,
              f"cd {shlex.quote(os.getcwd())}",
              "export PYTHONUNBUFFERED=1",
+             *(["export SSMWB_REQUEUE_AT_TIME_LIMIT=1"] if settings.requeue and settings.requeue_at_time_limit
+               and settings.signal_s and settings.time else []),
              # exec: the worker is the batch shell, so Slurm's signals reach it directly
              f"exec {shlex.quote(python)} -u -m workbench.worker --run-file {shlex.quote(str(shared))} "
              f"--run-id {run_id}"]

@@ -20,6 +20,7 @@ import platform
 import resource
 import signal
 import statistics
+import subprocess
 import sys
 import threading
 import time
@@ -800,6 +801,14 @@ def _stopped(store: Store, run_id: int, trainer: Trainer | None, stop: StopFlag,
         msg = f"preempted ({name}): checkpoint at step {ck['step']}; `ssm-workbench resume {run_id}` continues"
     else:
         msg = f"preempted ({name}) before its first checkpoint"
+    job = os.environ.get("SLURM_JOB_ID")
+    if signum == signal.SIGUSR1 and job and ck and os.environ.get("SSMWB_REQUEUE_AT_TIME_LIMIT") == "1":
+        # Slurm's warning before the time limit (--signal=B:USR1@N, workbench/slurm.py): the
+        # checkpoint is saved, so put this job back in the queue; its next attempt goes on
+        # from the checkpoint instead of the run ending at the limit
+        got = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True)
+        msg += ("; time limit near: Slurm job requeued" if got.returncode == 0 else
+                f"; time limit near: scontrol requeue failed: {(got.stderr or got.stdout).strip()}")
     if not store.finish(run_id, "preempted", msg):
         msg = f"stopped ({name}) after it was marked {store.get(run_id).state}" + (
             f"; checkpoint at step {ck['step']}" if ck else "")
