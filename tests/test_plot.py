@@ -12,7 +12,7 @@ import xml.etree.ElementTree as ET
 import pytest
 
 from tests.test_store import spec
-from workbench import plot
+from workbench import plot, plot_cli
 from workbench.store import Store
 
 MODELS = ("lstm", "s6")
@@ -305,7 +305,7 @@ def test_plot_profile_writes_what_applies_and_says_what_it_skipped(store, tmp_pa
 def run_cli(store, *argv):
     ap = argparse.ArgumentParser()
     ap.add_argument("--store")
-    plot.add_parser(ap.add_subparsers())
+    plot_cli.add_parser(ap.add_subparsers())
     args = ap.parse_args(["--store", str(store.root), "plot", *argv])
     return args.fn(args)
 

@@ -208,3 +208,15 @@ async def test_resume_key_requeues_a_run_with_a_checkpoint(store, tmp_path, monk
         await pilot.press("down", "r")  # run b: none
         await settle(pilot)
         assert store.get(b).state == "preempted" and len(spawned) == 1
+
+
+async def test_runs_table_shows_slurm_job_and_state(store, tmp_path):
+    [rid] = sweep(store, models=("lstm",), seeds=(0,))
+    store.set_info(rid, {"executor": "slurm", "slurm_job_id": "42", "slurm_state": "TIMEOUT (TimeLimit)"})
+    store.finish(rid, "preempted", "Slurm job 42: TIMEOUT")
+    app = make_app(store, tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await poll(pilot)
+        table = app.query_one(RunsTable)
+        assert [str(c) for c in table.get_column("device")] == ["slurm 42 TIMEOUT (TimeLimit)"]
+        assert [str(c) for c in table.get_column("state")] == ["preempted"]

@@ -397,9 +397,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="the rows as JSON (component, status, detail)")
     p.set_defaults(fn=cmd_doctor)
 
-    from workbench import plot, resume, serve  # each imports its heavy libraries only when run
+    from workbench import plot_cli, resume, serve  # each imports its heavy libraries only when run
 
-    plot.add_parser(sub)
+    plot_cli.add_parser(sub)
     serve.add_parser(sub)
     resume.add_parser(sub)
 

@@ -27,7 +27,6 @@ import fcntl
 import os
 import re
 import shlex
-import shutil
 import subprocess
 import sys
 import time
@@ -110,10 +109,6 @@ class JobState:
 
 
 # --------------------------------------------------------------------------- commands
-def available() -> bool:
-    return all(shutil.which(c) for c in ("sbatch", "squeue", "scontrol", "scancel"))
-
-
 def _run(cmd: list[str], check: bool = True) -> str:
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
@@ -219,21 +214,24 @@ def is_slurm(run) -> bool:
 
 
 # --------------------------------------------------------------------------- sync
-def sync(store: Store, min_interval_s: float = QUERY_EVERY_S) -> dict[str, list[int]]:
+def sync(store: Store, min_interval_s: float = QUERY_EVERY_S, runs: list | None = None) -> dict[str, list[int]]:
     """Ingest run files, submit jobs for pending Slurm runs, map job states (see the
-    module docstring). Returns {"submitted": ids, "updated": ids}. Does nothing (and
-    runs no command) when the store has no live Slurm runs. Slurm is asked at most every
+    module docstring). Returns {"live": ids of the Slurm runs it looked after,
+    "submitted": ids, "updated": ids}. Does nothing (and runs no command) when the store
+    has no live Slurm runs. ``runs``: the store's runs as the caller just read them (the
+    TUI's poll reads them anyway), to spare a second read. Slurm is asked at most every
     ``min_interval_s`` seconds per store (a TUI polls at 2 Hz; squeue at that rate
     would burden a shared controller); run files are read on every call.
 
     Several processes may sync one store (a TUI and ``run``): a lock file serialises
     them, so a pending run is never submitted twice."""
-    done: dict[str, list[int]] = {"submitted": [], "updated": []}
-    runs = [r for r in store.runs() if is_slurm(r)]
+    done: dict[str, list[int]] = {"live": [], "submitted": [], "updated": []}
+    runs = [r for r in (store.runs() if runs is None else runs) if is_slurm(r)]
     # finished runs too while their job is still active (the worker is done, Slurm not yet)
     live = [r for r in runs if not r.finished or (r.info.get("slurm_state") or "").split(" ")[0] in ACTIVE]
     if not live:
         return done
+    done["live"] = [r.id for r in live]
     with open(store.root / "slurm.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         return _sync(store, live, done, min_interval_s)

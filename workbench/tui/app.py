@@ -110,11 +110,12 @@ class WorkbenchApp(App):
         try:
             with self.store_lock:
                 self.store.reap()  # runs whose worker died become 'crashed'
+                runs = self.store.runs()
                 try:  # Slurm runs: ingest their rows, submit, read job states (throttled)
-                    slurm.sync(self.store)
+                    if slurm.sync(self.store, runs=runs)["live"]:
+                        runs = self.store.runs()  # as the sync left them
                 except slurm.SlurmError as e:
                     self.call_from_thread(self._slurm_problem, str(e))
-                runs = self.store.runs()
         finally:
             self.call_from_thread(self._show_runs, runs)
 

@@ -9,7 +9,6 @@ when the finished runs or the choices changed.
 """
 from __future__ import annotations
 
-import re
 import threading
 from contextlib import nullcontext
 from pathlib import Path
@@ -23,16 +22,13 @@ from textual.containers import Horizontal, Vertical
 from textual.widgets import DataTable, Label, Select, Static
 
 from workbench import export
+from workbench.plot import safe_stem  # matplotlib itself is imported only to draw
 from workbench.store import Store
 from workbench.tui.background import PollsStore, write_in_thread
 from workbench.tui.formatting import set_text
 
 POLL_S = 2.0  # results change only when a run finishes
 ALL = "(all profiles)"
-
-
-def safe_name(text: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.=-]+", "_", text).strip("_") or "results"
 
 
 class ResultsView(PollsStore, Vertical):
@@ -213,7 +209,7 @@ class ResultsView(PollsStore, Vertical):
             self.notify("no table to write", severity="warning")
             return
         self.out_dir.mkdir(parents=True, exist_ok=True)
-        stem = self.out_dir / safe_name(f"{profile}-{metric}-by-{rows}-{cols}")
+        stem = self.out_dir / safe_stem(f"{profile}-{metric}-by-{rows}-{cols}")
         written = []
         for fmt, ext in (("md", ".md"), ("latex", ".tex"), ("csv", ".csv")):
             path = stem.with_suffix(ext)
@@ -229,5 +225,5 @@ class ResultsView(PollsStore, Vertical):
             self.notify("pick one profile with finished runs first", severity="warning")
             return
         write_in_thread(self, self.store.root,
-                        lambda store: plot.plot_profile(store, profile, self.out_dir / safe_name(profile))[0],
+                        lambda store: plot.plot_profile(store, profile, self.out_dir / safe_stem(profile))[0],
                         f"the figures of {profile}")
