@@ -244,12 +244,26 @@ import os, signal, sys, torch
 sys.path.insert(0, {root!r})
 from workbench import checkpoint
 
-def half_then_die(obj, f):
-    f.write(b"PK\\x03\\x04 half a checkpoint")
-    f.flush()
-    os.kill(os.getpid(), signal.SIGKILL)
+class HalfThenDie:  # the temporary file: its header goes in, the payload half, then SIGKILL
+    def __init__(self, path, mode):
+        self.f = open(path, mode)
+        self.writes = 0
 
-torch.save = half_then_die
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *a):
+        self.f.close()
+
+    def write(self, b):
+        self.writes += 1
+        if len(b) > 1000 or self.writes == 3:
+            self.f.write(bytes(b)[:len(b) // 2])
+            self.f.flush()
+            os.kill(os.getpid(), signal.SIGKILL)
+        return self.f.write(b)
+
+checkpoint.open = HalfThenDie
 checkpoint.save({{"format": checkpoint.FORMAT, "version": 2}}, {path!r})
 """
 
@@ -279,7 +293,7 @@ def test_a_damaged_or_foreign_checkpoint_fails_the_resumed_run_clearly(tmp_path,
     assert attempt(monkeypatch, store, rid) == 1
     r = store.get(rid)
     assert r.state == "failed" and r.error.startswith("cannot resume: checkpoint ")
-    with pytest.raises(checkpoint.CheckpointError, match="another run or another spec"):
+    with pytest.raises(checkpoint.CheckpointError, match="written for another spec than run"):
         other = dict(spec, seed=1)
         checkpoint.save({"format": checkpoint.FORMAT, "run_id": rid, "spec_key": checkpoint.spec_key(other)},
                         checkpoint.path_for(store.root, rid))
@@ -368,7 +382,8 @@ def test_replay_resumes_or_restarts_unfinished_runs_instead_of_adding_them(tmp_p
     # b: preempted with a checkpoint
     start(store, b)
     store.add_metrics(b, [(3, None, "train", "loss", 1.0)])
-    checkpoint.save({"format": checkpoint.FORMAT}, checkpoint.path_for(store.root, b))
+    checkpoint.save({"format": checkpoint.FORMAT, "run_id": b, "step": 3,  # b's own, as requeue checks
+                     "spec_key": checkpoint.spec_key(store.get(b).spec)}, checkpoint.path_for(store.root, b))
     store.set_info(b, {"checkpoint": {"step": 3}})
     store.finish(b, "preempted", "preempted (SIGTERM): checkpoint at step 3")
     # c: crashed before its first checkpoint

@@ -196,8 +196,9 @@ async def test_resume_key_requeues_a_run_with_a_checkpoint(store, tmp_path, monk
         store.mark_started(rid, 4_194_000, "cpu", None)  # a pid no process has: the worker is gone
         store.finish(rid, "preempted", "preempted (SIGTERM)")
     path = checkpoint.path_for(store.root, a)
-    path.parent.mkdir(parents=True)
-    path.write_bytes(b"a checkpoint")  # only its presence matters to requeue
+    # requeue verifies the file's header, checksum, run id and spec key, not its training state
+    checkpoint.save({"format": checkpoint.FORMAT, "run_id": a, "step": 3,
+                     "spec_key": checkpoint.spec_key(store.get(a).spec)}, path)
     app = make_app(store, tmp_path)
     async with app.run_test(size=SIZE) as pilot:
         await poll(pilot)

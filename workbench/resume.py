@@ -8,6 +8,15 @@ the metrics the interrupted attempt logged after the checkpoint's step and conti
 
 :func:`requeue` is the one way back to ``pending``: the command, a replayed profile
 (:func:`scheduler.submit`) and, later, a cluster requeue call it.
+
+A checkpoint is verified (:func:`checkpoint.verify`: header, sha256 of every byte, run id,
+spec key) before the run is requeued or anything is printed: a damaged, cut or foreign
+file is refused with its reason, and the run stays as it was. ``resume --restart ID``
+is the way on: it discards the checkpoint and trains the (unfinished) run from step 0.
+A replayed profile does not restart over a bad checkpoint on its own either: it refuses
+that run (``Submission.refused``, which ``run`` prints with the same advice), because a
+silent restart would throw away the training the checkpoint may hold (a copy from a
+backup, a disk that comes back) and the user should decide that.
 """
 from __future__ import annotations
 
@@ -23,10 +32,12 @@ class ResumeError(Exception):
     """The run cannot be resumed; the message says why."""
 
 
-def requeue(store: Store, run_id: int, require_checkpoint: bool = True) -> str:
+def requeue(store: Store, run_id: int, require_checkpoint: bool = True, restart: bool = False) -> str:
     """Put an unfinished run back to ``pending``. Returns ``"resumed"`` when it will continue
-    from its checkpoint, or (``require_checkpoint`` False, no checkpoint) ``"restarted"``
-    when it starts over with its measurements cleared. Raises ResumeError otherwise."""
+    from its checkpoint (verified first), or ``"restarted"`` when it starts over with its
+    measurements cleared: with ``restart`` (its checkpoint, good or bad, is discarded), or
+    with ``require_checkpoint`` False and no checkpoint. Raises ResumeError otherwise, also
+    for a checkpoint that fails verification, whatever ``require_checkpoint`` says."""
     from workbench import checkpoint  # imports torch: not at the CLI's start-up
 
     r = store.get(run_id)
@@ -35,18 +46,31 @@ def requeue(store: Store, run_id: int, require_checkpoint: bool = True) -> str:
     if r.state not in UNFINISHED:
         hint = "; nothing to resume" if r.state == "finished" else ""
         raise ResumeError(f"run {run_id} is {r.state}{hint}")
+    if store.has_final_results(run_id):
+        # its worker measured everything, then its end was lost: a resume or a restart
+        # would replace finished results, which are never deleted
+        if store.recognise_finished(run_id):
+            raise ResumeError(f"run {run_id} was crashed but holds all its final results: "
+                              f"it is marked finished now; nothing to resume")
+        raise ResumeError(f"run {run_id} is {r.state} but holds all its final results "
+                          f"(`ssm-workbench show {run_id}`); nothing to resume, and they are not deleted")
     if r.pid and r.host == socket.gethostname() and pid_alive(r.pid, r.pid_start):
         # e.g. just killed and still writing its checkpoint: two workers must never share a run
         raise ResumeError(f"run {run_id}: its worker (pid {r.pid}) has not exited yet; try again shortly")
     # a Slurm run keeps its checkpoint in the shared folder its jobs write to
     path = checkpoint.path_for(r.info.get("slurm_shared") or store.root, run_id)
-    if path.is_file():
-        step = (r.info.get("checkpoint") or {}).get("step")
-        marker = {"checkpoint": str(path), "step": step, "requested": time.time()}
+    if path.is_file() and not restart:
+        try:
+            head = checkpoint.verify(path, run_id, r.spec)
+        except checkpoint.CheckpointError as e:
+            raise ResumeError(f"run {run_id}: cannot resume: {e}; `ssm-workbench resume --restart {run_id}` "
+                              f"discards it and trains the run from step 0") from None
+        step = head.step if head.step is not None else (r.info.get("checkpoint") or {}).get("step")
+        marker = {"checkpoint": str(path), "step": step, "requested": time.time(), "check": head.note}
         if not store.requeue(run_id, marker):
             raise ResumeError(f"run {run_id} changed state meanwhile")
         return "resumed"
-    if require_checkpoint:
+    if require_checkpoint and not restart:
         raise ResumeError(f"run {run_id} ({r.state}) has no checkpoint to resume from "
                           f"(expected {path}); `ssm-workbench run PROFILE` restarts it from scratch")
     checkpoint.remove(r.info.get("slurm_shared") or store.root, run_id)
@@ -56,16 +80,16 @@ def requeue(store: Store, run_id: int, require_checkpoint: bool = True) -> str:
 
 
 def resume_runs(store: Store, run_ids, jobs: int | None = None,
-                runs_per_gpu: int | None = None) -> tuple[list[int], list[str]]:
-    """Requeue each run from its checkpoint and start a scheduler if any was; returns
-    (resumed ids, error messages)."""
+                runs_per_gpu: int | None = None, restart: bool = False) -> tuple[list[int], list[str]]:
+    """Requeue each run from its checkpoint (``restart``: from step 0, its checkpoint
+    discarded) and start a scheduler if any was; returns (requeued ids, error messages)."""
     from workbench import scheduler
 
     store.reap()  # a 'running' run whose worker is gone is crashed, hence resumable
     done, errors = [], []
     for rid in run_ids:
         try:
-            requeue(store, rid, require_checkpoint=True)
+            requeue(store, rid, require_checkpoint=True, restart=restart)
         except ResumeError as e:
             errors.append(str(e))
             continue
@@ -81,6 +105,9 @@ def add_parser(sub) -> None:
     p = sub.add_parser("resume", help="continue unfinished runs (killed, crashed, preempted, failed) "
                                       "from their last checkpoint")
     p.add_argument("ids", type=int, nargs="+")
+    p.add_argument("--restart", action="store_true",
+                   help="train the runs from step 0 instead, discarding their checkpoints (e.g. a "
+                        "damaged one); only unfinished runs, finished results are never touched")
     p.add_argument("--jobs", type=int, help="concurrent CPU runs, if a scheduler has to be started")
     p.add_argument("--runs-per-gpu", type=int, metavar="N",
                    help="concurrent runs per visible GPU, if a scheduler has to be started")
@@ -90,11 +117,17 @@ def add_parser(sub) -> None:
 def cmd_resume(args) -> int:
     """Exit 0 when every run was requeued, 2 when any could not be (each says why)."""
     store = Store(args.store) if getattr(args, "store", None) else Store()
+    restart = bool(getattr(args, "restart", False))
     done, errors = resume_runs(store, args.ids, getattr(args, "jobs", None),
-                               getattr(args, "runs_per_gpu", None))
+                               getattr(args, "runs_per_gpu", None), restart=restart)
     for rid in done:
-        step = (store.get(rid).info.get("resume") or {}).get("step")
-        print(f"run {rid}: resumes from its checkpoint" + (f" at step {step}" if step is not None else ""))
+        marker = store.get(rid).info.get("resume") or {}
+        if restart:
+            print(f"run {rid}: restarts from step 0 (its checkpoint and measurements discarded)")
+            continue
+        step, check = marker.get("step"), marker.get("check")
+        print(f"run {rid}: resumes from its checkpoint" + (f" at step {step}" if step is not None else "")
+              + (f" ({check})" if check and check != "sha256 verified" else ""))
     for e in errors:
         print(e, file=sys.stderr)
     if done:

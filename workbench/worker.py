@@ -681,16 +681,18 @@ def _run(store: Store, run_id: int, t_start: float, stop: StopFlag) -> int:
         trainer.background = bg
         resumed = None
         if r.info.get("resume"):
-            try:
+            try:  # verified again here (resume did once): the file may have changed since
                 ck = checkpoint.load_for_run(store.root, run_id, r.spec)
             except checkpoint.CheckpointError as e:
-                raise RunFailed(f"cannot resume: {e}") from None
+                raise RunFailed(f"cannot resume: {e}; `ssm-workbench resume --restart {run_id}` "
+                                f"trains the run from step 0") from None
+            check = ck.pop("_file", {}).get("check")
             trainer.restore(ck)
             dropped = store.trim_after(run_id, ck["step"])  # the interrupted attempt's later rows
             resumed = {"step": ck["step"], "from_device": ck["device"], "metrics_dropped": dropped,
-                       "time": time.time()}
+                       "time": time.time(), "check": check}
             print(f"[worker] run {run_id}: resuming from the checkpoint at step {ck['step']} "
-                  f"({dropped} later metric rows dropped)", flush=True)
+                  f"({check}; {dropped} later metric rows dropped)", flush=True)
         dev = trainer.device
         if dev.type == "cuda":
             torch.cuda.reset_peak_memory_stats()
@@ -763,7 +765,14 @@ def _run(store: Store, run_id: int, t_start: float, stop: StopFlag) -> int:
         store.set_results(run_id, summary, eval_set="")
         store.set_info(run_id, {"stop_reason": out["stop_reason"], "eval_skipped": skipped})
         stop.defer = True  # all measured: a signal from here on changes nothing
-        store.finish(run_id, "finished")
+        if not store.finish(run_id, "finished"):
+            # killed at the last moment, or requeued to another worker while this one was
+            # paused: the checkpoint may be what the run goes on from, so it stays
+            now = store.get(run_id)
+            print(f"[worker] run {run_id}: every result is recorded, but the run is "
+                  f"{now.state if now else 'gone'} and was not marked finished; its checkpoint "
+                  f"is kept: {summary}", flush=True)
+            return 0
         if trainer.saved:  # a finished run needs no checkpoint (weights + optimizer: often GBs)
             checkpoint.remove(store.root, run_id)
             store.set_info(run_id, {"checkpoint": None})
