@@ -2,12 +2,13 @@
 
     ssm-workbench                      open the TUI
     ssm-workbench run PROFILE.toml     replay a profile headlessly (progress bars)
+    ssm-workbench run --dry-run PROFILE   the runs it would launch, with parameters and memory
     ssm-workbench export               comparison table from the store
     ssm-workbench plot [PROFILE]       figures (PNG + SVG): curves, metric vs length, eval sets
     ssm-workbench serve                the TUI in a browser (127.0.0.1 by default)
     ssm-workbench runs | show ID | kill ID...
     ssm-workbench models | tasks
-    ssm-workbench profile check FILE...
+    ssm-workbench profile check FILE...   validate; parameters and estimated peak memory
     ssm-workbench bench ...            speed/memory benchmark table
     ssm-workbench doctor [--json]      what this machine can do (GPU, kernels, store), and why not
 
@@ -31,9 +32,16 @@ STATE_STYLE = {"pending": "dim", "running": "cyan", "finished": "green", "failed
 
 
 def _store(args):
+    """The store of ``--store`` (or the default). One that cannot be written here opens
+    read-only, said once on stderr; one that cannot be opened at all raises StoreError,
+    which :func:`main` prints as one line."""
     from workbench.store import Store
 
-    return Store(args.store) if args.store else Store()
+    store = Store(args.store) if args.store else Store()
+    if store.readonly:
+        print(f"store {store.root} is read-only ({store.readonly_reason}): showing it as it is",
+              file=sys.stderr)
+    return store
 
 
 def _console(stderr: bool = False) -> Console:
@@ -54,7 +62,8 @@ def _fmt(v, digits=4):
 
 def refresh(store) -> None:
     """Bring the store up to date: dead local workers become crashed, Slurm runs get their
-    rows ingested, their jobs submitted and their states read (workbench/slurm.py)."""
+    rows ingested, their jobs submitted and their states read (workbench/slurm.py). A
+    read-only store is left as it is (both do nothing there)."""
     store.reap()
     try:
         slurm.sync(store)
@@ -83,10 +92,73 @@ def cmd_profile_check(args) -> int:
             code = 2
             continue
         n = len(expand(p))
-        Console().print(f"✓ {f}: profile '{p.name}', task {p.task.name}, "
-                        f"{len(p.sweep.models)} model(s) x {len(p.sweep.seq_lens) or 1} length(s) x "
-                        f"{len(p.sweep.seeds)} seed(s) = {n} run(s)", markup=False, highlight=False)
+        ests, why = _estimates(p)
+        if why:
+            err.print(f"{f}: {why}", markup=False, highlight=False)
+            code = 2
+            continue
+        print(f"{'✓' if all(e.fits for e in ests) else '✗'} {f}: profile '{p.name}', task {p.task.name}, "
+              f"{len(p.sweep.models)} model(s) x {len(p.sweep.seq_lens) or 1} length(s) x "
+              f"{len(p.sweep.seeds)} seed(s) = {n} run(s)", flush=True)
+        _print_estimates(_console(), ests, per_run=False)
+        if _refuse_too_big(ests, args.force):
+            code = 2
     return code
+
+
+# --------------------------------------------------------------------------- estimates
+def _estimates(prof, jobs: int | None = None, runs_per_gpu: int | None = None):
+    """(each run's RunEstimate, None), or ([], why) when the profile's device is not here
+    (train.device = "cuda" without a GPU); see workbench/spec/estimate.py."""
+    from workbench.spec import estimate
+
+    try:
+        return estimate.estimate_profile(prof, estimate.share_of(prof, jobs, runs_per_gpu)), None
+    except estimate.EstimateError as e:
+        return [], str(e)
+
+
+def _print_estimates(console: Console, ests, per_run: bool) -> None:
+    """Parameters and estimated peak memory: one row per run, or (per_run False) one per
+    model and length, seeds listed (they change no size)."""
+    from workbench.spec.estimate import fmt_bytes, fmt_count
+
+    rows: dict = {}
+    for e in ests:
+        key = (e.model, e.seq_len, e.seed) if per_run else (e.model, e.seq_len)
+        rows.setdefault(key, []).append(e)
+    t = Table(box=None, pad_edge=False, show_edge=False)
+    for c in ("model", "task", "L", "seed" if per_run else "seeds", "params", "est. peak", "device", "fits"):
+        t.add_column(c, justify="right" if c in ("L", "params", "est. peak") else "left")
+    for group in rows.values():
+        e = group[0]
+        fits = ("–" if e.limit is None else "yes" if e.fits else f"[red]no[/red] (> {fmt_bytes(e.limit)})")
+        t.add_row(e.model, e.task, _fmt(e.seq_len), ",".join(str(g.seed) for g in group),
+                  fmt_count(e.params), fmt_bytes(e.peak) if e.error is None else "? (see below)",
+                  e.device, fits)
+    console.print(t)
+    limits = {e.limit_what for e in ests if e.limit_what}
+    notes = sorted({e.error for e in ests if e.error})
+    for what in sorted(limits):
+        console.print(f"  limit: {what}", markup=False, highlight=False)
+    for n in notes:
+        console.print(f"  {n}", markup=False, highlight=False)
+
+
+def _refuse_too_big(ests, force: bool) -> bool:
+    """Say which runs cannot fit (the numbers and the limit); True when that refuses."""
+    from workbench.spec.estimate import too_big
+
+    bad = too_big(ests)
+    if not bad:
+        return False
+    verb = "would not fit; going on because of --force" if force else "cannot fit"
+    lines = [f"{len(bad)} run(s) {verb}:", *(f"  {e.refusal()}" for e in bad)]
+    if not force:
+        lines.append("lower train.batch_size, the sequence lengths, d_model or n_layers "
+                     "(or pass --force to launch anyway)")
+    print("\n".join(lines), file=sys.stderr)  # unwrapped: the numbers stay on one line
+    return not force
 
 
 def cmd_run(args) -> int:
@@ -103,6 +175,16 @@ def cmd_run(args) -> int:
         return 2
     if args.executor:
         prof = prof.model_copy(update={"executor": args.executor})
+    # the resource estimate, before anything is queued (and before the store is opened)
+    err = Console(stderr=True)
+    ests, why = _estimates(prof, args.jobs, args.runs_per_gpu)
+    if why:
+        err.print(f"{args.profile}: {why}", markup=False, highlight=False)
+        return 2
+    if args.dry_run:
+        return _dry_run(prof, ests, args)
+    if _refuse_too_big(ests, args.force):
+        return 2
     store = _store(args)
     try:
         ids = scheduler.submit(store, prof, jobs=args.jobs, runs_per_gpu=args.runs_per_gpu, fresh=args.fresh)
@@ -135,9 +217,15 @@ def cmd_run(args) -> int:
                         status += f" acc {r.last_accuracy:.3f}"
                     if slurm.is_slurm(r):
                         status += f" [dim]{slurm.describe(r)}[/dim]"
+                    if r.stall_note():
+                        status += f" [yellow]stalled: {r.stall_note()}[/yellow]"
                     progress.update(bars[r.id], completed=r.progress, status=status)
                 if all(r.finished for r in runs):
                     break
+                if store.disk_full:  # reap could not record a dead worker: waiting would never end
+                    console.print(f"[red]{store.disk_full}[/red]\nthe runs go on if they can "
+                                  "(`ssm-workbench runs` to watch)", highlight=False)
+                    return 1
                 time.sleep(0.5)
     except KeyboardInterrupt:
         console.print("\ninterrupted: the runs go on in the background "
@@ -157,17 +245,50 @@ def cmd_run(args) -> int:
     return 0
 
 
+def _worker_cell(r) -> str:
+    """'1234@node1' (pid at the host's first name label): which process to look at or kill."""
+    if r.pid is None and not r.host:
+        return "–"
+    return f"{r.pid if r.pid is not None else '?'}@{(r.host or '?').split('.')[0]}"
+
+
+def _dry_run(prof, ests, args) -> int:
+    """What `run` would launch: one row (or JSON object) per run; no store is touched."""
+    import json
+
+    refused = _refuse_too_big(ests, args.force)
+    if args.format == "json":
+        print(json.dumps([e.to_dict() for e in ests], indent=1))
+    else:
+        console = _console()
+        _print_estimates(console, ests, per_run=True)
+        where = " as Slurm jobs" if prof.executor == "slurm" else ""
+        console.print(f"profile {prof.name}: {len(ests)} run(s) would be launched{where} "
+                      f"(dry run: nothing queued)", markup=False, highlight=False)
+    return 2 if refused else 0
+
+
 def _print_runs(console: Console, runs) -> None:
     t = Table(title=None, show_lines=False)
-    for c in ("id", "profile", "model", "task", "L", "seed", "state", "progress", "loss", "acc", "time", "device"):
+    for c in ("id", "profile", "model", "task", "L", "seed", "state", "progress", "loss", "acc", "time", "device",
+              "worker"):
         t.add_column(c, justify="right" if c in ("id", "L", "seed", "progress", "loss", "acc", "time") else "left")
+    stalled = []
     for r in runs:
         el = r.elapsed
+        note = r.stall_note()
+        if note:
+            stalled.append((r, note))
+        state = f"[{STATE_STYLE.get(r.state, '')}]{r.state}[/]" + (" [yellow]stalled[/]" if note else "")
         t.add_row(str(r.id), r.profile, r.label, r.task, _fmt(r.seq_len), str(r.seed),
-                  f"[{STATE_STYLE.get(r.state, '')}]{r.state}[/]", f"{100 * r.progress:.0f}%",
+                  state, f"{100 * r.progress:.0f}%",
                   _fmt(r.last_loss), _fmt(r.last_accuracy), "–" if el is None else f"{el:.0f}s",
-                  slurm.describe(r) if slurm.is_slurm(r) else (r.device or "–"))
+                  slurm.describe(r) if slurm.is_slurm(r) else (r.device or "–"), _worker_cell(r))
     console.print(t)
+    for r, note in stalled:  # why a silent run is not called crashed, and what to do about it
+        console.print(f"run {r.id}: {note}: {r.worker}; not declared crashed while its process exists "
+                      f"(`kill -CONT {r.pid}` wakes a stopped one, `ssm-workbench kill {r.id}` stops it)",
+                      markup=False, highlight=False)
 
 
 def cmd_runs(args) -> int:
@@ -193,6 +314,11 @@ def cmd_show(args) -> int:
     c = Console()
     c.print(f"run #{r.id}: {r.label} ({r.model}) on {r.task} L={r.seq_len} seed={r.seed}: "
             f"[{STATE_STYLE[r.state]}]{r.state}[/]")
+    c.print(f"worker: {r.worker or 'not started'}" + (f" ({r.device})" if r.device else ""),
+            markup=False, highlight=False)
+    note = r.stall_note()
+    if note:
+        c.print(f"[yellow]stalled:[/yellow] {note}; not declared crashed while its process exists")
     c.print_json(json.dumps({"spec": r.spec, "info": r.info}, default=str))
     res = store.results([r.id]).get(r.id, {})
     for es, vals in sorted(res.items()):
@@ -348,6 +474,13 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--executor", choices=["local", "slurm"],
                    help="where the runs execute (default: the profile's `executor`, else local); "
                         "slurm: one sbatch job per run with the profile's [slurm] settings")
+    p.add_argument("--dry-run", action="store_true",
+                   help="list the runs (model, task, seq_len, seed, params, estimated peak memory) "
+                        "and their count; queue nothing, open no store")
+    p.add_argument("--format", choices=["table", "json"], default="table",
+                   help="--dry-run output: a table, or a JSON list with one object per run")
+    p.add_argument("--force", action="store_true",
+                   help="launch runs whose estimated peak memory exceeds the device's")
     p.set_defaults(fn=cmd_run)
 
     p = sub.add_parser("export", help="print a comparison table")
@@ -390,6 +523,8 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("files", nargs="+")
     c.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a setting before checking, as for `run --set`")
+    c.add_argument("--force", action="store_true",
+                   help="report runs that cannot fit in the device's memory without failing")
     c.set_defaults(fn=cmd_profile_check)
 
     p = sub.add_parser("doctor", help="what this machine can do (GPU, driver, kernels, store) and why not;"
@@ -416,10 +551,16 @@ def main(argv: list[str] | None = None) -> int:
 
         return int(bench.main(argv[1:]) or 0)
     args = parser().parse_args(argv)
-    if not getattr(args, "fn", None):
-        args.profiles_dir = "profiles"
-        return cmd_tui(args)
-    return int(args.fn(args) or 0)
+    from workbench.store import StoreError
+
+    try:
+        if not getattr(args, "fn", None):
+            args.profiles_dir = "profiles"
+            return cmd_tui(args)
+        return int(args.fn(args) or 0)
+    except StoreError as e:  # a store that cannot be opened or written: one line, no traceback
+        print(f"ssm-workbench: {e}", file=sys.stderr)
+        return e.exit_code
 
 
 if __name__ == "__main__":

@@ -102,7 +102,9 @@ class RunFile:
         return self._run if run_id == self.run_id else None
 
     def heartbeat(self, run_id: int, **fields: Any) -> None:
-        self._emit({"op": "heartbeat", "fields": fields}, sync=True)
+        # who beats: the reader lets the run's own worker bring a crashed verdict back
+        # (Store.heartbeat), as a worker on the store's host does
+        self._emit({"op": "heartbeat", "fields": fields, **self._who()}, sync=True)
 
     def set_info(self, run_id: int, info: dict) -> None:
         self._run.info = {**self._run.info, **info}
@@ -123,9 +125,15 @@ class RunFile:
         return 0
 
     def finish(self, run_id: int, state: str, error: str | None = None) -> bool:
+        """True: the end is in the file (fsync'ed); the reader applies it by Store.finish's
+        rules, with this worker's pid and host."""
         self._run.state = state
-        self._emit({"op": "finish", "state": state, "error": error}, sync=True)
+        self._emit({"op": "finish", "state": state, "error": error, **self._who()}, sync=True)
         return True
+
+    @staticmethod
+    def _who() -> dict:
+        return {"pid": os.getpid(), "host": socket.gethostname()}
 
 
 def _jsonable(v: Any) -> Any:
@@ -180,8 +188,8 @@ def _apply(store: Store, run_id: int, ev: dict) -> None:
     if op == "start":
         store.mark_started_remote(run_id, ev.get("host"), ev.get("pid"), t)
         store.set_info(run_id, {"slurm_attempt": ev.get("attempt", 0)})
-    elif op == "heartbeat":
-        store.heartbeat(run_id, **ev.get("fields", {}))
+    elif op == "heartbeat":  # events from before pid/host were written name no worker (-1)
+        store.heartbeat(run_id, pid=ev.get("pid", -1), host=ev.get("host"), **ev.get("fields", {}))
     elif op == "info":
         store.set_info(run_id, ev.get("info", {}))
     elif op == "metrics":
@@ -193,4 +201,4 @@ def _apply(store: Store, run_id: int, ev: dict) -> None:
     elif op == "trim_after":
         store.trim_after(run_id, int(ev["step"]))
     elif op == "finish":
-        store.finish(run_id, ev["state"], ev.get("error"))
+        store.finish(run_id, ev["state"], ev.get("error"), pid=ev.get("pid", -1), host=ev.get("host"))

@@ -178,7 +178,8 @@ class Submission(list):
     submitting did with each: ``queued`` new runs, ``resumed`` from a checkpoint,
     ``restarted`` from scratch (unfinished, no checkpoint), ``skipped`` (already finished),
     ``attached`` (already pending or running), ``refused`` ((id, reason): could not be
-    requeued, e.g. its worker is still exiting)."""
+    requeued, e.g. its worker is still exiting, or it holds its final results although it
+    did not finish: those are never deleted)."""
 
     def __init__(self):
         super().__init__()
@@ -197,7 +198,9 @@ def submit(store: Store, profile, jobs: int | None = None, runs_per_gpu: int | N
     Replaying is idempotent: a run of the sweep that the store already holds (same profile
     name, same spec: :func:`checkpoint.spec_key`) is not added again. Finished ones are
     skipped, pending or running ones watched, and the others requeued: resumed from their
-    checkpoint, or restarted when they have none. ``fresh`` adds every run anew.
+    checkpoint, or restarted when they have none. A crashed run that holds its final
+    results counts as finished (:meth:`Store.recognise_finished`); any other unfinished
+    one holding them is refused: no replay deletes results. ``fresh`` adds every run anew.
 
     ``runs_per_gpu``: the command-line value; None falls back to the profile's, then 1.
     (A scheduler already serving this store keeps its own setting for these runs.)"""
@@ -212,6 +215,10 @@ def submit(store: Store, profile, jobs: int | None = None, runs_per_gpu: int | N
         out.extend(out.queued)
     else:
         store.reap()  # a dead 'running' run counts as unfinished, not as going
+        for r in store.runs(profile=profile.name, states=["crashed"]):
+            # measured everything, then its end was lost (a verdict while it was paused):
+            # finished, so skipped below and never trained again over its results
+            store.recognise_finished(r.id)
         have: dict[str, list] = {}
         for r in store.runs(profile=profile.name):
             have.setdefault(spec_key(r.spec), []).append(r)

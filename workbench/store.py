@@ -15,11 +15,16 @@ limit) and saved a checkpoint if it could. Runs that did not finish can be put b
 """
 from __future__ import annotations
 
+import errno
+import fcntl
+import functools
 import json
 import os
 import socket
 import sqlite3
+import sys
 import time
+import urllib.parse
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,7 +34,12 @@ STATES = ("pending", "running", "finished", "failed", "crashed", "killed", "pree
 TERMINAL = frozenset({"finished", "failed", "crashed", "killed", "preempted"})
 UNFINISHED = ("failed", "crashed", "killed", "preempted")  # ended without results: may be requeued
 HEARTBEAT_S = 2.0
-HEARTBEAT_TIMEOUT_S = 30.0  # a running run silent this long is crashed
+HEARTBEAT_TIMEOUT_S = 30.0  # default: a running run silent this long is stalled (or crashed)
+HEARTBEAT_TIMEOUT_ENV = "SSM_WORKBENCH_HEARTBEAT_TIMEOUT"
+# The worker writes its summary (this name among it, under eval set '') as its last
+# measurement before it records its end: a run holding it has all its final results,
+# whatever its state says, and nothing may delete them.
+FINAL_RESULT = "wall_s"
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -98,6 +108,107 @@ CREATE TABLE IF NOT EXISTS results (
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT);
 """
 SCHEMA_VERSION = "1"
+TABLES = ("runs", "metrics", "system", "results", "meta")
+LOCK_FILE = "store.lock"       # serialises creating and upgrading the database (Store._open_writable)
+RESERVE_FILE = "disk-reserve"  # space held back for recording a full disk (Store.release_reserve)
+RESERVE_BYTES = 256 * 1024     # a failure record needs a few pages of WAL and a log line
+
+
+class StoreError(Exception):
+    """The store cannot be opened, or cannot take a write: the message is one line naming
+    the store folder, why, and what to do. The CLI prints it and exits with ``exit_code``."""
+
+    exit_code = 2
+
+
+class StoreReadOnly(StoreError):
+    """A write to a store opened read-only (a read-only mount, no permission to write)."""
+
+
+class StoreFull(StoreError):
+    """No space left for the store (SQLITE_FULL, ENOSPC, EDQUOT). Runs are not lost: the
+    worker records ``failed: disk full`` and the run resumes once there is space."""
+
+    exit_code = 1
+
+
+_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
+_READONLY_ERRNOS = frozenset({errno.EROFS, errno.EACCES, errno.EPERM})
+_SQLITE_FULL, _SQLITE_READONLY, _SQLITE_CANTOPEN, _SQLITE_PERM = 13, 8, 14, 3
+
+
+def _chain(e: BaseException | None) -> Iterator[BaseException]:
+    """``e`` and the exceptions it was raised from or while handling."""
+    seen: set[int] = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        yield e
+        e = e.__cause__ or e.__context__
+
+
+def _sqlite_code(e: BaseException) -> int | None:
+    code = getattr(e, "sqlite_errorcode", None)
+    return None if code is None else code & 0xFF  # the primary code of an extended one
+
+
+def is_disk_full(e: BaseException) -> bool:
+    """True when ``e`` (or what it was raised from) says the disk is full: the store's
+    SQLITE_FULL, or ENOSPC / EDQUOT from writing a checkpoint, a log or a run file."""
+    for x in _chain(e):
+        if isinstance(x, StoreFull):
+            return True
+        if isinstance(x, OSError) and x.errno in _FULL_ERRNOS:
+            return True
+        if isinstance(x, sqlite3.Error) and _sqlite_code(x) == _SQLITE_FULL:
+            return True
+    return False
+
+
+def _cannot_write(e: BaseException) -> str | None:
+    """Why a failed write means the store cannot be written here (a read-only mount, no
+    permission, a full disk), in words; None for any other error."""
+    if is_disk_full(e):
+        return "disk full"
+    for x in _chain(e):
+        if isinstance(x, StoreReadOnly):
+            return str(x)
+        if isinstance(x, OSError) and x.errno in _READONLY_ERRNOS:
+            return x.strerror or str(x)
+        if isinstance(x, sqlite3.Error) and _sqlite_code(x) in (_SQLITE_READONLY, _SQLITE_CANTOPEN, _SQLITE_PERM):
+            return f"the database cannot be written ({x})"
+    return None
+
+
+def ensure_reserve(folder: Path, size: int = RESERVE_BYTES) -> None:
+    """Hold ``size`` bytes in ``folder`` (a file of random bytes, so compressing file
+    systems store all of it) for :func:`release_reserve` to free when the disk is full.
+    Best effort: with no room for it now, the next open tries again."""
+    path = Path(folder) / RESERVE_FILE
+    tmp = path.with_name(f".{RESERVE_FILE}.{os.getpid()}.tmp")
+    try:
+        if path.stat().st_size >= size:
+            return
+    except OSError:
+        pass
+    try:
+        with open(tmp, "wb") as f:
+            f.write(os.urandom(size))
+        os.replace(tmp, path)
+    except OSError:
+        try:
+            tmp.unlink()
+        except OSError:
+            pass
+
+
+def release_reserve(folder: Path) -> bool:
+    """Delete the reserve in ``folder``, so the writes that record a full disk find room.
+    True when there was one."""
+    try:
+        (Path(folder) / RESERVE_FILE).unlink()
+        return True
+    except OSError:
+        return False
 
 
 def default_store_dir() -> Path:
@@ -106,6 +217,29 @@ def default_store_dir() -> Path:
         return Path(env).expanduser()
     base = os.environ.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local", "share")
     return Path(base) / "ssm-workbench"
+
+
+_warned_timeout: set[str] = set()
+
+
+def heartbeat_timeout() -> float:
+    """Seconds of heartbeat silence after which a running run is stalled (its process on
+    this host still exists) or crashed (it cannot be checked): ``$SSM_WORKBENCH_HEARTBEAT_TIMEOUT``,
+    read at each reap so tests and slow machines can change it, else HEARTBEAT_TIMEOUT_S."""
+    raw = os.environ.get(HEARTBEAT_TIMEOUT_ENV, "").strip()
+    if not raw:
+        return HEARTBEAT_TIMEOUT_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = float("nan")
+    if not (0 < value < float("inf")):
+        if raw not in _warned_timeout:  # once per value, not at every poll
+            _warned_timeout.add(raw)
+            print(f"{HEARTBEAT_TIMEOUT_ENV}={raw!r} is not a positive number of seconds; "
+                  f"using {HEARTBEAT_TIMEOUT_S:.0f}", file=sys.stderr)
+        return HEARTBEAT_TIMEOUT_S
+    return value
 
 
 @dataclass
@@ -160,53 +294,230 @@ class Run:
             return None
         return (self.ended or time.time()) - self.started
 
+    @property
+    def worker(self) -> str | None:
+        """'pid 1234 on host' for the run's (last) worker process, or None before it started."""
+        if self.pid is None and not self.host:
+            return None
+        return f"pid {self.pid if self.pid is not None else '?'} on {self.host or '?'}"
+
+    def stall_note(self, now: float | None = None) -> str | None:
+        """'no heartbeat for 42 s, process alive (stopped)' for a running run that
+        :meth:`Store.reap` found silent past the timeout while its worker's process still
+        exists (a paused VM, a SIGSTOP, a long pause): it is not declared crashed; None
+        otherwise."""
+        note = (self.info or {}).get("stalled")
+        if self.state != "running" or not note or self.heartbeat is None:
+            return None
+        status = note.get("status")
+        how = f"({status})" if status and status not in ("running", "sleeping", "disk-sleep") else "(stopped?)"
+        return f"no heartbeat for {(now or time.time()) - self.heartbeat:.0f} s, process alive {how}"
+
+
+def _tidying(method):
+    """For a method that readers call to bring the store up to date (:meth:`Store.reap`):
+    on a read-only store it does nothing, and a full disk met on the way is said once on
+    stderr and kept in ``store.disk_full`` (``run`` stops on it), so reading never fails
+    for want of writing."""
+    @functools.wraps(method)
+    def tidy(self: "Store", *args: Any, **kwargs: Any) -> list:
+        if self.readonly:
+            return []
+        try:
+            return method(self, *args, **kwargs)
+        except StoreFull as e:
+            if self.disk_full is None:
+                print(f"{e}; runs whose worker ended stay as they are until then", file=sys.stderr)
+            self.disk_full = e
+            return []
+    return tidy
+
 
 class Store:
-    def __init__(self, root: str | Path | None = None):
+    """The store in folder ``root``. It opens read-only when it cannot be written there (a
+    read-only mount, no permission, a full disk): reads work, :meth:`reap` does nothing and
+    writes raise :class:`StoreReadOnly` (:class:`StoreFull` for a full disk) naming the folder
+    and why. ``readonly=True`` opens read-only on purpose. A path that cannot be a folder,
+    or a folder holding no store that cannot be created, is a :class:`StoreError`."""
+
+    def __init__(self, root: str | Path | None = None, *, readonly: bool = False):
         self.root = Path(root).expanduser() if root else default_store_dir()
-        self.root.mkdir(parents=True, exist_ok=True)
-        (self.root / "logs").mkdir(exist_ok=True)
         self.path = self.root / "store.sqlite"
         self._conn: sqlite3.Connection | None = None
         self._pid = os.getpid()
-        self.conn.executescript(SCHEMA)  # idempotent; executescript manages its own transaction
-        with self.tx() as c:
-            c.execute("INSERT OR IGNORE INTO meta VALUES ('schema_version', ?)", (SCHEMA_VERSION,))
-            # columns added after a store was first created (older stores are upgraded in place)
-            have = {r[1] for r in c.execute("PRAGMA table_info(system)")}
-            if "gpu_proc_mem_mb" not in have:
-                c.execute("ALTER TABLE system ADD COLUMN gpu_proc_mem_mb REAL")
+        self._uri: str | None = None  # read-only: what every connection opens (mode=ro or immutable=1)
+        self.readonly_reason: str | None = "opened read-only" if readonly else None
+        self.disk_full: StoreFull | None = None  # set when a best-effort write (reap) met a full disk
+        if self.root.exists() and not self.root.is_dir():
+            raise StoreError(f"store {self.root} is a file, not a folder; give --store (or "
+                             f"$SSM_WORKBENCH_STORE) a folder, or a path where one can be created")
+        if not readonly:
+            try:
+                self._open_writable()
+            except (OSError, sqlite3.Error, StoreReadOnly) as e:
+                why = _cannot_write(e)
+                if why is None:
+                    self.close()
+                    if isinstance(e, sqlite3.DatabaseError):
+                        raise StoreError(f"store {self.root}: cannot open {self.path.name}: {e}") from None
+                    raise
+                self.close()
+                if not self.path.is_file():
+                    raise StoreError(f"cannot create a store in {self.root}: {why}") from None
+                self.readonly_reason = why
+        if self.readonly_reason:
+            self._open_readonly()
+
+    @property
+    def readonly(self) -> bool:
+        return self.readonly_reason is not None
+
+    # -- opening ------------------------------------------------------------------
+    def _open_writable(self) -> None:
+        """Create or upgrade the store under a lock file, so processes opening a new store at
+        the same moment take turns (SQLite's switch to WAL needs the database to itself and
+        does not wait on a busy one). Opening a complete store writes nothing, so it works
+        on a full disk; a store that cannot be written fails here, before anything is read."""
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+        except (FileExistsError, NotADirectoryError):
+            raise StoreError(f"store {self.root} cannot be a folder: part of that path is a file; "
+                             f"give --store (or $SSM_WORKBENCH_STORE) a folder") from None
+        (self.root / "logs").mkdir(exist_ok=True)
+        with open(self.root / LOCK_FILE, "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            c = self.conn
+            # a database file or folder we may not write shows here, as SQLite opens such a
+            # file read-only without a word: taking the write lock needs write access and
+            # writes nothing
+            c.execute("BEGIN IMMEDIATE")
+            c.execute("ROLLBACK")
+            if self._needs_setup(c):
+                if c.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
+                    c.execute("PRAGMA journal_mode=WAL")
+                c.executescript(SCHEMA)  # idempotent; executescript manages its own transaction
+                with self.tx() as c:
+                    c.execute("INSERT OR IGNORE INTO meta VALUES ('schema_version', ?)", (SCHEMA_VERSION,))
+                    # columns added after a store was first created (older stores are upgraded in place)
+                    have = {r[1] for r in c.execute("PRAGMA table_info(system)")}
+                    if "gpu_proc_mem_mb" not in have:
+                        c.execute("ALTER TABLE system ADD COLUMN gpu_proc_mem_mb REAL")
+            ensure_reserve(self.root)
+
+    @staticmethod
+    def _needs_setup(c: sqlite3.Connection) -> bool:
+        """Anything to create or upgrade (read without writing)."""
+        tables = {r[0] for r in c.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        if not set(TABLES) <= tables:
+            return True
+        if c.execute("SELECT 1 FROM meta WHERE key='schema_version'").fetchone() is None:
+            return True
+        if "gpu_proc_mem_mb" not in {r[1] for r in c.execute("PRAGMA table_info(system)")}:
+            return True
+        return c.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal"
+
+    def _open_readonly(self) -> None:
+        """Read without writing anything. ``mode=ro`` first; SQLite reads a WAL database
+        read-only only where its -shm file exists or can be made, so a store whose last
+        writer closed cleanly on a read-only mount needs ``immutable=1`` (then changes still
+        in a -wal file there, from a writer that died, are not seen; the reason says so)."""
+        if not self.path.is_file():
+            raise StoreError(f"no store in {self.root} ({self.readonly_reason})")
+        where = urllib.parse.quote(str(self.path.absolute()))
+        last: Exception | None = None
+        for uri in (f"file:{where}?mode=ro", f"file:{where}?immutable=1"):
+            self._uri = uri
+            try:
+                c = self.conn
+                tables = {r[0] for r in c.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+            except sqlite3.Error as e:
+                last = e
+                self.close()
+                continue
+            if "runs" not in tables:
+                self.close()
+                raise StoreError(f"{self.path} is not an ssm-workbench store (no runs table)")
+            wal = self.path.with_name(self.path.name + "-wal")
+            if uri.endswith("immutable=1") and wal.is_file() and wal.stat().st_size:
+                self.readonly_reason += f"; its {wal.name} file could not be read, so its latest changes are not shown"
+            return
+        self._uri = None
+        raise StoreError(f"cannot read the store {self.path}: {last} ({self.readonly_reason})")
+
+    def _refusal(self) -> StoreError:
+        if self.readonly_reason == "disk full":
+            return StoreFull(f"store {self.root}: disk full; free some space there (unfinished runs "
+                             f"can be resumed then: ssm-workbench resume ID)")
+        return StoreReadOnly(f"store {self.root} is read-only ({self.readonly_reason}): it can be "
+                             f"read (runs, show, export) but not changed; copy the folder somewhere "
+                             f"writable to run or resume there")
+
+    def _write_error(self, e: sqlite3.Error) -> StoreError | None:
+        """A failed write in words: a full disk or a store that cannot be written."""
+        if is_disk_full(e):
+            return StoreFull(f"store {self.root}: disk full ({e}); free some space there (unfinished "
+                             f"runs can be resumed then: ssm-workbench resume ID)")
+        why = _cannot_write(e)
+        if why is not None:
+            return StoreReadOnly(f"store {self.root} cannot be written ({why})")
+        return None
+
+    def release_reserve(self) -> bool:
+        """Free the space held back in the store folder (:func:`ensure_reserve`), for the
+        few writes that record a full disk; the next writable open holds it again."""
+        return release_reserve(self.root)
 
     # -- connection ---------------------------------------------------------------
     @property
     def conn(self) -> sqlite3.Connection:
         # a connection must not cross fork(); reopen in a child process
         if self._conn is None or self._pid != os.getpid():
-            c = sqlite3.connect(self.path, timeout=30.0, isolation_level=None, check_same_thread=False)
-            c.row_factory = sqlite3.Row
-            c.execute("PRAGMA journal_mode=WAL")
-            c.execute("PRAGMA synchronous=NORMAL")
-            c.execute("PRAGMA busy_timeout=30000")
-            self._conn, self._pid = c, os.getpid()
+            self._conn, self._pid = self._connect(), os.getpid()
         return self._conn
+
+    def _connect(self) -> sqlite3.Connection:
+        """A new connection (the journal mode is WAL from creation on: it is kept in the
+        database file, and switching it here would race with other processes opening)."""
+        if self._uri:
+            c = sqlite3.connect(self._uri, uri=True, timeout=30.0, isolation_level=None,
+                                check_same_thread=False)
+        else:
+            c = sqlite3.connect(self.path, timeout=30.0, isolation_level=None, check_same_thread=False)
+            c.execute("PRAGMA synchronous=NORMAL")
+        c.row_factory = sqlite3.Row
+        c.execute("PRAGMA busy_timeout=30000")
+        return c
 
     @contextmanager
     def tx(self) -> Iterator[sqlite3.Connection]:
         """A short write transaction (BEGIN IMMEDIATE takes the write lock up front).
         Inside another one it joins it, so several writes can commit together (the
-        ingestion of a run file applies a batch of events and its offset as one)."""
+        ingestion of a run file applies a batch of events and its offset as one).
+        A read-only store refuses (:class:`StoreReadOnly`); a full disk raises
+        :class:`StoreFull`, with the transaction rolled back."""
+        if self.readonly_reason:
+            raise self._refusal()
         c = self.conn
         if c.in_transaction:
             yield c
             return
-        c.execute("BEGIN IMMEDIATE")
         try:
-            yield c
-        except BaseException:
-            c.execute("ROLLBACK")
-            raise
-        else:
-            c.execute("COMMIT")
+            c.execute("BEGIN IMMEDIATE")
+            try:
+                yield c
+                c.execute("COMMIT")
+            except BaseException:
+                if c.in_transaction:  # SQLite may have rolled back itself (SQLITE_FULL does)
+                    try:
+                        c.execute("ROLLBACK")
+                    except sqlite3.Error:
+                        pass
+                raise
+        except sqlite3.Error as e:
+            err = self._write_error(e)
+            if err is None:
+                raise
+            raise err from e
 
     def close(self) -> None:
         if self._conn is not None:
@@ -291,15 +602,35 @@ class Store:
         with self.tx() as c:
             c.execute("UPDATE runs SET log_path=? WHERE id=?", (path, run_id))
 
-    def heartbeat(self, run_id: int, **fields: Any) -> None:
-        """Worker: refresh the heartbeat and any of progress/step/epoch/last_* columns."""
+    def heartbeat(self, run_id: int, *, pid: int | None = None, host: str | None = None,
+                  **fields: Any) -> None:
+        """Worker: refresh the heartbeat and any of progress/step/epoch/last_* columns.
+
+        The caller is the process ``pid`` on ``host`` (default: this process). If that is the
+        run's own worker and the run was declared ``crashed`` meanwhile (a heartbeat verdict
+        made while the worker was paused and its process could not be checked), the worker is
+        evidently alive: the run is ``running`` again and the verdict kept in info
+        ``revived``. A ``stalled`` note (see :meth:`reap`) is cleared."""
         allowed = {"progress", "step", "total_steps", "epoch", "last_loss", "last_accuracy", "backend", "device"}
         bad = set(fields) - allowed
         if bad:
             raise KeyError(f"heartbeat cannot set {sorted(bad)}")
-        sets = ", ".join([f"{k}=?" for k in fields] + ["heartbeat=?"])
+        now = time.time()
+        sets = [f"{k}=?" for k in fields] + ["heartbeat=?"]
+        args: list[Any] = [*fields.values(), now]
         with self.tx() as c:
-            c.execute(f"UPDATE runs SET {sets} WHERE id=?", (*fields.values(), time.time(), run_id))
+            row = c.execute("SELECT state, pid, host, error, info FROM runs WHERE id=?", (run_id,)).fetchone()
+            if row is None:
+                return
+            info = json.loads(row["info"]) if row["info"] else {}
+            revive = row["state"] == "crashed" and _own(row, pid, host)
+            if revive:
+                sets += ["state='running'", "ended=NULL", "error=NULL"]
+                info["revived"] = info.get("revived", []) + [_revival(row, now)]
+            if revive or info.pop("stalled", None) is not None:
+                sets.append("info=?")
+                args.append(json.dumps(info, default=str))
+            c.execute(f"UPDATE runs SET {', '.join(sets)} WHERE id=?", (*args, run_id))
 
     def set_info(self, run_id: int, info: dict) -> None:
         with self.tx() as c:
@@ -307,32 +638,76 @@ class Store:
             merged = {**(json.loads(row[0]) if row and row[0] else {}), **info}
             c.execute("UPDATE runs SET info=? WHERE id=?", (json.dumps(merged, default=str), run_id))
 
-    def finish(self, run_id: int, state: str, error: str | None = None) -> bool:
-        """Move a running (or pending) run to a terminal state; never overwrite one.
+    def finish(self, run_id: int, state: str, error: str | None = None, *,
+               pid: int | None = None, host: str | None = None) -> bool:
+        """Move a running (or pending) run to a terminal state; never overwrite one, with one
+        exception: a ``crashed`` verdict is provisional when the caller, the process ``pid`` on
+        ``host`` (default: this process), is the run's own worker: a worker that was paused
+        past the heartbeat timeout and woke up records its true end (the verdict goes to info
+        ``revived``).
 
-        Returns False when the run was already terminal (e.g. killed meanwhile).
+        Returns False when the run was not moved: it had ended (e.g. killed meanwhile) or
+        another worker owns it now. A worker must then keep what it would have removed.
         """
         if state not in TERMINAL:
             raise ValueError(f"{state!r} is not a terminal state")
+        now = time.time()
         with self.tx() as c:
-            cur = c.execute(
+            row = c.execute("SELECT state, pid, host, error, info FROM runs WHERE id=?", (run_id,)).fetchone()
+            if row is None:
+                return False
+            revive = row["state"] == "crashed" and _own(row, pid, host)
+            if row["state"] not in ("pending", "running") and not revive:
+                return False
+            info = json.loads(row["info"]) if row["info"] else {}
+            stalled = info.pop("stalled", None)
+            if revive:
+                info["revived"] = info.get("revived", []) + [_revival(row, now)]
+            new_info = json.dumps(info, default=str) if (revive or stalled is not None) else row["info"]
+            c.execute(
                 "UPDATE runs SET state=?, error=?, ended=?, progress=CASE WHEN ?='finished' THEN 1.0"
-                " ELSE progress END WHERE id=? AND state IN ('pending','running')",
-                (state, error, time.time(), state, run_id),
+                " ELSE progress END, info=? WHERE id=?",
+                (state, error, now, state, new_info, run_id),
             )
-            return cur.rowcount == 1
+            return True
+
+    def has_final_results(self, run_id: int) -> bool:
+        """True when the run's worker recorded its summary (FINAL_RESULT): its measurements
+        are complete even if its end was not recorded (crashed by a verdict, killed at the
+        last moment). Such results are never deleted."""
+        return self.conn.execute(_FINAL_SQL, (run_id,)).fetchone() is not None
+
+    def recognise_finished(self, run_id: int) -> bool:
+        """A ``crashed`` run that holds its final results is ``finished`` (its worker wrote
+        every measurement, then its end was lost: a verdict while it was paused, a crash
+        while it recorded its end). The verdict stays in info ``recognised``. Returns True
+        when the run was moved."""
+        now = time.time()
+        with self.tx() as c:
+            row = c.execute("SELECT error, info FROM runs WHERE id=? AND state='crashed'", (run_id,)).fetchone()
+            if row is None or c.execute(_FINAL_SQL, (run_id,)).fetchone() is None:
+                return False
+            info = json.loads(row["info"]) if row["info"] else {}
+            info["recognised"] = {"t": now, "was": "crashed", "verdict": (row["error"] or "").split("\n")[0],
+                                  "why": "all its final results were recorded"}
+            info.pop("stalled", None)
+            c.execute("UPDATE runs SET state='finished', progress=1.0, error=NULL, info=? WHERE id=?",
+                      (json.dumps(info, default=str), run_id))
+            return True
 
     def requeue(self, run_id: int, resume: dict | None) -> bool:
         """An ended, unfinished run back to ``pending`` (the scheduler starts it again).
 
         ``resume``: the marker the worker reads to load the run's checkpoint (kept in the
         info as ``resume``); None starts it from scratch, so its measurements so far are
-        deleted. Returns False when the run is not in an UNFINISHED state."""
+        deleted. Returns False when the run is not in an UNFINISHED state, or when it holds
+        its final results (:meth:`has_final_results`): a finished run's measurements are never
+        deleted, whatever its state says."""
         states = ",".join("?" * len(UNFINISHED))
         with self.tx() as c:
             row = c.execute(f"SELECT info FROM runs WHERE id=? AND state IN ({states})",
                             (run_id, *UNFINISHED)).fetchone()
-            if row is None:
+            if row is None or c.execute(_FINAL_SQL, (run_id,)).fetchone() is not None:
                 return False
             info = {**(json.loads(row[0]) if row[0] else {}), "resume": resume}
             c.execute(
@@ -350,8 +725,12 @@ class Store:
     def trim_after(self, run_id: int, step: int) -> int:
         """Drop what a resumed run will compute again: metrics logged after ``step`` (by the
         attempt that was interrupted after its checkpoint) and any results. Returns the
-        number of metric rows deleted."""
+        number of metric rows deleted. A run that holds its final results loses nothing
+        (0): :meth:`requeue` never resumes one, and a stray attempt overwrites rather than
+        deletes."""
         with self.tx() as c:
+            if c.execute(_FINAL_SQL, (run_id,)).fetchone() is not None:
+                return 0
             n = c.execute("DELETE FROM metrics WHERE run_id=? AND step>?", (run_id, step)).rowcount
             c.execute("DELETE FROM results WHERE run_id=?", (run_id,))
         return n
@@ -415,25 +794,73 @@ class Store:
         return out
 
     # -- liveness -----------------------------------------------------------------
+    @_tidying
     def reap(self, now: float | None = None) -> list[int]:
-        """Mark running runs whose worker is gone as crashed; returns their ids."""
+        """Mark running runs whose worker is gone as crashed; returns their ids.
+
+        Heartbeat silence alone (past :func:`heartbeat_timeout`) is no proof of death: a
+        worker on this host whose process still exists (pid and start time) is only noted
+        ``stalled`` in its info (:meth:`Run.stall_note`: a SIGSTOP, a suspended machine, a
+        long pause) and stays running. Only a worker that cannot be checked from here
+        (another host) is declared crashed on silence, provisionally: its next heartbeat or
+        its finish brings the run back (:meth:`heartbeat`, :meth:`finish`)."""
         now = now or time.time()
         host = socket.gethostname()
+        timeout = heartbeat_timeout()
         crashed = []
         for r in self.runs(states=["running"]):
             if (r.info or {}).get("executor") == "slurm":
                 continue  # another node's worker: Slurm's job state says (workbench.slurm.sync)
             reason = None
-            if r.host == host and r.pid and not pid_alive(r.pid, r.pid_start):
-                reason = "worker process exited without finishing"
-            elif r.heartbeat is not None and now - r.heartbeat > HEARTBEAT_TIMEOUT_S:
-                reason = f"no heartbeat for {now - r.heartbeat:.0f} s"
+            silent = r.heartbeat is not None and now - r.heartbeat > timeout
+            if r.host == host and r.pid:
+                if not pid_alive(r.pid, r.pid_start):
+                    reason = "worker process exited without finishing"
+                elif silent and not (r.info or {}).get("stalled"):
+                    self._note_stalled(r, now)
+            elif silent:
+                reason = (f"no heartbeat for {now - r.heartbeat:.0f} s (its worker, "
+                          f"{r.worker or 'unknown'}, cannot be checked from {host}; it may still "
+                          f"report and finish the run)")
             if reason:
                 tail = tail_log(r.log_path)
                 msg = reason + (f"; last log lines:\n{tail}" if tail else "")
                 if self.finish(r.id, "crashed", msg):
                     crashed.append(r.id)
         return crashed
+
+
+    def _note_stalled(self, r: Run, now: float) -> None:
+        """Record (once, until the next heartbeat clears it) that a live worker went silent."""
+        import psutil
+
+        try:
+            status = psutil.Process(r.pid).status()
+        except psutil.Error:
+            status = None
+        note = {"since": r.heartbeat, "noted": now, "pid": r.pid, "status": status}
+        with self.tx() as c:
+            row = c.execute("SELECT info FROM runs WHERE id=? AND state='running' AND heartbeat=?",
+                            (r.id, r.heartbeat)).fetchone()
+            if row is None:
+                return  # it beat or ended meanwhile
+            info = {**(json.loads(row[0]) if row[0] else {}), "stalled": note}
+            c.execute("UPDATE runs SET info=? WHERE id=?", (json.dumps(info, default=str), r.id))
+
+
+_FINAL_SQL = f"SELECT 1 FROM results WHERE run_id=? AND eval_set='' AND name='{FINAL_RESULT}'"
+
+
+def _own(row: sqlite3.Row, pid: int | None, host: str | None) -> bool:
+    """Is the caller (``pid`` on ``host``, default this process) the run's recorded worker?
+    While the caller runs no other process has its pid on its host, so the pair names it;
+    a requeue clears the run's pid, so an earlier attempt's worker never matches."""
+    return (row["pid"] is not None and row["pid"] == (pid if pid is not None else os.getpid())
+            and (row["host"] or "") == (host or socket.gethostname()))
+
+
+def _revival(row: sqlite3.Row, now: float) -> dict:
+    return {"t": now, "was": row["state"], "verdict": (row["error"] or "").split("\n")[0]}
 
 
 def pid_alive(pid: int, create_time: float | None = None) -> bool:
