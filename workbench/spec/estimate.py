@@ -1,0 +1,464 @@
+"""Resource estimate before launch: each run's parameter count and peak memory on its device.
+
+A run's peak is the sum of what lives through training on its device:
+
+- ``runtime``: what the worker holds before any model (CPU: the process with torch
+  imported, ~300 MiB RSS; CUDA: the context and library workspaces outside the allocator);
+- ``weights`` (parameters and buffers), ``grads`` (trainable parameters),
+  ``optimizer`` (Adam/AdamW: two fp32 moments per trainable parameter);
+- ``activations``: tensors autograd keeps for backward (attention maps, recurrent states
+  and scan checkpoints included, whatever the model's code path keeps), plus a
+  ``transient`` for backward's own temporaries;
+- ``data``: the fixed training set where the worker keeps it on the device (CPU: always;
+  CUDA: when it is at most ``worker.RESIDENT_MAX_BYTES``), the eval set on the CPU, and
+  the batches in flight;
+- the eval forward (no grad, ``eval_batch_size`` capped at ``EVAL_TOKENS_PER_BATCH``
+  tokens) runs between training steps, when the step's activations are gone, so the peak
+  takes the larger of the two, not their sum.
+
+Activations are measured, not modelled: the real composed model (task encoder + backbone
++ head) runs one forward at small lengths (``PROBE_LENS``) and batches 1 and 2 on the
+CPU under ``torch.autograd.graph.saved_tensors_hooks``, summing the bytes of the distinct
+storages it saves. That gives, per length, a batch-independent part (e.g. an S4 kernel)
+and a per-sample part; each is fitted exactly by ``a + b L + c L^2`` through the three
+lengths and evaluated at the run's length and batch. Nothing proportional to the
+requested length is ever allocated. A quadratic term appears exactly where the code path
+keeps an (L, L) map: ``scaled_dot_product_attention`` on the CPU takes its flash kernel
+(linear memory) unless dropout is on, and on CUDA the flash/memory-efficient kernels keep
+no map (with or without dropout), so for CUDA runs the probe turns attention dropout off;
+an eager attention (Hugging Face GPT-Neo) keeps its map on both and is measured so.
+Probes are cached per (model, options, width, depth, task shape, device kind): a profile
+check costs one probe per model, a few tenths of a second each.
+
+Known over- and under-estimates: the CPU probe runs the CPU kernels (e.g. the C
+selective scan keeps a state every 32 steps); CUDA's kernels (mamba-ssm, Triton) keep
+about as much or less, so CUDA estimates err high. ``amp`` (bf16) is estimated as fp32
+(high by up to 2x on activations). Deep models (more than ``DIRECT_LAYERS`` layers) are
+probed at 2 and 4 layers and extrapolated linearly in depth.
+"""
+from __future__ import annotations
+
+import copy
+import functools
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+MiB = 1 << 20
+GiB = 1 << 30
+PROBE_LENS = (64, 128, 256)     # powers of two: FFT and chunked-scan sizes are exact there
+DIRECT_LAYERS = 4               # deeper models are probed at 2 and 4 layers, then extrapolated
+CPU_RUNTIME_BYTES = 300 * MiB   # RSS of a worker process with torch imported, before its model
+CUDA_RUNTIME_BYTES = 600 * MiB  # CUDA context + cuBLAS/cuDNN workspaces, outside the allocator
+# backward's temporaries: gradients of the saved tensors of the layer being differentiated,
+# a fraction of the activations of one layer. Measured against `bench` (tests/test_estimate.py).
+TRANSIENT_FACTOR = 2.0
+
+
+class EstimateError(Exception):
+    """A run that cannot be estimated for its device (e.g. train.device = "cuda", no GPU)."""
+
+
+def fmt_bytes(n: float | None) -> str:
+    """Bytes in the unit that keeps 1-3 digits before the point (MiB, GiB, TiB)."""
+    if n is None:
+        return "?"
+    for unit, size in (("TiB", 1 << 40), ("GiB", GiB)):
+        if abs(n) >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n / MiB:.1f} MiB"
+
+
+def fmt_count(n: int | None) -> str:
+    if n is None:
+        return "?"
+    for unit, size in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if n >= size:
+            return f"{n / size:.2f}{unit}"
+    return str(n)
+
+
+# --------------------------------------------------------------------------- devices
+@dataclass
+class Limit:
+    """Where a run executes and how much memory it may use there (None: not checked)."""
+
+    device: str                 # "cpu" or "cuda"
+    bytes: int | None
+    what: str                   # e.g. "RAM of this machine: 23.4 GiB"
+
+
+def _cuda_total_bytes() -> tuple[int, str] | None:
+    """The smallest visible GPU's total memory (a run may land on any of them), or None."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    n = torch.cuda.device_count()
+    # get_device_properties reads the driver's numbers without creating a context
+    sizes = [(torch.cuda.get_device_properties(i).total_memory, torch.cuda.get_device_name(i))
+             for i in range(n)]
+    total, name = min(sizes)
+    return total, name
+
+
+def device_limit(want: str, executor: str = "local", share: int = 1) -> Limit:
+    """The device a run with ``train.device = want`` gets, and its memory limit.
+
+    ``share``: runs that share the device at once (runs_per_gpu on a GPU, --jobs on the
+    CPU); each gets an equal part. Slurm runs execute on other nodes: nothing here is
+    checked against this machine. Raises EstimateError for "cuda" on a machine without one.
+    """
+    gpu = _cuda_total_bytes() if executor != "slurm" else None
+    if executor == "slurm":
+        kind = "cpu" if want == "cpu" else "cuda"
+        return Limit(kind, None, "not checked: the runs execute on Slurm nodes")
+    if want == "cuda" and gpu is None:
+        raise EstimateError("train.device is 'cuda' but there is no GPU here (torch sees no CUDA "
+                            "device): set train.device = \"cpu\" or \"auto\", or run where a GPU is")
+    if want == "cuda" or (want == "auto" and gpu is not None):
+        total, name = gpu
+        part = f", shared by {share} runs per GPU" if share > 1 else ""
+        return Limit("cuda", total // share, f"GPU memory of {name}: {fmt_bytes(total)}{part}")
+    import psutil
+
+    total = psutil.virtual_memory().total
+    part = f", shared by {share} concurrent runs" if share > 1 else ""
+    return Limit("cpu", total // share, f"RAM of this machine: {fmt_bytes(total)}{part}")
+
+
+# --------------------------------------------------------------------------- probing
+@dataclass
+class _Fit:
+    """y(L) = a + b L + c L^2 through the probe points (c clamped at 0: no shrinking)."""
+
+    a: float
+    b: float
+    c: float
+
+    @classmethod
+    def through(cls, ys: list[float], lens=PROBE_LENS) -> "_Fit":
+        import numpy as np
+
+        A = np.array([[1.0, L, L * L] for L in lens])
+        a, b, c = np.linalg.solve(A, np.array(ys, dtype=float))
+        if c < 1e-9 * max(1.0, abs(b)):  # linear (or rounding noise): the last two points
+            c = 0.0
+            b = (ys[-1] - ys[-2]) / (lens[-1] - lens[-2])
+            a = ys[-1] - b * lens[-1]
+        return cls(float(a), float(max(b, 0.0)), float(c))
+
+    def __call__(self, L: float) -> float:
+        return max(0.0, self.a + self.b * L + self.c * L * L)
+
+    def mix(self, other: "_Fit", t: float) -> "_Fit":
+        """self + t (other - self): linear extrapolation between two depths."""
+        return _Fit(*(x + t * (y - x) for x, y in ((self.a, other.a), (self.b, other.b), (self.c, other.c))))
+
+
+@dataclass
+class Profile:
+    """What a model costs as a function of length L and batch B (bytes, parameters)."""
+
+    params: _Fit                # parameter count (a head with position embeddings grows with L)
+    trainable: _Fit
+    weight_bytes: _Fit          # parameters + buffers
+    trainable_bytes: _Fit
+    shared: _Fit                # saved for backward, independent of the batch
+    per_sample: _Fit            # saved for backward, per sequence of the batch
+    largest: _Fit               # the largest single saved tensor per sequence (eval temporaries)
+    backend: str = ""
+    can_stream: bool = False    # the backbone evaluates long sequences chunk by chunk
+
+    def saved(self, L: int, B: int) -> float:
+        return self.shared(L) + B * self.per_sample(L)
+
+
+def _synthetic(task, B: int, L: int):
+    """Inputs and targets shaped like the task's, random (the values do not change memory)."""
+    import torch
+
+    g = torch.Generator().manual_seed(0)
+    if getattr(task, "input_dim", None):
+        x = torch.randn(B, L, task.input_dim, generator=g)
+    else:
+        x = torch.randint(0, task.vocab_size, (B, L), generator=g)
+    shape = (B,) if task.pooled else (B, L)
+    y = torch.randint(0, max(1, task.num_classes), shape, generator=g)
+    return x, y
+
+
+def saved_bytes(model, inputs, targets) -> tuple[int, int]:
+    """(total, largest) bytes of the distinct storages one training forward (loss included)
+    keeps for backward, parameters and buffers excluded (they are counted as weights).
+    ``targets`` None: ``model`` is a bare backbone, trained on mean(y^2) as ``bench`` does."""
+    import torch
+
+    from tasks.metrics import loss as task_loss
+
+    own = {t.untyped_storage().data_ptr() for t in list(model.parameters()) + list(model.buffers())}
+    seen: dict[Any, int] = {}
+
+    def pack(t):
+        try:
+            s = t.untyped_storage()
+            key, size = s.data_ptr(), s.nbytes()
+        except (RuntimeError, NotImplementedError):  # tensor subclasses without one storage
+            key, size = id(t), t.numel() * t.element_size()
+        if key not in own:
+            seen[key] = max(seen.get(key, 0), size)
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        if targets is None:  # a bare backbone, as `bench` trains it: mean(y^2)
+            model(inputs).pow(2).mean()
+        else:
+            task_loss(model(inputs), targets)
+    return sum(seen.values()), max(seen.values(), default=0)
+
+
+def _build(task, model: str, d_model: int, n_layers: int, options: dict[str, Any]):
+    import torch
+
+    from workbench.compose import build_model
+
+    torch.manual_seed(0)
+    return build_model(task, model, d_model=d_model, n_layers=n_layers, **options)
+
+
+def _no_attention_dropout(m) -> None:
+    """CUDA's flash / memory-efficient SDPA kernels apply dropout without an (L, L) map; the
+    CPU probe would take the math path for it, so the CUDA probe runs without."""
+    from models.attention import CausalSelfAttention
+
+    for mod in m.modules():
+        if isinstance(mod, CausalSelfAttention):
+            mod.dropout = 0.0
+
+
+def _probe_depth(task, model: str, d_model: int, n_layers: int, options: dict[str, Any],
+                 cuda: bool) -> Profile:
+    import torch
+
+    import models
+
+    rows = []
+    net = None
+    for L in PROBE_LENS:
+        small = copy.copy(task)
+        small.seq_len = L  # heads sized by the task's length (decode_from_last) follow it
+        if net is None or task.readout == "decode_from_last":
+            net = _build(small, model, d_model, n_layers, options)
+            if cuda:
+                _no_attention_dropout(net)
+            net.train()
+        ps = list(net.parameters())
+        tr = [p for p in ps if p.requires_grad]
+        wbytes = sum(p.numel() * p.element_size() for p in ps) + sum(
+            b.numel() * b.element_size() for b in net.buffers())
+        with torch.random.fork_rng():
+            s1, _ = saved_bytes(net, *_synthetic(small, 1, L))
+            s2, big2 = saved_bytes(net, *_synthetic(small, 2, L))
+        rows.append((sum(p.numel() for p in ps), sum(p.numel() for p in tr), wbytes,
+                     sum(p.numel() * p.element_size() for p in tr), 2 * s1 - s2, s2 - s1, big2 / 2))
+    cols = list(zip(*rows))
+    fits = [_Fit.through(list(c)) for c in cols]
+    return Profile(*fits, backend=models.backend(net.backbone), can_stream=net.can_stream())
+
+
+_PROBES: dict[str, Profile] = {}
+
+
+def _probe_task(task, model: str, d_model: int, n_layers: int, options: dict[str, Any],
+                cuda: bool) -> Profile:
+    if n_layers <= DIRECT_LAYERS:
+        return _probe_depth(task, model, d_model, n_layers, options, cuda)
+    two, four = (_probe_depth(task, model, d_model, d, options, cuda) for d in (2, 4))
+    t = (n_layers - 2) / 2
+    mixed = [getattr(two, f).mix(getattr(four, f), t) for f in
+             ("params", "trainable", "weight_bytes", "trainable_bytes", "shared", "per_sample", "largest")]
+    return Profile(*mixed, backend=two.backend, can_stream=two.can_stream)
+
+
+def probe(spec, cuda: bool) -> Profile:
+    """The (cached) cost profile of ``spec``'s composed model. The task is built with the
+    run's parameters and probed at small lengths: its parameters, not its length, decide
+    the encoder and head, so one probe (keyed without the length) serves every length and
+    seed of a sweep."""
+    params = {k: v for k, v in spec.task_params.items() if k != "seq_len"}
+    key = json.dumps({"model": spec.model, "options": spec.model_options, "d_model": spec.d_model,
+                      "n_layers": spec.n_layers, "task": spec.task, "task_params": params,
+                      "cuda": cuda}, sort_keys=True, default=str)
+    if key not in _PROBES:
+        # built at the run's own length: a task may need it >= another parameter
+        task = _task(spec.task, json.dumps(spec.task_params, sort_keys=True, default=str))
+        _PROBES[key] = _probe_task(task, spec.model, spec.d_model, spec.n_layers,
+                                   spec.model_options, cuda)
+    return _PROBES[key]
+
+
+# --------------------------------------------------------------------------- estimates
+@dataclass
+class RunEstimate:
+    """One run's parameter count and estimated peak memory on its device."""
+
+    model: str
+    task: str
+    seq_len: int | None
+    seed: int
+    device: str
+    params: int | None = None
+    parts: dict[str, float] = field(default_factory=dict)  # bytes by component
+    limit: int | None = None
+    limit_what: str = ""
+    error: str | None = None    # why there is no estimate (the run may still work)
+
+    @property
+    def peak(self) -> float | None:
+        return sum(self.parts.values()) if self.parts else None
+
+    @property
+    def fits(self) -> bool:
+        """False only when there is an estimate, a limit, and the estimate exceeds it."""
+        return self.peak is None or self.limit is None or self.peak <= self.limit
+
+    def breakdown(self) -> str:
+        big = sorted(self.parts.items(), key=lambda kv: -kv[1])
+        return ", ".join(f"{k} {fmt_bytes(v)}" for k, v in big if v >= 0.5 * MiB)
+
+    def refusal(self) -> str:
+        """The one-line reason this run cannot fit (only when not ``fits``)."""
+        return (f"{self.model} on {self.task} L={self.seq_len} seed={self.seed}: estimated peak "
+                f"{fmt_bytes(self.peak)} on {self.device} ({self.breakdown()}) exceeds the limit "
+                f"{fmt_bytes(self.limit)} ({self.limit_what})")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"model": self.model, "task": self.task, "seq_len": self.seq_len, "seed": self.seed,
+                "device": self.device, "params": self.params,
+                "est_peak_mb": None if self.peak is None else round(self.peak / MiB, 1),
+                "limit_mb": None if self.limit is None else round(self.limit / MiB, 1),
+                "fits": self.fits, "parts_mb": {k: round(v / MiB, 1) for k, v in self.parts.items()},
+                **({"error": self.error} if self.error else {})}
+
+
+def _example_bytes(task, L: int) -> int:
+    """Bytes of one example as the worker holds it: long tokens or float features, long targets."""
+    x = L * task.input_dim * 4 if getattr(task, "input_dim", None) else L * 8
+    return x + (8 if task.pooled else L * 8)
+
+
+def _augments(task) -> bool:
+    from tasks.base import Task
+
+    return getattr(type(task), "augment_batch", None) is not Task.augment_batch
+
+
+def estimate_run(spec, limit: Limit) -> RunEstimate:
+    """The estimate for one RunSpec on ``limit.device``; see the module docstring."""
+    import tasks
+    from workbench import worker
+
+    est = RunEstimate(spec.label, spec.task, spec.seq_len, spec.seed, limit.device,
+                      limit=limit.bytes, limit_what=limit.what)
+    cuda = limit.device == "cuda"
+    try:
+        task = _task(spec.task, json.dumps(spec.task_params, sort_keys=True, default=str))
+        prof = probe(spec, cuda)
+    except Exception as e:  # the run itself will report what is wrong; say why we cannot tell
+        est.error = f"no estimate: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        return est
+    L = spec.seq_len or task.seq_len
+    cfg = spec.train
+    B = cfg["batch_size"]
+    est.params = int(round(prof.params(L)))
+    tb = prof.trainable_bytes(L)
+    acts = prof.saved(L, B)
+    # eval: no grad; the worker caps an eval batch at EVAL_TOKENS_PER_BATCH tokens; a forward
+    # without grad holds a few of its largest tensors at a time
+    eval_bs = max(1, min(cfg.get("eval_batch_size") or B, worker.EVAL_TOKENS_PER_BATCH // max(1, L)))
+    if L > worker.STREAM_ABOVE and prof.can_stream:
+        L_eval = worker.STREAM_CHUNK
+    else:
+        L_eval = L
+    eval_tmp = 2 * TRANSIENT_FACTOR * eval_bs * prof.largest(L_eval)
+    train_tmp = TRANSIENT_FACTOR * B * prof.largest(L)
+    example = _example_bytes(task, L)
+    train_set = task.num_train_examples * example if task.fixed_train else 0
+    eval_set = (task.num_test_examples or 0) * example
+    if cuda:
+        resident = train_set if (train_set <= worker.RESIDENT_MAX_BYTES and not _augments(task)) else 0
+        data = resident + (B + eval_bs) * example
+    else:
+        data = train_set + eval_set + (B + eval_bs) * example
+    est.parts = {
+        "runtime": CUDA_RUNTIME_BYTES if cuda else CPU_RUNTIME_BYTES,
+        "weights": prof.weight_bytes(L),
+        "grads": tb,
+        "optimizer": 2 * tb,
+        "data": data,
+    }
+    if acts + train_tmp >= eval_tmp:
+        est.parts.update(activations=acts, transient=train_tmp)
+    else:
+        est.parts.update(eval=eval_tmp)
+    return est
+
+
+@functools.lru_cache(maxsize=64)
+def _task(name: str, params_json: str):
+    import tasks
+
+    return tasks.build(name, **json.loads(params_json))
+
+
+def estimate_profile(prof, share: int = 1) -> list[RunEstimate]:
+    """Estimates for every run of ``prof`` (workbench.profile.Profile), in expand() order.
+
+    Raises EstimateError when the profile's device does not exist here (local executor).
+    """
+    from workbench.profile import expand
+
+    limit = device_limit(prof.train.device, prof.executor, share)
+    return [estimate_run(s, limit) for s in expand(prof)]
+
+
+def share_of(prof, jobs: int | None = None, runs_per_gpu: int | None = None) -> int:
+    """How many runs share one device at once under the scheduler's settings."""
+    try:
+        limit = device_limit(prof.train.device, prof.executor)
+    except EstimateError:
+        return 1
+    if limit.device == "cuda":
+        return max(1, runs_per_gpu or prof.runs_per_gpu or 1)
+    return max(1, jobs or 1)
+
+
+def too_big(estimates: list[RunEstimate]) -> list[RunEstimate]:
+    return [e for e in estimates if not e.fits]
+
+
+# --------------------------------------------------------------------------- bench twin
+def bench_estimate(model: str, options: dict[str, Any], d_model: int, n_layers: int,
+                   batch: int, seq_len: int) -> float:
+    """Bytes the estimate gives for what ``bench`` measures as ``peak_mib``: one training
+    step of the bare backbone on x: (batch, seq_len, d_model) with loss mean(y^2), counted
+    from just before the first forward (gradients + saved activations + backward's
+    transient; weights, optimizer, data and runtime are outside that measurement). The
+    same probe and fit as :func:`estimate_run`, so a match here checks the method."""
+    import torch
+
+    import models
+
+    rows = []
+    torch.manual_seed(0)
+    net = models.build(model, d_model=d_model, n_layers=n_layers, **options)
+    grads = sum(p.numel() * p.element_size() for p in net.parameters() if p.requires_grad)
+    g = torch.Generator().manual_seed(0)
+    for L in PROBE_LENS:
+        s1, _ = saved_bytes(net, torch.randn(1, L, d_model, generator=g), None)
+        s2, big2 = saved_bytes(net, torch.randn(2, L, d_model, generator=g), None)
+        rows.append((2 * s1 - s2, s2 - s1, big2 / 2))
+    shared, per_sample, largest = (_Fit.through(list(c)) for c in zip(*rows))
+    return (grads + shared(seq_len) + batch * per_sample(seq_len)
+            + TRANSIENT_FACTOR * batch * largest(seq_len))
