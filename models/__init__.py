@@ -8,6 +8,7 @@ See ``models.registry`` for the contract every entry follows.
 """
 from models.registry import (  # noqa: F401  (public API)
     ModelEntry,
+    OptionError,
     UnknownModelError,
     backend,
     build,

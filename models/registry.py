@@ -16,6 +16,7 @@ error naming the option and the model instead of being silently dropped.
 from __future__ import annotations
 
 import inspect
+import math
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -86,8 +87,76 @@ def describe(name: str) -> str:
     return entry(name).description
 
 
+class OptionError(ValueError):
+    """An option value of the wrong type or out of range; names the model and the option."""
+
+    def __init__(self, model: str, option: str, value: Any, expected: str):
+        super().__init__(f"model {model!r}: option {option} = {value!r}: expected {expected}")
+        self.model, self.option, self.value, self.expected = model, option, value, expected
+
+
+# Ranges checked before a factory runs, by option name (the names mean the same in every
+# entry). Without them a negative size or dropout reaches torch, which either fails with
+# a message about some internal tensor or, worse, builds a model that trains wrongly.
+_POSITIVE_INT = {"d_state", "d_conv", "expand", "n_heads", "mlp_mult", "max_len", "l_max",
+                 "emb_dim", "filter_width", "short_width", "order", "lora_r", "freq_chunk",
+                 "d_inner", "dt_rank", "mamba_per_block", "shift_size"}
+_PROBABILITY = {"dropout", "lora_dropout"}  # [0, 1): a dropout of 1 zeroes every activation
+_POSITIVE_FLOAT = {"dt_min", "dt_max", "dt_init_floor", "mult", "attn_scale", "lora_alpha"}
+
+
+def _option_kind(p: inspect.Parameter) -> tuple[str | None, bool]:
+    """(int / float / bool / str / list or None when unknown, whether None is allowed), from
+    the factory's annotation (a string: catalogues use postponed annotations), else from
+    the type of its default."""
+    ann = p.annotation if isinstance(p.annotation, str) else getattr(p.annotation, "__name__", "")
+    parts = [a.strip() for a in ann.split("|")] if ann and p.annotation is not inspect.Parameter.empty else []
+    kinds = [a for a in parts if a in ("int", "float", "bool", "str", "list")]
+    if kinds:
+        return kinds[0], "None" in parts
+    d = p.default
+    for t in (bool, int, float, str, list):  # bool before int: True is an int to Python
+        if isinstance(d, t):
+            return t.__name__, False
+    return None, True
+
+
+def _check_value(model: str, option: str, value: Any, kind: str | None, nullable: bool) -> None:
+    def bad(expected: str):
+        raise OptionError(model, option, value, expected)
+
+    if value is None:
+        if not nullable:
+            bad(f"a value ({kind or 'not none'})")
+        return
+    if option == "dt_rank" and value == "auto":  # dt_rank is "auto" or a positive integer
+        return
+    if option == "dt_rank":
+        kind = "int"
+    is_int = isinstance(value, int) and not isinstance(value, bool)
+    if kind == "int" or option in _POSITIVE_INT:
+        if not is_int:
+            bad("an integer > 0" if option in _POSITIVE_INT else "an integer")
+        if option in _POSITIVE_INT and value <= 0:
+            bad("an integer > 0")
+    elif kind == "float":
+        if not (is_int or isinstance(value, float)) or not math.isfinite(value):
+            bad("a finite number")
+        if option in _PROBABILITY and not 0 <= value < 1:
+            bad("a probability in [0, 1)")
+        if option in _POSITIVE_FLOAT and not value > 0:
+            bad("a number > 0")
+    elif kind == "bool" and not isinstance(value, bool):
+        bad("true or false")
+    elif kind == "str" and not isinstance(value, str):
+        bad("a string")
+    elif kind == "list" and not isinstance(value, list):
+        bad("a list")
+
+
 def check_options(name: str, options: dict[str, Any]) -> None:
-    """Raise TypeError naming every option the model does not take."""
+    """Raise TypeError naming every option the model does not take, or :class:`OptionError`
+    (a ValueError) naming the first option whose value has the wrong type or range."""
     allowed = entry(name).options()
     unknown = sorted(set(options) - set(allowed))
     if unknown:
@@ -95,6 +164,9 @@ def check_options(name: str, options: dict[str, Any]) -> None:
             f"model {name!r} does not take option(s) {', '.join(unknown)}; "
             f"it takes: {', '.join(sorted(allowed)) or '(none)'}"
         )
+    params = inspect.signature(entry(name).factory).parameters
+    for key, value in options.items():
+        _check_value(name, key, value, *_option_kind(params[key]))
 
 
 def build(name: str, d_model: int = 64, n_layers: int = 2, **options: Any) -> nn.Module:

@@ -92,7 +92,7 @@ def test_model_option_values_checked_before_any_run():
     msg = bad(GOOD.replace("n_heads = 2", "n_heads = 3"))
     assert "model options for 'transformer'" in msg and "n_heads=3" in msg
     msg = bad(GOOD.replace('"transformer",', '{ name = "mamba", d_inner = 0 },'))
-    assert "d_inner must be a positive int" in msg
+    assert "d_inner = 0: expected an integer > 0" in msg  # models.check_options, before building
     P.loads(GOOD.replace('"transformer",', '"s4_dplr",'))  # meta-only limitations are not errors
 
 
@@ -133,7 +133,9 @@ def test_shipped_profiles_are_valid(tmp_path, monkeypatch):
     if pretrained:
         from helpers import write_imdb, write_tiny_checkpoints
 
-        write_imdb(tmp_path / "data" / "aclImdb")
+        # 400 training reviews: imdb-lora's 250 warm-up steps (batch 1, one epoch) must fit
+        # in the run, which the check now computes from the training set it reads
+        write_imdb(tmp_path / "data" / "aclImdb", per_class=200)
         write_tiny_checkpoints(tmp_path / "checkpoints")
     monkeypatch.chdir(tmp_path)
     for f in files:

@@ -63,8 +63,9 @@ def check_compose_options(options: dict[str, Any]) -> None:
     if options.get("init_scheme") is not None:
         check_scheme(options["init_scheme"])
     std = options.get("init_std")
-    if std is not None and (isinstance(std, bool) or not isinstance(std, (int, float)) or not std > 0):
-        raise ValueError(f"init_std must be a number > 0, got {std!r}")
+    # (0, 1] as in profile.ModelSection: `not 0 < std <= 1` also refuses inf and nan
+    if std is not None and (isinstance(std, bool) or not isinstance(std, (int, float)) or not 0 < std <= 1):
+        raise ValueError(f"init_std must be a number in (0, 1], got {std!r}")
     tie_opt = options.get("tie_embeddings")
     if tie_opt is not None and not isinstance(tie_opt, bool):
         raise ValueError(f"tie_embeddings must be true or false, got {tie_opt!r}")
