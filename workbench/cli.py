@@ -87,14 +87,14 @@ def cmd_profile_check(args) -> int:
     for f in args.files:
         try:
             p = load(f, overrides=args.set)
-        except ProfileError as e:
-            err.print(str(e), markup=False, highlight=False)
+        except ProfileError as e:  # soft_wrap: a long path must not break the one-line error
+            err.print(str(e), markup=False, highlight=False, soft_wrap=True)
             code = 2
             continue
         n = len(expand(p))
         ests, why = _estimates(p)
         if why:
-            err.print(f"{f}: {why}", markup=False, highlight=False)
+            print(f"{f}: {why}", file=sys.stderr)
             code = 2
             continue
         print(f"{'✓' if all(e.fits for e in ests) else '✗'} {f}: profile '{p.name}', task {p.task.name}, "
@@ -171,15 +171,14 @@ def cmd_run(args) -> int:
     try:
         prof = load(args.profile, overrides=args.set)
     except ProfileError as e:
-        Console(stderr=True).print(str(e), markup=False, highlight=False)
+        Console(stderr=True).print(str(e), markup=False, highlight=False, soft_wrap=True)
         return 2
     if args.executor:
         prof = prof.model_copy(update={"executor": args.executor})
     # the resource estimate, before anything is queued (and before the store is opened)
-    err = Console(stderr=True)
     ests, why = _estimates(prof, args.jobs, args.runs_per_gpu)
     if why:
-        err.print(f"{args.profile}: {why}", markup=False, highlight=False)
+        print(f"{args.profile}: {why}", file=sys.stderr)
         return 2
     if args.dry_run:
         return _dry_run(prof, ests, args)

@@ -631,9 +631,21 @@ def _check_registries(p: Profile, path: str, where: _Where) -> None:
         except (TypeError, ValueError) as e:
             key = _mentioned(str(e), [*options, "d_model", "n_layers"])
             problems.append(f"  model options for {choice.display!r}{_option_where(p, i, choice, key, where)}: {e}")
-    for name in p.model.options:
+    swept = {c.name for c in p.sweep.model_choices()}
+    for name, opts in p.model.options.items():
         if name not in models.names():
             problems.append(f"  model.options.{name}{where('model', 'options', name)}: unknown model {name!r}")
+        elif name not in swept:  # unused here, but a --set of sweep.models would use them
+            try:
+                models.check_options(name, split_options(opts)[0])
+                check_compose_options(split_options(opts)[1])
+            except models.OptionError as e:
+                problems.append(f"  model.options.{name}{where('model', 'options', name, e.option)}: "
+                                f"{e.option} = {e.value!r}: expected {e.expected}")
+            except (TypeError, ValueError) as e:
+                key = _mentioned(str(e), opts)
+                at = where("model", "options", name, *([key] if key else []))
+                problems.append(f"  model.options.{name}{at}: {e}")
     labels = [c.display for c in p.sweep.model_choices()]
     for i, pub in enumerate(p.published):
         if pub.model not in labels:

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator
 
 from workbench import runfile
 from workbench.store import TERMINAL, Store
@@ -60,20 +60,22 @@ TIME_RE = re.compile(r"^(\d+-)?\d+(:\d{1,2}){0,2}$")
 class SlurmSettings(BaseModel):
     """What a user puts in ``#SBATCH`` lines today (the profile's ``[slurm]`` table)."""
 
+    # strict numbers and booleans, as in the rest of a profile: requeue = "yes" or
+    # gpus_per_run = true is a mistake, not a setting
     model_config = ConfigDict(extra="forbid")
 
     partition: str | None = None
     account: str | None = None
     qos: str | None = None
     time: str | None = Field(None, description="time limit per run: MM, HH:MM:SS or D-HH:MM:SS")
-    gpus_per_run: int = Field(1, ge=0)
-    cpus_per_run: int = Field(4, ge=1)
+    gpus_per_run: StrictInt = Field(1, ge=0)
+    cpus_per_run: StrictInt = Field(4, ge=1)
     mem: str | None = Field(None, description="memory per run, e.g. 32G")
     extra: list[str] = Field(default_factory=list, description="more sbatch flags, e.g. ['--constraint=a100']")
-    signal_s: int = Field(120, ge=0, description="SIGUSR1 this many seconds before the time limit: "
+    signal_s: StrictInt = Field(120, ge=0, description="SIGUSR1 this many seconds before the time limit: "
                                                   "the worker saves a checkpoint (0: none)")
-    requeue: bool = True
-    requeue_at_time_limit: bool = Field(True, description="on the SIGUSR1 before the time limit, save "
+    requeue: StrictBool = True
+    requeue_at_time_limit: StrictBool = Field(True, description="on the SIGUSR1 before the time limit, save "
                                                           "a checkpoint and requeue the job (needs "
                                                           "time, signal_s and requeue)")
     shared_dir: str | None = Field(None, description="a folder every node sees, for job files "
@@ -218,7 +220,7 @@ def sync(store: Store, min_interval_s: float = QUERY_EVERY_S, runs: list | None 
     """Ingest run files, submit jobs for pending Slurm runs, map job states (see the
     module docstring). Returns {"live": ids of the Slurm runs it looked after,
     "submitted": ids, "updated": ids}. Does nothing (and runs no command) when the store
-    has no live Slurm runs. ``runs``: the store's runs as the caller just read them (the
+    has no live Slurm runs or is read-only. ``runs``: the store's runs as the caller just read them (the
     TUI's poll reads them anyway), to spare a second read. Slurm is asked at most every
     ``min_interval_s`` seconds per store (a TUI polls at 2 Hz; squeue at that rate
     would burden a shared controller); run files are read on every call.
@@ -226,6 +228,8 @@ def sync(store: Store, min_interval_s: float = QUERY_EVERY_S, runs: list | None 
     Several processes may sync one store (a TUI and ``run``): a lock file serialises
     them, so a pending run is never submitted twice."""
     done: dict[str, list[int]] = {"live": [], "submitted": [], "updated": []}
+    if store.readonly:  # ingesting, submitting and job states all write; a read-only store is shown as is
+        return done
     runs = [r for r in (store.runs() if runs is None else runs) if is_slurm(r)]
     # finished runs too while their job is still active (the worker is done, Slurm not yet)
     live = [r for r in runs if not r.finished or (r.info.get("slurm_state") or "").split(" ")[0] in ACTIVE]
