@@ -27,8 +27,10 @@ keeps an (L, L) map: ``scaled_dot_product_attention`` on the CPU takes its flash
 (linear memory) unless dropout is on, and on CUDA the flash/memory-efficient kernels keep
 no map (with or without dropout), so for CUDA runs the probe turns attention dropout off;
 an eager attention (Hugging Face GPT-Neo) keeps its map on both and is measured so.
-Probes are cached per (model, options, width, depth, task shape, device kind): a profile
-check costs one probe per model, a few tenths of a second each.
+Probes are cached per (model, options, width, depth, task parameters, device kind), in
+memory and on disk (``~/.cache/ssm-workbench/estimate-probes.json``, invalidated when
+torch or the code of models/, tasks/ or this module changes): a first profile check
+costs one probe per model (a few tenths of a second, S4 kernels longer), later ones none.
 
 Known over- and under-estimates: the CPU probe runs the CPU kernels (e.g. the C
 selective scan keeps a state every 32 steps); CUDA's kernels (mamba-ssm, Triton) keep
@@ -174,6 +176,16 @@ class Profile:
     def saved(self, L: int, B: int) -> float:
         return self.shared(L) + B * self.per_sample(L)
 
+    _FITS = ("params", "trainable", "weight_bytes", "trainable_bytes", "shared", "per_sample", "largest")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**{f: [getattr(self, f).a, getattr(self, f).b, getattr(self, f).c] for f in self._FITS},
+                "backend": self.backend, "can_stream": self.can_stream}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Profile":
+        return cls(*(_Fit(*d[f]) for f in cls._FITS), backend=d["backend"], can_stream=d["can_stream"])
+
 
 def _synthetic(task, B: int, L: int):
     """Inputs and targets shaped like the task's, random (the values do not change memory)."""
@@ -276,8 +288,7 @@ def _probe_task(task, model: str, d_model: int, n_layers: int, options: dict[str
         return _probe_depth(task, model, d_model, n_layers, options, cuda)
     two, four = (_probe_depth(task, model, d_model, d, options, cuda) for d in (2, 4))
     t = (n_layers - 2) / 2
-    mixed = [getattr(two, f).mix(getattr(four, f), t) for f in
-             ("params", "trainable", "weight_bytes", "trainable_bytes", "shared", "per_sample", "largest")]
+    mixed = [getattr(two, f).mix(getattr(four, f), t) for f in Profile._FITS]
     return Profile(*mixed, backend=two.backend, can_stream=two.can_stream)
 
 
@@ -291,11 +302,74 @@ def probe(spec, cuda: bool) -> Profile:
                       "n_layers": spec.n_layers, "task": spec.task, "task_params": params,
                       "cuda": cuda}, sort_keys=True, default=str)
     if key not in _PROBES:
-        # built at the run's own length: a task may need it >= another parameter
-        task = _task(spec.task, json.dumps(spec.task_params, sort_keys=True, default=str))
-        _PROBES[key] = _probe_task(task, spec.model, spec.d_model, spec.n_layers,
-                                   spec.model_options, cuda)
+        disk = _disk_cache()
+        if key in disk:
+            _PROBES[key] = Profile.from_dict(disk[key])
+        else:
+            # built at the run's own length: a task may need it >= another parameter
+            task = _task(spec.task, json.dumps(spec.task_params, sort_keys=True, default=str))
+            _PROBES[key] = _probe_task(task, spec.model, spec.d_model, spec.n_layers,
+                                       spec.model_options, cuda)
+            disk[key] = _PROBES[key].to_dict()
+            _save_disk_cache(disk)
     return _PROBES[key]
+
+
+# Probes are kept on disk between commands (a probe of an S4 model costs a second or two on
+# a loaded CPU), keyed by the probe and stamped with torch's version and a hash of the
+# code that decides what a forward keeps (models/, tasks/ and this module): any change to
+# that code starts a fresh cache.
+_DISK: dict[str, Any] | None = None
+
+
+def _cache_path():
+    import os
+    from pathlib import Path
+
+    root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(root) / "ssm-workbench" / "estimate-probes.json"
+
+
+@functools.lru_cache(maxsize=1)
+def _code_stamp() -> str:
+    import hashlib
+    from pathlib import Path
+
+    import torch
+
+    import models
+    import tasks
+
+    h = hashlib.sha256(torch.__version__.encode())
+    for pkg in (models, tasks):
+        for f in sorted(Path(pkg.__file__).parent.rglob("*.py")):
+            h.update(f.read_bytes())
+    h.update(Path(__file__).read_bytes())
+    return h.hexdigest()[:16]
+
+
+def _disk_cache() -> dict[str, Any]:
+    global _DISK
+    if _DISK is None:
+        try:
+            data = json.loads(_cache_path().read_text())
+            _DISK = data["probes"] if data.get("stamp") == _code_stamp() else {}
+        except (OSError, ValueError, KeyError, TypeError):
+            _DISK = {}
+    return _DISK
+
+
+def _save_disk_cache(probes: dict[str, Any]) -> None:
+    import os
+
+    path = _cache_path()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps({"stamp": _code_stamp(), "probes": probes}))
+        tmp.replace(path)  # atomic: a concurrent reader sees the old or the new file
+    except OSError:
+        pass  # a read-only home: probe again next time
 
 
 # --------------------------------------------------------------------------- estimates
@@ -369,6 +443,7 @@ def estimate_run(spec, limit: Limit) -> RunEstimate:
         est.error = f"no estimate: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
         return est
     L = spec.seq_len or task.seq_len
+    est.seq_len = L  # the task's own length when the sweep gives none
     cfg = spec.train
     B = cfg["batch_size"]
     est.params = int(round(prof.params(L)))

@@ -193,6 +193,33 @@ def run_count_text(sweep: dict[str, Any], task: str) -> tuple[str, bool]:
             f"{_plural(len(prof.sweep.seeds), 'seed')}"), True
 
 
+def estimate_text(prof: Profile) -> tuple[str, str | None]:
+    """('largest est. peak ...' for beside the run count, the refusal or None).
+
+    The resource estimate (workbench/spec/estimate.py) of the validated profile: the
+    largest run's estimated peak memory and the device's limit; the refusal names every
+    run that cannot fit with its numbers, or says there is no GPU for train.device = cuda."""
+    from workbench.spec import estimate
+
+    try:
+        ests = estimate.estimate_profile(prof, estimate.share_of(prof))
+    except estimate.EstimateError as e:
+        return "no estimate", f"cannot launch: {e}"
+    known = [e for e in ests if e.peak is not None]
+    if not known:
+        return "peak memory not estimated", None
+    top = max(known, key=lambda e: e.peak)
+    limit = f" of {estimate.fmt_bytes(top.limit)}" if top.limit is not None else ""
+    peak = (f"largest est. peak {estimate.fmt_bytes(top.peak)}{limit} on {top.device} "
+            f"({top.model}, L={top.seq_len})")
+    bad = estimate.too_big(ests)
+    if not bad:
+        return peak, None
+    return peak, (f"cannot launch: {_plural(len(bad), 'run')} cannot fit: {bad[0].refusal()}"
+                  + (f" (and {len(bad) - 1} more)" if len(bad) > 1 else "")
+                  + "; lower the batch size, lengths, d_model or n_layers")
+
+
 def _fmt(v: Any) -> str:
     if isinstance(v, (list, tuple)):
         return ", ".join(_fmt(x) for x in v)
@@ -576,7 +603,14 @@ class SweepForm(VerticalScroll):
     def action_launch(self) -> None:
         prof = self.build_profile()
         if prof is not None:
-            # the app replaces this with the ids once the runs are queued
             text, _ = run_count_text(self._sweep_data(), prof.task.name)
+            peak, refusal = estimate_text(prof)
+            count = self.query_one("#run-count", Static)
+            count.set_class(refusal is not None, "bad")
+            count.update(Text(f"{text} · {peak}"))
+            if refusal is not None:  # a run that cannot fit is not launched (the CLI has --force)
+                self.set_status(refusal, bad=True)
+                return
+            # the app replaces this with the ids once the runs are queued
             self.set_status(text.replace("will launch", "launching", 1))
             self.post_message(self.Launch(prof))
