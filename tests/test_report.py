@@ -19,6 +19,7 @@ description = "report test"
 name = "induction_heads"
 vocab_size = 8
 eval_lens = [16, 32]
+num_train_examples = 64  # a training set: epochs of fresh batches are refused
 [sweep]
 models = [{ name = "lstm", label = "lstm-a" }, "s6"]
 seq_lens = [16]
