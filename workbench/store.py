@@ -175,7 +175,7 @@ def _cannot_write(e: BaseException) -> str | None:
         if isinstance(x, OSError) and x.errno in _READONLY_ERRNOS:
             return x.strerror or str(x)
         if isinstance(x, sqlite3.Error) and _sqlite_code(x) in (_SQLITE_READONLY, _SQLITE_CANTOPEN, _SQLITE_PERM):
-            return f"the database cannot be written ({x})"
+            return str(x)
     return None
 
 
@@ -386,12 +386,12 @@ class Store:
         (self.root / "logs").mkdir(exist_ok=True)
         with open(self.root / LOCK_FILE, "a") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
+            if self.path.exists():
+                # SQLite opens a database file it may not write read-only without a word (and
+                # even takes its write lock): open it for writing as SQLite would, which
+                # writes nothing and fails as the file system says (EROFS, EACCES)
+                os.close(os.open(self.path, os.O_RDWR))
             c = self.conn
-            # a database file or folder we may not write shows here, as SQLite opens such a
-            # file read-only without a word: taking the write lock needs write access and
-            # writes nothing
-            c.execute("BEGIN IMMEDIATE")
-            c.execute("ROLLBACK")
             if self._needs_setup(c):
                 if c.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
                     c.execute("PRAGMA journal_mode=WAL")
@@ -619,15 +619,19 @@ class Store:
         sets = [f"{k}=?" for k in fields] + ["heartbeat=?"]
         args: list[Any] = [*fields.values(), now]
         with self.tx() as c:
-            row = c.execute("SELECT state, pid, host, error, info FROM runs WHERE id=?", (run_id,)).fetchone()
+            # a beat can come every step: decode the info only when it changes
+            row = c.execute("SELECT state, pid, host, error, info, (json_valid(info) AND"
+                            " json_extract(info, '$.stalled') IS NOT NULL) AS stalled FROM runs WHERE id=?",
+                            (run_id,)).fetchone()
             if row is None:
                 return
-            info = json.loads(row["info"]) if row["info"] else {}
             revive = row["state"] == "crashed" and _own(row, pid, host)
-            if revive:
-                sets += ["state='running'", "ended=NULL", "error=NULL"]
-                info["revived"] = info.get("revived", []) + [_revival(row, now)]
-            if revive or info.pop("stalled", None) is not None:
+            if revive or row["stalled"]:
+                info = json.loads(row["info"]) if row["info"] else {}
+                info.pop("stalled", None)
+                if revive:
+                    sets += ["state='running'", "ended=NULL", "error=NULL"]
+                    info["revived"] = info.get("revived", []) + [_revival(row, now)]
                 sets.append("info=?")
                 args.append(json.dumps(info, default=str))
             c.execute(f"UPDATE runs SET {', '.join(sets)} WHERE id=?", (*args, run_id))

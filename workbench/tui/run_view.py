@@ -169,6 +169,10 @@ class RunScreen(PollsStore, Screen):
         if run.state in ("failed", "crashed") or run.error:
             err.update(Text.assemble((f"{run.state}: ", "bold red"), run.error or "(no error text)"))
             err.display = True
+        elif run.stall_note():  # silent but its process exists: not called crashed (Store.reap)
+            err.update(Text.assemble(("stalled: ", "bold yellow"), run.stall_note(),
+                                     f"; {run.worker}, not declared crashed while it exists"))
+            err.display = True
         else:
             err.display = False
         res = self.query_one("#run-results", Static)
