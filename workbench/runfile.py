@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 from typing import Any, Iterable
 
-from workbench.store import Run, Store
+from workbench.store import Run, Store, ensure_reserve, release_reserve
 
 EVENTS = "events.jsonl"
 SNAPSHOT = "run.json"
@@ -62,6 +62,8 @@ class RunFile:
         snap = json.loads((self.folder / SNAPSHOT).read_text())
         self._run = Run(**snap)
         self._lock = threading.Lock()
+        self._torn = False  # a write failed part-way (disk full): the next event starts a new line
+        ensure_reserve(self.folder)  # room to record a full disk (release_reserve)
         path = self.folder / EVENTS
         self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         if os.fstat(self._fd).st_size:
@@ -86,9 +88,20 @@ class RunFile:
         event["t"] = event.get("t", time.time())
         line = (json.dumps(event, default=_jsonable) + "\n").encode()
         with self._lock:
-            os.write(self._fd, line)
+            # a full disk can take part of a line (os.write then returns short) and refuse
+            # the rest (ENOSPC, raised to the worker as a full disk): that torn line is ended
+            # before the next event, so the reader skips it and loses nothing after it
+            view = memoryview((b"\n" if self._torn else b"") + line)
+            self._torn = True
+            while view:
+                view = view[os.write(self._fd, view):]
+            self._torn = False
             if sync:
                 os.fsync(self._fd)
+
+    def release_reserve(self) -> bool:
+        """As :meth:`Store.release_reserve`, for the job folder."""
+        return release_reserve(self.folder)
 
     def close(self) -> None:
         with self._lock:

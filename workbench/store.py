@@ -164,6 +164,17 @@ def is_disk_full(e: BaseException) -> bool:
     return False
 
 
+def full_disk_detail(e: BaseException, root: Path) -> str:
+    """What ran out of space, for a run's error: the store's database (in ``root``) or the
+    file being written (a checkpoint, a log, a run file)."""
+    for x in _chain(e):
+        if isinstance(x, sqlite3.Error) and _sqlite_code(x) == _SQLITE_FULL:
+            return f"the store's database in {root} could not grow ({x})"
+        if isinstance(x, OSError) and x.errno in _FULL_ERRNOS:
+            return f"{x.strerror or x} writing {x.filename or 'the log'}"
+    return str(e).splitlines()[0] if str(e) else type(e).__name__
+
+
 def _cannot_write(e: BaseException) -> str | None:
     """Why a failed write means the store cannot be written here (a read-only mount, no
     permission, a full disk), in words; None for any other error."""

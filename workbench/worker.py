@@ -37,7 +37,7 @@ from tasks import metrics as task_metrics
 from workbench import __version__, checkpoint, sysmon
 from workbench.compose import build_model
 from workbench.runfile import RunFile
-from workbench.store import HEARTBEAT_S, Store
+from workbench.store import HEARTBEAT_S, Store, StoreError, full_disk_detail, is_disk_full
 
 WARMUP_STEPS = 3          # steps excluded from the step-time median
 INFER_REPEATS = 5         # forward passes timed for the inference figure
@@ -247,6 +247,7 @@ class Background(threading.Thread):
         self.stop_event = threading.Event()
         self.gpu_util: list[float] = []
         self.gpu_mem: list[float] = []
+        self.disk_full = False
 
     def run(self) -> None:
         # a store gets a connection of its own; a run file is shared (it locks its writes)
@@ -265,7 +266,14 @@ class Background(threading.Thread):
                     store.heartbeat(self.run_id)
                     last_beat = time.time()
             except Exception as e:  # keep sampling; report once on stderr
-                print(f"[worker] background sampling error: {e}", file=sys.stderr)
+                if is_disk_full(e):
+                    # the main thread meets it at its next write and records the run's end;
+                    # until then say it once (the log may be on the full disk too)
+                    if not self.disk_full:
+                        _say(f"[worker] background sampling: disk full: {e}", err=True)
+                    self.disk_full = True
+                    continue
+                _say(f"[worker] background sampling error: {e}", err=True)
 
 
 # --------------------------------------------------------------------------- training
@@ -644,7 +652,14 @@ class Trainer:
 def run(store_dir: str | None, run_id: int, run_file: str | None = None) -> int:
     """Run ``run_id`` of the store in ``store_dir``, or, with ``run_file`` (a Slurm job on
     another node), of the run file in that shared folder (workbench/runfile.py)."""
-    store = RunFile(run_file, run_id) if run_file else Store(store_dir)
+    try:
+        store = RunFile(run_file, run_id) if run_file else Store(store_dir)
+    except (StoreError, OSError) as e:  # nothing can be recorded: the scheduler's check says crashed
+        _say(f"[worker] run {run_id}: cannot open its store: {e}", err=True)
+        return 2
+    if getattr(store, "readonly", False):
+        _say(f"[worker] run {run_id}: {store._refusal()}", err=True)
+        return 2
     t_start = time.time()
     stop = StopFlag()
     previous = {sig: signal.signal(sig, stop.handler) for sig in StopFlag.SIGNALS}
@@ -653,6 +668,10 @@ def run(store_dir: str | None, run_id: int, run_file: str | None = None) -> int:
     except Stopped as e:  # before the run started: nothing to save
         store.finish(run_id, "preempted", f"preempted ({signal.Signals(e.signum).name}) before it started")
         return 128 + e.signum
+    except Exception as e:  # a full disk, met anywhere, even while recording another end
+        if not is_disk_full(e):
+            raise
+        return _disk_full(store, run_id, e)
     finally:  # in-process callers (tests) get their handlers back
         for sig, h in previous.items():
             signal.signal(sig, h)
@@ -785,12 +804,53 @@ def _run(store: Store, run_id: int, t_start: float, stop: StopFlag) -> int:
         print(f"[worker] run {run_id} failed: {e}", flush=True)
         return 1
     except Exception as e:
+        if is_disk_full(e):
+            raise  # run() records it, with the space it frees first
         tb = traceback.format_exc()
         print(tb, file=sys.stderr, flush=True)
         store.finish(run_id, "failed", f"{type(e).__name__}: {e}\n{tb[-4000:]}")
         return 1
     finally:
         bg.stop_event.set()
+
+
+def _say(text: str, err: bool = False) -> None:
+    """Print to the run's log, which may sit on a full disk: a line lost there must not
+    stop the worker from recording how the run ended."""
+    try:
+        print(text, file=sys.stderr if err else sys.stdout, flush=True)
+    except OSError:
+        pass
+
+
+def _disk_full(store: Store, run_id: int, e: BaseException) -> int:
+    """The disk under the store, the checkpoints or the log is full. The run ends
+    ``failed`` with an error starting ``disk full`` (an unfinished state: ``resume`` goes on
+    from its last checkpoint, which stays, once there is space). Recording that needs a
+    little space itself: the background thread is stopped so it takes none, and the
+    store's reserve file is deleted to make room; a shorter message is tried last."""
+    for t in threading.enumerate():
+        if isinstance(t, Background) and t.stop_event.is_set():
+            t.join(timeout=10)
+    try:
+        ck = ((store.get(run_id).info or {}).get("checkpoint") or {})
+    except Exception:
+        ck = {}
+    where = f"from its checkpoint at step {ck['step']}" if ck.get("step") is not None else "from the start"
+    detail = full_disk_detail(e, store.root)
+    msg = f"disk full: {detail}; free space there, then `ssm-workbench resume {run_id}` goes on {where}"
+    store.release_reserve()
+    for text in (msg, "disk full"):
+        try:
+            store.finish(run_id, "failed", text)
+        except Exception as again:
+            if not is_disk_full(again):
+                raise
+            continue
+        _say(f"[worker] run {run_id} failed: {text}")
+        return 1
+    _say(f"[worker] run {run_id}: disk full, and its end could not be recorded: {detail}", err=True)
+    return 1
 
 
 def _stopped(store: Store, run_id: int, trainer: Trainer | None, stop: StopFlag, signum: int) -> int:
