@@ -72,7 +72,8 @@ def requeue(store: Store, run_id: int, require_checkpoint: bool = True, restart:
         return "resumed"
     if require_checkpoint and not restart:
         raise ResumeError(f"run {run_id} ({r.state}) has no checkpoint to resume from "
-                          f"(expected {path}); `ssm-workbench run PROFILE` restarts it from scratch")
+                          f"(expected {path}); `ssm-workbench resume --restart {run_id}` (or replaying its "
+                          f"profile) trains it from step 0")
     checkpoint.remove(r.info.get("slurm_shared") or store.root, run_id)
     if not store.requeue(run_id, None):
         raise ResumeError(f"run {run_id} changed state meanwhile")
