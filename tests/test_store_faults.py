@@ -219,6 +219,29 @@ def test_writes_to_a_store_opened_read_only_raise_store_read_only(tmp_path):
         Store(tmp_path / "none", readonly=True)
 
 
+async def test_the_tui_reads_a_read_only_store(tmp_path):
+    from workbench.tui.app import WorkbenchApp
+    from workbench.tui.runs_table import RunsTable
+
+    folder = tmp_path / "archived"
+    make_store(folder, wal_left=True)
+    before = snapshot(folder)
+    store = Store(folder, readonly=True)
+    app = WorkbenchApp(store=store, profiles_dir=tmp_path / "profiles")
+    async with app.run_test(size=(160, 48)) as pilot:
+        await pilot.app.workers.wait_for_complete()
+        await pilot.pause()
+        app.poll_runs()
+        await pilot.app.workers.wait_for_complete()
+        await pilot.pause()
+        assert [r.state for r in app.runs_seen] == ["finished", "running"]  # nothing reaped
+        assert app.query_one(RunsTable).row_count == 2
+        assert "read-only" in app.sub_title
+    # the folder is writable here, so SQLite may rebuild the WAL index (-shm) it reads through
+    without_index = lambda snap: {k: v for k, v in snap.items() if k != "store.sqlite-shm"}  # noqa: E731
+    assert without_index(snapshot(folder)) == without_index(before)
+
+
 # --------------------------------------------------------------------------- concurrent creation
 OPENERS = """
 import fcntl, multiprocessing as mp, sys

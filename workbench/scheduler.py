@@ -27,7 +27,7 @@ from collections import Counter
 from pathlib import Path
 
 from workbench import slurm
-from workbench.store import Store, pid_alive, tail_log
+from workbench.store import Store, StoreError, pid_alive, tail_log
 
 POLL_S = 0.5
 
@@ -302,12 +302,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--jobs", type=int, default=None)
     ap.add_argument("--runs-per-gpu", type=int, default=None)
     a = ap.parse_args(argv)
-    store = Store(a.store)
-    lock = _lock(store)
     try:
-        Scheduler(store, a.jobs, a.runs_per_gpu).run_until_idle()
-    finally:
-        lock.close()
+        store = Store(a.store)
+        lock = _lock(store)
+        try:
+            Scheduler(store, a.jobs, a.runs_per_gpu).run_until_idle()
+        finally:
+            lock.close()
+    except StoreError as e:  # a full or read-only store: one line in scheduler.log, not a traceback
+        print(f"scheduler: {e}", file=sys.stderr)
+        return e.exit_code
     return 0
 
 

@@ -82,7 +82,8 @@ class WorkbenchApp(App):
         yield Footer()
 
     def on_mount(self) -> None:
-        self.sub_title = str(self.store.root)
+        self.sub_title = str(self.store.root) + (
+            f" (read-only: {self.store.readonly_reason})" if self.store.readonly else "")
         self.query_one(RunsTable).focus()
         self.poll_runs()
         self.set_interval(POLL_S, self.poll_runs)
