@@ -275,8 +275,8 @@ print("\\n".join(errors))
 """
 
 
-def test_many_processes_creating_one_store_at_once_all_succeed(tmp_path):
-    n, trials = 24, 8
+@pytest.mark.parametrize("n,trials", [(2, 100), (24, 4)])  # before the lock: 2 processes failed 21-45 in 100
+def test_many_processes_creating_one_store_at_once_all_succeed(tmp_path, n, trials):
     got = subprocess.run([sys.executable, "-c", OPENERS, str(tmp_path), str(n), str(trials)],
                          capture_output=True, text=True, cwd=ROOT, timeout=600,
                          env={**os.environ, "PYTHONPATH": str(ROOT)})
