@@ -442,3 +442,58 @@ def test_a_2_mib_file_system_fails_the_run_as_disk_full_and_commands_still_work(
     assert codes["run"] == 1 and "disk full" in res["run"] and "Traceback" not in res["run"], res["run"]
     assert codes["runs"] == 0 and "failed" in res["runs"], res["runs"]
     assert codes["show"] == 0 and "disk full" in res["show"] and "Traceback" not in res["show"], res["show"]
+
+
+def test_enospc_writing_the_log_fails_the_run_as_disk_full(tmp_path, monkeypatch):
+    store = Store(tmp_path / "st")
+    (rid,) = store.add_runs([spec(steps=30)])
+    store.mark_started(rid, os.getpid(), "cpu", "cpu0")
+
+    class FullLog:  # the worker's stdout/stderr are its log file, on the full disk
+        def write(self, text):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        def flush(self):
+            pass
+
+    monkeypatch.setattr(sys, "stdout", FullLog())
+    monkeypatch.setattr(sys, "stderr", FullLog())
+    assert worker.run(str(store.root), rid) == 1
+    monkeypatch.undo()
+    r = store.get(rid)
+    assert r.state == "failed" and r.error.startswith("disk full: No space left on device writing the log")
+
+
+def test_a_run_file_on_a_full_disk_loses_no_event_after_a_torn_line(tmp_path, monkeypatch):
+    """A Slurm worker's run file: a write cut short by a full disk leaves a torn line; the
+    worker frees the job folder's reserve and records its end, which the reader applies."""
+    from workbench import runfile
+
+    store = Store(tmp_path / "store")
+    (rid,) = store.add_runs([spec()])
+    shared = tmp_path / "shared"
+    folder = runfile.job_dir(shared, rid)
+    runfile.write_snapshot(store, rid, folder)
+    rf = runfile.RunFile(shared, rid)
+    assert (folder / RESERVE_FILE).is_file()
+    real_write = os.write
+
+    def half_then_full(fd, data):
+        if fd != rf._fd:
+            return real_write(fd, data)
+        if len(data) > 8:
+            return real_write(fd, bytes(data[: len(data) // 2]))  # a short write ...
+        raise OSError(errno.ENOSPC, "No space left on device")   # ... then no room at all
+
+    monkeypatch.setattr(runfile.os, "write", half_then_full)
+    with pytest.raises(OSError) as got:
+        rf.add_metrics(rid, [(1, None, "train", "loss", 2.0)])
+    assert is_disk_full(got.value)
+    monkeypatch.setattr(runfile.os, "write", real_write)
+    assert rf.release_reserve() and not (folder / RESERVE_FILE).exists()
+    rf.finish(rid, "failed", "disk full: test")
+    rf.close()
+    runfile.ingest(store, rid, folder)
+    r = store.get(rid)
+    assert r.state == "failed" and r.error == "disk full: test"
+    assert r.info["runfile_bad_lines"] == 1  # the torn line, skipped
