@@ -1,0 +1,173 @@
+"""The validation split of every task (issue 20, item 3): ``task.valid_set(seed)``.
+
+For every registry task at small parameters: the validation set exists, has the documented
+size, is deterministic per seed, differs across seeds and shares no example with the
+training set or the test set. The training and test data are the same as before the
+validation split existed (hashes frozen from the code before the change). A short real
+worker run records eval set "valid" with the same metric names as the test set "", and
+``num_valid_examples = 0`` records none.
+"""
+from __future__ import annotations
+
+import hashlib
+import pickle
+
+import numpy as np
+import pytest
+
+import tasks
+
+pytest.importorskip("tokenizers")
+from tokenizers import Tokenizer, models, pre_tokenizers  # noqa: E402
+
+# -- small settings of every task (synthetic ones; real data in the fixture below) --------
+SYNTHETIC = {
+    "selective_copying": dict(seq_len=24, vocab_size=8, num_tokens_to_copy=4, num_test_examples=16),
+    "copying": dict(seq_len=24, vocab_size=8, num_tokens_to_copy=4, num_test_examples=16),
+    "mad_selective_copying": dict(seq_len=24, vocab_size=8, num_tokens_to_copy=4,
+                                  num_train_examples=64, num_test_examples=16),
+    "mad_copying": dict(seq_len=24, vocab_size=8, num_tokens_to_copy=4,
+                        num_train_examples=64, num_test_examples=16),
+    "induction_heads": dict(seq_len=32, vocab_size=8, eval_lens=[16, 32, 64],
+                            num_test_examples=8, eval_token_budget=256, eval_distances=[4, 40]),
+    "mqar": dict(seq_len=32, vocab_size=40, num_kv_pairs=4, num_test_examples=16),
+    "mad_in_context_recall": dict(seq_len=32, vocab_size=16, noise_vocab_size=2,
+                                  num_train_examples=64, num_test_examples=16),
+    "mad_noisy_in_context_recall": dict(seq_len=32, vocab_size=32, num_train_examples=64,
+                                        num_test_examples=16, train_targets="next_token"),
+    "mad_fuzzy_in_context_recall": dict(seq_len=48, vocab_size=16, noise_vocab_size=2,
+                                        num_train_examples=32, num_test_examples=16),
+    "mad_memorization": dict(seq_len=16, vocab_size=64, num_train_examples=32,
+                             num_test_examples=16),
+    "mad_compression": dict(seq_len=16, vocab_size=8, num_train_examples=64,
+                            num_test_examples=16),
+}
+# fixed training sets for the fresh-batch tasks, and small sequence spaces where the
+# training, test and validation draws collide often (the de-duplication must work)
+EXTRA = {
+    "selective_copying/fixed": ("selective_copying", dict(
+        seq_len=6, vocab_size=4, num_tokens_to_copy=2, num_train_examples=40,
+        num_test_examples=16)),
+    "induction_heads/fixed": ("induction_heads", dict(
+        seq_len=8, vocab_size=4, eval_lens=[8, 16], num_train_examples=48,
+        num_test_examples=16)),
+    "mqar/kv-list": ("mqar", dict(seq_len=32, vocab_size=40, num_kv_pairs=[2, 4],
+                                  num_train_examples=32, num_test_examples=8)),
+    "mad_memorization/tiny": ("mad_memorization", dict(
+        seq_len=4, vocab_size=9, num_train_examples=40, num_test_examples=30)),
+    "mad_compression/tiny": ("mad_compression", dict(
+        seq_len=4, vocab_size=4, num_train_examples=10, num_test_examples=10)),
+    "induction_heads/tiny-fresh": ("induction_heads", dict(
+        seq_len=5, vocab_size=4, eval_lens=[5], num_test_examples=20)),
+}
+
+TEXT = "".join(f"line {i}: the quick brown fox {i * 7 % 13} jumps over {i % 5} dogs.\n"
+               for i in range(60))
+WORDS = [f"w{i}" for i in range(40)]
+
+
+def _row_text(i: int) -> str:
+    return " ".join(WORDS[(i * k) % 40] for k in range(1, 3 + i % 5)) + f" w{i % 40}"
+
+
+@pytest.fixture(scope="module")
+def real(tmp_path_factory):
+    """{case name: (task name, params)} of the real-data tasks, files made here."""
+    root = tmp_path_factory.mktemp("real")
+    text = root / "input.txt"
+    text.write_text(TEXT, encoding="utf-8")
+    vocab = {"<unk>": 0, "<pad>": 1, **{w: i + 2 for i, w in enumerate(WORDS)},
+             **{lab: 42 + i for i, lab in enumerate(["neg", "pos"])}}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok_file = str(root / "tokenizer.json")
+    tok.save(tok_file)
+    csv = root / "data.csv"
+    csv.write_text("text,label\n" + "".join(f"{_row_text(i)},{['neg', 'pos'][i % 2]}\n"
+                                            for i in range(60)), encoding="utf-8")
+    imdb = root / "aclImdb"
+    for split, n in (("train", 30), ("test", 10)):
+        for lab in ("neg", "pos"):
+            (imdb / split / lab).mkdir(parents=True)
+            for i in range(n):
+                j = i + (0 if split == "train" else 100) + (0 if lab == "neg" else 50)
+                (imdb / split / lab / f"{i}.txt").write_text(_row_text(j) + " " + lab, "utf-8")
+    cifar = root / "cifar"
+    cifar.mkdir()
+    rng = np.random.default_rng(0)
+    for name, n in [(f"data_batch_{i}", 6) for i in range(1, 6)] + [("test_batch", 5)]:
+        d = {b"data": rng.integers(0, 256, size=(n, 3072), dtype=np.uint8),
+             b"labels": rng.integers(0, 10, size=n).tolist()}
+        with open(cifar / name, "wb") as f:
+            pickle.dump(d, f)
+    return {
+        "char_lm": ("char_lm", dict(path=str(text), seq_len=16, num_test_examples=8)),
+        "sequential_image": ("sequential_image", dict(num_train_examples=200,
+                                                      num_test_examples=50)),
+        "sequential_image/all": ("sequential_image", dict()),
+        "sequential_image/cifar": ("sequential_image", dict(path=str(cifar), num_test_examples=4)),
+        "text_classification": ("text_classification", dict(
+            data_path=str(csv), tokenizer=tok_file, seq_len=8, num_train_examples=30,
+            num_test_examples=10)),
+        "text_classification/folders": ("text_classification", dict(
+            data_path=str(imdb), tokenizer=tok_file, seq_len=8, num_train_examples=20,
+            num_test_examples=12)),
+    }
+
+
+def cases(real):
+    out = {name: (name, params) for name, params in SYNTHETIC.items()}
+    out.update(EXTRA)
+    out.update(real)
+    return out
+
+
+def train_data(t, seed):
+    """The training examples a run sees: the fixed set, or a few fresh batches + sample."""
+    if t.fixed_train:
+        return [t.train_set(seed)]
+    return [t.sample(8, seed), *(t.train_batch(8, step, seed) for step in range(3))]
+
+
+def data_hash(t, seed) -> str:
+    """sha256 of the training and test data of ``t`` at ``seed`` (shapes, inputs, targets)."""
+    h = hashlib.sha256()
+    batches = [("train", b) for b in train_data(t, seed)]
+    batches += sorted(t.eval_sets(seed).items(), key=lambda kv: kv[0])
+    for key, b in batches:
+        h.update(repr((key, tuple(b.inputs.shape), tuple(b.targets.shape))).encode())
+        h.update(b.inputs.numpy().tobytes())
+        h.update(b.targets.numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def test_all_cases_cover_the_registry(real):
+    assert {name for name, _ in cases(real).values()} == set(tasks.names())
+
+# hashes of the training and test data (seeds 0, 1) computed with the code BEFORE the
+# validation split was added: the split must leave both unchanged
+FROZEN = {
+    'selective_copying': ('1f255a89c24189a3', '1fb6cf1e1bd11311'),
+    'copying': ('f6553471c395ed01', 'eaf920af868cb3b3'),
+    'mad_selective_copying': ('c0b4eba4ebdf7de0', '120546f87c38356a'),
+    'mad_copying': ('e38174ff77b5b1e5', '6ff48436a8126681'),
+    'induction_heads': ('45288ae950427ce3', '57439e17f54dc3f1'),
+    'mqar': ('dce7176493882497', 'ebef3d32c1d62e15'),
+    'mad_in_context_recall': ('d5a739aca748ca5f', '9b77ef8028af57ea'),
+    'mad_noisy_in_context_recall': ('d51c5b3651a6dba8', '0c3e999e9dc41092'),
+    'mad_fuzzy_in_context_recall': ('684cfc616640dd9a', 'faf06c606605f9b5'),
+    'mad_memorization': ('6daac30d69993020', '0c3bc2a28836af4b'),
+    'mad_compression': ('8137239a206b3cc0', '844d8f3acdde58eb'),
+    'selective_copying/fixed': ('ef927d23b3422471', 'd77d049bb1890b2f'),
+    'induction_heads/fixed': ('37dd01c65ed9ef53', 'c012d972c2ccd30f'),
+    'mqar/kv-list': ('9a5141dfab00c45d', 'c149abb24c8767d5'),
+    'mad_memorization/tiny': ('b3d2f668cec33367', '1b2fabbc91603f3c'),
+    'mad_compression/tiny': ('eeb017c4b537a19b', 'fb341a05d9eefe15'),
+    'induction_heads/tiny-fresh': ('189d02b5c65079e8', '7445daacbb8835d2'),
+    'char_lm': ('f1f19d7cca968a8a', '432bff8ce26238db'),
+    'sequential_image': ('04b0aeea6b78721d', '6ad4543c8b461628'),
+    'sequential_image/all': ('f5ccd59042ce548f', '214bd1d3d1497690'),
+    'sequential_image/cifar': ('5c4e58b5e56432bf', '5c4e58b5e56432bf'),
+    'text_classification': ('3e343368802319b8', '0b10f01a1145eec6'),
+    'text_classification/folders': ('41d49c49b52299fc', 'cc801b5370824505'),
+}
