@@ -244,7 +244,7 @@ async def test_the_tui_reads_a_read_only_store(tmp_path):
 
 # --------------------------------------------------------------------------- concurrent creation
 OPENERS = """
-import fcntl, multiprocessing as mp, sys
+import multiprocessing as mp, sys
 from pathlib import Path
 from workbench.store import Store
 

@@ -1,7 +1,9 @@
 """The store: SQLite (WAL), the single source of truth for runs and their measurements.
 
 Location: ``--store DIR`` > ``$SSM_WORKBENCH_STORE`` > ``$XDG_DATA_HOME/ssm-workbench``
-(``~/.local/share/ssm-workbench``). The directory holds ``store.sqlite`` and ``logs/``.
+(``~/.local/share/ssm-workbench``). The directory holds ``store.sqlite`` and ``logs/``,
+``store.lock`` (taken while the database is created or upgraded) and ``disk-reserve`` (space
+freed to record a full disk). A store that cannot be written opens read-only (:class:`Store`).
 
 Writers: the scheduler creates runs and marks them started; each worker is the only writer
 of its own run's rows after that (short transactions, a heartbeat every few seconds).
