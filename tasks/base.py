@@ -11,6 +11,20 @@ Seed streams (``rng_for(seed, *stream)``), never shared between train and test:
 - ``train_batch(bs, step, seed)`` -> (seed, TRAIN, 2, step)
 - ``sample(bs, seed)``           -> (seed, TRAIN, 1)
 - ``eval_sets(seed)``            -> (seed, TEST, ...)
+- ``valid_set(seed)``            -> (seed, VALID)
+
+(Streams 2 and 3 are taken: MAD memorization's fact map and the real-data splits.)
+
+The validation set (``valid_set``, ``num_valid_examples`` examples, a parameter of every
+task) is what a grid is selected on, so the test set is never peeked at. Generated tasks
+draw it from the test distribution (``_generate_test``) on its own stream, and drop and
+redraw rows whose inputs equal a test input (any evaluation set at the training length) or,
+with a fixed training set, a training input (:meth:`Task._valid_arrays`); training and test
+data are exactly what they were without it. With fresh training batches, the batches are not
+filtered against the validation set (that would change the training data of every existing
+run): in a tiny sequence space a training draw can equal a validation example by chance, as
+any two random draws can. Real-data tasks carve it out of their training data by seed
+(see their docstrings). The default size is the test set's for generated tasks.
 
 Where train and test sequences could coincide (small vocabularies, short sequences), they
 are kept apart explicitly, so a memorised training example cannot count as a test success:
@@ -51,6 +65,7 @@ from tasks.metrics import IGNORE, AccuracyCounts
 
 TRAIN_STREAM = 0
 TEST_STREAM = 1
+VALID_STREAM = 4   # 2 and 3 are used (MAD memorization's fact map, real-data splits)
 
 READOUTS = ("per_position", "pooled", "decode_from_last", "cumulative_mean")
 
@@ -131,6 +146,7 @@ class Task:
     fixed_train: bool = False
     num_train_examples: int = 0
     num_test_examples: int = 256
+    num_valid_examples: int = 0   # set by _set_valid from the task's parameter
 
     def params(self) -> dict:
         """The parameters this task was built with (for records and profiles)."""
@@ -176,7 +192,52 @@ class Task:
         x, y = self._test_arrays(self.num_test_examples, rng_for(seed, TEST_STREAM), seed)
         return {"": self._to_batch(x, y)}
 
+    def valid_set(self, seed: int) -> Batch:
+        """The validation set: ``num_valid_examples`` examples (fewer only where the
+        de-duplication runs out of distinct sequences), disjoint from the test set and the
+        fixed training set; empty when ``num_valid_examples == 0``."""
+        x, y = self._valid_arrays(seed)
+        return self._to_batch(x, y)
+
     # -- helpers ----------------------------------------------------------------
+    def _set_valid(self, num_valid_examples, default: int | None = None) -> None:
+        """Validate and record the ``num_valid_examples`` parameter (None = ``default``,
+        else the test set's size); call at the end of ``__init__``, after ``_params``."""
+        if num_valid_examples is None:
+            self.num_valid_examples = self.num_test_examples if default is None else default
+        else:
+            self.num_valid_examples = check_int("num_valid_examples", num_valid_examples, 0)
+        self._params["num_valid_examples"] = num_valid_examples
+
+    def _valid_arrays(self, seed: int) -> tuple[np.ndarray, np.ndarray]:
+        """Validation examples from (seed, VALID), test distribution; rows whose inputs equal
+        an evaluation input at the training length, or a fixed-training input, are redrawn."""
+        n = self.num_valid_examples
+        rng = rng_for(seed, VALID_STREAM)
+        if n == 0:
+            return self._generate_test(0, rng)
+        seen = {row.tobytes() for b in self.eval_sets(seed).values()
+                if b.inputs.shape[1] == self.seq_len
+                for row in np.ascontiguousarray(b.inputs.numpy())}
+        if self.fixed_train:
+            seen |= {row.tobytes() for row in np.ascontiguousarray(self._train_arrays(seed)[0])}
+        return self._draw_avoiding(n, rng, seen, self._generate_test)
+
+    def _draw_avoiding(self, n, rng, seen: set[bytes], gen, max_rounds: int = 20):
+        """n examples of ``gen`` from ``rng`` whose input rows are not in ``seen``; fewer
+        only when ``max_rounds`` draws find no more (never padded with seen rows)."""
+        x, y = gen(n, rng)
+        keep_x, keep_y, have = [], [], 0
+        for _ in range(max_rounds):
+            mask = np.array([row.tobytes() not in seen for row in np.ascontiguousarray(x)], bool)
+            keep_x.append(x[mask][: n - have])
+            keep_y.append(y[mask][: n - have])
+            have += len(keep_x[-1])
+            if have >= n:
+                break
+            x, y = gen(n - have, rng)
+        return np.concatenate(keep_x), np.concatenate(keep_y)
+
     def _train_arrays(self, seed: int) -> tuple[np.ndarray, np.ndarray]:
         cache = self.__dict__.setdefault("_train_cache", {})
         if seed not in cache:
@@ -248,6 +309,7 @@ class Task:
 
 
 __all__ = [
-    "Task", "Batch", "IGNORE", "rng_for", "TRAIN_STREAM", "TEST_STREAM", "READOUTS",
+    "Task", "Batch", "IGNORE", "rng_for", "TRAIN_STREAM", "TEST_STREAM", "VALID_STREAM",
+    "READOUTS",
     "check_int", "check_float", "check_bool", "check_int_list",
 ]

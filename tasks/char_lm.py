@@ -11,6 +11,13 @@ characters is training text, the rest test text; no window crosses the boundary.
   set of offsets per step from the step's seed (``fixed_train`` is False).
 - evaluation: consecutive non-overlapping windows of the test text, from its start, up to
   ``num_test_examples`` windows (``0`` = all of them). Deterministic; needs no seed.
+- validation (``valid_set``): ``num_valid_examples`` consecutive non-overlapping windows cut
+  from the END of the training text (its last ``num_valid_examples * seq_len + 1``
+  characters, the text just before the test text); training windows then come from the
+  characters before them only, so no character is both trained on and validated on. The
+  default is 0 (no validation set): any other value shrinks the training text, so the
+  training windows of a seed differ from those of a run without a validation set.
+  Deterministic; the same for every seed.
 
 Metrics: the stored loss is the mean cross-entropy in nats per character; ``extra_metrics``
 adds ``bits_per_char = loss / ln 2`` (what char-LM papers report). Token accuracy is next-
@@ -37,7 +44,8 @@ class CharLM(Task):
     )
 
     def __init__(self, path: str | None = None, seq_len: int = 256,
-                 train_fraction: float = 0.9, num_test_examples: int = 0):
+                 train_fraction: float = 0.9, num_test_examples: int = 0,
+                 num_valid_examples: int = 0):
         if not path or not isinstance(path, str):
             raise ValueError("char_lm needs path = a UTF-8 text file (e.g. tinyshakespeare's "
                              "input.txt)")
@@ -56,6 +64,17 @@ class CharLM(Task):
         data = np.fromiter((lut[c] for c in text), dtype=np.int64, count=len(text))
         split = int(len(data) * self.train_fraction)
         self._train, self._test = data[:split], data[split:]
+        self.num_valid_examples = check_int("num_valid_examples", num_valid_examples, 0)
+        self._valid = self._train[:0]
+        if self.num_valid_examples:
+            # the validation text: the end of the training text, cut off from training
+            cut = len(self._train) - (self.num_valid_examples * self.seq_len + 1)
+            if cut < self.seq_len + 1:
+                raise ValueError(
+                    f"char_lm: num_valid_examples = {self.num_valid_examples} windows of "
+                    f"{self.seq_len} characters leave {max(cut, 0)} training characters of "
+                    f"{len(self._train)}; need at least seq_len + 1 = {self.seq_len + 1}")
+            self._train, self._valid = self._train[:cut], self._train[cut:]
         for part, what in ((self._train, "training"), (self._test, "test")):
             if len(part) < self.seq_len + 1:
                 raise ValueError(
@@ -63,7 +82,8 @@ class CharLM(Task):
                     f"than seq_len + 1 = {self.seq_len + 1}"
                 )
         self._params = dict(path=path, seq_len=seq_len, train_fraction=train_fraction,
-                            num_test_examples=num_test_examples)
+                            num_test_examples=num_test_examples,
+                            num_valid_examples=num_valid_examples)
 
     def encode(self, text: str) -> np.ndarray:
         lut = {c: i for i, c in enumerate(self.chars)}
@@ -99,3 +119,8 @@ class CharLM(Task):
         starts = np.arange(n) * self.seq_len
         x, y = self._windows(self._test, starts)
         return {"": self._to_batch(x, y)}
+
+    def valid_set(self, seed):
+        starts = np.arange(self.num_valid_examples) * self.seq_len
+        x, y = self._windows(self._valid, starts)
+        return self._to_batch(x, y)

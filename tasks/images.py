@@ -15,6 +15,18 @@
   batch (``augment_batch``), a random crop of the 4-pixel zero-padded image and a random
   horizontal flip (p = 0.5), seeded by (seed, step).
 
+Validation (``valid_set``): carved out of the training images by seed, never a test
+image. The training images of a seed are the first ones of a seeded permutation of the
+training pool (digits: the images left after the test split; CIFAR-10: its 50 000 training
+images); the validation images are the ``num_valid_examples`` images that follow them in the
+same permutation, so no image is in both. By default (``None``) it uses only images that
+training does not use: min(``num_test_examples``, pool - training images), which is 0 when
+training uses the whole pool (``num_train_examples = 0``, the default), so the training
+set never changes by default. An explicit ``num_valid_examples`` takes that many (at most
+pool - 1) and, where the pool is too small for both, shrinks the training set to make
+room. Digits: validation images whose pixels equal a training or test image are dropped,
+so it may be a few smaller.
+
 Readout ``pooled``: one label per sequence, the head mean-pools the backbone output over
 positions and classifies. Accuracy is plain (micro) accuracy over test images; some
 published tables on sequential CIFAR use the same, none of the ones we reproduce use
@@ -80,7 +92,8 @@ class SequentialImage(Task):
     fixed_train = True
 
     def __init__(self, path: str | None = None, augment: bool = False,
-                 num_train_examples: int = 0, num_test_examples: int | None = None):
+                 num_train_examples: int = 0, num_test_examples: int | None = None,
+                 num_valid_examples: int | None = None):
         self.path = path
         self.augment = check_bool("augment", augment)
         self.num_train_examples = check_int("num_train_examples", num_train_examples, 0)
@@ -107,7 +120,17 @@ class SequentialImage(Task):
                 1, len(vy))
             self.seq_len, self.input_dim = 64, PATCH * PATCH * 3
         self._params = dict(path=path, augment=augment, num_train_examples=num_train_examples,
-                            num_test_examples=num_test_examples)
+                            num_test_examples=num_test_examples,
+                            num_valid_examples=num_valid_examples)
+        # the training pool: what the training and validation images are drawn from
+        pool = len(self._y) - self.num_test_examples if path is None else len(self._cifar[1])
+        n_train = min(self.num_train_examples or pool, pool)
+        if num_valid_examples is None:
+            self.num_valid_examples = min(self.num_test_examples, pool - n_train)
+        else:
+            self.num_valid_examples = check_int("num_valid_examples", num_valid_examples, 0,
+                                                pool - 1)
+        self._n_train = min(n_train, pool - self.num_valid_examples)
 
     # -- data -----------------------------------------------------------------------
     def _encode(self, images: np.ndarray) -> np.ndarray:
@@ -126,9 +149,24 @@ class SequentialImage(Task):
         else:
             train = rng_for(seed, 3).permutation(len(self._cifar[1]))
             test = np.arange(self.num_test_examples)
-        if self.num_train_examples:
-            train = train[: self.num_train_examples]
-        return np.sort(train), test
+        return np.sort(train[: self._n_train]), test
+
+    def _valid_idx(self, seed: int) -> np.ndarray:
+        """Indices of the validation images (into the digits arrays or CIFAR's training
+        images): the ones after the training images in the seed's pool permutation."""
+        stop = self._n_train + self.num_valid_examples
+        if self.path is None:
+            valid = rng_for(seed, 3).permutation(len(self._y))[self.num_test_examples:]
+            valid = valid[self._n_train: stop]
+            train, test = self._split(seed)
+            seen = {self._x[i].tobytes() for i in (*train, *test)}
+            valid = np.array([i for i in valid if self._x[i].tobytes() not in seen], np.int64)
+        else:
+            valid = rng_for(seed, 3).permutation(len(self._cifar[1]))[self._n_train: stop]
+        return np.sort(valid)
+
+    def valid_set(self, seed):
+        return self.sample_indices(self._valid_idx(seed))
 
     def train_set(self, seed):
         train, _ = self._split(seed)

@@ -103,7 +103,8 @@ class InductionHeads(Task):
     def __init__(self, seq_len: int = 256, vocab_size: int = 16,
                  eval_lens: list[int] = DEFAULT_EVAL_LENS, num_train_examples: int = 0,
                  num_test_examples: int = 256, eval_token_budget: int = 2 ** 22,
-                 trigger: str = "first_half", eval_distances: list[int] = ()):
+                 trigger: str = "first_half", eval_distances: list[int] = (),
+                 num_valid_examples: int | None = None):
         self.seq_len = check_int("seq_len", seq_len, 4)
         self.vocab_size = check_int("vocab_size", vocab_size, 3)
         self.eval_lens = check_int_list("eval_lens", eval_lens, 4)
@@ -123,6 +124,7 @@ class InductionHeads(Task):
             eval_token_budget=eval_token_budget, trigger=trigger,
             eval_distances=list(self.eval_distances),
         )
+        self._set_valid(num_valid_examples)
 
     def _generate(self, n, rng):
         return induction_examples(n, self.seq_len, self.vocab_size, rng, self.trigger)

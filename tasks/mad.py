@@ -18,7 +18,9 @@ sequence exact match, see :mod:`tasks.metrics`.
 
 All MAD tasks train on a fixed set (``num_train_examples``, MAD baseline 12 800; 256 for
 memorization) and test on ``num_test_examples`` (MAD: 1 280) from a disjoint seed stream,
-with test sequences equal to a training sequence dropped and redrawn.
+with test sequences equal to a training sequence dropped and redrawn. The validation set
+(``num_valid_examples``, default the test set's size; MAD itself has none) comes from its own
+stream, with sequences equal to a training or test sequence dropped and redrawn.
 """
 from __future__ import annotations
 
@@ -125,7 +127,8 @@ TRAIN_TARGETS = ("recall", "next_token")
 
 class _RecallBase(_MADTask):
     def __init__(self, seq_len, vocab_size, multi_query, frac_noise, noise_vocab_size,
-                 num_train_examples, num_test_examples, train_targets="recall"):
+                 num_train_examples, num_test_examples, train_targets="recall",
+                 num_valid_examples=None):
         if train_targets not in TRAIN_TARGETS:
             raise ValueError(f"train_targets must be one of {', '.join(TRAIN_TARGETS)}, "
                              f"got {train_targets!r}")
@@ -142,6 +145,7 @@ class _RecallBase(_MADTask):
             num_train_examples=num_train_examples, num_test_examples=num_test_examples,
             train_targets=train_targets,
         )
+        self._set_valid(num_valid_examples)
 
     def _generate_test(self, n, rng):
         return in_context_recall_examples(n, self.seq_len, self.vocab_size, self.multi_query,
@@ -180,9 +184,10 @@ class MADInContextRecall(_RecallBase):
     def __init__(self, seq_len: int = 128, vocab_size: int = 16, multi_query: bool = True,
                  frac_noise: float = 0.0, noise_vocab_size: int = 0,
                  num_train_examples: int = 12_800, num_test_examples: int = 1_280,
-                 train_targets: str = "recall"):
+                 train_targets: str = "recall", num_valid_examples: int | None = None):
         super().__init__(seq_len, vocab_size, multi_query, frac_noise, noise_vocab_size,
-                         num_train_examples, num_test_examples, train_targets)
+                         num_train_examples, num_test_examples, train_targets,
+                         num_valid_examples)
 
 
 @register
@@ -197,9 +202,10 @@ class MADNoisyInContextRecall(_RecallBase):
     def __init__(self, seq_len: int = 128, vocab_size: int = 32, multi_query: bool = True,
                  frac_noise: float = 0.2, noise_vocab_size: int = 16,
                  num_train_examples: int = 12_800, num_test_examples: int = 1_280,
-                 train_targets: str = "recall"):
+                 train_targets: str = "recall", num_valid_examples: int | None = None):
         super().__init__(seq_len, vocab_size, multi_query, frac_noise, noise_vocab_size,
-                         num_train_examples, num_test_examples, train_targets)
+                         num_train_examples, num_test_examples, train_targets,
+                         num_valid_examples)
 
 
 # ---------------------------------------------------------------------------------
@@ -288,7 +294,7 @@ class MADFuzzyInContextRecall(_MADTask):
     def __init__(self, seq_len: int = 128, vocab_size: int = 16, k_motif_size: int = 3,
                  v_motif_size: int = 3, multi_query: bool = True, frac_noise: float = 0.0,
                  noise_vocab_size: int = 0, num_train_examples: int = 12_800,
-                 num_test_examples: int = 1_280):
+                 num_test_examples: int = 1_280, num_valid_examples: int | None = None):
         self._common(seq_len, vocab_size, num_train_examples, num_test_examples)
         self.k_motif_size = check_int("k_motif_size", k_motif_size, 1)
         self.v_motif_size = check_int("v_motif_size", v_motif_size, 1)
@@ -309,6 +315,7 @@ class MADFuzzyInContextRecall(_MADTask):
             noise_vocab_size=noise_vocab_size, num_train_examples=num_train_examples,
             num_test_examples=num_test_examples,
         )
+        self._set_valid(num_valid_examples)
 
     def _examples(self, n, rng, fixed_key_size):
         pairs = [fuzzy_recall_example(self.seq_len, self.vocab_size, self.k_motif_size,
@@ -347,13 +354,14 @@ class MADMemorization(_MADTask):
     )
 
     def __init__(self, seq_len: int = 32, vocab_size: int = 256, num_train_examples: int = 256,
-                 num_test_examples: int = 1_280):
+                 num_test_examples: int = 1_280, num_valid_examples: int | None = None):
         self._common(seq_len, vocab_size, num_train_examples, num_test_examples)
         if self.seq_len % 2:
             raise ValueError(f"seq_len must be even (key/insert pairs), got {seq_len}")
         self._params = dict(seq_len=seq_len, vocab_size=vocab_size,
                             num_train_examples=num_train_examples,
                             num_test_examples=num_test_examples)
+        self._set_valid(num_valid_examples)
         self._map_seed: int | None = None
 
     def kv_map(self, seed: int) -> dict[int, int]:
@@ -384,6 +392,10 @@ class MADMemorization(_MADTask):
     def eval_sets(self, seed):
         self._prepare(seed)
         return super().eval_sets(seed)
+
+    def valid_set(self, seed):
+        self._prepare(seed)
+        return super().valid_set(seed)
 
     def _train_arrays(self, seed):
         self._prepare(seed)
@@ -422,11 +434,13 @@ class MADCompression(_MADTask):
     readout = "decode_from_last"
 
     def __init__(self, seq_len: int = 32, vocab_size: int = 16,
-                 num_train_examples: int = 12_800, num_test_examples: int = 1_280):
+                 num_train_examples: int = 12_800, num_test_examples: int = 1_280,
+                 num_valid_examples: int | None = None):
         self._common(seq_len, vocab_size, num_train_examples, num_test_examples)
         self._params = dict(seq_len=seq_len, vocab_size=vocab_size,
                             num_train_examples=num_train_examples,
                             num_test_examples=num_test_examples)
+        self._set_valid(num_valid_examples)
 
     def _generate(self, n, rng):
         x = rng.integers(0, self.vocab_size - 1, size=(n, self.seq_len))

@@ -68,7 +68,7 @@ class MQAR(Task):
 
     def __init__(self, seq_len: int = 256, vocab_size: int = 8192, num_kv_pairs=16,
                  power_a: float = 0.01, num_train_examples: int = 0,
-                 num_test_examples: int = 256):
+                 num_test_examples: int = 256, num_valid_examples: int | None = None):
         self.seq_len = check_int("seq_len", seq_len, 4)
         self.vocab_size = check_int("vocab_size", vocab_size, 4)
         self.kv_list = check_int_list("num_kv_pairs", num_kv_pairs, 1)
@@ -92,6 +92,7 @@ class MQAR(Task):
             power_a=power_a, num_train_examples=num_train_examples,
             num_test_examples=num_test_examples,
         )
+        self._set_valid(num_valid_examples)
 
     def _generate(self, n, rng):
         # each example draws its D from the list; generate per D and restore the order

@@ -104,7 +104,7 @@ class _CopyingBase(Task):
     paper_format: bool = True
 
     def __init__(self, seq_len, vocab_size, num_tokens_to_copy, num_train_examples,
-                 num_test_examples, placement: str | None = None):
+                 num_test_examples, placement: str | None = None, num_valid_examples=None):
         self.placement = placement or ("uniform" if self.selective else "first")
         self.num_tokens_to_copy = m = check_int("num_tokens_to_copy", num_tokens_to_copy, 1)
         self.vocab_size = check_int("vocab_size", vocab_size, 3)
@@ -132,6 +132,7 @@ class _CopyingBase(Task):
             self._layout = dict(region_len=seq_len - m - 1, data_low=0, data_high=V - 2,
                                 filler=V - 2, separator=(V - 1,), tail=V - 2)
         self.num_classes = V
+        self._set_valid(num_valid_examples)
 
     def _generate(self, n, rng):
         return copying_examples(n, rng, num_tokens_to_copy=self.num_tokens_to_copy,
@@ -153,9 +154,10 @@ class SelectiveCopying(_CopyingBase):
     selective, paper_format = True, True
 
     def __init__(self, seq_len: int = 4096, vocab_size: int = 16, num_tokens_to_copy: int = 16,
-                 num_train_examples: int = 0, num_test_examples: int = 256):
+                 num_train_examples: int = 0, num_test_examples: int = 256,
+                 num_valid_examples: int | None = None):
         super().__init__(seq_len, vocab_size, num_tokens_to_copy, num_train_examples,
-                         num_test_examples)
+                         num_test_examples, num_valid_examples=num_valid_examples)
 
 
 @register
@@ -169,9 +171,10 @@ class Copying(_CopyingBase):
     selective, paper_format = False, True
 
     def __init__(self, seq_len: int = 4096, vocab_size: int = 16, num_tokens_to_copy: int = 16,
-                 num_train_examples: int = 0, num_test_examples: int = 256):
+                 num_train_examples: int = 0, num_test_examples: int = 256,
+                 num_valid_examples: int | None = None):
         super().__init__(seq_len, vocab_size, num_tokens_to_copy, num_train_examples,
-                         num_test_examples)
+                         num_test_examples, num_valid_examples=num_valid_examples)
 
 
 @register
@@ -186,12 +189,12 @@ class MADSelectiveCopying(_CopyingBase):
 
     def __init__(self, seq_len: int = 256, vocab_size: int = 16, num_tokens_to_copy: int = 16,
                  num_train_examples: int = 12_800, num_test_examples: int = 1_280,
-                 placement: str = "mad"):
+                 placement: str = "mad", num_valid_examples: int | None = None):
         if placement not in ("mad", "uniform"):
             raise ValueError(f"placement must be 'mad' (mad-lab's generator) or 'uniform', "
                              f"got {placement!r}")
         super().__init__(seq_len, vocab_size, num_tokens_to_copy, num_train_examples,
-                         num_test_examples, placement)
+                         num_test_examples, placement, num_valid_examples)
         self._params["placement"] = placement
 
 
@@ -205,6 +208,7 @@ class MADCopying(_CopyingBase):
     selective, paper_format = False, False
 
     def __init__(self, seq_len: int = 256, vocab_size: int = 16, num_tokens_to_copy: int = 16,
-                 num_train_examples: int = 12_800, num_test_examples: int = 1_280):
+                 num_train_examples: int = 12_800, num_test_examples: int = 1_280,
+                 num_valid_examples: int | None = None):
         super().__init__(seq_len, vocab_size, num_tokens_to_copy, num_train_examples,
-                         num_test_examples)
+                         num_test_examples, num_valid_examples=num_valid_examples)

@@ -67,7 +67,8 @@ WORDS = [f"w{i}" for i in range(40)]
 
 
 def _row_text(i: int) -> str:
-    return " ".join(WORDS[(i * k) % 40] for k in range(1, 3 + i % 5)) + f" w{i % 40}"
+    return (" ".join(WORDS[(i * k) % 40] for k in range(1, 3 + i % 5))
+            + f" w{i % 40} w{(i // 40) * 7 % 40}")
 
 
 @pytest.fixture(scope="module")
@@ -168,6 +169,169 @@ FROZEN = {
     'sequential_image': ('04b0aeea6b78721d', '6ad4543c8b461628'),
     'sequential_image/all': ('f5ccd59042ce548f', '214bd1d3d1497690'),
     'sequential_image/cifar': ('5c4e58b5e56432bf', '5c4e58b5e56432bf'),
-    'text_classification': ('3e343368802319b8', '0b10f01a1145eec6'),
-    'text_classification/folders': ('41d49c49b52299fc', 'cc801b5370824505'),
+    'text_classification': ('ce3add3f44baab08', '49ffba985b6120e8'),
+    'text_classification/folders': ('1f54c7b818621927', '0b1dadf0083af6e8'),
 }
+
+# the documented default size of each case's validation set
+DEFAULT_VALID = {
+    **{case: params["num_test_examples"] for case, params in SYNTHETIC.items()},
+    **{case: params["num_test_examples"] for case, (_, params) in EXTRA.items()},
+    "char_lm": 0,                        # any other value shrinks the training text
+    "sequential_image": 50,              # min(test 50, pool 1437 - 200 training images)
+    "sequential_image/all": 0,           # training uses the whole pool
+    "sequential_image/cifar": 0,         # idem (all 30 training images)
+    "text_classification": 10,           # min(test 10, 50 rows - 30 training rows)
+    "text_classification/folders": 12,   # min(test 12, 60 training files - 20)
+}
+# cases whose validation set is asked for explicitly (the default is empty), and the cases
+# whose sequence space is so small that the de-duplication may leave fewer examples
+EXPLICIT = {"char_lm": 3, "sequential_image/all": 100, "sequential_image/cifar": 5,
+            "text_classification": 25}
+TINY = {"mad_memorization/tiny", "mad_compression/tiny", "induction_heads/tiny-fresh",
+        "selective_copying/fixed", "induction_heads/fixed"}
+# the same validation windows for every seed (documented: the end of the training text)
+SEED_FREE = {"char_lm"}
+ALL = sorted(FROZEN)
+
+
+def rows(batch) -> set[bytes]:
+    x = np.ascontiguousarray(batch.inputs.numpy())
+    return {r.tobytes() for r in x}
+
+
+def test_all_cases_are_frozen_and_sized(real):
+    assert set(cases(real)) == set(FROZEN) == set(DEFAULT_VALID)
+
+
+@pytest.mark.parametrize("case", ALL)
+def test_train_and_test_data_are_unchanged(real, case):
+    name, params = cases(real)[case]
+    t = tasks.build(name, **params)
+    assert (data_hash(t, 0), data_hash(t, 1)) == FROZEN[case]
+    assert t.num_valid_examples == DEFAULT_VALID[case]
+    assert len(t.valid_set(0)) <= t.num_valid_examples   # the default set costs no training data
+
+
+@pytest.mark.parametrize("case", ALL)
+def test_valid_set_is_sized_deterministic_and_disjoint(real, case):
+    name, params = cases(real)[case]
+    if case in EXPLICIT:
+        params = {**params, "num_valid_examples": EXPLICIT[case]}
+    t = tasks.build(name, **params)
+    n = EXPLICIT.get(case, DEFAULT_VALID[case])
+    assert t.num_valid_examples == n > 0
+    v0 = t.valid_set(0)
+    if case == "mad_memorization/tiny":
+        # 2 pairs over 4 keys: 16 sequences, all of them in the 40 training examples; the
+        # validation set is empty rather than padded with training sequences
+        assert len(rows(train_data(t, 0)[0])) == 16 and len(v0) == 0
+        return
+    if case in TINY:
+        assert 0 < len(v0) <= n
+    else:
+        assert len(v0) == n
+    assert v0.inputs.shape[1:] == t.eval_sets(0)[""].inputs.shape[1:]
+    assert v0.targets.shape[1:] == t.eval_sets(0)[""].targets.shape[1:]
+    # deterministic per seed: a fresh task object gives the same set
+    again = tasks.build(name, **params).valid_set(0)
+    assert np.array_equal(again.inputs.numpy(), v0.inputs.numpy())
+    assert np.array_equal(again.targets.numpy(), v0.targets.numpy())
+    v1 = t.valid_set(1)
+    same = len(v1) == len(v0) and np.array_equal(v1.inputs.numpy(), v0.inputs.numpy())
+    assert same == (case in SEED_FREE)
+    # disjoint from the training data and from every evaluation set of the same seed
+    for seed, v in ((0, v0), (1, v1)):
+        vrows = rows(v)
+        # fresh training batches are not filtered against the validation set (documented in
+        # tasks/base.py: it would change existing runs' data); in a tiny space they collide
+        checked = train_data(t, seed) if t.fixed_train or case not in TINY else []
+        for b in checked:
+            assert not vrows & rows(b), f"{case}: a validation example is a training example"
+        for key, b in t.eval_sets(seed).items():
+            if b.inputs.shape[1:] == v.inputs.shape[1:]:
+                assert not vrows & rows(b), f"{case}: a validation example is in test set {key!r}"
+
+
+def test_valid_differs_from_test_by_stream_not_only_by_filtering():
+    # the validation set is a draw of its own, not the test set minus something
+    t = tasks.build("induction_heads", **SYNTHETIC["induction_heads"])
+    assert not rows(t.valid_set(0)) & rows(t.eval_sets(0)[""])
+    t = tasks.build("mqar", **SYNTHETIC["mqar"], num_valid_examples=5)
+    assert len(t.valid_set(0)) == 5 and t.params()["num_valid_examples"] == 5
+
+
+def test_explicit_valid_carves_from_training(real):
+    name, params = real["sequential_image/all"]
+    t = tasks.build(name, **params, num_valid_examples=100)
+    assert len(t.train_set(0)) == 1437 - 100       # the pool minus the validation images
+    name, params = real["text_classification"]
+    t = tasks.build(name, **params, num_valid_examples=25)
+    assert t.num_train_examples == 25               # 50 training rows: 25 train, 25 valid
+    name, params = real["char_lm"]
+    t = tasks.build(name, **params, num_valid_examples=3)
+    assert len(t._valid) == 3 * 16 + 1
+    with pytest.raises(ValueError, match="num_valid_examples"):
+        tasks.build(name, **params, num_valid_examples=10_000)
+
+
+@pytest.mark.parametrize("name", sorted(SYNTHETIC))
+def test_zero_gives_an_empty_valid_set(name):
+    t = tasks.build(name, **SYNTHETIC[name], num_valid_examples=0)
+    assert len(t.valid_set(0)) == 0
+    with pytest.raises(ValueError, match="num_valid_examples must be >= 0"):
+        tasks.build(name, **SYNTHETIC[name], num_valid_examples=-1)
+
+
+# -- the worker records eval set "valid" ----------------------------------------------------
+PROFILE = """
+schema_version = 1
+name = "valid"
+[task]
+name = "mad_selective_copying"
+vocab_size = 8
+num_tokens_to_copy = 2
+num_train_examples = 64
+num_test_examples = 16
+{valid}
+[sweep]
+models = ["lstm"]
+seq_lens = [10]
+[model]
+d_model = 16
+n_layers = 1
+[train]
+steps = 12
+batch_size = 8
+lr = 3e-3
+warmup_steps = 2
+eval_every = 6
+log_every = 6
+device = "cpu"
+"""
+
+
+def _run(tmp_path, valid_line):
+    import os
+
+    from workbench import worker
+    from workbench.profile import expand, loads
+    from workbench.store import Store
+    spec = expand(loads(PROFILE.format(valid=valid_line)))[0].to_dict()
+    store = Store(tmp_path / "st")
+    (rid,) = store.add_runs([spec])
+    store.mark_started(rid, os.getpid(), "cpu", "cpu0")
+    worker.run(str(store.root), rid)
+    assert store.get(rid).state == "finished"
+    return store.results([rid])[rid]
+
+
+def test_worker_records_valid_with_the_test_metrics(tmp_path):
+    res = _run(tmp_path / "a", "num_valid_examples = 24")
+    metrics = {"accuracy", "sequence_accuracy", "loss", "eval_sequences"}
+    assert metrics <= set(res[""]) and set(res["valid"]) == metrics
+    assert res["valid"]["eval_sequences"] == 24 and res[""]["eval_sequences"] == 16
+    # evaluating the validation set changes nothing of the run: the same test numbers
+    plain = _run(tmp_path / "b", "num_valid_examples = 0")
+    assert "valid" not in plain
+    assert {k: plain[""][k] for k in metrics} == {k: res[""][k] for k in metrics}

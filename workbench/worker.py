@@ -738,9 +738,13 @@ def _run(store: Store, run_id: int, t_start: float, stop: StopFlag) -> int:
               f"{' tied' if trainer.model.init_choice['tie_embeddings'] else ''}", flush=True)
 
         out = trainer.train()
-        # final measurements on every eval set
-        skipped = {}
-        for name, batch in out["eval_sets"].items():
+        # final measurements on every eval set, and on the validation set as eval set "valid"
+        # (what a grid is selected on; numpy-seeded from its own stream, after training)
+        skipped, final = {}, dict(out["eval_sets"])
+        valid = trainer.task.valid_set(int(trainer.spec["seed"]))
+        if len(valid):
+            final["valid"] = valid
+        for name, batch in final.items():
             try:
                 c = trainer.evaluate(batch)
             except RunFailed as e:
