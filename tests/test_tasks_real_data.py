@@ -130,7 +130,7 @@ def test_cifar_patches_and_augmentation(cifar_dir):
 
 def test_image_parameters(cifar_dir):
     assert set(tasks.parameters("sequential_image")) == {
-        "path", "augment", "num_train_examples", "num_test_examples"}
+        "path", "augment", "num_train_examples", "num_test_examples", "num_valid_examples"}
     t = tasks.build("sequential_image", path=cifar_dir, num_train_examples=7, num_test_examples=3)
     assert len(t.train_set(0)) == 7 and len(t.eval_sets(0)[""]) == 3
     with pytest.raises(ValueError, match="directory"):

@@ -397,7 +397,7 @@ def test_registered_with_documented_parameters():
     assert tasks.parameters(NAME) == {
         "data_path": None, "tokenizer": None, "seq_len": 512, "text_column": "text",
         "label_column": "label", "num_train_examples": 20000, "num_test_examples": 1000,
-        "pool": "last"}
+        "pool": "last", "num_valid_examples": None}
 
 
 def test_a_test_set_made_only_of_training_duplicates_is_an_error(tmp_path, tokenizer):
