@@ -80,7 +80,7 @@ def cmd_tui(args) -> int:
 
 
 def cmd_profile_check(args) -> int:
-    from workbench.profile import ProfileError, expand, load
+    from workbench.profile import ProfileError, expand, load, summary
 
     err = Console(stderr=True)
     code = 0
@@ -97,9 +97,8 @@ def cmd_profile_check(args) -> int:
             print(f"{f}: {why}", file=sys.stderr)
             code = 2
             continue
-        print(f"{'✓' if all(e.fits for e in ests) else '✗'} {f}: profile '{p.name}', task {p.task.name}, "
-              f"{len(p.sweep.models)} model(s) x {len(p.sweep.seq_lens) or 1} length(s) x "
-              f"{len(p.sweep.seeds)} seed(s) = {n} run(s)", flush=True)
+        print(f"{'✓' if all(e.fits for e in ests) else '✗'} {f}: profile '{p.name}', {summary(p, n)}",
+              flush=True)
         _print_estimates(_console(), ests, per_run=False)
         if _refuse_too_big(ests, args.force):
             code = 2
@@ -125,7 +124,8 @@ def _print_estimates(console: Console, ests, per_run: bool) -> None:
 
     rows: dict = {}
     for e in ests:
-        key = (e.model, e.seq_len, e.seed) if per_run else (e.model, e.seq_len)
+        # grouped: one row per distinct size (a grid over d_model or a task parameter gives several)
+        key = (e.model, e.seq_len, e.seed) if per_run else (e.model, e.task, e.seq_len, e.params, e.peak)
         rows.setdefault(key, []).append(e)
     t = Table(box=None, pad_edge=False, show_edge=False)
     for c in ("model", "task", "L", "seed" if per_run else "seeds", "params", "est. peak", "device", "fits"):
@@ -133,7 +133,7 @@ def _print_estimates(console: Console, ests, per_run: bool) -> None:
     for group in rows.values():
         e = group[0]
         fits = ("–" if e.limit is None else "yes" if e.fits else f"[red]no[/red] (> {fmt_bytes(e.limit)})")
-        t.add_row(e.model, e.task, _fmt(e.seq_len), ",".join(str(g.seed) for g in group),
+        t.add_row(e.model, e.task, _fmt(e.seq_len), ",".join(dict.fromkeys(str(g.seed) for g in group)),
                   fmt_count(e.params), fmt_bytes(e.peak) if e.error is None else "? (see below)",
                   e.device, fits)
     console.print(t)
@@ -252,18 +252,46 @@ def _worker_cell(r) -> str:
 
 
 def _dry_run(prof, ests, args) -> int:
-    """What `run` would launch: one row (or JSON object) per run; no store is touched."""
+    """What `run` would launch: one row (or JSON object) per run, with its task setting and
+    each grid value under its dotted key, and the count; no store is touched."""
     import json
 
+    from workbench.profile import expand, summary
+    from workbench.spec.estimate import fmt_bytes, fmt_count
+
+    specs = expand(prof)
+    grid_keys = list(prof.sweep.grid)
+    v2 = prof.schema_version >= 2
     refused = _refuse_too_big(ests, args.force)
     if args.format == "json":
-        print(json.dumps([e.to_dict() for e in ests], indent=1))
-    else:
-        console = _console()
-        _print_estimates(console, ests, per_run=True)
-        where = " as Slurm jobs" if prof.executor == "slurm" else ""
-        console.print(f"profile {prof.name}: {len(ests)} run(s) would be launched{where} "
-                      f"(dry run: nothing queued)", markup=False, highlight=False)
+        rows = []
+        for spec, e in zip(specs, ests):
+            row = e.to_dict()
+            if v2:
+                row["task_setting"] = spec.task_setting
+                row.update(spec.grid or {})
+            rows.append(row)
+        print(json.dumps(rows, indent=1))
+        return 2 if refused else 0
+    console = _console()
+    t = Table(box=None, pad_edge=False, show_edge=False)
+    cols = ["model", "task", *(["setting"] if v2 else []), "L", "seed", *grid_keys, "params", "est. peak",
+            "device", "fits"]
+    for c in cols:
+        t.add_column(c, justify="right" if c in ("L", "seed", "params", "est. peak", *grid_keys) else "left")
+    for spec, e in zip(specs, ests):
+        fits = ("–" if e.limit is None else "yes" if e.fits else f"[red]no[/red] (> {fmt_bytes(e.limit)})")
+        t.add_row(e.model, e.task, *([spec.task_setting] if v2 else []), _fmt(e.seq_len), str(e.seed),
+                  *(_fmt(spec.grid[k]) for k in grid_keys), fmt_count(e.params),
+                  fmt_bytes(e.peak) if e.error is None else "? (see below)", e.device, fits)
+    console.print(t)
+    for what in sorted({e.limit_what for e in ests if e.limit_what}):
+        console.print(f"  limit: {what}", markup=False, highlight=False)
+    for n in sorted({e.error for e in ests if e.error}):
+        console.print(f"  {n}", markup=False, highlight=False)
+    where = " as Slurm jobs" if prof.executor == "slurm" else ""
+    console.print(f"profile {prof.name}: {len(ests)} run(s) would be launched{where} "
+                  f"({summary(prof, len(specs))}; dry run: nothing queued)", markup=False, highlight=False)
     return 2 if refused else 0
 
 
