@@ -91,11 +91,11 @@ def test_headless_run_and_export(tmp_path):
     js = json.loads(cli(tmp_path / "st", "export", "--profile", "tiny", "--format", "json").stdout)
     assert len(js) == 4  # 2 models x 2 lengths
     rec = next(x for x in js if x["model"] == "lstm" and x["seq_len"] == 8)
-    assert rec["accuracy"]["n"] == 2 and set(rec["accuracy"]) == {"mean", "std", "n"}
+    assert rec["accuracy"]["n"] == 2 and set(rec["accuracy"]) == {"mean", "std", "n", "ci95"}
     accs = [store.results([x.id])[x.id][""]["accuracy"] for x in runs if x.label == "lstm" and x.seq_len == 8]
     assert rec["accuracy"]["mean"] == pytest.approx(sum(accs) / 2)
     csv = cli(tmp_path / "st", "export", "--profile", "tiny", "--format", "csv", "--metric", "step_time_ms")
-    assert csv.stdout.splitlines()[0] == "model \\ seq_len,8,10"
+    assert csv.stdout.splitlines()[0] == "model,8 mean,8 std,8 n,10 mean,10 std,10 n"  # one table
     tex = cli(tmp_path / "st", "export", "--profile", "tiny", "--format", "latex").stdout
     assert "\\begin{tabular}{lcc}" in tex and "$\\pm$" in tex
 

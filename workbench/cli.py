@@ -432,12 +432,27 @@ def cmd_export(args) -> int:
         print("no finished runs" + (f" for profile {args.profile!r}" if args.profile else "")
               + f" in {store.root}", file=sys.stderr)
         return 1
-    rows = args.rows.split(",")
-    cols = args.cols.split(",") if args.cols else []
-    if args.metric not in export.METRICS and not any(args.metric in r for r in recs):
-        print(f"unknown metric {args.metric!r}; known: {', '.join(export.METRICS)}", file=sys.stderr)
+    rows = [f for f in (args.rows or "model").split(",") if f]
+    cols = [f for f in (args.cols if args.cols is not None else "seq_len").split(",") if f]
+    metrics = list(dict.fromkeys(m.strip() for text in (args.metric or ["accuracy"])
+                                 for m in text.split(",") if m.strip()))
+    best_over = [k.strip() for k in args.best_over.split(",") if k.strip()] if args.best_over else []
+    have = {k for r in recs for k in r}
+    for m in metrics + ([args.select_metric] if args.select_metric else []):
+        if m not in export.METRICS and m not in have:
+            print(f"unknown metric {m!r}; known: {', '.join(export.METRICS)}", file=sys.stderr)
+            return 2
+    for f in ((args.rows or "").split(",") + (args.cols or "").split(",")):
+        if f and f not in have:  # a field the user named (the defaults may be absent in old runs)
+            print(f"no run has field {f!r}; fields: {', '.join(export.fields_of(recs))}", file=sys.stderr)
+            return 2
+    try:
+        text = export.render(recs, metrics, rows, cols, args.format, args.digits, best_over=best_over,
+                             select_on=args.select_on, select_metric=args.select_metric,
+                             json_all=not args.metric)
+    except ValueError as e:
+        print(e, file=sys.stderr)
         return 2
-    text = export.render(recs, args.metric, rows, cols, args.format, args.digits)
     if args.output:
         Path(args.output).write_text(text)
         print(f"wrote {args.output}")
@@ -512,9 +527,21 @@ def parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("export", help="print a comparison table")
     p.add_argument("--profile")
-    p.add_argument("--metric", default="accuracy")
-    p.add_argument("--rows", default="model")
-    p.add_argument("--cols", default="seq_len")
+    p.add_argument("--metric", action="append", metavar="NAME[,NAME...]",
+                   help="metric(s) to show, comma-separated and/or repeated: one table per metric "
+                        "(default accuracy; JSON without --metric holds every metric)")
+    p.add_argument("--rows", help="run field(s) of the rows, comma-separated: model, task, "
+                   "task_setting, seq_len, a grid key such as train.lr, eval_set, ... (default model)")
+    p.add_argument("--cols", help="run field(s) of the columns (as --rows; default seq_len, '' for none)")
+    p.add_argument("--best-over", metavar="KEY[,KEY...]",
+                   help="grid keys to select over (e.g. train.lr,train.weight_decay): each cell shows "
+                        "the test numbers of the grid point with the best mean selection metric")
+    p.add_argument("--select-on", choices=["validation", "test"], default="validation",
+                   help="split the --best-over choice is made on: validation (eval set 'valid', "
+                        "the default) or test (labelled 'selected on test')")
+    p.add_argument("--select-metric", metavar="NAME",
+                   help="metric the --best-over choice maximises/minimises (default: the first "
+                        "requested accuracy-like metric, else accuracy)")
     p.add_argument("--format", choices=["md", "csv", "latex", "json"], default="md")
     p.add_argument("--digits", type=int, default=3)
     p.add_argument("--output", "-o")

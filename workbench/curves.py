@@ -13,10 +13,10 @@ logged step), ``wall`` (seconds since the run started).
 from __future__ import annotations
 
 import bisect
-import statistics
 from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
+from workbench.results.aggregate import summarize
 from workbench.store import Run, Store
 
 X_AXES = ("step", "epoch", "wall")
@@ -191,10 +191,10 @@ def combine(label: str, run_ids: list[int], series: Sequence[Points], band: str 
         ys = [c[i] for c in cols if c[i] is not None]
         if not ys:
             continue
-        m = statistics.fmean(ys)
-        if band == "std" and len(ys) > 1:
-            s = statistics.stdev(ys)
-            lo, hi = m - s, m + s
+        agg = summarize(ys, ci=False)
+        m = agg["mean"]
+        if band == "std" and agg["n"] > 1:
+            lo, hi = m - agg["std"], m + agg["std"]
         elif band == "minmax":
             lo, hi = min(ys), max(ys)
         else:

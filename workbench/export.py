@@ -1,170 +1,72 @@
-"""Comparison tables from the store: rows x columns of one metric, mean ± std over seeds.
+"""Comparison tables from the store: rows x columns of metrics, mean ± std over seeds.
 
 Rows and columns are any run field (``model``, ``task``, ``seq_len``, ``seed``,
-``d_model``, ``n_layers``, ``task.<param>``, ``opt.<option>``) or ``eval_set`` (e.g. the
-test lengths of induction heads). Cells aggregate every finished run (and eval set) that
-shares the row and column values. Formats: Markdown, CSV, LaTeX, JSON. The JSON form is a
-list of records, one per (row, column) group: the grouping fields and every metric as
-{"mean", "std", "n"}.
+``d_model``, ``n_layers``, ``task.<param>``, ``opt.<option>``, a grid key such as
+``train.lr``, ``task_setting``) or ``eval_set`` (e.g. the test lengths of induction
+heads). Cells aggregate every finished run (and eval set) that shares the row and column
+values; the numbers come from :mod:`workbench.results` (catalogue and aggregation).
+
+- several metrics: one table per metric (Markdown, LaTeX), one CSV with the metric in each
+  column name, one JSON list with every requested metric;
+- ``best_over`` grid keys: per table cell, only the runs of the grid point with the best
+  mean selection metric on the validation set (``select_on="validation"``, eval set
+  "valid") or on the test set (``"test"``; every table then says "selected on test"), the
+  chosen points listed under the table;
+- the best cells of a column are marked (bold) by the Welch rule of
+  :func:`workbench.results.aggregate.winners`: the best mean and every cell not
+  significantly worse than it (two-sided Welch's t-test, 5%); cells of one run never;
+- counts (parameters, steps, eval sequences) print as integers; a cell of one run shows
+  "(n=1)" instead of a spread.
+
+Formats: Markdown, CSV (one table: mean, std and n columns per cell), LaTeX, JSON (one
+record per (row, column) group: the grouping fields and each metric as
+{"mean", "std", "n", "ci95"}, plus "selected" with best_over).
 """
 from __future__ import annotations
 
 import csv
 import io
 import json
-import math
-import statistics
-from typing import Any, Iterable
+from typing import Any
 
-from workbench.store import Store
+from workbench.results import aggregate as agg
+from workbench.results import catalogue
+from workbench.results.aggregate import (  # noqa: F401  (re-exported: older code imports them here)
+    SelectionError, best_cells, fields_of, group, metrics_of, records, table,
+)
 
-METRICS = {
-    "accuracy": "eval accuracy per target token",
-    "sequence_accuracy": "eval whole-sequence exact match",
-    "loss": "eval loss (nats per target token)",
-    "eval_sequences": "sequences in the eval set (the accuracy's sample size)",
-    "best_accuracy": "best eval accuracy seen during training",
-    "best_at_epoch": "epoch at which the best eval accuracy was first reached",
-    "step_time_ms": "median forward+backward+update time per step after warm-up (ms)",
-    "inference_ms": "median no-grad forward time of one eval batch (ms)",
-    "compile_s": "time of the first training step with train.compile, compilation included (s)",
-    "tokens_per_s": "training tokens per second",
-    "peak_mem_mb": "peak memory (GPU allocator peak, else process peak RSS) in MiB",
-    "gpu_util_mean": "mean GPU utilisation sampled by NVML during the run (%)",
-    "gpu_util_max": "max GPU utilisation sampled by NVML (%)",
-    "gpu_mem_peak_mb": "peak GPU memory used by the device according to NVML (MiB)",
-    "params": "backbone parameter count",
-    "params_trainable": "parameters the optimizer updates (all of the model's that require grad)",
-    "state_size": "recurrent state size (floats per sequence)",
-    "wall_s": "wall time of the run (s)",
-    "steps": "optimizer steps taken",
-    "epochs": "epochs trained",
-    "bits_per_char": "eval bits per character (char-LM)",
-}
-# which way is better, for highlighting the best cell (metrics not listed have no "best":
-# parameter counts, steps, sample sizes)
-BETTER = {
-    **dict.fromkeys(("accuracy", "sequence_accuracy", "best_accuracy", "tokens_per_s"), "max"),
-    **dict.fromkeys(("loss", "bits_per_char", "step_time_ms", "inference_ms", "compile_s",
-                     "peak_mem_mb", "gpu_mem_peak_mb", "wall_s", "best_at_epoch"), "min"),
-}
-# metrics of the run as a whole live in eval set '' and apply to every eval set's row
-RUN_LEVEL = {"step_time_ms", "inference_ms", "tokens_per_s", "peak_mem_mb", "gpu_util_mean",
-             "gpu_util_max", "gpu_mem_peak_mb", "params", "params_trainable", "state_size", "wall_s", "steps",
-             "epochs", "best_accuracy", "best_at_epoch", "best_at_step", "train_s",
-             "compile_s"}
+# older names, now views of the catalogue
+METRICS = catalogue.DESCRIPTIONS
+BETTER = catalogue.BETTER
+RUN_LEVEL = catalogue.RUN_LEVEL
+FORMATS = ("md", "csv", "latex", "json")
+WINNER_RULE = ("bold: best mean of its column and every cell not significantly different from it "
+               "(Welch's t-test, two-sided, 5%); cells of one run are never marked")
 
 
-def records(store: Store, profile: str | None = None, states: Iterable[str] = ("finished",)) -> list[dict]:
-    """One flat record per (run, eval set): run fields + eval_set + metric values."""
-    runs = store.runs(profile=profile, states=list(states))
-    res = store.results(r.id for r in runs)
-    out = []
-    for r in runs:
-        sets = res.get(r.id, {})
-        base = sets.get("", {})
-        for es, vals in sorted(sets.items()):
-            if es and not any(k not in RUN_LEVEL for k in vals):
-                continue
-            rec = {**r.fields, "run_id": r.id, "profile": r.profile, "eval_set": es}
-            rec.update({k: v for k, v in base.items() if k in RUN_LEVEL})
-            rec.update(vals)
-            rec["__metrics__"] = sorted(set(vals) | {k for k in base if k in RUN_LEVEL})
-            out.append(rec)
-    return out
+def aggregate(values: list) -> dict[str, Any]:
+    """Mean, std, n, ci95 of the values (see :func:`workbench.results.aggregate.summarize`)."""
+    return agg.summarize(values)
 
 
-def _key(v: Any) -> tuple:
-    # numbers sort numerically, then strings; None last
-    if v is None:
-        return (2, "")
-    if isinstance(v, (int, float)):
-        return (0, v)
-    if isinstance(v, str) and v.startswith("len="):
-        try:
-            return (0, int(v[4:]))
-        except ValueError:
-            pass
-    return (1, str(v))
-
-
-def aggregate(values: list[float]) -> dict[str, float | int | None]:
-    vals = [v for v in values if v is not None and not (isinstance(v, float) and math.isnan(v))]
-    if not vals:
-        return {"mean": None, "std": None, "n": 0}
-    return {"mean": statistics.fmean(vals), "std": statistics.stdev(vals) if len(vals) > 1 else 0.0,
-            "n": len(vals)}
-
-
-def group(recs: list[dict], by: list[str]) -> dict[tuple, list[dict]]:
-    groups: dict[tuple, list[dict]] = {}
-    for r in recs:
-        groups.setdefault(tuple(r.get(f) for f in by), []).append(r)
-    return dict(sorted(groups.items(), key=lambda kv: tuple(_key(v) for v in kv[0])))
-
-
-def table(recs: list[dict], metric: str, rows: list[str], cols: list[str]) -> dict:
-    """{'rows': [row keys], 'cols': [col keys], 'cells': {(row, col): agg}}."""
-    if "eval_set" not in rows + cols:
-        recs = [r for r in recs if r.get("eval_set", "") == ""]
-    cells: dict[tuple, dict] = {}
-    row_keys, col_keys = [], []
-    for (rk, ck), rs in _two_level(recs, rows, cols).items():
-        cells[(rk, ck)] = aggregate([r.get(metric) for r in rs])
-        if rk not in row_keys:
-            row_keys.append(rk)
-        if ck not in col_keys:
-            col_keys.append(ck)
-    row_keys.sort(key=lambda k: tuple(_key(v) for v in k))
-    col_keys.sort(key=lambda k: tuple(_key(v) for v in k))
-    return {"rows": row_keys, "cols": col_keys, "cells": cells}
-
-
-def best_cells(t: dict, metric: str) -> set[tuple]:
-    """The (row, col) keys holding the best mean of each column of :func:`table`'s result
-    (all of them on a tie); empty for metrics without a direction."""
-    how = BETTER.get(metric)
-    if how is None:
-        return set()
-    out = set()
-    for ck in t["cols"]:
-        means = {rk: a["mean"] for rk in t["rows"]
-                 if (a := t["cells"].get((rk, ck))) and a["mean"] is not None}
-        if len(means) > 1:  # a lone value is not "best" of anything
-            best = (max if how == "max" else min)(means.values())
-            out |= {(rk, ck) for rk, m in means.items() if m == best}
-    return out
-
-
-def fields_of(recs: list[dict]) -> list[str]:
-    """The fields a table can be laid out by: the run fields present, then eval_set."""
-    skip = {"run_id", "profile", "__metrics__", "eval_set"}
-    names = [k for k in dict.fromkeys(k for r in recs for k in r) if k not in skip
-             and not any(k in r.get("__metrics__", ()) for r in recs)]
-    return names + ["eval_set"]
-
-
-def metrics_of(recs: list[dict]) -> list[str]:
-    """The metrics these records hold, known ones first in METRICS order."""
-    have = {k for r in recs for k in r.get("__metrics__", ())}
-    return [m for m in METRICS if m in have] + sorted(have - set(METRICS))
-
-
-def _two_level(recs, rows, cols):
-    out: dict[tuple, list] = {}
-    for r in recs:
-        rk = tuple(r.get(f) for f in rows)
-        ck = tuple(r.get(f) for f in cols)
-        out.setdefault((rk, ck), []).append(r)
-    return out
-
-
-def fmt_cell(agg: dict | None, digits: int = 3, latex: bool = False) -> str:
-    if not agg or agg["mean"] is None:
-        return "–" if not latex else "--"
-    m, s = agg["mean"], agg["std"]
+def fmt_cell(a: dict | None, digits: int = 3, latex: bool = False, count: bool = False,
+             mark_single: bool = False) -> str:
+    """'0.812 ± 0.013'; counts as integers ('256'); one run: the mean, with '(n=1)' when
+    ``mark_single``; no value: a dash."""
+    if not a or a["mean"] is None:
+        return "--" if latex else "–"
+    m, s, n = a["mean"], a.get("std"), a["n"]
     pm = " $\\pm$ " if latex else " ± "
-    return f"{m:.{digits}f}" + (f"{pm}{s:.{digits}f}" if agg["n"] > 1 else "")
+    if count:
+        if not s and float(m).is_integer():
+            text = f"{int(m)}"
+        else:
+            text = f"{m:.1f}" + (f"{pm}{s:.1f}" if n > 1 else "")
+    else:
+        text = f"{m:.{digits}f}" + (f"{pm}{s:.{digits}f}" if n > 1 and s is not None else "")
+    if n == 1 and mark_single:
+        text += " (n=1)"
+    return text
 
 
 def _label(fields: list[str], key: tuple) -> str:
@@ -174,68 +76,209 @@ def _label(fields: list[str], key: tuple) -> str:
 
 
 def _col_header(cols: list[str], key: tuple) -> str:
+    if not cols:
+        return "all"
     label = _label(cols, key)
     if not label:
         return "(default)" if cols == ["eval_set"] else f"{cols[0]}=–"
     if len(cols) == 1 and "=" not in label:  # 'seq_len=256'; eval sets already read 'len=256'
         return f"{cols[0]}={label}"
-    return label or "(default)"
+    return label
 
 
-def render(recs: list[dict], metric: str, rows: list[str], cols: list[str], fmt: str,
-           digits: int = 3) -> str:
-    if fmt == "json":
-        return json.dumps(to_json(recs, rows + cols), indent=2)
-    t = table(recs, metric, rows, cols)
-    corner = "/".join(rows) + " \\ " + "/".join(cols)
+def default_select_metric(metrics: list[str]) -> str:
+    """The selection metric when none is named: the first requested per-eval-set metric with
+    a direction (accuracy, loss, ...), else accuracy."""
+    for m in metrics:
+        c = catalogue.get(m)
+        if c and c.better and not c.run_level:
+            return m
+    return "accuracy"
+
+
+def build(recs: list[dict], metrics: list[str], rows: list[str], cols: list[str],
+          best_over: list[str] | None = None, select_on: str = "validation",
+          select_metric: str | None = None) -> dict:
+    """Everything the formats print: {'tables': [{'metric', 'table', 'best'}], 'records'
+    (after selection), 'choices', 'select_on', 'select_metric', 'best_over'}."""
+    choices: list[dict] = []
+    sel_metric = None
+    if best_over:
+        sel_metric = select_metric or default_select_metric(metrics)
+        recs, choices = agg.best_over(recs, best_over, sel_metric, rows + cols, select_on)
+    tables = []
+    for m in metrics:
+        t = table(recs, m, rows, cols)
+        tables.append({"metric": m, "table": t, "best": best_cells(t, m)})
+    return {"tables": tables, "records": recs, "choices": choices, "select_on": select_on,
+            "select_metric": sel_metric, "best_over": list(best_over or [])}
+
+
+def _selection_note(b: dict) -> str:
+    if not b["best_over"]:
+        return ""
+    split = "selected on test (eval set '')" if b["select_on"] == "test" else \
+        "selected on validation (eval set 'valid')"
+    return (f"best over {', '.join(b['best_over'])}: per cell, the grid point with the best mean "
+            f"{b['select_metric']}, {split}; the cell shows that point's test numbers")
+
+
+def _caption(metric: str, t: dict, b: dict) -> str:
+    ns = sorted({a["n"] for a in t["cells"].values()})
+    text = (f"{metric}: {catalogue.describe(metric)}; mean ± std over "
+            f"{'/'.join(map(str, ns))} run(s) per cell")
+    if catalogue.better(metric):
+        text += f"; {WINNER_RULE}"
+    note = _selection_note(b)
+    return text + (f"; {note}" if note else "")
+
+
+def _choice_rows(b: dict, rows: list[str], cols: list[str]) -> tuple[list[str], list[list[str]]]:
+    by = [k for k in rows + cols if k != "eval_set" and k not in b["best_over"]]
+    split = "test" if b["select_on"] == "test" else "validation"
+    header = by + b["best_over"] + [f"{b['select_metric']} on {split}", "grid points"]
+    body = [[str(c.get(k)) for k in by] + [str(c["chosen"][k]) for k in b["best_over"]]
+            + [f"{c['mean']:.4g} (n={c['n']})", str(c["candidates"])] for c in b["choices"]]
+    return header, body
+
+
+def _grid(t: dict, metric: str, rows: list[str], cols: list[str], digits: int, latex: bool,
+          best: set, bold) -> tuple[list[str], list[list[str]]]:
+    corner = "/".join(rows) + " \\ " + "/".join(cols) if cols else "/".join(rows)
     header = [corner] + [_col_header(cols, c) for c in t["cols"]]
-    body = [[_label(rows, rk)] + [fmt_cell(t["cells"].get((rk, ck)), digits, fmt == "latex")
-                                  for ck in t["cols"]] for rk in t["rows"]]
-    n_note = sorted({a["n"] for a in t["cells"].values()})
-    caption = (f"{metric}: {METRICS.get(metric, metric)}; mean ± std over "
-               f"{'/'.join(map(str, n_note))} run(s) per cell")
-    if fmt == "md":
+    count = catalogue.is_count(metric)
+    body = []
+    for rk in t["rows"]:
+        row = [_label(rows, rk)]
+        for ck in t["cols"]:
+            text = fmt_cell(t["cells"].get((rk, ck)), digits, latex, count, mark_single=True)
+            row.append(bold(text) if (rk, ck) in best else text)
+        body.append(row)
+    return header, body
+
+
+def _md(b: dict, rows, cols, digits) -> str:
+    out = []
+    for tb in b["tables"]:
+        header, body = _grid(tb["table"], tb["metric"], rows, cols, digits, False, tb["best"],
+                             lambda s: f"**{s}**")
         lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
         lines += ["| " + " | ".join(row) + " |" for row in body]
-        return "\n".join(lines) + f"\n\n{caption}\n"
-    if fmt == "csv":
-        buf = io.StringIO()
-        w = csv.writer(buf)
-        w.writerow([corner] + [_label(cols, c) for c in t["cols"]])
-        for rk in t["rows"]:
-            row = [_label(rows, rk)]
-            for ck in t["cols"]:
-                a = t["cells"].get((rk, ck)) or {"mean": None}
-                row.append("" if a["mean"] is None else f"{a['mean']:.6g}")
-            w.writerow(row)
-        # std in a second block so each cell stays one number for spreadsheets
-        w.writerow([])
-        w.writerow([f"std of {metric}"] + [_label(cols, c) for c in t["cols"]])
-        for rk in t["rows"]:
-            w.writerow([_label(rows, rk)] + [
-                "" if (a := t["cells"].get((rk, ck))) is None or a["std"] is None else f"{a['std']:.6g}"
-                for ck in t["cols"]])
-        return buf.getvalue()
-    if fmt == "latex":
-        esc = lambda s: s.replace("_", "\\_").replace("%", "\\%").replace("&", "\\&")  # noqa: E731
-        lines = ["\\begin{table}[t]", "\\centering", "\\begin{tabular}{l" + "c" * len(t["cols"]) + "}",
-                 "\\toprule", " & ".join(esc(h) for h in header) + " \\\\", "\\midrule"]
-        lines += [" & ".join(esc(c) if i == 0 else c for i, c in enumerate(row)) + " \\\\" for row in body]
-        cap = esc(caption).replace("±", "$\\pm$")
+        out.append("\n".join(lines) + f"\n\n{_caption(tb['metric'], tb['table'], b)}\n")
+    if b["choices"]:
+        header, body = _choice_rows(b, rows, cols)
+        lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+        lines += ["| " + " | ".join(r) + " |" for r in body]
+        split = "test" if b["select_on"] == "test" else "validation"
+        out.append(f"Chosen grid points (selected on {split}):\n\n" + "\n".join(lines) + "\n")
+    return "\n".join(out)
+
+
+def _tex_escape(s: str) -> str:
+    out = s.replace("\\", "\\textbackslash{}")
+    for ch in "_%&#${}":
+        out = out.replace(ch, "\\" + ch)
+    return out.replace("~", "\\textasciitilde{}").replace("^", "\\textasciicircum{}").replace(
+        "\\textbackslash\\{\\}", "\\textbackslash{}")
+
+
+def _latex(b: dict, rows, cols, digits) -> str:
+    out = []
+    for tb in b["tables"]:
+        header, body = _grid(tb["table"], tb["metric"], rows, cols, digits, True, tb["best"],
+                             lambda s: "\\textbf{" + s + "}")
+        lines = ["\\begin{table}[t]", "\\centering",
+                 "\\begin{tabular}{l" + "c" * (len(header) - 1) + "}", "\\toprule",
+                 " & ".join(_tex_escape(h) for h in header) + " \\\\", "\\midrule"]
+        lines += [" & ".join(_tex_escape(c) if i == 0 else c for i, c in enumerate(row)) + " \\\\"
+                  for row in body]
+        cap = _tex_escape(_caption(tb["metric"], tb["table"], b)).replace("±", "$\\pm$")
         lines += ["\\bottomrule", "\\end{tabular}", "\\caption{" + cap + "}", "\\end{table}"]
-        return "\n".join(lines) + "\n"
-    raise ValueError(f"unknown format {fmt!r}; expected md, csv, latex or json")
+        out.append("\n".join(lines) + "\n")
+    return "\n".join(out)
 
 
-def to_json(recs: list[dict], by: list[str]) -> list[dict]:
-    if "eval_set" not in by:
-        recs = [r for r in recs if r.get("eval_set", "") == ""]
-    names = sorted({k for r in recs for k in r.get("__metrics__", ())} - set(by))
+def _num(v: float | None) -> str:
+    return "" if v is None else f"{v:.6g}"
+
+
+def _csv(b: dict, rows, cols) -> str:
+    """One table: a column per row field, then per (metric,) column key: mean, std, n (and
+    the chosen grid values with best_over)."""
+    several = len(b["tables"]) > 1
+    chosen = {tuple(c.get(k) for k in rows + cols if k != "eval_set" and k not in b["best_over"]):
+              c["chosen"] for c in b["choices"]}
+    by = [k for k in rows + cols if k != "eval_set" and k not in b["best_over"]]
+    split = "test" if b["select_on"] == "test" else "validation"
+    t0 = b["tables"][0]["table"] if b["tables"] else {"rows": [], "cols": []}
+    row_keys = sorted({rk for tb in b["tables"] for rk in tb["table"]["rows"]},
+                      key=lambda k: tuple(agg.sort_key(v) for v in k)) or t0["rows"]
+    header = list(rows)
+    for tb in b["tables"]:
+        for ck in tb["table"]["cols"]:
+            pre = " ".join(p for p in ((tb["metric"] if several else ""),
+                                       _label(cols, ck) if cols else "") if p)
+            header += [f"{pre} {s}".strip() for s in ("mean", "std", "n")]
+    if b["choices"]:
+        for ck in (b["tables"][0]["table"]["cols"] if b["tables"] else []):
+            pre = _label(cols, ck) if cols else ""
+            header += [f"{pre} {k} (selected on {split})".strip() for k in b["best_over"]]
+    buf = io.StringIO()
+    w = csv.writer(buf)
+    w.writerow(header)
+    for rk in row_keys:
+        line = ["" if v is None else str(v) for v in rk]
+        for tb in b["tables"]:
+            for ck in tb["table"]["cols"]:
+                a = tb["table"]["cells"].get((rk, ck)) or {"mean": None, "std": None, "n": 0}
+                line += [_num(a["mean"]), _num(a["std"]), str(a["n"])]
+        if b["choices"]:
+            for ck in b["tables"][0]["table"]["cols"]:
+                fields = dict(zip(rows, rk)) | dict(zip(cols, ck))
+                c = chosen.get(tuple(fields.get(k) for k in by), {})
+                line += ["" if c.get(k) is None else str(c[k]) for k in b["best_over"]]
+        w.writerow(line)
+    return buf.getvalue()
+
+
+def to_json(recs: list[dict], by: list[str], metrics: list[str] | None = None,
+            choices: list[dict] | None = None, best_over: list[str] | None = None) -> list[dict]:
+    """One record per group of ``by``: its fields, each metric (all the records hold when
+    ``metrics`` is None) as {"mean", "std", "n", "ci95"}, the run ids, and with best_over
+    the grid point chosen for the group ("selected")."""
+    recs = agg.on_eval_set(recs, by)
+    names = metrics if metrics else sorted({k for r in recs for k in r.get("__metrics__", ())} - set(by))
+    sel_by = [k for k in by if k != "eval_set" and k not in (best_over or [])]
+    chosen = {tuple(c.get(k) for k in sel_by): c for c in choices or []}
     out = []
     for key, rs in group(recs, by).items():
         rec: dict[str, Any] = dict(zip(by, key))
         for n in names:
-            rec[n] = aggregate([r.get(n) for r in rs])
+            rec[n] = agg.summarize(r.get(n) for r in rs)
         rec["run_ids"] = sorted(r["run_id"] for r in rs)
+        c = chosen.get(tuple(rec.get(k) for k in sel_by))
+        if c:
+            rec["selected"] = {"on": c["select_on"], "metric": c["metric"], "chosen": c["chosen"],
+                               "mean": c["mean"], "n": c["n"], "grid_points": c["candidates"]}
         out.append(rec)
     return out
+
+
+def render(recs: list[dict], metric: str | list[str], rows: list[str], cols: list[str], fmt: str,
+           digits: int = 3, best_over: list[str] | None = None, select_on: str = "validation",
+           select_metric: str | None = None, json_all: bool = False) -> str:
+    """The table(s) of ``metric`` (a name or a list) in ``fmt``. JSON holds the requested
+    metrics, or every metric the records hold with ``json_all``. Raises ValueError
+    (SelectionError) for a bad format or a selection that cannot be made."""
+    if fmt not in FORMATS:
+        raise ValueError(f"unknown format {fmt!r}; expected md, csv, latex or json")
+    metrics = [metric] if isinstance(metric, str) else list(metric)
+    b = build(recs, metrics, rows, cols, best_over, select_on, select_metric)
+    if fmt == "json":
+        return json.dumps(to_json(b["records"], rows + cols, None if json_all else metrics,
+                                  b["choices"], b["best_over"]), indent=2)
+    if fmt == "md":
+        return _md(b, rows, cols, digits)
+    if fmt == "csv":
+        return _csv(b, rows, cols)
+    return _latex(b, rows, cols, digits)

@@ -32,8 +32,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterable, Iterator, Sequence
 
-from workbench import export
 from workbench.curves import BANDS, CURVE_METRICS, X_AXES, X_LABELS, curves
+from workbench.results import catalogue
+from workbench.results.aggregate import records, summarize
 from workbench.store import Run, Store
 
 if TYPE_CHECKING:  # for annotations only: importing matplotlib costs ~0.3 s
@@ -45,7 +46,7 @@ DEFAULT_CURVES = (("train", "loss"), ("eval", "loss"), ("eval", "accuracy"))
 DEFAULT_LENGTH_METRICS = ("accuracy", "step_time_ms", "peak_mem_mb")
 DEFAULT_EVAL_SET_METRICS = ("accuracy",)
 # y-axis text with units for the metrics figures usually show; others are derived from
-# export.METRICS (its descriptions end in the unit in parentheses)
+# the catalogue's units (workbench.results.catalogue)
 Y_LABELS = {
     "accuracy": "accuracy (fraction of target tokens)",
     "sequence_accuracy": "sequence accuracy (fraction exact)",
@@ -151,9 +152,8 @@ def metric_label(metric: str) -> str:
     """Axis text with the unit: 'peak memory (MiB)'."""
     if metric in Y_LABELS:
         return Y_LABELS[metric]
-    desc = export.METRICS.get(metric, "")
-    unit = re.search(r"\(([^()]*)\)\s*$", desc)
-    return f"{metric.replace('_', ' ')} ({unit.group(1)})" if unit else metric.replace("_", " ")
+    unit = catalogue.unit(metric)
+    return f"{metric.replace('_', ' ')} ({unit})" if unit else metric.replace("_", " ")
 
 
 def metric_title(metric: str) -> str:
@@ -362,7 +362,7 @@ def plot_curves(store: Store, runs: Sequence[Run], out_dir: str | Path,
 # --------------------------------------------------------------------------- results
 def _records(store: Store, profile: str | None, run_ids: Iterable[int] | None,
              states: Iterable[str]) -> list[dict]:
-    recs = export.records(store, profile=profile, states=states)
+    recs = records(store, profile=profile, states=states)
     if run_ids is not None:
         keep = set(run_ids)
         recs = [r for r in recs if r["run_id"] in keep]
@@ -384,8 +384,8 @@ def _series(recs: list[dict], metric: str, x_of, band: str) -> dict[str, dict]:
         s = {"x": [], "mean": [], "lo": [], "hi": [], "n": []}
         for x in sorted(by_x):
             vals = by_x[x]
-            agg = export.aggregate(vals)
-            m, sd = agg["mean"], agg["std"]
+            agg = summarize(vals, ci=False)
+            m, sd = agg["mean"], agg["std"] or 0.0
             lo, hi = {"std": (m - sd, m + sd), "minmax": (min(vals), max(vals)), "none": (m, m)}[band]
             for k, v in zip(("x", "mean", "lo", "hi", "n"), (x, m, lo, hi, agg["n"])):
                 s[k].append(v)
@@ -586,7 +586,7 @@ def plot_profile(store: Store, profile: str | None, out_dir: str | Path, *,
                     stem=f"{base}-{m}-vs-length", colors=colors)
     if "eval-sets" in kinds:
         keep = {r.id for r in runs}
-        prefixes = eval_set_prefixes(r for r in export.records(store, profile=profile, states=states)
+        prefixes = eval_set_prefixes(r for r in records(store, profile=profile, states=states)
                                      if r["run_id"] in keep)
         if not prefixes:
             notes.append(f"eval-sets: no eval sets named like len=N or dist=N in {_where(profile, run_ids)}")

@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from workbench import profile as prof
-from workbench.export import aggregate, fmt_cell
+from workbench.export import fmt_cell
+from workbench.results.aggregate import summarize
 from workbench.store import Store
 
 BEGIN, END = "<!-- report:begin -->", "<!-- report:end -->"
@@ -79,7 +80,7 @@ def published_table(store: Store, p: prof.Profile, runs, results, digits: int) -
         per_seed = ", ".join(f"{r.seed}: " + ("–" if v is None else f"{v:.{digits}f}")
                              for r, v in zip(matched, vals))
         rows.append([pub.model, _point(pub), f"{pub.value:.{digits}f}",
-                     fmt_cell(aggregate(vals), digits) + f" (n={aggregate(vals)['n']})",
+                     fmt_cell(summarize(vals), digits) + f" (n={summarize(vals)['n']})",
                      per_seed or "no finished run", _params(matched[0]) if matched else "–",
                      pub.source or "–"])
     return _table(["model", "metric, point", "published", "ours: mean ± std", "ours per seed",
@@ -98,7 +99,7 @@ def curve_table(store: Store, runs, digits: int, metric: str = "accuracy") -> li
     epochs = sorted({e for s in series.values() for e in s})
     if not epochs or len(epochs) > 25:
         return []
-    rows = [[key] + [fmt_cell(aggregate(s.get(e, [])), digits) for e in epochs]
+    rows = [[key] + [fmt_cell(summarize(s.get(e, [])), digits) for e in epochs]
             for key, s in series.items()]
     return _table(["model"] + [f"ep {e:g}" for e in epochs], rows)
 
@@ -118,7 +119,7 @@ def eval_set_table(runs, results, digits: int, metric: str = "accuracy") -> list
                 per_set[es].append(v)
             rows.append([label, str(r.seed)] + ["–" if v is None else f"{v:.{digits}f}" for v in vals])
         if len(rs) > 1:
-            rows.append([f"**{label}**", "mean ± std"] + [fmt_cell(aggregate(per_set[es]), digits)
+            rows.append([f"**{label}**", "mean ± std"] + [fmt_cell(summarize(per_set[es]), digits)
                                                        for es in sets])
     sizes = [next((results[r.id][es].get("eval_sequences") for rs in runs.values() for r in rs
                    if results.get(r.id, {}).get(es, {}).get("eval_sequences") is not None), None)

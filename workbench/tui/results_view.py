@@ -2,7 +2,9 @@
 
 One profile's finished runs (or all profiles'), one metric, rows and columns by any run
 field or by eval set (e.g. induction heads' test lengths as columns); cells are mean ± std
-over seeds, the best cell of each column highlighted. ``w`` writes the table as Markdown,
+over seeds; the best cells of each column are highlighted by the Welch rule of
+:func:`workbench.results.aggregate.winners` (the best mean and every cell not significantly
+different from it; cells of one run never). ``w`` writes the table as Markdown,
 LaTeX and CSV files, ``f`` the figures of the profile (matplotlib). The store is re-read
 every few seconds while the tab is shown, off the UI thread; the table is rebuilt only
 when the finished runs or the choices changed.
@@ -22,6 +24,8 @@ from textual.containers import Horizontal, Vertical
 from textual.widgets import DataTable, Label, Select, Static
 
 from workbench import export
+from workbench.results import aggregate as agg
+from workbench.results import catalogue
 from workbench.plot import safe_stem  # matplotlib itself is imported only to draw
 from workbench.store import Store
 from workbench.tui.background import PollsStore, write_in_thread
@@ -90,7 +94,7 @@ class ResultsView(PollsStore, Vertical):
                 newest = self.store.conn.execute(
                     "SELECT profile FROM runs ORDER BY id DESC LIMIT 1").fetchone()
                 profile = newest[0] if newest else profiles[0]
-            recs = export.records(self.store, None if profile == ALL else profile)
+            recs = agg.records(self.store, None if profile == ALL else profile)
         return profiles, profile, recs
 
     def apply(self, got: tuple[list[str], str | None, list[dict]]) -> None:
@@ -111,8 +115,8 @@ class ResultsView(PollsStore, Vertical):
         """Metric and field options from what the records hold, keeping the user's picks
         when they still apply; the others take defaults that follow the data (columns
         become the eval sets once a run has them)."""
-        metrics = export.metrics_of(recs) or list(export.METRICS)
-        fields = export.fields_of(recs) if recs else ["model", "seq_len", "seed", "eval_set"]
+        metrics = agg.metrics_of(recs) or list(catalogue.CATALOGUE)
+        fields = agg.fields_of(recs) if recs else ["model", "seq_len", "seed", "eval_set"]
         has_sets = any(r.get("eval_set") for r in recs)
         metric, rows, cols = (self._value(f) if f in self.chosen else None
                               for f in ("metric", "rows", "cols"))
@@ -170,24 +174,26 @@ class ResultsView(PollsStore, Vertical):
             set_text(caption, Text(f"no finished runs{f' in profile {profile}' if profile and profile != ALL else ''}"
                                    " yet: F2 launches a sweep", style="dim"))
             return
-        t = export.table(self.recs, metric, [rows], [cols])
-        best = export.best_cells(t, metric)
+        t = agg.table(self.recs, metric, [rows], [cols])
+        best = agg.best_cells(t, metric)
+        count = catalogue.is_count(metric)
         table.add_column(f"{rows} \\ {cols}", key="__row__")
         for ck in t["cols"]:
             table.add_column(export._col_header([cols], ck), key=repr(ck))
         for rk in t["rows"]:
             cells: list[Any] = [export._label([rows], rk)]
             for ck in t["cols"]:
-                text = export.fmt_cell(t["cells"].get((rk, ck)))
+                text = export.fmt_cell(t["cells"].get((rk, ck)), count=count)
                 cells.append(Text(text, style="bold green" if (rk, ck) in best else "",
                                   justify="right"))
             table.add_row(*cells, key=repr(rk))
         ns = sorted({a["n"] for a in t["cells"].values()})
-        how = {"max": "highest", "min": "lowest"}.get(export.BETTER.get(metric, ""), "")
+        how = {"max": "highest", "min": "lowest"}.get(catalogue.better(metric) or "", "")
         set_text(caption, Text.assemble(
-            (f"{metric}", "bold"), f": {export.METRICS.get(metric, metric)}; mean ± std over "
+            (f"{metric}", "bold"), f": {catalogue.describe(metric)}; mean ± std over "
             f"{'/'.join(map(str, ns))} run(s) per cell",
-            (f"; {how} of each column in green" if how else "", "green")))
+            (f"; green: {how} of each column, and ties within seed noise (Welch 5%)"
+             if how else "", "green")))
 
     # ------------------------------------------------------------------ actions
     def action_cycle(self, fid: str) -> None:

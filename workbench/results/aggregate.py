@@ -1,0 +1,216 @@
+"""Records, grouping and statistics over seeds: the numbers every results table shows.
+
+A *record* is one finished run on one eval set: the run's fields (``model``, ``task``,
+``seq_len``, ``seed``, ``d_model``, ``n_layers``, ``task.<param>``, ``opt.<option>``, the
+grid keys under their dotted names such as ``train.lr``, and ``task_setting``), its
+``run_id`` and ``profile``, ``eval_set`` (``""`` the test set, ``"valid"`` the validation
+set, ``"len=1024"`` ...) and its metric values (run-level metrics copied from eval set ""
+into every eval set's record).
+
+- :func:`summarize`: mean, sample std (ddof=1), n and the 95% confidence interval's
+  half-width ``mean ± t(0.975, n-1) · std / sqrt(n)`` over the values (None where n < 2).
+- :func:`group` / :func:`table`: records grouped by any keys; a table is rows x columns.
+- :func:`best_over`: for each group of the table's keys, the grid point (values of the
+  ``over`` keys) with the best mean selection metric on the selection split, keeping only
+  that point's runs. ``select_on="validation"`` (the default) reads eval set ``"valid"``,
+  ``"test"`` reads eval set ``""`` (the anchors' practice; tables then say "selected on
+  test"). Missing validation results raise :class:`SelectionError`, never fall back.
+- :func:`winners`: the cells of a column marked best. **Rule**: among the column's cells
+  with n >= 2, the best mean (by the metric's direction) is marked, and so is every other
+  cell that Welch's t-test (two-sided, 5%) does not find different from it (tied-best).
+  Cells with n = 1 are never marked and are not compared; a column with fewer than two
+  cells of n >= 2 has no winner; metrics without a direction have none.
+"""
+from __future__ import annotations
+
+import math
+import statistics
+from typing import Any, Iterable
+
+from workbench.results import catalogue
+from workbench.results.stats import t_quantile, welch_p
+
+ALPHA = 0.05
+SELECT_ON = {"validation": "valid", "test": ""}
+BOOKKEEPING = {"run_id", "profile", "eval_set", "__metrics__"}
+
+
+class SelectionError(ValueError):
+    """best_over cannot choose: no results on the selection split, or a metric without direction."""
+
+
+def records(store, profile: str | None = None, states: Iterable[str] = ("finished",)) -> list[dict]:
+    """One flat record per (run, eval set): run fields + eval_set + metric values."""
+    runs = store.runs(profile=profile, states=list(states))
+    res = store.results(r.id for r in runs)
+    out = []
+    for r in runs:
+        sets = res.get(r.id, {})
+        base = sets.get("", {})
+        run_level = {k: v for k, v in base.items() if k in catalogue.RUN_LEVEL}
+        for es, vals in sorted(sets.items()):
+            if es and not any(k not in catalogue.RUN_LEVEL for k in vals):
+                continue
+            rec = {**r.fields, "run_id": r.id, "profile": r.profile, "eval_set": es}
+            rec.update(run_level)
+            rec.update(vals)
+            rec["__metrics__"] = sorted(set(vals) | set(run_level))
+            out.append(rec)
+    return out
+
+
+def sort_key(v: Any) -> tuple:
+    """Numbers numerically, then strings ('len=64' by its number); None last."""
+    if v is None:
+        return (2, 0, "")
+    if isinstance(v, bool):
+        return (1, 0, str(v))
+    if isinstance(v, (int, float)):
+        return (0, v, "")
+    if isinstance(v, str) and "=" in v:
+        head, _, num = v.partition("=")
+        try:
+            return (0, float(num), head)
+        except ValueError:
+            pass
+    return (1, 0, str(v))
+
+
+def _clean(values: Iterable) -> list[float]:
+    return [float(v) for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)
+            and not math.isnan(v)]
+
+
+def summarize(values: Iterable, ci: bool = True) -> dict[str, Any]:
+    """{'mean', 'std', 'n', 'ci95'} of the numbers among ``values`` (None and NaN left out).
+    std is the sample std (ddof=1) and ci95 the half-width of the 95% Student-t interval;
+    both None for n < 2 (one run says nothing about the spread)."""
+    vals = _clean(values)
+    n = len(vals)
+    if not n:
+        return {"mean": None, "std": None, "n": 0, "ci95": None}
+    mean = statistics.fmean(vals)
+    if n < 2:
+        return {"mean": mean, "std": None, "n": 1, "ci95": None}
+    std = statistics.stdev(vals)
+    half = t_quantile(0.975, n - 1) * std / math.sqrt(n) if ci else None
+    return {"mean": mean, "std": std, "n": n, "ci95": half}
+
+
+def group(recs: list[dict], by: list[str]) -> dict[tuple, list[dict]]:
+    """Records by their values of ``by``, keys sorted (numbers numerically)."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in recs:
+        groups.setdefault(tuple(r.get(f) for f in by), []).append(r)
+    return dict(sorted(groups.items(), key=lambda kv: tuple(sort_key(v) for v in kv[0])))
+
+
+def on_eval_set(recs: list[dict], keys: list[str]) -> list[dict]:
+    """The test set's records unless the layout has eval_set as a key."""
+    return recs if "eval_set" in keys else [r for r in recs if r.get("eval_set", "") == ""]
+
+
+def table(recs: list[dict], metric: str, rows: list[str], cols: list[str]) -> dict:
+    """{'rows': [row keys], 'cols': [col keys], 'cells': {(row, col): summary}}."""
+    recs = on_eval_set(recs, rows + cols)
+    cells: dict[tuple, dict] = {}
+    for (rk, ck), rs in _two_level(recs, rows, cols):
+        cells[(rk, ck)] = summarize(r.get(metric) for r in rs)
+    row_keys = sorted({rk for rk, _ in cells}, key=lambda k: tuple(sort_key(v) for v in k))
+    col_keys = sorted({ck for _, ck in cells}, key=lambda k: tuple(sort_key(v) for v in k))
+    return {"rows": row_keys, "cols": col_keys, "cells": cells}
+
+
+def _two_level(recs, rows, cols):
+    out: dict[tuple, list] = {}
+    for r in recs:
+        out.setdefault((tuple(r.get(f) for f in rows), tuple(r.get(f) for f in cols)), []).append(r)
+    return out.items()
+
+
+def winners(cells: dict[Any, dict], metric: str, alpha: float = ALPHA) -> set:
+    """The keys of ``cells`` (summaries of one column) marked best by the rule in the
+    module docstring: the best mean among cells with n >= 2 and every cell Welch's test
+    cannot tell from it at ``alpha``."""
+    how = catalogue.better(metric)
+    if how is None:
+        return set()
+    cand = {k: a for k, a in cells.items() if a and a["mean"] is not None and a["n"] >= 2}
+    if len(cand) < 2:
+        return set()
+    pick = max if how == "max" else min
+    best = pick(cand, key=lambda k: cand[k]["mean"])
+    b = cand[best]
+    out = {best}
+    for k, a in cand.items():
+        if k != best and welch_p(b["mean"], b["std"], b["n"], a["mean"], a["std"], a["n"]) >= alpha:
+            out.add(k)
+    return out
+
+
+def best_cells(t: dict, metric: str, alpha: float = ALPHA) -> set[tuple]:
+    """The (row, col) keys of :func:`table`'s result marked best in each column (:func:`winners`)."""
+    out: set[tuple] = set()
+    for ck in t["cols"]:
+        out |= {(rk, ck) for rk in winners({rk: t["cells"].get((rk, ck)) for rk in t["rows"]},
+                                             metric, alpha)}
+    return out
+
+
+def best_over(recs: list[dict], over: list[str], metric: str, by: list[str],
+              select_on: str = "validation") -> tuple[list[dict], list[dict]]:
+    """Keep, per group of ``by`` (the table's keys, eval_set excluded), only the runs of the
+    grid point (values of ``over``) whose mean ``metric`` on the selection split is best.
+
+    Returns (the kept records, all eval sets; one choice per group:
+    ``{**group fields, 'chosen': {key: value}, 'select_on', 'metric', 'mean', 'n'}``).
+    Raises SelectionError when a group has no result of ``metric`` on the selection split
+    (for validation: no eval set "valid") or ``metric`` has no direction."""
+    if select_on not in SELECT_ON:
+        raise SelectionError(f"select_on must be validation or test, not {select_on!r}")
+    how = catalogue.better(metric)
+    if how is None:
+        raise SelectionError(f"cannot select on {metric!r}: it has no better direction")
+    missing = [k for k in over if not any(k in r for r in recs)]
+    if missing:
+        known = sorted({k for r in recs for k in r} - BOOKKEEPING
+                       - {m for r in recs for m in r.get("__metrics__", ())})
+        raise SelectionError(f"--best-over: no run has field {missing[0]!r}; fields: {', '.join(known)}")
+    by = [k for k in by if k != "eval_set" and k not in over]
+    split = SELECT_ON[select_on]
+    kept, choices = [], []
+    for gkey, rs in group(recs, by).items():
+        sel = [r for r in rs if r.get("eval_set", "") == split and r.get(metric) is not None]
+        where = ", ".join(f"{k}={v}" for k, v in zip(by, gkey)) or "all runs"
+        if not sel:
+            if select_on == "validation":
+                raise SelectionError(
+                    f"no validation results (eval set 'valid') of {metric} for {where}: these runs "
+                    "predate the validation split; rerun them, or pass --select-on test "
+                    "(selection on the test set)")
+            raise SelectionError(f"no test results of {metric} for {where}")
+        points = {pk: summarize((r.get(metric) for r in ps), ci=False)
+                  for pk, ps in group(sel, over).items()}
+        pick = max if how == "max" else min
+        chosen = pick(points, key=lambda pk: points[pk]["mean"])
+        ids = {r["run_id"] for r in rs if tuple(r.get(k) for k in over) == chosen}
+        kept += [r for r in rs if r["run_id"] in ids]
+        choices.append({**dict(zip(by, gkey)), "chosen": dict(zip(over, chosen)),
+                        "select_on": select_on, "metric": metric,
+                        "mean": points[chosen]["mean"], "n": points[chosen]["n"],
+                        "candidates": len(points)})
+    return kept, choices
+
+
+def fields_of(recs: list[dict]) -> list[str]:
+    """The fields a table can be laid out by: the run fields present, then eval_set."""
+    metrics = {m for r in recs for m in r.get("__metrics__", ())}
+    names = [k for k in dict.fromkeys(k for r in recs for k in r)
+             if k not in BOOKKEEPING and k not in metrics]
+    return names + ["eval_set"]
+
+
+def metrics_of(recs: list[dict]) -> list[str]:
+    """The metrics these records hold, catalogued ones first in catalogue order."""
+    have = {k for r in recs for k in r.get("__metrics__", ())}
+    return [m for m in catalogue.CATALOGUE if m in have] + sorted(have - set(catalogue.CATALOGUE))
