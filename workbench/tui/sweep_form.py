@@ -188,9 +188,10 @@ def run_count_text(sweep: dict[str, Any], task: str) -> tuple[str, bool]:
         return "cannot count the runs yet: " + "; ".join(problems), False
     lens = prof.sweep.seq_lens
     length_part = _plural(len(lens), "length") if lens else "1 length (the task's default)"
+    grid = f" x {_plural(len(profiles.grid_points(prof)), 'grid point')}" if prof.sweep.grid else ""
     return (f"will launch {_plural(len(profiles.expand(prof)), 'run')} = "
             f"{_plural(len(prof.sweep.models), 'model')} x {length_part} x "
-            f"{_plural(len(prof.sweep.seeds), 'seed')}"), True
+            f"{_plural(len(prof.sweep.seeds), 'seed')}{grid}"), True
 
 
 def estimate_text(prof: Profile) -> tuple[str, str | None]:
@@ -421,7 +422,9 @@ class SweepForm(VerticalScroll):
             es["patience"] = self._text("patience")
         train["early_stopping"] = es
         data = {
-            "schema_version": profiles.SCHEMA_VERSION,
+            # a loaded schema 1 profile stays schema 1: its runs keep their identity
+            # (checkpoint.spec_key), so launching it from here replays, not duplicates
+            "schema_version": base.get("schema_version", profiles.SCHEMA_VERSION),
             "name": self._text("name"),
             "description": self.query_one("#description", Input).value,
             "task": {"name": task_name, **params},
@@ -454,8 +457,12 @@ class SweepForm(VerticalScroll):
         chosen: list[Any] = [m for m in self._loaded_models if _model_name(m) in picked]
         kept = {_model_name(m) for m in chosen}
         chosen += [n for n in picked if n not in kept]
-        return {"models": chosen, "seq_lens": split_list(self._text("seq_lens")),
-                "seeds": split_list(self._text("seeds"))}
+        sweep = {"models": chosen, "seq_lens": split_list(self._text("seq_lens")),
+                 "seeds": split_list(self._text("seeds"))}
+        grid = self._base.get("sweep", {}).get("grid")
+        if grid:  # no field for it yet: a loaded profile's grid is kept as it is
+            sweep["grid"] = grid
+        return sweep
 
     def build_profile(self) -> Profile | None:
         """Validate the form; show every problem and return None, or return the profile."""
@@ -533,6 +540,9 @@ class SweepForm(VerticalScroll):
     # ------------------------------------------------------------------ filling the form
     async def fill(self, prof: Profile) -> None:
         """Show a loaded profile in the form (settings the form has no field for are kept)."""
+        if prof.task is None:
+            raise ProfileError(f"profile {prof.name!r} has {len(prof.tasks)} tasks ([[tasks]]): the form edits "
+                               f"profiles with one [task]; run it with `ssm-workbench run`")
         d = profiles.to_dict(prof)
         self._base = d
         self._loaded_models = list(d["sweep"]["models"])
@@ -590,11 +600,11 @@ class SweepForm(VerticalScroll):
                 return
             try:
                 prof = profiles.load(path)
+                await self.fill(prof)
             except ProfileError as e:
                 self.set_status(str(e), bad=True)
                 self.notify(str(e), title="cannot load profile", severity="error", markup=False)
                 return
-            await self.fill(prof)
             self.set_status(f"loaded {path}")
 
         self.app.push_screen(PathScreen("Load profile from", str(self.profiles_dir) + "/",
