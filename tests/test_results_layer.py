@@ -232,3 +232,15 @@ def test_rows_by_a_dotted_grid_key_and_task_setting(two_models, capsys):
     assert out.splitlines()[0] == "| train.lr \\ task_setting | task_setting=baseline |"
     assert "| 0.01 | 6.000 ± 0.000 |" in out and "| 0.1 | **5.000 ± 0.000** |" in out  # no spread: 5 < 6
     assert "| – |" not in out.splitlines()[2]  # the gru run has no train.lr: its own row, last
+
+
+def test_report_eval_set_table_leaves_out_the_validation_set(tmp_path):
+    from workbench import report
+
+    store = Store(tmp_path / "st")
+    ids = [add(store, "lstm", seed, {"": {"accuracy": 0.9}, "len=16": {"accuracy": 0.8},
+                                     "len=32": {"accuracy": 0.5}, "valid": {"accuracy": 0.7}})
+           for seed in (0, 1)]
+    runs = {("lstm", 64): store.runs()}
+    lines = report.eval_set_table(runs, store.results(ids), 3)
+    assert lines[0] == "| model | seed | len=16 | len=32 |"

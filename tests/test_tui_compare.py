@@ -187,6 +187,24 @@ async def test_results_tab_shows_eval_sets_as_columns_and_follows_the_store(stor
         assert not view._busy
 
 
+async def test_results_tab_validation_set_alone_keeps_the_length_columns(store, tmp_path):
+    # every run has eval set "valid" (selection); it is no reason to lay columns out by eval set
+    ids = sweep(store, models=("lstm", "transformer"), seeds=(0,))
+    for rid, acc in zip(ids, (0.9, 0.6)):
+        store.mark_started(rid, os.getpid(), "cpu", None)
+        finish(store, rid, accuracy=acc, sets={"valid": acc - 0.1})
+    app = make_app(store, tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("f3")
+        await settle(pilot)
+        view = app.query_one(ResultsView)
+        assert view.current()[3] == "seq_len"
+        table = view.query_one("#results-table", DataTable)
+        assert [str(table.get_row_at(i)[1]) for i in range(table.row_count)] == ["0.900", "0.600"]
+        # one run per cell: no cell is marked best (the Welch rule needs n >= 2)
+        assert all(table.get_row_at(i)[1].style == "" for i in range(table.row_count))
+
+
 async def test_resume_key_requeues_a_run_with_a_checkpoint(store, tmp_path, monkeypatch):
     from workbench import checkpoint, scheduler
 

@@ -22,10 +22,11 @@ from typing import Any
 
 from workbench import profile as prof
 from workbench.export import fmt_cell
-from workbench.results.aggregate import summarize
+from workbench.results.aggregate import SELECT_ON, summarize
 from workbench.store import Store
 
 BEGIN, END = "<!-- report:begin -->", "<!-- report:end -->"
+VALID = SELECT_ON["validation"]  # the validation set's eval set name
 
 
 def _runs_by_label(store: Store, p: prof.Profile) -> dict[tuple[str, Any], list]:
@@ -105,8 +106,10 @@ def curve_table(store: Store, runs, digits: int, metric: str = "accuracy") -> li
 
 
 def eval_set_table(runs, results, digits: int, metric: str = "accuracy") -> list[str]:
-    """Final ``metric`` per eval set: one row per run, then the mean over seeds per model."""
-    sets = sorted({es for rs in runs.values() for r in rs for es in results.get(r.id, {}) if es},
+    """Final ``metric`` per eval set: one row per run, then the mean over seeds per model.
+    The validation set (eval set "valid", for selection) is not one of them."""
+    sets = sorted({es for rs in runs.values() for r in rs for es in results.get(r.id, {})
+                   if es and es != VALID},
                   key=_eval_set_key)
     if len(sets) < 2:
         return []

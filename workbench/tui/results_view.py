@@ -117,7 +117,7 @@ class ResultsView(PollsStore, Vertical):
         become the eval sets once a run has them)."""
         metrics = agg.metrics_of(recs) or list(catalogue.CATALOGUE)
         fields = agg.fields_of(recs) if recs else ["model", "seq_len", "seed", "eval_set"]
-        has_sets = any(r.get("eval_set") for r in recs)
+        has_sets = any(r.get("eval_set") not in ("", "valid") for r in recs)  # not just validation
         metric, rows, cols = (self._value(f) if f in self.chosen else None
                               for f in ("metric", "rows", "cols"))
         self._set_options("metric", metrics, metric if metric in metrics else
