@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -106,3 +107,24 @@ def test_format_table_csv_and_errors():
     assert csv_text.splitlines()[2].endswith("exit 1: boom")
     md = parse_md(bench.format_table(rows, bench.COLUMNS, "md"))
     assert md[0]["fwd_bwd_ms"] == "1.5" and md[1]["error"] == "exit 1: boom"
+
+
+def test_a_childs_peak_memory_is_its_own_not_its_parents():
+    """ru_maxrss carries the parent's RSS across fork/exec (Linux), so a worker or bench
+    process started from a big parent (the TUI, pytest, a scheduler) would report at least
+    the parent's size as its own peak. sysmon.peak_rss_mib reads the child's own VmHWM."""
+    import subprocess
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        pytest.skip("the inherited ru_maxrss is a Linux behaviour")
+    big = bytearray(600 * 2**20)
+    for i in range(0, len(big), 4096):  # touch every page: 600 MiB resident in the parent
+        big[i] = 1
+    code = ("from workbench.sysmon import peak_rss_mib, reset_peak_rss; "
+            "print(peak_rss_mib()); print(reset_peak_rss())")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=str(Path(__file__).resolve().parent.parent)).stdout.split()
+    del big
+    assert float(out[0]) < 300, f"child reports {out[0]} MiB: the parent's 600 MiB leaked into its peak"
+    assert out[1] == "True"

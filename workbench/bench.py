@@ -12,10 +12,11 @@ x: (batch, seq_len, d_model):
                 ``--repeats`` after ``--warmup`` untimed runs; synchronised on CUDA.
 - infer_ms:     forward under ``torch.no_grad()``, median likewise.
 - train_tok_s:  batch * seq_len / fwd_bwd time.
-- peak_mib:     extra memory of the training step. CPU: the process's peak RSS
-                (``ru_maxrss``) minus its RSS just before the first forward; CUDA:
-                ``torch.cuda.max_memory_allocated`` minus the allocation before it.
-                A fresh process per config because RSS peaks never go down within one.
+- peak_mib:     extra memory of the training step. CPU: the process's own peak RSS
+                (``VmHWM``, reset to the current RSS just before the first forward)
+                minus that RSS (workbench.sysmon.peak_rss_mib: ``ru_maxrss`` would
+                carry the parent's RSS in); CUDA: ``torch.cuda.max_memory_allocated``
+                minus the allocation before it. A fresh process per config all the same.
 
 ``--scan-backends ref,torch,cpu`` measures the selective scan alone (S6's kernel, as Mamba
 calls it: softplus, D skip and gate included) on u, delta, z: (batch, 2 * d_model, seq_len),
@@ -33,7 +34,6 @@ import csv
 import io
 import json
 import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -63,9 +63,19 @@ def _rss_mib() -> float:
 
 
 def _peak_rss_mib() -> float:
-    """Peak resident set size of this process so far, in MiB (ru_maxrss is KiB on Linux)."""
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return peak / 2**20 if sys.platform == "darwin" else peak / 1024
+    """Peak resident set size of this process (its own, not its parent's), in MiB."""
+    from workbench.sysmon import peak_rss_mib
+
+    return peak_rss_mib()
+
+
+def _rss_baseline_mib() -> float:
+    """The RSS now, with the peak reset to it (where the OS allows), so that peak minus
+    this baseline is what the measured step added, not a transient of building the model."""
+    from workbench.sysmon import reset_peak_rss
+
+    reset_peak_rss()
+    return _rss_mib()
 
 
 def _pick_device(name: str):
@@ -119,7 +129,7 @@ def measure_one(spec: dict[str, Any]) -> dict[str, Any]:
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
         base = torch.cuda.memory_allocated(device)
-    rss_before = _rss_mib()
+    rss_before = _rss_baseline_mib()
     train_ms = _median_ms(train_step, spec["repeats"], spec["warmup"], device)
     if device.type == "cuda":
         peak = (torch.cuda.max_memory_allocated(device) - base) / 2**20
@@ -172,7 +182,7 @@ def measure_scan(spec: dict[str, Any]) -> dict[str, Any]:
         with torch.no_grad():
             ss.selective_scan_fn(**inputs, delta_softplus=True, backend=backend)
 
-    rss_before = _rss_mib()
+    rss_before = _rss_baseline_mib()
     if device.type == "cuda":
         _sync(device)
         torch.cuda.reset_peak_memory_stats(device)
@@ -210,7 +220,7 @@ def measure_stream(spec: dict[str, Any]) -> dict[str, Any]:
             done += n
 
     checksum = 0.0
-    rss_before = _rss_mib()
+    rss_before = _rss_baseline_mib()
     _sync(device)
     t0 = time.perf_counter()
     with torch.no_grad():

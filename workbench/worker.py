@@ -17,7 +17,6 @@ import argparse
 import math
 import os
 import platform
-import resource
 import signal
 import statistics
 import subprocess
@@ -187,11 +186,10 @@ def _is_compile_error(e: BaseException) -> bool:
 
 
 def peak_memory_mb(device: torch.device) -> float:
-    """Allocator peak on GPU; process peak RSS on CPU (Linux reports KiB, macOS bytes)."""
+    """Allocator peak on GPU; this process's own peak RSS on CPU (sysmon.peak_rss_mib)."""
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated() / 2**20
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return peak / 2**20 if sys.platform == "darwin" else peak / 1024
+    return sysmon.peak_rss_mib()
 
 
 def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
