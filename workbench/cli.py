@@ -4,6 +4,7 @@
     ssm-workbench run PROFILE.toml     replay a profile headlessly (progress bars)
     ssm-workbench run --dry-run PROFILE   the runs it would launch, with parameters and memory
     ssm-workbench export               comparison table from the store
+    ssm-workbench score PROFILE        MAD score: per setting best over lr x wd, mean per task, over tasks
     ssm-workbench plot [PROFILE]       figures (PNG + SVG): curves, metric vs length, eval sets
     ssm-workbench serve                the TUI in a browser (127.0.0.1 by default)
     ssm-workbench runs | show ID | kill ID...
@@ -461,6 +462,46 @@ def cmd_export(args) -> int:
     return 0
 
 
+def cmd_score(args) -> int:
+    """``ssm-workbench score PROFILE``: the MAD score table (workbench/results/score.py).
+    0 printed, 1 settings unfinished (without --allow-partial) or nothing scored, 2 bad input."""
+    from workbench import profile as prof
+    from workbench.results import score
+
+    expected, name = None, args.profile
+    if args.profile.endswith(".toml") or Path(args.profile).is_file():
+        try:
+            p = prof.load(args.profile, check_registries=False)
+        except prof.ProfileError as e:
+            print(e, file=sys.stderr)
+            return 2
+        name, expected = p.name, [s.fields for s in prof.expand(p)]
+    store = _store(args)
+    store.reap()
+    if expected is None and name not in store.profiles():
+        print(f"no profile {name!r} in {store.root}; known: {', '.join(store.profiles()) or 'none'}",
+              file=sys.stderr)
+        return 2
+    over = [k.strip() for k in args.best_over.split(",") if k.strip()] if args.best_over is not None else None
+    try:
+        res = score.compute(store, name, expected, over, args.select_on)
+    except score.ScoreError as e:
+        print(e, file=sys.stderr)
+        return e.code
+    if res["missing"] and not args.allow_partial:
+        print(f"{len(res['missing'])} setting(s) of {name!r} have unfinished runs; no MAD score over "
+              f"fewer settings (--allow-partial shows one, marked partial):\n" + score.missing_text(res),
+              file=sys.stderr)
+        return 1
+    text = score.render(res, args.format, args.digits)
+    if args.output:
+        Path(args.output).write_text(text)
+        print(f"wrote {args.output}")
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
 def cmd_doctor(args) -> int:
     import json
 
@@ -547,6 +588,23 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--output", "-o")
     p.add_argument("--include-unfinished", action="store_true")
     p.set_defaults(fn=cmd_export)
+
+    p = sub.add_parser("score", help="MAD score (mad-lab's rule): per model, per task and over tasks")
+    p.add_argument("profile", help="profile file (its expansion gives the settings expected) or a profile "
+                                   "name in the store")
+    p.add_argument("--select-on", choices=["validation", "test"], default="validation",
+                   help="split each setting's best grid point is chosen on: validation (eval set 'valid', "
+                        "the default) or test (mad-lab's rule; labelled 'selected on test')")
+    p.add_argument("--best-over", metavar="KEY[,KEY...]",
+                   help="grid keys to select over per setting (default train.lr,train.weight_decay, "
+                        "those the runs have; '' for none)")
+    p.add_argument("--allow-partial", action="store_true",
+                   help="print the table although settings are unfinished (tasks show k/N settings, "
+                        "the MAD score is marked partial)")
+    p.add_argument("--format", choices=["md", "csv", "latex", "json"], default="md")
+    p.add_argument("--digits", type=int, default=3)
+    p.add_argument("--output", "-o")
+    p.set_defaults(fn=cmd_score)
 
     p = sub.add_parser("report", help="published vs ours, from the store: reproduction tables of profiles")
     p.add_argument("profiles", nargs="+", help="profile files whose runs (finished, in --store) to report")
