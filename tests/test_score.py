@@ -15,13 +15,14 @@ LRS, WDS = (1e-3, 1e-4), (0.0, 0.1)
 
 
 def add(store: Store, model: str, task: str, setting: str | None, seed: int, test: float | None,
-        valid: float | None = None, state: str = "finished", profile: str = "p", **grid) -> int:
+        valid: float | None = None, state: str = "finished", profile: str = "p", seq_len: int = 64,
+        **grid) -> int:
     """One run: test accuracy ``test`` (eval set ""), validation ``valid`` (eval set "valid",
     default the same); ``setting`` None is a schema 1 run (no task_setting field)."""
-    f = {"model": model, "task": task, "seq_len": 64, "seed": seed, "d_model": 16, "n_layers": 2, **grid}
+    f = {"model": model, "task": task, "seq_len": seq_len, "seed": seed, "d_model": 16, "n_layers": 2, **grid}
     if setting is not None:
         f["task_setting"] = setting
-    spec = {"profile": profile, "model": model, "label": model, "task": task, "seq_len": 64,
+    spec = {"profile": profile, "model": model, "label": model, "task": task, "seq_len": seq_len,
             "seed": seed, "fields": f, "grid": dict(grid), "task_setting": setting}
     rid = store.add_runs([spec])[0]
     if state == "finished":
@@ -212,3 +213,36 @@ def test_schema1_runs_are_the_baseline_and_bad_input_is_one_line(tmp_path, capsy
     assert code == 2 and "train.momentum" in err
     code, out, err = run_cli(capsys, store, "nope")
     assert code == 2 and "no profile 'nope'" in err
+
+
+def test_mqar_plot_kind_takes_the_max_over_learning_rates_and_writes_png_svg(tmp_path, capsys):
+    from workbench import plot
+
+    store = Store(tmp_path / "st")
+    # accuracy = width/100 + length/1000 at lr 1e-3; lr 1e-4 is 0.5 lower except at
+    # (width 64, length 128), where lr 1e-4 is best (+0.05): the maximum is per point
+    for m in ("lstm", "mamba"):
+        for L in (64, 128):
+            for w in (16, 64):
+                good = w / 100 + L / 1000 + (0.1 if m == "mamba" else 0.0)
+                for seed in (0, 1):
+                    add(store, m, "mqar", "baseline", seed, good, seq_len=L,
+                        **{"d_model": w, "model.d_model": w, "train.lr": 1e-3})
+                    other = good + 0.05 if (w, L) == (64, 128) else good - 0.5
+                    add(store, m, "mqar", "baseline", seed, other, seq_len=L,
+                        **{"d_model": w, "model.d_model": w, "train.lr": 1e-4})
+    fig = plot.mqar_figure(store, "p")
+    axes = fig.axes
+    assert [a.get_title() for a in axes] == ["length 64", "length 128"]
+    lstm = {a.get_title(): list(a.lines[0].get_ydata()) for a in axes}
+    assert lstm["length 64"] == pytest.approx([0.16 + 0.064, 0.64 + 0.064])
+    assert lstm["length 128"] == pytest.approx([0.16 + 0.128, 0.64 + 0.128 + 0.05])
+    assert "max over learning rates (selected on validation)" in fig._suptitle.get_text()
+    code = cli.main(["--store", str(store.root), "plot", "p", "--kind", "mqar", "--out", str(tmp_path / "f"),
+                     "--select-on", "test"])
+    out = capsys.readouterr().out.split()
+    assert code == 0 and sorted(p.rsplit("/", 1)[1] for p in out) == [
+        "p-mqar-accuracy-vs-width.png", "p-mqar-accuracy-vs-width.svg"]
+    assert all((tmp_path / "f" / n).stat().st_size > 1000 for n in ("p-mqar-accuracy-vs-width.png",
+                                                                      "p-mqar-accuracy-vs-width.svg"))
+    assert "selected on test" in (tmp_path / "f" / "p-mqar-accuracy-vs-width.svg").read_text()

@@ -11,6 +11,11 @@ Three kinds, each written as ``<stem>.png`` (150 dpi) and ``<stem>.svg``:
 - **eval sets**: a metric against the eval sets named ``<prefix>=<number>`` (``len=1024``:
   test length; ``dist=4094``: trigger-to-end distance), one line per model, with a dotted
   line at the training length (the induction-heads extrapolation figure).
+- **mqar**: MQAR accuracy against model width, one panel per sequence length (and number of
+  key-value pairs where those vary), one line per model, each point the maximum over
+  learning rates (HazyResearch/zoology, Figure 2): the lr chosen per (model, length, pairs,
+  width) by :func:`workbench.results.aggregate.best_over`, on the validation split by
+  default (zoology takes the best of its held-out set: ``select_on="test"``).
 
 Lengths double in every shipped sweep, so length axes are log2; time and memory grow over
 orders of magnitude, so those y axes are log. A model keeps its colour in every figure of a
@@ -34,14 +39,14 @@ from typing import TYPE_CHECKING, Iterable, Iterator, Sequence
 
 from workbench.curves import BANDS, CURVE_METRICS, X_AXES, X_LABELS, curves
 from workbench.results import catalogue
-from workbench.results.aggregate import records, summarize
+from workbench.results.aggregate import records, sort_key, summarize
 from workbench.store import Run, Store
 
 if TYPE_CHECKING:  # for annotations only: importing matplotlib costs ~0.3 s
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
-KINDS = ("curves", "length", "eval-sets")
+KINDS = ("curves", "length", "eval-sets", "mqar")
 DEFAULT_CURVES = (("train", "loss"), ("eval", "loss"), ("eval", "accuracy"))
 DEFAULT_LENGTH_METRICS = ("accuracy", "step_time_ms", "peak_mem_mb")
 DEFAULT_EVAL_SET_METRICS = ("accuracy",)
@@ -533,10 +538,82 @@ def plot_eval_sets(store: Store, profile: str | None, out_dir: str | Path, metri
 
 
 # --------------------------------------------------------------------------- all at once
+# --------------------------------------------------------------------------- mqar
+MQAR_PANEL = ("seq_len", "task.num_kv_pairs")
+
+
+def mqar_figure(store: Store, profile: str | None, band: str = "std",
+                run_ids: Iterable[int] | None = None, states: Iterable[str] = ("finished",),
+                select_on: str = "validation", metric: str = "accuracy",
+                colors: dict[str, str] | None = None) -> "Figure":
+    """Zoology's Figure 2: ``metric`` against model width (``d_model``, log2 axis), one
+    panel per sequence length (x number of key-value pairs where several), one line per
+    model; each point is the mean over seeds at the learning rate (``train.lr``) whose mean
+    ``metric`` on the selection split is best, as chosen by ``best_over``."""
+    from workbench.results.aggregate import best_over
+
+    _check_band(band)
+    run_ids = None if run_ids is None else list(run_ids)
+    where = _where(profile, run_ids)
+    recs = [r for r in _records(store, profile, run_ids, tuple(states)) if r.get("task") == "mqar"]
+    if not recs:
+        raise ValueError(f"no mqar runs in {where}")
+    if not any("train.lr" in r for r in recs):
+        raise ValueError(f"the mqar runs in {where} have no train.lr grid: nothing to take the maximum over")
+    widths = sorted({r["d_model"] for r in recs if r.get("d_model") is not None})
+    panels_by = [k for k in MQAR_PANEL if len({r.get(k) for r in recs}) > 1] or ["seq_len"]
+    by = ["model", "d_model", *panels_by, "task_setting"]
+    kept, _ = best_over(recs, ["train.lr"], metric, [k for k in by if any(k in r for r in recs)], select_on)
+    kept = [r for r in kept if r["eval_set"] == "" and r.get(metric) is not None]
+    panels: dict[tuple, list[dict]] = {}
+    for r in kept:
+        panels.setdefault(tuple(r.get(k) for k in panels_by), []).append(r)
+    panels = dict(sorted(panels.items(), key=lambda kv: tuple(sort_key(v) for v in kv[0])))
+    runs = store.runs(ids=[r["run_id"] for r in kept])
+    colors = colors or profile_colors(store, profile, runs)
+    _mpl()
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    n = len(panels)
+    with _style():
+        fig = Figure(figsize=(max(FIGSIZE[0], 3.2 * n), FIGSIZE[1]), layout="constrained")
+        FigureCanvasAgg(fig)
+        axes = fig.subplots(1, n, sharey=True, squeeze=False)[0]
+        ns: list[int] = []
+        for ax, (key, rs) in zip(axes, panels.items()):
+            series = _series(rs, metric, lambda r: r.get("d_model"), band)
+            ns += [k for s in series.values() for k in s["n"]]
+            _draw_series(ax, series, colors)
+            _log2_x(ax, widths)
+            ax.set_title(", ".join(f"{'pairs' if k == 'task.num_kv_pairs' else 'length'} {v}"
+                                   for k, v in zip(panels_by, key)))
+            ax.set_xlabel("model width (d_model)")
+        axes[0].set_ylabel(metric_label(metric))
+        _y_axis(axes[0], metric, False)
+        on = "selected on test" if select_on == "test" else "selected on validation"
+        fig.suptitle(f"{profile or 'runs'}: MQAR {metric_title(metric)} against width; max over "
+                     f"learning rates ({on}); {_seeds_text(ns, band)}")
+        _legend(fig, axes[-1])
+    return fig
+
+
+def plot_mqar(store: Store, profile: str | None, out_dir: str | Path, band: str = "std",
+              run_ids: Iterable[int] | None = None, states: Iterable[str] = ("finished",),
+              select_on: str = "validation", metric: str = "accuracy", stem: str | None = None,
+              colors: dict[str, str] | None = None) -> list[Path]:
+    """Write the MQAR accuracy-vs-width figure; stem ``<profile>-mqar-<metric>-vs-width``."""
+    run_ids = None if run_ids is None else list(run_ids)
+    fig = mqar_figure(store, profile, band, run_ids, states, select_on, metric, colors)
+    base = profile or f"runs-{_id_ranges(run_ids or [])}"
+    return save(fig, out_dir, stem or f"{base}-mqar-{metric}-vs-width")
+
+
 def plot_profile(store: Store, profile: str | None, out_dir: str | Path, *,
                  kinds: Iterable[str] = KINDS, metrics: Sequence[str] | None = None,
                  run_ids: Iterable[int] | None = None, axis: str = "step", band: str = "std",
-                 by_seed: bool = True, states: Iterable[str] = ("finished",)) -> tuple[list[Path], list[str]]:
+                 by_seed: bool = True, states: Iterable[str] = ("finished",),
+                 select_on: str = "validation") -> tuple[list[Path], list[str]]:
     """Every figure of ``kinds`` that applies to a profile's runs (or the runs ``run_ids``,
     or both): curves of train/eval loss and eval accuracy, accuracy/step time/peak memory
     against length (two lengths or more), each metric on each ``prefix=N`` eval-set family.
@@ -594,4 +671,9 @@ def plot_profile(store: Store, profile: str | None, out_dir: str | Path, *,
             for m in metrics or DEFAULT_EVAL_SET_METRICS:
                 attempt(f"eval-sets {prefix}= {m}", plot_eval_sets, store, profile, out_dir, m, prefix,
                         band, ids, states, stem=f"{base}-{m}-vs-{prefix}", colors=colors)
+    # mqar: only where the runs are MQAR (said as skipped when asked for alone)
+    if "mqar" in kinds and (kinds == ["mqar"] or any(r.task == "mqar" for r in runs)):
+        for m in metrics or DEFAULT_EVAL_SET_METRICS:
+            attempt(f"mqar {m}", plot_mqar, store, profile, out_dir, band, ids, states, select_on, m,
+                    stem=f"{base}-mqar-{m}-vs-width", colors=colors)
     return paths, notes

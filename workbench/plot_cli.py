@@ -30,7 +30,7 @@ def parse_ids(text: str) -> list[int]:
 def add_parser(sub) -> None:
     """Add the ``plot`` subcommand to an argparse subparsers object."""
     p = sub.add_parser(
-        "plot", help="write PNG and SVG figures (learning curves, metric vs length, eval sets)",
+        "plot", help="write PNG and SVG figures (learning curves, metric vs length, eval sets, MQAR vs width)",
         description="Write matplotlib figures (PNG 150 dpi + SVG) of a profile's runs or of chosen "
                     "runs: learning curves grouped over seeds with bands, a metric against sequence "
                     "length per model, a metric against the len=N / dist=N eval sets. Each path "
@@ -52,6 +52,9 @@ def add_parser(sub) -> None:
     p.add_argument("--include-unfinished", action="store_true",
                    help="also runs that are running, failed, crashed or killed (default finished only)")
     p.add_argument("--out", help="output folder (default figures/<profile>, or figures/runs-<ids>)")
+    p.add_argument("--select-on", choices=["validation", "test"], default="validation",
+                   help="mqar: split the best learning rate of each point is chosen on (validation, "
+                        "the default; test is zoology's practice and is labelled so)")
     p.set_defaults(fn=cmd_plot)
 
 
@@ -87,7 +90,8 @@ def cmd_plot(args) -> int:
     kinds = KINDS if args.kind == "all" else (args.kind,)
     try:
         paths, notes = plot_profile(store, args.profile, out, kinds=kinds, metrics=metrics, run_ids=run_ids,
-                                    axis=args.axis, band=args.band, by_seed=not args.no_group, states=states)
+                                    axis=args.axis, band=args.band, by_seed=not args.no_group, states=states,
+                                    select_on=args.select_on)
     except ValueError as e:
         print(e, file=sys.stderr)
         return 2
