@@ -1,6 +1,6 @@
 """Figures for papers and notes: ``ssm-workbench plot`` and the TUI's "write figures".
 
-Three kinds, each written as ``<stem>.png`` (150 dpi) and ``<stem>.svg``:
+Four kinds, each written as ``<stem>.png`` (150 dpi) and ``<stem>.svg``:
 
 - **curves**: learning curves of some runs (train/eval loss, eval accuracy, ...) against
   optimizer step, epoch or wall time, one line per group of runs that differ only by seed
