@@ -246,3 +246,15 @@ def test_mqar_plot_kind_takes_the_max_over_learning_rates_and_writes_png_svg(tmp
     assert all((tmp_path / "f" / n).stat().st_size > 1000 for n in ("p-mqar-accuracy-vs-width.png",
                                                                       "p-mqar-accuracy-vs-width.svg"))
     assert "selected on test" in (tmp_path / "f" / "p-mqar-accuracy-vs-width.svg").read_text()
+
+
+def test_fields_that_follow_a_selected_key_may_vary(tmp_path):
+    """d_model follows the grid key model.d_model: selecting over it is allowed; leaving it
+    out is refused (the runs of one point would mix two widths)."""
+    store = Store(tmp_path / "st")
+    for w, acc in ((16, 0.3), (32, 0.7)):
+        add(store, "a", "t1", "baseline", 0, acc, **{"d_model": w, "model.d_model": w, "train.lr": 1e-3})
+    res = score.compute(store, "p", over=["train.lr", "model.d_model"], select_on="test")
+    assert res["scores"]["a"]["mad_score"] == pytest.approx(0.7)
+    with pytest.raises(score.ScoreError, match="differ in 'd_model'"):
+        score.compute(store, "p", select_on="test")

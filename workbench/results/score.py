@@ -96,8 +96,12 @@ def compute(store, profile: str, expected: Iterable[dict] | None = None,
     for f in expected:
         key = setting_of(f)
         exp.setdefault(key, set()).add(_ident(f))
-        of_setting.setdefault(key, []).append(f)
-    for key, fs in of_setting.items():
+        # one grid point of one setting: its runs may differ in the seed only (fields that
+        # follow a selected key, such as d_model with model.d_model, vary between points)
+        point = key + tuple(json.dumps(f.get(k), default=str) for k in over)
+        of_setting.setdefault(point, []).append(f)
+    for point, fs in of_setting.items():
+        key = point[:len(SETTING)]
         for k in dict.fromkeys(k for f in fs for k in f):
             if k in SETTING or k == "seed" or k in over:
                 continue
