@@ -592,7 +592,7 @@ def mqar_figure(store: Store, profile: str | None, band: str = "std",
         axes[0].set_ylabel(metric_label(metric))
         _y_axis(axes[0], metric, False)
         on = "selected on test" if select_on == "test" else "selected on validation"
-        fig.suptitle(f"{profile or 'runs'}: MQAR {metric_title(metric)} against width; max over "
+        fig.suptitle(f"{profile or 'runs'}: MQAR {metric_title(metric)} against width\nmax over "
                      f"learning rates ({on}); {_seeds_text(ns, band)}")
         _legend(fig, axes[-1])
     return fig
