@@ -18,7 +18,7 @@ from textual.binding import Binding
 from textual.widget import Widget
 from textual.widgets import Footer, Header, Static, TabbedContent, TabPane
 
-from workbench import slurm
+from workbench import progress, slurm
 from workbench.profile import Profile
 from workbench.store import STATES, Run, Store
 from workbench.tui.dialogs import ConfirmScreen
@@ -27,10 +27,11 @@ from workbench.tui.compare_view import CompareScreen
 from workbench.tui.messages import CompareRuns, KillRequested, OpenRun, ResumeRequested
 from workbench.tui.results_view import ResultsView
 from workbench.tui.run_view import RunScreen
-from workbench.tui.runs_table import RunsTable
+from workbench.tui.runs_table import RunsTable, table_runs
 from workbench.tui.sweep_form import SweepForm
 
 POLL_S = 0.5  # the runs table follows the store at 2 Hz
+MAX_PROGRESS_LINES = 3  # profiles under way listed under the runs table
 
 
 class WorkbenchApp(App):
@@ -111,10 +112,10 @@ class WorkbenchApp(App):
         try:
             with self.store_lock:
                 self.store.reap()  # runs whose worker died become 'crashed'
-                runs = self.store.runs()
+                runs = table_runs(self.store)
                 try:  # Slurm runs: ingest their rows, submit, read job states (throttled)
                     if slurm.sync(self.store, runs=runs)["live"]:
-                        runs = self.store.runs()  # as the sync left them
+                        runs = table_runs(self.store)  # as the sync left them
                 except slurm.SlurmError as e:
                     self.call_from_thread(self._slurm_problem, str(e))
         finally:
@@ -131,17 +132,40 @@ class WorkbenchApp(App):
             return
         self.runs_seen = runs
         table = self.query_one(RunsTable)
+        if self._goto_run is not None and table.profile_filter is not None:
+            table.profile_filter = None  # a launched sweep's first run must be shown
         table.update_runs(runs)
         if self._goto_run is not None and str(self._goto_run) in table.rows:
             table.move_cursor(row=table.get_row_index(str(self._goto_run)))
             self._goto_run = None
-        counts = {s: sum(r.state == s for r in runs) for s in STATES}
-        summary = Text(f"{len(runs)} runs  ")
+        self._show_summary()
+
+    @on(RunsTable.FilterChanged)
+    def _show_summary(self) -> None:
+        """The line(s) under the runs table: counts by state, then the progress and ETA
+        (:mod:`workbench.progress`) of the filtered profile, or of each profile still
+        running or pending (the first MAX_PROGRESS_LINES)."""
+        table = self.query_one(RunsTable)
+        runs = table.all_runs
+        only = table.profile_filter
+        shown = [r for r in runs if r.profile == only] if only is not None else runs
+        counts = {s: sum(r.state == s for r in shown) for s in STATES}
+        summary = Text(f"{len(shown)} runs  ")
         for s in STATES:
             if counts[s]:
                 summary.append(f"{counts[s]} {s}  ", style=STATE_STYLES[s])
         if not runs:
             summary.append("none yet: F2 opens the sweep form", style="dim")
+        if only is not None:
+            summary.append(f"profile {only} only (f: all {len(runs)} runs)", style="bold")
+        lines = progress.by_profile(shown)
+        if only is None:
+            lines = [p for p in lines if p.done < p.total]
+        for p in lines[:MAX_PROGRESS_LINES]:
+            summary.append("\n" + p.text())
+        if len(lines) > MAX_PROGRESS_LINES:
+            summary.append(f"\n... and {len(lines) - MAX_PROGRESS_LINES} more profiles under way "
+                           f"(f on a run: its profile only)", style="dim")
         set_text(self.query_one("#runs-summary", Static), summary)
 
     def check_action(self, action: str, parameters: tuple) -> bool | None:

@@ -1,13 +1,21 @@
-"""The runs table: one row per run in the store, updated in place as the store changes."""
+"""The runs table: one row per run in the store, updated in place as the store changes.
+
+Sweeps of thousands of runs: the poll reads the runs without their spec and fields JSON
+(:func:`workbench.progress.table_runs`), a row's cells are rebuilt only when what they show changed
+(:func:`row_key`), and ``f`` narrows the table to the profile under the cursor (the line
+under the table then shows that profile's progress and ETA, :mod:`workbench.progress`).
+"""
 from __future__ import annotations
 
 from typing import Any
 
 from rich.text import Text
 from textual.binding import Binding
+from textual.message import Message
 from textual.widgets import DataTable
 
 from workbench import slurm
+from workbench.progress import table_runs  # noqa: F401  (the app's poll reads with it)
 from workbench.store import Run
 from workbench.tui.messages import CompareRuns, KillRequested, OpenRun, ResumeRequested
 from workbench.tui.formatting import duration, number, percent, state_text
@@ -24,6 +32,15 @@ FIXED = {k for k, _, w in COLUMNS if w}
 
 
 MARK = Text("●", style="bold yellow")
+
+def row_key(run: Run, marked: bool) -> tuple | None:
+    """What :func:`row_cells` shows of a run, or None when it changes with the clock (a
+    running run's elapsed time): equal keys mean equal cells, so those are not rebuilt."""
+    if run.state == "running" or (run.started is not None and run.ended is None):
+        return None
+    return (marked, run.profile, run.label, run.task, run.seq_len, run.seed, run.state,
+            run.progress, run.last_loss, run.last_accuracy, run.started, run.ended, run.device,
+            run.slot, slurm.describe(run) if slurm.is_slurm(run) else None)
 
 
 def row_cells(run: Run, marked: bool = False) -> dict[str, Any]:
@@ -52,7 +69,8 @@ class RunsTable(DataTable):
     """DataTable of runs keyed by run id; :meth:`update_runs` changes only cells that moved.
 
     Rebuilding the table on every poll would flicker and lose the cursor, so rows are
-    added once and afterwards only their changed cells are rewritten.
+    added once and afterwards only their changed cells are rewritten. ``profile_filter``
+    (the ``f`` key) keeps only one profile's rows; :attr:`all_runs` holds every run.
     """
 
     BINDINGS = [
@@ -62,15 +80,26 @@ class RunsTable(DataTable):
         Binding("space", "toggle_mark", "Mark"),
         Binding("c", "compare", "Compare marked"),
         Binding("p", "compare_profile", "Compare profile"),
+        Binding("f", "filter_profile", "Only this profile / all"),
         Binding("u", "unmark", "Unmark all", show=False),
     ]
+
+    class FilterChanged(Message):
+        """The profile filter was set or cleared (the app redraws the summary line)."""
+
+        def __init__(self, profile: str | None) -> None:
+            super().__init__()
+            self.profile = profile
 
     _batch = False  # class default: DataTable.__init__ already refreshes
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(cursor_type="row", zebra_stripes=True, **kwargs)
         self._cells: dict[int, dict[str, Any]] = {}
-        self._runs: dict[int, Run] = {}
+        self._keys: dict[int, tuple | None] = {}
+        self._runs: dict[int, Run] = {}  # the rows shown
+        self.all_runs: list[Run] = []  # the last poll's runs, all profiles
+        self.profile_filter: str | None = None
         self.marked: set[int] = set()  # runs picked for the compare view
 
     def on_mount(self) -> None:
@@ -85,6 +114,10 @@ class RunsTable(DataTable):
         return super().refresh(*regions, **kwargs)
 
     def update_runs(self, runs: list[Run]) -> None:
+        self.all_runs = runs
+        self.marked &= {r.id for r in runs}  # runs gone from the store
+        if self.profile_filter is not None:
+            runs = [r for r in runs if r.profile == self.profile_filter]
         seen = set()
         changed: list[str] = []
         full = False  # rows added or removed: repaint everything
@@ -93,8 +126,13 @@ class RunsTable(DataTable):
             for run in runs:
                 seen.add(run.id)
                 self._runs[run.id] = run
+                marked = run.id in self.marked
+                rk = row_key(run, marked)
+                if rk is not None and rk == self._keys.get(run.id):
+                    continue  # shows the same as at the last poll
+                self._keys[run.id] = rk
                 key = str(run.id)
-                cells = row_cells(run, run.id in self.marked)
+                cells = row_cells(run, marked)
                 old = self._cells.get(run.id)
                 if old is None:
                     self.add_row(*(cells[k] for k, *_ in COLUMNS), key=key)
@@ -110,8 +148,8 @@ class RunsTable(DataTable):
             for gone in set(self._cells) - seen:
                 self.remove_row(str(gone))
                 del self._cells[gone]
+                self._keys.pop(gone, None)
                 self._runs.pop(gone, None)
-                self.marked.discard(gone)
                 full = True
         finally:
             self._batch = False
@@ -120,6 +158,21 @@ class RunsTable(DataTable):
         else:
             for key in dict.fromkeys(changed):
                 self.refresh_row(self.get_row_index(key))
+
+    def action_filter_profile(self) -> None:
+        """Only the runs of the profile under the cursor; pressed again, all runs."""
+        if self.profile_filter is not None:
+            self.profile_filter = None
+        else:
+            rid = self.current_run_id
+            if rid is None or rid not in self._runs:
+                return
+            self.profile_filter = self._runs[rid].profile
+        rid = self.current_run_id
+        self.update_runs(self.all_runs)
+        if rid is not None and str(rid) in self.rows:  # the cursor stays on its run
+            self.move_cursor(row=self.get_row_index(str(rid)))
+        self.post_message(self.FilterChanged(self.profile_filter))
 
     @property
     def current_run_id(self) -> int | None:
@@ -176,5 +229,5 @@ class RunsTable(DataTable):
         if rid is None or rid not in self._runs:
             return
         profile = self._runs[rid].profile
-        ids = sorted(r.id for r in self._runs.values() if r.profile == profile)
+        ids = sorted(r.id for r in self.all_runs if r.profile == profile)
         self.post_message(CompareRuns(ids, f"profile {profile}"))

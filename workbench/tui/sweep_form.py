@@ -78,8 +78,8 @@ def parse_param(text: str, default: Any) -> Any:
     return text
 
 
-def _split_top(text: str) -> list[str]:
-    """Split on ';' or ',' outside [...] and quotes."""
+def _split_top(text: str, seps: str = ";,") -> list[str]:
+    """Split on ';' or ',' (``seps``) outside [...] and quotes."""
     parts, cur, depth, quote = [], [], 0, None
     for ch in text:
         if quote:
@@ -90,7 +90,7 @@ def _split_top(text: str) -> list[str]:
             depth += 1
         elif ch == "]":
             depth -= 1
-        elif ch in ";," and depth == 0:
+        elif ch in seps and depth == 0:
             parts.append("".join(cur))
             cur = []
             continue
@@ -113,12 +113,50 @@ def parse_model_options(text: str) -> dict[str, dict[str, Any]]:
         model, dot, opt = key.strip().partition(".")
         if not eq or not dot or not model or not opt.strip():
             raise ValueError(f"{item!r}: write model.option=value")
-        try:
-            value = tomllib.loads(f"v = {raw.strip()}")["v"]
-        except tomllib.TOMLDecodeError:
-            value = raw.strip()
-        out.setdefault(model.strip(), {})[opt.strip()] = value
+        out.setdefault(model.strip(), {})[opt.strip()] = _literal(raw)
     return out
+
+
+def _literal(raw: str) -> Any:
+    """A TOML literal (number, true/false, [list], "string") or else the bare string."""
+    try:
+        return tomllib.loads(f"v = {raw.strip()}")["v"]
+    except tomllib.TOMLDecodeError:
+        return raw.strip()
+
+
+def parse_grid_values(text: str) -> list[Any]:
+    """'1e-4, 5e-4, 1e-3' -> [0.0001, 0.0005, 0.001]: a grid axis's values, TOML literals
+    where they parse as one (the profile schema checks them at each grid point)."""
+    return [_literal(x) for x in _split_top(text, ",") if x.strip()]
+
+
+def parse_grid_axes(text: str) -> dict[str, list[Any]]:
+    """'model.d_model = 64, 128; task.num_kv_pairs = 4, 8' -> {'model.d_model': [64, 128],
+    'task.num_kv_pairs': [4, 8]}: ``[sweep.grid]`` axes over dotted keys, ';' between them.
+    The keys are checked by the profile loader (``sweep.grid`` in docs/ARCHITECTURE.md)."""
+    out: dict[str, list[Any]] = {}
+    for item in (x.strip() for x in _split_top(text, ";")):
+        if not item:
+            continue
+        key, eq, raw = item.partition("=")
+        key = key.strip().strip('"')
+        values = parse_grid_values(raw)
+        if not eq or "." not in key or " " in key or not values:
+            raise ValueError(f"{item!r}: write key = v1, v2 with a dotted key (e.g. model.d_model = 64, 128), "
+                             f"axes separated by ';'")
+        if key in out:
+            raise ValueError(f"{key} is given twice")
+        out[key] = values
+    return out
+
+
+def format_grid_values(values: list[Any]) -> str:
+    return ", ".join(json.dumps(v) for v in values)  # JSON scalars are TOML literals
+
+
+# grid axes with their own input in the Training section; other keys go in "grid axes"
+GRID_INPUTS = {"grid_lr": "train.lr", "grid_wd": "train.weight_decay"}
 
 
 def parse_settings(text: str) -> dict[str, Any]:
@@ -186,10 +224,15 @@ def run_count_text(sweep: dict[str, Any], task: str) -> tuple[str, bool]:
             if problem not in problems:
                 problems.append(problem)
         return "cannot count the runs yet: " + "; ".join(problems), False
+    try:
+        n = len(profiles.expand(prof))
+    except ProfileError as e:  # a grid value its section refuses (shown in full on launch/save)
+        first = str(e).splitlines()[0].removeprefix("count: ")
+        return f"cannot count the runs yet: {first}", False
     lens = prof.sweep.seq_lens
     length_part = _plural(len(lens), "length") if lens else "1 length (the task's default)"
     grid = f" x {_plural(len(profiles.grid_points(prof)), 'grid point')}" if prof.sweep.grid else ""
-    return (f"will launch {_plural(len(profiles.expand(prof)), 'run')} = "
+    return (f"will launch {_plural(n, 'run')} = "
             f"{_plural(len(prof.sweep.models), 'model')} x {length_part} x "
             f"{_plural(len(prof.sweep.seeds), 'seed')}{grid}"), True
 
@@ -298,6 +341,14 @@ class SweepForm(VerticalScroll):
         yield FieldRow("epochs / steps", Input("200", id="budget", compact=True), "budget")
         for fid, label, _, default in TRAIN_INPUTS:
             yield FieldRow(label, Input(default, id=fid, compact=True), fid)
+        # [sweep.grid] axes: each value list multiplies the runs (empty: no grid)
+        yield FieldRow("lr grid", Input("", id="grid_lr", compact=True,
+                                        placeholder="e.g. 1e-4, 5e-4, 1e-3 (a run per value)"), "grid_lr")
+        yield FieldRow("weight decay grid", Input("", id="grid_wd", compact=True,
+                                                  placeholder="e.g. 0, 0.01, 0.1"), "grid_wd")
+        yield FieldRow("other grid axes", Input("", id="grid_axes", compact=True,
+                                                placeholder="e.g. model.d_model = 64, 128; "
+                                                            "train.warmup_steps = 0, 100"), "grid_axes")
         yield FieldRow("lr schedule", Select([("cosine", "cosine"), ("constant", "constant")],
                                              id="schedule", allow_blank=False, value="cosine",
                                              compact=True), "schedule")
@@ -328,8 +379,15 @@ class SweepForm(VerticalScroll):
     @on(ModelPicker.Changed, "#models")
     @on(Input.Changed, "#seq_lens")
     @on(Input.Changed, "#seeds")
+    @on(Input.Changed, "#grid_lr")
+    @on(Input.Changed, "#grid_wd")
+    @on(Input.Changed, "#grid_axes")
     def _show_run_count(self) -> None:
-        text, ok = run_count_text(self._sweep_data(), str(self._select("task")))
+        _, grid_errors = self._grid_data()
+        if grid_errors:
+            text, ok = "cannot count the runs yet: " + "; ".join(grid_errors.values()), False
+        else:
+            text, ok = run_count_text(self._sweep_data(), str(self._select("task")))
         count = self.query_one("#run-count", Static)
         count.set_class(not ok, "bad")
         count.update(Text(text))
@@ -391,6 +449,7 @@ class SweepForm(VerticalScroll):
             if value != _default_value(default) or p in base.get("task", {}):
                 params[p] = value
         sweep = self._sweep_data()
+        errors.update(self._grid_data()[1])
         chosen = sweep["models"]
         model = {k: v for k, v in base.get("model", {}).items() if k not in ("d_model", "n_layers", "options")}
         try:
@@ -424,7 +483,8 @@ class SweepForm(VerticalScroll):
         data = {
             # a loaded schema 1 profile stays schema 1: its runs keep their identity
             # (checkpoint.spec_key), so launching it from here replays, not duplicates
-            "schema_version": base.get("schema_version", profiles.SCHEMA_VERSION),
+            # (a grid needs schema 2)
+            "schema_version": 2 if sweep.get("grid") else base.get("schema_version", profiles.SCHEMA_VERSION),
             "name": self._text("name"),
             "description": self.query_one("#description", Input).value,
             "task": {"name": task_name, **params},
@@ -459,10 +519,35 @@ class SweepForm(VerticalScroll):
         chosen += [n for n in picked if n not in kept]
         sweep = {"models": chosen, "seq_lens": split_list(self._text("seq_lens")),
                  "seeds": split_list(self._text("seeds"))}
-        grid = self._base.get("sweep", {}).get("grid")
-        if grid:  # no field for it yet: a loaded profile's grid is kept as it is
+        grid, _ = self._grid_data()
+        if grid:
             sweep["grid"] = grid
         return sweep
+
+    def _grid_data(self) -> tuple[dict[str, list[Any]], dict[str, str]]:
+        """``[sweep.grid]`` from the lr, weight decay and other-axes inputs (a loaded
+        profile's keys keep their order, the order its runs go in), and the inputs' parse
+        errors by field id."""
+        grid: dict[str, list[Any]] = {}
+        errors: dict[str, str] = {}
+        for fid, key in GRID_INPUTS.items():
+            values = parse_grid_values(self._text(fid))
+            if values:
+                grid[key] = values
+        try:
+            axes = parse_grid_axes(self._text("grid_axes"))
+        except ValueError as e:
+            errors["grid_axes"] = f"grid axes: {e}"
+            axes = {}
+        for key, values in axes.items():
+            fid = next((f for f, k in GRID_INPUTS.items() if k == key), None)
+            if key in grid:
+                errors["grid_axes"] = f"grid axes: {key} has its own input ({fid.replace('_', ' ')})"
+            else:
+                grid[key] = values
+        order = list(self._base.get("sweep", {}).get("grid", {}))
+        grid = dict(sorted(grid.items(), key=lambda kv: order.index(kv[0]) if kv[0] in order else len(order)))
+        return grid, errors
 
     def build_profile(self) -> Profile | None:
         """Validate the form; show every problem and return None, or return the profile."""
@@ -487,7 +572,10 @@ class SweepForm(VerticalScroll):
             except ProfileError as e:
                 general.append(str(e))
                 for line in str(e).splitlines()[1:]:  # point at the field where we can
-                    if "model options" in line or "model.options" in line:
+                    if "sweep.grid" in line:
+                        errors.setdefault(next((f for f, k in GRID_INPUTS.items() if f"'{k}'" in line),
+                                               "grid_axes"), line.strip())
+                    elif "model options" in line or "model.options" in line:
                         errors.setdefault("model_options", line.strip())
                     elif line.strip().startswith("task"):
                         errors.setdefault("task", line.strip())
@@ -498,6 +586,9 @@ class SweepForm(VerticalScroll):
     @staticmethod
     def _field_for(loc: tuple) -> str | None:
         keys = [p for p in loc if isinstance(p, str)]
+        if "grid" in keys[:2]:
+            key = keys[keys.index("grid") + 1] if len(keys) > keys.index("grid") + 1 else ""
+            return next((f for f, k in GRID_INPUTS.items() if k == key), "grid_axes")
         if keys[:1] == ["train"] and (len(keys) == 1 or keys[1] in ("epochs", "steps")):
             return "budget"  # "give exactly one of epochs or steps" is a train-level error
         if keys[:1] in (["slurm"], ["executor"]):
@@ -554,6 +645,11 @@ class SweepForm(VerticalScroll):
         self.query_one("#task", Select).value = prof.task.name
         self.query_one("#seq_lens", Input).value = _fmt(prof.sweep.seq_lens)
         self.query_one("#seeds", Input).value = _fmt(prof.sweep.seeds)
+        grid = dict(prof.sweep.grid)
+        for fid, key in GRID_INPUTS.items():
+            self.query_one(f"#{fid}", Input).value = format_grid_values(grid.pop(key, []))
+        self.query_one("#grid_axes", Input).value = "; ".join(
+            f"{k} = {format_grid_values(v)}" for k, v in grid.items())
         t = prof.train
         kind = "epochs" if t.epochs is not None else "steps"
         self.query_one("#budget_kind", Select).value = kind
