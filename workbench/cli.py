@@ -339,19 +339,31 @@ def _print_runs(console: Console, runs, progress_of=None) -> None:
             t.add_row(*cells)
         console.print(t)
     else:
+        # written straight to the console's file: rich's markup parsing and rendering of
+        # 5,000 lines took ~0.8 s; the state words get the same colours as ANSI codes
+        from rich.style import Style
+
         widths = [max([len(h)] + [len(row[i]) for row in rows]) for i, h in enumerate(RUNS_HEADERS)]
+        color = console.is_terminal and not console.no_color and console._color_system is not None
+
+        def paint(text: str, style: str) -> str:
+            return Style.parse(style).render(text, color_system=console._color_system) if color and style else text
 
         def line(cells):
             return "  ".join(c.rjust(w) if h in RUNS_RIGHT else c.ljust(w)
                              for c, w, h in zip(cells, widths, RUNS_HEADERS)).rstrip()
 
-        out = [f"[bold]{escape(line(RUNS_HEADERS))}[/]"]
+        at = sum(widths[:6]) + 2 * 6  # where the state column starts
+        words = {}  # (state, stalled) -> the painted cell
+        out = [paint(line(RUNS_HEADERS), "bold")]
         for cells, (state, note) in zip(rows, states):
             text = line(cells)
-            at = sum(widths[:6]) + 2 * 6  # where the state column starts
-            out.append(escape(text[:at]) + state_markup(state, note, escape(text[at:at + widths[6]]))
-                       + escape(text[at + widths[6]:]))
-        console.print("\n".join(out), highlight=False, soft_wrap=True)
+            if (state, note) not in words:
+                cell = text[at:at + widths[6]]
+                words[state, note] = (paint(state, STATE_STYLE.get(state, "")) + cell[len(state):].replace(
+                    "stalled", paint("stalled", "yellow"), 1))
+            out.append(text[:at] + words[state, note] + text[at + widths[6]:])
+        console.file.write("\n".join(out) + "\n")
     for p in progress.by_profile(runs if progress_of is None else progress_of):
         console.print(p.text(), markup=False, highlight=False)
     for r, note in stalled:  # why a silent run is not called crashed, and what to do about it
