@@ -230,3 +230,15 @@ def test_parse_grid_axes():
 
     assert parse_grid_axes('model.options.mamba.d_state = 8, 16; "train.schedule" = cosine, constant') == \
         {"model.options.mamba.d_state": [8, 16], "train.schedule": ["cosine", "constant"]}
+
+
+def test_row_key_changes_with_what_the_row_shows():
+    from workbench.tui.runs_table import row_key
+
+    a = fin(1, 100)
+    assert row_key(a, False) == row_key(fin(1, 100), False)
+    for changed in (dict(last_accuracy=0.5), dict(state="failed"), dict(ended=a.ended + 1),
+                    dict(label="x"), dict(progress=0.5), dict(device="cuda")):
+        assert row_key(a, False) != row_key(Run(**{**a.__dict__, **changed}), False), changed
+    assert row_key(a, False) != row_key(a, True)  # the mark
+    assert row_key(run(2, 0.5), False) is None  # elapsed moves with the clock
