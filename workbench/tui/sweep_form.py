@@ -1,5 +1,7 @@
 """The "New sweep" form: pick models, a task and its parameters, sweep axes and training
 settings; validate them into a :class:`~workbench.profile.Profile`; save, load, launch.
+Grid axes (learning rates, weight decays, any dotted key) become ``[sweep.grid]`` (schema
+2) and count in the run count.
 
 Values are handed to pydantic as typed (strings included) so that the messages the user
 sees are the profile schema's own; each message is shown next to the field it concerns and
