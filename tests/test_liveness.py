@@ -8,6 +8,7 @@ the results of a run that recorded them all. ``runs`` and ``show`` name the work
 and host)."""
 import os
 import signal
+import re
 import socket
 import subprocess
 import sys
@@ -242,7 +243,8 @@ def test_runs_and_show_print_the_workers_pid_and_host(tmp_path, capsys, monkeypa
         assert cli.main(["--store", str(tmp_path), "runs"]) == 0
         out = capsys.readouterr().out
         assert f"{child.pid}@{host}" in out and "worker" in out
-        assert "stalled" in out and f"run {a}: no heartbeat for 60 s, process alive" in out
+        # 60 s, or a second more on a loaded machine between the update and the read
+        assert "stalled" in out and re.search(rf"run {a}: no heartbeat for 6[01] s, process alive", out)
         assert cli.main(["--store", str(tmp_path), "show", str(a)]) == 0
         out = capsys.readouterr().out
         assert f"worker: pid {child.pid} on {socket.gethostname()}" in out

@@ -9,10 +9,18 @@ from __future__ import annotations
 import math
 from functools import lru_cache
 
-try:  # scipy is optional: not a dependency of the workbench
-    from scipy import stats as _sp
-except ImportError:  # pragma: no cover - depends on the environment
-    _sp = None
+
+
+@lru_cache(maxsize=1)
+def _scipy_stats():
+    """scipy.stats, or None: scipy is optional (not a dependency of the workbench), and
+    imported on first use only, since importing it costs about a second that every CLI
+    call (``runs`` too) would otherwise pay."""
+    try:
+        from scipy import stats
+    except ImportError:  # pragma: no cover - depends on the environment
+        return None
+    return stats
 
 
 def _betacf(a: float, b: float, x: float) -> float:
@@ -55,8 +63,8 @@ def _betainc(a: float, b: float, x: float) -> float:
 
 def t_sf2(t: float, df: float) -> float:
     """Two-sided tail probability P(|T| >= |t|) of Student's t with ``df`` degrees of freedom."""
-    if _sp is not None:
-        return float(2 * _sp.t.sf(abs(t), df))
+    if (sp := _scipy_stats()) is not None:
+        return float(2 * sp.t.sf(abs(t), df))
     if math.isinf(t):
         return 0.0
     return _betainc(df / 2, 0.5, df / (df + t * t))
@@ -65,8 +73,8 @@ def t_sf2(t: float, df: float) -> float:
 @lru_cache(maxsize=256)
 def t_quantile(p: float, df: float) -> float:
     """The ``p`` quantile (p > 0.5) of Student's t with ``df`` degrees of freedom."""
-    if _sp is not None:
-        return float(_sp.t.ppf(p, df))
+    if (sp := _scipy_stats()) is not None:
+        return float(sp.t.ppf(p, df))
     target = 2 * (1 - p)  # two-sided tail at the quantile
     lo, hi = 0.0, 1.0
     while t_sf2(hi, df) > target:
