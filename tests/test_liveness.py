@@ -10,6 +10,7 @@ import os
 import signal
 import re
 import socket
+import sqlite3
 import subprocess
 import sys
 import time
@@ -89,7 +90,20 @@ def real_run(tmp_path, monkeypatch):
 
 
 def stop_past_timeout(store, rid, pid):
-    os.kill(pid, signal.SIGSTOP)
+    # Stop it outside its short writes: a worker stopped inside one holds the store's write
+    # lock until it goes on (test_reap_gives_way_to_a_held_write_lock covers that case).
+    for _ in range(20):
+        os.kill(pid, signal.SIGSTOP)
+        probe = sqlite3.connect(store.path, timeout=0.5, isolation_level=None)
+        try:
+            probe.execute("BEGIN IMMEDIATE")
+            probe.execute("ROLLBACK")
+            break
+        except sqlite3.OperationalError:
+            os.kill(pid, signal.SIGCONT)
+            time.sleep(0.3)
+        finally:
+            probe.close()
     # the last beat may have been on its way: wait for silence well past the timeout
     wait_for(lambda: time.time() - store.get(rid).heartbeat > TIMEOUT_S + 1.5, timeout=60)
 
@@ -264,3 +278,24 @@ def test_the_heartbeat_timeout_is_read_from_the_environment(monkeypatch, capsys)
     monkeypatch.setenv("SSM_WORKBENCH_HEARTBEAT_TIMEOUT", "soon")
     assert store_module.heartbeat_timeout() == 30.0
     assert "SSM_WORKBENCH_HEARTBEAT_TIMEOUT='soon' is not a positive number" in capsys.readouterr().err
+
+
+def test_reap_gives_way_to_a_held_write_lock(tmp_path, capsys):
+    """A worker stopped in the middle of one of its writes holds the write lock: reading
+    commands that reap on the way must go on (WAL reads never wait), not fail."""
+    s = Store(tmp_path)
+    (rid,) = s.add_runs([spec()])
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    started(s, rid, pid=gone.pid)  # its worker is gone: reap has a crash to write
+    s.conn.execute("PRAGMA busy_timeout=200")
+    holder = sqlite3.connect(s.path, isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")
+    try:
+        assert s.reap() == []
+        assert "busy" in capsys.readouterr().err
+        assert [r.state for r in s.runs()] == ["running"]  # reads still work
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    assert s.reap() == [rid]  # and the next reap writes what it could not

@@ -136,7 +136,7 @@ class StoreFull(StoreError):
 
 _FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
 _READONLY_ERRNOS = frozenset({errno.EROFS, errno.EACCES, errno.EPERM})
-_SQLITE_FULL, _SQLITE_READONLY, _SQLITE_CANTOPEN, _SQLITE_PERM = 13, 8, 14, 3
+_SQLITE_FULL, _SQLITE_READONLY, _SQLITE_CANTOPEN, _SQLITE_PERM, _SQLITE_BUSY = 13, 8, 14, 3, 5
 
 
 def _chain(e: BaseException | None) -> Iterator[BaseException]:
@@ -342,6 +342,15 @@ def _tidying(method):
             if self.disk_full is None:
                 print(f"{e}; runs whose worker ended stay as they are until then", file=sys.stderr)
             self.disk_full = e
+            return []
+        except sqlite3.OperationalError as e:
+            # SQLITE_BUSY past the busy timeout: another process holds the write lock, e.g. a
+            # worker stopped (SIGSTOP, a suspended VM) in the middle of one of its short
+            # writes. Reading goes on (WAL readers never wait); the next reap tries again.
+            if _sqlite_code(e) != _SQLITE_BUSY:
+                raise
+            print(f"store {self.root}: busy (another process holds its write lock); "
+                  f"run states are brought up to date at the next read", file=sys.stderr)
             return []
     return tidy
 
