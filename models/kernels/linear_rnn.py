@@ -1,0 +1,506 @@
+"""Linear RNNs with a matrix state: linear attention, RetNet / Mamba-2 (SSD), GLA, DeltaNet
+and Gated DeltaNet, as one family of operators.
+
+Per batch element and head the state S_t is a (key_dim, value_dim) matrix; with t = 0..T-1:
+
+    linear attention  (Katharopoulos et al. 2020)  S_t = S_{t-1} + k_t v_t^T
+    simple_gla        (RetNet, Sun et al. 2023;     S_t = exp(g_t) S_{t-1} + k_t v_t^T
+                       Mamba-2 SSD, Dao & Gu 2024)  g_t one number per head and step
+    gla               (Yang et al. 2024)            S_t = diag(exp(g_t)) S_{t-1} + k_t v_t^T
+                                                    g_t a vector over the key dim
+    delta_rule        (DeltaNet, Schlag et al. 2021; Yang et al. 2024 for the chunked form)
+                      S_t = S_{t-1} + beta_t k_t (v_t - S_{t-1}^T k_t)^T
+    gated_delta_rule  (Gated DeltaNet, Yang, Kautz & Hatamizadeh 2025)
+                      S_t = exp(g_t) S_{t-1} + beta_t k_t (v_t - exp(g_t) S_{t-1}^T k_t)^T
+
+    output            o_t = scale * S_t^T q_t
+
+Argument convention is flash-linear-attention's (fla), so outside code can call these:
+
+    q, k:           (batch, time, heads, key_dim)
+    v:              (batch, time, heads, value_dim)
+    g:              (batch, time, heads) scalar log-gate per head, or
+                    (batch, time, heads, key_dim) for gla; log space (usually <= 0)
+    beta:           (batch, time, heads)
+    scale:          keyword, default key_dim ** -0.5
+    initial_state:  (batch, heads, key_dim, value_dim) or None (zeros)
+    output_final_state: return S_{T-1} as the second result (else None)
+    returns         (o, final_state), o: (batch, time, heads, value_dim)
+
+Each operator has two forms:
+
+- ``*_ref``: the recurrence above as a Python loop over time (``unbind``, never indexing
+  in the loop: see FACTS.md). The oracle for the tests; slow (autograd stores every step).
+- the plain name (``linear_attention``, ...): the chunkwise-parallel form in PyTorch,
+  ``chunk_size`` steps (default 64) per chunk. Within a chunk the outputs are matmuls with
+  a causal, decay-weighted (chunk, chunk) matrix; only the state is passed from chunk to
+  chunk (a loop over time / chunk_size chunks). For the delta rules the chunk's updates
+  are put in the WY / UT form (Yang et al., "Parallelizing Linear Transformers with the
+  Delta Rule over Sequence Length", 2024): the pseudo-values u solve the unit lower
+  triangular system (I + strictly_lower(diag(beta) (K K^T o Gamma))) u =
+  diag(beta) (V - diag(exp(b)) K S_0), with Gamma_ij = exp(b_i - b_j) the decay from j to i
+  and b the chunk's cumulative log-gate, so u = U - W S_0 with U, W found once per chunk
+  (``torch.linalg.solve_triangular``), and S_C = exp(b_C) S_0 + (K o exp(b_C - b))^T u.
+  Plain autograd runs through it. Lengths that are not a multiple of ``chunk_size`` are
+  zero-padded (k = 0, g = 0, beta = 0 leave the state unchanged), so the final state is
+  exact; streaming a sequence in pieces with ``initial_state`` = the previous piece's
+  final state equals one call.
+
+Stability of log-space gates in float32: cumulative sums of log-gates reach -1000s within
+a chunk (FACTS.md: "the float32 cumsum trap"), so exp(-b_j) would overflow. Only
+exponentials of non-positive sums are ever formed: scalar gates use the segment sum of
+mamba_ssm's ``ssd_minimal`` (masked to -inf above the diagonal BEFORE exp). The vector
+gate (gla) has two forms of a chunk's score matrix, chosen per call from the data: when
+every chunk's range of b (per key channel) is small enough that exp(+-range) cannot
+overflow (< 62 in float32, < 497 in float64), one matmul
+(q exp(b - r)) (k exp(r - b))^T with r the mid-range, exact to rounding; otherwise
+(e.g. log-gates of -20 per step) sub-chunks of 8: within a sub-chunk the full
+(sub, sub, key_dim) decay tensor exp(b_i - b_j) (masked before exp), across sub-chunks
+q_i exp(b_i - r) and k_j exp(r - b_j) with r the cumulative gate at the end of the
+sub-chunk before i's, both factors <= 1 when g <= 0 (the scheme of fla's chunk_gla). The
+second form is ~5-10x slower on CPU (memory-bound 4-D tensors).
+
+Half / bfloat16 inputs are computed in float32 and returned in the input dtype; the final
+state is returned in the compute dtype.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+__all__ = [
+    "linear_attention", "linear_attention_ref",
+    "simple_gla", "simple_gla_ref",
+    "gla", "gla_ref",
+    "delta_rule", "delta_rule_ref",
+    "gated_delta_rule", "gated_delta_rule_ref",
+    "OPS",
+]
+
+DEFAULT_CHUNK_SIZE = 64
+GLA_SUB_CHUNK = 8
+GLA_FACTORISED = True   # allow the one-matmul form of gla's chunk when the gates permit
+
+
+# ---------------------------------------------------------------------------------------
+# Argument checks shared by both forms
+# ---------------------------------------------------------------------------------------
+
+def _check(q, k, v, g=None, beta=None, initial_state=None, vector_gate=False):
+    if q.dim() != 4 or k.shape != q.shape:
+        raise ValueError(f"q, k must be (batch, time, heads, key_dim) of one shape; got "
+                         f"{tuple(q.shape)}, {tuple(k.shape)}")
+    B, T, H, K = q.shape
+    if v.dim() != 4 or v.shape[:3] != (B, T, H):
+        raise ValueError(f"v must be (batch, time, heads, value_dim) = ({B}, {T}, {H}, V); "
+                         f"got {tuple(v.shape)}")
+    V = v.shape[-1]
+    if g is not None:
+        want = (B, T, H, K) if vector_gate else (B, T, H)
+        if tuple(g.shape) != want:
+            raise ValueError(f"g must be {want}; got {tuple(g.shape)}")
+    if beta is not None and tuple(beta.shape) != (B, T, H):
+        raise ValueError(f"beta must be {(B, T, H)}; got {tuple(beta.shape)}")
+    if initial_state is not None and tuple(initial_state.shape) != (B, H, K, V):
+        raise ValueError(f"initial_state must be {(B, H, K, V)}; got "
+                         f"{tuple(initial_state.shape)}")
+    return B, T, H, K, V
+
+
+def _compute_dtype(x: torch.Tensor) -> torch.dtype:
+    return torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype
+
+
+def _state0(initial_state, B, H, K, V, dtype, device):
+    if initial_state is None:
+        return torch.zeros(B, H, K, V, dtype=dtype, device=device)
+    return initial_state.to(dtype)
+
+
+def _l2norm(x):
+    return F.normalize(x, p=2, dim=-1)
+
+
+# ---------------------------------------------------------------------------------------
+# References: the recurrence, one step at a time
+# ---------------------------------------------------------------------------------------
+
+def _recurrent_ref(q, k, v, g, beta, scale, initial_state, output_final_state,
+                   vector_gate=False):
+    """The five recurrences as one loop. q, k (B, T, H, K); v (B, T, H, V); g None or
+    (B, T, H) or (B, T, H, K) (vector_gate); beta None (no delta rule) or (B, T, H)."""
+    B, T, H, K, V = _check(q, k, v, g, beta, initial_state, vector_gate)
+    dt = _compute_dtype(q)
+    scale = K ** -0.5 if scale is None else scale
+    S = _state0(initial_state, B, H, K, V, dt, q.device)
+    steps = [x.to(dt).unbind(1) for x in (q, k, v)]
+    gs = g.to(dt).unbind(1) if g is not None else [None] * T
+    bs = beta.to(dt).unbind(1) if beta is not None else [None] * T
+    outs = []
+    for q_t, k_t, v_t, g_t, b_t in zip(*steps, gs, bs):      # q_t (B, H, K)
+        if g_t is not None:
+            decay = g_t.exp()
+            S = S * (decay[..., :, None] if vector_gate else decay[..., None, None])
+        if b_t is not None:                                  # delta rule
+            kS = torch.einsum("bhk,bhkv->bhv", k_t, S)
+            v_t = b_t[..., None] * (v_t - kS)
+        S = S + k_t[..., :, None] * v_t[..., None, :]
+        outs.append(scale * torch.einsum("bhk,bhkv->bhv", q_t, S))
+    o = torch.stack(outs, 1) if outs else v.new_zeros(B, 0, H, V, dtype=dt)
+    return o.to(v.dtype), (S if output_final_state else None)
+
+
+def linear_attention_ref(q, k, v, scale=None, initial_state=None, output_final_state=False):
+    """S_t = S_{t-1} + k_t v_t^T, o_t = scale S_t^T q_t, step by step. Shapes: module doc."""
+    return _recurrent_ref(q, k, v, None, None, scale, initial_state, output_final_state)
+
+
+def simple_gla_ref(q, k, v, g, scale=None, initial_state=None, output_final_state=False):
+    """S_t = exp(g_t) S_{t-1} + k_t v_t^T with g (batch, time, heads), step by step."""
+    return _recurrent_ref(q, k, v, g, None, scale, initial_state, output_final_state)
+
+
+def gla_ref(q, k, v, g, scale=None, initial_state=None, output_final_state=False):
+    """S_t = diag(exp(g_t)) S_{t-1} + k_t v_t^T with g (batch, time, heads, key_dim)."""
+    return _recurrent_ref(q, k, v, g, None, scale, initial_state, output_final_state,
+                          vector_gate=True)
+
+
+def delta_rule_ref(q, k, v, beta, scale=None, initial_state=None, output_final_state=False,
+                   use_qk_l2norm_in_kernel=False):
+    """S_t = S_{t-1} + beta_t k_t (v_t - S_{t-1}^T k_t)^T, step by step."""
+    if use_qk_l2norm_in_kernel:
+        q, k = _l2norm(q), _l2norm(k)
+    return _recurrent_ref(q, k, v, None, beta, scale, initial_state, output_final_state)
+
+
+def gated_delta_rule_ref(q, k, v, g, beta, scale=None, initial_state=None,
+                         output_final_state=False, use_qk_l2norm_in_kernel=False):
+    """S_t = exp(g_t) S_{t-1} + beta_t k_t (v_t - exp(g_t) S_{t-1}^T k_t)^T, step by step."""
+    if use_qk_l2norm_in_kernel:
+        q, k = _l2norm(q), _l2norm(k)
+    return _recurrent_ref(q, k, v, g, beta, scale, initial_state, output_final_state)
+
+
+# ---------------------------------------------------------------------------------------
+# Chunkwise-parallel forms
+# ---------------------------------------------------------------------------------------
+
+def _chunk_len(chunk_size: int, T: int) -> int:
+    """The chunk actually used: chunk_size, or less for a short sequence (less padding)."""
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1; got {chunk_size}")
+    return min(chunk_size, max(8, -(-T // 8) * 8))
+
+
+def _to_chunks(x: torch.Tensor, C: int, dtype) -> torch.Tensor:
+    """(B, T, H, *rest) -> (B, H, N, C, *rest), zero-padded at the end to N * C steps."""
+    B, T, H = x.shape[:3]
+    x = x.to(dtype).transpose(1, 2)                      # (B, H, T, *rest)
+    pad = (-T) % C
+    if pad:
+        x = F.pad(x, (0, 0) * (x.dim() - 3) + (0, pad))
+    return x.reshape(B, H, (T + pad) // C, C, *x.shape[3:])
+
+
+def _from_chunks(o: torch.Tensor, T: int, dtype) -> torch.Tensor:
+    """(B, H, N, C, V) -> (B, T, H, V)."""
+    B, H, N, C, V = o.shape
+    return o.reshape(B, H, N * C, V)[:, :, :T].transpose(1, 2).to(dtype)
+
+
+def _segsum(x: torch.Tensor) -> torch.Tensor:
+    """x (..., C) -> (..., C, C) with out[i, j] = x_{j+1} + ... + x_i for i >= j, -inf above
+    the diagonal: mamba_ssm's stable segment sum (sums of differences never formed as a
+    difference of two large cumulative sums; the mask is applied before any exp)."""
+    C = x.size(-1)
+    x = x[..., None].expand(*x.shape, C)                 # x[..., i, j] = x_i
+    strict = torch.ones(C, C, dtype=torch.bool, device=x.device).tril(-1)
+    s = x.masked_fill(~strict, 0).cumsum(-2)
+    return s.masked_fill(~strict.logical_or(torch.eye(C, dtype=torch.bool, device=x.device)),
+                         float("-inf"))
+
+
+def _scalar_decays(gc: torch.Tensor):
+    """Chunked scalar log-gates gc (B, H, N, C) -> Gamma (B, H, N, C, C) = exp(b_i - b_j)
+    (0 above the diagonal), exp(b) (B, H, N, C) from the chunk start, exp(b_C - b_j)
+    (B, H, N, C) to the chunk end, and exp(b_C) (B, H, N); b = within-chunk cumsum."""
+    Gamma = _segsum(gc).exp()
+    eb = gc.cumsum(-1).exp()
+    return Gamma, eb, Gamma[..., -1, :], eb[..., -1]
+
+
+def _carry(decay, U, S):
+    """The inter-chunk recurrence S_n = decay_n * S_{n-1} + U_n. decay None or
+    (B, H, N) or (B, H, N, K); U (B, H, N, K, V); S (B, H, K, V).
+    Returns the states at each chunk's start (B, H, N, K, V) and the last state."""
+    starts = []
+    decays = decay.unbind(2) if decay is not None else [None] * U.shape[2]
+    for d, u in zip(decays, U.unbind(2)):
+        starts.append(S)
+        if d is not None:
+            S = S * (d[..., None, None] if d.dim() == 2 else d[..., None])
+        S = S + u
+    return torch.stack(starts, 2), S
+
+
+def _chunk_gated(q, k, v, g, scale, initial_state, output_final_state, chunk_size,
+                 vector_gate):
+    """linear attention (g None), simple_gla (scalar g) and gla (vector g), chunked."""
+    B, T, H, K, V = _check(q, k, v, g, None, initial_state, vector_gate)
+    dt = _compute_dtype(q)
+    scale = K ** -0.5 if scale is None else scale
+    S0 = _state0(initial_state, B, H, K, V, dt, q.device)
+    if T == 0:
+        return v.new_zeros(B, 0, H, V), (S0 if output_final_state else None)
+    C = _chunk_len(chunk_size, T)
+    qc, kc, vc = (_to_chunks(x, C, dt) for x in (q, k, v))  # (B, H, N, C, K|V)
+    causal = torch.ones(C, C, dtype=torch.bool, device=q.device).tril()
+    if g is None:
+        A = (qc @ kc.transpose(-1, -2)).masked_fill(~causal, 0)
+        qd, kd, decay = qc, kc, None
+    elif not vector_gate:
+        Gamma, eb, to_end, decay = _scalar_decays(_to_chunks(g, C, dt))
+        A = (qc @ kc.transpose(-1, -2)) * Gamma
+        qd, kd = qc * eb[..., None], kc * to_end[..., None]
+    else:
+        gc = _to_chunks(g, C, dt)                              # (B, H, N, C, K)
+        b = gc.cumsum(-2)
+        A = _gla_intra(qc, kc, gc, b)
+        qd = qc * b.exp()
+        kd = kc * (b[..., -1:, :] - b).exp()
+        decay = b[..., -1, :].exp()                            # (B, H, N, K)
+    starts, S = _carry(decay, kd.transpose(-1, -2) @ vc, S0)
+    o = scale * (A @ vc + qd @ starts)
+    return _from_chunks(o, T, v.dtype), (S if output_final_state else None)
+
+
+def _gla_max_span(dtype) -> float:
+    """The largest within-chunk range of the cumulative log-gate for which the factorised
+    form q exp(b - r) . k exp(r - b) (r the mid-range) stays far from overflow and
+    underflow: exp(+-span / 2) and the masked upper triangle's exp(span) are finite."""
+    return 0.7 * math.log(torch.finfo(dtype).max) if GLA_FACTORISED else -1.0
+
+
+def _gla_intra(qc, kc, gc, b, sub: int = GLA_SUB_CHUNK):
+    """The causal decay-weighted score matrix of GLA within each chunk:
+    A[i, j] = sum_k q_ik k_jk exp(b_ik - b_jk) for i >= j, else 0; b = within-chunk cumsum.
+    qc, kc, gc, b (B, H, N, C, K) -> (B, H, N, C, C).
+
+    Fast path: when every chunk's range of b (per key channel) is below
+    :func:`_gla_max_span`, A = (q exp(b - r)) (k exp(r - b))^T, masked, with r the mid-range
+    of b: one matmul, as exact as the direct form (each product term equals
+    q_ik k_jk exp(b_ik - b_jk) to rounding; only overflow could hurt, and the range test
+    excludes it). Otherwise (strongly negative gates) the sub-chunked form: only
+    exponentials of sums <= 0 (for g <= 0) are formed, see the module doc."""
+    B, H, N, C, K = qc.shape
+    hi, lo = b.amax(-2, keepdim=True), b.amin(-2, keepdim=True)
+    if bool(((hi - lo).max() <= _gla_max_span(b.dtype))):
+        r = ((hi + lo) / 2).detach()                           # cancels exactly
+        A = (qc * (b - r).exp()) @ (kc * (r - b).exp()).transpose(-1, -2)
+        causal = torch.ones(C, C, dtype=torch.bool, device=qc.device).tril()
+        return A.masked_fill(~causal, 0)
+    sub = sub if C % sub == 0 else C
+    n = C // sub
+    dev = qc.device
+    qs, ks, gs = (x.reshape(B, H, N, n, sub, K) for x in (qc, kc, gc))
+    bl = gs.cumsum(-2)                                         # cumsum within sub-chunk
+    # diagonal blocks: the full (sub, sub, K) decay tensor, masked before exp
+    tri = torch.ones(sub, sub, dtype=torch.bool, device=dev).tril()
+    E = (bl[..., :, None, :] - bl[..., None, :, :]).masked_fill(~tri[..., None], float("-inf"))
+    A_diag = (qs[..., :, None, :] * ks[..., None, :, :] * E.exp()).sum(-1)  # (.., n, s, s)
+    eye = torch.eye(n, dtype=qc.dtype, device=dev).reshape(n, 1, n, 1)
+    A = A_diag.unsqueeze(-2) * eye                             # (.., n, s, n, s)
+    if n > 1:
+        ends = b.reshape(B, H, N, n, sub, K)[..., -1, :]       # end of each sub-chunk
+        r = torch.cat([torch.zeros_like(ends[..., :1, :]), ends[..., :-1, :]], -2)
+        before = (torch.arange(C, device=dev)[None, :] // sub
+                  < torch.arange(n, device=dev)[:, None])      # (n, C): j in an earlier sub
+        Ek = (r[..., :, None, :] - b[..., None, :, :]).masked_fill(~before[..., None],
+                                                                  float("-inf"))
+        ko = kc[..., None, :, :] * Ek.exp()                    # (B, H, N, n, C, K)
+        A_off = (qs * bl.exp()) @ ko.transpose(-1, -2)         # (B, H, N, n, sub, C)
+        A = A + A_off.reshape(B, H, N, n, sub, n, sub)
+    return A.reshape(B, H, N, C, C)
+
+
+def _chunk_delta(q, k, v, g, beta, scale, initial_state, output_final_state, chunk_size):
+    """delta_rule (g None) and gated_delta_rule (scalar g), chunked in the WY / UT form."""
+    B, T, H, K, V = _check(q, k, v, g, beta, initial_state)
+    dt = _compute_dtype(q)
+    scale = K ** -0.5 if scale is None else scale
+    S0 = _state0(initial_state, B, H, K, V, dt, q.device)
+    if T == 0:
+        return v.new_zeros(B, 0, H, V), (S0 if output_final_state else None)
+    C = _chunk_len(chunk_size, T)
+    qc, kc, vc = (_to_chunks(x, C, dt) for x in (q, k, v))
+    bc = _to_chunks(beta, C, dt)                               # (B, H, N, C)
+    eye = torch.eye(C, dtype=dt, device=q.device)
+    if g is None:
+        Gamma = torch.ones(C, C, dtype=dt, device=q.device).tril()
+        eb, to_end, decay = None, None, None
+    else:
+        Gamma, eb, to_end, decay = _scalar_decays(_to_chunks(g, C, dt))
+    # (I + strictly_lower(diag(beta) (K K^T o Gamma))) [U | W] = diag(beta) [V | exp(b) K]
+    L = (bc[..., :, None] * (kc @ kc.transpose(-1, -2)) * Gamma).tril(-1) + eye
+    kb = kc if eb is None else kc * eb[..., None]
+    rhs = bc[..., None] * torch.cat([vc, kb], -1)
+    UW = torch.linalg.solve_triangular(L, rhs, upper=False, unitriangular=True)
+    U, W = UW[..., :V], UW[..., V:]
+    A = (qc @ kc.transpose(-1, -2)) * Gamma                    # causal (Gamma = 0 above)
+    kd = kc if to_end is None else kc * to_end[..., None]
+    starts, us = [], []
+    S = S0
+    decays = decay.unbind(2) if decay is not None else [None] * U.shape[2]
+    for U_n, W_n, kd_n, d in zip(U.unbind(2), W.unbind(2), kd.unbind(2), decays):
+        starts.append(S)
+        u = U_n - W_n @ S                                      # pseudo-values (B, H, C, V)
+        us.append(u)
+        if d is not None:
+            S = S * d[..., None, None]
+        S = S + kd_n.transpose(-1, -2) @ u
+    starts, u = torch.stack(starts, 2), torch.stack(us, 2)
+    qd = qc if eb is None else qc * eb[..., None]
+    o = scale * (qd @ starts + A @ u)
+    return _from_chunks(o, T, v.dtype), (S if output_final_state else None)
+
+
+def linear_attention(q, k, v, scale=None, initial_state=None, output_final_state=False,
+                     chunk_size=DEFAULT_CHUNK_SIZE):
+    """Linear attention S_t = S_{t-1} + k_t v_t^T, o_t = scale S_t^T q_t, chunked.
+    (No normaliser: apply feature maps / normalisation outside, as fla's chunk_linear_attn
+    with normalize=False.) Shapes: module doc. Returns (o, final_state or None)."""
+    return _chunk_gated(q, k, v, None, scale, initial_state, output_final_state, chunk_size,
+                        False)
+
+
+def simple_gla(q, k, v, g, scale=None, initial_state=None, output_final_state=False,
+               chunk_size=DEFAULT_CHUNK_SIZE):
+    """Scalar-gated linear attention S_t = exp(g_t) S_{t-1} + k_t v_t^T, g (batch, time,
+    heads) in log space: RetNet's fixed decay (g = log(1 - 2^(-5-h))), Mamba-2's SSD
+    (g = dt_t * A_h, k = B, q = C, v = dt * x, scale = 1). Chunked."""
+    if g is None:
+        raise ValueError("simple_gla needs g; use linear_attention for no gate")
+    return _chunk_gated(q, k, v, g, scale, initial_state, output_final_state, chunk_size,
+                        False)
+
+
+def gla(q, k, v, g, scale=None, initial_state=None, output_final_state=False,
+        chunk_size=DEFAULT_CHUNK_SIZE):
+    """Gated linear attention S_t = diag(exp(g_t)) S_{t-1} + k_t v_t^T, g (batch, time,
+    heads, key_dim) in log space. Chunked with sub-chunks of 8 (see module doc)."""
+    return _chunk_gated(q, k, v, g, scale, initial_state, output_final_state, chunk_size,
+                        True)
+
+
+def delta_rule(q, k, v, beta, scale=None, initial_state=None, output_final_state=False,
+               chunk_size=DEFAULT_CHUNK_SIZE, use_qk_l2norm_in_kernel=False):
+    """DeltaNet S_t = S_{t-1} + beta_t k_t (v_t - S_{t-1}^T k_t)^T, chunked (WY form).
+    Keys are usually L2-normalised (use_qk_l2norm_in_kernel=True does it here)."""
+    if use_qk_l2norm_in_kernel:
+        q, k = _l2norm(q), _l2norm(k)
+    return _chunk_delta(q, k, v, None, beta, scale, initial_state, output_final_state,
+                        chunk_size)
+
+
+def gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None,
+                     output_final_state=False, chunk_size=DEFAULT_CHUNK_SIZE,
+                     use_qk_l2norm_in_kernel=False):
+    """Gated DeltaNet S_t = exp(g_t) S_{t-1} + beta_t k_t (v_t - exp(g_t) S_{t-1}^T k_t)^T,
+    g (batch, time, heads) in log space; chunked (WY form with the decay folded in)."""
+    if use_qk_l2norm_in_kernel:
+        q, k = _l2norm(q), _l2norm(k)
+    return _chunk_delta(q, k, v, g, beta, scale, initial_state, output_final_state,
+                        chunk_size)
+
+
+# name -> (chunked, ref, needs g ("scalar" | "vector" | None), needs beta)
+OPS = {
+    "linear_attention": (linear_attention, linear_attention_ref, None, False),
+    "simple_gla": (simple_gla, simple_gla_ref, "scalar", False),
+    "gla": (gla, gla_ref, "vector", False),
+    "delta_rule": (delta_rule, delta_rule_ref, None, True),
+    "gated_delta_rule": (gated_delta_rule, gated_delta_rule_ref, "scalar", True),
+}
+
+
+def make_inputs(name, batch=2, time=37, heads=2, key_dim=8, value_dim=8, dtype=torch.float64,
+                gate_range=(-1.0, 0.0), seed=0, device="cpu", requires_grad=True):
+    """Random positional arguments for op ``name``: (q, k, v[, g][, beta]), keys
+    L2-normalised for the delta rules, g uniform in gate_range, beta uniform in (0, 1)."""
+    gen = torch.Generator().manual_seed(seed)
+    _, _, gate, needs_beta = OPS[name]
+    B, T, H, K, V = batch, time, heads, key_dim, value_dim
+    q = torch.randn(B, T, H, K, generator=gen, dtype=dtype)
+    k = torch.randn(B, T, H, K, generator=gen, dtype=dtype)
+    if needs_beta:
+        k = _l2norm(k)
+    args = [q, k, torch.randn(B, T, H, V, generator=gen, dtype=dtype)]
+    if gate is not None:
+        shape = (B, T, H, K) if gate == "vector" else (B, T, H)
+        lo, hi = gate_range
+        args.append(lo + (hi - lo) * torch.rand(*shape, generator=gen, dtype=dtype))
+    if needs_beta:
+        args.append(torch.rand(B, T, H, generator=gen, dtype=dtype))
+    return [a.to(device).requires_grad_(requires_grad) for a in args]
+
+
+def _bench(lengths=(1024, 4096), batch=8, heads=4, dim=32, repeats=3, ref_max_len=None):
+    """Print median forward+backward ms, ref vs chunked, float32 (the issue's table);
+    log-gates uniform in (-0.5, 0), initial state in, final state out. The last rows force
+    gla's sub-chunked form (what strongly negative gates take)."""
+    import time
+
+    torch.manual_seed(0)
+    global GLA_FACTORISED
+    rows = []
+    cases = [(n, n, True) for n in OPS] + [("gla (sub-chunked form)", "gla", False)]
+    for label_, name, factorised in cases:
+        fast, ref = OPS[name][:2]
+        GLA_FACTORISED = factorised
+        for L in lengths:
+            args = make_inputs(name, batch, L, heads, dim, dim, torch.float32,
+                               gate_range=(-0.5, 0.0))
+            S0 = torch.randn(batch, heads, dim, dim, requires_grad=True)
+
+            def step(fn):
+                o, s = fn(*args, initial_state=S0, output_final_state=True)
+                (o.square().sum() + s.square().sum()).backward()
+
+            times = {}
+            for label, fn in (("chunked", fast), ("ref", ref)):
+                if label == "ref" and ref_max_len is not None and L > ref_max_len:
+                    times[label] = float("nan")
+                    continue
+                step(fn)                                         # warm-up
+                ts = []
+                for _ in range(1 if label == "ref" else repeats):
+                    t0 = time.perf_counter()
+                    step(fn)
+                    ts.append(time.perf_counter() - t0)
+                times[label] = sorted(ts)[len(ts) // 2] * 1e3
+            rows.append((label_, L, times["ref"], times["chunked"]))
+            print(f"| {label_} | {L} | {times['ref']:.0f} | {times['chunked']:.1f} | "
+                  f"{times['ref'] / times['chunked']:.0f}x |", flush=True)
+    GLA_FACTORISED = True
+    return rows
+
+
+if __name__ == "__main__":
+    import argparse
+
+    p = argparse.ArgumentParser(description="linear-RNN operators: ref vs chunked timings")
+    p.add_argument("--bench", action="store_true", help="print the fwd+bwd table")
+    p.add_argument("--lengths", type=int, nargs="+", default=[1024, 4096])
+    p.add_argument("--ref-max-len", type=int, default=None,
+                   help="skip the (slow) ref above this length")
+    a = p.parse_args()
+    if a.bench:
+        print(f"batch 8, 4 heads of 32, float32, {torch.get_num_threads()} threads; "
+              "median fwd+bwd ms (ref: one run)")
+        print("| op | L | ref ms | chunked ms | speed-up |\n|---|---|---|---|---|")
+        _bench(a.lengths, ref_max_len=a.ref_max_len)
+    else:
+        p.print_help()
