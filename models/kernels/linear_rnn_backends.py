@@ -1,0 +1,98 @@
+"""Which implementation of a linear-RNN operator runs: ``auto | torch | ref | fla``.
+
+The operators are those of :mod:`models.kernels.linear_rnn` (``linear_attention``,
+``simple_gla``, ``gla``, ``delta_rule``, ``gated_delta_rule``), all with fla's argument
+convention, so one call site serves every backend:
+
+- ``torch``: the chunkwise-parallel PyTorch form (CPU and GPU; the default off CUDA).
+- ``ref``:   the step-by-step ``*_ref`` oracle (slow; for checking).
+- ``fla``:   flash-linear-attention's Triton ``chunk_*`` kernels (the optional
+  ``flash-linear-attention`` / ``fla-core`` package). CUDA tensors only: fla on a CPU is
+  import-only (its kernels are Triton GPU kernels).
+- ``auto``:  ``fla`` on CUDA tensors when fla imports, else ``torch``.
+
+A layer resolves its backend once per forward from the device of its input (a model moved
+between devices follows) and reports the resolved name as ``backend``, which the worker
+records with the run and ``doctor`` prints.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Callable
+
+from models.kernels import linear_rnn
+
+BACKENDS = ("auto", "torch", "ref", "fla")
+
+# our operator name -> (fla module, fla function)
+_FLA_NAMES = {
+    "linear_attention": ("fla.ops.linear_attn", "chunk_linear_attn"),
+    "simple_gla": ("fla.ops.simple_gla", "chunk_simple_gla"),
+    "gla": ("fla.ops.gla", "chunk_gla"),
+    "delta_rule": ("fla.ops.delta_rule", "chunk_delta_rule"),
+    "gated_delta_rule": ("fla.ops.gated_delta_rule", "chunk_gated_delta_rule"),
+}
+
+
+class BackendError(ValueError):
+    """A backend that cannot run here (named, with the reason)."""
+
+
+def check_backend(backend: str) -> None:
+    if backend not in BACKENDS:
+        raise BackendError(f"unknown backend {backend!r}; expected one of {', '.join(BACKENDS)}")
+
+
+@functools.lru_cache(maxsize=None)
+def fla_status() -> tuple[bool, str]:
+    """(usable, one line): whether flash-linear-attention imports and a CUDA GPU is present."""
+    try:
+        import torch
+    except ImportError:  # pragma: no cover - torch is a hard dependency
+        return False, "torch missing"
+    try:
+        import fla  # noqa: F401
+        version = getattr(fla, "__version__", "?")
+    except Exception as exc:  # ImportError, or a Triton failure at import
+        return False, f"flash-linear-attention not importable ({type(exc).__name__}: {exc})".split("\n")[0]
+    if not torch.cuda.is_available():
+        return False, f"flash-linear-attention {version} installed, but no CUDA GPU (its kernels are Triton GPU kernels)"
+    return True, f"flash-linear-attention {version} on {torch.cuda.get_device_name(0)}"
+
+
+def resolve(backend: str, device_type: str) -> str:
+    """The backend that runs for tensors on ``device_type`` ("cpu", "cuda", ...)."""
+    check_backend(backend)
+    if backend == "auto":
+        return "fla" if device_type == "cuda" and fla_status()[0] else "torch"
+    if backend == "fla":
+        if device_type != "cuda":
+            raise BackendError("backend 'fla' runs on CUDA tensors only (fla's kernels are "
+                               f"Triton GPU kernels); these are on {device_type!r}: use 'auto' or 'torch'")
+        ok, why = fla_status()
+        if not ok:
+            raise BackendError(f"backend 'fla' unavailable: {why}; install flash-linear-attention "
+                               "(the optional extra) or use 'auto' / 'torch'")
+    return backend
+
+
+def _fla_op(name: str) -> Callable:
+    import importlib
+
+    module, fn_name = _FLA_NAMES[name]
+    fn = getattr(importlib.import_module(module), fn_name)
+    if name == "linear_attention":
+        # fla normalises by default (q^T sum k); ours is the un-normalised form
+        return functools.partial(fn, normalize=False)
+    return fn
+
+
+def get_op(name: str, backend: str, device_type: str = "cpu") -> tuple[Callable, str]:
+    """(operator, resolved backend name) for op ``name`` on ``device_type``."""
+    if name not in linear_rnn.OPS:
+        raise KeyError(f"unknown linear-RNN op {name!r}; known: {', '.join(linear_rnn.OPS)}")
+    chosen = resolve(backend, device_type)
+    chunked, ref = linear_rnn.OPS[name][:2]
+    if chosen == "fla":
+        return _fla_op(name), chosen
+    return (ref if chosen == "ref" else chunked), chosen
