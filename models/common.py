@@ -35,6 +35,9 @@ def make_norm(kind: str, d: int) -> nn.Module:
     raise ValueError(f"unknown norm {kind!r}; expected 'rms' or 'layer'")
 
 
+CHANNEL_MIXERS = ("none", "swiglu")
+
+
 class PreNormResidual(nn.Module):
     """x + dropout(mixer(norm(x)))."""
 
@@ -54,25 +57,44 @@ class ResidualStack(nn.Module):
     ``make_mixer(i)`` builds the i-th mixer: (batch, length, d_model) -> same shape, causal.
     ``backend`` is the first mixer's ``backend`` attribute (or "torch");
     ``state_size()`` sums the mixers' ``state_size()`` (None if any mixer has none).
+
+    ``channel_mixer="swiglu"`` follows every sequence mixer with a pre-norm residual SwiGLU
+    feed-forward (``models.gated_mlp.GatedMLP``, hidden ``mlp_mult * d_model``), the
+    Llama-style block that Mamba-2, GLA and Gated DeltaNet language models use:
+    x -> x + mixer(norm x) -> x + SwiGLU(norm x). It holds no recurrent state.
     """
 
     def __init__(
         self, d_model: int, n_layers: int, make_mixer: Callable[[int], nn.Module],
-        norm: str = "rms", dropout: float = 0.0,
+        norm: str = "rms", dropout: float = 0.0, channel_mixer: str = "none",
+        mlp_mult: float = 2.0,
     ):
         super().__init__()
         if n_layers < 1:
             raise ValueError("n_layers must be >= 1")
+        if channel_mixer not in CHANNEL_MIXERS:
+            raise ValueError(f"unknown channel_mixer {channel_mixer!r}; expected one of "
+                             f"{', '.join(CHANNEL_MIXERS)}")
         self.d_model = d_model
         self.layers = nn.ModuleList(
             PreNormResidual(d_model, make_mixer(i), norm, dropout) for i in range(n_layers)
         )
+        self.mlps = None
+        if channel_mixer == "swiglu":
+            from models.gated_mlp import GatedMLP
+
+            self.mlps = nn.ModuleList(
+                PreNormResidual(d_model, GatedMLP(d_model, mlp_mult), norm, dropout)
+                for _ in range(n_layers)
+            )
         self.norm_f = make_norm(norm, d_model)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: (batch, length, d_model) -> (batch, length, d_model)."""
-        for layer in self.layers:
+        for i, layer in enumerate(self.layers):
             x = layer(x)
+            if self.mlps is not None:
+                x = self.mlps[i](x)
         return self.norm_f(x)
 
     @property
@@ -99,8 +121,10 @@ def stack_with_state(stack: ResidualStack, x: torch.Tensor, state: list,
     (x: (batch, length, d_model)). Returns (final-normed output, list of new states).
     """
     new_state = []
-    for layer, s in zip(stack.layers, state):
+    for i, (layer, s) in enumerate(zip(stack.layers, state)):
         y, s = getattr(layer.mixer, method)(layer.norm(x), s)
         x = x + layer.dropout(y)
+        if getattr(stack, "mlps", None) is not None:  # position-wise: the same for one token or a chunk
+            x = stack.mlps[i](x)
         new_state.append(s)
     return stack.norm_f(x), new_state
