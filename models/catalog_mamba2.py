@@ -1,0 +1,36 @@
+"""Registry entry for Mamba-2 (models/mamba2.py)."""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from models.mamba import RecurrentStack
+from models.mamba2 import Mamba2
+from models.registry import register
+
+
+@register("mamba2", "Mamba-2 (SSD; Dao & Gu 2024, state-spaces/mamba Mamba2): multi-head scalar-A SSM, "
+          "conv, gated RMSNorm, pre-norm residual stack", family="ssm", init="mamba")
+def build_mamba2(
+    d_model: int, n_layers: int, d_state: int = 64, d_conv: int = 4, expand: int = 2,
+    headdim: int = 32, ngroups: int = 1, chunk_size: int = 64, dt_min: float = 0.001,
+    dt_max: float = 0.1, dt_init_floor: float = 1e-4, bias: bool = False,
+    conv_bias: bool = True, backend: str = "auto", norm: str = "rms", dropout: float = 0.0,
+    channel_mixer: str = "none", mlp_mult: float = 2.0,
+) -> RecurrentStack:
+    """headdim 32 (mamba-ssm's default is 64) so that d_model 64 gives 4 heads."""
+    stack = RecurrentStack(
+        d_model, n_layers,
+        lambda i: Mamba2(d_model, d_state=d_state, d_conv=d_conv, expand=expand, headdim=headdim,
+                         ngroups=ngroups, chunk_size=chunk_size, dt_min=dt_min, dt_max=dt_max,
+                         dt_init_floor=dt_init_floor, bias=bias, conv_bias=conv_bias,
+                         backend=backend),
+        norm=norm, dropout=dropout, channel_mixer=channel_mixer, mlp_mult=mlp_mult,
+    )
+    # as the `mamba` entry (mamba-ssm's LM init): shrink each mixer's output projection by
+    # 1/sqrt(n_layers) so the residual stream's variance does not grow with depth
+    with torch.no_grad():
+        for layer in stack.layers:
+            layer.mixer.out_proj.weight.div_(math.sqrt(n_layers))
+    return stack

@@ -1,0 +1,316 @@
+"""The Mamba-2 mixer (Dao & Gu 2024, "Transformers are SSMs: Generalized Models and
+Efficient Algorithms Through Structured State Space Duality", ICML 2024), structured as
+state-spaces/mamba's ``mamba_ssm/modules/mamba2.py`` ``Mamba2`` block (written here
+from the paper and that module's structure; no code copied).
+
+Mamba2(u), for u: (batch, length, d_model), d_inner = expand * d_model,
+nheads = d_inner // headdim, conv_dim = d_inner + 2 * ngroups * d_state:
+
+    z, xBC, dt_raw = in_proj(u)          (b, L, d_inner), (b, L, conv_dim), (b, L, nheads)
+    xBC   = silu(causal depthwise conv1d(xBC))          kernel d_conv, left-padded
+    x, B, C = split(xBC)                 x (b, L, nheads, headdim); B, C (b, L, ngroups, d_state)
+    dt    = softplus(dt_raw + dt_bias)   (b, L, nheads)
+    A     = -exp(A_log)                  (nheads,) one scalar per head
+    per head h (group g(h) = h // (nheads // ngroups)), state S_t: (d_state, headdim)
+        S_t = exp(dt_t A_h) S_{t-1} + B_t (dt_t x_t)^T      y_t = S_t^T C_t + D_h x_t
+    y     = RMSNorm(y * silu(z))         gated norm, normalised per group of heads
+                                         (mamba-ssm's RMSNormGated, norm_before_gate=False)
+    out   = out_proj(y)                  (b, L, d_model)
+
+The SSD recurrence is the scalar-gated linear attention ``simple_gla`` of
+``models.kernels.linear_rnn`` with q = C, k = B, v = x * dt, g = dt * A, scale = 1
+(the SSD duality, paper Section 5), obtained through
+``models.kernels.linear_rnn_backends.get_op``. No outer norm or residual: the backbone
+(``models.mamba.RecurrentStack``) adds pre-norm residuals.
+
+Backends (``backend=``): ``torch`` (chunked PyTorch SSD), ``ref`` (the step-by-step
+oracle), ``fla`` (flash-linear-attention's ``chunk_simple_gla``, CUDA only),
+``mamba_ssm`` (mamba-ssm's fused Triton SSD ``mamba_chunk_scan_combined``, CUDA only, when
+``mamba_ssm.ops.triton.ssd_combined`` imports) and ``auto``: on CUDA tensors mamba_ssm when
+it imports, else fla when it imports, else torch; on CPU torch. The conv is PyTorch's
+conv1d on every backend. ``step`` is plain PyTorch whatever the backend.
+
+Parameter names follow mamba-ssm's Mamba2 (in_proj, conv1d, dt_bias, A_log, D, norm.weight,
+out_proj) with the same shapes, so its checkpoints load with ``load_state_dict``
+(D_has_hdim=False, d_ssm = d_inner as in its defaults).
+
+Recurrent state: ``(conv_state (batch, conv_dim, d_conv - 1), ssm_state (batch, nheads,
+d_state, headdim))``. The ssm state is in the operator's (key_dim = d_state,
+value_dim = headdim) layout: mamba-ssm's ``ssm_state`` (batch, nheads, headdim, d_state)
+is its transpose over the last two dimensions.
+"""
+from __future__ import annotations
+
+import functools
+import math
+from typing import Callable
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from models.kernels import linear_rnn_backends as lrb
+
+BACKENDS = ("auto", "torch", "ref", "fla", "mamba_ssm")
+
+Mamba2State = tuple[torch.Tensor, torch.Tensor]  # (conv_state, ssm_state)
+
+
+def _atleast_f32(t: torch.Tensor) -> torch.Tensor:
+    """Upcast half / bfloat16 to float32 (the SSD runs in >= fp32); keep float64 as is."""
+    return t.float() if t.dtype in (torch.float16, torch.bfloat16) else t
+
+
+@functools.lru_cache(maxsize=None)
+def mamba_ssm_status() -> tuple[Callable | None, str]:
+    """(mamba_chunk_scan_combined or None, one line saying why / what).
+
+    Any exception at import counts as unavailable (FACTS.md: ``import mamba_ssm`` fails
+    with errors other than ImportError on machines where its CUDA extensions are missing).
+    """
+    if not torch.cuda.is_available():
+        return None, "no CUDA GPU (mamba-ssm's SSD kernels are Triton GPU kernels)"
+    try:
+        from mamba_ssm.ops.triton.ssd_combined import mamba_chunk_scan_combined
+    except Exception as exc:  # ImportError, or an extension / Triton failure inside it
+        return None, f"mamba_ssm not importable ({type(exc).__name__}: {exc})".split("\n")[0]
+    return mamba_chunk_scan_combined, "mamba_ssm.ops.triton.ssd_combined.mamba_chunk_scan_combined"
+
+
+def check_backend(backend: str) -> None:
+    """Raise BackendError (a ValueError) naming ``backend`` unless it is one of BACKENDS."""
+    if backend not in BACKENDS:
+        raise lrb.BackendError(f"backend {backend!r} unknown for Mamba2; expected one of "
+                               f"{', '.join(BACKENDS)}")
+
+
+def resolve_backend(backend: str, device_type: str) -> str:
+    """The backend that runs for tensors on ``device_type`` (see the module docstring)."""
+    check_backend(backend)
+    if backend == "mamba_ssm":
+        if device_type != "cuda":
+            raise lrb.BackendError(f"backend 'mamba_ssm' runs on CUDA tensors only; these are on "
+                                   f"{device_type!r}: use 'auto' or 'torch'")
+        fn, why = mamba_ssm_status()
+        if fn is None:
+            raise lrb.BackendError(f"backend 'mamba_ssm' unavailable: {why}; install mamba-ssm "
+                                   "(the optional extra) or use 'auto' / 'torch'")
+        return "mamba_ssm"
+    if backend == "auto" and device_type == "cuda" and mamba_ssm_status()[0] is not None:
+        return "mamba_ssm"
+    return lrb.resolve(backend, device_type)
+
+
+class GatedRMSNorm(nn.Module):
+    """norm(y * silu(z)): RMS over groups of ``group_size`` channels, times ``weight``.
+
+    mamba-ssm's ``RMSNormGated`` with norm_before_gate=False (``layernorm_gated.py``).
+    y, z: (..., d) -> (..., d); computed in >= float32, returned in y's dtype.
+    """
+
+    def __init__(self, d: int, group_size: int, eps: float = 1e-5):
+        super().__init__()
+        if d % group_size:
+            raise ValueError(f"group_size {group_size} does not divide {d}")
+        self.eps, self.group_size = eps, group_size
+        self.weight = nn.Parameter(torch.ones(d))
+
+    def forward(self, y: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        h = _atleast_f32(y) * F.silu(_atleast_f32(z))
+        g = h.unflatten(-1, (-1, self.group_size))                    # (..., groups, group_size)
+        g = g * torch.rsqrt(g.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (g.flatten(-2) * self.weight).to(y.dtype)
+
+
+def _positive_int(name: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"Mamba2: {name} must be a positive int, got {value!r}")
+    return value
+
+
+class Mamba2(nn.Module):
+    """Mamba-2 mixer: (batch, length, d_model) -> (batch, length, d_model), causal.
+
+    Options (mamba-ssm's defaults in brackets where they differ): d_state 64 [128],
+    d_conv 4, expand 2, headdim 32 [64] (so d_model 64 gives 4 heads), ngroups 1,
+    chunk_size 64 [256] (the chunk of the torch and mamba_ssm backends; fla fixes its own),
+    dt_min 0.001, dt_max 0.1, dt_init_floor 1e-4, A_init_range (1, 16), bias False,
+    conv_bias True, backend "auto" | "torch" | "ref" | "fla" | "mamba_ssm".
+
+    ``backend`` reports the backend of the last forward (before any: the one that would
+    run on the parameters' device).
+    """
+
+    def __init__(
+        self, d_model: int, d_state: int = 64, d_conv: int = 4, expand: int = 2,
+        headdim: int = 32, ngroups: int = 1, chunk_size: int = 64, dt_min: float = 0.001,
+        dt_max: float = 0.1, dt_init_floor: float = 1e-4,
+        A_init_range: tuple[float, float] = (1.0, 16.0), bias: bool = False,
+        conv_bias: bool = True, backend: str = "auto",
+    ):
+        super().__init__()
+        check_backend(backend)
+        for name, value in (("d_model", d_model), ("d_state", d_state), ("d_conv", d_conv),
+                            ("expand", expand), ("headdim", headdim), ("ngroups", ngroups),
+                            ("chunk_size", chunk_size)):
+            _positive_int(name, value)
+        d_inner = expand * d_model
+        if d_inner % headdim:
+            raise ValueError(f"Mamba2: headdim {headdim} does not divide d_inner = expand * "
+                             f"d_model = {d_inner}")
+        nheads = d_inner // headdim
+        if nheads % ngroups:
+            raise ValueError(f"Mamba2: ngroups {ngroups} does not divide nheads = "
+                             f"d_inner / headdim = {nheads}")
+        if not 0 < dt_min <= dt_max:
+            raise ValueError(f"Mamba2: need 0 < dt_min <= dt_max, got dt_min {dt_min}, "
+                             f"dt_max {dt_max}")
+        if not dt_init_floor > 0:
+            raise ValueError(f"Mamba2: dt_init_floor must be > 0, got {dt_init_floor}")
+        lo, hi = A_init_range
+        if not 0 < lo <= hi:
+            raise ValueError(f"Mamba2: A_init_range must satisfy 0 < low <= high, got {A_init_range}")
+        if backend in ("fla", "mamba_ssm"):  # fail at build time, saying why
+            ok, why = (lrb.fla_status() if backend == "fla"
+                       else (lambda s: (s[0] is not None, s[1]))(mamba_ssm_status()))
+            if not ok:
+                raise lrb.BackendError(f"backend {backend!r} unavailable: {why}; use 'auto' or 'torch'")
+        self.d_model, self.d_state, self.d_conv, self.expand = d_model, d_state, d_conv, expand
+        self.d_inner, self.headdim, self.nheads, self.ngroups = d_inner, headdim, nheads, ngroups
+        self.chunk_size = chunk_size
+        self.backend_choice = backend
+        self._last_backend: str | None = None
+        self.conv_dim = d_inner + 2 * ngroups * d_state
+
+        # in_proj order as mamba-ssm: [z, x, B, C, dt]
+        self.in_proj = nn.Linear(d_model, d_inner + self.conv_dim + nheads, bias=bias)
+        self.conv1d = nn.Conv1d(self.conv_dim, self.conv_dim, kernel_size=d_conv,
+                                groups=self.conv_dim, padding=d_conv - 1, bias=conv_bias)
+        # dt_bias: softplus(dt_bias) = dt ~ log-uniform in [dt_min, dt_max], floored
+        dt = torch.exp(torch.rand(nheads) * (math.log(dt_max) - math.log(dt_min)) + math.log(dt_min))
+        dt = dt.clamp(min=dt_init_floor)
+        self.dt_bias = nn.Parameter(dt + torch.log(-torch.expm1(-dt)))  # softplus^{-1}(dt)
+        # A_h = -a_h with a_h ~ U[A_init_range], stored as log(a_h)
+        self.A_log = nn.Parameter(torch.empty(nheads).uniform_(lo, hi).log())
+        self.D = nn.Parameter(torch.ones(nheads))
+        # mamba-ssm's optimiser policy: no weight decay on these (workbench/worker.py reads it)
+        for p in (self.dt_bias, self.A_log, self.D):
+            p._no_weight_decay = True
+        self.norm = GatedRMSNorm(d_inner, group_size=d_inner // ngroups)
+        self.out_proj = nn.Linear(d_inner, d_model, bias=bias)
+
+    # -- backend -----------------------------------------------------------------------
+    @property
+    def backend(self) -> str:
+        """The backend of the last forward; before any, the one for the parameters' device."""
+        if self._last_backend is not None:
+            return self._last_backend
+        try:
+            return resolve_backend(self.backend_choice, self.A_log.device.type)
+        except lrb.BackendError:  # e.g. "fla" on a model not yet moved to the GPU
+            return self.backend_choice
+
+    # -- pieces ------------------------------------------------------------------------
+    def _split_in(self, u: torch.Tensor):
+        """u (..., d_model) -> z (..., d_inner), xBC (..., conv_dim), dt_raw (..., nheads)."""
+        return torch.split(self.in_proj(u), [self.d_inner, self.conv_dim, self.nheads], dim=-1)
+
+    def _conv(self, xBC: torch.Tensor, left: torch.Tensor | None = None) -> torch.Tensor:
+        """silu(causal depthwise conv(xBC)): (b, L, conv_dim) -> same shape.
+
+        ``left`` (b, conv_dim, d_conv - 1): the inputs before xBC (None = zeros)."""
+        x = xBC.transpose(1, 2)
+        x = F.pad(x, (self.d_conv - 1, 0)) if left is None else torch.cat([left.to(x.dtype), x], -1)
+        return F.silu(F.conv1d(x, self.conv1d.weight, self.conv1d.bias,
+                               groups=self.conv_dim)).transpose(1, 2)
+
+    def _heads(self, xBC: torch.Tensor):
+        """xBC (..., conv_dim) -> x (..., nheads, headdim), B, C (..., ngroups, d_state)."""
+        gn = self.ngroups * self.d_state
+        x, B, C = torch.split(xBC, [self.d_inner, gn, gn], dim=-1)
+        return (x.unflatten(-1, (self.nheads, self.headdim)),
+                B.unflatten(-1, (self.ngroups, self.d_state)),
+                C.unflatten(-1, (self.ngroups, self.d_state)))
+
+    def _to_heads(self, BC: torch.Tensor) -> torch.Tensor:
+        """(..., ngroups, d_state) -> (..., nheads, d_state): head h reads group
+        h // (nheads // ngroups), as mamba-ssm."""
+        return BC.repeat_interleave(self.nheads // self.ngroups, dim=-2)
+
+    def _ssd(self, xBC: torch.Tensor, dt_raw: torch.Tensor,
+             initial_state: torch.Tensor | None, want_state: bool):
+        """The SSD over a chunk: xBC (b, L, conv_dim) after conv, dt_raw (b, L, nheads) ->
+        y (b, L, d_inner) with the D skip, final ssm state (b, nheads, d_state, headdim)
+        or None."""
+        x, B, C = self._heads(xBC)
+        A = -torch.exp(_atleast_f32(self.A_log))                       # (nheads,)
+        D = _atleast_f32(self.D)
+        resolved = resolve_backend(self.backend_choice, xBC.device.type)
+        self._last_backend = resolved
+        if resolved == "mamba_ssm":
+            fn = mamba_ssm_status()[0]
+            S0 = None if initial_state is None else initial_state.transpose(-1, -2).contiguous()
+            out = fn(x, dt_raw, A, B, C, chunk_size=self.chunk_size, D=D, dt_bias=self.dt_bias,
+                     dt_softplus=True, initial_states=S0, return_final_states=want_state)
+            y, S = out if want_state else (out, None)
+            if S is not None:
+                S = S.transpose(-1, -2)                                 # -> (b, h, d_state, headdim)
+            return y.flatten(-2), S
+        op, _ = lrb.get_op("simple_gla", resolved, xBC.device.type)
+        xf = _atleast_f32(x)
+        dt = F.softplus(_atleast_f32(dt_raw) + _atleast_f32(self.dt_bias))  # (b, L, nheads)
+        kwargs = {"chunk_size": self.chunk_size} if resolved == "torch" else {}
+        o, S = op(self._to_heads(_atleast_f32(C)), self._to_heads(_atleast_f32(B)),
+                  xf * dt[..., None], dt * A, scale=1.0, initial_state=initial_state,
+                  output_final_state=want_state, **kwargs)
+        y = o.to(xf.dtype) + D[:, None] * xf                            # (b, L, nheads, headdim)
+        return y.flatten(-2).to(x.dtype), S
+
+    # -- full sequence -----------------------------------------------------------------
+    def forward(self, u: torch.Tensor) -> torch.Tensor:
+        """u: (batch, length, d_model) -> (batch, length, d_model)."""
+        z, xBC, dt_raw = self._split_in(u)
+        y, _ = self._ssd(self._conv(xBC), dt_raw, None, False)
+        return self.out_proj(self.norm(y, z))
+
+    def forward_with_state(self, u: torch.Tensor, state: Mamba2State) -> tuple[torch.Tensor, Mamba2State]:
+        """Run a chunk u (batch, length, d_model) from ``state``; returns (out, next state).
+
+        Chaining chunks this way equals one forward over their concatenation."""
+        conv_state, ssm_state = state
+        z, xBC, dt_raw = self._split_in(u)
+        k1 = self.d_conv - 1
+        left = conv_state.to(xBC.dtype)                                 # (b, conv_dim, k1)
+        new_conv = torch.cat([left, xBC.transpose(1, 2)], -1)[..., xBC.shape[1]:] if k1 else conv_state
+        y, ssm_state = self._ssd(self._conv(xBC, left), dt_raw, ssm_state, True)
+        return self.out_proj(self.norm(y, z)), (new_conv.contiguous(), ssm_state)
+
+    # -- recurrent mode ----------------------------------------------------------------
+    def init_state(self, batch: int) -> Mamba2State:
+        """Zeros: conv (batch, conv_dim, d_conv - 1), ssm (batch, nheads, d_state, headdim)."""
+        p = self.A_log
+        return (torch.zeros(batch, self.conv_dim, self.d_conv - 1, device=p.device, dtype=p.dtype),
+                torch.zeros(batch, self.nheads, self.d_state, self.headdim, device=p.device,
+                            dtype=_atleast_f32(p).dtype))
+
+    def step(self, u_t: torch.Tensor, state: Mamba2State) -> tuple[torch.Tensor, Mamba2State]:
+        """One token: u_t (batch, d_model) -> (out_t (batch, d_model), next state)."""
+        conv_state, S = state
+        z, xBC, dt_raw = self._split_in(u_t)
+        window = torch.cat([conv_state.to(xBC.dtype), xBC[:, :, None]], -1)  # (b, conv_dim, d_conv)
+        xBC = (window * self.conv1d.weight[:, 0, :]).sum(-1)
+        if self.conv1d.bias is not None:
+            xBC = xBC + self.conv1d.bias
+        x, B, C = self._heads(F.silu(xBC))                               # (b, h, p), (b, g, n)
+        xf, S = _atleast_f32(x), S.to(_atleast_f32(x).dtype)
+        B, C = self._to_heads(_atleast_f32(B)), self._to_heads(_atleast_f32(C))  # (b, h, n)
+        dt = F.softplus(_atleast_f32(dt_raw) + _atleast_f32(self.dt_bias))        # (b, h)
+        dA = torch.exp(dt * -torch.exp(_atleast_f32(self.A_log)))
+        S = dA[..., None, None] * S + B[..., :, None] * (dt[..., None] * xf)[..., None, :]
+        y = torch.einsum("bhn,bhnp->bhp", C, S) + _atleast_f32(self.D)[:, None] * xf
+        out = self.out_proj(self.norm(y.flatten(-2).to(x.dtype), z))
+        return out, (window[:, :, 1:], S)
+
+    def state_size(self) -> int:
+        """Floats of recurrent state per sequence: conv buffer + SSD matrix state."""
+        return self.conv_dim * (self.d_conv - 1) + self.nheads * self.d_state * self.headdim
