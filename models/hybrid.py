@@ -1,7 +1,10 @@
-"""Transformer / Mamba hybrids: side by side (``hybrid``) and interleaved (``mambaformer``).
+"""Transformer / recurrent hybrids: side by side (``hybrid``) and interleaved (``mambaformer``;
+general layer patterns are in ``models.hybrid_pattern``).
 
-``hybrid`` — n_layers blocks, each running an attention branch and a Mamba branch in
-parallel on the same (normed) residual stream:
+``hybrid`` — n_layers blocks, each running an attention branch and a recurrent branch (Mamba
+by default; ``recurrent`` picks mamba, mamba2, gla, retnet, linear_attention, deltanet,
+gated_deltanet or based, see ``models.hybrid_pattern.RECURRENT_NAMES``) in parallel on the
+same (normed) residual stream:
 
     x -> x + Combine( A(s_A), M(s_M) ),   (s_A, s_M) = Split(norm(x))     per block
       -> final norm
@@ -13,8 +16,11 @@ parallel on the same (normed) residual stream:
   what one model of width d_model costs.
 - Branch A: t_layers Transformer layers (pre-norm residual causal attention + pre-norm
   residual GELU MLP) at width d_A, positions ``pos`` (RoPE by default) inside attention.
-  Branch M: m_layers pre-norm residual Mamba layers at width d_M. No final norm inside a
-  branch; the block's own pre-norm residual wraps the whole.
+  Branch M: m_layers pre-norm residual recurrent layers (``recurrent``, Mamba by default)
+  at width d_M; the Mamba options (d_state, d_conv, expand) go to Mamba, and to another
+  kind only if changed from their defaults and it takes them. No final norm inside a
+  branch; the block's own pre-norm residual wraps the whole. (The branch keeps its
+  historical attribute name ``mamba_branch`` whatever its kind.)
 - Combine, with pad(y) = y truncated or zero-padded to d_model channels:
     ``"null"``:      (pad(y_A) + pad(y_M)) / 2
     ``"res"``:       (P_A y_A + pad(y_A) + P_M y_M + pad(y_M)) / 2     (P_b: Linear(d_b, d_model))
@@ -28,7 +34,7 @@ positional encoding:
 
     x -> x + Mamba(norm x) -> n_layers x [ x + Attn(norm x) ; x + Mamba(norm x) ] -> final norm
 
-Both are causal (every part is), report the Mamba's ``backend``, and have no fixed-size
+Both are causal (every part is), report the recurrent branch's ``backend``, and have no fixed-size
 recurrent state (``state_size()`` is None: attention's KV cache grows with length).
 """
 from __future__ import annotations
@@ -39,9 +45,13 @@ import torch.nn.functional as F
 
 from models.attention import MLP, CausalSelfAttention
 from models.common import PreNormResidual, ResidualStack, make_norm
+from models.hybrid_pattern import make_recurrent
 from models.mamba import Mamba
 
 COMBINERS = ("null", "res", "gated-res")
+# the hybrid entry's Mamba options and their defaults (other recurrent kinds get them only
+# when changed)
+MAMBA_DEFAULTS = {"d_state": 16, "d_conv": 4, "expand": 2}
 SPLITS = ("same", "linear")
 
 
@@ -83,14 +93,14 @@ class Combiner(nn.Module):
 
 
 class HybridBlock(nn.Module):
-    """Split -> (attention branch, Mamba branch) in parallel -> combine.
+    """Split -> (attention branch, recurrent branch) in parallel -> combine.
 
     (batch, length, d_model) -> (batch, length, d_model); the caller adds norm and residual.
     """
 
     def __init__(self, d_model: int, t_layers: int, m_layers: int, combiner: str, split: str,
                  split_ratio: float, n_heads: int, pos: str, mlp_mult: int, norm: str,
-                 dropout: float, mamba_kwargs: dict):
+                 dropout: float, mamba_kwargs: dict, recurrent: str = "mamba"):
         super().__init__()
         if t_layers < 1 or m_layers < 1:
             raise ValueError(f"t_layers and m_layers must be >= 1 (got {t_layers}, {m_layers}); "
@@ -119,11 +129,24 @@ class HybridBlock(nn.Module):
                 d_a, CausalSelfAttention(d_a, n_heads, pos=pos, dropout=dropout), norm, dropout))
             attn_layers.append(PreNormResidual(d_a, MLP(d_a, mlp_mult, dropout), norm, dropout))
         self.attn_branch = nn.Sequential(*attn_layers)
+        self.recurrent = recurrent
         self.mamba_branch = nn.Sequential(*(
-            PreNormResidual(d_m, Mamba(d_m, **mamba_kwargs), norm, dropout)
+            PreNormResidual(d_m, self._make_recurrent(recurrent, d_m, mamba_kwargs), norm, dropout)
             for _ in range(m_layers)
         ))
         self.combine = Combiner(combiner, [d_a, d_m], d_model)
+
+    @staticmethod
+    def _make_recurrent(recurrent: str, d_m: int, mamba_kwargs: dict) -> nn.Module:
+        if recurrent == "mamba":
+            return Mamba(d_m, **mamba_kwargs)
+        options = {k: v for k, v in mamba_kwargs.items() if k != "backend"}
+        return make_recurrent(recurrent, d_m, backend=mamba_kwargs.get("backend", "auto"),
+                              options=options, defaults=MAMBA_DEFAULTS)
+
+    @property
+    def recurrent_branch(self) -> nn.Sequential:
+        return self.mamba_branch
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: (batch, length, d_model) -> (batch, length, d_model)."""
@@ -135,7 +158,7 @@ class HybridBlock(nn.Module):
 
     @property
     def backend(self) -> str:
-        return self.mamba_branch[0].mixer.backend
+        return str(getattr(self.mamba_branch[0].mixer, "backend", "torch"))
 
     def state_size(self) -> None:
         return None
@@ -147,13 +170,17 @@ class Hybrid(ResidualStack):
     def __init__(self, d_model: int, n_layers: int, t_layers: int = 1, m_layers: int = 1,
                  combiner: str = "gated-res", split: str = "same", split_ratio: float = 0.5,
                  n_heads: int = 4, pos: str = "rope", mlp_mult: int = 4, norm: str = "rms",
-                 dropout: float = 0.0, mamba_kwargs: dict | None = None):
+                 dropout: float = 0.0, mamba_kwargs: dict | None = None,
+                 recurrent: str = "mamba", channel_mixer: str = "none"):
+        """``recurrent``: the recurrent branch's kind; ``channel_mixer``="swiglu" adds a
+        pre-norm residual SwiGLU (hidden ``mlp_mult * d_model``, the same multiplier as the
+        attention branch's MLP) after each block."""
         mk = dict(mamba_kwargs or {})
         super().__init__(
             d_model, n_layers,
             lambda i: HybridBlock(d_model, t_layers, m_layers, combiner, split, split_ratio,
-                                  n_heads, pos, mlp_mult, norm, dropout, mk),
-            norm=norm, dropout=dropout,
+                                  n_heads, pos, mlp_mult, norm, dropout, mk, recurrent),
+            norm=norm, dropout=dropout, channel_mixer=channel_mixer, mlp_mult=mlp_mult,
         )
 
 
