@@ -128,3 +128,28 @@ def test_a_childs_peak_memory_is_its_own_not_its_parents():
     del big
     assert float(out[0]) < 300, f"child reports {out[0]} MiB: the parent's 600 MiB leaked into its peak"
     assert out[1] == "True"
+
+
+def test_main_ops_table_compares_each_backend_with_ref(capsys):
+    """--ops: one row per (op, length, backend); x_ref is ref's time over the row's; the
+    ref is skipped above --ref-max-len (no x_ref there)."""
+    rc = bench.main(["--ops", "delta_rule,gla", "--seq-lens", "16,24", "--batch", "1",
+                     "--heads", "1", "--head-dim", "4", "--repeats", "1", "--warmup", "0",
+                     "--ref-max-len", "16", "--format", "json"])
+    doc = json.loads(capsys.readouterr().out)
+    assert rc == 0 and doc["runs"] == [] and doc["scan"] == []
+    rows = doc["ops"]
+    assert [(r["op"], r["seq_len"], r["backend"]) for r in rows] == [
+        ("delta_rule", 16, "ref"), ("delta_rule", 16, "torch"), ("delta_rule", 24, "torch"),
+        ("gla", 16, "ref"), ("gla", 16, "torch"), ("gla", 24, "torch")]
+    assert all(set(bench.OP_COLUMNS) - {"x_ref"} <= set(r) for r in rows)
+    assert rows[0]["x_ref"] == 1.0 and "x_ref" not in rows[2]
+    assert rows[1]["x_ref"] == pytest.approx(rows[0]["fwd_bwd_ms"] / rows[1]["fwd_bwd_ms"], abs=0.051)
+    assert rows[0]["heads"] == 1 and rows[0]["head_dim"] == 4
+
+
+def test_main_ops_rejects_unknown_ops_and_backends():
+    with pytest.raises(SystemExit, match="unknown operator.*nope"):
+        bench.main(["--ops", "nope", "--seq-lens", "8"])
+    with pytest.raises(SystemExit, match="unknown cuda"):
+        bench.main(["--ops", "gla", "--op-backends", "cuda", "--seq-lens", "8"])

@@ -23,9 +23,18 @@ calls it: softplus, D skip and gate included) on u, delta, z: (batch, 2 * d_mode
 B, C: (batch, 16, seq_len), for each backend and length: forward + backward, forward, peak
 memory, and the speed-up over the first backend listed (``x_first``).
 
+``--ops linear_attention,gla,...`` (or ``all``) measures the linear-RNN operators of
+``models.kernels.linear_rnn`` alone with each of ``--op-backends`` (default ``ref,torch``;
+``fla`` on a GPU with flash-linear-attention): q, k: (batch, L, ``--heads``, ``--head-dim``),
+v likewise, log-gates uniform in (-0.5, 0), a random initial state in and the final state
+out; forward + backward, forward, peak memory and the speed-up over ``ref`` (``x_ref``).
+``--ref-max-len`` skips the (step-by-step, slow) ``ref`` above a length.
+
 ``--stream-tokens N`` runs the mamba backbone (``--n-layers``, ``--d-model``) over N tokens at
 batch 1 in chunks of ``--stream-chunk`` (or token by token with ``--stream-mode step``),
-carrying only the recurrent state, and reports wall time, tokens/s and peak RSS.
+carrying only the recurrent state, and reports wall time, tokens/s and peak RSS; ``--stream-model`` takes a comma list of
+recurrent models (every model with ``forward_with_state``: mamba, mamba2, gla, retnet,
+deltanet, ...), one streamed run each.
 """
 from __future__ import annotations
 
@@ -43,6 +52,7 @@ from typing import Any
 
 COLUMNS = ["model", "seq_len", "backend", "params", "fwd_bwd_ms", "infer_ms", "train_tok_s", "peak_mib"]
 SCAN_COLUMNS = ["kernel", "seq_len", "backend", "fwd_bwd_ms", "fwd_ms", "peak_mib", "x_first"]
+OP_COLUMNS = ["op", "seq_len", "backend", "fwd_bwd_ms", "fwd_ms", "peak_mib", "x_ref"]
 STREAM_COLUMNS = ["model", "tokens", "mode", "chunk_len", "backend", "seconds", "tok_s", "peak_rss_mib", "extra_mib"]
 _REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -199,8 +209,47 @@ def measure_scan(spec: dict[str, Any]) -> dict[str, Any]:
             "state": N, "threads": torch.get_num_threads()}
 
 
+def measure_op(spec: dict[str, Any]) -> dict[str, Any]:
+    """One linear-RNN operator, one backend and length, on random inputs (see module doc)."""
+    import torch
+    from models.kernels import linear_rnn, linear_rnn_backends
+
+    device = _pick_device(spec["device"])
+    batch, L, H, D = spec["batch"], spec["seq_len"], spec["heads"], spec["head_dim"]
+    fn, backend = linear_rnn_backends.get_op(spec["op"], spec["backend"], device.type)
+    args = linear_rnn.make_inputs(spec["op"], batch, L, H, D, D, torch.float32,
+                                  gate_range=(-0.5, 0.0), seed=spec.get("seed", 0),
+                                  device=device)
+    S0 = torch.randn(batch, H, D, D, device=device, requires_grad=True)
+    leaves = [*args, S0]
+
+    def train_step():
+        o, S = fn(*args, initial_state=S0, output_final_state=True)
+        torch.autograd.grad(o.square().sum() + S.square().sum(), leaves)
+
+    def forward():
+        with torch.no_grad():
+            fn(*args, initial_state=S0, output_final_state=True)
+
+    rss_before = _rss_baseline_mib()
+    if device.type == "cuda":
+        _sync(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        base = torch.cuda.memory_allocated(device)
+    train_ms = _median_ms(train_step, spec["repeats"], spec["warmup"], device)
+    if device.type == "cuda":
+        peak = (torch.cuda.max_memory_allocated(device) - base) / 2**20
+    else:
+        peak = _peak_rss_mib() - rss_before
+    fwd_ms = _median_ms(forward, spec["repeats"], spec["warmup"], device)
+    return {"op": spec["op"], "seq_len": L, "backend": backend,
+            "fwd_bwd_ms": round(train_ms, 2), "fwd_ms": round(fwd_ms, 2),
+            "peak_mib": round(peak, 1), "device": str(device), "batch": batch, "heads": H,
+            "head_dim": D, "threads": torch.get_num_threads()}
+
+
 def measure_stream(spec: dict[str, Any]) -> dict[str, Any]:
-    """Run a mamba backbone over spec['tokens'] tokens at batch 1, state carried between chunks."""
+    """Run a recurrent backbone over spec['tokens'] tokens at batch 1, state carried between chunks."""
     import torch
     import models
     from models.mamba import stream
@@ -311,11 +360,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=1800, help="seconds per config before giving up")
     p.add_argument("--scan-backends", type=_csv_list, default=None,
                    help="measure the selective scan alone with these backends (e.g. ref,torch,cpu)")
+    p.add_argument("--ops", type=_csv_list, default=None,
+                   help="measure linear-RNN operators alone: comma list of "
+                        "linear_attention,simple_gla,gla,delta_rule,gated_delta_rule, or all")
+    p.add_argument("--op-backends", type=_csv_list, default=["ref", "torch"],
+                   help="operator backends for --ops (ref, torch, fla); x_ref compares with ref")
+    p.add_argument("--heads", type=_positive, default=4, help="--ops: heads")
+    p.add_argument("--head-dim", type=_positive, default=32, help="--ops: key and value dim per head")
+    p.add_argument("--ref-max-len", type=_positive, default=None,
+                   help="--ops: skip the step-by-step ref backend above this length")
     p.add_argument("--stream-tokens", type=_positive, default=None,
                    help="also run the streamed-inference measurement over this many tokens")
     p.add_argument("--stream-chunk", type=_positive, default=4096)
     p.add_argument("--stream-mode", default="chunked", choices=["chunked", "step"])
-    p.add_argument("--stream-model", default="mamba")
+    p.add_argument("--stream-model", type=_csv_list, default=["mamba"],
+                   help="recurrent model(s) to stream, comma-separated")
     p.add_argument("--one", metavar="SPEC_JSON", help=argparse.SUPPRESS)  # internal: one config
     return p
 
@@ -345,7 +404,8 @@ def plan(args: argparse.Namespace) -> list[dict[str, Any]]:
     import models
 
     # with --stream-tokens or --scan-backends alone, only those measurements run
-    names = args.models or ([] if (args.stream_tokens or args.scan_backends) else _default_models())
+    names = args.models or ([] if (args.stream_tokens or args.scan_backends or args.ops)
+                            else _default_models())
     for name in names:
         models.entry(name)  # unknown model: error listing the known ones
     takes = {name: models.entry(name).options() for name in names}
@@ -389,6 +449,44 @@ def format_table(rows: list[dict[str, Any]], columns: list[str], fmt: str = "md"
     return "\n".join(out)
 
 
+def _measure_ops(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """--ops: every (op, length, backend) in a fresh process; x_ref against ref's time."""
+    if not args.ops:
+        return []
+    from models.kernels.linear_rnn import OPS
+    from models.kernels.linear_rnn_backends import BACKENDS
+
+    ops = list(OPS) if args.ops == ["all"] else args.ops
+    unknown = [o for o in ops if o not in OPS]
+    if unknown:
+        raise SystemExit(f"--ops: unknown operator(s) {', '.join(unknown)}; known: {', '.join(OPS)}")
+    bad = [b for b in args.op_backends if b not in BACKENDS]
+    if bad:
+        raise SystemExit(f"--op-backends: unknown {', '.join(bad)}; known: {', '.join(BACKENDS)}")
+    rows = []
+    for op in ops:
+        ref_ms: dict[int, float] = {}
+        for L in args.seq_lens:
+            for backend in args.op_backends:
+                if backend == "ref" and args.ref_max_len and L > args.ref_max_len:
+                    continue
+                spec = dict(kind="op", op=op, backend=backend, seq_len=L, batch=args.batch,
+                            heads=args.heads, head_dim=args.head_dim,
+                            repeats=min(args.repeats, 2) if backend == "ref" else args.repeats,
+                            warmup=min(args.warmup, 1) if backend == "ref" else args.warmup,
+                            device=args.device, threads=args.threads)
+                res = _run_subprocess(spec, args.timeout)
+                if "error" in res:
+                    res = {"op": op, "seq_len": L, "backend": backend, **res}
+                elif backend == "ref":
+                    ref_ms[L] = res["fwd_bwd_ms"]
+                if res.get("fwd_bwd_ms") and ref_ms.get(L):
+                    res["x_ref"] = round(ref_ms[L] / res["fwd_bwd_ms"], 1)
+                rows.append(res)
+                print(f"  measured {op}[{backend}] L={L}", file=sys.stderr, flush=True)
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.one:
@@ -396,7 +494,8 @@ def main(argv: list[str] | None = None) -> int:
         if spec.get("threads"):
             import torch
             torch.set_num_threads(spec["threads"])
-        measure = {"stream": measure_stream, "scan": measure_scan}.get(spec["kind"], measure_one)
+        measure = {"stream": measure_stream, "scan": measure_scan,
+                   "op": measure_op}.get(spec["kind"], measure_one)
         result = measure(spec)
         print(json.dumps(result), flush=True)
         return 0
@@ -427,26 +526,32 @@ def main(argv: list[str] | None = None) -> int:
         if r.get("fwd_bwd_ms") and first.get(r["seq_len"]):
             r["x_first"] = round(first[r["seq_len"]] / r["fwd_bwd_ms"], 1)
 
+    op_rows = _measure_ops(args)
+
     stream_rows = []
-    if args.stream_tokens:
+    for stream_model in (args.stream_model if args.stream_tokens else []):
         # --backend (its first entry) picks the stream's scan backend too; default auto
         stream_options = {"backend": args.backend[0]} if args.backend else {}
-        spec = dict(kind="stream", model=args.stream_model, options=stream_options, tokens=args.stream_tokens,
+        spec = dict(kind="stream", model=stream_model, options=stream_options, tokens=args.stream_tokens,
                     chunk_len=args.stream_chunk, mode=args.stream_mode, d_model=args.d_model,
                     n_layers=args.n_layers, device=args.device, threads=args.threads)
         res = _run_subprocess(spec, args.timeout)
-        stream_rows.append(res if "error" not in res else {"model": args.stream_model, **res})
+        stream_rows.append(res if "error" not in res else {"model": stream_model, **res})
+        print(f"  streamed {stream_model}", file=sys.stderr, flush=True)
 
     if args.format == "json":
-        print(json.dumps({"runs": rows, "scan": scan_rows, "stream": stream_rows}, indent=1))
+        print(json.dumps({"runs": rows, "scan": scan_rows, "ops": op_rows, "stream": stream_rows},
+                         indent=1))
     else:
         tables = [format_table(rows, COLUMNS, args.format)] if rows else []
         if scan_rows:
             tables.append(format_table(scan_rows, SCAN_COLUMNS, args.format))
+        if op_rows:
+            tables.append(format_table(op_rows, OP_COLUMNS, args.format))
         if stream_rows:
             tables.append(format_table(stream_rows, STREAM_COLUMNS, args.format))
         print("\n\n".join(tables))
-    return 1 if any("error" in r for r in rows + scan_rows + stream_rows) else 0
+    return 1 if any("error" in r for r in rows + scan_rows + op_rows + stream_rows) else 0
 
 if __name__ == "__main__":
     sys.exit(main())
