@@ -95,7 +95,8 @@ def test_headless_run_and_export(tmp_path):
     accs = [store.results([x.id])[x.id][""]["accuracy"] for x in runs if x.label == "lstm" and x.seq_len == 8]
     assert rec["accuracy"]["mean"] == pytest.approx(sum(accs) / 2)
     csv = cli(tmp_path / "st", "export", "--profile", "tiny", "--format", "csv", "--metric", "step_time_ms")
-    assert csv.stdout.splitlines()[0] == "model,8 mean,8 std,8 n,10 mean,10 std,10 n"  # one table
+    assert csv.stdout.splitlines()[0] == "model,seq_len,metric,mean,std,n,ci95,winner"  # long format
+    assert len(csv.stdout.splitlines()) == 5  # one line per cell: 2 models x 2 lengths
     tex = cli(tmp_path / "st", "export", "--profile", "tiny", "--format", "latex").stdout
     assert "\\begin{tabular}{lcc}" in tex and "$\\pm$" in tex
 

@@ -142,7 +142,8 @@ def test_best_over_selected_on_test_is_labelled_in_every_format(grid_store):
     assert "selected on test" in tex
     rows = list(csv.DictReader(io.StringIO(export.render(
         recs, "accuracy", ["model"], ["seq_len"], "csv", best_over=["train.lr"], select_on="test"))))
-    assert rows[0]["64 train.lr (selected on test)"] == "0.1" and rows[0]["64 mean"] == "0.94"
+    assert rows[0]["train.lr"] == "0.1" and rows[0]["mean"] == "0.94" and rows[0]["seq_len"] == "64"
+    assert rows[0]["selected_on"] == "test" and rows[0]["select_metric"] == "accuracy"
     js = json.loads(export.render(recs, "accuracy", ["model"], ["seq_len"], "json", best_over=["train.lr"],
                                   select_on="test"))
     assert js[0]["selected"]["on"] == "test" and js[0]["selected"]["chosen"] == {"train.lr": 0.1}
@@ -199,18 +200,37 @@ def test_export_several_metrics_and_json_with_all_of_them(two_models, capsys):
     assert "unknown metric 'acuracy'" in capsys.readouterr().err
 
 
-def test_csv_is_one_table_with_mean_std_n(two_models):
+def test_csv_is_long_format_with_mean_std_n_and_winner(two_models):
     text = export.render(agg.records(two_models), ["accuracy", "params"], ["model"], ["seq_len"], "csv")
-    rows = list(csv.DictReader(io.StringIO(text)))
-    assert [r["model"] for r in rows] == ["gru", "lstm", "mamba"]
-    lstm = rows[1]
-    assert float(lstm["accuracy 64 mean"]) == pytest.approx(0.81)
-    assert float(lstm["accuracy 64 std"]) == pytest.approx(0.01414, rel=1e-3)
-    assert lstm["accuracy 64 n"] == "2" and lstm["params 128 mean"] == "1000"
-    assert rows[0]["accuracy 128 n"] == "0" and rows[0]["accuracy 64 std"] == ""  # one run: no std
-    single = list(csv.DictReader(io.StringIO(export.render(agg.records(two_models), "accuracy",
-                                                           ["model"], ["seq_len"], "csv"))))
-    assert list(single[0]) == ["model", "64 mean", "64 std", "64 n", "128 mean", "128 std", "128 n"]
+    lines = list(csv.reader(io.StringIO(text)))
+    assert lines[0] == ["model", "seq_len", "metric", "mean", "std", "n", "ci95", "winner"]
+    assert all(len(line) == len(lines[0]) for line in lines)  # one table, no blank or stacked parts
+    rows = {(r["metric"], r["model"], r["seq_len"]): r for r in csv.DictReader(io.StringIO(text))}
+    lstm = rows["accuracy", "lstm", "64"]
+    assert float(lstm["mean"]) == pytest.approx(0.81) and float(lstm["std"]) == pytest.approx(0.01414, rel=1e-3)
+    assert lstm["n"] == "2" and float(lstm["ci95"]) == pytest.approx(0.127, rel=1e-2)
+    assert rows["params", "lstm", "128"]["mean"] == "1000"
+    gru = rows["accuracy", "gru", "64"]
+    assert gru["n"] == "1" and gru["std"] == "" and gru["ci95"] == ""  # one run: no spread
+    assert ("accuracy", "gru", "128") not in rows  # no runs: no line
+    # the winner column is the markdown's verdict: lstm beats mamba beyond the noise, the
+    # single gru run (0.99) is never a winner, params has no better direction
+    md = export.render(agg.records(two_models), "accuracy", ["model"], ["seq_len"], "md")
+    bold = {(l.split(" | ")[0][2:], L) for l in md.splitlines() if l.startswith("| ")
+            for L, cell in zip(("64", "128"), l.split(" | ")[1:]) if cell.startswith("**")}
+    won = {(r["model"], r["seq_len"]) for r in rows.values() if r["metric"] == "accuracy" and r["winner"] == "true"}
+    assert won == bold == {("lstm", "64"), ("lstm", "128")}
+    assert {r["winner"] for r in rows.values() if r["metric"] == "params"} == {"false"}
+
+
+def test_csv_winner_marks_every_tied_cell(tmp_path):
+    store = Store(tmp_path / "st")
+    for seed, (a, b, c) in enumerate(((0.80, 0.82, 0.50), (0.90, 0.86, 0.52), (0.85, 0.84, 0.51))):
+        for model, v in (("lstm", a), ("mamba", b), ("gru", c)):
+            add(store, model, seed, {"": {"accuracy": v}})
+    rows = list(csv.DictReader(io.StringIO(export.render(agg.records(store), "accuracy", ["model"],
+                                                         ["seq_len"], "csv"))))
+    assert {r["model"]: r["winner"] for r in rows} == {"gru": "false", "lstm": "true", "mamba": "true"}
 
 
 def test_latex_corner_counts_and_single_runs(two_models):

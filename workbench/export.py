@@ -6,8 +6,8 @@ Rows and columns are any run field (``model``, ``task``, ``seq_len``, ``seed``,
 heads). Cells aggregate every finished run (and eval set) that shares the row and column
 values; the numbers come from :mod:`workbench.results` (catalogue and aggregation).
 
-- several metrics: one table per metric (Markdown, LaTeX), one CSV with the metric in each
-  column name, one JSON list with every requested metric;
+- several metrics: one table per metric (Markdown, LaTeX), one long CSV with a ``metric``
+  column, one JSON list with every requested metric;
 - ``best_over`` grid keys: per table cell, only the runs of the grid point with the best
   mean selection metric on the validation set (``select_on="validation"``, eval set
   "valid") or on the test set (``"test"``; every table then says "selected on test"), the
@@ -18,7 +18,8 @@ values; the numbers come from :mod:`workbench.results` (catalogue and aggregatio
 - counts (parameters, steps, eval sequences) print as integers; a cell of one run shows
   "(n=1)" instead of a spread.
 
-Formats: Markdown, CSV (one table: mean, std and n columns per cell), LaTeX, JSON (one
+Formats: Markdown, CSV (long format: one line per cell and metric with its fields, mean,
+std, n, ci95 and ``winner``, the same verdict as the Markdown's bold), LaTeX, JSON (one
 record per (row, column) group: the grouping fields and each metric as
 {"mean", "std", "n", "ci95"}, plus "selected" with best_over).
 """
@@ -203,41 +204,37 @@ def _num(v: float | None) -> str:
 
 
 def _csv(b: dict, rows, cols) -> str:
-    """One table: a column per row field, then per (metric,) column key: mean, std, n (and
-    the chosen grid values with best_over)."""
-    several = len(b["tables"]) > 1
-    chosen = {tuple(c.get(k) for k in rows + cols if k != "eval_set" and k not in b["best_over"]):
-              c["chosen"] for c in b["choices"]}
+    """Long format, loadable as it is (``pandas.read_csv``): one line per (metric, row, column)
+    cell that has runs, with the row and column fields in their own columns, then
+    ``metric, mean, std, n, ci95`` and ``winner`` (true/false: the cell is marked best by
+    the Welch rule, as the Markdown bolds it). With best_over, ``selected_on``,
+    ``select_metric`` and each chosen grid key (its dotted name) follow. std and ci95 are
+    empty for a cell of one run (n = 1 says nothing about the spread)."""
+    keys = list(rows) + [c for c in cols if c not in rows]
     by = [k for k in rows + cols if k != "eval_set" and k not in b["best_over"]]
-    split = "test" if b["select_on"] == "test" else "validation"
-    t0 = b["tables"][0]["table"] if b["tables"] else {"rows": [], "cols": []}
-    row_keys = sorted({rk for tb in b["tables"] for rk in tb["table"]["rows"]},
-                      key=lambda k: tuple(agg.sort_key(v) for v in k)) or t0["rows"]
-    header = list(rows)
-    for tb in b["tables"]:
-        for ck in tb["table"]["cols"]:
-            pre = " ".join(p for p in ((tb["metric"] if several else ""),
-                                       _label(cols, ck) if cols else "") if p)
-            header += [f"{pre} {s}".strip() for s in ("mean", "std", "n")]
-    if b["choices"]:
-        for ck in (b["tables"][0]["table"]["cols"] if b["tables"] else []):
-            pre = _label(cols, ck) if cols else ""
-            header += [f"{pre} {k} (selected on {split})".strip() for k in b["best_over"]]
+    chosen = {tuple(c.get(k) for k in by): c["chosen"] for c in b["choices"]}
+    header = keys + ["metric", "mean", "std", "n", "ci95", "winner"]
+    if b["best_over"]:
+        header += ["selected_on", "select_metric"] + list(b["best_over"])
     buf = io.StringIO()
-    w = csv.writer(buf)
+    w = csv.writer(buf, lineterminator="\n")
     w.writerow(header)
-    for rk in row_keys:
-        line = ["" if v is None else str(v) for v in rk]
-        for tb in b["tables"]:
-            for ck in tb["table"]["cols"]:
-                a = tb["table"]["cells"].get((rk, ck)) or {"mean": None, "std": None, "n": 0}
-                line += [_num(a["mean"]), _num(a["std"]), str(a["n"])]
-        if b["choices"]:
-            for ck in b["tables"][0]["table"]["cols"]:
-                fields = dict(zip(rows, rk)) | dict(zip(cols, ck))
-                c = chosen.get(tuple(fields.get(k) for k in by), {})
-                line += ["" if c.get(k) is None else str(c[k]) for k in b["best_over"]]
-        w.writerow(line)
+    for tb in b["tables"]:
+        t = tb["table"]
+        for rk in t["rows"]:
+            for ck in t["cols"]:
+                a = t["cells"].get((rk, ck))
+                if not a or not a["n"]:
+                    continue
+                fields = dict(zip(cols, ck)) | dict(zip(rows, rk))
+                line = ["" if fields.get(k) is None else str(fields[k]) for k in keys]
+                line += [tb["metric"], _num(a["mean"]), _num(a["std"]), str(a["n"]), _num(a["ci95"]),
+                         "true" if (rk, ck) in tb["best"] else "false"]
+                if b["best_over"]:
+                    c = chosen.get(tuple(fields.get(k) for k in by), {})
+                    line += ["test" if b["select_on"] == "test" else "validation", b["select_metric"]]
+                    line += ["" if c.get(k) is None else str(c[k]) for k in b["best_over"]]
+                w.writerow(line)
     return buf.getvalue()
 
 
