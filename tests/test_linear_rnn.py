@@ -50,7 +50,7 @@ def _assert_match(name, args, S0, chunk_size, atol=1e-10, rtol=1e-8):
 # chunked == ref, float64, outputs and gradients
 # ---------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("chunk_size", [1, 8, 16, 64])
+@pytest.mark.parametrize("chunk_size", [1, 8, 16, 64, None])
 @pytest.mark.parametrize("name", NAMES)
 def test_chunked_matches_ref(name, chunk_size):
     # T = 37: not a multiple of any chunk size > 1; gates in (-3, 0)

@@ -32,7 +32,8 @@ Each operator has two forms:
 - ``*_ref``: the recurrence above as a Python loop over time (``unbind``, never indexing
   in the loop: see FACTS.md). The oracle for the tests; slow (autograd stores every step).
 - the plain name (``linear_attention``, ...): the chunkwise-parallel form in PyTorch,
-  ``chunk_size`` steps (default 64) per chunk. Within a chunk the outputs are matmuls with
+  ``chunk_size`` steps per chunk (default: 64 on a GPU, per-op ``CPU_CHUNK_SIZE`` on a
+  CPU). Within a chunk the outputs are matmuls with
   a causal, decay-weighted (chunk, chunk) matrix; only the state is passed from chunk to
   chunk (a loop over time / chunk_size chunks). For the delta rules the chunk's updates
   are put in the WY / UT form (Yang et al., "Parallelizing Linear Transformers with the
@@ -80,6 +81,11 @@ __all__ = [
 ]
 
 DEFAULT_CHUNK_SIZE = 64
+# chunk_size=None picks these on a CPU (fwd+bwd at batch 8, 4 heads of 32, L = 4096, one
+# thread, `python -m models.kernels.linear_rnn --tune-chunks`: the delta rules' chunk loop
+# and triangular solve favour short chunks there) and DEFAULT_CHUNK_SIZE elsewhere.
+CPU_CHUNK_SIZE = {"linear_attention": 32, "simple_gla": 32, "gla": 64, "delta_rule": 16,
+                  "gated_delta_rule": 16}
 GLA_SUB_CHUNK = 8
 GLA_FACTORISED = True   # allow the one-matmul form of gla's chunk when the gates permit
 
@@ -188,8 +194,11 @@ def gated_delta_rule_ref(q, k, v, g, beta, scale=None, initial_state=None,
 # Chunkwise-parallel forms
 # ---------------------------------------------------------------------------------------
 
-def _chunk_len(chunk_size: int, T: int) -> int:
-    """The chunk actually used: chunk_size, or less for a short sequence (less padding)."""
+def _chunk_len(chunk_size: int | None, T: int, op: str, device: torch.device) -> int:
+    """The chunk actually used: chunk_size (None: the op's default for the device), or less
+    for a short sequence (less padding)."""
+    if chunk_size is None:
+        chunk_size = CPU_CHUNK_SIZE[op] if device.type == "cpu" else DEFAULT_CHUNK_SIZE
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1; got {chunk_size}")
     return min(chunk_size, max(8, -(-T // 8) * 8))
@@ -223,13 +232,29 @@ def _segsum(x: torch.Tensor) -> torch.Tensor:
                          float("-inf"))
 
 
+# Within a chunk, exp(b_i - b_j) is formed as a difference of cumulative sums when the
+# chunk's total log-decay is above this (float32 rounds b to ~|b| * 6e-8, so the exponent
+# is exact to ~4e-6 here); below it the segment sum (sums of the g's themselves) is used.
+SCALAR_DIFF_SPAN = 64.0
+
+
 def _scalar_decays(gc: torch.Tensor):
     """Chunked scalar log-gates gc (B, H, N, C) -> Gamma (B, H, N, C, C) = exp(b_i - b_j)
     (0 above the diagonal), exp(b) (B, H, N, C) from the chunk start, exp(b_C - b_j)
-    (B, H, N, C) to the chunk end, and exp(b_C) (B, H, N); b = within-chunk cumsum."""
-    Gamma = _segsum(gc).exp()
-    eb = gc.cumsum(-1).exp()
-    return Gamma, eb, Gamma[..., -1, :], eb[..., -1]
+    (B, H, N, C) to the chunk end, and exp(b_C) (B, H, N); b = within-chunk cumsum.
+
+    Two forms of Gamma, the same to rounding: b_i - b_j masked (-inf above the diagonal)
+    before exp, three passes over the (C, C) tensor, when every chunk's total log-decay is
+    above -SCALAR_DIFF_SPAN; else the stable segment sum (five passes)."""
+    b = gc.cumsum(-1)
+    C = gc.size(-1)
+    if bool(b[..., -1].min() >= -SCALAR_DIFF_SPAN):
+        causal = torch.ones(C, C, dtype=torch.bool, device=gc.device).tril()
+        Gamma = (b[..., :, None] - b[..., None, :]).masked_fill(~causal, float("-inf")).exp()
+    else:
+        Gamma = _segsum(gc).exp()
+    eb = b.exp()
+    return Gamma, eb, (b[..., -1:] - b).exp(), eb[..., -1]
 
 
 def _carry(decay, U, S):
@@ -248,6 +273,7 @@ def _carry(decay, U, S):
 
 def _chunk_gated(q, k, v, g, scale, initial_state, output_final_state, chunk_size,
                  vector_gate):
+    op = "linear_attention" if g is None else ("gla" if vector_gate else "simple_gla")
     """linear attention (g None), simple_gla (scalar g) and gla (vector g), chunked."""
     B, T, H, K, V = _check(q, k, v, g, None, initial_state, vector_gate)
     dt = _compute_dtype(q)
@@ -255,7 +281,7 @@ def _chunk_gated(q, k, v, g, scale, initial_state, output_final_state, chunk_siz
     S0 = _state0(initial_state, B, H, K, V, dt, q.device)
     if T == 0:
         return v.new_zeros(B, 0, H, V), (S0 if output_final_state else None)
-    C = _chunk_len(chunk_size, T)
+    C = _chunk_len(chunk_size, T, op, q.device)
     qc, kc, vc = (_to_chunks(x, C, dt) for x in (q, k, v))  # (B, H, N, C, K|V)
     causal = torch.ones(C, C, dtype=torch.bool, device=q.device).tril()
     if g is None:
@@ -327,6 +353,7 @@ def _gla_intra(qc, kc, gc, b, sub: int = GLA_SUB_CHUNK):
 
 
 def _chunk_delta(q, k, v, g, beta, scale, initial_state, output_final_state, chunk_size):
+    op = "delta_rule" if g is None else "gated_delta_rule"
     """delta_rule (g None) and gated_delta_rule (scalar g), chunked in the WY / UT form."""
     B, T, H, K, V = _check(q, k, v, g, beta, initial_state)
     dt = _compute_dtype(q)
@@ -334,22 +361,23 @@ def _chunk_delta(q, k, v, g, beta, scale, initial_state, output_final_state, chu
     S0 = _state0(initial_state, B, H, K, V, dt, q.device)
     if T == 0:
         return v.new_zeros(B, 0, H, V), (S0 if output_final_state else None)
-    C = _chunk_len(chunk_size, T)
+    C = _chunk_len(chunk_size, T, op, q.device)
     qc, kc, vc = (_to_chunks(x, C, dt) for x in (q, k, v))
     bc = _to_chunks(beta, C, dt)                               # (B, H, N, C)
     eye = torch.eye(C, dtype=dt, device=q.device)
     if g is None:
-        Gamma = torch.ones(C, C, dtype=dt, device=q.device).tril()
-        eb, to_end, decay = None, None, None
+        Gamma = eb = to_end = decay = None
     else:
         Gamma, eb, to_end, decay = _scalar_decays(_to_chunks(g, C, dt))
     # (I + strictly_lower(diag(beta) (K K^T o Gamma))) [U | W] = diag(beta) [V | exp(b) K]
-    L = (bc[..., :, None] * (kc @ kc.transpose(-1, -2)) * Gamma).tril(-1) + eye
+    KK = kc @ kc.transpose(-1, -2)
+    L = (bc[..., :, None] * (KK if Gamma is None else KK * Gamma)).tril(-1) + eye
     kb = kc if eb is None else kc * eb[..., None]
     rhs = bc[..., None] * torch.cat([vc, kb], -1)
     UW = torch.linalg.solve_triangular(L, rhs, upper=False, unitriangular=True)
     U, W = UW[..., :V], UW[..., V:]
-    A = (qc @ kc.transpose(-1, -2)) * Gamma                    # causal (Gamma = 0 above)
+    A = qc @ kc.transpose(-1, -2)
+    A = A.tril() if Gamma is None else A * Gamma               # causal (Gamma = 0 above)
     kd = kc if to_end is None else kc * to_end[..., None]
     starts, us = [], []
     S = S0
@@ -368,7 +396,7 @@ def _chunk_delta(q, k, v, g, beta, scale, initial_state, output_final_state, chu
 
 
 def linear_attention(q, k, v, scale=None, initial_state=None, output_final_state=False,
-                     chunk_size=DEFAULT_CHUNK_SIZE):
+                     chunk_size=None):
     """Linear attention S_t = S_{t-1} + k_t v_t^T, o_t = scale S_t^T q_t, chunked.
     (No normaliser: apply feature maps / normalisation outside, as fla's chunk_linear_attn
     with normalize=False.) Shapes: module doc. Returns (o, final_state or None)."""
@@ -377,7 +405,7 @@ def linear_attention(q, k, v, scale=None, initial_state=None, output_final_state
 
 
 def simple_gla(q, k, v, g, scale=None, initial_state=None, output_final_state=False,
-               chunk_size=DEFAULT_CHUNK_SIZE):
+               chunk_size=None):
     """Scalar-gated linear attention S_t = exp(g_t) S_{t-1} + k_t v_t^T, g (batch, time,
     heads) in log space: RetNet's fixed decay (g = log(1 - 2^(-5-h))), Mamba-2's SSD
     (g = dt_t * A_h, k = B, q = C, v = dt * x, scale = 1). Chunked."""
@@ -388,7 +416,7 @@ def simple_gla(q, k, v, g, scale=None, initial_state=None, output_final_state=Fa
 
 
 def gla(q, k, v, g, scale=None, initial_state=None, output_final_state=False,
-        chunk_size=DEFAULT_CHUNK_SIZE):
+        chunk_size=None):
     """Gated linear attention S_t = diag(exp(g_t)) S_{t-1} + k_t v_t^T, g (batch, time,
     heads, key_dim) in log space. Chunked with sub-chunks of 8 (see module doc)."""
     return _chunk_gated(q, k, v, g, scale, initial_state, output_final_state, chunk_size,
@@ -396,7 +424,7 @@ def gla(q, k, v, g, scale=None, initial_state=None, output_final_state=False,
 
 
 def delta_rule(q, k, v, beta, scale=None, initial_state=None, output_final_state=False,
-               chunk_size=DEFAULT_CHUNK_SIZE, use_qk_l2norm_in_kernel=False):
+               chunk_size=None, use_qk_l2norm_in_kernel=False):
     """DeltaNet S_t = S_{t-1} + beta_t k_t (v_t - S_{t-1}^T k_t)^T, chunked (WY form).
     Keys are usually L2-normalised (use_qk_l2norm_in_kernel=True does it here)."""
     if use_qk_l2norm_in_kernel:
@@ -406,7 +434,7 @@ def delta_rule(q, k, v, beta, scale=None, initial_state=None, output_final_state
 
 
 def gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None,
-                     output_final_state=False, chunk_size=DEFAULT_CHUNK_SIZE,
+                     output_final_state=False, chunk_size=None,
                      use_qk_l2norm_in_kernel=False):
     """Gated DeltaNet S_t = exp(g_t) S_{t-1} + beta_t k_t (v_t - exp(g_t) S_{t-1}^T k_t)^T,
     g (batch, time, heads) in log space; chunked (WY form with the decay folded in)."""
@@ -497,8 +525,29 @@ if __name__ == "__main__":
     p.add_argument("--lengths", type=int, nargs="+", default=[1024, 4096])
     p.add_argument("--ref-max-len", type=int, default=None,
                    help="skip the (slow) ref above this length")
+    p.add_argument("--tune-chunks", action="store_true",
+                   help="print chunked fwd+bwd ms per chunk size (16, 32, 64), interleaved")
     a = p.parse_args()
-    if a.bench:
+    if a.tune_chunks:
+        import time
+
+        print(f"batch 8, 4 heads of 32, float32, {torch.get_num_threads()} threads; best of 3 "
+              "fwd+bwd ms per chunk size, sizes interleaved so that load hits them alike")
+        print("| op | L | C=16 | C=32 | C=64 |\n|---|---|---|---|---|")
+        for name, (fast, *_rest) in OPS.items():
+            for L in a.lengths:
+                args = make_inputs(name, 8, L, 4, 32, 32, torch.float32, gate_range=(-0.5, 0.0))
+                S0 = torch.randn(8, 4, 32, 32, requires_grad=True)
+                best = {C: float("inf") for C in (16, 32, 64)}
+                for _ in range(3):
+                    for C in best:
+                        t0 = time.perf_counter()
+                        o, s = fast(*args, initial_state=S0, output_final_state=True, chunk_size=C)
+                        (o.square().sum() + s.square().sum()).backward()
+                        best[C] = min(best[C], (time.perf_counter() - t0) * 1e3)
+                print(f"| {name} | {L} | " + " | ".join(f"{t:.0f}" for t in best.values()) + " |",
+                      flush=True)
+    elif a.bench:
         print(f"batch 8, 4 heads of 32, float32, {torch.get_num_threads()} threads; "
               "best fwd+bwd ms (ref: of 2 runs, chunked: of 5)")
         print("| op | L | ref ms | chunked ms | speed-up |\n|---|---|---|---|---|")
