@@ -11,7 +11,8 @@ def test_rows_present(tmp_path):
     rows = doctor.probe(str(tmp_path / "st"))
     names = {r.component for r in rows}
     for want in ("python", "torch", "NVIDIA driver", "torch CUDA", "C compiler", "cpu kernels", "triton",
-                 "mamba-ssm", "causal-conv1d", "scan auto (cpu)", "scan auto (cuda)", "store"):
+                 "mamba-ssm", "causal-conv1d", "scan auto (cpu)", "scan auto (cuda)", "store",
+                 "flash-linear-attention", "linear-rnn auto (cpu)", "linear-rnn auto (cuda)"):
         assert want in names, (want, names)
     assert all(r.status in ("ok", "warn", "missing") and r.detail for r in rows)
     store = next(r for r in rows if r.component == "store")

@@ -206,6 +206,29 @@ def probe_auto_backend(ctx: dict) -> list[Row]:
     return rows
 
 
+def probe_linear_rnn(ctx: dict) -> list[Row]:
+    """Which implementation the linear-RNN layers (mamba2, gla, retnet, deltanet, ...) run:
+    fla's Triton kernels (an optional extra) on CUDA when they import, else PyTorch's
+    chunked form; and mamba-ssm's SSD kernel for mamba2."""
+    import torch
+
+    from models.kernels import linear_rnn_backends as lrb
+
+    ok, why = lrb.fla_status()
+    rows = [Row("flash-linear-attention", OK if ok else MISSING,
+                why if ok else f"{why}; optional: linear-RNN layers use the chunked PyTorch form")]
+    cpu = lrb.resolve("auto", "cpu")
+    rows.append(Row("linear-rnn auto (cpu)", OK, f"backend '{cpu}' for CPU tensors"))
+    if torch.cuda.is_available():
+        gpu = lrb.resolve("auto", "cuda")
+        rows.append(Row("linear-rnn auto (cuda)", OK if gpu == "fla" else WARN,
+                        f"backend '{gpu}' for CUDA tensors"
+                        + ("" if gpu == "fla" else " (install flash-linear-attention for fla's kernels)")))
+    else:
+        rows.append(Row("linear-rnn auto (cuda)", MISSING, "no CUDA device"))
+    return rows
+
+
 def probe_slots(ctx: dict) -> list[Row]:
     from workbench import scheduler
 
@@ -253,6 +276,7 @@ PROBES: list[tuple[str, Callable[[dict], list[Row]]]] = [
     ("triton", probe_triton),
     ("mamba-ssm / causal-conv1d", probe_official_kernels),
     ("selective-scan auto", probe_auto_backend),
+    ("linear-rnn backends", probe_linear_rnn),
     ("run slots", probe_slots),
     ("store", probe_store),
 ]
