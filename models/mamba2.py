@@ -219,6 +219,8 @@ class Mamba2(nn.Module):
         """silu(causal depthwise conv(xBC)): (b, L, conv_dim) -> same shape.
 
         ``left`` (b, conv_dim, d_conv - 1): the inputs before xBC (None = zeros)."""
+        if xBC.shape[1] == 0:  # an empty chunk (conv1d refuses inputs shorter than its kernel)
+            return xBC
         x = xBC.transpose(1, 2)
         x = F.pad(x, (self.d_conv - 1, 0)) if left is None else torch.cat([left.to(x.dtype), x], -1)
         return F.silu(F.conv1d(x, self.conv1d.weight, self.conv1d.bias,
