@@ -264,3 +264,15 @@ def test_report_eval_set_table_leaves_out_the_validation_set(tmp_path):
     runs = {("lstm", 64): store.runs()}
     lines = report.eval_set_table(runs, store.results(ids), 3)
     assert lines[0] == "| model | seed | len=16 | len=32 |"
+
+
+def test_grid_keys_are_the_runs_grid_not_every_dotted_field(tmp_path):
+    store = Store(tmp_path / "st")
+    add(store, "lstm", 0, {"": {"accuracy": 0.5}}, **{"train.lr": 0.1, "model.d_model": 8})
+    rid = add(store, "lstm", 1, {"": {"accuracy": 0.5}}, **{"train.weight_decay": 0.1})
+    store.conn.execute("UPDATE runs SET fields=json_set(fields, '$.\"task.vocab_size\"', 8) WHERE id=?", (rid,))
+    store.conn.commit()
+    recs = agg.records(store)
+    assert "task.vocab_size" in recs[1] and "task.vocab_size" in agg.fields_of(recs)
+    assert agg.grid_keys(recs) == ["train.lr", "model.d_model", "train.weight_decay"]
+    assert "__grid__" not in agg.fields_of(recs)

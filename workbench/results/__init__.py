@@ -7,6 +7,6 @@
 """
 from workbench.results import catalogue  # noqa: F401
 from workbench.results.aggregate import (  # noqa: F401
-    SelectionError, best_cells, best_over, fields_of, group, metrics_of, records, summarize, table,
+    SelectionError, best_cells, best_over, fields_of, grid_keys, group, metrics_of, records, summarize, table,
     winners,
 )

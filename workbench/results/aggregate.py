@@ -32,7 +32,7 @@ from workbench.results.stats import t_quantile, welch_p
 
 ALPHA = 0.05
 SELECT_ON = {"validation": "valid", "test": ""}
-BOOKKEEPING = {"run_id", "profile", "eval_set", "__metrics__"}
+BOOKKEEPING = {"run_id", "profile", "eval_set", "__metrics__", "__grid__"}
 
 
 class SelectionError(ValueError):
@@ -47,6 +47,7 @@ def records(store, profile: str | None = None, states: Iterable[str] = ("finishe
     for r in runs:
         sets = res.get(r.id, {})
         base = sets.get("", {})
+        grid = tuple(r.spec.get("grid") or ())
         run_level = {k: v for k, v in base.items() if k in catalogue.RUN_LEVEL}
         for es, vals in sorted(sets.items()):
             if es and not any(k not in catalogue.RUN_LEVEL for k in vals):
@@ -55,8 +56,17 @@ def records(store, profile: str | None = None, states: Iterable[str] = ("finishe
             rec.update(run_level)
             rec.update(vals)
             rec["__metrics__"] = sorted(set(vals) | set(run_level))
+            rec["__grid__"] = grid
             out.append(rec)
     return out
+
+
+def grid_keys(recs: Iterable[dict]) -> list[str]:
+    """The grid keys (dotted, in the profiles' file order) of the records' runs: what
+    :func:`best_over` takes the best over by default. Task parameters and model options are
+    run fields too (``task.vocab_size``, ``opt.n_heads``) but only the grid's keys vary by
+    design within a task setting."""
+    return list(dict.fromkeys(k for r in recs for k in r.get("__grid__", ())))
 
 
 def sort_key(v: Any) -> tuple:

@@ -4,13 +4,23 @@ One profile's finished runs (or all profiles'), one metric, rows and columns by 
 field or by eval set (e.g. induction heads' test lengths as columns); cells are mean ± std
 over seeds; the best cells of each column are highlighted by the Welch rule of
 :func:`workbench.results.aggregate.winners` (the best mean and every cell not significantly
-different from it; cells of one run never). ``w`` writes the table as Markdown,
-LaTeX and CSV files, ``f`` the figures of the profile (matplotlib). The store is re-read
-every few seconds while the tab is shown, off the UI thread; the table is rebuilt only
-when the finished runs or the choices changed.
+different from it; cells of one run never).
+
+Grids: ``b`` chooses the grid keys each cell takes the best over (by default every grid key
+of the profile's runs, :func:`workbench.results.aggregate.grid_keys`; then each smaller set,
+then none) and ``v`` the split the choice is made on (validation, the default, or test,
+the anchors' practice, labelled so). The table is :func:`workbench.export.build`'s, the
+caption names the rule ("best over train.lr, train.weight_decay, selected on
+validation"), and the line under it the grid point chosen for the cell under the cursor.
+
+``w`` writes the table as Markdown, LaTeX and CSV files (the same selection), ``f`` the
+figures of the profile (matplotlib). The store is re-read every few seconds while the tab
+is shown, off the UI thread; the table is rebuilt only when the finished runs or the
+choices changed.
 """
 from __future__ import annotations
 
+import itertools
 import threading
 from contextlib import nullcontext
 from pathlib import Path
@@ -33,6 +43,26 @@ from workbench.tui.formatting import set_text
 
 POLL_S = 2.0  # results change only when a run finishes
 ALL = "(all profiles)"
+NONE = "(none)"  # best over no grid key: every run of a cell counts
+SPLITS = ("validation", "test")
+MAX_SUBSETS = 4  # grids of more keys offer all, all but one, each one, none
+
+
+def over_options(keys: list[str]) -> list[str]:
+    """The best-over choices for these grid keys, as Select labels: all of them first (the
+    default), then smaller sets, then :data:`NONE`. Up to MAX_SUBSETS keys every subset;
+    beyond, all but one key and each key alone."""
+    if not keys:
+        return [NONE]
+    n = len(keys)
+    sizes = range(n, 0, -1) if n <= MAX_SUBSETS else sorted({n, n - 1, 1}, reverse=True)
+    subsets = [c for k in sizes for c in itertools.combinations(keys, k)]
+    return [", ".join(c) for c in subsets] + [NONE]
+
+
+def over_keys(label: str | None) -> list[str]:
+    """A best-over label back to its keys ([] for NONE)."""
+    return [] if not label or label == NONE else label.split(", ")
 
 
 class ResultsView(PollsStore, Vertical):
@@ -41,6 +71,8 @@ class ResultsView(PollsStore, Vertical):
         Binding("r", "cycle('rows')", "Rows"),
         Binding("o", "cycle('cols')", "Columns"),
         Binding("n", "cycle('profile')", "Next profile"),
+        Binding("b", "cycle('over')", "Best over"),
+        Binding("v", "cycle('select_on')", "Select on val/test"),
         Binding("w", "write_table", "Write md/tex/csv"),
         Binding("f", "figures", "Figures"),
     ]
@@ -55,18 +87,28 @@ class ResultsView(PollsStore, Vertical):
         self.options: dict[str, list[str]] = {}  # each Select's values, in order
         self.chosen: set[str] = set()  # the choices the user made (the rest follow the data)
         self._shown: tuple | None = None  # what the table was last built from
+        self.built: dict | None = None  # export.build's result for the table shown
+        self._keys: tuple[list, list] = ([], [])  # the row and column keys shown, in order
 
     def compose(self) -> ComposeResult:
-        with Horizontal(id="results-choices"):
+        with Horizontal(id="results-choices", classes="choices"):
             for fid, label in (("profile", "profile"), ("metric", "metric"), ("rows", "rows"),
                                ("cols", "columns")):
                 yield Label(label, classes="choice-label")
                 yield Select([], id=f"results-{fid}", allow_blank=True, compact=True,
                              prompt="–")
+        with Horizontal(id="results-selection", classes="choices"):
+            yield Label("best over", classes="choice-label")
+            yield Select([], id="results-over", allow_blank=True, compact=True, prompt="–")
+            yield Label("selected on", classes="choice-label")
+            yield Select([(v, v) for v in SPLITS], id="results-select_on", allow_blank=False,
+                         compact=True, value="validation")
         yield DataTable(id="results-table", zebra_stripes=True, cursor_type="cell")
         yield Static("", id="results-caption")
+        yield Static("", id="results-cell")
 
     def on_mount(self) -> None:
+        self.options["select_on"] = list(SPLITS)
         self.set_interval(POLL_S, self.refresh_data)
 
     # ------------------------------------------------------------------ reading
@@ -118,8 +160,8 @@ class ResultsView(PollsStore, Vertical):
         metrics = agg.metrics_of(recs) or list(catalogue.CATALOGUE)
         fields = agg.fields_of(recs) if recs else ["model", "seq_len", "seed", "eval_set"]
         has_sets = any(r.get("eval_set") not in ("", "valid") for r in recs)  # not just validation
-        metric, rows, cols = (self._value(f) if f in self.chosen else None
-                              for f in ("metric", "rows", "cols"))
+        metric, rows, cols, over = (self._value(f) if f in self.chosen else None
+                                    for f in ("metric", "rows", "cols", "over"))
         self._set_options("metric", metrics, metric if metric in metrics else
                           "accuracy" if "accuracy" in metrics else metrics[0])
         rows = rows if rows in fields else "model"
@@ -129,6 +171,8 @@ class ResultsView(PollsStore, Vertical):
         cols = cols if cols in fields and cols != rows else default_cols
         self._set_options("rows", fields, rows)
         self._set_options("cols", fields, cols)
+        overs = over_options(agg.grid_keys(recs))
+        self._set_options("over", overs, over if over in overs else overs[0])
 
     def _set_options(self, fid: str, options: list[str], value: str | None) -> None:
         sel = self.query_one(f"#results-{fid}", Select)
@@ -150,7 +194,7 @@ class ResultsView(PollsStore, Vertical):
         fid = event.select.id.removeprefix("results-")
         self.chosen.add(fid)  # programmatic changes are prevented: this is the user's
         if fid == "profile":
-            self.chosen -= {"rows", "cols"}  # another profile: its own default layout
+            self.chosen -= {"rows", "cols", "over"}  # another profile: its own default layout
             self._shown = None
             self.poll()
         else:
@@ -160,22 +204,41 @@ class ResultsView(PollsStore, Vertical):
     def current(self) -> tuple[str | None, str | None, str | None, str | None]:
         return tuple(self._value(f) for f in ("profile", "metric", "rows", "cols"))
 
+    def selection(self) -> tuple[list[str], str]:
+        """(the grid keys each cell takes the best over, the split the choice is made on).
+        Keys that lay out the table (rows, columns) are not selected over: their values
+        are the table's own rows or columns."""
+        _, _, rows, cols = self.current()
+        over = [k for k in over_keys(self._value("over")) if k not in (rows, cols)]
+        return over, self._value("select_on") or "validation"
+
     def rebuild(self) -> None:
         profile, metric, rows, cols = self.current()
-        key = (profile, metric, rows, cols,
+        over, select_on = self.selection()
+        key = (profile, metric, rows, cols, tuple(over), select_on,
                tuple((r["run_id"], r["eval_set"], r.get(metric)) for r in self.recs))
         if key == self._shown:
             return
         self._shown = key
+        self.built = None
+        self._keys = ([], [])
         table = self.query_one("#results-table", DataTable)
         table.clear(columns=True)
         caption = self.query_one("#results-caption", Static)
+        set_text(self.query_one("#results-cell", Static), "")
         if not self.recs or not metric or not rows or not cols:
             set_text(caption, Text(f"no finished runs{f' in profile {profile}' if profile and profile != ALL else ''}"
                                    " yet: F2 launches a sweep", style="dim"))
             return
-        t = agg.table(self.recs, metric, [rows], [cols])
-        best = agg.best_cells(t, metric)
+        try:
+            b = export.build(self.recs, [metric], [rows], [cols], best_over=over, select_on=select_on)
+        except agg.SelectionError as e:  # never a silent fall-back to another rule
+            set_text(caption, Text.assemble(
+                ("no table: ", "bold red"), str(e),
+                ("\nv: select on the other split; b: best over other keys or none", "dim")))
+            return
+        self.built = b
+        t, best = b["tables"][0]["table"], b["tables"][0]["best"]
         count = catalogue.is_count(metric)
         table.add_column(f"{rows} \\ {cols}", key="__row__")
         for ck in t["cols"]:
@@ -187,13 +250,56 @@ class ResultsView(PollsStore, Vertical):
                 cells.append(Text(text, style="bold green" if (rk, ck) in best else "",
                                   justify="right"))
             table.add_row(*cells, key=repr(rk))
-        ns = sorted({a["n"] for a in t["cells"].values()})
+        self._keys = (list(t["rows"]), list(t["cols"]))
+        set_text(caption, self.caption(b, t, metric))
+        self._show_cell(table.cursor_coordinate)
+
+    @staticmethod
+    def rule_text(b: dict) -> str:
+        """'best over train.lr, train.weight_decay, selected on validation', or what counts
+        without a selection."""
+        if not b["best_over"]:
+            return "no best-over: every run of a cell counts"
+        return (f"best over {', '.join(b['best_over'])}, selected on "
+                f"{'test' if b['select_on'] == 'test' else 'validation'} (by mean "
+                f"{b['select_metric']}; each cell shows its chosen grid point's test numbers)")
+
+    def caption(self, b: dict, t: dict, metric: str) -> Text:
+        ns = sorted({a["n"] for a in t["cells"].values() if a})
         how = {"max": "highest", "min": "lowest"}.get(catalogue.better(metric) or "", "")
-        set_text(caption, Text.assemble(
+        rule = self.rule_text(b)
+        return Text.assemble(
             (f"{metric}", "bold"), f": {catalogue.describe(metric)}; mean ± std over "
             f"{'/'.join(map(str, ns))} run(s) per cell",
-            (f"; green: {how} of each column, and ties within seed noise (Welch 5%)"
-             if how else "", "green")))
+            (f"; green: {how} of each column, and ties within seed noise (Welch 5%; one run never)"
+             if how else "", "green"),
+            "\n", (rule, "bold yellow" if b["best_over"] and b["select_on"] == "test" else "bold"))
+
+    def on_data_table_cell_highlighted(self, event: DataTable.CellHighlighted) -> None:
+        event.stop()
+        self._show_cell(event.coordinate)
+
+    def _show_cell(self, coord) -> None:
+        """The line under the caption: the grid point chosen for the cell under the cursor."""
+        b, (row_keys, col_keys) = self.built, self._keys
+        line = self.query_one("#results-cell", Static)
+        if not b or not b["choices"] or not (0 <= coord.row < len(row_keys)) or not \
+                (1 <= coord.column <= len(col_keys)):
+            set_text(line, "")
+            return
+        _, _, rows, cols = self.current()
+        fields = {rows: row_keys[coord.row][0], cols: col_keys[coord.column - 1][0]}
+        by = [k for k in (rows, cols) if k != "eval_set" and k not in b["best_over"]]
+        c = next((c for c in b["choices"] if all(c.get(k) == fields[k] for k in by)), None)
+        if c is None:
+            set_text(line, "")
+            return
+        where = ", ".join(f"{k}={fields[k]}" for k in by)
+        point = ", ".join(f"{k}={v}" for k, v in c["chosen"].items())
+        set_text(line, Text.assemble(
+            f"{where}: ", (point, "bold"), f", best of {c['candidates']} grid point(s) by "
+            f"{'test' if c['select_on'] == 'test' else 'validation'} {c['metric']} "
+            f"{c['mean']:.4g} (n={c['n']})"))
 
     # ------------------------------------------------------------------ actions
     def action_cycle(self, fid: str) -> None:
@@ -215,12 +321,19 @@ class ResultsView(PollsStore, Vertical):
             self.notify("no table to write", severity="warning")
             return
         self.out_dir.mkdir(parents=True, exist_ok=True)
-        stem = self.out_dir / safe_stem(f"{profile}-{metric}-by-{rows}-{cols}")
+        over, select_on = self.selection()
+        sel = f"-best-over-{'-'.join(over)}-on-{select_on}" if over else ""
+        stem = self.out_dir / safe_stem(f"{profile}-{metric}-by-{rows}-{cols}{sel}")
         written = []
-        for fmt, ext in (("md", ".md"), ("latex", ".tex"), ("csv", ".csv")):
-            path = stem.with_suffix(ext)
-            path.write_text(export.render(self.recs, metric, [rows], [cols], fmt))
-            written.append(path)
+        try:
+            for fmt, ext in (("md", ".md"), ("latex", ".tex"), ("csv", ".csv")):
+                path = stem.parent / (stem.name + ext)  # not with_suffix: keys have dots
+                path.write_text(export.render(self.recs, metric, [rows], [cols], fmt, best_over=over,
+                                              select_on=select_on))
+                written.append(path)
+        except agg.SelectionError as e:
+            self.notify(f"no table to write: {e}", severity="warning", markup=False)
+            return
         self.notify("wrote " + ", ".join(map(str, written)), markup=False)
 
     def action_figures(self) -> None:
