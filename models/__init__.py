@@ -28,3 +28,4 @@ from models import catalog_zoo  # noqa: F401,E402  everything else
 from models import catalog_s4  # noqa: F401,E402
 from models import catalog_pretrained  # noqa: F401,E402  checkpoints from local folders
 from models import catalog_mamba2  # noqa: F401,E402  Mamba-2 (SSD)
+from models import catalog_linear_rnn  # noqa: F401,E402  GLA, RetNet, linear attention, DeltaNet, Gated DeltaNet

@@ -1,0 +1,104 @@
+"""Registry entries for the linear-RNN family (issue 21): GLA, RetNet, linear attention,
+DeltaNet and Gated DeltaNet mixers (``models.linear_mixers``, ``models.delta_mixers``) in a
+pre-norm residual ``RecurrentStack``.
+
+Every entry takes ``n_heads``, ``backend`` ("auto" | "torch" | "ref" | "fla"), ``chunk_size``
+(the torch backend's chunk), ``channel_mixer`` ("none" | "swiglu": a pre-norm residual
+SwiGLU after each mixer, the Llama-style block of the fla models), ``mlp_mult``, ``norm``
+and ``dropout``, and has a fixed-size recurrent state (``state_size()``), so it streams
+(``models.mamba.stream``) and steps token by token.
+
+Default init "hf": N(0, 0.02) Linear weights, zero biases, unit norms, the closest of
+``models.init_schemes`` to fla's ``_init_weights`` (which also draws the short conv's
+weights from N(0, 0.02); "hf" keeps PyTorch's Conv1d init there). A_log / dt_bias are not
+Linear parameters and keep their own init.
+"""
+from __future__ import annotations
+
+from models.mamba import RecurrentStack
+from models.registry import register
+
+
+def _stack(d_model, n_layers, make_mixer, norm, dropout, channel_mixer, mlp_mult):
+    return RecurrentStack(d_model, n_layers, make_mixer, norm=norm, dropout=dropout,
+                          channel_mixer=channel_mixer, mlp_mult=mlp_mult)
+
+
+@register("gla", "Gated Linear Attention (Yang et al. 2024): low-rank data-dependent decay per key "
+                 "channel, swish-gated RMS norm; fla layers/gla.py", family="linear-rnn", init="hf")
+def build_gla(d_model: int, n_layers: int, n_heads: int = 4, expand_k: float = 0.5,
+              expand_v: float = 1.0, gate_low_rank_dim: int = 16,
+              gate_logit_normalizer: float = 16.0, chunk_size: int = 64,
+              backend: str = "auto", channel_mixer: str = "none", mlp_mult: float = 2.0,
+              norm: str = "rms", dropout: float = 0.0) -> RecurrentStack:
+    from models.linear_mixers import GatedLinearAttention
+
+    return _stack(d_model, n_layers, lambda i: GatedLinearAttention(
+        d_model, n_heads=n_heads, expand_k=expand_k, expand_v=expand_v,
+        gate_low_rank_dim=gate_low_rank_dim, gate_logit_normalizer=gate_logit_normalizer,
+        backend=backend, chunk_size=chunk_size), norm, dropout, channel_mixer, mlp_mult)
+
+
+@register("retnet", "RetNet multi-scale retention (Sun et al. 2023): fixed decay 1-2^(-5-h) per head, "
+                    "RoPE, GroupNorm, swish gate; fla layers/multiscale_retention.py",
+          family="linear-rnn", init="hf")
+def build_retnet(d_model: int, n_layers: int, n_heads: int = 4, expand_k: float = 1.0,
+                 expand_v: float = 2.0, rope_base: float = 10000.0, chunk_size: int = 64,
+                 backend: str = "auto", channel_mixer: str = "none", mlp_mult: float = 2.0,
+                 norm: str = "rms", dropout: float = 0.0) -> RecurrentStack:
+    from models.linear_mixers import MultiScaleRetention
+
+    return _stack(d_model, n_layers, lambda i: MultiScaleRetention(
+        d_model, n_heads=n_heads, expand_k=expand_k, expand_v=expand_v, rope_base=rope_base,
+        backend=backend, chunk_size=chunk_size), norm, dropout, channel_mixer, mlp_mult)
+
+
+@register("linear_attention", "Linear attention (Katharopoulos et al. 2020): elu+1 (or identity) "
+                              "features, q.sum(k) normaliser; fla layers/linear_attn.py",
+          family="linear-rnn", init="hf")
+def build_linear_attention(d_model: int, n_layers: int, n_heads: int = 4,
+                           expand_k: float = 1.0, expand_v: float = 1.0,
+                           feature_map: str = "elu+1", normalize: bool = True,
+                           output_norm: str = "none", chunk_size: int = 64,
+                           backend: str = "auto", channel_mixer: str = "none",
+                           mlp_mult: float = 2.0, norm: str = "rms",
+                           dropout: float = 0.0) -> RecurrentStack:
+    from models.linear_mixers import LinearAttention
+
+    return _stack(d_model, n_layers, lambda i: LinearAttention(
+        d_model, n_heads=n_heads, expand_k=expand_k, expand_v=expand_v,
+        feature_map=feature_map, normalize=normalize, output_norm=output_norm,
+        backend=backend, chunk_size=chunk_size), norm, dropout, channel_mixer, mlp_mult)
+
+
+@register("deltanet", "DeltaNet (Schlag et al. 2021; chunked, Yang et al. 2024): delta rule, short "
+                      "conv, L2 q/k, sigmoid beta; fla layers/delta_net.py",
+          family="linear-rnn", init="hf")
+def build_deltanet(d_model: int, n_layers: int, n_heads: int = 4, expand_k: float = 1.0,
+                   expand_v: float = 1.0, use_short_conv: bool = True, conv_size: int = 4,
+                   chunk_size: int = 64, backend: str = "auto", channel_mixer: str = "none",
+                   mlp_mult: float = 2.0, norm: str = "rms",
+                   dropout: float = 0.0) -> RecurrentStack:
+    from models.linear_mixers import DeltaNet
+
+    return _stack(d_model, n_layers, lambda i: DeltaNet(
+        d_model, n_heads=n_heads, expand_k=expand_k, expand_v=expand_v,
+        use_short_conv=use_short_conv, conv_size=conv_size, backend=backend,
+        chunk_size=chunk_size), norm, dropout, channel_mixer, mlp_mult)
+
+
+@register("gated_deltanet", "Gated DeltaNet (Yang, Kautz & Hatamizadeh 2025): delta rule + Mamba-2 "
+                            "decay, short conv, gated RMS norm; fla layers/gated_deltanet.py",
+          family="linear-rnn", init="hf")
+def build_gated_deltanet(d_model: int, n_layers: int, n_heads: int = 4,
+                         expand_k: float = 0.75, expand_v: float = 1.5,
+                         use_short_conv: bool = True, conv_size: int = 4,
+                         chunk_size: int = 64, backend: str = "auto",
+                         channel_mixer: str = "none", mlp_mult: float = 2.0,
+                         norm: str = "rms", dropout: float = 0.0) -> RecurrentStack:
+    from models.linear_mixers import GatedDeltaNet
+
+    return _stack(d_model, n_layers, lambda i: GatedDeltaNet(
+        d_model, n_heads=n_heads, expand_k=expand_k, expand_v=expand_v,
+        use_short_conv=use_short_conv, conv_size=conv_size, backend=backend,
+        chunk_size=chunk_size), norm, dropout, channel_mixer, mlp_mult)

@@ -1,0 +1,152 @@
+"""Delta-rule mixers: :class:`DeltaNet` and :class:`GatedDeltaNet` (also importable from
+``models.linear_mixers``, whose module docstring gives the shared contract: forward,
+init_state, forward_with_state, step, state_size, backend, chunk_size).
+
+Both follow the structure of flash-linear-attention's layers (``fla/layers/delta_net.py``,
+``fla/layers/gated_deltanet.py``, github.com/fla-org/flash-linear-attention); code written
+here. One difference in form, not in function: fla runs three ``ShortConvolution``s (q, k,
+v); here one depthwise conv runs over the concatenated [q | k | v] channels (the same
+per-channel filters; one kernel call instead of three).
+
+State: (S (batch, heads, head_k_dim, head_v_dim), conv cache (batch, 2 key_dim +
+value_dim, conv_size - 1)), or (S,) with ``use_short_conv=False``.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from models.linear_mixers import GatedHeadRMSNorm, HeadRMSNorm, LinearRNNMixer, _dims
+from models.short_conv import ShortConvolution
+
+__all__ = ["DeltaNet", "GatedDeltaNet"]
+
+
+class _DeltaBase(LinearRNNMixer):
+    """q, k, v projections, the short conv + SiLU (or SiLU alone), L2-normalised q and k
+    (inside the operator: ``use_qk_l2norm_in_kernel``), beta = sigmoid(x W_b) per head."""
+
+    def _init_delta(self, d_model, n_heads, expand_k, expand_v, use_short_conv, conv_size,
+                    conv_bias, backend, chunk_size):
+        self._init_common(backend, chunk_size)
+        if not isinstance(use_short_conv, bool):
+            raise ValueError(f"use_short_conv must be true or false; got {use_short_conv!r}")
+        self.d_model, self.n_heads = d_model, n_heads
+        self.key_dim, self.value_dim = _dims(d_model, n_heads, expand_k, expand_v)
+        self.head_k_dim, self.head_v_dim = self.key_dim // n_heads, self.value_dim // n_heads
+        self.use_short_conv = use_short_conv
+        self.q_proj = nn.Linear(d_model, self.key_dim, bias=False)
+        self.k_proj = nn.Linear(d_model, self.key_dim, bias=False)
+        self.v_proj = nn.Linear(d_model, self.value_dim, bias=False)
+        self.b_proj = nn.Linear(d_model, n_heads, bias=False)
+        # the short conv gives the keys a local n-gram view before the delta rule writes
+        # them (fla warns that turning it off costs quality)
+        self.qkv_conv1d = (ShortConvolution(2 * self.key_dim + self.value_dim, conv_size,
+                                            bias=conv_bias, activation="silu")
+                           if use_short_conv else None)
+
+    def _init_extras(self, batch):
+        return () if self.qkv_conv1d is None else (self.qkv_conv1d.init_state(batch),)
+
+    def _extras_size(self):
+        return 0 if self.qkv_conv1d is None else self.qkv_conv1d.state_size()
+
+    def _qkv_beta(self, x, extras):
+        """x (batch, T, d_model) -> q, k (batch, T, heads, head_k_dim), v (.., head_v_dim),
+        beta (batch, T, heads) in (0, 1), next extras."""
+        qkv = torch.cat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], dim=-1)
+        if self.qkv_conv1d is not None:
+            qkv, cache = self.qkv_conv1d(qkv, extras[0] if extras else None)
+            nxt = (cache,)
+        else:
+            qkv, nxt = F.silu(qkv), ()
+        q, k, v = (self._heads(t) for t in
+                   qkv.split([self.key_dim, self.key_dim, self.value_dim], dim=-1))
+        return q, k, v, self.b_proj(x).sigmoid(), nxt
+
+
+class DeltaNet(_DeltaBase):
+    """DeltaNet (Schlag, Irie & Schmidhuber, "Linear Transformers Are Secretly Fast Weight
+    Programmers", 2021; chunked training: Yang, Wang, Zhang, Shen & Kim, "Parallelizing
+    Linear Transformers with the Delta Rule over Sequence Length", 2024); structure of
+    fla's ``fla/layers/delta_net.py`` (``DeltaNet``: expand_k 1, expand_v 1, short conv
+    of 4 + SiLU on q, k, v, L2 q/k norm, sigmoid beta, per-head RMS output norm, no gate).
+
+        q, k, v = silu(shortconv([x W_q | x W_k | x W_v]));  q, k <- q/|q|, k/|k|
+        beta    = sigmoid(x W_b)                         (batch, T, heads)
+        S_t = S_{t-1} + beta_t k_t (v_t - S_{t-1}^T k_t)^T,  o_t = head_k^-0.5 S_t^T q_t
+        y   = W_o [ rmsnorm_head(o) ]                                   (``delta_rule``)
+    """
+
+    op_name = "delta_rule"
+
+    def __init__(self, d_model: int, n_heads: int = 4, expand_k: float = 1.0,
+                 expand_v: float = 1.0, use_short_conv: bool = True, conv_size: int = 4,
+                 conv_bias: bool = False, norm_eps: float = 1e-5, backend: str = "auto",
+                 chunk_size: int = 64):
+        super().__init__()
+        self._init_delta(d_model, n_heads, expand_k, expand_v, use_short_conv, conv_size,
+                         conv_bias, backend, chunk_size)
+        self.o_norm = HeadRMSNorm(self.head_v_dim, eps=norm_eps)
+        self.o_proj = nn.Linear(self.value_dim, d_model, bias=False)
+
+    def _inputs(self, x, extras):
+        q, k, v, beta, nxt = self._qkv_beta(x, extras)
+        return [q, k, v, beta], {"use_qk_l2norm_in_kernel": True}, nxt
+
+    def _output(self, o, x):
+        return self.o_proj(self.o_norm(o).flatten(-2))
+
+
+class GatedDeltaNet(_DeltaBase):
+    """Gated DeltaNet (Yang, Kautz & Hatamizadeh, "Gated Delta Networks: Improving Mamba2
+    with Delta Rule", ICLR 2025); structure of fla's ``fla/layers/gated_deltanet.py``
+    (``GatedDeltaNet`` with use_gate=True: key_dim 0.75 d and value_dim 1.5 d, fla's
+    "6 d^2 parameters" split; short conv of 4; Mamba-2 style decay; gated RMS norm).
+
+        q, k, v, beta as in :class:`DeltaNet`
+        g     = -exp(A_log) * softplus(x W_a + dt_bias)     (batch, T, heads), log space <= 0
+        S_t = exp(g_t) S_{t-1} + beta_t k_t (v_t - exp(g_t) S_{t-1}^T k_t)^T
+        o_t = head_k^-0.5 S_t^T q_t                                  (``gated_delta_rule``)
+        y   = W_o [ rmsnorm_head(o) * silu(x W_g) ]
+
+    A_log and dt_bias are initialised as fla's (and Mamba-2's): A ~ U(0, 16) per head,
+    softplus(dt_bias) = dt log-uniform in [0.001, 0.1] (floored at 1e-4); neither gets
+    weight decay (``_no_weight_decay``, read by the worker's optimiser groups).
+    """
+
+    op_name = "gated_delta_rule"
+
+    def __init__(self, d_model: int, n_heads: int = 4, expand_k: float = 0.75,
+                 expand_v: float = 1.5, use_short_conv: bool = True, conv_size: int = 4,
+                 conv_bias: bool = False, norm_eps: float = 1e-5, backend: str = "auto",
+                 chunk_size: int = 64):
+        super().__init__()
+        self._init_delta(d_model, n_heads, expand_k, expand_v, use_short_conv, conv_size,
+                         conv_bias, backend, chunk_size)
+        self.a_proj = nn.Linear(d_model, n_heads, bias=False)
+        A = torch.empty(n_heads).uniform_(0, 16)
+        self.A_log = nn.Parameter(torch.log(A))
+        self.A_log._no_weight_decay = True
+        dt_min, dt_max, dt_floor = 0.001, 0.1, 1e-4
+        dt = torch.exp(torch.rand(n_heads) * (math.log(dt_max) - math.log(dt_min))
+                       + math.log(dt_min)).clamp(min=dt_floor)
+        self.dt_bias = nn.Parameter(dt + torch.log(-torch.expm1(-dt)))   # softplus^-1(dt)
+        self.dt_bias._no_weight_decay = True
+        self.g_proj = nn.Linear(d_model, self.value_dim, bias=False)
+        self.o_norm = GatedHeadRMSNorm(self.head_v_dim, eps=norm_eps)
+        self.o_proj = nn.Linear(self.value_dim, d_model, bias=False)
+
+    def log_gate(self, x: torch.Tensor) -> torch.Tensor:
+        """x (batch, T, d_model) -> g (batch, T, heads) <= 0: the per-step log decay."""
+        return -self.A_log.exp() * F.softplus(self.a_proj(x) + self.dt_bias)
+
+    def _inputs(self, x, extras):
+        q, k, v, beta, nxt = self._qkv_beta(x, extras)
+        return [q, k, v, self.log_gate(x), beta], {"use_qk_l2norm_in_kernel": True}, nxt
+
+    def _output(self, o, x):
+        return self.o_proj(self.o_norm(o, self._heads(self.g_proj(x))).flatten(-2))
