@@ -158,7 +158,7 @@ def based(d_model: int, n_layers: int, pattern: str = "CBW", n_heads: int = 1,
     bad = [c for c in pattern if c not in BASED_CODES]
     if not pattern or bad:
         raise ValueError(f"based: pattern {pattern!r} may use only C (BaseConv), B (Based linear "
-                         f"attention), W (sliding window attention); bad: {', '.join(bad) or 'empty'}")
+                         f"attention), W (sliding window attention); bad: {', '.join(map(repr, bad)) or 'empty'}")
     return build_interleaved(
         d_model, n_layers, pattern=pattern, n_heads=n_heads, window=window, pos=pos,
         channel_mixer=channel_mixer, mlp_mult=mlp_mult, norm=norm, dropout=dropout,
