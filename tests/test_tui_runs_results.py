@@ -121,3 +121,215 @@ async def test_results_tab_without_validation_results_says_so(store, tmp_path):
         await pilot.press("v")
         await settle(pilot)
         assert cells(table) == {"lstm": ["0.605 ± 0.007"]}  # lr 0.1, chosen on test
+
+
+# --------------------------------------------------------------------------- runs table
+GRID_PROFILE = """\
+schema_version = 2
+name = "grid"
+[[tasks]]
+name = "mad_selective_copying"
+vocab_size = 8
+num_tokens_to_copy = 2
+num_train_examples = 64
+num_test_examples = 16
+seq_len = 16
+variants = { vocab_size = [12] }
+[sweep]
+models = ["lstm", "transformer"]
+seeds = [0]
+[sweep.grid]
+"train.lr" = [1e-4, 1e-3]
+"train.weight_decay" = [0.0, 0.1]
+[model]
+d_model = 8
+n_layers = 1
+[train]
+steps = 4
+batch_size = 4
+device = "cpu"
+"""
+
+
+def grid_store(store: Store) -> list[int]:
+    """16 runs: 2 task settings (baseline, vocab_size=12) x 2 models x 2 lr x 2 wd; runs 1-4
+    finished with accuracies 0.4, 0.9, 0.1, 0.6, run 5 running, the rest pending."""
+    from workbench import profile as profiles
+
+    ids = store.add_runs(s.to_dict() for s in profiles.expand(profiles.loads(GRID_PROFILE)))
+    for rid, acc in zip(ids[:4], (0.4, 0.9, 0.1, 0.6)):
+        store.conn.execute("UPDATE runs SET state='finished', started=1, ended=2, progress=1.0, "
+                           "last_accuracy=? WHERE id=?", (acc, rid))
+    store.conn.execute("UPDATE runs SET state='running', started=?, heartbeat=?, progress=0.5 WHERE id=?",
+                       (1e9, 4e9, ids[4]))  # a heartbeat far ahead: reap leaves it be
+    store.conn.commit()
+    return ids
+
+
+def row_ids(table) -> list[int]:
+    return [int(table.coordinate_to_cell_key((i, 0)).row_key.value) for i in range(table.row_count)]
+
+
+def plain(table, rid: int, col: str) -> str:
+    c = table.get_cell(str(rid), col)
+    return c.plain if hasattr(c, "plain") else str(c)
+
+
+def test_grid_labels_and_compact_values():
+    from workbench.tui.runs_table import compact, grid_labels
+
+    assert grid_labels(["train.lr", "train.weight_decay", "model.options.mamba.d_state"]) == \
+        {"train.lr": "lr", "train.weight_decay": "wd", "model.options.mamba.d_state": "d_state"}
+    # tails that would be ambiguous keep enough parts
+    assert grid_labels(["model.d_model", "task.d_model"]) == {"model.d_model": "model.d_model",
+                                                              "task.d_model": "task.d_model"}
+    assert [compact(v) for v in (1e-4, 5e-4, 0.1, 0.0, 16, 3e-05, "cosine", True)] == \
+        ["1e-4", "5e-4", "0.1", "0", "16", "3e-5", "cosine", "true"]
+
+
+async def test_runs_table_shows_grid_values_and_task_setting(store, tmp_path):
+    ids = grid_store(store)
+    app = make_app(store, tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        from workbench.tui.runs_table import RunsTable
+
+        table = app.query_one(RunsTable)
+        assert [plain(table, rid, "grid") for rid in ids[:4]] == \
+            ["lr=1e-4 wd=0", "lr=1e-4 wd=0.1", "lr=1e-3 wd=0", "lr=1e-3 wd=0.1"]
+        assert plain(table, ids[0], "task") == "mad_selective_copying"  # the baseline
+        assert plain(table, ids[-1], "task") == "mad_selective_copying [vocab_size=12]"
+        assert str(table.columns["grid"].label) == "grid"
+
+
+async def test_runs_table_sorts_by_any_column(store, tmp_path):
+    ids = grid_store(store)
+    app = make_app(store, tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        from workbench.tui.runs_table import RunsTable
+
+        table = app.query_one(RunsTable)
+        assert str(table.columns["id"].label) == "id ▲" and row_ids(table) == ids
+        table.move_cursor(row=1)  # run ids[1]
+        while table.sort_column != "accuracy":
+            await pilot.press("s")  # the next column
+        await pilot.pause()
+        assert str(table.columns["accuracy"].label) == "accuracy ▲" and str(table.columns["id"].label) == "id"
+        got = row_ids(table)
+        assert got[:4] == [ids[2], ids[0], ids[3], ids[1]]  # 0.1 0.4 0.6 0.9, then no accuracy
+        assert got[4:] == ids[4:]
+        assert table.current_run_id == ids[1]  # the cursor stays on its run
+        await pilot.press("S")  # the other direction; runs without a value still last
+        await pilot.pause()
+        assert str(table.columns["accuracy"].label) == "accuracy ▼"
+        assert row_ids(table)[:4] == [ids[1], ids[3], ids[0], ids[2]] and row_ids(table)[4:] == ids[4:]
+        # the order holds across polls, and a changed value moves its row
+        store.conn.execute("UPDATE runs SET last_accuracy=0.95 WHERE id=?", (ids[2],))
+        store.conn.commit()
+        app.poll_runs()
+        await settle(pilot)
+        assert row_ids(table)[:2] == [ids[2], ids[1]]
+        table.sort_by("grid")  # by the grid point's values, numerically
+        await pilot.pause()
+        lrs = [plain(table, rid, "grid") for rid in row_ids(table)]
+        assert lrs == sorted(lrs, key=lambda g: [float(p.split("=")[1]) for p in g.split()])
+        table.sort_by("state")
+        await pilot.pause()
+        assert plain(table, row_ids(table)[0], "state") == "running"
+
+
+async def test_runs_table_filters_by_profile_model_state(store, tmp_path):
+    ids = grid_store(store)
+    other = store.add_runs([{"profile": "other", "model": "mamba", "label": "mamba", "task": "t",
+                             "seq_len": 8, "seed": 0, "fields": {}}])
+    app = make_app(store, tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        from workbench.tui.runs_table import FilterScreen, RunsTable
+
+        table = app.query_one(RunsTable)
+        assert table.row_count == 17
+        await pilot.press("slash")
+        await pilot.pause()
+        assert isinstance(app.screen, FilterScreen)
+        assert "profiles: grid, other" in str(app.screen.query_one("#filter-hint", Static).render())
+        await pilot.press(*"state:finished,running model:lstm", "enter")
+        await settle(pilot)
+        shown = set(row_ids(table))
+        assert shown == {r.id for r in table.all_runs if r.state in ("finished", "running") and r.label == "lstm"}
+        assert shown and table.filter.text() == "state:finished,running model:lstm"
+        await pilot.press("slash")
+        await pilot.pause()
+        app.screen.query_one("#filter-input").value = ""
+        await pilot.press(*"mamba", "enter")  # a bare word: any of profile, model, task, state
+        await settle(pilot)
+        assert row_ids(table) == other
+        await pilot.press("slash")
+        await pilot.pause()
+        app.screen.query_one("#filter-input").value = "colour:red"
+        await pilot.press("enter")
+        await pilot.pause()
+        assert "unknown key 'colour'" in str(app.screen.query_one("#filter-error", Static).render())
+        await pilot.press("escape")  # keeps the filter as it was
+        await pilot.pause()
+        assert row_ids(table) == other
+        await pilot.press("f")  # f with a filter: every run again
+        await pilot.pause()
+        assert table.row_count == 17 and not table.filter
+        table.move_cursor(row=0)
+        await pilot.press("f")  # only this profile
+        await pilot.pause()
+        assert table.profile_filter == "grid" and sorted(row_ids(table)) == ids
+
+
+async def test_kill_and_resume_every_marked_run_after_one_confirmation(store, tmp_path, monkeypatch):
+    from workbench import resume
+    from workbench.tui.dialogs import ConfirmScreen
+    from workbench.tui.runs_table import RunsTable
+
+    ids = grid_store(store)
+    sched = FakeScheduler()
+    resumed = []
+    monkeypatch.setattr(resume, "resume_runs", lambda st, rids, *a, **k: (resumed.append(list(rids)) or
+                                                                        (list(rids), [])))
+    app = make_app(store, tmp_path, sched)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        table = app.query_one(RunsTable)
+        table.move_cursor(row=3)  # finished run ids[3], then running ids[4], pending ids[5]
+        await pilot.press("space")
+        assert table.cursor_row == 4  # space marks and moves down, as the footer says
+        await pilot.press("space", "space")
+        assert table.marked == {ids[3], ids[4], ids[5]}
+        from textual.widgets._footer import FooterKey
+
+        assert any(k.key == "space" and "down" in k.description for k in app.query(FooterKey))
+        await pilot.press("k")
+        await pilot.pause()
+        assert isinstance(app.screen, ConfirmScreen)
+        question = str(app.screen.query_one("#question", Static).render())
+        assert "Kill 2 marked runs" in question and f"{ids[4]}, {ids[5]}" in question
+        assert "1 more marked run already ended" in question
+        await pilot.press("y")
+        await settle(pilot)
+        assert sorted(sched.killed) == [ids[4], ids[5]]  # the finished one is left alone
+        app.poll_runs()
+        await settle(pilot)
+        assert plain(table, ids[4], "state") == plain(table, ids[5], "state") == "killed"
+        await pilot.press("r")
+        await pilot.pause()
+        question = str(app.screen.query_one("#question", Static).render())
+        assert "Resume 2 marked runs" in question and "1 more marked run" in question
+        await pilot.press("n")  # no: nothing happens
+        await settle(pilot)
+        assert resumed == []
+        await pilot.press("r", "y")
+        await settle(pilot)
+        assert resumed == [[ids[4], ids[5]]]
+        # nothing marked: the run under the cursor, confirmed by the app as before
+        await pilot.press("u")
+        table.move_cursor(row=6)
+        await pilot.press("k")
+        await pilot.pause()
+        assert f"Kill run {ids[6]}" in str(app.screen.query_one("#question", Static).render())

@@ -10,6 +10,7 @@ import dataclasses
 import json
 import statistics
 import time
+import weakref
 from dataclasses import dataclass
 from typing import Iterable
 
@@ -22,11 +23,16 @@ _LIGHT = ", ".join("'' AS " + n if n in ("spec", "fields") else n for n in _NAME
 _SPEC, _FIELDS, _INFO = (_NAMES.index(n) for n in ("spec", "fields", "info"))
 
 
-def table_runs(store: Store, profile: str | None = None) -> list[Run]:
+def table_runs(store: Store, profile: str | None = None, grid: bool = False) -> list[Run]:
     """The store's runs for the table, in id order, with ``spec`` and ``fields`` left empty
     ({}): what the TUI's poll reads every half second. Rows come as tuples into Run's
     fields by position (half the time of :meth:`Run.from_row`'s dicts on 5,000 runs).
-    Readers of specs want :meth:`Store.runs`."""
+    Readers of specs want :meth:`Store.runs`.
+
+    ``grid``: ``spec`` holds the run's ``grid`` (its grid point, dotted keys) and
+    ``task_setting`` where the spec has them, nothing else: what the TUI's runs table shows.
+    A spec never changes once the run is added (ids are never reused), so each run's are
+    read once per Store object (:func:`spec_extras`), not at every poll."""
     q, args = f"SELECT {_LIGHT} FROM runs", []
     if profile:
         q, args = q + " WHERE profile=?", [profile]
@@ -39,7 +45,41 @@ def table_runs(store: Store, profile: str | None = None) -> list[Run]:
         info = row[_INFO]
         row[_INFO] = json.loads(info) if info else {}
         out.append(Run(*row))
+    if grid and out:
+        extras = spec_extras(store, [r.id for r in out])
+        for r in out:
+            r.spec = extras.get(r.id, _EMPTY)
     return out
+
+
+_EMPTY: dict = {}
+# Store object -> {run id: {"grid": ..., "task_setting": ...}} (only the keys the spec has);
+# by object, not by path: a store deleted and made anew at the same path starts empty
+_EXTRAS: "weakref.WeakKeyDictionary[Store, dict[int, dict]]" = weakref.WeakKeyDictionary()
+
+
+def spec_extras(store: Store, ids: list[int]) -> dict[int, dict]:
+    """{run id: {'grid': {...}, 'task_setting': ...}} for ``ids`` (keys the spec lacks are
+    left out; schema-1 runs have neither). Read with SQLite's json_extract (no spec is
+    decoded in Python) for the ids not read before through this Store, and cached."""
+    cache = _EXTRAS.setdefault(store, {})
+    missing = [i for i in ids if i not in cache]
+    if missing:
+        cur = store.conn.cursor()
+        cur.row_factory = None
+        # new runs are appended (ids only grow): one range scan from the first missing id
+        rows = cur.execute("SELECT id, json_extract(spec, '$.grid'), json_extract(spec, '$.task_setting') "
+                           "FROM runs WHERE id >= ?", (min(missing),))
+        for rid, grid, setting in rows:
+            if rid in cache:
+                continue
+            extra: dict = {}
+            if grid:
+                extra["grid"] = json.loads(grid)
+            if setting is not None:
+                extra["task_setting"] = setting
+            cache[rid] = extra or _EMPTY
+    return cache
 
 
 # a running run's elapsed / progress stands in for the run time only past this fraction
