@@ -343,6 +343,8 @@ class ResultsView(PollsStore, Vertical):
         if not profile or profile == ALL or not self.recs:
             self.notify("pick one profile with finished runs first", severity="warning")
             return
-        write_in_thread(self, self.store.root,
-                        lambda store: plot.plot_profile(store, profile, self.out_dir / safe_stem(profile))[0],
+        from workbench.tui.paths import profile_dir  # the profile's own folder, absolute
+
+        out = profile_dir(self.out_dir, profile)
+        write_in_thread(self, self.store.root, lambda store: plot.plot_profile(store, profile, out)[0],
                         f"the figures of {profile}")
