@@ -12,8 +12,8 @@ here) and Samba (Ren et al. 2024).
 Memory O(L * window), not O(L^2): queries are processed in blocks of Q = min(window, L)
 positions; a block needs only the Q + w - 1 keys ending at its last position, so the
 scores are (batch, heads, L / Q, Q, Q + w - 1) instead of (batch, heads, L, L). The key
-windows are strided views (``unfold``) of one key sequence, and a boolean
-(Q, Q + w - 1) band mask keeps exactly the keys t - w + 1 .. t.
+windows are cut from one key sequence (``unfold``), and a boolean (Q, Q + w - 1) band
+mask keeps exactly the keys t - w + 1 .. t.
 
 Positions: ``pos="rope"`` (default) rotates q and k with RoPE (``models.attention.Rotary``,
 Su et al. 2021); ``"none"`` uses none. RoPE scores depend only on position differences, so
@@ -142,7 +142,13 @@ class SlidingWindowAttention(nn.Module):
         return attn @ v_all
 
     def _blocked(self, q, k_all, v_all, first_real, p_drop):
-        """Blocks of Q queries against their Q + w - 1 keys: O(L * window) memory."""
+        """Blocks of Q queries against their Q + w - 1 keys: O(L * window) memory.
+
+        The blocks go where SDPA expects heads, (batch * heads, blocks, Q, d_head), so that
+        one (Q, span) or (1, blocks, Q, span) mask broadcasts over batch and heads: that
+        keeps SDPA on its fused CPU kernel (a 5-D call falls back to the unfused math path;
+        measured at b 8, L 16384, w 64, fwd + bwd: 4.6 s / 889 MiB against 0.75 s / 232 MiB).
+        """
         b, h, L, d = q.shape
         w, c = self.window, self.window - 1
         Q = min(w, L)
@@ -154,18 +160,19 @@ class SlidingWindowAttention(nn.Module):
             v_all = F.pad(v_all, (0, 0, 0, pad))
         span = Q + c
         # block j's queries are q[jQ : jQ+Q]; its keys k_all[jQ : jQ + Q + c]
-        qb = q.view(b, h, n, Q, d)
-        kb = k_all.unfold(2, span, Q).transpose(-1, -2)               # (b, h, n, span, d)
-        vb = v_all.unfold(2, span, Q).transpose(-1, -2)
+        qb = q.reshape(b * h, n, Q, d)
+        kb = k_all.unfold(2, span, Q).transpose(-1, -2).reshape(b * h, n, span, d)
+        vb = v_all.unfold(2, span, Q).transpose(-1, -2).reshape(b * h, n, span, d)
         mask = band_mask(Q, span, w, c, q.device)                     # (Q, span), same per block
         if bool((first_real > 0).any()):
-            # empty cache slots (key index < first_real) lie in block 0's keys only. One
-            # mask for the batch when all sequences are at the same point (the usual case).
-            if bool((first_real == first_real[0]).all()):
-                first_real = first_real[:1]
+            # empty cache slots (key index < first_real) lie in block 0's keys only
             key_idx = torch.arange(n, device=q.device)[:, None] * Q + torch.arange(span, device=q.device)
-            real = key_idx[None] >= first_real[:, None, None]         # (b or 1, n, span)
-            mask = mask & real[:, None, :, None, :]                   # (b or 1, 1, n, Q, span)
+            if bool((first_real == first_real[0]).all()):  # the usual case: one mask for all
+                mask = mask & (key_idx >= first_real[0])[None, :, None, :]        # (1, n, Q, span)
+            else:
+                real = key_idx[None] >= first_real[:, None, None]                 # (b, n, span)
+                mask = (mask & real[:, None, :, None, :]).expand(b, h, n, Q, span)
+                mask = mask.reshape(b * h, n, Q, span)
         y = F.scaled_dot_product_attention(qb, kb, vb, attn_mask=mask, dropout_p=p_drop)
         return y.reshape(b, h, n * Q, d)[:, :, :L]
 
