@@ -98,11 +98,14 @@ class OptionError(ValueError):
 # Ranges checked before a factory runs, by option name (the names mean the same in every
 # entry). Without them a negative size or dropout reaches torch, which either fails with
 # a message about some internal tensor or, worse, builds a model that trains wrongly.
-_POSITIVE_INT = {"d_state", "d_conv", "expand", "n_heads", "mlp_mult", "max_len", "l_max",
+_POSITIVE_INT = {"d_state", "d_conv", "expand", "n_heads", "max_len", "l_max",
                  "emb_dim", "filter_width", "short_width", "order", "lora_r", "freq_chunk",
                  "d_inner", "dt_rank", "mamba_per_block", "shift_size"}
 _PROBABILITY = {"dropout", "lora_dropout"}  # [0, 1): a dropout of 1 zeroes every activation
-_POSITIVE_FLOAT = {"dt_min", "dt_max", "dt_init_floor", "mult", "attn_scale", "lora_alpha"}
+# mlp_mult is an int for some entries (transformer) and a float for others (the SwiGLU
+# channel mixer): its annotation picks the type, this set the range
+_POSITIVE_FLOAT = {"dt_min", "dt_max", "dt_init_floor", "mult", "attn_scale", "lora_alpha",
+                   "mlp_mult"}
 
 
 def _option_kind(p: inspect.Parameter) -> tuple[str | None, bool]:
@@ -135,9 +138,10 @@ def _check_value(model: str, option: str, value: Any, kind: str | None, nullable
         kind = "int"
     is_int = isinstance(value, int) and not isinstance(value, bool)
     if kind == "int" or option in _POSITIVE_INT:
+        positive = option in _POSITIVE_INT or option in _POSITIVE_FLOAT
         if not is_int:
-            bad("an integer > 0" if option in _POSITIVE_INT else "an integer")
-        if option in _POSITIVE_INT and value <= 0:
+            bad("an integer > 0" if positive else "an integer")
+        if positive and value <= 0:
             bad("an integer > 0")
     elif kind == "float":
         if not (is_int or isinstance(value, float)) or not math.isfinite(value):

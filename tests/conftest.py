@@ -13,6 +13,14 @@ if "TRITON_INTERPRET" not in os.environ:
     if not torch.cuda.is_available():
         os.environ["TRITON_INTERPRET"] = "1"
 
+# One intra-op thread in the test process: the tests' tensors are tiny, so a second thread
+# buys nothing, and on a busy 2-core machine (workers the tests start, other jobs) two
+# threads spin-waiting on each other made single tests 50x slower. Worker subprocesses
+# keep their own setting.
+import torch  # noqa: E402
+
+torch.set_num_threads(int(os.environ.get("SSM_WORKBENCH_TEST_THREADS", "1")))
+
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
