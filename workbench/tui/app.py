@@ -1,7 +1,12 @@
 """The ssm-workbench TUI application: tabs for the runs table and the sweep form; the run
 view is a pushed screen. The widgets live in their own modules; this file wires them up.
 
-Run it as ``python -m workbench.tui.app [--store DIR] [--profiles DIR]``.
+``?`` shows every key of the current screen (:mod:`workbench.tui.help_screen`), and the
+command palette (ctrl+p) holds the app's own commands (:mod:`workbench.tui.commands`).
+Figures and tables go to one folder per profile under ``<store>/figures/`` or ``--out``
+(:mod:`workbench.tui.paths`).
+
+Run it as ``python -m workbench.tui.app [--store DIR] [--profiles DIR] [--out DIR]``.
 """
 from __future__ import annotations
 
@@ -21,7 +26,10 @@ from textual.widgets import Footer, Header, Static, TabbedContent, TabPane
 from workbench import progress, slurm
 from workbench.profile import Profile
 from workbench.store import STATES, Run, Store
+from workbench.tui import paths
+from workbench.tui.commands import WorkbenchCommands
 from workbench.tui.dialogs import ConfirmScreen
+from workbench.tui.help_screen import HelpScreen, sections_for
 from workbench.tui.formatting import STATE_STYLES, set_text
 from workbench.tui.compare_view import CompareScreen
 from workbench.tui.messages import CompareRuns, KillRequested, OpenRun, ResumeRequested
@@ -34,9 +42,45 @@ POLL_S = 0.5  # the runs table follows the store at 2 Hz
 MAX_PROGRESS_LINES = 3  # profiles under way listed under the runs table
 
 
+def id_ranges(ids: list[int]) -> str:
+    """[1, 2, 3, 7, 9, 10] -> '1..3, 7, 9..10'."""
+    out: list[str] = []
+    for i in sorted(ids):
+        if out and out[-1][1] == i - 1:
+            out[-1][1] = i
+        else:
+            out.append([i, i])
+    return ", ".join(str(a) if a == b else f"{a}..{b}" for a, b in out)
+
+
+def launch_summary(name: str, ids: Any) -> str:
+    """What submitting a sweep did, from :class:`workbench.scheduler.Submission` (a plain
+    list of ids counts as all queued): new runs queued, and the runs the store already
+    held (skipped as finished, still pending or running, resumed, restarted, refused)."""
+    queued = list(getattr(ids, "queued", ids))
+    text = f"sweep {name}: {len(queued)} run{'' if len(queued) == 1 else 's'} queued"
+    if queued:
+        text += f" (ids {id_ranges(queued)})"
+    held = [(k, getattr(ids, k, [])) for k in ("skipped", "attached", "resumed", "restarted", "refused")]
+    n_held = sum(len(v) for _, v in held)
+    if n_held:
+        words = {"skipped": "finished (skipped)", "attached": "pending or running",
+                 "resumed": "resumed from a checkpoint", "restarted": "restarted from step 0",
+                 "refused": "not requeued"}
+        parts = ", ".join(f"{len(v)} {words[k]}" for k, v in held if v)
+        text += f"; {n_held} already in the store: {parts}"
+        if not queued and len(getattr(ids, "skipped", [])) == n_held:
+            text += " (`ssm-workbench run --fresh` trains them anew)"
+    return text
+
+
 class WorkbenchApp(App):
     CSS_PATH = ["app.tcss", "results.tcss"]
     TITLE = "ssm-workbench"
+    # the screens' -narrow / -wide classes (app.tcss): the sweep form's two columns and the
+    # compare view's legend beside the plots need 100 columns
+    HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (100, "-wide")]
+    COMMANDS = App.COMMANDS | {WorkbenchCommands}
     BINDINGS = [
         Binding("q", "quit_key", "Quit (runs go on)"),
         # not a priority binding (as Textual's default is), so the form's footer can show it
@@ -44,17 +88,19 @@ class WorkbenchApp(App):
         Binding("f1", "show_tab('runs')", "Runs"),
         Binding("f2", "show_tab('sweep')", "New sweep"),
         Binding("f3", "show_tab('results')", "Results"),
+        Binding("question_mark", "help", "Keys", key_display="?"),
     ]
 
     def __init__(self, store: Store, profiles_dir: Path = Path("profiles"),
-                 scheduler: Any = None, figures_dir: Path = Path("figures"), **kwargs: Any) -> None:
+                 scheduler: Any = None, figures_dir: Path | None = None, **kwargs: Any) -> None:
         """``scheduler``: an object with ``submit`` and ``kill`` (tests); by default the
         :mod:`workbench.scheduler` module, imported when first needed. ``figures_dir``:
-        where the compare and results views write figures and tables."""
+        the folder under which the compare and results views write figures and tables,
+        one folder per profile (default: the store folder's ``figures/``)."""
         super().__init__(**kwargs)
         self.store = store
         self.profiles_dir = Path(profiles_dir)
-        self.figures_dir = Path(figures_dir)
+        self.figures_dir = paths.output_root(store.root, figures_dir)
         self._scheduler = scheduler
         # One SQLite connection serves the UI's threads; a lock keeps their statements
         # (and reap's write transaction) from interleaving.
@@ -77,7 +123,7 @@ class WorkbenchApp(App):
                 yield RunsTable(id="runs-table")
                 yield Static("", id="runs-summary")
             with TabPane("New sweep (F2)", id="sweep"):
-                yield SweepForm(self.profiles_dir, id="sweep-form")
+                yield SweepForm(self.profiles_dir, state_dir=self.store.root, id="sweep-form")
             with TabPane("Results (F3)", id="results"):
                 yield ResultsView(self.store, self.store_lock, self.figures_dir, id="results-view")
         yield Footer()
@@ -100,6 +146,8 @@ class WorkbenchApp(App):
 
     # ------------------------------------------------------------------ runs table
     def poll_runs(self) -> None:
+        if not self.screen_stack:  # a tick while the app shuts down
+            return
         if isinstance(self.screen, (RunScreen, CompareScreen)):
             return  # the table is hidden (and those views poll for themselves)
         if not self._polling:  # skip a tick rather than queue reads behind a slow one
@@ -262,20 +310,80 @@ class WorkbenchApp(App):
         self.call_from_thread(self._launched, profile, ids)
 
     def _launched(self, profile: Profile, ids: list[int]) -> None:
-        span = f"{ids[0]}..{ids[-1]}" if len(ids) > 1 else str(ids[0]) if ids else "none"
-        self.notify(f"sweep {profile.name}: {len(ids)} runs queued (ids {span})", markup=False)
-        self.query_one(SweepForm).set_status(f"launched {len(ids)} runs (ids {span})")
-        self._goto_run = ids[0] if ids else None
+        text = launch_summary(profile.name, ids)
+        self.notify(text, markup=False, timeout=8)
+        self.query_one(SweepForm).set_status(text)
+        # the cursor goes to the first run that will train now (else the sweep's first)
+        moving = [i for k in ("queued", "resumed", "restarted") for i in getattr(ids, k, [])]
+        self._goto_run = (moving or list(ids) or [None])[0]
         self.action_show_tab("runs")
         self.poll_runs()
+
+    # ------------------------------------------------------------------ help, palette commands
+    def action_help(self) -> None:
+        if isinstance(self.screen, HelpScreen):
+            return
+        screen = self.screen
+        if len(self.screen_stack) > 1:  # the run view, the compare view, a dialog
+            where = screen.title or type(screen).__name__
+        else:
+            pane = self.query_one(TabbedContent).active_pane
+            where = str(pane._title) if pane is not None else self.title
+        self.push_screen(HelpScreen(sections_for(self, screen), f"Keys: {where}   (esc closes)"))
+
+    def _to_tabs(self, tab: str | None = None) -> None:
+        while len(self.screen_stack) > 1:
+            self.pop_screen()
+        if tab is not None:
+            self.action_show_tab(tab)
+
+    def action_open_profile(self) -> None:
+        self._to_tabs("sweep")
+        self.query_one(SweepForm).action_load()
+
+    def action_save_profile(self) -> None:
+        self._to_tabs("sweep")
+        self.query_one(SweepForm).action_save()
+
+    def action_launch_sweep(self) -> None:
+        self._to_tabs("sweep")
+        self.query_one(SweepForm).action_launch()
+
+    def action_compare_marked(self) -> None:
+        self._to_tabs("runs")
+        self.query_one(RunsTable).action_compare()
+
+    def action_compare_profile(self) -> None:
+        self._to_tabs("runs")
+        self.query_one(RunsTable).action_compare_profile()
+
+    def action_export_table(self) -> None:
+        self._to_tabs()
+        if self.query_one(TabbedContent).active != "results":
+            self.action_show_tab("results")
+            self.notify("the Results tab's table: pick the profile and metric, then w writes it",
+                        markup=False)
+            return
+        self.query_one(ResultsView).action_write_table()
+
+    def action_write_figures(self) -> None:
+        if isinstance(self.screen, CompareScreen):
+            self.screen.action_figures()
+            return
+        self._to_tabs()
+        if self.query_one(TabbedContent).active != "results":
+            self.action_show_tab("results")
+        self.query_one(ResultsView).action_figures()
 
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m workbench.tui.app", description=__doc__)
     ap.add_argument("--store", help="store directory (default: $SSM_WORKBENCH_STORE or the XDG data dir)")
     ap.add_argument("--profiles", default="profiles", help="folder for saved profiles (default: ./profiles)")
+    ap.add_argument("--out", help="folder for figures and tables, one folder per profile "
+                                  "(default: the store folder's figures/)")
     args = ap.parse_args(argv)
-    WorkbenchApp(store=Store(args.store), profiles_dir=Path(args.profiles)).run()
+    WorkbenchApp(store=Store(args.store), profiles_dir=Path(args.profiles), figures_dir=args.out).run()
 
 
 if __name__ == "__main__":

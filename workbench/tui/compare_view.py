@@ -6,8 +6,10 @@ newer than the last one seen, and redraws only when rows arrived or a setting ch
 runs that are still training update live at the run view's rate.
 
 Keys: ``x`` step / epoch / wall time, ``b`` band std / min..max / none, ``g`` group seeds
-or show every run, ``l`` / ``a`` which loss / accuracy metric, ``f`` write the figures
-(PNG + SVG, matplotlib) of what is shown.
+or show every run, ``l`` / ``a`` which loss / accuracy metric (only those the runs logged),
+``f`` write the figures (PNG + SVG, matplotlib) of what is shown into the profile's folder
+(:mod:`workbench.tui.paths`). Under 100 columns the legend goes under the plots, so the
+group names are not cut.
 """
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ from textual.widgets import DataTable, Footer, Header, Static
 
 from workbench import curves as cv
 from workbench.store import Run, Store
+from workbench.tui import paths
 from workbench.tui.background import PollsStore, write_in_thread
 from workbench.tui.formatting import number, set_text, state_text
 from workbench.tui.plots import COLOURS, CurvePlot
@@ -35,7 +38,26 @@ ACC_METRICS = [("eval", "accuracy"), ("eval", "sequence_accuracy"), ("train", "a
 
 
 def _next(options: list, current: Any) -> Any:
-    return options[(options.index(current) + 1) % len(options)]
+    return options[(options.index(current) + 1) % len(options)] if current in options else options[0]
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" + ("" if n == 1 else "s")
+
+
+def title_text(what: str, n_runs: int, n_lines: int, axis: str, band: str, by_seed: bool) -> Text:
+    """The line above the plots: how many runs in how many groups (or lines), the x axis,
+    and the band only where there is one (grouped seeds; one line per run has none)."""
+    if by_seed:
+        shape = f"{_plural(n_runs, 'run')} in {_plural(n_lines, 'group')}"
+        spread = {"std": "band: mean ± std over seeds", "minmax": "band: min..max over seeds",
+                  "none": "no band"}[band]
+        how = "seeds grouped (g: a line per run)"
+    else:
+        shape = f"{_plural(n_runs, 'run')}, a line each"
+        spread = "no band (one run per line)"
+        how = "each run (g: group seeds)"
+    return Text.assemble((f"compare {what}", "bold"), f"  {shape}  x: {axis}  {spread}  ", (how, "dim"))
 
 
 class CompareScreen(PollsStore, Screen):
@@ -51,12 +73,14 @@ class CompareScreen(PollsStore, Screen):
     ]
 
     def __init__(self, store: Store, run_ids: list[int], lock: threading.Lock | None = None,
-                 title: str = "", figures_dir: Path = Path("figures")) -> None:
+                 title: str = "", figures_dir: Path | None = None) -> None:
+        """``figures_dir``: the folder under which ``f`` writes, into the folder of the
+        runs' profile (:func:`workbench.tui.paths.runs_dir`); default the store's."""
         super().__init__()
         self.store, self.run_ids = store, sorted(run_ids)
         self.lock = lock or nullcontext()
         self.what = title or f"{len(run_ids)} runs"
-        self.figures_dir = Path(figures_dir)
+        self.figures_dir = paths.output_root(store.root, figures_dir)
         self.axis, self.band, self.by_seed = "step", "std", True
         self.loss_metric, self.acc_metric = LOSS_METRICS[0], ACC_METRICS[0]
         self.runs: list[Run] = []
@@ -116,17 +140,16 @@ class CompareScreen(PollsStore, Screen):
         labels = cv.group_labels(cv.group_runs(self.runs, self.by_seed))
         colour_of = {labels[k]: COLOURS[i % len(COLOURS)] for i, k in enumerate(order)}
         xlabel = cv.X_LABELS[self.axis]
+        live = any(not r.finished for r in self.runs)  # (pending or running: rows may come)
         for plot, metric, cs in ((self.query_one("#compare-loss", CurvePlot), self.loss_metric, loss),
                                  (self.query_one("#compare-acc", CurvePlot), self.acc_metric, acc)):
             plot.colours = [colour_of.get(c.label, COLOURS[0]) for c in cs]
-            plot.empty_text = f"no {cv.CURVE_METRICS[metric]} yet"
+            plot.empty_text = (f"no {cv.CURVE_METRICS[metric]} yet" if live else
+                               f"no {cv.CURVE_METRICS[metric]}: these runs ended without logging it")
             plot.show(cv.CURVE_METRICS[metric], cs, xlabel)
         self._show_legend(order, labels, colour_of, loss, acc)
-        band = {"std": "mean ± std", "minmax": "min..max", "none": "no band"}[self.band]
-        set_text(self.query_one("#compare-title", Static), Text.assemble(
-            (f"compare {self.what}", "bold"), f"  {len(self.runs)} runs in {len(order)} "
-            f"{'groups' if self.by_seed else 'lines'}  x: {self.axis}  band: {band}  ",
-            ("seeds grouped" if self.by_seed else "each run", "dim")))
+        set_text(self.query_one("#compare-title", Static),
+                 title_text(self.what, len(self.runs), len(order), self.axis, self.band, self.by_seed))
 
     def _show_legend(self, order, labels, colour_of, loss, acc) -> None:
         table = self.query_one("#compare-legend", DataTable)
@@ -153,26 +176,46 @@ class CompareScreen(PollsStore, Screen):
 
     def action_cycle_band(self) -> None:
         self.band = _next(list(cv.BANDS), self.band)
+        if not self.by_seed:
+            self.notify("one line per run has no band: g groups the seeds again", markup=False)
         self._changed()
 
     def action_toggle_group(self) -> None:
         self.by_seed = not self.by_seed
         self._changed()
 
+    def logged(self, metrics: list[tuple[str, str]]) -> list[tuple[str, str]]:
+        """Those of ``metrics`` that the runs logged (in the rows read so far)."""
+        have = {(r["split"], r["name"]) for r in self.rows}
+        return [m for m in metrics if m in have]
+
+    def _cycle(self, metrics: list[tuple[str, str]], current: tuple[str, str], what: str) -> tuple[str, str]:
+        """The next of ``metrics`` the runs logged; a note when there is no other."""
+        offered = self.logged(metrics)
+        if not offered or offered == [current]:
+            have = cv.CURVE_METRICS[current] if offered else f"no {what} metric yet"
+            self.notify(f"these runs logged only {have}" if offered else have, markup=False)
+            return current
+        return _next(offered, current)
+
     def action_cycle_loss(self) -> None:
-        self.loss_metric = _next(LOSS_METRICS, self.loss_metric)
+        self.loss_metric = self._cycle(LOSS_METRICS, self.loss_metric, "loss")
         self._changed()
 
     def action_cycle_acc(self) -> None:
-        self.acc_metric = _next(ACC_METRICS, self.acc_metric)
+        self.acc_metric = self._cycle(ACC_METRICS, self.acc_metric, "accuracy")
         self._changed()
 
     def action_figures(self) -> None:
         from workbench import plot
 
         runs, axis, band, by_seed = list(self.runs), self.axis, self.band, self.by_seed
-        metrics = [self.loss_metric, self.acc_metric]
+        metrics = [m for m in (self.loss_metric, self.acc_metric) if m in self.logged([m])]
+        if not runs or not metrics:
+            self.notify("nothing to draw yet: no loss or accuracy logged", severity="warning", markup=False)
+            return
+        out = paths.runs_dir(self.figures_dir, (r.profile for r in runs))
         write_in_thread(self, self.store.root, lambda store: [
             path for metric in metrics for path in plot.plot_curves(
-                store, runs, self.figures_dir, metric=metric, axis=axis, band=band, by_seed=by_seed)],
+                store, runs, out, metric=metric, axis=axis, band=band, by_seed=by_seed)],
             "figures")

@@ -6,9 +6,12 @@ changes; family headers are disabled entries (the cursor skips them, space and e
 toggle them) drawn without a check box. Picks live beside the list, so a model picked and
 then filtered out stays picked.
 
-Keys: type to filter (several words: each must match the name, family or description);
-down or enter goes from the filter into the list; up from the list's first model goes back
-to the filter; space or enter toggles a model; escape clears the filter.
+Keys: type to filter (several words: each must match the name, family or description),
+in the filter or in the list (a letter typed in the list goes to the filter); down or
+enter goes from the filter into the list; up from the list's first model goes back to the
+filter; space or enter toggles a model; escape clears the filter. After each change of
+the filter the cursor is on the best match (:func:`rank`): a model named exactly as typed,
+then names starting with it, then names containing it, then the rest in list order.
 """
 from __future__ import annotations
 
@@ -51,12 +54,42 @@ def matches(query: str, entry: Entry) -> bool:
     return all(word in hay for word in query.lower().split())
 
 
+def rank(query: str, entry: Entry) -> int:
+    """How well ``entry`` matches ``query`` (lower is better): 0 the name is the query, 1 the
+    name starts with it, 2 the name contains it, 3 every word is in the name, 4 a match
+    through the family or description only."""
+    q, name = query.strip().lower(), entry.name.lower()
+    if not q:
+        return 4
+    if name == q:
+        return 0
+    if name.startswith(q):
+        return 1
+    if q in name:
+        return 2
+    return 3 if all(w in name for w in q.split()) else 4
+
+
 class _PickList(SelectionList):
     """A SelectionList whose disabled entries are family headers: no check box, and up from
     the first model leaves the list for the filter above it (instead of wrapping round)."""
 
     class UpFromTop(Message):
         """Up was pressed on the first model."""
+
+    class Typed(Message):
+        """A printable key (not space, which picks, nor ?, the help key) was typed in the
+        list: it is filter text."""
+
+        def __init__(self, character: str) -> None:
+            super().__init__()
+            self.character = character
+
+    def on_key(self, event) -> None:
+        if event.character and event.is_printable and event.character not in " ?":
+            event.stop()
+            event.prevent_default()
+            self.post_message(self.Typed(event.character))
 
     def render_line(self, y: int) -> Strip:
         # SelectionList maps screen line to option index one to one (so prompts never wrap:
@@ -109,8 +142,9 @@ class ModelPicker(Vertical):
 
     # ------------------------------------------------------------------ layout
     def compose(self) -> ComposeResult:
+        # no select-all on focus: letters typed in the list land at the end of the filter
         yield Input(placeholder="type to filter: name, family or description (esc clears)",
-                    id="models-filter", compact=True)
+                    id="models-filter", compact=True, select_on_focus=False)
         yield _PickList(*self._options(""), id="models-list", compact=True)
         yield Static("", id="models-picked")
 
@@ -172,11 +206,23 @@ class ModelPicker(Vertical):
     def _rebuild(self) -> None:
         lst = self._list
         # rebuilding re-selects the picked entries: that is no change to report
+        query = self.filter_input.value
         with lst.prevent(SelectionList.SelectedChanged):
             lst.clear_options()
-            lst.add_options(self._options(self.filter_input.value))
+            lst.add_options(self._options(query))
         lst.action_first()  # the first model, not its header
+        best = self.best_match(query)
+        if best is not None:
+            lst.highlighted = next(i for i, o in enumerate(lst.options) if o.value == best)
         self._show_summary()
+
+    def best_match(self, query: str) -> str | None:
+        """The shown model that matches ``query`` best (:func:`rank`; ties: list order)."""
+        by_name = {e.name: e for e in self._entries}
+        shown = self.shown
+        if not query.strip() or not shown:
+            return None
+        return min(shown, key=lambda n: (rank(query, by_name[n]), shown.index(n)))
 
     @on(Input.Changed, "#models-filter")
     def _filter_changed(self, event: Input.Changed) -> None:
@@ -198,6 +244,15 @@ class ModelPicker(Vertical):
     def _up_from_list(self, event: _PickList.UpFromTop) -> None:
         event.stop()
         self.filter_input.focus()
+
+    @on(_PickList.Typed)
+    def _typed_in_list(self, event: _PickList.Typed) -> None:
+        """Typing in the list goes on in the filter (as in most pickers)."""
+        event.stop()
+        box = self.filter_input
+        box.value += event.character
+        box.cursor_position = len(box.value)
+        box.focus()
 
     def action_into_list(self) -> None:
         if self._shown:

@@ -1,4 +1,10 @@
-"""A streaming line plot of metric series (textual-plotext)."""
+"""Streaming line plots of metric series (textual-plotext).
+
+A series whose values are all equal (an accuracy stuck at 0, a loss at its floor) would
+get plotext's own -1..1-style range around it; :func:`flat_range` gives it a range that
+starts at zero instead, so 0 sits at the bottom and a constant reads as what it is. An
+empty plot says why it is empty (``empty_text``: waiting, or the run failed).
+"""
 from __future__ import annotations
 
 from textual_plotext import PlotextPlot
@@ -20,6 +26,21 @@ def thin(values: list[float], budget: int) -> list[float]:
     return out
 
 
+def flat_range(values) -> tuple[float, float] | None:
+    """(lo, hi) for the y axis when every value is the same (None otherwise, or when there
+    are none): from 0 up to twice the value (or 1 when it is 0), or from twice a negative
+    value up to 0."""
+    vals = [v for v in values if v is not None and v == v]  # (NaN != NaN)
+    if not vals or min(vals) != max(vals):
+        return None
+    v = vals[0]
+    if v > 0:
+        return 0.0, 2 * v
+    if v < 0:
+        return 2 * v, 0.0
+    return 0.0, 1.0
+
+
 class MetricPlot(PlotextPlot):
     """Plot several (step, value) series. Appending data does not redraw; :meth:`redraw`
     does, so the caller decides the rate (the run view redraws only when rows arrived)."""
@@ -30,6 +51,7 @@ class MetricPlot(PlotextPlot):
         self.title, self.ylabel, self.ylim = title, ylabel, ylim
         self.series: dict[str, tuple[list[float], list[float]]] = {}
         self.xmax: float | None = None  # the run's total steps: both plots share one x range
+        self.empty_text = "waiting for metrics..."  # the run view says why when the run ended
         self.draws = 0  # how many times the data was replotted (tests check the throttle)
 
     def on_mount(self) -> None:
@@ -50,8 +72,11 @@ class MetricPlot(PlotextPlot):
         plt.title(self.title)
         plt.xlabel("step")
         plt.ylabel(self.ylabel)
+        flat = flat_range(y for _, ys in self.series.values() for y in ys)
         if self.ylim is not None:
             plt.ylim(*self.ylim)
+        elif flat is not None:
+            plt.ylim(*flat)
         if self.xmax:
             plt.xlim(0, self.xmax)
         budget = max(200, 4 * self.size.width)  # braille: 2 dots per cell, x2 to spare
@@ -59,7 +84,7 @@ class MetricPlot(PlotextPlot):
             xs, ys = thin(xs, budget), thin(ys, budget)
             plt.plot(xs, ys, label=label, color=COLOURS[i % len(COLOURS)], marker="braille")
         if not self.series:
-            plt.text("waiting for metrics...", x=0.5, y=0.5, alignment="center")
+            plt.text(self.empty_text, x=0.5, y=0.5, alignment="center")
             plt.xlim(0, 1)
             plt.ylim(0, 1)
         self.draws += 1
@@ -95,8 +120,11 @@ class CurvePlot(PlotextPlot):
         plt.clear_figure()
         plt.title(self.title)
         plt.xlabel(self.xlabel)
+        flat = flat_range(y for c in self.curves for y in (*c.lo, *c.mean, *c.hi))
         if self.ylim is not None:
             plt.ylim(*self.ylim)
+        elif flat is not None:
+            plt.ylim(*flat)
         for i, c in enumerate(self.curves):
             colour = self.colours[i] if i < len(self.colours) else COLOURS[i % len(COLOURS)]
             if c.lo != c.mean:  # a band to show (several seeds, or min/max)

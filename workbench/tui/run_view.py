@@ -3,7 +3,9 @@ final results, error text and a system panel.
 
 The screen polls at ~2 Hz in a thread worker. Metrics are fetched incrementally (rows after
 the last rowid seen) and the plots are redrawn only when rows arrived, so an idle or
-finished run costs nothing to display, even over a slow SSH link.
+finished run costs nothing to display, even over a slow SSH link. An empty plot says why
+(:func:`empty_text`: waiting to start, waiting for metrics, or the run ended without any),
+and the system panel says when its last sample is old (the run stopped).
 """
 from __future__ import annotations
 
@@ -44,6 +46,17 @@ class Snapshot:
     system: list[Any] = field(default_factory=list)
     results: dict[str, dict[str, float | None]] = field(default_factory=dict)
     nvml_note: str | None = None
+
+
+def empty_text(state: str, what: str) -> str:
+    """What an empty plot of ``what`` (loss, accuracy) says for a run in ``state``."""
+    if state == "pending":
+        return "waiting for the run to start..."
+    if state == "running":
+        return "waiting for metrics..."
+    if state == "finished":
+        return f"no {what} was logged"
+    return f"run {state} before logging any {what}"
 
 
 def nvml_note() -> str:
@@ -121,9 +134,15 @@ class RunScreen(PollsStore, Screen):
                 plot.xmax = total
                 if plot.series:
                     plot.redraw()
+        for plot in self.query(MetricPlot):  # an empty plot says why it is empty
+            text = empty_text(snap.run.state, plot.ylabel)
+            if text != plot.empty_text:
+                plot.empty_text = text
+                if not plot.series:
+                    plot.redraw()
         self._apply_metrics(snap.metrics)
         set_text(self.query_one("#run-title", Static), self._title(snap.run))
-        self.query_one(SystemPanel).show(snap.system)
+        self.query_one(SystemPanel).show(snap.system, snap.run)
         shown = (snap.run.state, snap.run.error, json.dumps(snap.results, sort_keys=True),
                  json.dumps(snap.run.info, sort_keys=True, default=str))
         if shown != self._shown:  # these change rarely: rewrite only when they did

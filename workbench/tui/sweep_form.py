@@ -3,14 +3,22 @@ settings; validate them into a :class:`~workbench.profile.Profile`; save, load, 
 Grid axes (learning rates, weight decays, any dotted key) become ``[sweep.grid]`` (schema
 2) and count in the run count.
 
-Values are handed to pydantic as typed (strings included) so that the messages the user
-sees are the profile schema's own; each message is shown next to the field it concerns and
-all of them in the status line at the bottom.
+Values are handed to pydantic as typed (strings included); its errors are turned into plain
+sentences naming the form's field (:func:`plain_message`), shown under the field they
+concern and all of them in the status box at the bottom, which stays in view. Once a save
+or launch found problems, every edit checks again, so a corrected value loses its message.
+Sequence lengths are checked against the task as they are typed (the task is built at each
+length, as the profile loader does): a length that does not fit is reported once, under
+the lengths, and the run count waits until it does.
+
+"evaluate every" counts steps or epochs like the budget and follows it (about
+``EVALS_PER_RUN`` evaluations a run) until the user types a value of their own.
 """
 from __future__ import annotations
 
 import inspect
 import json
+import re
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -21,15 +29,23 @@ from textual import on
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.css.query import NoMatches
 from textual.message import Message
+from textual.widget import Widget
 from textual.widgets import Input, Label, Select, Static, Switch
 
 import tasks
 from workbench import profile as profiles
 from workbench.profile import Profile, ProfileError
+from workbench.tui import paths
+from workbench.tui.formatting import set_text
 from workbench.tui.model_picker import ModelPicker
 
-# Training fields edited as plain inputs: (field id, label, profile section, default text).
+DEFAULT_BUDGET = "200"  # steps
+EVALS_PER_RUN = 20  # the default "evaluate every" gives about this many evaluations a run
+
+# Training fields edited as plain inputs: (field id, label, profile section, default text;
+# eval_every's default follows the budget: default_eval_every).
 TRAIN_INPUTS = [
     ("batch_size", "batch size", "train", "32"),
     ("d_model", "d_model", "model", "64"),
@@ -37,10 +53,26 @@ TRAIN_INPUTS = [
     ("lr", "learning rate", "train", "0.001"),
     ("betas", "AdamW betas", "train", "0.9, 0.999"),
     ("weight_decay", "weight decay", "train", "0.0"),
-    ("warmup_steps", "warm-up steps", "train", "0"),
-    ("grad_clip", "grad clip (0 = off)", "train", "1.0"),
-    ("eval_every", "evaluate every", "train", "1"),
+    ("warmup_steps", "warm-up", "train", "0"),
+    ("grad_clip", "grad clip", "train", "1.0"),
+    ("eval_every", "evaluate every", "train", "10"),
 ]
+# what a number in these fields counts (eval_every's says steps or epochs, as the budget)
+UNITS = {"batch_size": "sequences a step", "lr": "peak (after warm-up)", "eval_every": "steps",
+         "warmup_steps": "steps", "betas": "2 numbers in [0, 1)", "grad_clip": "max norm; 0 = off"}
+
+
+def default_eval_every(kind: str, budget: str) -> str | None:
+    """The default "evaluate every" for a budget of ``budget`` steps or epochs (``kind``):
+    about EVALS_PER_RUN evaluations a run, at least one step or epoch apart; None while
+    the budget is not a positive whole number."""
+    try:
+        n = int(budget)
+    except ValueError:
+        return None
+    if n <= 0 or kind not in ("steps", "epochs"):
+        return None
+    return str(max(1, round(n / EVALS_PER_RUN)))
 
 
 def split_list(text: str) -> list[str]:
@@ -274,21 +306,91 @@ def _fmt(v: Any) -> str:
     return "" if v is None else str(v)
 
 
-class FieldRow(Horizontal):
-    """A label, a control and the control's validation message on one line."""
+class FieldRow(Vertical):
+    """A label, a control (and its unit, or a second control) on one line; the control's
+    validation message on the line below, shown only while there is one."""
 
-    def __init__(self, label: str, control, field_id: str) -> None:
+    def __init__(self, label: str, control, field_id: str, unit: str | Widget | None = None) -> None:
         super().__init__(classes="field")
-        self._label, self._control, self.field_id = label, control, field_id
+        self._label, self._control, self.field_id, self._unit = label, control, field_id, unit
 
     def compose(self) -> ComposeResult:
-        yield Label(self._label, classes="field-label")
-        yield self._control
+        with Horizontal(classes="field-line"):
+            yield Label(self._label, classes="field-label")
+            yield self._control
+            if isinstance(self._unit, Widget):
+                yield self._unit
+            elif self._unit is not None:
+                yield Static(self._unit, id=f"unit-{self.field_id}", classes="field-unit")
         yield Static("", id=f"err-{self.field_id}", classes="field-error")
 
 
-class SweepForm(VerticalScroll):
-    """The sweep form. Posts :class:`Launch` with a validated profile; saves/loads itself."""
+# ---------------------------------------------------------------------------- messages
+def _shown_value(v: Any) -> str:
+    return repr(v) if isinstance(v, str) else str(v)
+
+
+def _bound(ctx: dict[str, Any]) -> str | None:
+    for key, words in (("gt", "greater than"), ("ge", "at least"), ("lt", "less than"), ("le", "at most")):
+        if key in ctx:
+            v = ctx[key]
+            return f"{words} {int(v) if isinstance(v, float) and v.is_integer() else v}"
+    return None
+
+
+def plain_message(err: dict[str, Any], label: str, example: str | None = None) -> str:
+    """One pydantic error as a sentence that names the form's field, e.g. ``learning rate:
+    'abc' is not a number`` for "Input should be a valid number, unable to parse string as
+    a number". ``example``: a valid value to quote when values are missing."""
+    kind, ctx = err["type"], err.get("ctx") or {}
+    got = err.get("input")
+    item = any(isinstance(p, int) for p in err["loc"])  # one value of a list field
+    value = _shown_value(got) if isinstance(got, (str, int, float)) and not isinstance(got, bool) else None
+    eg = f" (e.g. {example})" if example else ""
+    if kind == "too_short":
+        n = ctx.get("min_length", 1)
+        if label == "models":
+            return f"models: pick at least {n} model (space in the list picks the one under the cursor)"
+        return f"{label}: give at least {n} value{'' if n == 1 else 's'}{eg}"
+    if kind == "too_long":
+        return f"{label}: give at most {ctx.get('max_length')} values{eg}"
+    if kind == "missing":
+        idx = next((p for p in err["loc"] if isinstance(p, int)), None)
+        if idx is not None:
+            return f"{label}: value {idx + 1} is missing{eg}"
+        return f"{label}: required"
+    if kind in ("int_parsing", "int_from_float", "int_type"):
+        return f"{label}: {value} is not a whole number" if value else f"{label}: give a whole number"
+    if kind in ("float_parsing", "float_type"):
+        return f"{label}: {value} is not a number" if value else f"{label}: give a number"
+    if kind in ("bool_parsing", "bool_type"):
+        return f"{label}: {value} is not true or false"
+    if kind in ("greater_than", "greater_than_equal", "less_than", "less_than_equal"):
+        rule = f"{label} must {'each ' if item else ''}be {_bound(ctx)}"
+        return f"{rule}; {got} is not" if value else rule
+    if kind == "string_too_short":
+        return f"{label}: must not be empty"
+    if kind == "literal_error":
+        return f"{label}: must be one of {ctx.get('expected')}"
+    msg = str(err.get("msg", "")).removeprefix("Value error, ")
+    return f"{label}: {msg[:1].lower()}{msg[1:]}"
+
+
+def _line_keys(text: str) -> dict[int, tuple]:
+    """{line: key path} of a TOML text written by ``profiles.dumps``: the loader's messages
+    say "(line N)" of that text, and the line tells which field the message is about."""
+    return {line: path for path, line in sorted(profiles._key_lines(text).items(), key=lambda kv: len(kv[0]))}
+
+
+LINE_REF = re.compile(r" \(line (\d+)\)")
+
+
+class SweepForm(Vertical):
+    """The sweep form. Posts :class:`Launch` with a validated profile; saves/loads itself.
+
+    Wide terminals show two columns (models on the left; task, sweep and training settings
+    on the right), narrow ones a single scrolling column; the status box with the
+    problems of the last save/launch stays at the bottom either way."""
 
     BINDINGS = [
         Binding("ctrl+s", "save", "Save profile"),
@@ -302,14 +404,22 @@ class SweepForm(VerticalScroll):
             super().__init__()
             self.profile = profile
 
-    def __init__(self, profiles_dir: Path, **kwargs: Any) -> None:
+    def __init__(self, profiles_dir: Path, state_dir: Path | None = None, **kwargs: Any) -> None:
+        """``state_dir``: where the last profile path is remembered (the store folder;
+        :mod:`workbench.tui.paths`); None remembers for this session only."""
         super().__init__(**kwargs)
         self.profiles_dir = Path(profiles_dir)
+        self.state_dir = state_dir
         self._params_task: str | None = None  # task whose parameter inputs are shown
         # What a loaded profile holds beyond the form (per-model labels/options, min_lr_ratio,
         # ...): kept so that load -> save does not silently drop settings.
         self._base: dict[str, Any] = {}
         self._loaded_models: list[Any] = []
+        self._errors_shown = False  # a save/launch found problems: re-check as fields change
+        self._eval_auto = default_eval_every("steps", DEFAULT_BUDGET)
+        self._built: dict[tuple, str | None] = {}  # (task, params, length) -> build error
+        saved = paths.load_state(state_dir).get("profile_path") if state_dir is not None else None
+        self.last_path: Path | None = Path(saved) if saved else None
 
     # ------------------------------------------------------------------ layout
     def compose(self) -> ComposeResult:
@@ -318,66 +428,77 @@ class SweepForm(VerticalScroll):
         ready = [n for n in task_names
                  if all(v is not None for k, v in tasks.parameters(n).items() if k != "seq_len")]
         first = "mad_selective_copying" if "mad_selective_copying" in task_names else (ready or task_names)[0]
-        yield Static("Profile", classes="section")
-        yield FieldRow("name", Input("sweep", id="name", compact=True), "name")
-        yield FieldRow("description", Input("", id="description", compact=True), "description")
-        yield Static("Models (type to filter, down to the list, space toggles)", classes="section")
-        yield ModelPicker(id="models")
-        yield Static("", id="err-models", classes="field-error")
-        yield FieldRow("model options", Input("", id="model_options", compact=True,
-                                              placeholder="e.g. transformer.pos=rope, mamba.d_state=8"),
-                       "model_options")
-        yield Static("Task", classes="section")
-        yield FieldRow("task", Select([(n, n) for n in task_names], id="task", allow_blank=False,
-                                      value=first, compact=True), "task")
-        yield Static("", id="task-desc", classes="hint")
-        yield Vertical(id="task-params")
-        yield Static("Sweep", classes="section")
-        yield FieldRow("sequence lengths", Input("64", id="seq_lens", compact=True,
-                                                 placeholder="comma-separated, e.g. 64, 256"), "seq_lens")
-        yield FieldRow("seeds", Input("0", id="seeds", compact=True, placeholder="e.g. 0, 1, 2"), "seeds")
-        yield Static("", id="run-count")
-        yield Static("Training", classes="section")
-        yield FieldRow("budget", Select([("epochs", "epochs"), ("steps", "steps")], id="budget_kind",
-                                        allow_blank=False, value="steps", compact=True), "budget_kind")
-        yield FieldRow("epochs / steps", Input("200", id="budget", compact=True), "budget")
-        for fid, label, _, default in TRAIN_INPUTS:
-            yield FieldRow(label, Input(default, id=fid, compact=True), fid)
-        # [sweep.grid] axes: each value list multiplies the runs (empty: no grid)
-        yield FieldRow("lr grid", Input("", id="grid_lr", compact=True,
-                                        placeholder="e.g. 1e-4, 5e-4, 1e-3 (a run per value)"), "grid_lr")
-        yield FieldRow("weight decay grid", Input("", id="grid_wd", compact=True,
-                                                  placeholder="e.g. 0, 0.01, 0.1"), "grid_wd")
-        yield FieldRow("other grid axes", Input("", id="grid_axes", compact=True,
-                                                placeholder="e.g. model.d_model = 64, 128; "
-                                                            "train.warmup_steps = 0, 100"), "grid_axes")
-        yield FieldRow("lr schedule", Select([("cosine", "cosine"), ("constant", "constant")],
-                                             id="schedule", allow_blank=False, value="cosine",
-                                             compact=True), "schedule")
-        yield FieldRow("mixed precision", Switch(False, id="amp"), "amp")
-        yield FieldRow("early stop on", Select([("eval accuracy", "accuracy"), ("eval loss", "loss")],
-                                               id="es_metric", allow_blank=False, value="accuracy",
-                                               compact=True), "es_metric")
-        yield FieldRow("patience (0 = off)", Input("0", id="patience", compact=True), "patience")
-        yield FieldRow("device", Select([(d, d) for d in ("auto", "cpu", "cuda")], id="device",
-                                        allow_blank=False, value="auto", compact=True), "device")
-        yield Static("Where", classes="section")
-        yield FieldRow("executor", Select([("this machine", "local"), ("Slurm: a job per run", "slurm")],
-                                          id="executor", allow_blank=False, value="local", compact=True),
-                       "executor")
-        yield FieldRow("Slurm settings", Input("", id="slurm", compact=True,
-                                               placeholder="partition=gpu, time=04:00:00, gpus_per_run=1, mem=32G"),
-                       "slurm")
-        yield Static("#SBATCH settings as key=value: partition, account, qos, time, gpus_per_run, "
-                     "cpus_per_run, mem, extra=[...], signal_s, requeue, shared_dir, setup=[...]",
-                     classes="hint")
+        with _Columns(id="form-columns"):
+            with Vertical(id="form-left", classes="form-column"):
+                yield Static("Profile", classes="section")
+                yield FieldRow("name", Input("sweep", id="name", compact=True), "name")
+                yield FieldRow("description", Input("", id="description", compact=True), "description")
+                yield Static("Models (type to filter; space picks)", classes="section")
+                yield ModelPicker(id="models")
+                yield Static("", id="err-models", classes="field-error")
+                yield FieldRow("model options", Input("", id="model_options", compact=True,
+                                                      placeholder="e.g. transformer.pos=rope"),
+                               "model_options")
+            with VerticalScroll(id="form-right", classes="form-column"):
+                yield Static("Task", classes="section")
+                yield FieldRow("task", Select([(n, n) for n in task_names], id="task", allow_blank=False,
+                                              value=first, compact=True), "task")
+                yield Static("", id="task-desc", classes="hint")
+                yield Vertical(id="task-params")
+                yield Static("Sweep", classes="section")
+                yield FieldRow("sequence lengths", Input("64", id="seq_lens", compact=True,
+                                                         placeholder="e.g. 64, 256"), "seq_lens",
+                               unit="tokens")
+                yield FieldRow("seeds", Input("0", id="seeds", compact=True, placeholder="e.g. 0, 1, 2"),
+                               "seeds")
+                yield Static("", id="run-count")
+                yield Static("Training", classes="section")
+                yield FieldRow("train for", Input(DEFAULT_BUDGET, id="budget", compact=True), "budget",
+                               unit=Select([("steps", "steps"), ("epochs", "epochs")], id="budget_kind",
+                                           allow_blank=False, value="steps", compact=True))
+                for fid, label, _, default in TRAIN_INPUTS:
+                    if fid == "eval_every":
+                        default = self._eval_auto
+                    yield FieldRow(label, Input(default, id=fid, compact=True), fid, unit=UNITS.get(fid))
+                # [sweep.grid] axes: each value list multiplies the runs (empty: no grid)
+                yield FieldRow("lr grid", Input("", id="grid_lr", compact=True,
+                                                placeholder="e.g. 1e-4, 5e-4, 1e-3"), "grid_lr",
+                               unit="a run per value")
+                yield FieldRow("weight decay grid", Input("", id="grid_wd", compact=True,
+                                                          placeholder="e.g. 0, 0.01, 0.1"), "grid_wd")
+                yield FieldRow("other grid axes", Input("", id="grid_axes", compact=True,
+                                                        placeholder="e.g. model.d_model = 64, 128"),
+                               "grid_axes", unit="key = values; ...")
+                yield FieldRow("lr schedule", Select([("cosine", "cosine"), ("constant", "constant")],
+                                                     id="schedule", allow_blank=False, value="cosine",
+                                                     compact=True), "schedule")
+                yield FieldRow("mixed precision", Switch(False, id="amp"), "amp")
+                yield FieldRow("early stop on", Select([("eval accuracy", "accuracy"), ("eval loss", "loss")],
+                                                       id="es_metric", allow_blank=False, value="accuracy",
+                                                       compact=True), "es_metric")
+                yield FieldRow("patience", Input("0", id="patience", compact=True), "patience",
+                               unit="evaluations (0 = off)")
+                yield FieldRow("device", Select([(d, d) for d in ("auto", "cpu", "cuda")], id="device",
+                                                allow_blank=False, value="auto", compact=True), "device")
+                yield Static("Where", classes="section")
+                yield FieldRow("executor", Select([("this machine", "local"), ("Slurm: a job per run", "slurm")],
+                                                  id="executor", allow_blank=False, value="local",
+                                                  compact=True), "executor")
+                yield FieldRow("Slurm settings", Input("", id="slurm", compact=True,
+                                                       placeholder="partition=gpu, time=04:00:00"), "slurm")
+                yield Static("#SBATCH settings as key=value: partition, account, qos, time, gpus_per_run, "
+                             "cpus_per_run, mem, extra=[...], signal_s, requeue, shared_dir, setup=[...]",
+                             classes="hint")
+        # outside the scrolling columns: always in view when a save or launch fails
         yield Static("", id="form-status")
 
     async def on_mount(self) -> None:
         await self._show_task(self.query_one("#task", Select).value)
         self._show_run_count()
+        self._show_eval_unit()
+        self.set_status("")
 
-    # the number of runs follows the three sweep axes as they are edited
+    # the number of runs follows the sweep axes (and the task, which bounds the lengths)
     @on(ModelPicker.Changed, "#models")
     @on(Input.Changed, "#seq_lens")
     @on(Input.Changed, "#seeds")
@@ -386,19 +507,112 @@ class SweepForm(VerticalScroll):
     @on(Input.Changed, "#grid_axes")
     def _show_run_count(self) -> None:
         _, grid_errors = self._grid_data()
+        lengths = self._length_problems()
         if grid_errors:
             text, ok = "cannot count the runs yet: " + "; ".join(grid_errors.values()), False
+        elif lengths:
+            # the problem itself is shown once, under the lengths
+            text, ok = "no run count while a sequence length does not fit the task", False
         else:
             text, ok = run_count_text(self._sweep_data(), str(self._select("task")))
         count = self.query_one("#run-count", Static)
         count.set_class(not ok, "bad")
-        count.update(Text(text))
+        set_text(count, Text(text))  # (only when it changed: each update is a repaint)
+        if not self._errors_shown:  # (else the full check below shows every field's problem)
+            self._set_error("seq_lens", lengths)
+
+    def _length_problems(self) -> str:
+        """Why some sequence lengths do not fit the task as its parameters stand ('' when
+        they all do, or when the parameters themselves are not valid yet): the task is
+        built at each length (cheap: data is generated lazily), as the profile loader
+        would, so the message is the task's own."""
+        name = str(self._select("task"))
+        if name != self._params_task or "seq_len" not in tasks.parameters(name):
+            return ""
+        try:
+            params, errors = self._task_params(name)
+        except NoMatches:  # the parameter inputs are being rebuilt
+            return ""
+        if errors:
+            return ""
+        lens = []
+        for text in split_list(self._text("seq_lens")):
+            try:
+                lens.append(int(text))
+            except ValueError:
+                pass  # not a length at all: the schema's message says so
+        bad = {L: e for L in dict.fromkeys(lens) if (e := self._build_error(name, params, L))}
+        if not bad:
+            return ""
+        # a length is at fault only when the same parameters build at another length
+        others = [L for L in lens if L not in bad] + [tasks.parameters(name)["seq_len"]]
+        if all(self._build_error(name, params, L) for L in others if L is not None):
+            return ""
+        (L, err), *more = bad.items()
+        also = f" (also {', '.join(map(str, (m for m, _ in more)))})" if more else ""
+        return f"sequence lengths: {L}{also} does not fit task {name}: {err}"
+
+    def _build_error(self, name: str, params: dict[str, Any], L: int) -> str | None:
+        key = (name, json.dumps(params, sort_keys=True, default=str), L)
+        if key not in self._built:
+            if len(self._built) > 512:
+                self._built.clear()
+            try:
+                tasks.build(name, **params, seq_len=L)
+                self._built[key] = None
+            except (ValueError, TypeError, OSError) as e:
+                self._built[key] = str(e)
+        return self._built[key]
+
+    # ------------------------------------------------------------------ units and defaults
+    @on(Input.Changed, "#budget")
+    @on(Select.Changed, "#budget_kind")
+    def _budget_changed(self) -> None:
+        """'evaluate every' follows the budget (about EVALS_PER_RUN evaluations a run)
+        until the user types a value of their own."""
+        auto = default_eval_every(str(self._select("budget_kind")), self._text("budget"))
+        field = self.query_one("#eval_every", Input)
+        if auto is not None and field.value.strip() in ("", self._eval_auto):
+            field.value = auto
+        if auto is not None:
+            self._eval_auto = auto
+        self._show_eval_unit()
+
+    @on(Input.Changed, "#eval_every")
+    def _show_eval_unit(self) -> None:
+        kind = str(self._select("budget_kind"))
+        text = kind
+        try:
+            every, budget = int(self._text("eval_every")), int(self._text("budget"))
+        except ValueError:
+            pass
+        else:
+            if every > 0 and budget > 0:
+                n = budget // every
+                text = f"{kind}, {n} eval{'' if n == 1 else 's'}"
+        self.query_one("#unit-eval_every", Static).update(text)
+
+    # ------------------------------------------------------------------ live re-checking
+    @on(Input.Changed)
+    @on(Select.Changed)
+    @on(Switch.Changed)
+    @on(ModelPicker.Changed)
+    def _recheck(self, event: Message | None = None) -> None:
+        """Once a save or launch showed problems, every edit checks the form again, so a
+        message goes away as soon as its value is corrected (and a new one appears). A
+        task parameter may also change which sequence lengths fit."""
+        if isinstance(event, Input.Changed) and (event.input.id or "").startswith("param-"):
+            self._show_run_count()
+        if self._errors_shown and self._select("task") == self._params_task:
+            self.build_profile(focus=False)  # (a new task's inputs: after _task_changed)
 
     # ------------------------------------------------------------------ task parameters
     @on(Select.Changed, "#task")
     async def _task_changed(self, event: Select.Changed) -> None:
         if event.value != self._params_task and event.value is not Select.NULL:
             await self._show_task(str(event.value))
+            self._show_run_count()
+            self._recheck()
 
     async def _show_task(self, name: str, values: dict[str, Any] | None = None) -> None:
         """Generate one input per task parameter (seq_len comes from the sweep's lengths)."""
@@ -426,12 +640,12 @@ class SweepForm(VerticalScroll):
     def _select(self, fid: str) -> Any:
         return self.query_one(f"#{fid}", Select).value
 
-    def form_data(self) -> tuple[dict[str, Any], dict[str, str]]:
-        """The profile as a plain dict (values as typed) and errors found before pydantic."""
+    def _task_params(self, task_name: str) -> tuple[dict[str, Any], dict[str, str]]:
+        """The task parameters the profile should hold (what differs from the task's
+        defaults, or what a loaded profile had) and their parse errors by field id."""
         errors: dict[str, str] = {}
-        base = self._base
-        task_name = str(self._select("task"))
         params: dict[str, Any] = {}
+        base = self._base
         required = required_params(task_name)
         for p, default in tasks.parameters(task_name).items():
             if p == "seq_len":
@@ -439,17 +653,24 @@ class SweepForm(VerticalScroll):
             text = self._text(f"param-{p}")
             if not text:
                 if p in required:
-                    errors[f"param-{p}"] = "required"
+                    errors[f"param-{p}"] = f"task parameter {p}: required"
                 continue
             try:
                 value = parse_param(text, default)
             except ValueError as e:
-                errors[f"param-{p}"] = str(e)
+                errors[f"param-{p}"] = f"task parameter {p}: {e}"
                 continue
             # write what differs from the task's default, or what the loaded profile had:
             # a profile then keeps following the registry's defaults where it never chose
             if value != _default_value(default) or p in base.get("task", {}):
                 params[p] = value
+        return params, errors
+
+    def form_data(self) -> tuple[dict[str, Any], dict[str, str]]:
+        """The profile as a plain dict (values as typed) and errors found before pydantic."""
+        base = self._base
+        task_name = str(self._select("task"))
+        params, errors = self._task_params(task_name)
         sweep = self._sweep_data()
         errors.update(self._grid_data()[1])
         chosen = sweep["models"]
@@ -457,7 +678,7 @@ class SweepForm(VerticalScroll):
         try:
             opts = parse_model_options(self._text("model_options"))
         except ValueError as e:
-            errors["model_options"] = str(e)
+            errors["model_options"] = f"model options: {e}"
         else:
             if opts:
                 model["options"] = opts
@@ -498,7 +719,7 @@ class SweepForm(VerticalScroll):
         try:
             slurm_settings = parse_settings(self._text("slurm"))
         except ValueError as e:
-            errors["slurm"] = str(e)
+            errors["slurm"] = f"Slurm settings: {e}"
         else:
             if slurm_settings:
                 data["slurm"] = slurm_settings
@@ -551,84 +772,93 @@ class SweepForm(VerticalScroll):
         grid = dict(sorted(grid.items(), key=lambda kv: order.index(kv[0]) if kv[0] in order else len(order)))
         return grid, errors
 
-    def build_profile(self) -> Profile | None:
-        """Validate the form; show every problem and return None, or return the profile."""
+    def build_profile(self, focus: bool = True) -> Profile | None:
+        """Validate the form; show every problem next to its field (and all of them in
+        the status box) and return None, or return the profile. ``focus``: take the user
+        to the first field that needs fixing (not while re-checking as they type)."""
+        if self._select("task") != self._params_task:
+            return None  # the new task's parameter inputs are being built (_task_changed)
         data, errors = self.form_data()
         general: list[str] = []
+
+        def add(fid: str | None, msg: str) -> None:
+            fid = ALIASES.get(fid, fid)
+            if fid is None or not self.query(f"#err-{fid}"):
+                if msg not in general:
+                    general.append(msg)
+            elif msg not in errors.get(fid, ""):  # each field's problems once
+                errors[fid] = f"{errors[fid]}; {msg}" if fid in errors else msg
+
+        lengths = self._length_problems()
+        if lengths:
+            add("seq_lens", lengths)
         prof: Profile | None = None
         try:
             prof = Profile.model_validate(data)
         except ValidationError as e:
             for err in e.errors():
-                fid = self._field_for(err["loc"])
-                where = ".".join(str(p) for p in err["loc"] if p not in ("str", "ModelChoice"))
-                msg = err["msg"]
-                if err["type"] != "missing" and "input" in err and not isinstance(err["input"], (dict, list)):
-                    msg += f" (got {err['input']!r})"
-                if fid and fid not in errors:
-                    errors[fid] = msg
-                general.append(f"{where or 'profile'}: {msg}")
-        if prof is not None and not errors:
+                loc = tuple(err["loc"])
+                cause = (err.get("ctx") or {}).get("error")
+                key = getattr(cause, "key", None)  # a section-level check about one key
+                if key is not None:
+                    loc += key if isinstance(key, tuple) else (key,)
+                fid = field_for(loc)
+                add(fid, plain_message(err, self._label(fid, loc), EXAMPLES.get(fid)))
+        if prof is not None and not errors and not general:
+            text = profiles.dumps(prof)
             try:  # the registry checks (model/task names, options) the loader applies
-                prof = profiles.loads(profiles.dumps(prof), path="form")
+                prof = profiles.loads(text, path="form")
             except ProfileError as e:
-                general.append(str(e))
-                for line in str(e).splitlines()[1:]:  # point at the field where we can
-                    if "sweep.grid" in line:
-                        errors.setdefault(next((f for f, k in GRID_INPUTS.items() if f"'{k}'" in line),
-                                               "grid_axes"), line.strip())
-                    elif "model options" in line or "model.options" in line:
-                        errors.setdefault("model_options", line.strip())
-                    elif line.strip().startswith("task"):
-                        errors.setdefault("task", line.strip())
+                keys = _line_keys(text)
+                for line in str(e).splitlines()[1:]:
+                    ref = LINE_REF.search(line)
+                    fid = field_for(keys.get(int(ref.group(1)), ())) if ref else None
+                    add(fid, LINE_REF.sub("", line).strip())
                 prof = None
-        self._show_errors(errors, general)
+        self._show_errors(errors, general, focus)
         return prof if not errors and not general else None
 
-    @staticmethod
-    def _field_for(loc: tuple) -> str | None:
-        keys = [p for p in loc if isinstance(p, str)]
-        if "grid" in keys[:2]:
-            key = keys[keys.index("grid") + 1] if len(keys) > keys.index("grid") + 1 else ""
-            return next((f for f, k in GRID_INPUTS.items() if k == key), "grid_axes")
-        if keys[:1] == ["train"] and (len(keys) == 1 or keys[1] in ("epochs", "steps")):
-            return "budget"  # "give exactly one of epochs or steps" is a train-level error
-        if keys[:1] in (["slurm"], ["executor"]):
-            return keys[0]
-        mapping = {"models": "models", "seq_lens": "seq_lens", "seeds": "seeds", "name": "name",
-                   "patience": "patience", "metric": "es_metric", "description": "description"}
-        for k in reversed(keys):
-            if k in mapping:
-                return mapping[k]
-            if any(k == fid for fid, *_ in TRAIN_INPUTS) or k in ("schedule", "amp", "device"):
-                return k
-        return None
+    def _label(self, fid: str | None, loc: tuple) -> str:
+        """The form's name for a field (a task parameter: 'task parameter P')."""
+        if fid is None:
+            return ".".join(str(p) for p in loc if p not in ("str", "ModelChoice")) or "profile"
+        if fid.startswith("param-"):
+            return f"task parameter {fid.removeprefix('param-')}"
+        return LABELS.get(fid, fid.replace("_", " "))
 
-    def _show_errors(self, errors: dict[str, str], general: list[str]) -> None:
+    def _set_error(self, fid: str, msg: str) -> None:
+        hits = self.query(f"#err-{fid}")
+        if hits:
+            self._error_text(hits.first(Static), msg)
+
+    @staticmethod
+    def _error_text(w: Static, msg: str) -> None:
+        # touched only when it changes: as the user types, most messages stay as they are
+        if set_text(w, Text(msg)) and w.display != bool(msg):
+            w.display = bool(msg)
+
+    def _show_errors(self, errors: dict[str, str], general: list[str], focus: bool = True) -> None:
         for w in self.query(".field-error"):
-            w.update("")
-        for fid, msg in errors.items():
-            hits = self.query(f"#err-{fid}")
-            if hits:
-                hits.first().update(Text(msg))
-        status = self.query_one("#form-status", Static)
-        lines = [f"{fid}: {msg}" for fid, msg in errors.items()
-                 if not any(line.split(":")[0].endswith(fid) for line in general)] + general
+            self._error_text(w, errors.get(w.id.removeprefix("err-"), ""))
+        # the status box: every problem once, in the form's order
+        order = [w.id for w in self.query("Input, Select, ModelPicker, Switch")]
+        ranked = sorted(errors, key=lambda f: order.index(f) if f in order else len(order))
+        lines = [errors[f] for f in ranked] + general
+        self._errors_shown = bool(lines)
         if lines:
-            status.set_class(True, "bad")
-            status.update(Text("Cannot use this profile:\n" + "\n".join(lines)))
-            # take the user to the first field (in form order) that needs fixing
+            self.set_status("Cannot use this profile:\n" + "\n".join(f"• {x}" for x in lines), bad=True)
             first = next((w for w in self.query("Input, Select, ModelPicker") if w.id in errors), None)
-            if first is not None:
+            if focus and first is not None:
                 first.focus()
         else:
-            status.set_class(False, "bad")
-            status.update("")
+            self.set_status("")
 
     def set_status(self, text: str, bad: bool = False) -> None:
         status = self.query_one("#form-status", Static)
         status.set_class(bad, "bad")
-        status.update(Text(text))
+        set_text(status, Text(text))
+        if status.display != bool(text):
+            status.display = bool(text)
 
     # ------------------------------------------------------------------ filling the form
     async def fill(self, prof: Profile) -> None:
@@ -654,8 +884,12 @@ class SweepForm(VerticalScroll):
             f"{k} = {format_grid_values(v)}" for k, v in grid.items())
         t = prof.train
         kind = "epochs" if t.epochs is not None else "steps"
+        budget = str(t.epochs if kind == "epochs" else t.steps)
         self.query_one("#budget_kind", Select).value = kind
-        self.query_one("#budget", Input).value = str(t.epochs if kind == "epochs" else t.steps)
+        self.query_one("#budget", Input).value = budget
+        # the profile's own eval_every stays: only a value equal to the budget's default
+        # follows later budget edits
+        self._eval_auto = default_eval_every(kind, budget) or self._eval_auto
         for fid, _, section, _ in TRAIN_INPUTS:
             src = prof.model if section == "model" else t
             self.query_one(f"#{fid}", Input).value = _fmt(getattr(src, fid))
@@ -666,9 +900,23 @@ class SweepForm(VerticalScroll):
         self.query_one("#device", Select).value = t.device
         self.query_one("#executor", Select).value = prof.executor
         self.query_one("#slurm", Input).value = format_settings(prof.slurm.model_dump(exclude_defaults=True))
-        self._show_errors({}, [])
+        self._show_errors({}, [], focus=False)
 
     # ------------------------------------------------------------------ actions
+    def _remember(self, path: Path) -> None:
+        self.last_path = Path(path).expanduser().resolve()
+        if self.state_dir is not None:
+            paths.remember(self.state_dir, profile_path=str(self.last_path))
+
+    def save_default(self, name: str) -> Path:
+        """Where the save dialog starts: the folder of the last profile saved or loaded
+        (this file itself when it has this name), else the profiles folder; absolute."""
+        if self.last_path is not None:
+            if self.last_path.stem == name:
+                return self.last_path
+            return self.last_path.parent / f"{name}.toml"
+        return self.profiles_dir.expanduser().resolve() / f"{name}.toml"
+
     def action_save(self) -> None:
         from workbench.tui.dialogs import PathScreen
 
@@ -684,11 +932,11 @@ class SweepForm(VerticalScroll):
             except OSError as e:
                 self.set_status(f"cannot save {path}: {e.strerror}", bad=True)
                 return
-            self.set_status(f"saved {written}")
-            self.notify(f"saved {written}", markup=False)
+            self._remember(written)
+            self.set_status(f"saved {Path(written).resolve()}")
+            self.notify(f"saved {Path(written).resolve()}", markup=False)
 
-        default = self.profiles_dir / f"{prof.name}.toml"
-        self.app.push_screen(PathScreen("Save profile to", str(default)), done)
+        self.app.push_screen(PathScreen("Save profile to", str(self.save_default(prof.name))), done)
 
     def action_load(self) -> None:
         from workbench.tui.dialogs import PathScreen
@@ -703,10 +951,12 @@ class SweepForm(VerticalScroll):
                 self.set_status(str(e), bad=True)
                 self.notify(str(e), title="cannot load profile", severity="error", markup=False)
                 return
-            self.set_status(f"loaded {path}")
+            self._remember(path)
+            self.set_status(f"loaded {Path(path).resolve()}")
 
-        self.app.push_screen(PathScreen("Load profile from", str(self.profiles_dir) + "/",
-                                        browse=self.profiles_dir), done)
+        folder = self.last_path.parent if self.last_path is not None else \
+            self.profiles_dir.expanduser().resolve()
+        self.app.push_screen(PathScreen("Load profile from", str(folder) + "/", browse=folder), done)
 
     def action_launch(self) -> None:
         prof = self.build_profile()
@@ -722,3 +972,51 @@ class SweepForm(VerticalScroll):
             # the app replaces this with the ids once the runs are queued
             self.set_status(text.replace("will launch", "launching", 1))
             self.post_message(self.Launch(prof))
+
+
+class _Columns(VerticalScroll, can_focus=False):
+    """The form's two columns side by side (wide terminals; app.tcss switches the layout)
+    or one under the other, scrolling as one (narrow terminals)."""
+
+
+# ---------------------------------------------------------------------------- fields
+TRAIN_FIELD_IDS = {fid for fid, *_ in TRAIN_INPUTS}
+# the form's names for its fields, used in messages
+LABELS: dict[str, str] = {
+    "name": "name", "description": "description", "models": "models", "model_options": "model options",
+    "task": "task", "seq_lens": "sequence lengths", "seeds": "seeds", "budget": "train for",
+    "grid_lr": "lr grid", "grid_wd": "weight decay grid", "grid_axes": "grid axes",
+    "schedule": "lr schedule", "amp": "mixed precision", "es_metric": "early stop on",
+    "patience": "patience", "device": "device", "executor": "executor", "slurm": "Slurm settings",
+    **{fid: label for fid, label, *_ in TRAIN_INPUTS},
+}
+EXAMPLES = {fid: default for fid, _, _, default in TRAIN_INPUTS} | {"seeds": "0, 1, 2"}
+ALIASES = {"budget_kind": "budget"}  # fields whose messages show under another's
+
+
+def field_for(loc: tuple) -> str | None:
+    """The form field a profile key path is about (a pydantic error's ``loc`` or a key of
+    the TOML the form writes), or None when no field shows it."""
+    keys = [p for p in loc if isinstance(p, str) and p not in ("str", "ModelChoice")]
+    if not keys:
+        return None
+    head, sub = keys[0], keys[1] if len(keys) > 1 else ""
+    if head in ("name", "description", "executor", "slurm"):
+        return head
+    if head == "sweep":
+        if sub == "grid":
+            key = keys[2] if len(keys) > 2 else ""
+            return next((f for f, k in GRID_INPUTS.items() if k == key), "grid_axes")
+        return sub if sub in ("models", "seq_lens", "seeds") else None
+    if head in ("task", "tasks"):
+        return "task" if sub in ("", "name") else f"param-{sub}"
+    if head == "model":
+        return sub if sub in ("d_model", "n_layers") else "model_options" if sub == "options" else None
+    if head == "train":
+        if sub in ("", "epochs", "steps"):
+            return "budget"  # "give exactly one of epochs or steps" is a train-level error
+        if sub == "early_stopping":
+            return {"metric": "es_metric"}.get(keys[2] if len(keys) > 2 else "", "patience")
+        if sub in TRAIN_FIELD_IDS or sub in ("schedule", "amp", "device"):
+            return sub
+    return None

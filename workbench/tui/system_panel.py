@@ -1,7 +1,12 @@
 """The system panel of a run: GPU memory/utilisation from NVML where the worker had a
-driver, otherwise CPU % and process memory, from the ``system`` rows the worker writes."""
+driver, otherwise CPU % and process memory, from the ``system`` rows the worker writes.
+
+A run that is not running writes no samples: its panel then says how old the last one is
+and that it is not live (:func:`age_note`); so does a running run's panel when its samples
+stopped coming (more than ``STALE_S`` old)."""
 from __future__ import annotations
 
+import time
 from typing import Any, Sequence
 
 from rich.text import Text
@@ -9,7 +14,23 @@ from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.widgets import Sparkline, Static
 
-from workbench.tui.formatting import set_text
+from workbench.tui.formatting import duration, set_text
+
+STALE_S = 30.0  # a running run's worker samples every few seconds: older is worth saying
+
+
+def age_note(last_t: float | None, state: str | None, now: float | None = None) -> str | None:
+    """'last sample 3m05s ago: the run is killed, nothing is measured now' for a run that
+    is not running, 'last sample 45s ago' for a running run whose samples stopped coming,
+    else None (a live sample)."""
+    if last_t is None:
+        return None
+    age = (time.time() if now is None else now) - last_t
+    if state is not None and state != "running":
+        return f"last sample {duration(age)} ago: the run is {state}, nothing is measured now"
+    if age > STALE_S:
+        return f"last sample {duration(age)} ago: no new samples"
+    return None
 
 
 def _get(row: Any, key: str) -> Any:
@@ -34,8 +55,9 @@ class SystemPanel(Vertical):
         yield Static("no samples yet", id="sys-text")
         yield Sparkline([], id="sys-spark", summary_function=max)
 
-    def show(self, rows: Sequence[Any]) -> None:
-        """rows: the run's latest ``system`` rows, oldest first."""
+    def show(self, rows: Sequence[Any], run: Any = None) -> None:
+        """rows: the run's latest ``system`` rows, oldest first; ``run``: the run (its
+        state says whether the samples are live)."""
         text = self.query_one("#sys-text", Static)
         spark = self.query_one("#sys-spark", Sparkline)
         if not rows:
@@ -48,6 +70,9 @@ class SystemPanel(Vertical):
         spark.display = True
         last = rows[-1]
         out = Text()
+        note = age_note(_get(last, "t"), getattr(run, "state", None))
+        if note:
+            out.append(note + "\n", style="bold yellow")
         if _has_gpu(last):
             used, total = last["gpu_mem_used_mb"], last["gpu_mem_total_mb"]
             own = _get(last, "gpu_proc_mem_mb")  # this run's worker alone, when NVML lists it
