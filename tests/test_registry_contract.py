@@ -188,3 +188,15 @@ def test_causality_check_catches_a_model_ignoring_later_inputs():
 def test_gradient_check_catches_an_unused_parameter():
     with pytest.raises(AssertionError, match="unused"):
         check_gradients(_Dummy(unused=True))
+
+
+def test_mlp_mult_type_follows_the_entry():
+    """mlp_mult is a float for the SwiGLU channel mixer and an int for the transformer's MLP;
+    both must be > 0."""
+    models.check_options("gla", {"mlp_mult": 2.5})
+    models.check_options("transformer", {"mlp_mult": 3})
+    with pytest.raises(models.OptionError, match="integer > 0"):
+        models.check_options("transformer", {"mlp_mult": 2.5})
+    for name in ("gla", "transformer"):
+        with pytest.raises(models.OptionError, match="> 0"):
+            models.check_options(name, {"mlp_mult": 0})
