@@ -93,6 +93,21 @@ def test_matches_a_naive_per_head_recurrence(kw):
             assert torch.allclose(m(u), expected, atol=1e-11, rtol=1e-9), backend
 
 
+def test_pure_torch_conv_matches_the_c_kernel_and_the_naive(monkeypatch):
+    """The conv's fallback (no C kernel: other devices, half precision) is the same conv."""
+    m = _mixer(d_conv=3)
+    u = torch.randn(2, 11, 16, dtype=F64, generator=torch.Generator().manual_seed(7))
+    with torch.no_grad():
+        y = m(u)
+        s = m.init_state(2)
+        _, s = m.forward_with_state(u[:, :4], s)
+        y_tail = m.forward_with_state(u[:, 4:], s)[0]
+        monkeypatch.setattr(m2.cpu_kernels, "available", lambda: False)
+        assert torch.allclose(m(u), y, atol=1e-12)
+        assert torch.allclose(m.forward_with_state(u[:, 4:], s)[0], y_tail, atol=1e-12)
+        assert torch.allclose(y, naive_mamba2(m, u), atol=1e-11)
+
+
 def _pieces(u, sizes):
     out, start = [], 0
     for s in sizes:
@@ -129,7 +144,7 @@ def test_backbone_forward_chunked_and_step_equal_forward():
     for channel_mixer in ("none", "swiglu"):
         m = models.build("mamba2", d_model=16, n_layers=2, d_state=8, headdim=8,
                          channel_mixer=channel_mixer).double().eval()
-        u = torch.randn(2, 30, 16, dtype=F64)
+        u = torch.randn(2, 20, 16, dtype=F64)
         with torch.no_grad():
             y = m(u)
             # the stack's RMSNorm rounds through float32, hence 1e-6 rather than 1e-12
