@@ -28,7 +28,7 @@ def _stack(d_model, n_layers, make_mixer, norm, dropout, channel_mixer, mlp_mult
                  "channel, swish-gated RMS norm; fla layers/gla.py", family="linear-rnn", init="hf")
 def build_gla(d_model: int, n_layers: int, n_heads: int = 4, expand_k: float = 0.5,
               expand_v: float = 1.0, gate_low_rank_dim: int = 16,
-              gate_logit_normalizer: float = 16.0, chunk_size: int = 64,
+              gate_logit_normalizer: float = 16.0, chunk_size: int | None = None,
               backend: str = "auto", channel_mixer: str = "none", mlp_mult: float = 2.0,
               norm: str = "rms", dropout: float = 0.0) -> RecurrentStack:
     from models.linear_mixers import GatedLinearAttention
@@ -43,7 +43,7 @@ def build_gla(d_model: int, n_layers: int, n_heads: int = 4, expand_k: float = 0
                     "RoPE, GroupNorm, swish gate; fla layers/multiscale_retention.py",
           family="linear-rnn", init="hf")
 def build_retnet(d_model: int, n_layers: int, n_heads: int = 4, expand_k: float = 1.0,
-                 expand_v: float = 2.0, rope_base: float = 10000.0, chunk_size: int = 64,
+                 expand_v: float = 2.0, rope_base: float = 10000.0, chunk_size: int | None = None,
                  backend: str = "auto", channel_mixer: str = "none", mlp_mult: float = 2.0,
                  norm: str = "rms", dropout: float = 0.0) -> RecurrentStack:
     from models.linear_mixers import MultiScaleRetention
@@ -59,7 +59,7 @@ def build_retnet(d_model: int, n_layers: int, n_heads: int = 4, expand_k: float 
 def build_linear_attention(d_model: int, n_layers: int, n_heads: int = 4,
                            expand_k: float = 1.0, expand_v: float = 1.0,
                            feature_map: str = "elu+1", normalize: bool = True,
-                           output_norm: str = "none", chunk_size: int = 64,
+                           output_norm: str = "none", chunk_size: int | None = None,
                            backend: str = "auto", channel_mixer: str = "none",
                            mlp_mult: float = 2.0, norm: str = "rms",
                            dropout: float = 0.0) -> RecurrentStack:
@@ -76,7 +76,7 @@ def build_linear_attention(d_model: int, n_layers: int, n_heads: int = 4,
           family="linear-rnn", init="hf")
 def build_deltanet(d_model: int, n_layers: int, n_heads: int = 4, expand_k: float = 1.0,
                    expand_v: float = 1.0, use_short_conv: bool = True, conv_size: int = 4,
-                   chunk_size: int = 64, backend: str = "auto", channel_mixer: str = "none",
+                   chunk_size: int | None = None, backend: str = "auto", channel_mixer: str = "none",
                    mlp_mult: float = 2.0, norm: str = "rms",
                    dropout: float = 0.0) -> RecurrentStack:
     from models.linear_mixers import DeltaNet
@@ -93,7 +93,7 @@ def build_deltanet(d_model: int, n_layers: int, n_heads: int = 4, expand_k: floa
 def build_gated_deltanet(d_model: int, n_layers: int, n_heads: int = 4,
                          expand_k: float = 0.75, expand_v: float = 1.5,
                          use_short_conv: bool = True, conv_size: int = 4,
-                         chunk_size: int = 64, backend: str = "auto",
+                         chunk_size: int | None = None, backend: str = "auto",
                          channel_mixer: str = "none", mlp_mult: float = 2.0,
                          norm: str = "rms", dropout: float = 0.0) -> RecurrentStack:
     from models.linear_mixers import GatedDeltaNet

@@ -86,7 +86,7 @@ class DeltaNet(_DeltaBase):
     def __init__(self, d_model: int, n_heads: int = 4, expand_k: float = 1.0,
                  expand_v: float = 1.0, use_short_conv: bool = True, conv_size: int = 4,
                  conv_bias: bool = False, norm_eps: float = 1e-5, backend: str = "auto",
-                 chunk_size: int = 64):
+                 chunk_size: int | None = None):
         super().__init__()
         self._init_delta(d_model, n_heads, expand_k, expand_v, use_short_conv, conv_size,
                          conv_bias, backend, chunk_size)
@@ -123,7 +123,7 @@ class GatedDeltaNet(_DeltaBase):
     def __init__(self, d_model: int, n_heads: int = 4, expand_k: float = 0.75,
                  expand_v: float = 1.5, use_short_conv: bool = True, conv_size: int = 4,
                  conv_bias: bool = False, norm_eps: float = 1e-5, backend: str = "auto",
-                 chunk_size: int = 64):
+                 chunk_size: int | None = None):
         super().__init__()
         self._init_delta(d_model, n_heads, expand_k, expand_v, use_short_conv, conv_size,
                          conv_bias, backend, chunk_size)

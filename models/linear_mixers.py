@@ -24,7 +24,8 @@ S (batch, heads, head_k_dim, head_v_dim) of the operator (fla's ``initial_state`
 Backend (``backend="auto" | "torch" | "ref" | "fla"``, ``models.kernels.linear_rnn_backends``):
 the option is kept as ``backend_choice``; ``backend`` is the name that ran in the last
 forward (before any forward: what would run on the parameters' device). ``chunk_size``
-goes to the ``torch`` backend's chunked form only (fla and ref take none).
+goes to the ``torch`` backend's chunked form only (fla and ref take none); None (the
+default) lets the operator pick its tuned size for the device (``linear_rnn.CPU_CHUNK_SIZE``).
 """
 from __future__ import annotations
 
@@ -102,13 +103,13 @@ class LinearRNNMixer(nn.Module):
 
     op_name: str = ""
 
-    def _init_common(self, backend: str, chunk_size: int) -> None:
+    def _init_common(self, backend: str, chunk_size: int | None) -> None:
         check_backend(backend)                   # BackendError (a ValueError) naming it
         if backend == "fla":
             ok, why = fla_status()
             if not ok:
                 raise BackendError(f"backend 'fla' unavailable: {why}; use 'auto' or 'torch'")
-        if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
+        if chunk_size is not None and (isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1):
             raise ValueError(f"chunk_size must be an integer >= 1; got {chunk_size!r}")
         self.backend_choice, self.chunk_size = backend, chunk_size
         self._last_backend: str | None = None
@@ -205,7 +206,7 @@ class GatedLinearAttention(LinearRNNMixer):
     def __init__(self, d_model: int, n_heads: int = 4, expand_k: float = 0.5,
                  expand_v: float = 1.0, gate_low_rank_dim: int = 16,
                  gate_logit_normalizer: float = 16.0, norm_eps: float = 1e-5,
-                 backend: str = "auto", chunk_size: int = 64):
+                 backend: str = "auto", chunk_size: int | None = None):
         super().__init__()
         self._init_common(backend, chunk_size)
         if not gate_logit_normalizer > 0:
@@ -280,7 +281,7 @@ class MultiScaleRetention(LinearRNNMixer):
 
     def __init__(self, d_model: int, n_heads: int = 4, expand_k: float = 1.0,
                  expand_v: float = 2.0, rope_base: float = 10000.0, norm_eps: float = 1e-5,
-                 backend: str = "auto", chunk_size: int = 64):
+                 backend: str = "auto", chunk_size: int | None = None):
         super().__init__()
         self._init_common(backend, chunk_size)
         self.d_model, self.n_heads = d_model, n_heads
@@ -360,7 +361,7 @@ class LinearAttention(LinearRNNMixer):
     def __init__(self, d_model: int, n_heads: int = 4, expand_k: float = 1.0,
                  expand_v: float = 1.0, feature_map: str = "elu+1", normalize: bool = True,
                  eps: float = 1e-6, output_norm: str = "none", norm_eps: float = 1e-5,
-                 backend: str = "auto", chunk_size: int = 64):
+                 backend: str = "auto", chunk_size: int | None = None):
         super().__init__()
         self._init_common(backend, chunk_size)
         if feature_map not in FEATURE_MAPS:
