@@ -14,7 +14,7 @@ from models.registry import register
           "conv, gated RMSNorm, pre-norm residual stack", family="ssm", init="mamba")
 def build_mamba2(
     d_model: int, n_layers: int, d_state: int = 64, d_conv: int = 4, expand: int = 2,
-    headdim: int = 32, ngroups: int = 1, chunk_size: int = 64, dt_min: float = 0.001,
+    headdim: int = 32, ngroups: int = 1, chunk_size: int | None = None, dt_min: float = 0.001,
     dt_max: float = 0.1, dt_init_floor: float = 1e-4, bias: bool = False,
     conv_bias: bool = True, backend: str = "auto", norm: str = "rms", dropout: float = 0.0,
     channel_mixer: str = "none", mlp_mult: float = 2.0,

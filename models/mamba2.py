@@ -134,7 +134,8 @@ class Mamba2(nn.Module):
 
     Options (mamba-ssm's defaults in brackets where they differ): d_state 64 [128],
     d_conv 4, expand 2, headdim 32 [64] (so d_model 64 gives 4 heads), ngroups 1,
-    chunk_size 64 [256] (the chunk of the torch and mamba_ssm backends; fla fixes its own),
+    chunk_size None [256] (the chunk of the torch and mamba_ssm backends; fla fixes its own;
+    None: the torch operator's tuned size for the device, 256 for mamba_ssm),
     dt_min 0.001, dt_max 0.1, dt_init_floor 1e-4, A_init_range (1, 16), bias False,
     conv_bias True, backend "auto" | "torch" | "ref" | "fla" | "mamba_ssm".
 
@@ -144,7 +145,7 @@ class Mamba2(nn.Module):
 
     def __init__(
         self, d_model: int, d_state: int = 64, d_conv: int = 4, expand: int = 2,
-        headdim: int = 32, ngroups: int = 1, chunk_size: int = 64, dt_min: float = 0.001,
+        headdim: int = 32, ngroups: int = 1, chunk_size: int | None = None, dt_min: float = 0.001,
         dt_max: float = 0.1, dt_init_floor: float = 1e-4,
         A_init_range: tuple[float, float] = (1.0, 16.0), bias: bool = False,
         conv_bias: bool = True, backend: str = "auto",
@@ -153,7 +154,7 @@ class Mamba2(nn.Module):
         check_backend(backend)
         for name, value in (("d_model", d_model), ("d_state", d_state), ("d_conv", d_conv),
                             ("expand", expand), ("headdim", headdim), ("ngroups", ngroups),
-                            ("chunk_size", chunk_size)):
+                            ("chunk_size", 1 if chunk_size is None else chunk_size)):
             _positive_int(name, value)
         d_inner = expand * d_model
         if d_inner % headdim:
@@ -266,7 +267,7 @@ class Mamba2(nn.Module):
         if resolved == "mamba_ssm":
             fn = mamba_ssm_status()[0]
             S0 = None if initial_state is None else initial_state.transpose(-1, -2).contiguous()
-            out = fn(x, dt_raw, A, B, C, chunk_size=self.chunk_size, D=D, dt_bias=self.dt_bias,
+            out = fn(x, dt_raw, A, B, C, chunk_size=self.chunk_size or 256, D=D, dt_bias=self.dt_bias,
                      dt_softplus=True, initial_states=S0, return_final_states=want_state)
             y, S = out if want_state else (out, None)
             if S is not None:
