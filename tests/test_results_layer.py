@@ -276,3 +276,25 @@ def test_grid_keys_are_the_runs_grid_not_every_dotted_field(tmp_path):
     assert "task.vocab_size" in recs[1] and "task.vocab_size" in agg.fields_of(recs)
     assert agg.grid_keys(recs) == ["train.lr", "model.d_model", "train.weight_decay"]
     assert "__grid__" not in agg.fields_of(recs)
+
+
+@pytest.mark.parametrize("metric, values, stops_at", [
+    ("accuracy", [0.5, 0.6, 0.55, 0.58], 4),  # no rise above 0.6 in 2 evaluations
+    ("loss", [2.0, 1.0, 1.5, 1.2], 4),  # no fall below 1.0 in 2 evaluations
+    ("loss", [2.0, 1.8, 1.6, 1.4], None),  # falling: it goes on
+])
+def test_early_stopping_reads_the_direction_from_the_catalogue(metric, values, stops_at):
+    from types import SimpleNamespace
+
+    from tasks.metrics import AccuracyCounts
+    from workbench.worker import Trainer
+
+    t = SimpleNamespace(cfg={"early_stopping": {"metric": metric, "patience": 2, "min_delta": 0.0,
+                                                "target": None}}, best=None, bad_evals=0)
+    stopped = None
+    for i, v in enumerate(values, 1):
+        c = AccuracyCounts(token_correct=round(v * 100), token_total=100, loss_sum=v * 100) \
+            if metric == "accuracy" else AccuracyCounts(token_correct=0, token_total=100, loss_sum=v * 100)
+        if Trainer._early_stop(t, c) and stopped is None:
+            stopped = i
+    assert stopped == stops_at

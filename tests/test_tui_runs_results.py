@@ -333,3 +333,38 @@ async def test_kill_and_resume_every_marked_run_after_one_confirmation(store, tm
         await pilot.press("k")
         await pilot.pause()
         assert f"Kill run {ids[6]}" in str(app.screen.query_one("#question", Static).render())
+
+
+def screen_lines(app) -> list[str]:
+    return ["".join(seg.text for seg in strip) for strip in app.screen._compositor.render_strips()]
+
+
+@pytest.mark.parametrize("size", [(80, 24), (115, 30)])
+async def test_small_terminal_keeps_state_progress_accuracy(store, tmp_path, size):
+    grid_store(store)
+    store.conn.execute("UPDATE runs SET profile='a-profile-name-that-is-long' WHERE id > 8")
+    store.conn.commit()
+    app = make_app(store, tmp_path)
+    async with app.run_test(size=size) as pilot:
+        await settle(pilot)
+        await pilot.pause()
+        from workbench.tui.runs_table import RunsTable
+
+        table = app.query_one(RunsTable)
+        header = next(line for line in screen_lines(app) if " id ▲" in line)
+        for name in ("state", "progress", "accuracy", "model"):
+            assert f" {name} " in header + " ", (name, header)
+        assert len(header.rstrip()) <= size[0]
+        # every column shown fits: no horizontal scrolling
+        assert table.virtual_size.width <= table.size.width
+        assert "device" not in table.columns  # the least useful (the same on every row) went first
+        await pilot.press("f")  # one profile: its column no longer tells rows apart
+        await pilot.pause()
+        assert "profile" not in table.columns
+        if size[0] == 115:  # room for one more column: one whose value varies, not the profile's
+            assert "elapsed" in table.columns
+    wide = make_app(store, tmp_path)
+    async with wide.run_test(size=(200, 40)) as pilot:
+        await settle(pilot)
+        assert {"profile", "task", "grid", "seq_len", "seed", "loss", "elapsed"} <= set(
+            wide.query_one(RunsTable).columns)

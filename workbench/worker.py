@@ -35,6 +35,7 @@ from tasks import Batch, Task
 from tasks import metrics as task_metrics
 from workbench import __version__, checkpoint, sysmon
 from workbench.compose import build_model
+from workbench.results import catalogue
 from workbench.runfile import RunFile
 from workbench.store import HEARTBEAT_S, Store, StoreError, full_disk_detail, is_disk_full
 
@@ -620,7 +621,9 @@ class Trainer:
             return f"eval accuracy {c.token_accuracy:.4f} reached target {es['target']}"
         if not es["patience"]:
             return ""
-        value = c.token_accuracy if es["metric"] == "accuracy" else -c.loss
+        # which way is better comes from the results catalogue (accuracy up, loss down)
+        raw = {"accuracy": c.token_accuracy, "loss": c.loss}[es["metric"]]
+        value = raw if catalogue.better(es["metric"]) == "max" else -raw
         if self.best is None or value > self.best + es["min_delta"]:
             self.best, self.bad_evals = value, 0
             return ""
