@@ -109,8 +109,9 @@ def make_store(root: Path, specs: list[dict], n_metrics: int):
 
 
 async def tui_poll(store_root: Path, repeat: int) -> dict[str, float]:
-    from workbench import progress, slurm
+    from workbench import slurm
     from workbench.store import Store
+    from workbench.tui import runs_table
     from workbench.tui.app import WorkbenchApp
 
     store = Store(store_root)
@@ -123,8 +124,8 @@ async def tui_poll(store_root: Path, repeat: int) -> dict[str, float]:
         await app.workers.wait_for_complete()
 
         def read():
-            store.reap()  # as WorkbenchApp._read_runs
-            runs = progress.table_runs(store)
+            store.reap()  # as WorkbenchApp._read_runs (its table_runs: with grid points)
+            runs = runs_table.table_runs(store)
             slurm.sync(store, runs=runs)
             return runs
 
@@ -142,6 +143,18 @@ async def tui_poll(store_root: Path, repeat: int) -> dict[str, float]:
         t0 = time.perf_counter()
         app._show_runs(read())
         out["poll: whole (read + update), nothing changed"] = time.perf_counter() - t0
+        # sorted by elapsed time: the running runs' values move, so every poll re-sorts
+        table = app.query_one(runs_table.RunsTable)
+        t0 = time.perf_counter()
+        table.sort_by("elapsed", reverse=True)
+        out["sort 5,000 rows by elapsed (the s key)"] = time.perf_counter() - t0
+        out["poll: read + table update + re-sort, sorted by elapsed"] = median_time(changed, repeat)
+        table.sort_by("id")
+        t0 = time.perf_counter()
+        table.set_filter(runs_table.RunFilter("state:running,pending model:lstm"))
+        out["filter to state:running,pending model:lstm (rows removed)"] = time.perf_counter() - t0
+        out["poll: read + table update, filtered"] = median_time(changed, repeat)
+        table.set_filter(runs_table.RunFilter())
         await pilot.pause()
     return out
 
