@@ -98,8 +98,9 @@ async def test_mark_and_compare_groups_seeds_live(store, tmp_path):
         assert loss.curves[0].lo[:3] == [2.0, 1.0, 0.0] and loss.curves[0].hi[:3] == [4.0, 3.0, 2.0]
         await pilot.press("g")
         assert [c.label for c in loss.curves] == ["lstm seed 0", "lstm seed 1", "transformer seed 0"]
-        await pilot.press("l")
-        assert loss.curves == [] and "no eval loss" in loss.empty_text
+        await pilot.press("l")  # no run logged eval loss: l offers only what was logged
+        assert screen.loss_metric == ("train", "loss") and loss.curves
+        assert any("only train loss" in str(n.message) for n in app._notifications)
         await pilot.press("escape")
         assert isinstance(app.screen.query_one(RunsTable), RunsTable)
 

@@ -262,6 +262,11 @@ async def test_filter_puts_the_cursor_on_the_best_match_and_list_typing_filters(
         assert picker.shown == ["lstm"] and lst.highlighted_option.value == "lstm"
         await pilot.press("down", "space")  # space in the list still picks
         assert picker.picked == ["lstm"]
+        assert app.focused is lst
+        await pilot.press("t", "r", "a", "n", "s")  # a new filter, not 'lstmtrans'
+        await pilot.pause()
+        assert picker.filter_input.value == "trans" and lst.highlighted_option is not None
+        assert picker.best_match("trans") == "transformer"
 
 
 # ---------------------------------------------------------------------------- compare view

@@ -14,6 +14,7 @@ from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical, VerticalScroll
 from textual.dom import DOMNode
+from textual.keys import key_to_character
 from textual.screen import ModalScreen, Screen
 from textual.widgets import Footer, Static
 
@@ -32,8 +33,8 @@ TITLES = {
 GENERAL = [("tab / shift+tab", "move the focus to the next / previous control"),
            ("ctrl+p", "command palette: the workbench's commands (new sweep, open profile, "
                       "compare marked, export, figures) and Textual's")]
-KEY_NAMES = {"escape": "esc", "backspace": "backspace", "space": "space", "enter": "enter",
-             "question_mark": "?", "up": "↑", "down": "↓", "left": "←", "right": "→"}
+KEY_NAMES = {"escape": "esc", "space": "space", "up": "↑", "down": "↓", "left": "←", "right": "→",
+             "slash": "/", "backslash": "\\"}
 
 
 @dataclass
@@ -43,8 +44,11 @@ class Section:
 
 
 def key_name(key: str) -> str:
-    """'ctrl+s' stays, 'escape' -> 'esc', 'question_mark' -> '?'."""
-    return KEY_NAMES.get(key, key)
+    """'ctrl+s' stays, 'escape' -> 'esc', 'question_mark' -> '?', 'slash' -> '/'."""
+    if key in KEY_NAMES:
+        return KEY_NAMES[key]
+    char = key_to_character(key)
+    return char if char and char.isprintable() and not char.isspace() else key
 
 
 def own_bindings(cls: type) -> list[Binding]:

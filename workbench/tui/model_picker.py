@@ -7,7 +7,7 @@ toggle them) drawn without a check box. Picks live beside the list, so a model p
 then filtered out stays picked.
 
 Keys: type to filter (several words: each must match the name, family or description),
-in the filter or in the list (a letter typed in the list goes to the filter); down or
+in the filter or in the list (a letter typed in the list starts a new filter); down or
 enter goes from the filter into the list; up from the list's first model goes back to the
 filter; space or enter toggles a model; escape clears the filter. After each change of
 the filter the cursor is on the best match (:func:`rank`): a model named exactly as typed,
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Iterable
 
 from rich.text import Text
-from textual import on
+from textual import events, on
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
@@ -139,6 +139,7 @@ class ModelPicker(Vertical):
         # own check boxes are what counts (see `picked`)
         self._picked: set[str] = set()
         self._shown: set[str] = set()
+        self._handing_over = False  # keys typed in the list go to the filter (see _typed_in_list)
 
     # ------------------------------------------------------------------ layout
     def compose(self) -> ComposeResult:
@@ -247,12 +248,21 @@ class ModelPicker(Vertical):
 
     @on(_PickList.Typed)
     def _typed_in_list(self, event: _PickList.Typed) -> None:
-        """Typing in the list goes on in the filter (as in most pickers)."""
+        """A letter typed in the list starts a new filter there (the old one found what it
+        was for); the keys that follow before the focus has moved are appended in order."""
         event.stop()
         box = self.filter_input
-        box.value += event.character
+        if self._handing_over:
+            box.value += event.character
+        else:
+            box.value = event.character
+            self._handing_over = True
+            box.focus()
         box.cursor_position = len(box.value)
-        box.focus()
+
+    def on_descendant_focus(self, event: events.DescendantFocus) -> None:
+        if event.widget is self.filter_input:
+            self._handing_over = False  # the filter types for itself now
 
     def action_into_list(self) -> None:
         if self._shown:
