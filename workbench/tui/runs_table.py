@@ -301,15 +301,17 @@ class FilterScreen(ModalScreen["str | None"]):
 
 
 # --------------------------------------------------------------------------- layout
-def layout(avail: int, natural: dict[str, int], varies: set[str]) -> dict[str, int | None]:
+def layout(avail: int, natural: dict[str, int], varies: set[str],
+           empty: set[str] = frozenset()) -> dict[str, int | None]:
     """The columns to show in ``avail`` cells of width, by key: None = its natural width,
     a number = truncated to that width. :data:`ALWAYS` first; then :data:`KEEP` in order,
-    columns whose value varies between rows before those that do not; a column that does
-    not fit is truncated if it may be (:data:`TRUNCATE`) and its least width fits, else
-    left out. ``natural``: each column's widest cell or header."""
+    columns whose value varies between rows before those that do not, and those empty on
+    every row last; a column that does not fit is truncated if it may be
+    (:data:`TRUNCATE`) and its least width fits, else left out. ``natural``: each column's
+    widest cell or header."""
     out: dict[str, int | None] = {k: None for k in ALWAYS}
     used = sum(natural[k] + 2 * PAD for k in ALWAYS)
-    for k in sorted(KEEP, key=lambda k: k not in varies):  # stable: KEEP order within each
+    for k in sorted(KEEP, key=lambda k: (k not in varies, k in empty)):  # stable: KEEP order within
         need = natural[k] + 2 * PAD
         if used + need <= avail:
             out[k] = None
@@ -394,7 +396,8 @@ class RunsTable(DataTable):
         True when it was rebuilt."""
         if self.size.width <= 0:
             return False
-        want = layout(self._avail(), self._natural, self._varies)
+        empty = {k for k in KEEP if k not in self._varies and not self._first.get(k)}
+        want = layout(self._avail(), self._natural, self._varies, empty)
         if want == self._columns:
             return False
         rid = self.current_run_id
@@ -475,7 +478,7 @@ class RunsTable(DataTable):
             self._keys.clear()
             self._runs.clear()
             self._order = []
-        before = (dict(self._natural), set(self._varies))
+        before = (dict(self._natural), set(self._varies), dict(self._first))
         new: list[int] = []
         changed: list[tuple[int, dict, dict]] = []
         for run in runs:
@@ -501,7 +504,7 @@ class RunsTable(DataTable):
             self._runs.pop(rid, None)
         if gone:  # rows went: widths and variety from scratch
             self._measure(runs)
-        if (self._natural, self._varies) != before and self._relayout():
+        if (self._natural, self._varies, self._first) != before and self._relayout():
             return  # built anew, new and changed cells included
         shown = self._columns
         full = bool(new or gone)  # rows added or removed: repaint everything
