@@ -26,7 +26,7 @@ from workbench.tui.model_picker import ModelPicker
 from workbench.tui.plots import CurvePlot, MetricPlot, flat_range
 from workbench.tui.run_view import RunScreen
 from workbench.tui.runs_table import RunsTable
-from workbench.tui.sweep_form import SweepForm, default_eval_every
+from workbench.tui.sweep_form import RECHECK_S, SweepForm, default_eval_every
 from workbench.tui.system_panel import age_note
 
 PYDANTIC_WORDS = ("Input should", "Field required", "List should", "after validation", "String should")
@@ -175,8 +175,8 @@ async def test_a_message_goes_when_its_value_is_corrected(store, tmp_path):
         await pilot.pause()
         err = form.query_one("#err-lr", Static)
         assert "'abc'" in text(err) and err.display
-        await type_into(pilot, "#lr", "0.01")  # typed, not saved: the message goes at once
-        await pilot.pause()
+        await type_into(pilot, "#lr", "0.01")  # typed, not saved: the message goes once typing pauses
+        await pilot.pause(RECHECK_S + 0.3)
         assert text(err) == "" and not err.display
         assert not form.query_one("#form-status", Static).display
         assert not isinstance(app.screen, PathScreen)
@@ -200,7 +200,7 @@ async def test_a_length_too_short_for_the_task_is_said_once_on_the_lengths(store
         assert text(form.query_one("#err-task", Static)) == ""
         # fewer tokens to copy make 12 long enough: the task's parameters count too
         await type_into(pilot, "#param-num_tokens_to_copy", "4")
-        await pilot.pause()
+        await pilot.pause(RECHECK_S + 0.3)
         assert text(form.query_one("#run-count", Static)).startswith("will launch 8 runs")
         assert text(form.query_one("#err-seq_lens", Static)) == ""
 

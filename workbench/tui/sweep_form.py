@@ -31,6 +31,7 @@ from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.css.query import NoMatches
 from textual.message import Message
+from textual.timer import Timer
 from textual.widget import Widget
 from textual.widgets import Input, Label, Select, Static, Switch
 
@@ -42,6 +43,7 @@ from workbench.tui.formatting import set_text
 from workbench.tui.model_picker import ModelPicker
 
 DEFAULT_BUDGET = "200"  # steps
+RECHECK_S = 0.25  # after a failed save/launch, the form is checked again this long after typing stops
 EVALS_PER_RUN = 20  # the default "evaluate every" gives about this many evaluations a run
 
 # Training fields edited as plain inputs: (field id, label, profile section, default text;
@@ -416,6 +418,7 @@ class SweepForm(Vertical):
         self._base: dict[str, Any] = {}
         self._loaded_models: list[Any] = []
         self._errors_shown = False  # a save/launch found problems: re-check as fields change
+        self._recheck_timer: Timer | None = None
         self._eval_auto = default_eval_every("steps", DEFAULT_BUDGET)
         self._built: dict[tuple, str | None] = {}  # (task, params, length) -> build error
         saved = paths.load_state(state_dir).get("profile_path") if state_dir is not None else None
@@ -603,6 +606,14 @@ class SweepForm(Vertical):
         task parameter may also change which sequence lengths fit."""
         if isinstance(event, Input.Changed) and (event.input.id or "").startswith("param-"):
             self._show_run_count()
+        if self._errors_shown:
+            # once typing pauses: a full check (the registry's too) takes 50-200 ms
+            if self._recheck_timer is not None:
+                self._recheck_timer.stop()
+            self._recheck_timer = self.set_timer(RECHECK_S, self._recheck_now)
+
+    def _recheck_now(self) -> None:
+        self._recheck_timer = None
         if self._errors_shown and self._select("task") == self._params_task:
             self.build_profile(focus=False)  # (a new task's inputs: after _task_changed)
 
