@@ -258,7 +258,7 @@ async def test_runs_table_filters_by_profile_model_state(store, tmp_path):
         await settle(pilot)
         shown = set(row_ids(table))
         assert shown == {r.id for r in table.all_runs if r.state in ("finished", "running") and r.label == "lstm"}
-        assert shown and table.filter.text() == "state:finished,running model:lstm"
+        assert shown and table.filter_label == "filter state:finished,running model:lstm"
         await pilot.press("slash")
         await pilot.pause()
         app.screen.query_one("#filter-input").value = ""
@@ -281,6 +281,7 @@ async def test_runs_table_filters_by_profile_model_state(store, tmp_path):
         await pilot.press("f")  # only this profile
         await pilot.pause()
         assert table.profile_filter == "grid" and sorted(row_ids(table)) == ids
+        assert table.filter_label == "profile grid only"
 
 
 async def test_kill_and_resume_every_marked_run_after_one_confirmation(store, tmp_path, monkeypatch):
@@ -368,3 +369,27 @@ async def test_small_terminal_keeps_state_progress_accuracy(store, tmp_path, siz
         await settle(pilot)
         assert {"profile", "task", "grid", "seq_len", "seed", "loss", "elapsed"} <= set(
             wide.query_one(RunsTable).columns)
+
+
+def test_run_filter_terms_and_label():
+    from workbench.store import Run
+    from workbench.tui.runs_table import RunFilter
+
+    def mk(**kw) -> Run:
+        base = dict(id=1, profile="grid", idx=0, model="mamba", label="mamba-4l", task="mqar", seq_len=8,
+                    seed=0, spec={"task_setting": "num_kv_pairs=8"}, fields={}, state="running", device=None,
+                    slot=None, host=None, pid=None, pid_start=None, created=0.0, started=None, ended=None,
+                    heartbeat=None, progress=0.0, step=0, total_steps=None, epoch=None, last_loss=None,
+                    last_accuracy=None, backend=None, error=None, info={}, log_path=None)
+        return Run(**{**base, **kw})
+
+    r = mk()
+    assert RunFilter("model:mamba")(r) and RunFilter("model:MAMBA-4L")(r)  # registry name or label
+    assert RunFilter("state:finished,running")(r) and not RunFilter("state:finished")(r)
+    assert RunFilter("profile:gr*")(r) and not RunFilter("profile:gr")(r)  # exact unless *
+    assert RunFilter("task:*kv_pairs=8*")(r)  # the task setting
+    assert RunFilter("kv")(r) and not RunFilter("lstm")(r)  # a bare word: a substring anywhere
+    assert not RunFilter("model:mamba state:pending")(r)  # every term holds
+    assert RunFilter("").text() == "" and not RunFilter("")
+    with pytest.raises(ValueError, match="unknown key 'colour'"):
+        RunFilter("colour:red")

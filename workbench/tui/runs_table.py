@@ -598,6 +598,17 @@ class RunsTable(DataTable):
         """The runs the filter keeps (what the rows show), in id order."""
         return [r for r in self.all_runs if self.filter(r)] if self.filter else self.all_runs
 
+    @property
+    def filter_label(self) -> str:
+        """The filter in words for the line under the table: 'profile b only', 'filter
+        state:running model:lstm', or '' when every run is shown."""
+        if not self.filter:
+            return ""
+        only = self.profile_filter
+        if only is not None and len(self.filter.terms) == 1 and not self.filter.words:
+            return f"profile {only} only"
+        return f"filter {self.filter.text()}"
+
     def set_filter(self, f: RunFilter) -> None:
         rid = self.current_run_id
         self.filter = f
