@@ -114,6 +114,25 @@ def _median_ms(fn, repeats: int, warmup: int, device) -> float:
     return statistics.median(times)
 
 
+def _timed_with_peak(train_step, forward, spec: dict[str, Any], device) -> tuple[float, float, float]:
+    """(train ms, peak MiB, forward ms): median times over spec's repeats; the peak is the
+    training step's extra memory above what was allocated before it (CUDA: the allocator's
+    peak; CPU: the process's own peak RSS above its RSS just before)."""
+    import torch
+
+    _sync(device)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+        base = torch.cuda.memory_allocated(device)
+    rss_before = _rss_baseline_mib()
+    train_ms = _median_ms(train_step, spec["repeats"], spec["warmup"], device)
+    if device.type == "cuda":
+        peak = (torch.cuda.max_memory_allocated(device) - base) / 2**20
+    else:
+        peak = _peak_rss_mib() - rss_before
+    return train_ms, peak, _median_ms(forward, spec["repeats"], spec["warmup"], device)
+
+
 def measure_one(spec: dict[str, Any]) -> dict[str, Any]:
     """Measure one (model, options, seq_len) config in this process; see module docstring."""
     import torch
@@ -134,19 +153,12 @@ def measure_one(spec: dict[str, Any]) -> dict[str, Any]:
         with torch.no_grad():
             model(x)
 
+    def infer_after_training():
+        model.zero_grad(set_to_none=True)  # the gradients are not part of inference
+        infer()
+
     # memory baseline: everything built, nothing run yet
-    _sync(device)
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-        base = torch.cuda.memory_allocated(device)
-    rss_before = _rss_baseline_mib()
-    train_ms = _median_ms(train_step, spec["repeats"], spec["warmup"], device)
-    if device.type == "cuda":
-        peak = (torch.cuda.max_memory_allocated(device) - base) / 2**20
-    else:
-        peak = _peak_rss_mib() - rss_before
-    model.zero_grad(set_to_none=True)
-    infer_ms = _median_ms(infer, spec["repeats"], spec["warmup"], device)
+    train_ms, peak, infer_ms = _timed_with_peak(train_step, infer_after_training, spec, device)
     return {
         "model": spec["label"],
         "seq_len": L,
@@ -192,17 +204,7 @@ def measure_scan(spec: dict[str, Any]) -> dict[str, Any]:
         with torch.no_grad():
             ss.selective_scan_fn(**inputs, delta_softplus=True, backend=backend)
 
-    rss_before = _rss_baseline_mib()
-    if device.type == "cuda":
-        _sync(device)
-        torch.cuda.reset_peak_memory_stats(device)
-        base = torch.cuda.memory_allocated(device)
-    train_ms = _median_ms(train_step, spec["repeats"], spec["warmup"], device)
-    if device.type == "cuda":  # allocator peak above the inputs, as in the model table
-        peak = (torch.cuda.max_memory_allocated(device) - base) / 2**20
-    else:
-        peak = _peak_rss_mib() - rss_before
-    fwd_ms = _median_ms(forward, spec["repeats"], spec["warmup"], device)
+    train_ms, peak, fwd_ms = _timed_with_peak(train_step, forward, spec, device)
     return {"kernel": "selective_scan", "seq_len": L, "backend": backend,
             "fwd_bwd_ms": round(train_ms, 2), "fwd_ms": round(fwd_ms, 2),
             "peak_mib": round(peak, 1), "device": str(device), "batch": batch, "dim": dim,
@@ -231,17 +233,7 @@ def measure_op(spec: dict[str, Any]) -> dict[str, Any]:
         with torch.no_grad():
             fn(*args, initial_state=S0, output_final_state=True)
 
-    rss_before = _rss_baseline_mib()
-    if device.type == "cuda":
-        _sync(device)
-        torch.cuda.reset_peak_memory_stats(device)
-        base = torch.cuda.memory_allocated(device)
-    train_ms = _median_ms(train_step, spec["repeats"], spec["warmup"], device)
-    if device.type == "cuda":
-        peak = (torch.cuda.max_memory_allocated(device) - base) / 2**20
-    else:
-        peak = _peak_rss_mib() - rss_before
-    fwd_ms = _median_ms(forward, spec["repeats"], spec["warmup"], device)
+    train_ms, peak, fwd_ms = _timed_with_peak(train_step, forward, spec, device)
     return {"op": spec["op"], "seq_len": L, "backend": backend,
             "fwd_bwd_ms": round(train_ms, 2), "fwd_ms": round(fwd_ms, 2),
             "peak_mib": round(peak, 1), "device": str(device), "batch": batch, "heads": H,
