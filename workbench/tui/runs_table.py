@@ -470,6 +470,7 @@ class RunsTable(DataTable):
         ids = {r.id for r in runs}
         gone = [i for i in self._cells if i not in ids]
         rebuild = len(gone) >= REBUILD_AT
+        cursor_run = self.current_run_id if rebuild else None
         if rebuild:
             # DataTable.remove_row re-indexes every row (~15 ms at 5,000 rows): many rows
             # going (a filter) is faster as a new table
@@ -505,6 +506,7 @@ class RunsTable(DataTable):
         if gone:  # rows went: widths and variety from scratch
             self._measure(runs)
         if (self._natural, self._varies, self._first) != before and self._relayout():
+            self._keep_cursor(cursor_run)
             return  # built anew, new and changed cells included
         shown = self._columns
         full = bool(new or gone)  # rows added or removed: repaint everything
@@ -525,6 +527,7 @@ class RunsTable(DataTable):
         finally:
             self._batch = False
         resorted = self._apply_order(runs, force=full)
+        self._keep_cursor(cursor_run)
         if full or resorted:
             self.refresh()
         else:
