@@ -460,3 +460,26 @@ def test_preempted_worker_process_resumes_through_the_scheduler(tmp_path, monkey
     assert outcome(cut, c) == outcome(whole, w)
     again = scheduler.submit(cut, prof)
     assert list(again) == again.skipped == [c] and len(cut.runs()) == 1
+
+
+def test_a_resumed_runs_elapsed_time_goes_on_and_a_restart_starts_at_zero(tmp_path):
+    """Issue 22: the runs table's time of a resumed run continued from zero. The store keeps
+    each ended attempt's seconds when the run is requeued to resume; a restart clears them."""
+    store, rid = new_run(tmp_path / "st", spec_of())
+    start(store, rid)
+    store.finish(rid, "killed", "killed by user")
+    with store.tx() as c:  # a 100-second first attempt
+        c.execute("UPDATE runs SET started=1000.0, ended=1100.0 WHERE id=?", (rid,))
+    assert store.requeue(rid, {"step": 3})
+    r = store.get(rid)
+    assert r.state == "pending" and r.elapsed == pytest.approx(100.0)
+    start(store, rid)
+    store.finish(rid, "killed", "killed by user")
+    with store.tx() as c:  # a second attempt of 50 seconds
+        c.execute("UPDATE runs SET started=2000.0, ended=2050.0 WHERE id=?", (rid,))
+    assert store.get(rid).elapsed == pytest.approx(150.0)
+    assert store.requeue(rid, {"step": 5})
+    assert store.get(rid).elapsed == pytest.approx(150.0)
+    store.finish(rid, "killed", "killed by user")
+    assert store.requeue(rid, None)   # from scratch: the clock starts again
+    assert store.get(rid).elapsed is None

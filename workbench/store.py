@@ -303,9 +303,12 @@ class Run:
 
     @property
     def elapsed(self) -> float | None:
+        """Seconds run so far: this attempt's, plus every earlier attempt's when the run was
+        resumed from a checkpoint (``info["prior_elapsed"]``, kept by :meth:`Store.requeue`)."""
+        prior = float((self.info or {}).get("prior_elapsed") or 0.0)
         if self.started is None:
-            return None
-        return (self.ended or time.time()) - self.started
+            return prior or None
+        return prior + (self.ended or time.time()) - self.started
 
     @property
     def worker(self) -> str | None:
@@ -731,11 +734,17 @@ class Store:
         deleted, whatever its state says."""
         states = ",".join("?" * len(UNFINISHED))
         with self.tx() as c:
-            row = c.execute(f"SELECT info FROM runs WHERE id=? AND state IN ({states})",
-                            (run_id, *UNFINISHED)).fetchone()
+            row = c.execute(f"SELECT info, started, ended, heartbeat FROM runs WHERE id=? AND "
+                            f"state IN ({states})", (run_id, *UNFINISHED)).fetchone()
             if row is None or c.execute(_FINAL_SQL, (run_id,)).fetchone() is not None:
                 return False
             info = {**(json.loads(row[0]) if row[0] else {}), "resume": resume}
+            # a resumed run's clock goes on from where it stopped (the attempt's end, else
+            # its last heartbeat); a restart from scratch starts it at zero again
+            started, ended = row[1], row[2] or row[3]
+            attempt = max(0.0, ended - started) if started and ended else 0.0
+            info["prior_elapsed"] = (float(info.get("prior_elapsed") or 0.0) + attempt
+                                     if resume is not None else 0.0)
             c.execute(
                 "UPDATE runs SET state='pending', pid=NULL, pid_start=NULL, host=NULL, slot=NULL,"
                 " started=NULL, ended=NULL, heartbeat=NULL, error=NULL, info=? WHERE id=?",
