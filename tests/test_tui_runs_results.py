@@ -259,6 +259,9 @@ async def test_runs_table_filters_by_profile_model_state(store, tmp_path):
         shown = set(row_ids(table))
         assert shown == {r.id for r in table.all_runs if r.state in ("finished", "running") and r.label == "lstm"}
         assert shown and table.filter_label == "filter state:finished,running model:lstm"
+        # the line under the table counts what the filter shows, and says which filter
+        line = str(app.query_one("#runs-summary", Static).render())
+        assert line.startswith(f"{len(shown)} runs ") and "filter state:finished,running model:lstm" in line
         await pilot.press("slash")
         await pilot.pause()
         app.screen.query_one("#filter-input").value = ""

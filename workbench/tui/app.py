@@ -10,6 +10,8 @@ Run it as ``python -m workbench.tui.app [--store DIR] [--profiles DIR] [--out DI
 """
 from __future__ import annotations
 
+from collections import Counter
+
 import argparse
 import importlib
 import threading
@@ -180,8 +182,8 @@ class WorkbenchApp(App):
             return
         self.runs_seen = runs
         table = self.query_one(RunsTable)
-        if self._goto_run is not None and table.profile_filter is not None:
-            table.profile_filter = None  # a launched sweep's first run must be shown
+        if self._goto_run is not None and table.filter:
+            table.profile_filter = None  # a launched sweep's first run must be shown: no filter
         table.update_runs(runs)
         if self._goto_run is not None and str(self._goto_run) in table.rows:
             table.move_cursor(row=table.get_row_index(str(self._goto_run)))
@@ -195,19 +197,18 @@ class WorkbenchApp(App):
         running or pending (the first MAX_PROGRESS_LINES)."""
         table = self.query_one(RunsTable)
         runs = table.all_runs
-        only = table.profile_filter
-        shown = [r for r in runs if r.profile == only] if only is not None else runs
-        counts = {s: sum(r.state == s for r in shown) for s in STATES}
+        shown = table.shown_runs          # under any filter: profile, model, state, task
+        counts = Counter(r.state for r in shown)
         summary = Text(f"{len(shown)} runs  ")
         for s in STATES:
             if counts[s]:
                 summary.append(f"{counts[s]} {s}  ", style=STATE_STYLES[s])
         if not runs:
             summary.append("none yet: F2 opens the sweep form", style="dim")
-        if only is not None:
-            summary.append(f"profile {only} only (f: all {len(runs)} runs)", style="bold")
+        if table.filter:
+            summary.append(f"{table.filter_label} (f: all {len(runs)} runs)", style="bold")
         lines = progress.by_profile(shown)
-        if only is None:
+        if table.profile_filter is None:
             lines = [p for p in lines if p.done < p.total]
         for p in lines[:MAX_PROGRESS_LINES]:
             summary.append("\n" + p.text())
