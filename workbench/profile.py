@@ -29,7 +29,7 @@ from annotated_types import Le
 from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, ValidationError,
                       field_validator, model_validator)
 
-from workbench.slurm import SlurmSettings
+from workbench.spec.slurm_settings import SlurmSettings
 
 SCHEMA_VERSION = 2  # the version this tool writes; it reads SCHEMA_VERSIONS
 SCHEMA_VERSIONS = (1, 2)  # 2 adds [sweep.grid], [[tasks]] and task variants

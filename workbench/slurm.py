@@ -22,7 +22,6 @@ without the worker's final record -> crashed.
 """
 from __future__ import annotations
 
-import datetime as dt
 import fcntl
 import os
 import re
@@ -32,12 +31,24 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator
 
 from workbench import runfile
 from workbench.store import TERMINAL, Store
+
+if TYPE_CHECKING:
+    from workbench.spec.slurm_settings import SlurmSettings
+
+
+def __getattr__(name: str):
+    # SlurmSettings moved to workbench.spec.slurm_settings: pydantic is imported only by
+    # what validates settings, not by every command that reads the store (`runs`, polls)
+    if name == "SlurmSettings":
+        from workbench.spec.slurm_settings import SlurmSettings
+
+        return SlurmSettings
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 ACTIVE = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "REQUEUED", "REQUEUE_HOLD",
           "REQUEUE_FED", "RESIZING", "SUSPENDED", "STOPPED", "SIGNALING", "STAGE_OUT"}
@@ -54,45 +65,6 @@ ENDED = {
     "COMPLETED": ("crashed", "the job completed without the worker's final record"),
 }
 QUERY_EVERY_S = 3.0
-TIME_RE = re.compile(r"^(\d+-)?\d+(:\d{1,2}){0,2}$")
-
-
-class SlurmSettings(BaseModel):
-    """What a user puts in ``#SBATCH`` lines today (the profile's ``[slurm]`` table)."""
-
-    # strict numbers and booleans, as in the rest of a profile: requeue = "yes" or
-    # gpus_per_run = true is a mistake, not a setting
-    model_config = ConfigDict(extra="forbid")
-
-    partition: str | None = None
-    account: str | None = None
-    qos: str | None = None
-    time: str | None = Field(None, description="time limit per run: MM, HH:MM:SS or D-HH:MM:SS")
-    gpus_per_run: StrictInt = Field(1, ge=0)
-    cpus_per_run: StrictInt = Field(4, ge=1)
-    mem: str | None = Field(None, description="memory per run, e.g. 32G")
-    extra: list[str] = Field(default_factory=list, description="more sbatch flags, e.g. ['--constraint=a100']")
-    signal_s: StrictInt = Field(120, ge=0, description="SIGUSR1 this many seconds before the time limit: "
-                                                  "the worker saves a checkpoint (0: none)")
-    requeue: StrictBool = True
-    requeue_at_time_limit: StrictBool = Field(True, description="on the SIGUSR1 before the time limit, save "
-                                                          "a checkpoint and requeue the job (needs "
-                                                          "time, signal_s and requeue)")
-    shared_dir: str | None = Field(None, description="a folder every node sees, for job files "
-                                                     "(SHARED/slurm/run-N) and checkpoints (default: "
-                                                     "the store's folder)")
-    python: str | None = Field(None, description="the Python on the nodes (default: this one)")
-    setup: list[str] = Field(default_factory=list, description="shell lines before the worker, "
-                                                               "e.g. 'module load cuda'")
-
-    @field_validator("time", mode="before")
-    @classmethod
-    def _time(cls, v: Any) -> str | None:
-        if isinstance(v, (dt.time, int)):  # TOML reads 04:00:00 unquoted as a time, 30 as an int
-            v = v.strftime("%H:%M:%S") if isinstance(v, dt.time) else str(v)
-        if v is not None and not TIME_RE.match(str(v)):
-            raise ValueError(f"time {v!r}: write MM, HH:MM:SS or D-HH:MM:SS")
-        return v
 
 
 class SlurmError(RuntimeError):
@@ -260,6 +232,8 @@ def _sync(store: Store, live: list, done: dict[str, list[int]], min_interval_s: 
         job = r.info.get("slurm_job_id")
         js = states.get(job) if job else None
         if r.state == "pending" and (js is None or js.state not in ACTIVE):
+            from workbench.spec.slurm_settings import SlurmSettings
+
             settings = SlurmSettings(**r.info.get("slurm", {}))
             try:
                 submit_job(store, r.id, settings)
