@@ -157,7 +157,7 @@ async def test_results_tab_table_best_cells_and_files(store, tmp_path):
         assert best == ["transformer"]
         await pilot.press("w")
         await settle(pilot)
-        md = tmp_path / "out" / "cmp-step_time_ms-by-model-seq_len.md"
+        md = tmp_path / "out" / "cmp" / "cmp-step_time_ms-by-model-seq_len.md"  # the profile's folder
         recs = export.records(store, "cmp")
         assert md.read_text() == export.render(recs, "step_time_ms", ["model"], ["seq_len"], "md")
         assert md.with_suffix(".tex").read_text().startswith("\\begin{table}")

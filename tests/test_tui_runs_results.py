@@ -82,7 +82,7 @@ async def test_results_tab_best_over_and_select_on(store, tmp_path):
         assert cells(table)["lstm"] == ["0.940 ± 0.010"]
         await pilot.press("w")  # the written table has the same selection and verdict
         await settle(pilot)
-        written = sorted((tmp_path / "out").glob("*.md"))
+        written = sorted((tmp_path / "out" / "p").glob("*.md"))  # the profile's folder
         assert len(written) == 1 and "best-over-train.lr-train.weight_decay-on-test" in written[0].name
         recs = agg.records(store, "p")
         assert written[0].read_text() == export.render(

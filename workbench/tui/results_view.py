@@ -320,10 +320,13 @@ class ResultsView(PollsStore, Vertical):
         if not self.recs or not metric:
             self.notify("no table to write", severity="warning")
             return
-        self.out_dir.mkdir(parents=True, exist_ok=True)
+        from workbench.tui.paths import profile_dir  # the profile's own folder, absolute
+
+        out = profile_dir(self.out_dir, None if profile == ALL else profile)
+        out.mkdir(parents=True, exist_ok=True)
         over, select_on = self.selection()
         sel = f"-best-over-{'-'.join(over)}-on-{select_on}" if over else ""
-        stem = self.out_dir / safe_stem(f"{profile}-{metric}-by-{rows}-{cols}{sel}")
+        stem = out / safe_stem(f"{profile}-{metric}-by-{rows}-{cols}{sel}")
         written = []
         try:
             for fmt, ext in (("md", ".md"), ("latex", ".tex"), ("csv", ".csv")):
