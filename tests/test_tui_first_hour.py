@@ -502,3 +502,28 @@ async def test_the_save_dialog_remembers_the_last_path(store, tmp_path):
         await pilot.press("f2", "ctrl+s")
         await pilot.pause()
         assert again.screen.query_one("#path", Input).value == str(elsewhere / "third.toml")
+
+
+def test_ssm_workbench_tui_takes_out(tmp_path, monkeypatch):
+    """`ssm-workbench tui --out DIR` puts the TUI's figures and tables under DIR (as
+    `python -m workbench.tui.app --out` does); without it, under the store's figures/."""
+    from workbench import cli
+    from workbench.tui import app as app_module
+
+    built = []
+
+    class FakeApp:
+        def __init__(self, **kw):
+            built.append(kw)
+
+        def run(self):
+            pass
+
+    monkeypatch.setattr(app_module, "WorkbenchApp", FakeApp)
+    store = tmp_path / "st"
+    assert cli.main(["--store", str(store), "tui", "--out", str(tmp_path / "figs")]) == 0
+    assert built[-1]["figures_dir"] == str(tmp_path / "figs")
+    assert cli.main(["--store", str(store), "tui"]) == 0
+    assert built[-1]["figures_dir"] is None
+    assert cli.main(["--store", str(store)]) == 0          # no command: the TUI as well
+    assert built[-1]["figures_dir"] is None

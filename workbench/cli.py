@@ -76,7 +76,8 @@ def refresh(store) -> None:
 def cmd_tui(args) -> int:
     from workbench.tui.app import WorkbenchApp
 
-    WorkbenchApp(store=_store(args), profiles_dir=Path(args.profiles_dir)).run()
+    WorkbenchApp(store=_store(args), profiles_dir=Path(args.profiles_dir),
+                 figures_dir=getattr(args, "out", None)).run()
     return 0
 
 
@@ -607,6 +608,8 @@ def parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("tui", help="open the terminal UI (the default)")
     p.add_argument("--profiles-dir", default="profiles")
+    p.add_argument("--out", default=None, help="folder for figures and tables written from the "
+                   "TUI, one folder per profile (default: the store folder's figures/)")
     p.set_defaults(fn=cmd_tui)
 
     p = sub.add_parser("run", help="replay a profile headlessly")
@@ -734,7 +737,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         if not getattr(args, "fn", None):
-            args.profiles_dir = "profiles"
+            args.profiles_dir, args.out = "profiles", None
             return cmd_tui(args)
         return int(args.fn(args) or 0)
     except StoreError as e:  # a store that cannot be opened or written: one line, no traceback
