@@ -10,9 +10,8 @@ Run it as ``python -m workbench.tui.app [--store DIR] [--profiles DIR] [--out DI
 """
 from __future__ import annotations
 
-from collections import Counter
-
 import argparse
+from collections import Counter
 import importlib
 import threading
 from pathlib import Path
