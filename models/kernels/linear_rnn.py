@@ -271,17 +271,25 @@ def _carry(decay, U, S):
     return torch.stack(starts, 2), S
 
 
-def _chunk_gated(q, k, v, g, scale, initial_state, output_final_state, chunk_size,
-                 vector_gate):
-    op = "linear_attention" if g is None else ("gla" if vector_gate else "simple_gla")
-    """linear attention (g None), simple_gla (scalar g) and gla (vector g), chunked."""
-    B, T, H, K, V = _check(q, k, v, g, None, initial_state, vector_gate)
+def _prologue(op, q, k, v, g, beta, scale, initial_state, chunk_size, vector_gate=False):
+    """What every chunked form starts with: shapes checked, the compute dtype, the scale,
+    the initial state and the chunk length (None for an empty sequence)."""
+    B, T, H, K, V = _check(q, k, v, g, beta, initial_state, vector_gate)
     dt = _compute_dtype(q)
     scale = K ** -0.5 if scale is None else scale
     S0 = _state0(initial_state, B, H, K, V, dt, q.device)
-    if T == 0:
+    C = _chunk_len(chunk_size, T, op, q.device) if T else None
+    return B, T, H, K, V, dt, scale, S0, C
+
+
+def _chunk_gated(q, k, v, g, scale, initial_state, output_final_state, chunk_size,
+                 vector_gate):
+    """linear attention (g None), simple_gla (scalar g) and gla (vector g), chunked."""
+    op = "linear_attention" if g is None else ("gla" if vector_gate else "simple_gla")
+    B, T, H, K, V, dt, scale, S0, C = _prologue(op, q, k, v, g, None, scale, initial_state,
+                                                chunk_size, vector_gate)
+    if C is None:
         return v.new_zeros(B, 0, H, V), (S0 if output_final_state else None)
-    C = _chunk_len(chunk_size, T, op, q.device)
     qc, kc, vc = (_to_chunks(x, C, dt) for x in (q, k, v))  # (B, H, N, C, K|V)
     causal = torch.ones(C, C, dtype=torch.bool, device=q.device).tril()
     if g is None:
@@ -353,15 +361,12 @@ def _gla_intra(qc, kc, gc, b, sub: int = GLA_SUB_CHUNK):
 
 
 def _chunk_delta(q, k, v, g, beta, scale, initial_state, output_final_state, chunk_size):
-    op = "delta_rule" if g is None else "gated_delta_rule"
     """delta_rule (g None) and gated_delta_rule (scalar g), chunked in the WY / UT form."""
-    B, T, H, K, V = _check(q, k, v, g, beta, initial_state)
-    dt = _compute_dtype(q)
-    scale = K ** -0.5 if scale is None else scale
-    S0 = _state0(initial_state, B, H, K, V, dt, q.device)
-    if T == 0:
+    op = "delta_rule" if g is None else "gated_delta_rule"
+    B, T, H, K, V, dt, scale, S0, C = _prologue(op, q, k, v, g, beta, scale, initial_state,
+                                                chunk_size)
+    if C is None:
         return v.new_zeros(B, 0, H, V), (S0 if output_final_state else None)
-    C = _chunk_len(chunk_size, T, op, q.device)
     qc, kc, vc = (_to_chunks(x, C, dt) for x in (q, k, v))
     bc = _to_chunks(beta, C, dt)                               # (B, H, N, C)
     eye = torch.eye(C, dtype=dt, device=q.device)
