@@ -62,7 +62,7 @@ batch_size = 4
 EXPAND = """\
 import sys, time
 t0 = time.perf_counter()
-from workbench import profile as P
+from workbench.spec import profile as P
 n = len(P.expand(P.load(sys.argv[1])))
 print(n, time.perf_counter() - t0)
 """
@@ -181,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
             n, took = p.stdout.split()
             sub.append(float(took))
         res[f"expand+check {n}-run grid, fresh process incl. imports"] = statistics.median(sub)
-        from workbench import profile as P
+        from workbench.spec import profile as P
 
         res["expand+check, in process (imports done)"] = median_time(lambda: P.expand(P.load(prof_path)), args.repeat)
         specs = [s.to_dict() for s in P.expand(P.load(prof_path))]

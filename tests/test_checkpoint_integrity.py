@@ -17,6 +17,7 @@ from tests.test_resume import (FIXED, attempt, metric_rows, new_run, outcome, sw
                                uninterrupted)
 from tests.test_resume import fake_popen, no_live_worker  # noqa: F401  (fixtures)
 from workbench import checkpoint, cli, resume, scheduler
+from workbench.spec.run_spec import spec_key
 
 UNSAFE = "weights_only=False"
 
@@ -67,7 +68,7 @@ def test_a_checkpoint_says_whose_it_is_and_hashes_its_content(tmp_path, monkeypa
     path = checkpoint.path_for(store.root, rid)
     assert path.read_bytes().startswith(b"ssm-workbench checkpoint 2\n")
     h = checkpoint.verify(path, rid, spec)  # read without unpickling anything
-    assert (h.run_id, h.spec_key, h.step, h.legacy) == (rid, checkpoint.spec_key(spec), 3, False)
+    assert (h.run_id, h.spec_key, h.step, h.legacy) == (rid, spec_key(spec), 3, False)
     assert h.offset + h.payload_bytes == path.stat().st_size and len(h.sha256) == 64
 
 
@@ -138,7 +139,7 @@ def test_a_file_torch_would_refuse_never_brings_the_unsafe_advice(tmp_path, monk
     says to load with weights_only=False; neither resume nor the worker repeats that."""
     store, rid, spec = preempted_run(tmp_path, monkeypatch)
     path = checkpoint.path_for(store.root, rid)
-    torch.save({"format": 1, "run_id": rid, "spec_key": checkpoint.spec_key(spec),
+    torch.save({"format": 1, "run_id": rid, "spec_key": spec_key(spec),
                 "thing": zipfile.ZipInfo("x")}, path)  # a class outside weights_only's allow-list
     err = refused(capsys, store, rid, store.get(rid))
     assert f"checkpoint {path} (written before checksums) cannot be read" in err

@@ -7,7 +7,7 @@ import statistics
 import pytest
 
 from workbench import curves as cv
-from workbench import profile as profiles
+from workbench.spec import profile as profiles
 from workbench.store import Store
 
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from workbench import scheduler
-from workbench.profile import loads
+from workbench.spec.profile import loads
 from workbench.store import Store
 
 TINY = """
@@ -119,7 +119,7 @@ def test_failures_are_kept_and_others_go_on(tmp_path):
 
 def test_nan_loss_fails_the_run(tmp_path):
     from workbench import worker
-    from workbench.profile import ProfileError, expand
+    from workbench.spec.profile import ProfileError, expand
 
     text = tiny(name="nan", models='["lstm"]', steps=30, lr="1e30")
     text = text.replace("seq_lens = [8, 10]", "seq_lens = [8]").replace("seeds = [0, 1]", "seeds = [0]")
@@ -175,7 +175,7 @@ def test_worker_in_process_epochs_over_a_whole_dataset(tmp_path):
     """A task whose training set is 'all of it' (num_train_examples=0): the epoch plan
     comes from the data, and evaluation runs once per epoch."""
     from workbench import worker
-    from workbench.profile import expand
+    from workbench.spec.profile import expand
 
     p = loads("""
 schema_version = 1

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from workbench import profile as P
+from workbench.spec import profile as P
 from workbench import scheduler
-from workbench.checkpoint import spec_key
+from workbench.spec.run_spec import spec_key
 from workbench.store import Store
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -9,7 +9,7 @@ import torch
 import models
 import tasks
 from models.init_schemes import apply_init, count_residual_branches
-from workbench import profile as prof
+from workbench.spec import profile as prof
 from workbench.compose import build_model, resolve_init
 
 

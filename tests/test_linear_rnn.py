@@ -114,6 +114,65 @@ def test_ref_oracles_are_what_they_claim():
 
 
 # ---------------------------------------------------------------------------------------
+# long sequences under autograd: segments recomputed in the backward
+# ---------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("segment_len", [16, 20])
+@pytest.mark.parametrize("name", NAMES)
+def test_segment_recompute_matches_ref(name, segment_len):
+    # 45 steps in segments of 16 or 20 (the last one short), chunks of 8 inside
+    args = lr.make_inputs(name, time=45, gate_range=(-3.0, 0.0))
+    fast, ref, _, _ = lr.OPS[name]
+    o1, s1, g1 = _outputs_and_grads(fast, args, _state(args), chunk_size=8,
+                                    segment_len=segment_len)
+    o2, s2, g2 = _outputs_and_grads(ref, args, _state(args))
+    torch.testing.assert_close(o1, o2, atol=1e-10, rtol=1e-8)
+    torch.testing.assert_close(s1, s2, atol=1e-10, rtol=1e-8)
+    for a, b in zip(g1, g2):
+        torch.testing.assert_close(a, b, atol=1e-10, rtol=1e-8)
+
+
+@pytest.mark.parametrize("name", ["gla", "gated_delta_rule"])
+def test_segment_recompute_without_state_or_some_grads(name):
+    # no initial state, no final state out, and v without gradient
+    args = lr.make_inputs(name, time=40, gate_range=(-1.0, 0.0))
+    args[2] = args[2].detach()
+    fast, ref, _, _ = lr.OPS[name]
+    o1, _ = fast(*args, chunk_size=8, segment_len=16)
+    o2, _ = ref(*args)
+    w = torch.randn(o1.shape, dtype=F64, generator=torch.Generator().manual_seed(3))
+    grad_inputs = [a for a in args if a.requires_grad]
+    g1 = torch.autograd.grad((o1 * w).sum(), grad_inputs)
+    g2 = torch.autograd.grad((o2 * w).sum(), grad_inputs)
+    torch.testing.assert_close(o1, o2)
+    for a, b in zip(g1, g2):
+        torch.testing.assert_close(a, b)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_segment_recompute_saves_little_for_backward(name):
+    # What autograd keeps for the backward: segmented, the inputs and a few start states;
+    # whole-sequence, every chunk's matrices (several times the inputs).
+    args = lr.make_inputs(name, time=256, heads=2, key_dim=8, value_dim=8)
+    fast = lr.OPS[name][0]
+
+    def saved_bytes(segment_len):
+        seen = {}
+
+        def pack(t):
+            seen[(t.data_ptr(), t.dtype, tuple(t.shape))] = t.numel() * t.element_size()
+            return t
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            fast(*args, chunk_size=16, output_final_state=True, segment_len=segment_len)
+        return sum(seen.values())
+
+    inputs = sum(a.numel() * a.element_size() for a in args)
+    segmented, whole = saved_bytes(64), saved_bytes(0)
+    assert segmented <= inputs + 4 * 2 * 2 * 8 * 8 * 8, (segmented, inputs)
+    assert whole > 2 * segmented
+
+
+# ---------------------------------------------------------------------------------------
 # streaming: pieces with the state carried equal one pass
 # ---------------------------------------------------------------------------------------
 

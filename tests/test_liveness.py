@@ -18,7 +18,7 @@ import time
 import pytest
 
 from workbench import checkpoint, cli, resume, scheduler, store as store_module, worker
-from workbench.profile import expand, loads
+from workbench.spec.profile import expand, loads
 from workbench.store import Store
 
 # a few seconds of training on one CPU thread, a checkpoint along the way (so a finished

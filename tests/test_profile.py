@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from workbench import profile as P
+from workbench.spec import profile as P
 
 GOOD = """
 schema_version = 1

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 import models
-from workbench import profile as P
+from workbench.spec import profile as P
+from workbench.spec.where import _key_lines
 
 BASE = """\
 schema_version = 1
@@ -244,7 +245,7 @@ def test_key_lines_follow_tables_in_every_shipped_profile():
     assert files
     for f in files + [None]:
         text = f.read_text() if f else BASE
-        lines = P._key_lines(text)
+        lines = _key_lines(text)
         src = text.splitlines()
         for path in leaves(tomllib.loads(text)):
             assert path in lines, (f, path)

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from workbench import profile as P
+from workbench.spec import profile as P
 
 ROOT = Path(__file__).resolve().parents[1]
 PROFILES = ROOT / "profiles"

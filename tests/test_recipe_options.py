@@ -7,7 +7,7 @@ import torch
 
 import models
 from workbench import worker
-from workbench.profile import ProfileError, loads
+from workbench.spec.profile import ProfileError, loads
 
 
 def test_mamba_width_as_in_a_hugging_face_config():

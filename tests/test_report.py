@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from workbench import profile as prof
+from workbench.spec import profile as prof
 from workbench import report
 from workbench.store import Store
 

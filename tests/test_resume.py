@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from workbench import checkpoint, resume, scheduler, worker
-from workbench.profile import ProfileError, expand, loads
+from workbench.spec.profile import ProfileError, expand, loads
+from workbench.spec.run_spec import spec_key
 from workbench.store import Store
 
 PROFILE = """
@@ -295,7 +296,7 @@ def test_a_damaged_or_foreign_checkpoint_fails_the_resumed_run_clearly(tmp_path,
     assert r.state == "failed" and r.error.startswith("cannot resume: checkpoint ")
     with pytest.raises(checkpoint.CheckpointError, match="written for another spec than run"):
         other = dict(spec, seed=1)
-        checkpoint.save({"format": checkpoint.FORMAT, "run_id": rid, "spec_key": checkpoint.spec_key(other)},
+        checkpoint.save({"format": checkpoint.FORMAT, "run_id": rid, "spec_key": spec_key(other)},
                         checkpoint.path_for(store.root, rid))
         checkpoint.load_for_run(store.root, rid, spec)
 
@@ -383,7 +384,7 @@ def test_replay_resumes_or_restarts_unfinished_runs_instead_of_adding_them(tmp_p
     start(store, b)
     store.add_metrics(b, [(3, None, "train", "loss", 1.0)])
     checkpoint.save({"format": checkpoint.FORMAT, "run_id": b, "step": 3,  # b's own, as requeue checks
-                     "spec_key": checkpoint.spec_key(store.get(b).spec)}, checkpoint.path_for(store.root, b))
+                     "spec_key": spec_key(store.get(b).spec)}, checkpoint.path_for(store.root, b))
     store.set_info(b, {"checkpoint": {"step": 3}})
     store.finish(b, "preempted", "preempted (SIGTERM): checkpoint at step 3")
     # c: crashed before its first checkpoint
@@ -416,9 +417,9 @@ def test_checkpoint_settings_are_validated():
 
 def test_neutral_settings_do_not_change_a_runs_identity():
     base = spec_of()
-    assert checkpoint.spec_key(base) == checkpoint.spec_key(spec_of(extra="checkpoint_minutes = 1"))
-    assert checkpoint.spec_key(base) == checkpoint.spec_key(dict(base, index=5))
-    assert checkpoint.spec_key(base) != checkpoint.spec_key(spec_of(seed=1))
+    assert spec_key(base) == spec_key(spec_of(extra="checkpoint_minutes = 1"))
+    assert spec_key(base) == spec_key(dict(base, index=5))
+    assert spec_key(base) != spec_key(spec_of(seed=1))
 
 
 # --------------------------------------------------------------------------- real processes

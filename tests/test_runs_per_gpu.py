@@ -9,7 +9,7 @@ import os
 import pytest
 
 from workbench import cli, scheduler, sysmon
-from workbench.profile import dumps, expand, loads
+from workbench.spec.profile import dumps, expand, loads
 from workbench.store import Store
 
 PROFILE = """
@@ -219,7 +219,7 @@ def test_profile_field_round_trips(tmp_path):
 
 
 def test_profile_field_must_be_positive():
-    from workbench.profile import ProfileError
+    from workbench.spec.profile import ProfileError
 
     with pytest.raises(ProfileError, match="runs_per_gpu"):
         profile(0)

@@ -181,7 +181,7 @@ n_layers = 2
 epochs = 1
 batch_size = 8
 """)
-    from workbench import profile as wprof
+    from workbench.spec import profile as wprof
 
     specs = wprof.expand(wprof.load(prof, check_registries=False))
     store = Store(tmp_path / "st")

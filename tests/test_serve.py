@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from workbench import profile as profiles
+from workbench.spec import profile as profiles
 from workbench import serve
 from workbench.store import Store
 

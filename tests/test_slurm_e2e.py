@@ -13,7 +13,7 @@ import pytest
 import tomli_w
 
 from workbench import export, scheduler, slurm
-from workbench import profile as profiles
+from workbench.spec import profile as profiles
 from workbench.store import Store
 
 

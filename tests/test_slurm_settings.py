@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import tomli_w
 
-from workbench import profile as profiles
+from workbench.spec import profile as profiles
 from workbench.slurm import SlurmSettings, job_script
 
 

@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 
 from workbench import checkpoint, cli, resume, worker
-from workbench.profile import expand, loads
+from workbench.spec.profile import expand, loads
 from workbench.store import RESERVE_FILE, Store, StoreError, StoreFull, StoreReadOnly, is_disk_full
 
 ROOT = Path(__file__).resolve().parent.parent

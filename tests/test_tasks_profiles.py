@@ -7,7 +7,7 @@ import pytest
 
 import tasks
 
-profile = pytest.importorskip("workbench.profile")
+profile = pytest.importorskip("workbench.spec.profile")
 
 ROOT = Path(__file__).resolve().parents[1] / "profiles"
 MINE = ["selective-copying-paper", "mamba-table1-grid", "induction-heads",

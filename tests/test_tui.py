@@ -12,7 +12,7 @@ import tasks
 from textual.widget import Widget
 from textual.widgets import DataTable, Input, Select, Static, Switch
 
-from workbench import profile as profiles
+from workbench.spec import profile as profiles
 from workbench.store import Store
 from workbench.tui.app import WorkbenchApp
 from workbench.tui.dialogs import ConfirmScreen, PathScreen

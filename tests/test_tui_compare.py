@@ -10,6 +10,7 @@ from textual.widgets import DataTable, Static
 from test_curves import sweep
 from test_tui import SIZE, make_app, poll, settle
 from workbench import export
+from workbench.spec.run_spec import spec_key
 from workbench.store import Store
 from workbench.tui.compare_view import CompareScreen
 from workbench.tui.plots import CurvePlot
@@ -218,7 +219,7 @@ async def test_resume_key_requeues_a_run_with_a_checkpoint(store, tmp_path, monk
     path = checkpoint.path_for(store.root, a)
     # requeue verifies the file's header, checksum, run id and spec key, not its training state
     checkpoint.save({"format": checkpoint.FORMAT, "run_id": a, "step": 3,
-                     "spec_key": checkpoint.spec_key(store.get(a).spec)}, path)
+                     "spec_key": spec_key(store.get(a).spec)}, path)
     app = make_app(store, tmp_path)
     async with app.run_test(size=SIZE) as pilot:
         await poll(pilot)

@@ -154,7 +154,7 @@ device = "cpu"
 def grid_store(store: Store) -> list[int]:
     """16 runs: 2 task settings (baseline, vocab_size=12) x 2 models x 2 lr x 2 wd; runs 1-4
     finished with accuracies 0.4, 0.9, 0.1, 0.6, run 5 running, the rest pending."""
-    from workbench import profile as profiles
+    from workbench.spec import profile as profiles
 
     ids = store.add_runs(s.to_dict() for s in profiles.expand(profiles.loads(GRID_PROFILE)))
     for rid, acc in zip(ids[:4], (0.4, 0.9, 0.1, 0.6)):

@@ -8,7 +8,7 @@ import models
 from textual.widgets import Input, Static
 
 from test_tui import SIZE, FakeScheduler, make_app, settle, store, tiny_profile, type_into  # noqa: F401
-from workbench import profile as profiles
+from workbench.spec import profile as profiles
 from workbench.tui.model_picker import Entry, ModelPicker, matches
 from workbench.tui.sweep_form import SweepForm
 

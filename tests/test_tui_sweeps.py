@@ -13,7 +13,8 @@ from textual.widgets import Input, Static
 
 from test_tui import SIZE, FakeScheduler, make_app, settle, store, type_into  # noqa: F401
 from test_tui_sweep_form import open_form, run_count, text
-from workbench import cli, profile as profiles, progress
+from workbench import cli, progress
+from workbench.spec import profile as profiles
 from workbench.store import Run
 from workbench.tui.runs_table import RunsTable
 

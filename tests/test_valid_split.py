@@ -315,7 +315,7 @@ def _run(tmp_path, valid_line):
     import os
 
     from workbench import worker
-    from workbench.profile import expand, loads
+    from workbench.spec.profile import expand, loads
     from workbench.store import Store
     spec = expand(loads(PROFILE.format(valid=valid_line)))[0].to_dict()
     store = Store(tmp_path / "st")

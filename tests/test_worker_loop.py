@@ -14,7 +14,7 @@ import tasks
 from tasks import metrics as task_metrics
 from workbench import worker
 from workbench.compose import build_model
-from workbench.profile import ProfileError, expand, loads
+from workbench.spec.profile import ProfileError, expand, loads
 from workbench.store import Store
 
 PROFILE = """

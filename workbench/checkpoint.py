@@ -42,6 +42,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from workbench.spec.run_spec import spec_key
+
 FORMAT = 1  # of the state dictionary the worker fills
 FILE_FORMAT = 2  # of the file around it (1: a bare torch.save, before checksums)
 MAGIC = b"ssm-workbench checkpoint "
@@ -50,7 +52,6 @@ MAX_HEAD = 1 << 20  # a header line longer than this is not ours (spec keys are 
 LEGACY_NOTE = "written before checksums: checked by its zip CRC32s only"
 # train settings that do not change what a run computes: a run checkpointed more or less
 # often is the same run (used when a replayed profile looks for runs it already has)
-NEUTRAL_TRAIN_KEYS = ("checkpoint_every", "checkpoint_minutes")
 
 
 class CheckpointError(Exception):
@@ -91,15 +92,6 @@ def folder(store_root: str | Path, run_id: int) -> Path:
 
 def path_for(store_root: str | Path, run_id: int) -> Path:
     return folder(store_root, run_id) / FILENAME
-
-
-def spec_key(spec: dict) -> str:
-    """A run's identity as text: its spec without the sweep position (``index``) and the
-    checkpoint settings; equal keys mean the same computation."""
-    s = json.loads(json.dumps(spec))  # tuples -> lists, as the store holds them
-    s.pop("index", None)
-    s["train"] = {k: v for k, v in (s.get("train") or {}).items() if k not in NEUTRAL_TRAIN_KEYS}
-    return json.dumps(s, sort_keys=True)
 
 
 # --------------------------------------------------------------------------- files

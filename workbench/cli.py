@@ -82,7 +82,7 @@ def cmd_tui(args) -> int:
 
 
 def cmd_profile_check(args) -> int:
-    from workbench.profile import ProfileError, expand, load, summary
+    from workbench.spec.profile import ProfileError, expand, load, summary
 
     err = Console(stderr=True)
     code = 0
@@ -167,7 +167,7 @@ def cmd_run(args) -> int:
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     from workbench import scheduler
-    from workbench.profile import ProfileError, load
+    from workbench.spec.profile import ProfileError, load
 
     console = _console()
     try:
@@ -258,7 +258,7 @@ def _dry_run(prof, ests, args) -> int:
     each grid value under its dotted key, and the count; no store is touched."""
     import json
 
-    from workbench.profile import expand, summary
+    from workbench.spec.profile import expand, summary
     from workbench.spec.estimate import fmt_bytes, fmt_count
 
     specs = expand(prof)
@@ -471,7 +471,7 @@ def cmd_tasks(args) -> int:
 
 
 def cmd_report(args) -> int:
-    from workbench import profile as prof
+    from workbench.spec import profile as prof
     from workbench import report
 
     store = _store(args)
@@ -533,7 +533,7 @@ def cmd_export(args) -> int:
 def cmd_score(args) -> int:
     """``ssm-workbench score PROFILE``: the MAD score table (workbench/results/score.py).
     0 printed, 1 settings unfinished (without --allow-partial) or nothing scored, 2 bad input."""
-    from workbench import profile as prof
+    from workbench.spec import profile as prof
     from workbench.results import score
 
     expected, name = None, args.profile

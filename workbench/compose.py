@@ -16,6 +16,7 @@ import torch
 import torch.nn as nn
 
 import models
+from workbench.spec.compose_options import check_compose_options
 
 
 class SequenceModel(nn.Module):
@@ -45,30 +46,6 @@ class SequenceModel(nn.Module):
 
     def can_stream(self) -> bool:
         return hasattr(self.backbone, "forward_chunked")
-
-
-COMPOSE_OPTIONS = ("init_scheme", "init_std", "tie_embeddings")  # model options that are not the backbone's
-
-
-def split_options(options: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(backbone options, composition options) of one model's option dict."""
-    backbone = {k: v for k, v in options.items() if k not in COMPOSE_OPTIONS}
-    return backbone, {k: v for k, v in options.items() if k in COMPOSE_OPTIONS}
-
-
-def check_compose_options(options: dict[str, Any]) -> None:
-    """ValueError naming the bad value of init_scheme / init_std / tie_embeddings."""
-    from models.init_schemes import check_scheme
-
-    if options.get("init_scheme") is not None:
-        check_scheme(options["init_scheme"])
-    std = options.get("init_std")
-    # (0, 1] as in profile.ModelSection: `not 0 < std <= 1` also refuses inf and nan
-    if std is not None and (isinstance(std, bool) or not isinstance(std, (int, float)) or not 0 < std <= 1):
-        raise ValueError(f"init_std must be a number in (0, 1], got {std!r}")
-    tie_opt = options.get("tie_embeddings")
-    if tie_opt is not None and not isinstance(tie_opt, bool):
-        raise ValueError(f"tie_embeddings must be true or false, got {tie_opt!r}")
 
 
 def resolve_init(task, model_name: str, init_scheme: str | None = None, init_std: float | None = None,

@@ -20,7 +20,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from workbench import profile as prof
+from workbench.spec import profile as prof
 from workbench.export import fmt_cell
 from workbench.results.aggregate import SELECT_ON, summarize
 from workbench.store import Store

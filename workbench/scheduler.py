@@ -205,8 +205,8 @@ def submit(store: Store, profile, jobs: int | None = None, runs_per_gpu: int | N
     ``runs_per_gpu``: the command-line value; None falls back to the profile's, then 1.
     (A scheduler already serving this store keeps its own setting for these runs.)"""
     from workbench import resume
-    from workbench.checkpoint import spec_key
-    from workbench.profile import expand
+    from workbench.spec.run_spec import spec_key
+    from workbench.spec.expand import expand
 
     specs = [spec.to_dict() for spec in expand(profile)]
     out = Submission()

@@ -37,15 +37,12 @@ from workbench import __version__, checkpoint, sysmon
 from workbench.compose import build_model
 from workbench.results import catalogue
 from workbench.runfile import RunFile
+from workbench.spec.run_spec import (ATTENTION_EVAL_MAX, EVAL_TOKENS_PER_BATCH, RESIDENT_MAX_BYTES, STREAM_ABOVE,
+                                     STREAM_CHUNK, spec_key)
 from workbench.store import HEARTBEAT_S, Store, StoreError, full_disk_detail, is_disk_full
 
 WARMUP_STEPS = 3          # steps excluded from the step-time median
 INFER_REPEATS = 5         # forward passes timed for the inference figure
-STREAM_ABOVE = 16384      # evaluate longer sequences chunk by chunk where the model can
-STREAM_CHUNK = 4096
-ATTENTION_EVAL_MAX = 16384  # longer sequences are skipped for models without recurrent state
-EVAL_TOKENS_PER_BATCH = 1 << 16
-RESIDENT_MAX_BYTES = 1 << 30  # fixed training sets up to this size are moved to the device once
 
 
 class RunFailed(Exception):
@@ -565,7 +562,7 @@ class Trainer:
         gpu_util = self.gpu_util + (self.background.gpu_util if self.background else [])
         gpu_mem = self.gpu_mem + (self.background.gpu_mem if self.background else [])
         return {
-            "format": checkpoint.FORMAT, "run_id": self.run_id, "spec_key": checkpoint.spec_key(self.spec),
+            "format": checkpoint.FORMAT, "run_id": self.run_id, "spec_key": spec_key(self.spec),
             "step": step, "total_steps": self.total, "per_epoch": self.per_epoch,
             "train_done": done, "stop_reason": stop_reason, "device": str(self.device),
             "model": self.model.state_dict(), "optimizer": self.opt.state_dict(),

@@ -1,6 +1,9 @@
-"""The run's specification layer.
+"""The run's specification layer: what a run is, before anything runs.
 
-It will hold the profile schema and the run's typed spec (today in ``workbench.profile``);
-for now it holds :mod:`workbench.spec.estimate`, the resource estimate a profile's runs
-get before anything is queued.
+schema.py (the profile's pydantic models), profile.py (load/loads/save/dumps; the profile
+API in one import), check.py (grid and registry checks), where.py (keys to lines),
+expand.py (profile -> RunSpecs), run_spec.py (RunSpec, spec_key), compose_options.py,
+estimate.py (resource estimate before launch), slurm_settings.py ([slurm] table).
+Imports nothing of the workbench's other layers (estimate.py's use of the composed model
+is the one exception; see tests/test_layering.py).
 """

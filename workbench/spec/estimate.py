@@ -10,7 +10,7 @@ A run's peak is the sum of what lives through training on its device:
   and scan checkpoints included, whatever the model's code path keeps), plus a
   ``transient`` for backward's own temporaries;
 - ``data``: the fixed training set where the worker keeps it on the device (CPU: always;
-  CUDA: when it is at most ``worker.RESIDENT_MAX_BYTES``), the eval set on the CPU, and
+  CUDA: when it is at most ``run_spec.RESIDENT_MAX_BYTES``), the eval set on the CPU, and
   the batches in flight;
 - the eval forward (no grad, ``eval_batch_size`` capped at ``EVAL_TOKENS_PER_BATCH``
   tokens) runs between training steps, when the step's activations are gone, so the peak
@@ -46,6 +46,8 @@ import json
 import math
 from dataclasses import dataclass, field
 from typing import Any
+
+from workbench.spec.run_spec import EVAL_TOKENS_PER_BATCH, RESIDENT_MAX_BYTES, STREAM_ABOVE, STREAM_CHUNK
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -431,7 +433,6 @@ def _augments(task) -> bool:
 def estimate_run(spec, limit: Limit) -> RunEstimate:
     """The estimate for one RunSpec on ``limit.device``; see the module docstring."""
     import tasks
-    from workbench import worker
 
     est = RunEstimate(spec.label, spec.task, spec.seq_len, spec.seed, limit.device,
                       limit=limit.bytes, limit_what=limit.what)
@@ -451,9 +452,9 @@ def estimate_run(spec, limit: Limit) -> RunEstimate:
     acts = prof.saved(L, B)
     # eval: no grad; the worker caps an eval batch at EVAL_TOKENS_PER_BATCH tokens; a forward
     # without grad holds a few of its largest tensors at a time
-    eval_bs = max(1, min(cfg.get("eval_batch_size") or B, worker.EVAL_TOKENS_PER_BATCH // max(1, L)))
-    if L > worker.STREAM_ABOVE and prof.can_stream:
-        L_eval = worker.STREAM_CHUNK
+    eval_bs = max(1, min(cfg.get("eval_batch_size") or B, EVAL_TOKENS_PER_BATCH // max(1, L)))
+    if L > STREAM_ABOVE and prof.can_stream:
+        L_eval = STREAM_CHUNK
     else:
         L_eval = L
     eval_tmp = 2 * TRANSIENT_FACTOR * eval_bs * prof.largest(L_eval)
@@ -462,7 +463,7 @@ def estimate_run(spec, limit: Limit) -> RunEstimate:
     train_set = task.num_train_examples * example if task.fixed_train else 0
     eval_set = (task.num_test_examples or 0) * example
     if cuda:
-        resident = train_set if (train_set <= worker.RESIDENT_MAX_BYTES and not _augments(task)) else 0
+        resident = train_set if (train_set <= RESIDENT_MAX_BYTES and not _augments(task)) else 0
         data = resident + (B + eval_bs) * example
     else:
         data = train_set + eval_set + (B + eval_bs) * example
@@ -488,11 +489,11 @@ def _task(name: str, params_json: str):
 
 
 def estimate_profile(prof, share: int = 1) -> list[RunEstimate]:
-    """Estimates for every run of ``prof`` (workbench.profile.Profile), in expand() order.
+    """Estimates for every run of ``prof`` (workbench.spec.profile.Profile), in expand() order.
 
     Raises EstimateError when the profile's device does not exist here (local executor).
     """
-    from workbench.profile import expand
+    from workbench.spec.expand import expand
 
     limit = device_limit(prof.train.device, prof.executor, share)
     return [estimate_run(s, limit) for s in expand(prof)]

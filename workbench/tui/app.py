@@ -25,7 +25,7 @@ from textual.widget import Widget
 from textual.widgets import Footer, Header, Static, TabbedContent, TabPane
 
 from workbench import progress, slurm
-from workbench.profile import Profile
+from workbench.spec.schema import Profile
 from workbench.store import STATES, Run, Store
 from workbench.tui import paths
 from workbench.tui.commands import WorkbenchCommands

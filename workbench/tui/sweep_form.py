@@ -1,5 +1,5 @@
 """The "New sweep" form: pick models, a task and its parameters, sweep axes and training
-settings; validate them into a :class:`~workbench.profile.Profile`; save, load, launch.
+settings; validate them into a :class:`~workbench.spec.profile.Profile`; save, load, launch.
 Grid axes (learning rates, weight decays, any dotted key) become ``[sweep.grid]`` (schema
 2) and count in the run count.
 
@@ -36,8 +36,8 @@ from textual.widget import Widget
 from textual.widgets import Input, Label, Select, Static, Switch
 
 import tasks
-from workbench import profile as profiles
-from workbench.profile import Profile, ProfileError
+from workbench.spec import profile as profiles
+from workbench.spec.profile import Profile, ProfileError
 from workbench.tui import paths
 from workbench.tui.formatting import set_text
 from workbench.tui.model_picker import ModelPicker

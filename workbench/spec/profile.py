@@ -1,0 +1,160 @@
+"""Run profiles: schema-versioned TOML sweeps, strictly validated.
+
+A profile names a task (schema 2: several, ``[[tasks]]``, each with optional one-at-a-time
+``variants``), a list of models, sequence lengths and seeds, the training settings and
+(schema 2) a ``[sweep.grid]`` of dotted keys over any of them; :func:`expand` turns it
+into one :class:`RunSpec` per (task setting, model, seq_len, grid point, seed).
+Schema 1 profiles (one ``[task]``, no grid) load as before and expand to the same specs.
+Unknown keys anywhere are errors that name the key, its line and the file (zoology
+silently drops them; we don't). Validation matches what runs: every number is finite and
+in a range that trains (a value that is certainly a mistake is refused, not run), integers
+are integers (``epochs = true`` is refused, not read as 1), booleans are booleans, seeds fit
+the store's 64-bit integers and are distinct, and the budget trains at least one step.
+Errors name the key and its line in the file (:func:`_key_lines`), or the ``--set`` that
+gave the value. Saving from the TUI writes the same format via :func:`dumps`.
+"""
+
+# The profile API in one place: this module loads and saves; the schema, the checks and
+# the expansion into runs are their own modules, re-exported here so that callers write
+# `from workbench.spec import profile as P; P.load(...); P.expand(...)`.
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import tomli_w
+from pydantic import ValidationError
+
+__all__ = ["SCHEMA_VERSION", "SCHEMA_VERSIONS", "ModelChoice", "ModelSection", "Profile", "ProfileError",
+           "PublishedValue", "RunSpec", "SweepSection", "TaskSection", "TaskSetting", "TrainSection",
+           "apply_overrides", "dumps", "expand", "grid_points", "load", "loads", "save", "summary",
+           "task_settings", "to_dict"]
+
+from workbench.spec.check import _check_grid, _check_registries, _problems_text
+from workbench.spec.expand import TaskSetting, expand, grid_points, summary, task_settings  # noqa: F401
+from workbench.spec.run_spec import RunSpec  # noqa: F401
+from workbench.spec.schema import (SCHEMA_VERSION, SCHEMA_VERSIONS, ModelChoice, ModelSection,  # noqa: F401
+                                   Profile, ProfileError, PublishedValue, SweepSection, TaskSection,
+                                   TrainSection)
+from workbench.spec.where import _validation_message, _Where
+
+def loads(text: str, path: str = "<string>", check_registries: bool = True,
+          overrides: list[str] | None = None) -> Profile:
+    """Validate profile ``text``; ``overrides`` as for :func:`load` (applied to the parsed
+    data, so line numbers in messages stay those of ``text``)."""
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise ProfileError(f"{path}: malformed TOML: {e}") from None
+    origins = apply_overrides(data, overrides or [], path)
+    if "name" not in data and path not in ("<string>",):
+        data["name"] = Path(path).stem
+        origins[("name",)] = "from the file name"
+    where = _Where(text, origins)
+    try:
+        prof = Profile.model_validate(data)
+    except ValidationError as e:
+        raise ProfileError(_validation_message(e, path, where)) from None
+    problems = _check_grid(prof, where)
+    if problems:
+        raise ProfileError(_problems_text(path, problems))
+    if check_registries:
+        _check_registries(prof, path, where)
+    return prof
+
+
+def _decode(raw: bytes, path: str) -> str:
+    """The text of a profile file, or a one-line ProfileError: profiles are UTF-8 TOML."""
+    if raw.startswith((b"\xff\xfe", b"\xfe\xff")):
+        raise ProfileError(f"{path}: not UTF-8 text (it starts with a UTF-16 byte-order mark); "
+                           f"save the profile as UTF-8")
+    if b"\x00" in raw:
+        raise ProfileError(f"{path}: not a TOML profile: it contains NUL bytes (a binary file, or "
+                           f"UTF-16 text); profiles are UTF-8 text")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw.count(b"\n", 0, e.start) + 1
+        raise ProfileError(f"{path}: not UTF-8 text (byte 0x{raw[e.start]:02x} on line {line}); "
+                           f"save the profile as UTF-8") from None
+    return text.removeprefix("\ufeff")  # a UTF-8 byte-order mark is still UTF-8
+
+
+def load(path: str | Path, check_registries: bool = True,
+         overrides: list[str] | None = None) -> Profile:
+    """Read and validate a profile; ``overrides`` are ``dotted.key=TOML value`` settings
+    (``run --set``) applied before validation, e.g. ``task.data_path="/data/aclImdb"``.
+    Every failure, unreadable or non-UTF-8 files included, is a :class:`ProfileError`."""
+    p = Path(path)
+    try:
+        raw = p.read_bytes()
+    except OSError as e:
+        raise ProfileError(f"{path}: cannot read profile: {e.strerror}") from None
+    return loads(_decode(raw, str(path)), str(path), check_registries, overrides)
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str], path: str = "<string>") -> dict[tuple, str]:
+    """Set each ``a.b.c=value`` in the parsed profile ``data`` (value parsed as TOML; a bare
+    word that is not valid TOML is taken as a string, so paths need no quotes). Returns
+    ``{key path: "from --set a.b.c=value"}`` so messages can name the --set, not a line."""
+    origins: dict[tuple, str] = {}
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        parts = [k.strip() for k in key.split(".")]
+        if not sep or not all(parts):
+            raise ProfileError(f"--set {item!r}: expected dotted.key=value")
+        try:
+            value = tomllib.loads(f"v = {raw}")["v"]
+        except tomllib.TOMLDecodeError:
+            value = raw
+        node = data
+        for k in parts[:-1]:
+            nxt = node.setdefault(k, {})
+            if not isinstance(nxt, dict):
+                raise ProfileError(f"--set {item!r}: {k!r} is not a table in {path}")
+            node = nxt
+        node[parts[-1]] = value
+        origins[tuple(parts)] = f"from --set {item}"
+    return origins
+
+
+def _task_dict(t: TaskSection) -> dict[str, Any]:
+    return {"name": t.name, **t.params(), **({"variants": t.variants} if t.variants else {})}
+
+
+def to_dict(p: Profile) -> dict[str, Any]:
+    """The profile as TOML data (what :func:`dumps` writes): sections it does not use
+    (a schema 1 profile's grid and [[tasks]]) are left out, so it loads back the same."""
+    d = p.model_dump(mode="json", exclude_none=True)
+    d.pop("task", None)
+    d.pop("tasks", None)
+    if p.task is not None:
+        d["task"] = _task_dict(p.task)
+    if p.tasks:
+        d["tasks"] = [_task_dict(t) for t in p.tasks]
+    d["sweep"]["models"] = [
+        m if isinstance(m, str) else {k: v for k, v in {**m.model_dump(exclude_none=True), **m.options()}.items()}
+        for m in p.sweep.models
+    ]
+    if not d["sweep"]["seq_lens"]:
+        del d["sweep"]["seq_lens"]
+    if not d["sweep"].get("grid"):
+        d["sweep"].pop("grid", None)
+    if not d.get("published"):
+        d.pop("published", None)
+    return d
+
+
+def dumps(p: Profile) -> str:
+    return tomli_w.dumps(to_dict(p))
+
+
+def save(p: Profile, path: str | Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(dumps(p), encoding="utf-8")
+    tmp.replace(path)  # atomic: a crash never leaves half a profile
+    return path
+

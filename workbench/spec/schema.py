@@ -1,0 +1,348 @@
+"""Profile schema: the pydantic models of a profile's sections (strictly validated).
+
+
+A profile names a task (schema 2: several, ``[[tasks]]``, each with optional one-at-a-time
+``variants``), a list of models, sequence lengths and seeds, the training settings and
+(schema 2) a ``[sweep.grid]`` of dotted keys over any of them; :func:`expand` turns it
+into one :class:`RunSpec` per (task setting, model, seq_len, grid point, seed).
+Schema 1 profiles (one ``[task]``, no grid) load as before and expand to the same specs.
+Unknown keys anywhere are errors that name the key, its line and the file (zoology
+silently drops them; we don't). Validation matches what runs: every number is finite and
+in a range that trains (a value that is certainly a mistake is refused, not run), integers
+are integers (``epochs = true`` is refused, not read as 1), booleans are booleans, seeds fit
+the store's 64-bit integers and are distinct, and the budget trains at least one step.
+Errors name the key and its line in the file (:func:`_key_lines`), or the ``--set`` that
+gave the value. Saving from the TUI writes the same format via :func:`dumps`.
+
+Loading, checking and expanding live beside this module: :mod:`workbench.spec.profile`
+(load/loads/save/dumps), :mod:`workbench.spec.check` (grid and registry checks),
+:mod:`workbench.spec.expand` (task settings, grid points, RunSpecs).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal, Union
+
+from annotated_types import Le
+from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, StrictBool,
+                      field_validator, model_validator)
+
+from workbench.spec.slurm_settings import SlurmSettings
+
+SCHEMA_VERSION = 2  # the version this tool writes; it reads SCHEMA_VERSIONS
+SCHEMA_VERSIONS = (1, 2)  # 2 adds [sweep.grid], [[tasks]] and task variants
+
+
+class ProfileError(Exception):
+    """A profile that cannot be used; the message names the file, key and line."""
+
+
+# Integers are stored in SQLite INTEGER columns (seeds, steps, sizes): beyond 2^63 - 1 a
+# value cannot be queued at all, so it is refused here, not as a traceback at submit time.
+INT64_MAX = 2**63 - 1
+
+
+def _int_input(v: Any) -> Any:
+    # pydantic's lax int reads true as 1: a boolean in a number field is a mistake (a
+    # shifted line, a key mixed up), never a count. Integral floats (TOML reads 1e5 as a
+    # float) and numeric text (the TUI form's inputs) go on to pydantic, which refuses
+    # fractions ("1.5") and words ("five").
+    if isinstance(v, bool):
+        raise ValueError(f"expected an integer, got {str(v).lower()}")
+    return v
+
+
+def _float_input(v: Any) -> Any:
+    if isinstance(v, bool):
+        raise ValueError(f"expected a number, got {str(v).lower()}")
+    return v
+
+
+Int = Annotated[int, BeforeValidator(_int_input), Le(INT64_MAX)]
+Float = Annotated[float, BeforeValidator(_float_input)]  # finite: allow_inf_nan=False below
+Bool = StrictBool  # true or false only; "yes" and 1 are refused
+
+
+class _Strict(BaseModel):
+    # allow_inf_nan=False: inf or nan in any float field (TOML has both) is refused; no
+    # setting of this tool means "infinity", and nan never compares
+    model_config = ConfigDict(extra="forbid", strict=False, allow_inf_nan=False)
+
+
+def _distinct(what: str, v: list) -> list:
+    dupes = sorted({x for x in v if v.count(x) > 1})
+    if dupes:
+        raise ValueError(f"duplicate {what} {', '.join(map(str, dupes))}: each would repeat "
+                         f"the same runs")
+    return v
+
+
+class _FieldError(ValueError):
+    """A model-level check that is about one field: the message points at that key's line
+    (``key``: a name, or a path of names below the table that failed)."""
+
+    def __init__(self, key: str | tuple, msg: str):
+        super().__init__(msg)
+        self.key = key
+
+
+class ModelChoice(_Strict):
+    """One model of the sweep: a registry name plus optional per-model settings."""
+
+    model_config = ConfigDict(extra="allow")  # remaining keys are model options, checked below
+    name: str
+    label: str | None = None
+    d_model: Int | None = Field(default=None, gt=0)
+    n_layers: Int | None = Field(default=None, gt=0)
+
+    def options(self) -> dict[str, Any]:
+        return dict(self.model_extra or {})
+
+    @property
+    def display(self) -> str:
+        return self.label or self.name
+
+
+def _json_key(v: Any) -> str:
+    import json
+
+    return json.dumps(v, sort_keys=True)
+
+
+def _distinct_values(what: str, values: list) -> list:
+    keys = [_json_key(v) for v in values]
+    dupes = [v for i, v in enumerate(values) if keys.index(keys[i]) != i]
+    if dupes:
+        raise ValueError(f"duplicate {what} {', '.join(map(repr, dupes))}: each would repeat the same runs")
+    return values
+
+
+class TaskSection(_Strict):
+    model_config = ConfigDict(extra="allow")  # task parameters, checked against the registry
+    name: str
+    # schema 2: mad-lab's one-at-a-time changes of the baseline; { seq_len = [512, 1024],
+    # num_train_examples = [800] } gives the baseline plus 3 settings, each one change
+    variants: dict[str, Annotated[list[Any], Field(min_length=1)]] = Field(default_factory=dict)
+
+    @field_validator("variants")
+    @classmethod
+    def _variants(cls, v: dict[str, list]) -> dict[str, list]:
+        for key, values in v.items():
+            if key in ("name", "variants"):
+                raise _FieldError(key, f"{key!r} cannot vary: variants change task parameters")
+            _distinct_values(f"variant value(s) of {key}", values)
+        return v
+
+    def params(self) -> dict[str, Any]:
+        return dict(self.model_extra or {})
+
+
+def _flatten_grid(v: Any) -> Any:
+    # "train.lr" = [...] (quoted) is one key; train.lr = [...] (a TOML dotted key) arrives
+    # as nested tables: both mean the dotted key "train.lr"
+    if not isinstance(v, dict):
+        return v
+    out: dict[str, Any] = {}
+
+    def walk(prefix: str, node: dict) -> None:
+        for k, x in node.items():
+            if isinstance(x, dict):
+                walk(f"{prefix}{k}.", x)
+            else:
+                out[f"{prefix}{k}"] = x
+
+    walk("", v)
+    return out
+
+
+class SweepSection(_Strict):
+    models: list[Union[str, ModelChoice]] = Field(min_length=1)
+    seq_lens: list[Annotated[Int, Field(gt=0)]] = Field(default_factory=list)
+    # seeds go into torch / numpy generators and the store's INTEGER column: [0, 2^63)
+    seeds: list[Annotated[Int, Field(ge=0)]] = Field(default_factory=lambda: [0], min_length=1)
+    # schema 2: dotted key -> values, Cartesian with models x lengths x seeds; each value is
+    # checked like the same key written in its table (_check_grid)
+    grid: Annotated[dict[str, Annotated[list[Any], Field(min_length=1)]],
+                    BeforeValidator(_flatten_grid)] = Field(default_factory=dict)
+
+    @field_validator("grid")
+    @classmethod
+    def _distinct_grid(cls, v: dict[str, list]) -> dict[str, list]:
+        for key, values in v.items():
+            _distinct_values(f"value(s) of {key}", values)
+        return v
+
+    @field_validator("seq_lens")
+    @classmethod
+    def _distinct_lens(cls, v: list[int]) -> list[int]:
+        return _distinct("sequence length(s)", v)
+
+    @field_validator("seeds")
+    @classmethod
+    def _distinct_seeds(cls, v: list[int]) -> list[int]:
+        return _distinct("seed(s)", v)
+
+    def model_choices(self) -> list[ModelChoice]:
+        return [ModelChoice(name=m) if isinstance(m, str) else m for m in self.models]
+
+
+class ModelSection(_Strict):
+    d_model: Int = Field(default=64, gt=0)
+    n_layers: Int = Field(default=2, gt=0)
+    # Composition options for every model of the sweep (a model's own options win); unset,
+    # each model gets its reference implementation's init (`ssm-workbench models`).
+    init_scheme: Literal["torch", "mamba", "hf"] | None = None
+    # <= 1 (compose.MAX_INIT_STD): reference inits use 0.02; a unit normal per weight already
+    # grows every layer's output by about sqrt(d_model), beyond that nothing trains
+    init_std: Float | None = Field(default=None, gt=0, le=1)
+    tie_embeddings: Bool | None = None
+    options: dict[str, dict[str, Any]] = Field(default_factory=dict)
+
+    def shared_options(self) -> dict[str, Any]:
+        return {k: v for k in ("init_scheme", "init_std", "tie_embeddings")
+                if (v := getattr(self, k)) is not None}
+
+
+class EarlyStopping(_Strict):
+    metric: Literal["accuracy", "loss"] = "accuracy"
+    patience: Int = Field(default=0, ge=0)  # evaluations without improvement; 0 = off
+    min_delta: Float = Field(default=0.0, ge=0)
+    # stop once eval token accuracy >= target; accuracy is a fraction, so a target above 1
+    # would never be reached (and 0 would stop at the first evaluation)
+    target: Float | None = Field(default=None, gt=0, le=1)
+
+
+class TrainSection(_Strict):
+    epochs: Int | None = Field(default=None, gt=0)
+    steps: Int | None = Field(default=None, gt=0)
+    batch_size: Int = Field(default=32, gt=0)
+    eval_batch_size: Int | None = Field(default=None, gt=0)
+    # lr <= 1: both optimizers are Adam, whose step moves each weight by about lr, so a
+    # step above 1 is larger than any weight; published recipes use 1e-4 .. 1e-2
+    lr: Float = Field(default=1e-3, gt=0, le=1)
+    betas: tuple[Float, Float] = (0.9, 0.999)
+    # <= 100: recipes use 0 .. 1 (grokking studies go to ~10); with adamw lr * weight_decay
+    # must also stay below 1 (checked below), else each step zeroes or flips every weight
+    weight_decay: Float = Field(default=0.0, ge=0, le=100)
+    warmup_steps: Int = Field(default=0, ge=0)
+    schedule: Literal["cosine", "constant"] = "cosine"
+    # "adam": torch.optim.Adam, weight decay (if any) added to the gradient as L2, what the
+    # hybrid-model MAD code and the Mamba paper's synthetic runs used; "adamw": decoupled.
+    optimizer: Literal["adamw", "adam"] = "adamw"
+    min_lr_ratio: Float = Field(default=0.0, ge=0, le=1)
+    grad_clip: Float = Field(default=1.0, ge=0)  # 0 = off
+    amp: Bool = False
+    compile: Bool = False  # train through torch.compile(model); first-step time -> compile_s
+    eval_every: Int = Field(default=1, gt=0)  # epochs (epochs mode) or steps (steps mode)
+    log_every: Int = Field(default=10, gt=0)  # steps between train-loss records
+    early_stopping: EarlyStopping = Field(default_factory=EarlyStopping)
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    # Checkpoints for resuming (docs/ARCHITECTURE.md, "Checkpoints and resume"): every N
+    # optimizer steps (0 = off) and every M minutes of training (0 = off); always on
+    # SIGTERM / SIGUSR1. Ten minutes bounds what a crash loses on long runs and never fires
+    # on short ones; neither setting changes what a run computes.
+    checkpoint_every: Int = Field(default=0, ge=0)
+    checkpoint_minutes: Float = Field(default=10.0, ge=0)
+
+    @field_validator("betas")
+    @classmethod
+    def _betas(cls, v):
+        if not all(0 <= b < 1 for b in v):
+            raise ValueError("betas must lie in [0, 1)")
+        return v
+
+    @model_validator(mode="after")
+    def _one_budget(self):
+        if (self.epochs is None) == (self.steps is None):
+            raise ValueError("give exactly one of train.epochs or train.steps")
+        # (in epochs mode the total is known only with the task: _check_budget)
+        if self.steps is not None and self.warmup_steps > self.steps:
+            raise _FieldError("warmup_steps", f"warmup_steps = {self.warmup_steps} is longer than the "
+                              f"whole run (steps = {self.steps}): the learning rate would never reach lr")
+        if self.optimizer == "adamw" and self.lr * self.weight_decay >= 1:
+            raise _FieldError("weight_decay", f"lr * weight_decay = {self.lr * self.weight_decay:g} >= 1: "
+                              f"adamw multiplies every weight by 1 - lr * weight_decay each step")
+        return self
+
+
+class PublishedValue(_Strict):
+    """A number the published work reports, for ``ssm-workbench report`` to set ours beside.
+
+    ``model`` is a sweep label; the value is eval ``metric`` at ``epoch`` (or ``step``) of
+    the training history when given, else the final result on eval set ``eval_set``.
+    """
+    model: str
+    metric: str = "accuracy"
+    value: Float
+    seq_len: Int | None = Field(default=None, gt=0)
+    eval_set: str = ""
+    epoch: Float | None = Field(default=None, gt=0)
+    step: Int | None = Field(default=None, gt=0)
+    source: str = ""
+
+    @model_validator(mode="after")
+    def _one_point(self):
+        if self.epoch is not None and self.step is not None:
+            raise ValueError("give at most one of epoch or step")
+        return self
+
+
+class Profile(_Strict):
+    schema_version: Int
+    name: str = Field(min_length=1)
+    description: str = ""
+    task: TaskSection | None = None  # schema 1: the one task; schema 2: this or [[tasks]]
+    tasks: list[TaskSection] = Field(default_factory=list)  # schema 2: several tasks
+    sweep: SweepSection
+    model: ModelSection = Field(default_factory=ModelSection)
+    train: TrainSection
+    runs_per_gpu: Int | None = Field(default=None, gt=0)  # runs sharing a GPU (--runs-per-gpu wins; None = 1)
+    published: list[PublishedValue] = Field(default_factory=list)  # for `ssm-workbench report`
+    # where the runs execute: this machine's scheduler, or one Slurm job per run
+    executor: Literal["local", "slurm"] = "local"
+    slurm: SlurmSettings = Field(default_factory=SlurmSettings)  # the #SBATCH settings
+
+    @field_validator("schema_version")
+    @classmethod
+    def _version(cls, v: int) -> int:
+        if v not in SCHEMA_VERSIONS:
+            raise ValueError(f"unsupported schema_version {v}; this tool reads "
+                             f"{' and '.join(map(str, SCHEMA_VERSIONS))}")
+        return v
+
+    @model_validator(mode="after")
+    def _task_tables(self):
+        if self.schema_version < 2:
+            if self.tasks:
+                raise _FieldError("tasks", "[[tasks]] needs schema_version = 2")
+            if self.sweep.grid:
+                raise _FieldError(("sweep", "grid"), "[sweep.grid] needs schema_version = 2")
+            if self.task is not None and self.task.variants:
+                raise _FieldError(("task", "variants"), "task variants need schema_version = 2")
+        if self.task is None and not self.tasks:
+            raise _FieldError("task", "missing: give a [task] table"
+                              + (" or [[tasks]] tables" if self.schema_version >= 2 else ""))
+        if self.task is not None and self.tasks:
+            raise _FieldError("tasks", "give either one [task] table or [[tasks]] tables, not both")
+        names = [t.name for t in self.tasks]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise _FieldError("tasks", f"duplicate task(s) {', '.join(dupes)}: give one entry per task "
+                              f"and its changes as variants")
+        return self
+
+    def task_entries(self) -> list[tuple[tuple, TaskSection]]:
+        """Each task with its path in the file: ``(("task",), t)`` or ``(("tasks", i), t)``."""
+        if self.task is not None:
+            return [(("task",), self.task)]
+        return [(("tasks", i), t) for i, t in enumerate(self.tasks)]
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", v):
+            raise ValueError("profile names use letters, digits, '.', '_' and '-'")
+        return v
+
+
