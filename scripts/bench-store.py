@@ -202,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
 
         from workbench import cli
 
-        from workbench import progress
+        from workbench.store import progress
 
         def runs_in_process():  # as cmd_runs: the light read, the table, the progress lines
             runs = progress.table_runs(store)

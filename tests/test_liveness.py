@@ -17,7 +17,8 @@ import time
 
 import pytest
 
-from workbench import checkpoint, cli, resume, scheduler, store as store_module, worker
+from workbench import checkpoint, cli, resume, scheduler, worker
+from workbench.store import run as store_run
 from workbench.spec.profile import expand, loads
 from workbench.store import Store
 
@@ -85,7 +86,7 @@ def real_run(tmp_path, monkeypatch):
             os.kill(r.pid, signal.SIGCONT)
         except ProcessLookupError:
             pass
-        if store.get(rid).state != "finished" and store_module.pid_alive(r.pid, r.pid_start):
+        if store.get(rid).state != "finished" and store_run.pid_alive(r.pid, r.pid_start):
             scheduler._terminate_group(r.pid, signal.SIGKILL)
 
 
@@ -141,7 +142,7 @@ def test_a_heartbeat_verdict_from_another_host_is_overturned_when_the_worker_wak
     store, rid, prof, pid = real_run
     stop_past_timeout(store, rid, pid)
     # seen from another machine the pid cannot be checked: silence is all it has
-    monkeypatch.setattr(store_module.socket, "gethostname", lambda: "observer")
+    monkeypatch.setattr(socket, "gethostname", lambda: "observer")
     assert store.reap(now=time.time() + 3600) == [rid]
     r = store.get(rid)
     assert r.state == "crashed" and "no heartbeat" in r.error and "cannot be checked" in r.error
@@ -272,11 +273,11 @@ def test_runs_and_show_print_the_workers_pid_and_host(tmp_path, capsys, monkeypa
 
 def test_the_heartbeat_timeout_is_read_from_the_environment(monkeypatch, capsys):
     monkeypatch.delenv("SSM_WORKBENCH_HEARTBEAT_TIMEOUT", raising=False)
-    assert store_module.heartbeat_timeout() == 30.0
+    assert store_run.heartbeat_timeout() == 30.0
     monkeypatch.setenv("SSM_WORKBENCH_HEARTBEAT_TIMEOUT", "2.5")
-    assert store_module.heartbeat_timeout() == 2.5
+    assert store_run.heartbeat_timeout() == 2.5
     monkeypatch.setenv("SSM_WORKBENCH_HEARTBEAT_TIMEOUT", "soon")
-    assert store_module.heartbeat_timeout() == 30.0
+    assert store_run.heartbeat_timeout() == 30.0
     assert "SSM_WORKBENCH_HEARTBEAT_TIMEOUT='soon' is not a positive number" in capsys.readouterr().err
 
 

@@ -1,4 +1,4 @@
-"""Run files (workbench/runfile.py): a worker's rows written as JSON lines on a shared
+"""Run files (workbench/store/runfile.py): a worker's rows written as JSON lines on a shared
 filesystem and ingested into the store exactly once, torn lines included."""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 import pytest
 
 from test_curves import sweep
-from workbench import runfile
+from workbench.store import runfile
 from workbench.store import Store
 
 

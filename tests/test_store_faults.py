@@ -467,7 +467,7 @@ def test_enospc_writing_the_log_fails_the_run_as_disk_full(tmp_path, monkeypatch
 def test_a_run_file_on_a_full_disk_loses_no_event_after_a_torn_line(tmp_path, monkeypatch):
     """A Slurm worker's run file: a write cut short by a full disk leaves a torn line; the
     worker frees the job folder's reserve and records its end, which the reader applies."""
-    from workbench import runfile
+    from workbench.store import runfile
 
     store = Store(tmp_path / "store")
     (rid,) = store.add_runs([spec()])

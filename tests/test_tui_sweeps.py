@@ -1,4 +1,4 @@
-"""Sweeps of hundreds of runs: a profile's progress and ETA (workbench/progress.py), the
+"""Sweeps of hundreds of runs: a profile's progress and ETA (workbench/store/progress.py), the
 runs table's profile filter and progress lines, ``runs``' summary lines, and the sweep
 form's grid axes written to ``[sweep.grid]``."""
 from __future__ import annotations
@@ -13,7 +13,8 @@ from textual.widgets import Input, Static
 
 from test_tui import SIZE, FakeScheduler, make_app, settle, store, type_into  # noqa: F401
 from test_tui_sweep_form import open_form, run_count, text
-from workbench import cli, progress
+from workbench import cli
+from workbench.store import progress
 from workbench.spec import profile as profiles
 from workbench.store import Run
 from workbench.tui.runs_table import RunsTable

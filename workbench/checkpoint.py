@@ -43,11 +43,12 @@ import numpy as np
 import torch
 
 from workbench.spec.run_spec import spec_key
+from workbench.store.layout import checkpoint_folder as folder
+from workbench.store.layout import checkpoint_path as path_for
 
 FORMAT = 1  # of the state dictionary the worker fills
 FILE_FORMAT = 2  # of the file around it (1: a bare torch.save, before checksums)
 MAGIC = b"ssm-workbench checkpoint "
-FILENAME = "last.pt"
 MAX_HEAD = 1 << 20  # a header line longer than this is not ours (spec keys are ~1 KB)
 LEGACY_NOTE = "written before checksums: checked by its zip CRC32s only"
 # train settings that do not change what a run computes: a run checkpointed more or less
@@ -84,14 +85,6 @@ class Header:
     @property
     def note(self) -> str:
         return LEGACY_NOTE if self.legacy else "sha256 verified"
-
-
-def folder(store_root: str | Path, run_id: int) -> Path:
-    return Path(store_root) / "checkpoints" / str(run_id)
-
-
-def path_for(store_root: str | Path, run_id: int) -> Path:
-    return folder(store_root, run_id) / FILENAME
 
 
 # --------------------------------------------------------------------------- files

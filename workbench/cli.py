@@ -305,11 +305,11 @@ BOXED_MAX = 300  # more runs than this: plain aligned columns (a rich Table of 5
 
 def _print_runs(console: Console, runs, progress_of=None) -> None:
     """The runs as a table, then one progress line per profile (``progress_of``: the runs
-    to count progress over, default ``runs``; :mod:`workbench.progress`), then notes on
+    to count progress over, default ``runs``; :mod:`workbench.store.progress`), then notes on
     stalled runs. Up to BOXED_MAX runs a boxed rich table, beyond that plain columns."""
     from rich.markup import escape
 
-    from workbench import progress
+    from workbench.store import progress
 
     rows, states, stalled = [], [], []
     for r in runs:
@@ -376,7 +376,7 @@ def _print_runs(console: Console, runs, progress_of=None) -> None:
 def cmd_runs(args) -> int:
     """``runs``: the table, then each profile's progress (done/total, ETA), counted over
     all of its runs even when --state shows some of them."""
-    from workbench.progress import table_runs
+    from workbench.store.progress import table_runs
 
     store = _store(args)
     # as refresh(), but Slurm's sync is handed the light rows (it reads their info only):

@@ -7,7 +7,7 @@ that a cluster user can inspect or resubmit by hand; and the worker entry point 
 same command line, with nothing pickled across Python environments.
 
 Flow (:func:`sync`, called by every poll of the TUI and of ``run``/``runs``):
-1. each Slurm run's events file is ingested into the store (:mod:`workbench.runfile`);
+1. each Slurm run's events file is ingested into the store (:mod:`workbench.store.runfile`);
 2. a pending Slurm run without a live job (new, resumed, or requeued by ``resume``) gets
    its snapshot written and a job submitted; the job id goes into the run's info;
 3. the jobs' states are read with ``squeue`` (and ``scontrol show job`` for jobs that have
@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 
-from workbench import runfile
+from workbench.store import runfile
 from workbench.store import TERMINAL, Store
 
 if TYPE_CHECKING:

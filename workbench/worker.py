@@ -36,7 +36,7 @@ from tasks import metrics as task_metrics
 from workbench import __version__, checkpoint, sysmon
 from workbench.compose import build_model
 from workbench.results import catalogue
-from workbench.runfile import RunFile
+from workbench.store.runfile import RunFile
 from workbench.spec.run_spec import (ATTENTION_EVAL_MAX, EVAL_TOKENS_PER_BATCH, RESIDENT_MAX_BYTES, STREAM_ABOVE,
                                      STREAM_CHUNK, spec_key)
 from workbench.store import HEARTBEAT_S, Store, StoreError, full_disk_detail, is_disk_full
@@ -649,7 +649,7 @@ class Trainer:
 
 def run(store_dir: str | None, run_id: int, run_file: str | None = None) -> int:
     """Run ``run_id`` of the store in ``store_dir``, or, with ``run_file`` (a Slurm job on
-    another node), of the run file in that shared folder (workbench/runfile.py)."""
+    another node), of the run file in that shared folder (workbench/store/runfile.py)."""
     try:
         store = RunFile(run_file, run_id) if run_file else Store(store_dir)
     except (StoreError, OSError) as e:  # nothing can be recorded: the scheduler's check says crashed

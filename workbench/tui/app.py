@@ -24,7 +24,8 @@ from textual.binding import Binding
 from textual.widget import Widget
 from textual.widgets import Footer, Header, Static, TabbedContent, TabPane
 
-from workbench import progress, slurm
+from workbench.store import progress
+from workbench import slurm
 from workbench.spec.schema import Profile
 from workbench.store import STATES, Run, Store
 from workbench.tui import paths
@@ -192,7 +193,7 @@ class WorkbenchApp(App):
     @on(RunsTable.FilterChanged)
     def _show_summary(self) -> None:
         """The line(s) under the runs table: counts by state, then the progress and ETA
-        (:mod:`workbench.progress`) of the filtered profile, or of each profile still
+        (:mod:`workbench.store.progress`) of the filtered profile, or of each profile still
         running or pending (the first MAX_PROGRESS_LINES)."""
         table = self.query_one(RunsTable)
         runs = table.all_runs

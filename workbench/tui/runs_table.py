@@ -38,7 +38,8 @@ from textual.message import Message
 from textual.screen import ModalScreen
 from textual.widgets import DataTable, Footer, Input, Label, Static
 
-from workbench import progress, slurm
+from workbench.store import progress
+from workbench import slurm
 from workbench.results.aggregate import sort_key
 from workbench.store import STATES, TERMINAL, Run, Store
 from workbench.tui.dialogs import ConfirmScreen
@@ -47,7 +48,7 @@ from workbench.tui.messages import CompareRuns, KillRequested, OpenRun, ResumeRe
 
 
 def table_runs(store: Store, profile: str | None = None) -> list[Run]:
-    """The runs as the table shows them: :func:`workbench.progress.table_runs` with each
+    """The runs as the table shows them: :func:`workbench.store.progress.table_runs` with each
     run's grid point and task setting (the app's poll reads with this)."""
     return progress.table_runs(store, profile, grid=True)
 

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from workbench.store import Run, Store, ensure_reserve, release_reserve
+from workbench.store.layout import checkpoint_path
 
 EVENTS = "events.jsonl"
 SNAPSHOT = "run.json"
@@ -73,9 +74,7 @@ class RunFile:
                     os.write(self._fd, b"\n")
         attempt = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
         self._run.state = "running"
-        from workbench import checkpoint  # the worker imports torch anyway; readers need not
-
-        ck = checkpoint.path_for(self.root, run_id)
+        ck = checkpoint_path(self.root, run_id)
         if ck.is_file() and not self._run.info.get("resume"):
             # Slurm restarted the job (requeue, preemption, node failure): go on from the
             # checkpoint the last attempt left. (`resume` with no checkpoint removes it.)
