@@ -109,7 +109,7 @@ def make_store(root: Path, specs: list[dict], n_metrics: int):
 
 
 async def tui_poll(store_root: Path, repeat: int) -> dict[str, float]:
-    from workbench import slurm
+    from workbench.execute import slurm
     from workbench.store import Store
     from workbench.tui import runs_table
     from workbench.tui.app import WorkbenchApp
@@ -200,13 +200,12 @@ def main(argv: list[str] | None = None) -> int:
                                    check=True), args.repeat)
         from rich.console import Console
 
-        from workbench import cli
-
+        from workbench.cli import runs as cli_runs
         from workbench.store import progress
 
         def runs_in_process():  # as cmd_runs: the light read, the table, the progress lines
             runs = progress.table_runs(store)
-            cli._print_runs(Console(file=io.StringIO(), width=160), runs)
+            cli_runs._print_runs(Console(file=io.StringIO(), width=160), runs)
 
         res["runs table in process (read + table + summary)"] = median_time(runs_in_process, args.repeat)
         res["table_runs() alone (5,000 rows, no spec JSON)"] = median_time(lambda: progress.table_runs(store),

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from workbench import bench
+from workbench.cli import bench
 
 TINY = ["--seq-lens", "32", "--batch", "2", "--d-model", "8", "--n-layers", "1",
         "--repeats", "1", "--warmup", "0"]
@@ -121,7 +121,7 @@ def test_a_childs_peak_memory_is_its_own_not_its_parents():
     big = bytearray(600 * 2**20)
     for i in range(0, len(big), 4096):  # touch every page: 600 MiB resident in the parent
         big[i] = 1
-    code = ("from workbench.sysmon import peak_rss_mib, reset_peak_rss; "
+    code = ("from workbench.train.sysmon import peak_rss_mib, reset_peak_rss; "
             "print(peak_rss_mib()); print(reset_peak_rss())")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=str(Path(__file__).resolve().parent.parent)).stdout.split()

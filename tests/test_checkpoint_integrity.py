@@ -16,7 +16,9 @@ import torch
 from tests.test_resume import (FIXED, attempt, metric_rows, new_run, outcome, sweep, spec_of,  # noqa: F401
                                uninterrupted)
 from tests.test_resume import fake_popen, no_live_worker  # noqa: F401  (fixtures)
-from workbench import checkpoint, cli, resume, scheduler
+from workbench.train import checkpoint
+from workbench import cli
+from workbench.execute import resume, scheduler
 from workbench.spec.run_spec import spec_key
 
 UNSAFE = "weights_only=False"

@@ -1,4 +1,4 @@
-"""Curves over seeds (workbench/curves.py): grouping, legend labels, alignment of runs
+"""Curves over seeds (workbench/results/curves.py): grouping, legend labels, alignment of runs
 that logged at different x values, the mean and its bands, and the three x axes."""
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import statistics
 
 import pytest
 
-from workbench import curves as cv
+from workbench.results import curves as cv
 from workbench.spec import profile as profiles
 from workbench.store import Store
 

@@ -4,7 +4,8 @@ import json
 import sys
 import types
 
-from workbench import cli, doctor
+from workbench import cli
+from workbench.cli import doctor
 
 
 def test_rows_present(tmp_path):
@@ -109,7 +110,7 @@ def _fake_nvml_with_processes(own_pid, own_bytes):
 
 
 def _fresh_sysmon(monkeypatch, fake):
-    from workbench import sysmon
+    from workbench.train import sysmon
 
     monkeypatch.setitem(sys.modules, "pynvml", fake)
     monkeypatch.setattr(sysmon, "_nvml_state", {"init": None, "why": ""})

@@ -10,7 +10,7 @@ import time
 import pytest
 import torch
 
-from workbench import scheduler
+from workbench.execute import scheduler
 from workbench.spec.profile import loads
 from workbench.store import Store
 
@@ -118,7 +118,7 @@ def test_failures_are_kept_and_others_go_on(tmp_path):
 
 
 def test_nan_loss_fails_the_run(tmp_path):
-    from workbench import worker
+    from workbench.train import worker
     from workbench.spec.profile import ProfileError, expand
 
     text = tiny(name="nan", models='["lstm"]', steps=30, lr="1e30")
@@ -174,7 +174,7 @@ def _alive(pid):
 def test_worker_in_process_epochs_over_a_whole_dataset(tmp_path):
     """A task whose training set is 'all of it' (num_train_examples=0): the epoch plan
     comes from the data, and evaluation runs once per epoch."""
-    from workbench import worker
+    from workbench.train import worker
     from workbench.spec.profile import expand
 
     p = loads("""

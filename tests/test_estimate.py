@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from workbench import bench
+from workbench.cli import bench
 from workbench.spec import estimate
 
 ROOT = Path(__file__).resolve().parent.parent

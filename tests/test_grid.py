@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from workbench.spec import profile as P
-from workbench import scheduler
+from workbench.execute import scheduler
 from workbench.spec.run_spec import spec_key
 from workbench.store import Store
 

@@ -167,7 +167,7 @@ def test_hybrid_parallel_structure():
 
 def test_hybrid_parallel_hf_init_leaves_projectors_at_torch_default():
     import tasks
-    from workbench.compose import build_model
+    from workbench.train.compose import build_model
 
     t = tasks.build("mad_selective_copying", seq_len=20, num_tokens_to_copy=5,
                     num_train_examples=8, num_test_examples=8)

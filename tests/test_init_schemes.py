@@ -1,4 +1,4 @@
-"""Init schemes and tied heads of composed models (models.init_schemes, workbench.compose)."""
+"""Init schemes and tied heads of composed models (models.init_schemes, workbench.train.compose)."""
 from __future__ import annotations
 
 import math
@@ -10,7 +10,7 @@ import models
 import tasks
 from models.init_schemes import apply_init, count_residual_branches
 from workbench.spec import profile as prof
-from workbench.compose import build_model, resolve_init
+from workbench.train.compose import build_model, resolve_init
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,9 @@ import time
 
 import pytest
 
-from workbench import checkpoint, cli, resume, scheduler, worker
+from workbench.train import checkpoint, worker
+from workbench import cli
+from workbench.execute import resume, scheduler
 from workbench.store import run as store_run
 from workbench.spec.profile import expand, loads
 from workbench.store import Store

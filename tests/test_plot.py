@@ -12,7 +12,7 @@ import xml.etree.ElementTree as ET
 import pytest
 
 from tests.test_store import spec
-from workbench import plot, plot_cli
+from workbench.results import plot, plot_cli
 from workbench.store import Store
 
 MODELS = ("lstm", "s6")
@@ -350,6 +350,6 @@ def test_cli_bad_input_exits_2_with_a_reason(store, tmp_path, capsys, argv, mess
 
 
 def test_importing_the_module_does_not_import_matplotlib():
-    code = "import sys, workbench.plot; print('matplotlib' in sys.modules)"
+    code = "import sys, workbench.results.plot; print('matplotlib' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

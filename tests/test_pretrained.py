@@ -13,8 +13,8 @@ import torch
 import models
 import tasks
 from models.pretrained import CheckpointError
-from workbench.compose import build_model
-from workbench.worker import make_optimizer
+from workbench.train.compose import build_model
+from workbench.train.worker import make_optimizer
 
 transformers = pytest.importorskip("transformers")
 from test_registry_contract import check_causal, check_gradients, check_shape  # noqa: E402

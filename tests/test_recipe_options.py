@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import models
-from workbench import worker
+from workbench.train import worker
 from workbench.spec.profile import ProfileError, loads
 
 

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from workbench.spec import profile as prof
-from workbench import report
+from workbench.results import report
 from workbench.store import Store
 
 PROFILE = """

@@ -10,7 +10,8 @@ import math
 
 import pytest
 
-from workbench import cli, export
+from workbench import cli
+from workbench.results import export
 from workbench.results import aggregate as agg
 from workbench.results import catalogue, stats
 from workbench.store import Store
@@ -255,7 +256,7 @@ def test_rows_by_a_dotted_grid_key_and_task_setting(two_models, capsys):
 
 
 def test_report_eval_set_table_leaves_out_the_validation_set(tmp_path):
-    from workbench import report
+    from workbench.results import report
 
     store = Store(tmp_path / "st")
     ids = [add(store, "lstm", seed, {"": {"accuracy": 0.9}, "len=16": {"accuracy": 0.8},
@@ -287,7 +288,7 @@ def test_early_stopping_reads_the_direction_from_the_catalogue(metric, values, s
     from types import SimpleNamespace
 
     from tasks.metrics import AccuracyCounts
-    from workbench.worker import Trainer
+    from workbench.train.worker import Trainer
 
     t = SimpleNamespace(cfg={"early_stopping": {"metric": metric, "patience": 2, "min_delta": 0.0,
                                                 "target": None}}, best=None, bad_evals=0)

@@ -12,7 +12,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from workbench import checkpoint, resume, scheduler, worker
+from workbench.train import checkpoint, worker
+from workbench.execute import resume, scheduler
 from workbench.spec.profile import ProfileError, expand, loads
 from workbench.spec.run_spec import spec_key
 from workbench.store import Store
@@ -243,7 +244,7 @@ def test_metrics_logged_after_the_checkpoint_are_dropped(tmp_path, monkeypatch, 
 CRASH_MID_WRITE = """
 import os, signal, sys, torch
 sys.path.insert(0, {root!r})
-from workbench import checkpoint
+from workbench.train import checkpoint
 
 class HalfThenDie:  # the temporary file: its header goes in, the payload half, then SIGKILL
     def __init__(self, path, mode):

@@ -8,7 +8,9 @@ import os
 
 import pytest
 
-from workbench import cli, scheduler, sysmon
+from workbench import cli
+from workbench.execute import scheduler
+from workbench.train import sysmon
 from workbench.spec.profile import dumps, expand, loads
 from workbench.store import Store
 
@@ -161,7 +163,7 @@ def test_submit_passes_it_to_the_detached_scheduler(fake, tmp_path, flag, prof, 
     store = Store(tmp_path / "st")
     scheduler.submit(store, profile(prof), runs_per_gpu=flag)
     (p,) = FakePopen.launched
-    assert p.cmd[p.cmd.index("-m") + 1] == "workbench.scheduler"
+    assert p.cmd[p.cmd.index("-m") + 1] == "workbench.execute.scheduler"
     assert _spawned_runs_per_gpu(p.cmd) == want
 
 

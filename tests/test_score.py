@@ -216,7 +216,7 @@ def test_schema1_runs_are_the_baseline_and_bad_input_is_one_line(tmp_path, capsy
 
 
 def test_mqar_plot_kind_takes_the_max_over_learning_rates_and_writes_png_svg(tmp_path, capsys):
-    from workbench import plot
+    from workbench.results import plot
 
     store = Store(tmp_path / "st")
     # accuracy = width/100 + length/1000 at lr 1e-3; lr 1e-4 is 0.5 lower except at

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from workbench.spec import profile as profiles
-from workbench import serve
+from workbench.cli import serve
 from workbench.store import Store
 
 ROOT = Path(__file__).resolve().parent.parent

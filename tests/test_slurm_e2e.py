@@ -12,14 +12,15 @@ import time
 import pytest
 import tomli_w
 
-from workbench import export, scheduler, slurm
+from workbench.results import export
+from workbench.execute import scheduler, slurm
 from workbench.spec import profile as profiles
 from workbench.store import Store
 
 
 @pytest.fixture
 def slurm_env(slurm_cluster, monkeypatch):
-    """Slurm's clients (called by workbench.slurm) and the jobs find the test cluster."""
+    """Slurm's clients (called by workbench.execute.slurm) and the jobs find the test cluster."""
     for k, v in slurm_cluster.env.items():
         if os.environ.get(k) != v:
             monkeypatch.setenv(k, v)

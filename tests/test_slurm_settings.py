@@ -7,7 +7,7 @@ import pytest
 import tomli_w
 
 from workbench.spec import profile as profiles
-from workbench.slurm import SlurmSettings, job_script
+from workbench.execute.slurm import SlurmSettings, job_script
 
 
 def test_settings_become_sbatch_lines(tmp_path):
@@ -22,7 +22,7 @@ def test_settings_become_sbatch_lines(tmp_path):
         assert flag in sb, flag
     assert any(f.startswith("--output=") and f.endswith("run-7/slurm-%j.out") for f in sb)
     assert "module load cuda" in lines
-    assert lines[-1].startswith("exec ") and f"-m workbench.worker --run-file {tmp_path} --run-id 7" in lines[-1]
+    assert lines[-1].startswith("exec ") and f"-m workbench.train.worker --run-file {tmp_path} --run-id 7" in lines[-1]
     # no GPUs, no time limit: no --gpus and no signal (there is no limit to warn about)
     bare = job_script(1, SlurmSettings(gpus_per_run=0, requeue=False), tmp_path, tmp_path, "x")
     assert "--gpus" not in bare and "--signal" not in bare and "--no-requeue" in bare

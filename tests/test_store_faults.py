@@ -26,7 +26,9 @@ from pathlib import Path
 
 import pytest
 
-from workbench import checkpoint, cli, resume, worker
+from workbench.train import checkpoint, worker
+from workbench import cli
+from workbench.execute import resume
 from workbench.spec.profile import expand, loads
 from workbench.store import RESERVE_FILE, Store, StoreError, StoreFull, StoreReadOnly, is_disk_full
 

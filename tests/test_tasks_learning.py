@@ -2,7 +2,7 @@
 
 These check that the targets are learnable from the inputs as the tasks document them
 (a generator whose answer is not in the inputs, or whose targets are misaligned, stays at
-chance). The model is composed by the lead's ``workbench.compose.build_model``.
+chance). The model is composed by the lead's ``workbench.train.compose.build_model``.
 """
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import torch
 import tasks
 from tasks import metrics
 
-compose = pytest.importorskip("workbench.compose")
+compose = pytest.importorskip("workbench.train.compose")
 
 
 @pytest.fixture(autouse=True)

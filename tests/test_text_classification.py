@@ -296,7 +296,7 @@ def test_last_pool_head_is_per_position(imdb, tokenizer):
 @pytest.mark.parametrize("pool", ["last", "mean"])
 def test_tiny_model_trains(imdb, tokenizer, pool):
     from tasks.metrics import loss
-    from workbench.compose import build_model
+    from workbench.train.compose import build_model
 
     t = build(imdb, tokenizer, seq_len=8, pool=pool)
     torch.manual_seed(0)

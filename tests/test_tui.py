@@ -447,7 +447,7 @@ async def test_quit_leaves_runs_alone(store, tmp_path):
 @pytest.mark.slow
 async def test_real_scheduler_runs_a_tiny_sweep(store, tmp_path):
     """Launch through the real scheduler: detached worker processes train and finish."""
-    pytest.importorskip("workbench.scheduler")
+    pytest.importorskip("workbench.execute.scheduler")
     app = WorkbenchApp(store=store, profiles_dir=tmp_path / "profiles")
     async with app.run_test(size=SIZE) as pilot:
         form = app.query_one(SweepForm)

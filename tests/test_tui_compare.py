@@ -9,7 +9,7 @@ from textual.widgets import DataTable, Static
 
 from test_curves import sweep
 from test_tui import SIZE, make_app, poll, settle
-from workbench import export
+from workbench.results import export
 from workbench.spec.run_spec import spec_key
 from workbench.store import Store
 from workbench.tui.compare_view import CompareScreen
@@ -208,7 +208,8 @@ async def test_results_tab_validation_set_alone_keeps_the_length_columns(store, 
 
 
 async def test_resume_key_requeues_a_run_with_a_checkpoint(store, tmp_path, monkeypatch):
-    from workbench import checkpoint, scheduler
+    from workbench.train import checkpoint
+    from workbench.execute import scheduler
 
     spawned = []
     monkeypatch.setattr(scheduler, "spawn", lambda *a, **k: spawned.append(a))

@@ -206,7 +206,7 @@ async def test_a_length_too_short_for_the_task_is_said_once_on_the_lengths(store
 
 
 def test_launch_summary_says_what_was_queued_and_what_existed():
-    from workbench.scheduler import Submission
+    from workbench.execute.scheduler import Submission
 
     sub = Submission()
     sub.skipped, sub.attached = [1, 2, 3], [4]
@@ -222,7 +222,7 @@ def test_launch_summary_says_what_was_queued_and_what_existed():
 
 
 async def test_relaunching_a_profile_queues_none_and_says_so(store, tmp_path, monkeypatch):
-    from workbench import scheduler
+    from workbench.execute import scheduler
 
     monkeypatch.setattr(scheduler, "spawn", lambda *a, **k: None)  # no worker processes
     app = make_app(store, tmp_path, scheduler=scheduler)
@@ -445,7 +445,7 @@ def test_output_folders_are_absolute_and_per_profile(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("out", [None, "out"])
 async def test_compare_figures_go_to_the_profile_folder_with_the_full_path(store, tmp_path, monkeypatch, out):
-    from workbench import plot
+    from workbench.results import plot
 
     written = []
 

@@ -8,7 +8,7 @@ from textual.widgets import DataTable, Select, Static
 
 from test_results_layer import add
 from test_tui import FakeScheduler, make_app, settle
-from workbench import export
+from workbench.results import export
 from workbench.results import aggregate as agg
 from workbench.store import Store
 from workbench.tui.results_view import NONE, ResultsView, over_options
@@ -288,7 +288,7 @@ async def test_runs_table_filters_by_profile_model_state(store, tmp_path):
 
 
 async def test_kill_and_resume_every_marked_run_after_one_confirmation(store, tmp_path, monkeypatch):
-    from workbench import resume
+    from workbench.execute import resume
     from workbench.tui.dialogs import ConfirmScreen
     from workbench.tui.runs_table import RunsTable
 

@@ -14,6 +14,7 @@ from textual.widgets import Input, Static
 from test_tui import SIZE, FakeScheduler, make_app, settle, store, type_into  # noqa: F401
 from test_tui_sweep_form import open_form, run_count, text
 from workbench import cli
+from workbench.cli import runs as cli_runs
 from workbench.store import progress
 from workbench.spec import profile as profiles
 from workbench.store import Run
@@ -112,11 +113,11 @@ def test_runs_prints_each_profiles_progress(store, capsys):
 
 
 def test_runs_lists_thousands_as_plain_columns(store, capsys, monkeypatch):
-    monkeypatch.setattr(cli, "BOXED_MAX", 2)  # the plain layout, without making 300 runs
+    monkeypatch.setattr(cli_runs, "BOXED_MAX", 2)  # the plain layout, without making 300 runs
     a, b = two_profiles(store)
     assert cli.main(["--store", str(store.root), "runs"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].split() == list(cli.RUNS_HEADERS) and "┃" not in "".join(lines)
+    assert lines[0].split() == list(cli_runs.RUNS_HEADERS) and "┃" not in "".join(lines)
     rows = [line.split() for line in lines[1:6]]
     assert [int(r[0]) for r in rows] == a + b
     assert [r[1] for r in rows] == ["a", "a", "a", "b", "b"]

@@ -314,7 +314,7 @@ device = "cpu"
 def _run(tmp_path, valid_line):
     import os
 
-    from workbench import worker
+    from workbench.train import worker
     from workbench.spec.profile import expand, loads
     from workbench.store import Store
     spec = expand(loads(PROFILE.format(valid=valid_line)))[0].to_dict()

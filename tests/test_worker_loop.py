@@ -12,8 +12,8 @@ import torch
 
 import tasks
 from tasks import metrics as task_metrics
-from workbench import worker
-from workbench.compose import build_model
+from workbench.train import worker
+from workbench.train.compose import build_model
 from workbench.spec.profile import ProfileError, expand, loads
 from workbench.store import Store
 

@@ -64,7 +64,7 @@ CATALOGUE: dict[str, Metric] = {m.name: m for m in (
     _M("bits_per_char", "eval bits per character (char-LM)", None, "min"),
 )}
 
-# derived views (the names older code imports from workbench.export)
+# derived views (the names older code imports from workbench.results.export)
 DESCRIPTIONS: dict[str, str] = {n: m.text for n, m in CATALOGUE.items()}
 BETTER: dict[str, str] = {n: m.better for n, m in CATALOGUE.items() if m.better}
 RUN_LEVEL: frozenset[str] = frozenset(n for n, m in CATALOGUE.items() if m.run_level)

@@ -235,7 +235,7 @@ def saved_bytes(model, inputs, targets) -> tuple[int, int]:
 def _build(task, model: str, d_model: int, n_layers: int, options: dict[str, Any]):
     import torch
 
-    from workbench.compose import build_model
+    from workbench.train.compose import build_model
 
     torch.manual_seed(0)
     return build_model(task, model, d_model=d_model, n_layers=n_layers, **options)

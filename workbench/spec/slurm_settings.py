@@ -1,7 +1,7 @@
 """The ``[slurm]`` table of a profile: what a user puts in ``#SBATCH`` lines today.
 
-Kept apart from ``workbench.slurm`` (the executor) so that reading the store (``runs``,
-the TUI's polls) never imports pydantic; ``workbench.slurm.SlurmSettings`` still resolves
+Kept apart from ``workbench.execute.slurm`` (the executor) so that reading the store (``runs``,
+the TUI's polls) never imports pydantic; ``workbench.execute.slurm.SlurmSettings`` still resolves
 here for code and job scripts written before the move.
 """
 from __future__ import annotations

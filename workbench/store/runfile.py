@@ -4,7 +4,7 @@ SQLite in WAL mode must not be shared over a network filesystem, so a worker sta
 Slurm does not write the store. It appends its rows as JSON lines to its own file in the
 job folder on the shared filesystem (``<shared>/slurm/run-<id>/events.jsonl``), one event per
 line, and the submit host ingests them into the store (``ingest``: from the TUI's and the
-``run``/``runs`` commands' polls, via :func:`workbench.slurm.sync`).
+``run``/``runs`` commands' polls, via :func:`workbench.execute.slurm.sync`).
 
 Nothing is lost or applied twice:
 - the worker is the file's only writer; each event is one ``write`` of a whole line to a

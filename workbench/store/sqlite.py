@@ -525,7 +525,7 @@ class Store:
         crashed = []
         for r in self.runs(states=["running"]):
             if (r.info or {}).get("executor") == "slurm":
-                continue  # another node's worker: Slurm's job state says (workbench.slurm.sync)
+                continue  # another node's worker: Slurm's job state says (workbench.execute.slurm.sync)
             reason = None
             silent = r.heartbeat is not None and now - r.heartbeat > timeout
             if r.host == host and r.pid:

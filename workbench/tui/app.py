@@ -25,7 +25,7 @@ from textual.widget import Widget
 from textual.widgets import Footer, Header, Static, TabbedContent, TabPane
 
 from workbench.store import progress
-from workbench import slurm
+from workbench.execute import slurm
 from workbench.spec.schema import Profile
 from workbench.store import STATES, Run, Store
 from workbench.tui import paths
@@ -56,7 +56,7 @@ def id_ranges(ids: list[int]) -> str:
 
 
 def launch_summary(name: str, ids: Any) -> str:
-    """What submitting a sweep did, from :class:`workbench.scheduler.Submission` (a plain
+    """What submitting a sweep did, from :class:`workbench.execute.scheduler.Submission` (a plain
     list of ids counts as all queued): new runs queued, and the runs the store already
     held (skipped as finished, still pending or running, resumed, restarted, refused)."""
     queued = list(getattr(ids, "queued", ids))
@@ -96,7 +96,7 @@ class WorkbenchApp(App):
     def __init__(self, store: Store, profiles_dir: Path = Path("profiles"),
                  scheduler: Any = None, figures_dir: Path | None = None, **kwargs: Any) -> None:
         """``scheduler``: an object with ``submit`` and ``kill`` (tests); by default the
-        :mod:`workbench.scheduler` module, imported when first needed. ``figures_dir``:
+        :mod:`workbench.execute.scheduler` module, imported when first needed. ``figures_dir``:
         the folder under which the compare and results views write figures and tables,
         one folder per profile (default: the store folder's ``figures/``)."""
         super().__init__(**kwargs)
@@ -115,7 +115,7 @@ class WorkbenchApp(App):
     @property
     def scheduler(self) -> Any:
         if self._scheduler is None:
-            self._scheduler = importlib.import_module("workbench.scheduler")
+            self._scheduler = importlib.import_module("workbench.execute.scheduler")
         return self._scheduler
 
     def compose(self) -> ComposeResult:
@@ -262,7 +262,7 @@ class WorkbenchApp(App):
 
     @work(thread=True, group="scheduler")
     def resume_run(self, run_id: int) -> None:
-        from workbench import resume
+        from workbench.execute import resume
 
         store = Store(self.store.root)  # own connection: it may start a scheduler or sbatch
         try:

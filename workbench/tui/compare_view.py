@@ -25,7 +25,7 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header, Static
 
-from workbench import curves as cv
+from workbench.results import curves as cv
 from workbench.store import Run, Store
 from workbench.tui import paths
 from workbench.tui.background import PollsStore, write_in_thread
@@ -207,7 +207,7 @@ class CompareScreen(PollsStore, Screen):
         self._changed()
 
     def action_figures(self) -> None:
-        from workbench import plot
+        from workbench.results import plot
 
         runs, axis, band, by_seed = list(self.runs), self.axis, self.band, self.by_seed
         metrics = [m for m in (self.loss_metric, self.acc_metric) if m in self.logged([m])]

@@ -92,7 +92,7 @@ class MetricPlot(PlotextPlot):
 
 
 class CurvePlot(PlotextPlot):
-    """Group curves (:class:`workbench.curves.GroupCurve`): the mean as a line, its band's
+    """Group curves (:class:`workbench.results.curves.GroupCurve`): the mean as a line, its band's
     edges as faint dots in the same colour. The legend is the caller's (the compare view's
     table: a legend inside the plot would hide the curves once there are a few groups);
     ``colours`` keeps one colour per group across the view's plots."""

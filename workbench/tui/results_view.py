@@ -9,7 +9,7 @@ different from it; cells of one run never).
 Grids: ``b`` chooses the grid keys each cell takes the best over (by default every grid key
 of the profile's runs, :func:`workbench.results.aggregate.grid_keys`; then each smaller set,
 then none) and ``v`` the split the choice is made on (validation, the default, or test,
-the anchors' practice, labelled so). The table is :func:`workbench.export.build`'s, the
+the anchors' practice, labelled so). The table is :func:`workbench.results.export.build`'s, the
 caption names the rule ("best over train.lr, train.weight_decay, selected on
 validation"), and the line under it the grid point chosen for the cell under the cursor.
 
@@ -33,10 +33,10 @@ from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.widgets import DataTable, Label, Select, Static
 
-from workbench import export
+from workbench.results import export
 from workbench.results import aggregate as agg
 from workbench.results import catalogue
-from workbench.plot import safe_stem  # matplotlib itself is imported only to draw
+from workbench.results.plot import safe_stem  # matplotlib itself is imported only to draw
 from workbench.store import Store
 from workbench.tui.background import PollsStore, write_in_thread
 from workbench.tui.formatting import set_text
@@ -340,7 +340,7 @@ class ResultsView(PollsStore, Vertical):
         self.notify("wrote " + ", ".join(map(str, written)), markup=False)
 
     def action_figures(self) -> None:
-        from workbench import plot
+        from workbench.results import plot
 
         profile = self.current()[0]
         if not profile or profile == ALL or not self.recs:

@@ -62,7 +62,7 @@ def empty_text(state: str, what: str) -> str:
 def nvml_note() -> str:
     """Why NVML gives no GPU figures on this machine (empty when sysmon is unavailable)."""
     try:
-        from workbench import sysmon
+        from workbench.train import sysmon
     except ImportError:
         return ""
     try:

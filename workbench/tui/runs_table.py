@@ -39,7 +39,7 @@ from textual.screen import ModalScreen
 from textual.widgets import DataTable, Footer, Input, Label, Static
 
 from workbench.store import progress
-from workbench import slurm
+from workbench.execute import slurm
 from workbench.results.aggregate import sort_key
 from workbench.store import STATES, TERMINAL, Run, Store
 from workbench.tui.dialogs import ConfirmScreen
@@ -746,7 +746,7 @@ class RunsTable(DataTable):
 
     @work(thread=True, group="runs-action", exit_on_error=False)
     def resume_runs(self, ids: list[int]) -> None:
-        from workbench import resume
+        from workbench.execute import resume
 
         store = self._store()
         try:

@@ -381,7 +381,7 @@ def plain_message(err: dict[str, Any], label: str, example: str | None = None) -
 def _line_keys(text: str) -> dict[int, tuple]:
     """{line: key path} of a TOML text written by ``profiles.dumps``: the loader's messages
     say "(line N)" of that text, and the line tells which field the message is about."""
-    return {line: path for path, line in sorted(profiles._key_lines(text).items(), key=lambda kv: len(kv[0]))}
+    return {line: path for path, line in sorted(_key_lines(text).items(), key=lambda kv: len(kv[0]))}
 
 
 LINE_REF = re.compile(r" \(line (\d+)\)")

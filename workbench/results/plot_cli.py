@@ -1,12 +1,12 @@
-"""``ssm-workbench plot``: the command line of :mod:`workbench.plot` (argument parsing,
+"""``ssm-workbench plot``: the command line of :mod:`workbench.results.plot` (argument parsing,
 checks of the run selection, messages and exit codes); the figures are drawn there."""
 from __future__ import annotations
 
 import sys
 from pathlib import Path
 
-from workbench.curves import BANDS, X_AXES
-from workbench.plot import KINDS, _id_ranges, plot_profile, safe_stem
+from workbench.results.curves import BANDS, X_AXES
+from workbench.results.plot import KINDS, _id_ranges, plot_profile, safe_stem
 from workbench.store import STATES, Store
 
 

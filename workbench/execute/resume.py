@@ -1,7 +1,7 @@
 """``ssm-workbench resume ID...``: continue runs from their last checkpoint.
 
 A run that ended without finishing (killed, crashed, preempted, failed) and has a
-checkpoint (workbench/checkpoint.py) is put back to ``pending`` with a resume marker in its
+checkpoint (workbench/train/checkpoint.py) is put back to ``pending`` with a resume marker in its
 info; the scheduler starts its worker the usual way (one detached scheduler per store,
 :func:`scheduler.spawn`), and the worker, seeing the marker, loads the checkpoint, drops
 the metrics the interrupted attempt logged after the checkpoint's step and continues.
@@ -24,7 +24,7 @@ import socket
 import sys
 import time
 
-from workbench import slurm
+from workbench.execute import slurm
 from workbench.store import UNFINISHED, Store, pid_alive
 
 
@@ -38,7 +38,7 @@ def requeue(store: Store, run_id: int, require_checkpoint: bool = True, restart:
     measurements cleared: with ``restart`` (its checkpoint, good or bad, is discarded), or
     with ``require_checkpoint`` False and no checkpoint. Raises ResumeError otherwise, also
     for a checkpoint that fails verification, whatever ``require_checkpoint`` says."""
-    from workbench import checkpoint  # imports torch: not at the CLI's start-up
+    from workbench.train import checkpoint  # imports torch: not at the CLI's start-up
 
     r = store.get(run_id)
     if r is None:
@@ -84,7 +84,7 @@ def resume_runs(store: Store, run_ids, jobs: int | None = None,
                 runs_per_gpu: int | None = None, restart: bool = False) -> tuple[list[int], list[str]]:
     """Requeue each run from its checkpoint (``restart``: from step 0, its checkpoint
     discarded) and start a scheduler if any was; returns (requeued ids, error messages)."""
-    from workbench import scheduler
+    from workbench.execute import scheduler
 
     store.reap()  # a 'running' run whose worker is gone is crashed, hence resumable
     done, errors = [], []

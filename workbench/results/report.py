@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from workbench.spec import profile as prof
-from workbench.export import fmt_cell
+from workbench.results.export import fmt_cell
 from workbench.results.aggregate import SELECT_ON, summarize
 from workbench.store import Store
 

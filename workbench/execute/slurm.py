@@ -122,7 +122,7 @@ def job_script(run_id: int, settings: SlurmSettings, folder: Path, shared: Path,
              *(["export SSMWB_REQUEUE_AT_TIME_LIMIT=1"] if settings.requeue and settings.requeue_at_time_limit
                and settings.signal_s and settings.time else []),
              # exec: the worker is the batch shell, so Slurm's signals reach it directly
-             f"exec {shlex.quote(python)} -u -m workbench.worker --run-file {shlex.quote(str(shared))} "
+             f"exec {shlex.quote(python)} -u -m workbench.train.worker --run-file {shlex.quote(str(shared))} "
              f"--run-id {run_id}"]
     return "\n".join(lines) + "\n"
 
@@ -255,7 +255,7 @@ def _sync(store: Store, live: list, done: dict[str, list[int]], min_interval_s: 
                 # run waits in the queue again and goes on from its checkpoint if it has one
                 if r.state == "running":
                     store.finish(r.id, "preempted", f"Slurm job {job} was requeued")
-                from workbench import checkpoint  # imports torch: only when needed
+                from workbench.train import checkpoint  # imports torch: only when needed
 
                 ck = checkpoint.path_for(r.info.get("slurm_shared") or store.root, r.id)
                 store.requeue(r.id, {"checkpoint": str(ck), "by": "slurm"} if ck.is_file() else None)

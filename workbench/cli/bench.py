@@ -4,7 +4,7 @@
     ssm-workbench bench --models mamba --backend ref,torch --seq-lens 1024 --repeats 1
     ssm-workbench bench --models mamba --stream-tokens 1048576
 
-For each (model, backend, seq_len) a fresh Python process (``python -m workbench.bench --one
+For each (model, backend, seq_len) a fresh Python process (``python -m workbench.cli.bench --one
 SPEC``) builds the backbone with a fixed seed, then measures on random input
 x: (batch, seq_len, d_model):
 
@@ -14,7 +14,7 @@ x: (batch, seq_len, d_model):
 - train_tok_s:  batch * seq_len / fwd_bwd time.
 - peak_mib:     extra memory of the training step. CPU: the process's own peak RSS
                 (``VmHWM``, reset to the current RSS just before the first forward)
-                minus that RSS (workbench.sysmon.peak_rss_mib: ``ru_maxrss`` would
+                minus that RSS (workbench.train.sysmon.peak_rss_mib: ``ru_maxrss`` would
                 carry the parent's RSS in); CUDA: ``torch.cuda.max_memory_allocated``
                 minus the allocation before it. A fresh process per config all the same.
 
@@ -74,7 +74,7 @@ def _rss_mib() -> float:
 
 def _peak_rss_mib() -> float:
     """Peak resident set size of this process (its own, not its parent's), in MiB."""
-    from workbench.sysmon import peak_rss_mib
+    from workbench.train.sysmon import peak_rss_mib
 
     return peak_rss_mib()
 
@@ -82,7 +82,7 @@ def _peak_rss_mib() -> float:
 def _rss_baseline_mib() -> float:
     """The RSS now, with the peak reset to it (where the OS allows), so that peak minus
     this baseline is what the measured step added, not a transient of building the model."""
-    from workbench.sysmon import reset_peak_rss
+    from workbench.train.sysmon import reset_peak_rss
 
     reset_peak_rss()
     return _rss_mib()
@@ -374,7 +374,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _run_subprocess(spec: dict[str, Any], timeout: float) -> dict[str, Any]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_REPO_ROOT), env.get("PYTHONPATH")]))
-    cmd = [sys.executable, "-m", "workbench.bench", "--one", json.dumps(spec)]
+    cmd = [sys.executable, "-m", "workbench.cli.bench", "--one", json.dumps(spec)]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
     except subprocess.TimeoutExpired:

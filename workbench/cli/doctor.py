@@ -230,7 +230,7 @@ def probe_linear_rnn(ctx: dict) -> list[Row]:
 
 
 def probe_slots(ctx: dict) -> list[Row]:
-    from workbench import scheduler
+    from workbench.execute import scheduler
 
     gpus = scheduler._visible_gpus()
     if gpus:

@@ -4,7 +4,7 @@ Four kinds, each written as ``<stem>.png`` (150 dpi) and ``<stem>.svg``:
 
 - **curves**: learning curves of some runs (train/eval loss, eval accuracy, ...) against
   optimizer step, epoch or wall time, one line per group of runs that differ only by seed
-  with a mean ± std (or min..max) band; the numbers come from :func:`workbench.curves.curves`.
+  with a mean ± std (or min..max) band; the numbers come from :func:`workbench.results.curves.curves`.
 - **length**: a result metric (accuracy, step time, peak memory, ...) against the training
   sequence length, one line per model, mean with error bars over seeds (the published
   accuracy/time/memory-vs-length figures). Needs runs at two or more lengths.
@@ -37,7 +37,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterable, Iterator, Sequence
 
-from workbench.curves import BANDS, CURVE_METRICS, X_AXES, X_LABELS, curves
+from workbench.results.curves import BANDS, CURVE_METRICS, X_AXES, X_LABELS, curves
 from workbench.results import catalogue
 from workbench.results.aggregate import records, sort_key, summarize
 from workbench.store import Run, Store
@@ -263,7 +263,7 @@ def _styles(models: Sequence[str], colors: dict[str, str]) -> list[tuple[str, st
 # --------------------------------------------------------------------------- curves
 def parse_curve_metric(text: str) -> list[tuple[str, str]]:
     """'eval.accuracy' or 'eval:accuracy' -> [('eval', 'accuracy')]; a bare name gives
-    every split of workbench.curves.CURVE_METRICS that has it ('loss' -> train and eval)."""
+    every split of workbench.results.curves.CURVE_METRICS that has it ('loss' -> train and eval)."""
     split, sep, name = text.replace(":", ".").partition(".")
     if sep:
         if split not in ("train", "eval") or not name:

@@ -1,0 +1,56 @@
+"""What every command of the CLI shares: the store of ``--store``, a console, number
+formatting, bringing the store up to date before reading it, the state colours."""
+from __future__ import annotations
+
+import sys
+
+from rich.console import Console
+
+from workbench.execute import slurm
+
+
+STATE_STYLE = {"pending": "dim", "running": "cyan", "finished": "green", "failed": "red",
+               "crashed": "magenta", "killed": "yellow", "preempted": "bold cyan"}
+
+
+def _store(args):
+    """The store of ``--store`` (or the default). One that cannot be written here opens
+    read-only, said once on stderr; one that cannot be opened at all raises StoreError,
+    which :func:`main` prints as one line."""
+    from workbench.store import Store
+
+    store = Store(args.store) if args.store else Store()
+    if store.readonly:
+        print(f"store {store.root} is read-only ({store.readonly_reason}): showing it as it is",
+              file=sys.stderr)
+    return store
+
+
+def _console(stderr: bool = False) -> Console:
+    """A console as wide as the terminal, or 160 columns when output is piped (tables
+    would otherwise be squeezed to 80 and truncate run names)."""
+    import shutil
+
+    return Console(width=shutil.get_terminal_size((160, 24)).columns, stderr=stderr)
+
+
+def _fmt(v, digits=4):
+    if v is None:
+        return "–"
+    if isinstance(v, float):
+        return f"{v:.{digits}g}"
+    return str(v)
+
+
+def refresh(store) -> None:
+    """Bring the store up to date: dead local workers become crashed, Slurm runs get their
+    rows ingested, their jobs submitted and their states read (workbench/execute/slurm.py). A
+    read-only store is left as it is (both do nothing there)."""
+    store.reap()
+    try:
+        slurm.sync(store)
+    except slurm.SlurmError as e:
+        print(f"slurm: {e}", file=sys.stderr)
+
+
+# --------------------------------------------------------------------------- commands

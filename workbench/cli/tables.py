@@ -1,0 +1,159 @@
+"""``ssm-workbench models``, ``tasks``, ``report``, ``export``, ``score``, ``doctor`` and
+``bench``: the registries, result tables and the machine's capabilities."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from rich.table import Table
+
+from workbench.cli.common import _console, _store
+
+
+def cmd_models(args) -> int:
+    import models
+
+    t = Table("model", "family", "init", "description", "options")
+    for n in models.names():
+        e = models.entry(n)
+        init = "checkpoint" if e.family == "pretrained" else e.init  # only the head is new
+        t.add_row(n, e.family, init, e.description, ", ".join(f"{k}={v!r}" for k, v in e.options().items()))
+    _console().print(t)
+    print("init: the default init scheme, the one the model's reference code uses (mamba: "
+          "state-spaces/mamba, tied head; hf: Hugging Face GPT-Neo, tied head; torch: PyTorch "
+          "module defaults, untied; checkpoint: the checkpoint folder's weights, only the task "
+          "head is initialised). Set init_scheme / init_std / tie_embeddings under [model] or per "
+          "model; details in models/init_schemes.py.")
+    return 0
+
+
+def cmd_tasks(args) -> int:
+    import tasks
+
+    t = Table("task", "description", "parameters")
+    for n in tasks.names():
+        t.add_row(n, tasks.describe(n), ", ".join(f"{k}={v!r}" for k, v in tasks.parameters(n).items()))
+    _console().print(t)
+    return 0
+
+
+def cmd_report(args) -> int:
+    from workbench.spec import profile as prof
+    from workbench.results import report
+
+    store = _store(args)
+    store.reap()
+    try:
+        text = report.render(store, args.profiles, args.digits)
+    except (prof.ProfileError, OSError) as e:
+        print(e, file=sys.stderr)
+        return 2
+    if args.into:
+        report.write_into(args.into, text)
+        print(f"wrote the report block of {args.into} ({len(args.profiles)} profile(s))")
+    else:
+        print(text, end="")
+    return 0
+
+
+def cmd_export(args) -> int:
+    from workbench.results import export
+
+    store = _store(args)
+    store.reap()
+    states = ["finished"] if not args.include_unfinished else ["finished", "failed", "crashed", "killed",
+                                                                 "preempted", "running"]
+    recs = export.records(store, profile=args.profile, states=states)
+    if not recs:
+        print("no finished runs" + (f" for profile {args.profile!r}" if args.profile else "")
+              + f" in {store.root}", file=sys.stderr)
+        return 1
+    rows = [f for f in (args.rows or "model").split(",") if f]
+    cols = [f for f in (args.cols if args.cols is not None else "seq_len").split(",") if f]
+    metrics = list(dict.fromkeys(m.strip() for text in (args.metric or ["accuracy"])
+                                 for m in text.split(",") if m.strip()))
+    best_over = [k.strip() for k in args.best_over.split(",") if k.strip()] if args.best_over else []
+    have = {k for r in recs for k in r}
+    for m in metrics + ([args.select_metric] if args.select_metric else []):
+        if m not in export.METRICS and m not in have:
+            print(f"unknown metric {m!r}; known: {', '.join(export.METRICS)}", file=sys.stderr)
+            return 2
+    for f in ((args.rows or "").split(",") + (args.cols or "").split(",")):
+        if f and f not in have:  # a field the user named (the defaults may be absent in old runs)
+            print(f"no run has field {f!r}; fields: {', '.join(export.fields_of(recs))}", file=sys.stderr)
+            return 2
+    try:
+        text = export.render(recs, metrics, rows, cols, args.format, args.digits, best_over=best_over,
+                             select_on=args.select_on, select_metric=args.select_metric,
+                             json_all=not args.metric)
+    except ValueError as e:
+        print(e, file=sys.stderr)
+        return 2
+    if args.output:
+        Path(args.output).write_text(text)
+        print(f"wrote {args.output}")
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+def cmd_score(args) -> int:
+    """``ssm-workbench score PROFILE``: the MAD score table (workbench/results/score.py).
+    0 printed, 1 settings unfinished (without --allow-partial) or nothing scored, 2 bad input."""
+    from workbench.spec import profile as prof
+    from workbench.results import score
+
+    expected, name = None, args.profile
+    if args.profile.endswith(".toml") or Path(args.profile).is_file():
+        try:
+            p = prof.load(args.profile, check_registries=False)
+        except prof.ProfileError as e:
+            print(e, file=sys.stderr)
+            return 2
+        name, expected = p.name, [s.fields for s in prof.expand(p)]
+    store = _store(args)
+    store.reap()
+    if expected is None and name not in store.profiles():
+        print(f"no profile {name!r} in {store.root}; known: {', '.join(store.profiles()) or 'none'}",
+              file=sys.stderr)
+        return 2
+    over = [k.strip() for k in args.best_over.split(",") if k.strip()] if args.best_over is not None else None
+    try:
+        res = score.compute(store, name, expected, over, args.select_on)
+    except score.ScoreError as e:
+        print(e, file=sys.stderr)
+        return e.code
+    if res["missing"] and not args.allow_partial:
+        print(f"{len(res['missing'])} setting(s) of {name!r} have unfinished runs; no MAD score over "
+              f"fewer settings (--allow-partial shows one, marked partial):\n" + score.missing_text(res),
+              file=sys.stderr)
+        return 1
+    text = score.render(res, args.format, args.digits)
+    if args.output:
+        Path(args.output).write_text(text)
+        print(f"wrote {args.output}")
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+def cmd_doctor(args) -> int:
+    import json
+
+    from workbench.cli import doctor
+
+    rows = doctor.probe(args.store)
+    if args.json:
+        print(json.dumps([r.to_dict() for r in rows], indent=1))
+    else:
+        doctor.render(rows, _console())
+    return doctor.exit_code(rows)
+
+
+def cmd_bench(args) -> int:
+    from workbench.cli import bench
+
+    return bench.main(args.rest)
+
+
+# --------------------------------------------------------------------------- parser

@@ -1,0 +1,319 @@
+"""The local scheduler: launches one detached worker process per pending run.
+
+Slots: ``runs_per_gpu`` (default 1) per visible GPU when CUDA is there: with G GPUs there
+are G*N slots and slot i is pinned to GPU i // N with ``CUDA_VISIBLE_DEVICES`` (the run's
+``slot`` column records that GPU's id); otherwise ``cpu`` slots, one unless ``--jobs N``
+(``runs_per_gpu`` has no effect without a GPU). Pending runs wait for a free slot (oldest
+first) and go to the least busy GPU. The scheduler itself runs detached
+(``python -m workbench.execute.scheduler --store DIR``) so that quitting the TUI or losing the SSH
+connection stops nothing; it exits once nothing is pending or running. A file lock makes
+sure only one scheduler per store hands out slots; a second one waits for the lock and then
+picks up whatever is still pending.
+
+:func:`submit` is idempotent: replaying a profile skips its finished runs and requeues the
+unfinished ones (resumed from their checkpoints, workbench/execute/resume.py) instead of adding
+them again. Resumed runs are ordinary pending runs here; the worker does the resuming.
+"""
+from __future__ import annotations
+
+import argparse
+import fcntl
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+from workbench.execute import slurm
+from workbench.store import Store, StoreError, pid_alive, tail_log
+
+POLL_S = 0.5
+
+
+def detect_slots(jobs: int | None = None, runs_per_gpu: int | None = None) -> list[tuple[str, str | None]]:
+    """[(device, slot)]: with G visible GPUs, G * runs_per_gpu entries, entry i = ("cuda",
+    id of GPU i // runs_per_gpu), e.g. ("cuda", "0"), ("cuda", "0"), ("cuda", "1") ...;
+    a GPU id appears once per run it may hold. Without a GPU ("cpu", "cpu0") ..., ``jobs``
+    of them (default 1)."""
+    gpus = _visible_gpus()
+    if gpus:
+        n = max(1, runs_per_gpu or 1)
+        return [("cuda", gpus[i // n]) for i in range(len(gpus) * n)]
+    return [("cpu", f"cpu{i}") for i in range(max(1, jobs or 1))]
+
+
+def resolve_runs_per_gpu(flag: int | None, profile=None) -> int:
+    """Runs sharing one GPU: the command-line flag, else the profile's ``runs_per_gpu``, else 1."""
+    if flag:
+        return int(flag)
+    return int(getattr(profile, "runs_per_gpu", None) or 1)
+
+
+def _visible_gpus() -> list[str]:
+    env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if env is not None:
+        return [g.strip() for g in env.split(",") if g.strip() and g.strip() != "-1"]
+    from workbench.train import sysmon
+
+    return [str(i) for i in range(sysmon.gpu_count())]
+
+
+def worker_env(device: str, slot: str | None, n_cpu_jobs: int) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONUNBUFFERED"] = "1"  # live log lines, not at exit
+    if device == "cuda":
+        env["CUDA_VISIBLE_DEVICES"] = str(slot)
+    else:
+        env["CUDA_VISIBLE_DEVICES"] = ""  # a CPU slot must not grab a GPU
+        if n_cpu_jobs > 1:  # share the cores between concurrent CPU runs
+            threads = max(1, (os.cpu_count() or 1) // n_cpu_jobs)
+            env.setdefault("OMP_NUM_THREADS", str(threads))
+    # the worker imports the project from wherever this copy lives
+    root = str(Path(__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    return env
+
+
+class Scheduler:
+    def __init__(self, store: Store, jobs: int | None = None, runs_per_gpu: int | None = None):
+        self.store = store
+        self.slots = detect_slots(jobs, runs_per_gpu)
+        # how many runs each slot id (a GPU id, or cpuK) may hold at once
+        self.capacity: Counter[str] = Counter(s for _, s in self.slots if s)
+        self.children: dict[int, subprocess.Popen] = {}  # run_id -> worker we started
+
+    def busy_slots(self) -> Counter[str]:
+        """Running runs per slot id."""
+        return Counter(r.slot for r in self.store.runs(states=["running"]) if r.slot)
+
+    def free_slot(self, busy: Counter[str]) -> tuple[str, str] | None:
+        """The (device, slot) with the most room left (first listed on ties), or None."""
+        best, room = None, 0
+        for device, slot in dict.fromkeys(self.slots):  # each slot id once, in order
+            left = self.capacity[slot] - busy[slot]
+            if left > room:
+                best, room = (device, slot), left
+        return best
+
+    def launch(self, run_id: int, device: str, slot: str) -> None:
+        log = open(self.store.log_path(run_id), "ab")
+        cmd = [sys.executable, "-u", "-m", "workbench.train.worker", "--store", str(self.store.root),
+               "--run-id", str(run_id)]
+        n_cpu = sum(1 for d, _ in self.slots if d == "cpu")
+        p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                             env=worker_env(device, slot, n_cpu), start_new_session=True,
+                             cwd=os.getcwd())
+        log.close()
+        if not self.store.mark_started(run_id, p.pid, device, slot):
+            # killed while we were starting it
+            _terminate_group(p.pid)
+            p.wait()
+            return
+        self.children[run_id] = p
+
+    def poll_children(self) -> None:
+        for run_id, p in list(self.children.items()):
+            code = p.poll()
+            if code is None:
+                continue
+            del self.children[run_id]
+            r = self.store.get(run_id)
+            if r and r.state == "running":  # exited without saying how it ended
+                tail = tail_log(r.log_path)
+                self.store.finish(run_id, "crashed",
+                                  f"worker exited with code {code} without finishing" +
+                                  (f"; last log lines:\n{tail}" if tail else ""))
+
+    def tick(self) -> bool:
+        """One round: reap, fill free slots. True while anything is pending or running."""
+        self.poll_children()
+        self.store.reap()
+        busy = self.busy_slots()
+        # Slurm runs are submitted by workbench.execute.slurm.sync, not started here
+        pending = [r for r in self.store.runs(states=["pending"]) if not slurm.is_slurm(r)]
+        while pending:
+            free = self.free_slot(busy)
+            if free is None:
+                break
+            device, slot = free
+            run = pending.pop(0)
+            self.launch(run.id, device, slot)
+            busy[slot] += 1
+        running = [r for r in self.store.runs(states=["running"]) if not slurm.is_slurm(r)]
+        return bool(pending or running or self.children)
+
+    def run_until_idle(self) -> None:
+        while self.tick():
+            time.sleep(POLL_S)
+
+
+def _lock(store: Store):
+    f = open(store.root / "scheduler.lock", "w")
+    fcntl.flock(f, fcntl.LOCK_EX)  # blocks while another scheduler is active
+    return f
+
+
+def spawn(store: Store, jobs: int | None = None, runs_per_gpu: int | None = None) -> subprocess.Popen:
+    """Start a detached scheduler process for ``store``."""
+    cmd = [sys.executable, "-u", "-m", "workbench.execute.scheduler", "--store", str(store.root)]
+    if jobs:
+        cmd += ["--jobs", str(jobs)]
+    if runs_per_gpu:
+        cmd += ["--runs-per-gpu", str(runs_per_gpu)]
+    log = open(store.root / "logs" / "scheduler.log", "ab")
+    env = worker_env("cpu", None, 1)
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    if "CUDA_VISIBLE_DEVICES" in os.environ:
+        env["CUDA_VISIBLE_DEVICES"] = os.environ["CUDA_VISIBLE_DEVICES"]
+    p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                         start_new_session=True, env=env, cwd=os.getcwd())
+    log.close()
+    return p
+
+
+class Submission(list):
+    """The run ids of a submitted sweep, in sweep order (what ``run`` watches), and what
+    submitting did with each: ``queued`` new runs, ``resumed`` from a checkpoint,
+    ``restarted`` from scratch (unfinished, no checkpoint), ``skipped`` (already finished),
+    ``attached`` (already pending or running), ``refused`` ((id, reason): could not be
+    requeued, e.g. its worker is still exiting, or it holds its final results although it
+    did not finish: those are never deleted)."""
+
+    def __init__(self):
+        super().__init__()
+        self.queued: list[int] = []
+        self.resumed: list[int] = []
+        self.restarted: list[int] = []
+        self.skipped: list[int] = []
+        self.attached: list[int] = []
+        self.refused: list[tuple[int, str]] = []
+
+
+def submit(store: Store, profile, jobs: int | None = None, runs_per_gpu: int | None = None,
+           fresh: bool = False) -> Submission:
+    """Queue the runs of ``profile``'s sweep and make sure a scheduler serves them.
+
+    Replaying is idempotent: a run of the sweep that the store already holds (same profile
+    name, same spec: :func:`checkpoint.spec_key`) is not added again. Finished ones are
+    skipped, pending or running ones watched, and the others requeued: resumed from their
+    checkpoint, or restarted when they have none. A crashed run that holds its final
+    results counts as finished (:meth:`Store.recognise_finished`); any other unfinished
+    one holding them is refused: no replay deletes results. ``fresh`` adds every run anew.
+
+    ``runs_per_gpu``: the command-line value; None falls back to the profile's, then 1.
+    (A scheduler already serving this store keeps its own setting for these runs.)"""
+    from workbench.execute import resume
+    from workbench.spec.run_spec import spec_key
+    from workbench.spec.expand import expand
+
+    specs = [spec.to_dict() for spec in expand(profile)]
+    out = Submission()
+    if fresh:
+        out.queued = store.add_runs(specs)
+        out.extend(out.queued)
+    else:
+        store.reap()  # a dead 'running' run counts as unfinished, not as going
+        for r in store.runs(profile=profile.name, states=["crashed"]):
+            # measured everything, then its end was lost (a verdict while it was paused):
+            # finished, so skipped below and never trained again over its results
+            store.recognise_finished(r.id)
+        have: dict[str, list] = {}
+        for r in store.runs(profile=profile.name):
+            have.setdefault(spec_key(r.spec), []).append(r)
+        order: list[int | None] = []  # an existing run's id, or None for a new one
+        new = []
+        for s in specs:
+            r = _best_match(have.get(spec_key(s), []))
+            if r is None:
+                new.append(s)
+                order.append(None)
+                continue
+            have[spec_key(s)].remove(r)  # one existing run answers one spec
+            order.append(r.id)
+            if r.state == "finished":
+                out.skipped.append(r.id)
+            elif r.state in ("pending", "running"):
+                out.attached.append(r.id)
+            else:
+                try:
+                    how = resume.requeue(store, r.id, require_checkpoint=False)
+                except resume.ResumeError as e:
+                    out.refused.append((r.id, str(e)))
+                    continue
+                (out.resumed if how == "resumed" else out.restarted).append(r.id)
+        out.queued = store.add_runs(new)
+        fresh_ids = iter(out.queued)
+        out.extend(i if i is not None else next(fresh_ids) for i in order)
+    if getattr(profile, "executor", "local") == "slurm":
+        slurm.mark_for_slurm(store, out.queued + out.resumed + out.restarted, profile.slurm)
+        slurm.sync(store)  # submits a job per pending Slurm run
+    elif out.queued or out.resumed or out.restarted or out.attached:
+        spawn(store, jobs, resolve_runs_per_gpu(runs_per_gpu, profile))
+    return out
+
+
+def _best_match(runs: list):
+    """The existing run that stands for a spec: a finished one, else one pending or running,
+    else the latest that ended unfinished."""
+    for states in (("finished",), ("pending", "running")):
+        found = [r for r in runs if r.state in states]
+        if found:
+            return found[-1]
+    return runs[-1] if runs else None
+
+
+def _terminate_group(pid: int, sig: int = signal.SIGTERM) -> None:
+    try:
+        os.killpg(pid, sig)  # the worker leads its own session/group
+    except (ProcessLookupError, PermissionError):
+        try:
+            os.kill(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def kill(store: Store, run_id: int, grace_s: float = 5.0) -> bool:
+    """Kill a pending or running run. Returns False if it had already ended.
+
+    The run is marked ``killed`` first; its worker then finishes the step it is in and
+    saves a checkpoint (so ``resume`` can continue it) unless that takes over ``grace_s``."""
+    r = store.get(run_id)
+    if r is None:
+        raise KeyError(f"no run {run_id}")
+    if slurm.is_slurm(r):
+        return slurm.cancel(store, run_id)
+    if not store.finish(run_id, "killed", "killed by user"):
+        return False
+    if r.pid and r.state == "running":
+        _terminate_group(r.pid)
+        deadline = time.time() + grace_s
+        while time.time() < deadline and pid_alive(r.pid, r.pid_start):
+            time.sleep(0.1)
+        if pid_alive(r.pid, r.pid_start):
+            _terminate_group(r.pid, signal.SIGKILL)
+    return True
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m workbench.execute.scheduler")
+    ap.add_argument("--store", required=True)
+    ap.add_argument("--jobs", type=int, default=None)
+    ap.add_argument("--runs-per-gpu", type=int, default=None)
+    a = ap.parse_args(argv)
+    try:
+        store = Store(a.store)
+        lock = _lock(store)
+        try:
+            Scheduler(store, a.jobs, a.runs_per_gpu).run_until_idle()
+        finally:
+            lock.close()
+    except StoreError as e:  # a full or read-only store: one line in scheduler.log, not a traceback
+        print(f"scheduler: {e}", file=sys.stderr)
+        return e.exit_code
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
