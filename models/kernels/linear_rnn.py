@@ -47,6 +47,11 @@ Each operator has two forms:
   exact; streaming a sequence in pieces with ``initial_state`` = the previous piece's
   final state equals one call.
 
+Under autograd, a sequence longer than ``SEGMENT_LEN`` (``segment_len=``) is run in segments
+whose start states alone are kept; the backward recomputes one segment at a time, so what
+the operator holds for the backward no longer grows with the chunks' (C, C) matrices
+(see ``_SegmentRecompute``).
+
 Stability of log-space gates in float32: cumulative sums of log-gates reach -1000s within
 a chunk (FACTS.md: "the float32 cumsum trap"), so exp(-b_j) would overflow. Only
 exponentials of non-positive sums are ever formed: scalar gates use the segment sum of
@@ -400,53 +405,154 @@ def _chunk_delta(q, k, v, g, beta, scale, initial_state, output_final_state, chu
     return _from_chunks(o, T, v.dtype), (S if output_final_state else None)
 
 
+# ---------------------------------------------------------------------------------------
+# Long sequences under autograd: recompute per segment
+# ---------------------------------------------------------------------------------------
+
+# A sequence longer than this is trained in segments of this many steps: the forward keeps
+# only each segment's start state (B, H, K, V); the backward recomputes one segment at a
+# time, last first, with the gradient of its end state from the segment after it. Autograd
+# of the chunked form stores every chunk's (C, C) score and decay matrices and the chunked
+# copies of q, k, v: ~O(T * (C + K + V)) floats per head, 600+ MiB per layer at batch 8,
+# 4 heads, T = 4096, so whole-sequence autograd at T = 16384 costs more than the
+# Transformer's fused attention (docs/RESULTS.md). The price is one extra forward of the
+# operator. At or below this length nothing changes.
+SEGMENT_LEN = 4096
+
+
+class _SegmentRecompute(torch.autograd.Function):
+    """o, S_T = core(q, k, v, g, beta, S_0) run segment by segment (exact: the state is
+    carried), storing only the inputs and each segment's start state for the backward.
+
+    core(q, k, v, g, beta, S) -> (o, S_end) is a chunked form on one segment (time slices
+    of q, k, v (B, t, H, K|V), g (B, t, H[, K]) or None, beta (B, t, H) or None)."""
+
+    @staticmethod
+    def forward(ctx, core, seg, q, k, v, g, beta, S0):
+        T = q.shape[1]
+        bounds = [(a, min(a + seg, T)) for a in range(0, T, seg)]
+        outs, starts, S = [], [], S0
+        with torch.no_grad():
+            for a, b in bounds:
+                starts.append(S)
+                o, S = core(*(_time_slice(x, a, b) for x in (q, k, v, g, beta)), S)
+                outs.append(o)
+        ctx.core, ctx.bounds = core, bounds
+        ctx.save_for_backward(q, k, v, g, beta, *starts)
+        return torch.cat(outs, 1), S
+
+    @staticmethod
+    def backward(ctx, dO, dS):
+        q, k, v, g, beta, *starts = ctx.saved_tensors
+        inputs = (q, k, v, g, beta)
+        grads = [[] if x is not None and x.requires_grad else None for x in inputs]
+        dS = torch.zeros_like(starts[-1]) if dS is None else dS
+        for (a, b), S_a in zip(reversed(ctx.bounds), reversed(starts)):
+            with torch.enable_grad():
+                xs = [None if x is None else
+                      _time_slice(x, a, b).detach().requires_grad_(x.requires_grad)
+                      for x in inputs]
+                S_in = S_a.detach().requires_grad_(True)
+                o, S_out = ctx.core(*xs, S_in)
+                leaves = [x for x in xs if x is not None and x.requires_grad] + [S_in]
+                found = torch.autograd.grad((o, S_out), leaves, (dO[:, a:b], dS),
+                                            allow_unused=True)
+            it = iter(found)
+            for slot, x in zip(grads, xs):
+                if slot is not None:
+                    gx = next(it)
+                    slot.append(torch.zeros_like(x) if gx is None else gx)
+            dS = next(it)
+            dS = torch.zeros_like(S_a) if dS is None else dS
+        out = [None if slot is None else torch.cat(slot[::-1], 1) for slot in grads]
+        return (None, None, *out, dS)
+
+
+def _time_slice(x, a, b):
+    return None if x is None else x[:, a:b]
+
+
+def _maybe_segmented(core, q, k, v, g, beta, scale, initial_state, output_final_state,
+                     segment_len):
+    """Run core(q, k, v, g, beta, S0) -> (o, S_end) directly, or in recomputed segments
+    when autograd will need it and the sequence is longer than the segment (SEGMENT_LEN when
+    segment_len is None; 0 turns it off)."""
+    seg = SEGMENT_LEN if segment_len is None else segment_len
+    tensors = [x for x in (q, k, v, g, beta, initial_state) if x is not None]
+    if not (seg and q.dim() == 4 and q.shape[1] > seg and torch.is_grad_enabled()
+            and any(x.requires_grad for x in tensors)):
+        o, S = core(q, k, v, g, beta, initial_state)
+        return o, (S if output_final_state else None)
+    B, T, H, K = q.shape
+    S0 = initial_state if initial_state is not None else q.new_zeros(
+        B, H, K, v.shape[-1], dtype=_compute_dtype(q))
+    o, S = _SegmentRecompute.apply(core, seg, q, k, v, g, beta, S0)
+    return o, (S if output_final_state else None)
+
+
 def linear_attention(q, k, v, scale=None, initial_state=None, output_final_state=False,
-                     chunk_size=None):
+                     chunk_size=None, segment_len=None):
     """Linear attention S_t = S_{t-1} + k_t v_t^T, o_t = scale S_t^T q_t, chunked.
     (No normaliser: apply feature maps / normalisation outside, as fla's chunk_linear_attn
     with normalize=False.) Shapes: module doc. Returns (o, final_state or None)."""
-    return _chunk_gated(q, k, v, None, scale, initial_state, output_final_state, chunk_size,
-                        False)
+    return _gated(q, k, v, None, scale, initial_state, output_final_state, chunk_size, False,
+                  segment_len)
 
 
 def simple_gla(q, k, v, g, scale=None, initial_state=None, output_final_state=False,
-               chunk_size=None):
+               chunk_size=None, segment_len=None):
     """Scalar-gated linear attention S_t = exp(g_t) S_{t-1} + k_t v_t^T, g (batch, time,
     heads) in log space: RetNet's fixed decay (g = log(1 - 2^(-5-h))), Mamba-2's SSD
     (g = dt_t * A_h, k = B, q = C, v = dt * x, scale = 1). Chunked."""
     if g is None:
         raise ValueError("simple_gla needs g; use linear_attention for no gate")
-    return _chunk_gated(q, k, v, g, scale, initial_state, output_final_state, chunk_size,
-                        False)
+    return _gated(q, k, v, g, scale, initial_state, output_final_state, chunk_size, False,
+                  segment_len)
 
 
 def gla(q, k, v, g, scale=None, initial_state=None, output_final_state=False,
-        chunk_size=None):
+        chunk_size=None, segment_len=None):
     """Gated linear attention S_t = diag(exp(g_t)) S_{t-1} + k_t v_t^T, g (batch, time,
     heads, key_dim) in log space. Chunked with sub-chunks of 8 (see module doc)."""
-    return _chunk_gated(q, k, v, g, scale, initial_state, output_final_state, chunk_size,
-                        True)
+    return _gated(q, k, v, g, scale, initial_state, output_final_state, chunk_size, True,
+                  segment_len)
 
 
 def delta_rule(q, k, v, beta, scale=None, initial_state=None, output_final_state=False,
-               chunk_size=None, use_qk_l2norm_in_kernel=False):
+               chunk_size=None, use_qk_l2norm_in_kernel=False, segment_len=None):
     """DeltaNet S_t = S_{t-1} + beta_t k_t (v_t - S_{t-1}^T k_t)^T, chunked (WY form).
     Keys are usually L2-normalised (use_qk_l2norm_in_kernel=True does it here)."""
     if use_qk_l2norm_in_kernel:
         q, k = _l2norm(q), _l2norm(k)
-    return _chunk_delta(q, k, v, None, beta, scale, initial_state, output_final_state,
-                        chunk_size)
+    return _delta(q, k, v, None, beta, scale, initial_state, output_final_state, chunk_size,
+                  segment_len)
 
 
 def gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None,
                      output_final_state=False, chunk_size=None,
-                     use_qk_l2norm_in_kernel=False):
+                     use_qk_l2norm_in_kernel=False, segment_len=None):
     """Gated DeltaNet S_t = exp(g_t) S_{t-1} + beta_t k_t (v_t - exp(g_t) S_{t-1}^T k_t)^T,
     g (batch, time, heads) in log space; chunked (WY form with the decay folded in)."""
     if use_qk_l2norm_in_kernel:
         q, k = _l2norm(q), _l2norm(k)
-    return _chunk_delta(q, k, v, g, beta, scale, initial_state, output_final_state,
-                        chunk_size)
+    return _delta(q, k, v, g, beta, scale, initial_state, output_final_state, chunk_size,
+                  segment_len)
+
+
+def _gated(q, k, v, g, scale, initial_state, output_final_state, chunk_size, vector_gate,
+           segment_len):
+    def core(q, k, v, g, beta, S):
+        return _chunk_gated(q, k, v, g, scale, S, True, chunk_size, vector_gate)
+    return _maybe_segmented(core, q, k, v, g, None, scale, initial_state, output_final_state,
+                            segment_len)
+
+
+def _delta(q, k, v, g, beta, scale, initial_state, output_final_state, chunk_size,
+           segment_len):
+    def core(q, k, v, g, beta, S):
+        return _chunk_delta(q, k, v, g, beta, scale, S, True, chunk_size)
+    return _maybe_segmented(core, q, k, v, g, beta, scale, initial_state, output_final_state,
+                            segment_len)
 
 
 # name -> (chunked, ref, needs g ("scalar" | "vector" | None), needs beta)
