@@ -38,6 +38,7 @@ from textual.widgets import Input, Label, Select, Static, Switch
 import tasks
 from workbench.spec import profile as profiles
 from workbench.spec.profile import Profile, ProfileError
+from workbench.spec.where import _key_lines
 from workbench.tui import paths
 from workbench.tui.formatting import set_text
 from workbench.tui.model_picker import ModelPicker
