@@ -12,10 +12,32 @@ from typing import Callable
 
 import torch
 import torch.nn as nn
+from torch.utils.checkpoint import checkpoint
+
+
+def recomputed(fn: Callable, *args):
+    """fn(*args), keeping only ``args`` for the backward and recomputing fn's intermediates
+    there (non-reentrant activation checkpointing) when autograd records; else plain fn.
+
+    For cheap, wide pieces (norms, gates, short convolutions): each keeps one or two
+    (batch, length, width) intermediates that at batch 8, L = 16384 cost 32-130 MiB per
+    layer (``scripts/memprobe.py --saved``), against one more elementwise pass in the
+    backward. fn must be deterministic (no dropout)."""
+    if torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad
+                                       for a in args):
+        return checkpoint(fn, *args, use_reentrant=False, preserve_rng_state=False)
+    return fn(*args)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    # half precision is normalised in float32; float32 and float64 in their own dtype
+    xc = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+    rms = xc.pow(2).mean(-1, keepdim=True).add(eps).rsqrt()
+    return (xc * rms).to(x.dtype) * weight
 
 
 class RMSNorm(nn.Module):
-    """x / rms(x) * weight over the last dimension."""
+    """x / rms(x) * weight over the last dimension (recomputed in the backward)."""
 
     def __init__(self, d: int, eps: float = 1e-5):
         super().__init__()
@@ -23,8 +45,7 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(d))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        rms = x.float().pow(2).mean(-1, keepdim=True).add(self.eps).rsqrt()
-        return (x.float() * rms).to(x.dtype) * self.weight
+        return recomputed(rms_norm, x, self.weight, self.eps)
 
 
 def make_norm(kind: str, d: int) -> nn.Module:

@@ -35,7 +35,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from models.common import RMSNorm
+from models.common import RMSNorm, recomputed, rms_norm
 from models.kernels import linear_rnn
 from models.kernels.linear_rnn_backends import (BackendError, check_backend, fla_status,
                                                 get_op, resolve)
@@ -49,24 +49,19 @@ def _compute_dtype(x: torch.Tensor) -> torch.dtype:
 
 
 class HeadRMSNorm(RMSNorm):
-    """RMS norm over the last dim (one head's values): (..., d) -> (..., d).
+    """RMS norm over the last dim, one head's values: (..., d) -> (..., d)."""
 
-    Unlike ``models.common.RMSNorm`` it keeps float64 in float64 (half precision is
-    computed in float32), so the float64 equivalence tests can be tight.
-    """
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xc = x.to(_compute_dtype(x))
-        rms = xc.pow(2).mean(-1, keepdim=True).add(self.eps).rsqrt()
-        return (xc * rms).to(x.dtype) * self.weight
+def _gated_head_rms_norm(x, gate, weight, eps):
+    return rms_norm(x, weight, eps) * F.silu(gate)
 
 
 class GatedHeadRMSNorm(HeadRMSNorm):
-    """norm(o) * silu(gate): fla's ``FusedRMSNormGated`` (swish gate), unfused.
-    o, gate (..., d) -> (..., d)."""
+    """norm(o) * silu(gate): fla's ``FusedRMSNormGated`` (swish gate), unfused, recomputed
+    in the backward. o, gate (..., d) -> (..., d)."""
 
     def forward(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
-        return super().forward(x) * F.silu(gate)
+        return recomputed(_gated_head_rms_norm, x, gate, self.weight, self.eps)
 
 
 def _dims(d_model: int, n_heads: int, expand_k: float, expand_v: float) -> tuple[int, int]:
@@ -324,7 +319,11 @@ class MultiScaleRetention(LinearRNNMixer):
     def _output(self, o, x):
         B, T = o.shape[:2]
         o = self.group_norm(o.reshape(B * T, self.value_dim)).reshape(B, T, self.value_dim)
-        return self.o_proj(o * F.silu(self.g_proj(x)))
+        return self.o_proj(recomputed(_swish_gate, o, self.g_proj(x)))
+
+
+def _swish_gate(o, gate):
+    return o * F.silu(gate)
 
 
 # ---------------------------------------------------------------------------------------

@@ -49,6 +49,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from models.common import recomputed
 from models.kernels import cpu_kernels
 from models.kernels import linear_rnn_backends as lrb
 
@@ -117,10 +118,14 @@ class GatedRMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(d))
 
     def forward(self, y: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        # recomputed in the backward: three (..., d) intermediates otherwise kept
+        return recomputed(self._norm, y, z, self.weight)
+
+    def _norm(self, y, z, weight):
         h = _atleast_f32(y) * F.silu(_atleast_f32(z))
         g = h.unflatten(-1, (-1, self.group_size))                    # (..., groups, group_size)
         g = g * torch.rsqrt(g.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (g.flatten(-2) * self.weight).to(y.dtype)
+        return (g.flatten(-2) * weight).to(y.dtype)
 
 
 def _positive_int(name: str, value) -> int:
@@ -287,7 +292,7 @@ class Mamba2(nn.Module):
     def forward(self, u: torch.Tensor) -> torch.Tensor:
         """u: (batch, length, d_model) -> (batch, length, d_model)."""
         z, xBC, dt_raw = self._split_in(u)
-        y, _ = self._ssd(self._conv(xBC), dt_raw, None, False)
+        y, _ = self._ssd(recomputed(self._conv, xBC), dt_raw, None, False)
         return self.out_proj(self.norm(y, z))
 
     def forward_with_state(self, u: torch.Tensor, state: Mamba2State) -> tuple[torch.Tensor, Mamba2State]:
@@ -299,7 +304,7 @@ class Mamba2(nn.Module):
         k1 = self.d_conv - 1
         left = conv_state.to(xBC.dtype)                                 # (b, conv_dim, k1)
         new_conv = torch.cat([left, xBC.transpose(1, 2)], -1)[..., xBC.shape[1]:] if k1 else conv_state
-        y, ssm_state = self._ssd(self._conv(xBC, left), dt_raw, ssm_state, True)
+        y, ssm_state = self._ssd(recomputed(self._conv, xBC, left), dt_raw, ssm_state, True)
         return self.out_proj(self.norm(y, z)), (new_conv.contiguous(), ssm_state)
 
     # -- recurrent mode ----------------------------------------------------------------

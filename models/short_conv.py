@@ -18,6 +18,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from models.common import recomputed
+
 ACTIVATIONS = ("silu", "none")
 
 
@@ -55,15 +57,17 @@ class ShortConvolution(nn.Module):
         B, T, D = x.shape
         if D != self.channels:
             raise ValueError(f"short conv expects {self.channels} channels; got {D}")
-        x_bdt = x.transpose(1, 2)
         if cache is None:
             cache = x.new_zeros(B, D, self.kernel_size - 1)
-        xp = torch.cat([cache.to(x.dtype), x_bdt], dim=-1)    # (B, D, W - 1 + T)
-        y = F.conv1d(xp, self.weight, self.bias, groups=D)      # (B, D, T)
-        if self.activation == "silu":
-            y = F.silu(y)
+        xp = torch.cat([cache.to(x.dtype), x.transpose(1, 2)], dim=-1)  # (B, D, W - 1 + T)
+        # the conv and its SiLU keep two (B, D, T) tensors for the backward: recompute them
+        y = recomputed(self._conv_act, xp, self.weight, self.bias)
         new_cache = xp[..., xp.shape[-1] - (self.kernel_size - 1):]
         return y.transpose(1, 2), new_cache
+
+    def _conv_act(self, xp, weight, bias):
+        y = F.conv1d(xp, weight, bias, groups=self.channels)    # (B, D, T)
+        return F.silu(y) if self.activation == "silu" else y
 
     def step(self, x_t: torch.Tensor, cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """One token: x_t (batch, channels) -> (y_t (batch, channels), next cache)."""

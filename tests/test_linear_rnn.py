@@ -132,6 +132,22 @@ def test_segment_recompute_matches_ref(name, segment_len):
         torch.testing.assert_close(a, b, atol=1e-10, rtol=1e-8)
 
 
+@pytest.mark.parametrize("name", DELTA)
+def test_segment_recompute_with_l2norm_in_kernel(name):
+    # unnormalised q, k: the op normalises them inside each (recomputed) segment
+    args = lr.make_inputs(name, time=45, gate_range=(-2.0, 0.0))
+    with torch.no_grad():
+        args[1].mul_(3.0)
+    fast, ref, _, _ = lr.OPS[name]
+    kw = {"use_qk_l2norm_in_kernel": True}
+    o1, s1, g1 = _outputs_and_grads(fast, args, _state(args), chunk_size=8, segment_len=16, **kw)
+    o2, s2, g2 = _outputs_and_grads(ref, args, _state(args), **kw)
+    torch.testing.assert_close(o1, o2)
+    torch.testing.assert_close(s1, s2)
+    for a, b in zip(g1, g2):
+        torch.testing.assert_close(a, b)
+
+
 @pytest.mark.parametrize("name", ["gla", "gated_delta_rule"])
 def test_segment_recompute_without_state_or_some_grads(name):
     # no initial state, no final state out, and v without gradient

@@ -521,11 +521,10 @@ def gla(q, k, v, g, scale=None, initial_state=None, output_final_state=False,
 def delta_rule(q, k, v, beta, scale=None, initial_state=None, output_final_state=False,
                chunk_size=None, use_qk_l2norm_in_kernel=False, segment_len=None):
     """DeltaNet S_t = S_{t-1} + beta_t k_t (v_t - S_{t-1}^T k_t)^T, chunked (WY form).
-    Keys are usually L2-normalised (use_qk_l2norm_in_kernel=True does it here)."""
-    if use_qk_l2norm_in_kernel:
-        q, k = _l2norm(q), _l2norm(k)
+    Keys are usually L2-normalised (use_qk_l2norm_in_kernel=True does it here, per segment:
+    recomputed in the backward of a long sequence)."""
     return _delta(q, k, v, None, beta, scale, initial_state, output_final_state, chunk_size,
-                  segment_len)
+                  segment_len, use_qk_l2norm_in_kernel)
 
 
 def gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None,
@@ -533,10 +532,8 @@ def gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None,
                      use_qk_l2norm_in_kernel=False, segment_len=None):
     """Gated DeltaNet S_t = exp(g_t) S_{t-1} + beta_t k_t (v_t - exp(g_t) S_{t-1}^T k_t)^T,
     g (batch, time, heads) in log space; chunked (WY form with the decay folded in)."""
-    if use_qk_l2norm_in_kernel:
-        q, k = _l2norm(q), _l2norm(k)
     return _delta(q, k, v, g, beta, scale, initial_state, output_final_state, chunk_size,
-                  segment_len)
+                  segment_len, use_qk_l2norm_in_kernel)
 
 
 def _gated(q, k, v, g, scale, initial_state, output_final_state, chunk_size, vector_gate,
@@ -548,8 +545,10 @@ def _gated(q, k, v, g, scale, initial_state, output_final_state, chunk_size, vec
 
 
 def _delta(q, k, v, g, beta, scale, initial_state, output_final_state, chunk_size,
-           segment_len):
+           segment_len, l2norm_qk=False):
     def core(q, k, v, g, beta, S):
+        if l2norm_qk:
+            q, k = _l2norm(q), _l2norm(k)
         return _chunk_delta(q, k, v, g, beta, scale, S, True, chunk_size)
     return _maybe_segmented(core, q, k, v, g, beta, scale, initial_state, output_final_state,
                             segment_len)
