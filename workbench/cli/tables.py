@@ -10,6 +10,16 @@ from rich.table import Table
 from workbench.cli.common import _console, _store
 
 
+def _write_out(text: str, output: str | None) -> int:
+    """``text`` into ``output`` (saying so), or onto stdout; exit code 0."""
+    if output:
+        Path(output).write_text(text)
+        print(f"wrote {output}")
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
 def cmd_models(args) -> int:
     import models
 
@@ -89,12 +99,7 @@ def cmd_export(args) -> int:
     except ValueError as e:
         print(e, file=sys.stderr)
         return 2
-    if args.output:
-        Path(args.output).write_text(text)
-        print(f"wrote {args.output}")
-    else:
-        sys.stdout.write(text)
-    return 0
+    return _write_out(text, args.output)
 
 
 def cmd_score(args) -> int:
@@ -129,12 +134,7 @@ def cmd_score(args) -> int:
               file=sys.stderr)
         return 1
     text = score.render(res, args.format, args.digits)
-    if args.output:
-        Path(args.output).write_text(text)
-        print(f"wrote {args.output}")
-    else:
-        sys.stdout.write(text)
-    return 0
+    return _write_out(text, args.output)
 
 
 def cmd_doctor(args) -> int:

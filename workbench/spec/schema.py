@@ -1,22 +1,9 @@
-"""Profile schema: the pydantic models of a profile's sections (strictly validated).
+"""Profile schema: the pydantic models of a profile's sections, strictly validated.
 
-
-A profile names a task (schema 2: several, ``[[tasks]]``, each with optional one-at-a-time
-``variants``), a list of models, sequence lengths and seeds, the training settings and
-(schema 2) a ``[sweep.grid]`` of dotted keys over any of them; :func:`expand` turns it
-into one :class:`RunSpec` per (task setting, model, seq_len, grid point, seed).
-Schema 1 profiles (one ``[task]``, no grid) load as before and expand to the same specs.
-Unknown keys anywhere are errors that name the key, its line and the file (zoology
-silently drops them; we don't). Validation matches what runs: every number is finite and
-in a range that trains (a value that is certainly a mistake is refused, not run), integers
-are integers (``epochs = true`` is refused, not read as 1), booleans are booleans, seeds fit
-the store's 64-bit integers and are distinct, and the budget trains at least one step.
-Errors name the key and its line in the file (:func:`_key_lines`), or the ``--set`` that
-gave the value. Saving from the TUI writes the same format via :func:`dumps`.
-
-Loading, checking and expanding live beside this module: :mod:`workbench.spec.profile`
-(load/loads/save/dumps), :mod:`workbench.spec.check` (grid and registry checks),
-:mod:`workbench.spec.expand` (task settings, grid points, RunSpecs).
+What a profile holds and the rules it is checked by are in :mod:`workbench.spec.profile`'s
+docstring (the profile API). Here: unknown keys forbidden, every float finite, ints not
+booleans and below 2^63, booleans strict, upper bounds only where a value is certainly a
+mistake (each with its reason beside the field).
 """
 
 from __future__ import annotations

@@ -24,10 +24,9 @@ from textual.binding import Binding
 from textual.widget import Widget
 from textual.widgets import Footer, Header, Static, TabbedContent, TabPane
 
-from workbench.store import progress
 from workbench.execute import slurm
 from workbench.spec.schema import Profile
-from workbench.store import STATES, Run, Store
+from workbench.store import STATES, Run, Store, progress
 from workbench.tui import paths
 from workbench.tui.commands import WorkbenchCommands
 from workbench.tui.dialogs import ConfirmScreen
