@@ -256,7 +256,10 @@ class Mamba2(nn.Module):
 
     def _to_heads(self, BC: torch.Tensor) -> torch.Tensor:
         """(..., ngroups, d_state) -> (..., nheads, d_state): head h reads group
-        h // (nheads // ngroups), as mamba-ssm."""
+        h // (nheads // ngroups), as mamba-ssm. One group (the default): a broadcast view,
+        no copy (copies of B and C per head were 256 MiB per layer at batch 8, L = 16384)."""
+        if self.ngroups == 1:
+            return BC.expand(*BC.shape[:-2], self.nheads, BC.shape[-1])
         return BC.repeat_interleave(self.nheads // self.ngroups, dim=-2)
 
     def _ssd(self, xBC: torch.Tensor, dt_raw: torch.Tensor,
