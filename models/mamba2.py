@@ -200,7 +200,7 @@ class Mamba2(nn.Module):
         # A_h = -a_h with a_h ~ U[A_init_range], stored as log(a_h)
         self.A_log = nn.Parameter(torch.empty(nheads).uniform_(lo, hi).log())
         self.D = nn.Parameter(torch.ones(nheads))
-        # mamba-ssm's optimiser policy: no weight decay on these (workbench/worker.py reads it)
+        # mamba-ssm's optimiser policy: no weight decay on these (workbench/train/worker.py reads it)
         for p in (self.dt_bias, self.A_log, self.D):
             p._no_weight_decay = True
         self.norm = GatedRMSNorm(d_inner, group_size=d_inner // ngroups)

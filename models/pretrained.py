@@ -17,7 +17,7 @@ was expected and how to get it on a connected machine.
 
 Both return a backbone ``(batch, length, d_model) -> (batch, length, d_model)`` (the final
 norm included) that carries the checkpoint's token embedding as ``token_embedding``;
-``workbench.compose`` uses it as the encoder. ``d_model`` and the depth come from the
+``workbench.train.compose`` uses it as the encoder. ``d_model`` and the depth come from the
 checkpoint, not from the profile.
 """
 from __future__ import annotations
