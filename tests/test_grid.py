@@ -56,8 +56,8 @@ def test_grid_expands_cartesian_with_models_lengths_seeds():
     points = {(s.model, s.grid["train.lr"], s.grid["train.weight_decay"], s.seed) for s in specs}
     assert len(points) == 24
     for s in specs:  # the value is what trains, and it is in the fields under its dotted name
-        assert s.train["lr"] == s.grid["train.lr"] == s.fields["train.lr"]
-        assert s.train["weight_decay"] == s.grid["train.weight_decay"] == s.fields["train.weight_decay"]
+        assert s.train.lr == s.grid["train.lr"] == s.fields["train.lr"]
+        assert s.train.weight_decay == s.grid["train.weight_decay"] == s.fields["train.weight_decay"]
         assert s.task_setting == s.fields["task_setting"] == "baseline"
         assert s.to_dict()["grid"] == s.grid
     # seeds innermost, then grid points: one grid point's seeds are neighbours

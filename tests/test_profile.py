@@ -47,7 +47,7 @@ def test_round_trip_and_expand(tmp_path):
     tr = [s for s in specs if s.model == "transformer"][0]
     assert tr.model_options == {"n_heads": 2} and tr.n_layers == 2
     assert {s.task_params["seq_len"] for s in specs} == {12, 16}
-    assert tr.train["early_stopping"]["patience"] == 2
+    assert tr.train.early_stopping.patience == 2
 
 
 def bad(text: str) -> str:

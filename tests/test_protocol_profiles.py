@@ -94,7 +94,7 @@ def test_mad_benchmark_expands_to_66_settings_and_6_grid_points_per_model(mad):
             assert len(points) == 6 * len(seeds)
             assert set(points) == MAD_GRID
     for s in specs:  # the grid value is what trains
-        assert (s.train["lr"], s.train["weight_decay"]) == (s.grid["train.lr"], s.grid["train.weight_decay"])
+        assert (s.train.lr, s.train.weight_decay) == (s.grid["train.lr"], s.grid["train.weight_decay"])
 
 
 def test_mad_benchmark_baselines_and_changes_match_mad_lab(mad):
@@ -114,13 +114,13 @@ def test_mad_benchmark_training_follows_mad_lab(mad):
     p, specs = mad
     for s in specs:
         t = s.train
-        assert (t["batch_size"], t["epochs"], t["optimizer"], t["schedule"]) == (128, 200, "adamw", "cosine")
+        assert (t.batch_size, t.epochs, t.optimizer, t.schedule) == (128, 200, "adamw", "cosine")
         # MADConfig.min_lr = 1e-6 at its default lr 5e-4
-        assert math.isclose(t["min_lr_ratio"] * 5e-4, 1e-6)
-        assert t["early_stopping"]["target"] == 0.999 and t["early_stopping"]["patience"] == 0
-        assert t["grad_clip"] == 0 and t["warmup_steps"] == 0 and t["amp"] is True
+        assert math.isclose(t.min_lr_ratio * 5e-4, 1e-6)
+        assert t.early_stopping.target == 0.999 and t.early_stopping.patience == 0
+        assert t.grad_clip == 0 and t.warmup_steps == 0 and t.amp is True
         assert (s.d_model, s.n_layers) == (128, 2)  # benchmark.py --dim 128, two mixers
-        assert t["device"] != "cpu"  # a GPU profile
+        assert t.device != "cpu"  # a GPU profile
     opts = {s.model: s.model_options for s in specs}
     assert opts["transformer"]["n_heads"] == 16  # configs/layers/mh-attention.yml
     assert opts["mamba"]["d_state"] == 4  # configs/layers/mamba.yml
@@ -140,7 +140,7 @@ def test_mad_benchmark_reduced_is_labelled_and_keeps_the_protocol_shape():
     assert {(s.grid["train.lr"], s.grid["train.weight_decay"]) for s in specs} == MAD_GRID
     assert len(specs) == len(settings) * 6 * 2 * len({s.seed for s in specs})
     for s in specs:
-        assert s.train["device"] == "cpu"
+        assert s.train.device == "cpu"
 
 
 ZOO_LRS = [1e-4, 10 ** (-4 + 2 / 3), 10 ** (-4 + 4 / 3), 1e-2]  # np.logspace(-4, -2, 4)
@@ -156,12 +156,12 @@ def test_mqar_grid_gpu_is_zoology_figure2_shape():
     lrs = sorted({s.grid["train.lr"] for s in specs})
     assert len(lrs) == 4 and all(math.isclose(a, b, rel_tol=1e-12) for a, b in zip(lrs, ZOO_LRS))
     for s in specs:
-        assert s.d_model == s.grid["model.d_model"] and s.train["lr"] == s.grid["train.lr"]
+        assert s.d_model == s.grid["model.d_model"] and s.train.lr == s.grid["train.lr"]
         assert _params(s) == dict(seq_len=256, num_kv_pairs=16, vocab_size=8192, power_a=0.01,
                                   num_train_examples=100000, num_test_examples=3000)
-        assert (s.n_layers, s.train["batch_size"], s.train["epochs"]) == (2, 256, 64)
-        assert (s.train["weight_decay"], s.train["min_lr_ratio"]) == (0.1, 0.0)
-        assert s.train["early_stopping"]["target"] == 0.99
+        assert (s.n_layers, s.train.batch_size, s.train.epochs) == (2, 256, 64)
+        assert (s.train.weight_decay, s.train.min_lr_ratio) == (0.1, 0.0)
+        assert s.train.early_stopping.target == 0.99
 
 
 def test_mqar_grid_reduced_is_labelled_and_small():
@@ -175,7 +175,7 @@ def test_mqar_grid_reduced_is_labelled_and_small():
     for s in specs:
         prm = _params(s)
         assert prm["vocab_size"] > prm["seq_len"] >= 4 * prm["num_kv_pairs"]  # zoology's and ours
-        assert s.train["device"] == "cpu"
+        assert s.train.device == "cpu"
 
 
 NEW = ["mad-benchmark", "mad-benchmark-reduced", "mqar-grid-gpu", "mqar-grid-reduced"]

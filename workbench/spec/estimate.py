@@ -446,13 +446,13 @@ def estimate_run(spec, limit: Limit) -> RunEstimate:
     L = spec.seq_len or task.seq_len
     est.seq_len = L  # the task's own length when the sweep gives none
     cfg = spec.train
-    B = cfg["batch_size"]
+    B = cfg.batch_size
     est.params = int(round(prof.params(L)))
     tb = prof.trainable_bytes(L)
     acts = prof.saved(L, B)
     # eval: no grad; the worker caps an eval batch at EVAL_TOKENS_PER_BATCH tokens; a forward
     # without grad holds a few of its largest tensors at a time
-    eval_bs = max(1, min(cfg.get("eval_batch_size") or B, EVAL_TOKENS_PER_BATCH // max(1, L)))
+    eval_bs = max(1, min(cfg.eval_batch_size or B, EVAL_TOKENS_PER_BATCH // max(1, L)))
     if L > STREAM_ABOVE and prof.can_stream:
         L_eval = STREAM_CHUNK
     else:

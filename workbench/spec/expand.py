@@ -120,7 +120,8 @@ def expand(p: Profile) -> list[RunSpec]:
     sections = _Sections(p)
     points = grid_points(p)
     try:
-        at_point = [(point, sections.get("train", point).model_dump(mode="json"), sections.get("model", point))
+        # each point's own copy of its train section: a RunSpec holds it typed
+        at_point = [(point, sections.get("train", point).model_copy(deep=True), sections.get("model", point))
                     for point in points]
     except (ValidationError, ValueError) as e:  # a profile built without loads()
         raise ProfileError(f"{p.name}: invalid sweep.grid: {e}") from None

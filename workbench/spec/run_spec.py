@@ -1,16 +1,26 @@
 """One run's typed specification (:class:`RunSpec`) and its identity (:func:`spec_key`).
 
 A RunSpec is what :func:`workbench.spec.expand.expand` makes of a profile, one per run;
-the store keeps it as a dict (``RunSpec.to_dict``). ``spec_key`` is the identity a replay
-matches on and a checkpoint header carries. No pydantic, no torch: the store's readers,
-the scheduler and the worker import this module.
+the store keeps it as a dict (``RunSpec.to_dict``) and the worker reads it back with
+``RunSpec.from_dict``. Its ``train`` is the profile schema's typed
+:class:`~workbench.spec.schema.TrainSection`, so the train settings' defaults live in one
+place, the schema. ``spec_key`` is the identity a replay matches on and a checkpoint
+header carries. Importing this module imports no pydantic and no torch (the store's
+readers and the scheduler import it); ``from_dict`` loads the schema when called.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import typing
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pydantic import BaseModel
+
+    from workbench.spec.schema import TrainSection
 
 # How a run lays out its data and its evaluation: the worker runs by these and the
 # resource estimate (workbench.spec.estimate) predicts by them.
@@ -38,7 +48,7 @@ class RunSpec:
     task_params: dict[str, Any]
     seq_len: int | None
     seed: int
-    train: dict[str, Any]
+    train: "TrainSection"  # typed: train.lr, train.early_stopping.patience, ...
     index: int = 0
     fields: dict[str, Any] = field(default_factory=dict)  # flat fields for grouping tables
     # schema 2 only (None for schema 1 profiles, whose specs, and so their identity
@@ -49,11 +59,59 @@ class RunSpec:
     task_setting: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {k: v for k, v in self.__dict__.items() if v is not None or k not in ("grid", "task_setting")}
+        """The dict the store keeps (JSON types; schema 1 specs without grid/task_setting)."""
+        d = {k: v for k, v in self.__dict__.items() if v is not None or k not in ("grid", "task_setting")}
+        d["train"] = self.train.model_dump(mode="json")
+        return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "RunSpec":
-        return cls(**d)
+        """The typed spec of a stored spec dict. A key the dict lacks gets its default (the
+        dataclass's here, the schema's for ``train``): stores written by earlier versions
+        lack ``train.optimizer``, ``train.compile``, ``train.checkpoint_every`` and
+        ``train.checkpoint_minutes`` (added since the first stores) and, schema 1 specs,
+        ``grid`` and ``task_setting``. An unknown key, or a missing one without a
+        default, is a ValueError naming it. Values are taken as stored: they passed the
+        schema when the run was queued, and a check added since must not strand a run
+        that is already in a store."""
+        from workbench.spec.schema import TrainSection
+
+        if not isinstance(d, dict):
+            raise ValueError(f"run spec: expected a dict, got {type(d).__name__}")
+        known = {f.name: f for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - set(known))
+        if unknown:
+            raise ValueError(f"run spec: unknown key(s) {', '.join(unknown)}")
+        missing = [n for n, f in known.items() if n not in d and f.default is dataclasses.MISSING
+                   and f.default_factory is dataclasses.MISSING]
+        if missing:
+            raise ValueError(f"run spec: missing key(s) {', '.join(missing)}")
+        return cls(**{**d, "train": _settings(TrainSection, d["train"], "train")})
+
+
+def _settings(model: "type[BaseModel]", values: Any, where: str) -> "BaseModel":
+    """``model`` (a schema section) from stored ``values``: the schema's defaults for keys
+    not there, nested sections likewise, tuples back from JSON lists, without running the
+    schema's checks again (see RunSpec.from_dict)."""
+    from pydantic import BaseModel
+
+    if not isinstance(values, dict):
+        raise ValueError(f"run spec: {where} should be a table, got {values!r}")
+    unknown = sorted(set(values) - set(model.model_fields))
+    if unknown:
+        raise ValueError(f"run spec: unknown key(s) {', '.join(f'{where}.{k}' for k in unknown)}")
+    out: dict[str, Any] = {}
+    for name, info in model.model_fields.items():
+        if name not in values:
+            out[name] = info.get_default(call_default_factory=True)
+            continue
+        v, kind = values[name], info.annotation
+        if isinstance(kind, type) and issubclass(kind, BaseModel):
+            v = _settings(kind, v, f"{where}.{name}")
+        elif typing.get_origin(kind) is tuple and isinstance(v, list):
+            v = tuple(v)
+        out[name] = v
+    return model.model_construct(**out)
 
 
 def spec_key(spec: dict) -> str:
