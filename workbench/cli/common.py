@@ -6,7 +6,7 @@ import sys
 
 from rich.console import Console
 
-from workbench.execute import slurm
+from workbench.execute import executor
 
 
 STATE_STYLE = {"pending": "dim", "running": "cyan", "finished": "green", "failed": "red",
@@ -42,15 +42,19 @@ def _fmt(v, digits=4):
     return str(v)
 
 
-def refresh(store) -> None:
-    """Bring the store up to date: dead local workers become crashed, Slurm runs get their
-    rows ingested, their jobs submitted and their states read (workbench/execute/slurm.py). A
-    read-only store is left as it is (both do nothing there)."""
-    store.reap()
+def refresh(store, runs: list | None = None) -> bool:
+    """Bring the store up to date before reading it: dead local workers become crashed,
+    Slurm runs get their rows ingested and their job states read (the executors' read side,
+    workbench/execute/executor.py: nothing is submitted here). ``runs``: the rows the caller
+    read after reaping, if any (light rows will do). True when an executor looked after live
+    runs, so rows read before are stale. A read-only store is left as it is."""
+    if runs is None:
+        store.reap()
     try:
-        slurm.sync(store)
-    except slurm.SlurmError as e:
+        return bool(executor.sync(store, runs=runs))
+    except executor.ExecutorError as e:
         print(f"slurm: {e}", file=sys.stderr)
+        return False
 
 
 # --------------------------------------------------------------------------- commands

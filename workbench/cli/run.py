@@ -11,7 +11,7 @@ from rich.table import Table
 
 from workbench.cli.common import STATE_STYLE, _console, _fmt, _store, refresh
 from workbench.cli.runs import _print_runs
-from workbench.execute import slurm
+from workbench.execute.executor import ExecutorError, describe
 
 
 def cmd_tui(args) -> int:
@@ -130,7 +130,7 @@ def cmd_run(args) -> int:
     store = _store(args)
     try:
         ids = scheduler.submit(store, prof, jobs=args.jobs, runs_per_gpu=args.runs_per_gpu, fresh=args.fresh)
-    except slurm.SlurmError as e:
+    except ExecutorError as e:
         Console(stderr=True).print(f"slurm: {e}", markup=False, highlight=False)
         return 2
     done = [f"{len(getattr(ids, k))} {k}" for k in ("queued", "resumed", "restarted", "skipped", "attached")
@@ -157,8 +157,9 @@ def cmd_run(args) -> int:
                         status += f" loss {r.last_loss:.3f}"
                     if r.last_accuracy is not None:
                         status += f" acc {r.last_accuracy:.3f}"
-                    if slurm.is_slurm(r):
-                        status += f" [dim]{slurm.describe(r)}[/dim]"
+                    where = describe(r)
+                    if where:
+                        status += f" [dim]{where}[/dim]"
                     if r.stall_note():
                         status += f" [yellow]stalled: {r.stall_note()}[/yellow]"
                     progress.update(bars[r.id], completed=r.progress, status=status)

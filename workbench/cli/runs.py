@@ -7,8 +7,8 @@ import sys
 from rich.console import Console
 from rich.table import Table
 
-from workbench.cli.common import STATE_STYLE, _console, _fmt, _store
-from workbench.execute import slurm
+from workbench.cli.common import STATE_STYLE, _console, _fmt, _store, refresh
+from workbench.execute.executor import describe
 
 
 def _worker_cell(r) -> str:
@@ -42,7 +42,7 @@ def _print_runs(console: Console, runs, progress_of=None) -> None:
         rows.append([str(r.id), r.profile, r.label, r.task, _fmt(r.seq_len), str(r.seed),
                      r.state + (" stalled" if note else ""), f"{100 * r.progress:.0f}%",
                      _fmt(r.last_loss), _fmt(r.last_accuracy), "–" if el is None else f"{el:.0f}s",
-                     slurm.describe(r) if slurm.is_slurm(r) else (r.device or "–"), _worker_cell(r)])
+                     describe(r) or r.device or "–", _worker_cell(r)])
 
     def state_markup(state: str, note: bool, text: str) -> str:
         # text: the cell as laid out (padded); the words styled as before
@@ -100,15 +100,12 @@ def cmd_runs(args) -> int:
     from workbench.store.progress import table_runs
 
     store = _store(args)
-    # as refresh(), but Slurm's sync is handed the light rows (it reads their info only):
-    # the table shows no spec, and decoding 5,000 specs took ~0.5 s
+    # the executors' sync is handed the light rows (it reads their info only): the table
+    # shows no spec, and decoding 5,000 specs took ~0.5 s. It only reads: `runs` submits nothing
     store.reap()
     everything = table_runs(store)
-    try:
-        if slurm.sync(store, runs=everything)["live"]:
-            everything = table_runs(store)  # as the sync left them
-    except slurm.SlurmError as e:
-        print(f"slurm: {e}", file=sys.stderr)
+    if refresh(store, runs=everything):
+        everything = table_runs(store)  # as the sync left them
     if args.profile:
         everything = [r for r in everything if r.profile == args.profile]
     runs = [r for r in everything if r.state in args.state] if args.state else everything

@@ -24,7 +24,7 @@ import socket
 import sys
 import time
 
-from workbench.execute import slurm
+from workbench.execute.executor import by_executor, files_root
 from workbench.store import UNFINISHED, Store, pid_alive
 
 
@@ -57,8 +57,8 @@ def requeue(store: Store, run_id: int, require_checkpoint: bool = True, restart:
     if r.pid and r.host == socket.gethostname() and pid_alive(r.pid, r.pid_start):
         # e.g. just killed and still writing its checkpoint: two workers must never share a run
         raise ResumeError(f"run {run_id}: its worker (pid {r.pid}) has not exited yet; try again shortly")
-    # a Slurm run keeps its checkpoint in the shared folder its jobs write to
-    path = checkpoint.path_for(r.info.get("slurm_shared") or store.root, run_id)
+    root = files_root(store, r)  # a Slurm run's: the shared folder its jobs write to
+    path = checkpoint.path_for(root, run_id)
     if path.is_file() and not restart:
         try:
             head = checkpoint.verify(path, run_id, r.spec)
@@ -74,7 +74,7 @@ def requeue(store: Store, run_id: int, require_checkpoint: bool = True, restart:
         raise ResumeError(f"run {run_id} ({r.state}) has no checkpoint to resume from "
                           f"(expected {path}); `ssm-workbench resume --restart {run_id}` (or replaying its "
                           f"profile) trains it from step 0")
-    checkpoint.remove(r.info.get("slurm_shared") or store.root, run_id)
+    checkpoint.remove(root, run_id)
     if not store.requeue(run_id, None):
         raise ResumeError(f"run {run_id} changed state meanwhile")
     return "restarted"
@@ -83,9 +83,8 @@ def requeue(store: Store, run_id: int, require_checkpoint: bool = True, restart:
 def resume_runs(store: Store, run_ids, jobs: int | None = None,
                 runs_per_gpu: int | None = None, restart: bool = False) -> tuple[list[int], list[str]]:
     """Requeue each run from its checkpoint (``restart``: from step 0, its checkpoint
-    discarded) and start a scheduler if any was; returns (requeued ids, error messages)."""
-    from workbench.execute import scheduler
-
+    discarded) and hand the requeued ones to their executors (a local scheduler, a Slurm
+    job each); returns (requeued ids, error messages)."""
     store.reap()  # a 'running' run whose worker is gone is crashed, hence resumable
     done, errors = [], []
     for rid in run_ids:
@@ -95,10 +94,8 @@ def resume_runs(store: Store, run_ids, jobs: int | None = None,
             errors.append(str(e))
             continue
         done.append(rid)
-    if any(not slurm.is_slurm(r) for r in store.runs(ids=done)):
-        scheduler.spawn(store, jobs, runs_per_gpu)
-    if any(slurm.is_slurm(r) for r in store.runs(ids=done)):
-        slurm.sync(store)  # a new job for each (its worker resumes from the checkpoint)
+    for executor, ids in by_executor(store.runs(ids=done)).items():
+        executor.submit(store, ids, jobs, runs_per_gpu)  # its worker resumes from the checkpoint
     return done, errors
 
 

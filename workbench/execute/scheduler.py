@@ -26,8 +26,9 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from workbench.execute import slurm
+from workbench.execute.executor import Executor, executor_for, executor_named
 from workbench.store import Store, StoreError, pid_alive, tail_log
+from workbench.store.layout import LOCAL, executor_name
 
 POLL_S = 0.5
 
@@ -131,8 +132,8 @@ class Scheduler:
         self.poll_children()
         self.store.reap()
         busy = self.busy_slots()
-        # Slurm runs are submitted by workbench.execute.slurm.sync, not started here
-        pending = [r for r in self.store.runs(states=["pending"]) if not slurm.is_slurm(r)]
+        # other executors' runs (Slurm) are submitted by their executor, not started here
+        pending = [r for r in self.store.runs(states=["pending"]) if executor_name(r) == LOCAL]
         while pending:
             free = self.free_slot(busy)
             if free is None:
@@ -141,7 +142,7 @@ class Scheduler:
             run = pending.pop(0)
             self.launch(run.id, device, slot)
             busy[slot] += 1
-        running = [r for r in self.store.runs(states=["running"]) if not slurm.is_slurm(r)]
+        running = [r for r in self.store.runs(states=["running"]) if executor_name(r) == LOCAL]
         return bool(pending or running or self.children)
 
     def run_until_idle(self) -> None:
@@ -246,11 +247,10 @@ def submit(store: Store, profile, jobs: int | None = None, runs_per_gpu: int | N
         out.queued = store.add_runs(new)
         fresh_ids = iter(out.queued)
         out.extend(i if i is not None else next(fresh_ids) for i in order)
-    if getattr(profile, "executor", "local") == "slurm":
-        slurm.mark_for_slurm(store, out.queued + out.resumed + out.restarted, profile.slurm)
-        slurm.sync(store)  # submits a job per pending Slurm run
-    elif out.queued or out.resumed or out.restarted or out.attached:
-        spawn(store, jobs, resolve_runs_per_gpu(runs_per_gpu, profile))
+    executor = executor_named(getattr(profile, "executor", None))
+    executor.adopt(store, out.queued + out.resumed + out.restarted, profile)
+    executor.submit(store, out.queued + out.resumed + out.restarted + out.attached, jobs,
+                    resolve_runs_per_gpu(runs_per_gpu, profile))
     return out
 
 
@@ -275,25 +275,41 @@ def _terminate_group(pid: int, sig: int = signal.SIGTERM) -> None:
 
 
 def kill(store: Store, run_id: int, grace_s: float = 5.0) -> bool:
-    """Kill a pending or running run. Returns False if it had already ended.
-
-    The run is marked ``killed`` first; its worker then finishes the step it is in and
-    saves a checkpoint (so ``resume`` can continue it) unless that takes over ``grace_s``."""
+    """Kill a pending or running run through its executor. Returns False if it had already
+    ended. A local run is marked ``killed`` first; its worker then finishes the step it is
+    in and saves a checkpoint (so ``resume`` can continue it) unless that takes over
+    ``grace_s``. A Slurm run's job is scancelled."""
     r = store.get(run_id)
     if r is None:
         raise KeyError(f"no run {run_id}")
-    if slurm.is_slurm(r):
-        return slurm.cancel(store, run_id)
-    if not store.finish(run_id, "killed", "killed by user"):
-        return False
-    if r.pid and r.state == "running":
-        _terminate_group(r.pid)
-        deadline = time.time() + grace_s
-        while time.time() < deadline and pid_alive(r.pid, r.pid_start):
-            time.sleep(0.1)
-        if pid_alive(r.pid, r.pid_start):
-            _terminate_group(r.pid, signal.SIGKILL)
-    return True
+    return executor_for(r).cancel(store, run_id, grace_s)
+
+
+class LocalExecutor(Executor):
+    """This machine: the detached scheduler above starts a worker process per pending run;
+    the store's :meth:`~workbench.store.Store.reap` checks their pids (its read side)."""
+
+    name = LOCAL
+
+    def submit(self, store: Store, run_ids: list[int], jobs: int | None = None,
+               runs_per_gpu: int | None = None) -> None:
+        if run_ids:
+            spawn(store, jobs, runs_per_gpu)
+
+    def cancel(self, store: Store, run_id: int, grace_s: float = 5.0) -> bool:
+        r = store.get(run_id)
+        if r is None:
+            raise KeyError(f"no run {run_id}")
+        if not store.finish(run_id, "killed", "killed by user"):
+            return False
+        if r.pid and r.state == "running":
+            _terminate_group(r.pid)
+            deadline = time.time() + grace_s
+            while time.time() < deadline and pid_alive(r.pid, r.pid_start):
+                time.sleep(0.1)
+            if pid_alive(r.pid, r.pid_start):
+                _terminate_group(r.pid, signal.SIGKILL)
+        return True
 
 
 def main(argv: list[str] | None = None) -> int:

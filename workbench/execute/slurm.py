@@ -6,13 +6,18 @@ TUI shows each run's own Slurm state; the batch script is a readable file in the
 that a cluster user can inspect or resubmit by hand; and the worker entry point stays the
 same command line, with nothing pickled across Python environments.
 
-Flow (:func:`sync`, called by every poll of the TUI and of ``run``/``runs``):
-1. each Slurm run's events file is ingested into the store (:mod:`workbench.store.runfile`);
-2. a pending Slurm run without a live job (new, resumed, or requeued by ``resume``) gets
-   its snapshot written and a job submitted; the job id goes into the run's info;
-3. the jobs' states are read with ``squeue`` (and ``scontrol show job`` for jobs that have
-   left the queue; accounting, hence ``sacct``, is not assumed) and mapped onto run
-   states when the worker itself did not say how it ended.
+:class:`SlurmExecutor` is this executor behind :class:`workbench.execute.executor.Executor`.
+Two steps, apart so that reading never submits:
+
+- :func:`sync`, the read side, called by every poll of the TUI and of ``run``/``runs``:
+  each Slurm run's events file is ingested into the store (:mod:`workbench.store.runfile`),
+  then the jobs' states are read with ``squeue`` (and ``scontrol show job`` for jobs that
+  have left the queue; accounting, hence ``sacct``, is not assumed) and mapped onto run
+  states when the worker itself did not say how it ended. It runs no ``sbatch``.
+- :func:`submit_pending`, called only where work is launched (``run``, ``resume``, the
+  sweep form: :meth:`SlurmExecutor.submit`): a pending Slurm run without a live job (new,
+  resumed, or requeued by ``resume``) gets its snapshot written and a job submitted; the
+  job id goes into the run's info.
 
 State mapping (the worker's own record wins when there is one):
 PENDING/REQUEUED/CONFIGURING -> pending (the reason shown), RUNNING/COMPLETING -> running,
@@ -29,13 +34,15 @@ import shlex
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 
-from workbench.store import runfile
-from workbench.store import TERMINAL, Store
+from workbench.execute.executor import Executor, ExecutorError
+from workbench.store import Run, Store, runfile
+from workbench.store.layout import EXECUTOR_KEY, checkpoint_path, executor_name
 
 if TYPE_CHECKING:
     from workbench.spec.slurm_settings import SlurmSettings
@@ -67,7 +74,7 @@ ENDED = {
 QUERY_EVERY_S = 3.0
 
 
-class SlurmError(RuntimeError):
+class SlurmError(ExecutorError):
     """A Slurm command failed; the message has its output."""
 
 
@@ -184,23 +191,24 @@ def cancel(store: Store, run_id: int) -> bool:
 
 
 def is_slurm(run) -> bool:
-    return (run.info or {}).get("executor") == "slurm"
+    """Kept for callers not yet asking :func:`workbench.execute.executor.executor_for`."""
+    return executor_name(run) == "slurm"
 
 
-# --------------------------------------------------------------------------- sync
+# --------------------------------------------------------------------------- reading: sync
 def sync(store: Store, min_interval_s: float = QUERY_EVERY_S, runs: list | None = None) -> dict[str, list[int]]:
-    """Ingest run files, submit jobs for pending Slurm runs, map job states (see the
-    module docstring). Returns {"live": ids of the Slurm runs it looked after,
-    "submitted": ids, "updated": ids}. Does nothing (and runs no command) when the store
-    has no live Slurm runs or is read-only. ``runs``: the store's runs as the caller just read them (the
-    TUI's poll reads them anyway), to spare a second read. Slurm is asked at most every
-    ``min_interval_s`` seconds per store (a TUI polls at 2 Hz; squeue at that rate
-    would burden a shared controller); run files are read on every call.
+    """The read side (see the module docstring): ingest run files and map job states; it
+    never submits (:func:`submit_pending` does). Returns {"live": ids of the Slurm runs it
+    looked after, "updated": ids}. Does nothing (and runs no command) when the store has no
+    live Slurm runs or is read-only. ``runs``: the store's runs as the caller just read them
+    (the TUI's poll reads them anyway), to spare a second read. Slurm is asked at most every
+    ``min_interval_s`` seconds per store (a TUI polls at 2 Hz; squeue at that rate would
+    burden a shared controller); run files are read on every call.
 
-    Several processes may sync one store (a TUI and ``run``): a lock file serialises
-    them, so a pending run is never submitted twice."""
-    done: dict[str, list[int]] = {"live": [], "submitted": [], "updated": []}
-    if store.readonly:  # ingesting, submitting and job states all write; a read-only store is shown as is
+    Several processes may sync one store (a TUI and ``run``): a lock file serialises them
+    and :func:`submit_pending`, so no event is applied twice and no run submitted twice."""
+    done: dict[str, list[int]] = {"live": [], "updated": []}
+    if store.readonly:  # ingesting and job states write; a read-only store is shown as is
         return done
     runs = [r for r in (store.runs() if runs is None else runs) if is_slurm(r)]
     # finished runs too while their job is still active (the worker is done, Slurm not yet)
@@ -208,82 +216,139 @@ def sync(store: Store, min_interval_s: float = QUERY_EVERY_S, runs: list | None 
     if not live:
         return done
     done["live"] = [r.id for r in live]
-    with open(store.root / "slurm.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        return _sync(store, live, done, min_interval_s)
+    with _locked(store):
+        for r in live:
+            folder = r.info.get("slurm_dir")
+            if folder and runfile.ingest(store, r.id, Path(folder)):
+                done["updated"].append(r.id)
+        key = str(store.root)
+        if time.time() - _last_query.get(key, 0.0) < min_interval_s:
+            return done
+        _last_query[key] = time.time()
+        runs = store.runs(ids=done["live"])
+        states = job_states([r.info["slurm_job_id"] for r in runs if r.info.get("slurm_job_id")])
+        for r in runs:
+            job = r.info.get("slurm_job_id")
+            js = states.get(job) if job else None
+            if js is not None and _map_state(store, r, job, js):
+                done["updated"].append(r.id)
+    return done
 
 
 _last_query: dict[str, float] = {}
 
 
-def _sync(store: Store, live: list, done: dict[str, list[int]], min_interval_s: float) -> dict[str, list[int]]:
-    for r in live:
-        folder = r.info.get("slurm_dir")
-        if folder and runfile.ingest(store, r.id, Path(folder)):
-            done["updated"].append(r.id)
-    runs = store.runs(ids=[r.id for r in live])
-    unsubmitted = any(r.state == "pending" and not r.info.get("slurm_job_id") for r in runs)
-    key = str(store.root)
-    if not unsubmitted and time.time() - _last_query.get(key, 0.0) < min_interval_s:
-        return done
-    _last_query[key] = time.time()
-    states = job_states([r.info["slurm_job_id"] for r in runs if r.info.get("slurm_job_id")])
-    for r in runs:
-        job = r.info.get("slurm_job_id")
-        js = states.get(job) if job else None
-        if r.state == "pending" and (js is None or js.state not in ACTIVE):
+@contextmanager
+def _locked(store: Store):
+    with open(store.root / "slurm.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+def _map_state(store: Store, r: Run, job: str, js: JobState) -> bool:
+    """Bring run ``r`` in line with its job's state ``js``; True when its Slurm state changed."""
+    if r.state == "pending" and js.state not in ACTIVE:
+        return False  # an earlier attempt's job: the run waits for submit_pending
+    changed = js.text() != r.info.get("slurm_state")
+    if changed:
+        store.set_info(r.id, {"slurm_state": js.text(), "slurm_node": js.node})
+    if js.state in ACTIVE:
+        if js.state == "RUNNING" and r.state == "pending":
+            store.mark_started_remote(r.id, js.node, None, None)
+        elif js.state in ("PENDING", "REQUEUED", "REQUEUE_HOLD") and r.state in ("running", "preempted", "crashed"):
+            # Slurm requeued the job (scontrol requeue, preemption, a failed node): the
+            # run waits in the queue again and goes on from its checkpoint if it has one
+            if r.state == "running":
+                store.finish(r.id, "preempted", f"Slurm job {job} was requeued")
+            ck = checkpoint_path(files_root(store, r), r.id)
+            store.requeue(r.id, {"checkpoint": str(ck), "by": "slurm"} if ck.is_file() else None)
+        return changed
+    # the job has ended: read what the worker wrote last, then say how it ended
+    if r.info.get("slurm_dir"):
+        runfile.ingest(store, r.id, Path(r.info["slurm_dir"]))
+    r = store.get(r.id)
+    if r.finished and js.state in ENDED and js.state != "COMPLETED":
+        # the worker recorded its own end (e.g. SIGTERM at the time limit: preempted with
+        # a checkpoint); say what Slurm did beside it
+        store.set_info(r.id, {"slurm_end": f"Slurm job {job}: {ENDED[js.state][1]}"})
+    if not r.finished and js.state in ENDED:
+        state, why = ENDED[js.state]
+        ck = (r.info or {}).get("checkpoint")
+        if ck:
+            why += f"; checkpoint at step {ck.get('step')} kept (ssm-workbench resume {r.id})"
+        store.finish(r.id, state, f"Slurm job {job}: {why}")
+    return changed
+
+
+# --------------------------------------------------------------------------- launching: submit_pending
+def submit_pending(store: Store) -> list[int]:
+    """Submit a job for each pending Slurm run that has no live one (new, resumed, requeued
+    by ``resume``); returns their ids. A run whose ``sbatch`` fails is marked failed with
+    its output. Only the places that launch work call this (:meth:`SlurmExecutor.submit`)."""
+    if store.readonly:
+        return []
+    if not any(is_slurm(r) for r in store.runs(states=["pending"])):
+        return []
+    submitted: list[int] = []
+    with _locked(store):  # read again under the lock: another process may have submitted them
+        runs = [r for r in store.runs(states=["pending"]) if is_slurm(r)]
+        states = job_states([r.info["slurm_job_id"] for r in runs if r.info.get("slurm_job_id")])
+        for r in runs:
+            js = states.get(r.info.get("slurm_job_id") or "")
+            if js is not None and js.state in ACTIVE:
+                continue  # queued already (or requeued by Slurm itself)
             from workbench.spec.slurm_settings import SlurmSettings
 
-            settings = SlurmSettings(**r.info.get("slurm", {}))
             try:
-                submit_job(store, r.id, settings)
+                submit_job(store, r.id, SlurmSettings(**r.info.get("slurm", {})))
             except SlurmError as e:
                 store.finish(r.id, "failed", f"sbatch: {e}")
-            done["submitted"].append(r.id)
-            continue
-        if js is None:
-            continue
-        if js.text() != r.info.get("slurm_state"):
-            store.set_info(r.id, {"slurm_state": js.text(), "slurm_node": js.node})
-            done["updated"].append(r.id)
-        if js.state in ACTIVE:
-            if js.state == "RUNNING" and r.state == "pending":
-                store.mark_started_remote(r.id, js.node, None, None)
-            elif js.state in ("PENDING", "REQUEUED", "REQUEUE_HOLD") and r.state in (
-                    "running", "preempted", "crashed"):
-                # Slurm requeued the job (scontrol requeue, preemption, a failed node): the
-                # run waits in the queue again and goes on from its checkpoint if it has one
-                if r.state == "running":
-                    store.finish(r.id, "preempted", f"Slurm job {job} was requeued")
-                from workbench.train import checkpoint  # imports torch: only when needed
-
-                ck = checkpoint.path_for(r.info.get("slurm_shared") or store.root, r.id)
-                store.requeue(r.id, {"checkpoint": str(ck), "by": "slurm"} if ck.is_file() else None)
-            continue
-        # the job has ended: read what the worker wrote last, then say how it ended
-        if r.info.get("slurm_dir"):
-            runfile.ingest(store, r.id, Path(r.info["slurm_dir"]))
-        r = store.get(r.id)
-        if r.finished and js.state in ENDED and js.state != "COMPLETED":
-            # the worker recorded its own end (e.g. SIGTERM at the time limit: preempted with
-            # a checkpoint); say what Slurm did beside it
-            store.set_info(r.id, {"slurm_end": f"Slurm job {job}: {ENDED[js.state][1]}"})
-        if not r.finished and js.state in ENDED:
-            state, why = ENDED[js.state]
-            ck = (r.info or {}).get("checkpoint")
-            if ck:
-                why += f"; checkpoint at step {ck.get('step')} kept (ssm-workbench resume {r.id})"
-            store.finish(r.id, state, f"Slurm job {job}: {why}")
-    return done
+            submitted.append(r.id)
+    return submitted
 
 
 def mark_for_slurm(store: Store, run_ids: list[int], settings: SlurmSettings) -> None:
-    """Hand these (pending) runs to the Slurm executor; :func:`sync` submits them."""
+    """Hand these (pending) runs to the Slurm executor; :func:`submit_pending` submits them."""
     for rid in run_ids:
-        store.set_info(rid, {"executor": "slurm", "slurm": settings.model_dump(exclude_defaults=True)})
+        store.set_info(rid, {EXECUTOR_KEY: "slurm", "slurm": settings.model_dump(exclude_defaults=True)})
+
+
+def files_root(store: Store, run: Run) -> Path:
+    """A Slurm run keeps its checkpoint in the shared folder its jobs write to."""
+    return Path((run.info or {}).get("slurm_shared") or store.root)
 
 
 def describe(run) -> str:
     """'slurm 1234 PENDING (Priority)' for the runs table and ``runs``."""
     info: dict[str, Any] = run.info or {}
     return " ".join(filter(None, ["slurm", info.get("slurm_job_id"), info.get("slurm_state")]))
+
+
+class SlurmExecutor(Executor):
+    """An ``sbatch`` job per run (see the module docstring)."""
+
+    name = "slurm"
+
+    def adopt(self, store: Store, run_ids, profile=None) -> None:
+        settings = getattr(profile, "slurm", None)
+        if settings is None:
+            from workbench.spec.slurm_settings import SlurmSettings
+
+            settings = SlurmSettings()
+        mark_for_slurm(store, list(run_ids), settings)
+
+    def submit(self, store: Store, run_ids: list[int], jobs: int | None = None,
+               runs_per_gpu: int | None = None) -> None:
+        submit_pending(store)  # every pending Slurm run of the store, these among them
+
+    def cancel(self, store: Store, run_id: int, grace_s: float = 5.0) -> bool:
+        return cancel(store, run_id)
+
+    def describe(self, run) -> str | None:
+        return describe(run)
+
+    def sync(self, store: Store, runs: list | None = None) -> list[int]:
+        return sync(store, runs=runs)["live"]
+
+    def files_root(self, store: Store, run: Run) -> Path:
+        return files_root(store, run)

@@ -4,7 +4,7 @@ SQLite in WAL mode must not be shared over a network filesystem, so a worker sta
 Slurm does not write the store. It appends its rows as JSON lines to its own file in the
 job folder on the shared filesystem (``<shared>/slurm/run-<id>/events.jsonl``), one event per
 line, and the submit host ingests them into the store (``ingest``: from the TUI's and the
-``run``/``runs`` commands' polls, via :func:`workbench.execute.slurm.sync`).
+``run``/``runs`` commands' polls, via :func:`workbench.execute.slurm.sync`, which only reads).
 
 Nothing is lost or applied twice:
 - the worker is the file's only writer; each event is one ``write`` of a whole line to a
@@ -15,8 +15,8 @@ Nothing is lost or applied twice:
 - the reader applies a batch of events and records the byte offset it reached in the same
   store transaction, so a crash of the reader repeats nothing.
 
-:class:`RunFile` has the methods of :class:`workbench.store.Store` that a worker uses,
-so the worker runs unchanged on either.
+:class:`RunFile` and :class:`workbench.store.Store` both implement the worker's writer
+interface (:class:`workbench.store.writer.RunWriter`), so the worker runs unchanged on either.
 """
 from __future__ import annotations
 
@@ -52,9 +52,12 @@ def write_snapshot(store: Store, run_id: int, folder: Path) -> Path:
 
 
 class RunFile:
-    """A worker's store for one run on a shared filesystem (see the module docstring).
+    """A worker's store for one run on a shared filesystem (see the module docstring): a
+    :class:`~workbench.store.writer.RunWriter`.
 
     ``root`` is the shared folder (checkpoints go under it, as under a store's root)."""
+
+    readonly = False  # a run file that cannot be written fails in __init__
 
     def __init__(self, shared: str | Path, run_id: int):
         self.root = Path(shared)
@@ -109,7 +112,7 @@ class RunFile:
                 os.close(self._fd)
                 self._fd = -1
 
-    # ------------------------------------------------------------------ the Store API a worker uses
+    # ------------------------------------------------------------------ RunWriter: what a worker calls
     def get(self, run_id: int) -> Run | None:
         return self._run if run_id == self.run_id else None
 

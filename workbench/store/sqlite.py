@@ -31,6 +31,7 @@ from typing import Any, Iterable, Iterator
 
 from workbench.store.faults import (StoreError, StoreFull, StoreReadOnly, _cannot_write, _tidying, ensure_reserve,
                                     is_disk_full, release_reserve)
+from workbench.store.layout import LOCAL, executor_name
 from workbench.store.run import (FINAL_RESULT, TERMINAL, UNFINISHED, Run, default_store_dir, heartbeat_timeout,
                                  pid_alive, tail_log)
 from workbench.store.schema import SCHEMA, SCHEMA_VERSION, TABLES
@@ -524,8 +525,8 @@ class Store:
         timeout = heartbeat_timeout()
         crashed = []
         for r in self.runs(states=["running"]):
-            if (r.info or {}).get("executor") == "slurm":
-                continue  # another node's worker: Slurm's job state says (workbench.execute.slurm.sync)
+            if executor_name(r) != LOCAL:
+                continue  # another node's worker: its executor's job state says (workbench.execute.executor.sync)
             reason = None
             silent = r.heartbeat is not None and now - r.heartbeat > timeout
             if r.host == host and r.pid:

@@ -24,7 +24,7 @@ from textual.binding import Binding
 from textual.widget import Widget
 from textual.widgets import Footer, Header, Static, TabbedContent, TabPane
 
-from workbench.execute import slurm
+from workbench.execute import executor
 from workbench.spec.schema import Profile
 from workbench.store import STATES, Run, Store, progress
 from workbench.tui import paths
@@ -162,10 +162,10 @@ class WorkbenchApp(App):
             with self.store_lock:
                 self.store.reap()  # runs whose worker died become 'crashed'
                 runs = table_runs(self.store)
-                try:  # Slurm runs: ingest their rows, submit, read job states (throttled)
-                    if slurm.sync(self.store, runs=runs)["live"]:
+                try:  # Slurm runs: ingest their rows, read job states (throttled); never submits
+                    if executor.sync(self.store, runs=runs):
                         runs = table_runs(self.store)  # as the sync left them
-                except slurm.SlurmError as e:
+                except executor.ExecutorError as e:
                     self.call_from_thread(self._slurm_problem, str(e))
         finally:
             self.call_from_thread(self._show_runs, runs)
