@@ -31,7 +31,7 @@ from workbench.results import catalogue
 from workbench.results.stats import t_quantile, welch_p
 
 ALPHA = 0.05
-SELECT_ON = {"validation": "valid", "test": ""}
+SPLIT_EVAL_SET = {"validation": "valid", "test": ""}  # select_on -> the eval set it reads
 BOOKKEEPING = {"run_id", "profile", "eval_set", "__metrics__", "__grid__"}
 
 
@@ -176,7 +176,7 @@ def best_over(recs: list[dict], over: list[str], metric: str, by: list[str],
     ``{**group fields, 'chosen': {key: value}, 'select_on', 'metric', 'mean', 'n'}``).
     Raises SelectionError when a group has no result of ``metric`` on the selection split
     (for validation: no eval set "valid") or ``metric`` has no direction."""
-    if select_on not in SELECT_ON:
+    if select_on not in SPLIT_EVAL_SET:
         raise SelectionError(f"select_on must be validation or test, not {select_on!r}")
     how = catalogue.better(metric)
     if how is None:
@@ -187,7 +187,7 @@ def best_over(recs: list[dict], over: list[str], metric: str, by: list[str],
                        - {m for r in recs for m in r.get("__metrics__", ())})
         raise SelectionError(f"--best-over: no run has field {missing[0]!r}; fields: {', '.join(known)}")
     by = [k for k in by if k != "eval_set" and k not in over]
-    split = SELECT_ON[select_on]
+    split = SPLIT_EVAL_SET[select_on]
     kept, choices = [], []
     for gkey, rs in group(recs, by).items():
         sel = [r for r in rs if r.get("eval_set", "") == split and r.get(metric) is not None]

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
 from workbench.results.aggregate import summarize
-from workbench.store import Run, Store
+from workbench.store import Run, Store, queries
 
 X_AXES = ("step", "epoch", "wall")
 X_LABELS = {"step": "optimizer step", "epoch": "epoch", "wall": "wall time (s)"}
@@ -126,15 +126,8 @@ def x_of(row, run: Run, axis: str) -> float | None:
 def read_rows(store: Store, run_ids: Sequence[int], after_rowid: int = 0) -> list:
     """The metric rows (rowid, run_id, step, epoch, t, split, name, value) of the curve
     metrics of these runs after a rowid, in insertion order: incremental reads for a live
-    view (rowids only grow)."""
-    ids = list(run_ids)
-    if not ids:
-        return []
-    return store.conn.execute(
-        f"SELECT rowid, run_id, step, epoch, t, split, name, value FROM metrics "
-        f"WHERE rowid>? AND run_id IN ({','.join('?' * len(ids))}) "
-        f"AND split || '/' || name IN ({','.join('?' * len(CURVE_METRICS))}) ORDER BY rowid",
-        [after_rowid, *ids, *(f"{sp}/{n}" for sp, n in CURVE_METRICS)]).fetchall()
+    view (rowids only grow; :func:`workbench.store.queries.metric_rows`)."""
+    return queries.metric_rows(store, run_ids, CURVE_METRICS, after_rowid)
 
 
 def points(rows: Iterable, runs: Sequence[Run], split: str, name: str,

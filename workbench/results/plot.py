@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Iterable, Iterator, Sequence
 from workbench.results.curves import BANDS, CURVE_METRICS, X_AXES, X_LABELS, curves
 from workbench.results import catalogue
 from workbench.results.aggregate import records, sort_key, summarize
-from workbench.store import Run, Store
+from workbench.store import Run, Store, queries
 
 if TYPE_CHECKING:  # for annotations only: importing matplotlib costs ~0.3 s
     from matplotlib.axes import Axes
@@ -337,14 +337,10 @@ def _runs_heading(runs: Sequence[Run]) -> str:
 
 def _no_curve_reason(store: Store, runs: Sequence[Run], split: str, name: str, axis: str) -> str:
     ids = [r.id for r in runs]
-    q = (f"SELECT COUNT(*) FROM metrics WHERE split=? AND name=? AND value IS NOT NULL "
-         f"AND run_id IN ({','.join('?' * len(ids))})")
-    if store.conn.execute(q, [split, name, *ids]).fetchone()[0] == 0:
-        have = store.conn.execute(
-            f"SELECT DISTINCT split || '.' || name FROM metrics WHERE run_id IN ({','.join('?' * len(ids))})"
-            " ORDER BY 1", ids).fetchall()
+    if not queries.has_metric_values(store, ids, split, name):
+        have = queries.logged_metrics(store, ids)
         return (f"none of the {len(runs)} run(s) logged {split}.{name}"
-                + (f"; they logged {', '.join(r[0] for r in have)}" if have else "; they logged nothing yet"))
+                + (f"; they logged {', '.join(have)}" if have else "; they logged nothing yet"))
     if axis == "epoch":
         return f"the runs logged {split}.{name} without epoch numbers (trained by steps); use the step or wall axis"
     return f"the runs logged {split}.{name} but have no {axis} values (never started?)"

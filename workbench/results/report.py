@@ -22,11 +22,11 @@ from typing import Any
 
 from workbench.spec import profile as prof
 from workbench.results.export import fmt_cell
-from workbench.results.aggregate import SELECT_ON, summarize
+from workbench.results.aggregate import SPLIT_EVAL_SET, summarize
 from workbench.store import Store
 
 BEGIN, END = "<!-- report:begin -->", "<!-- report:end -->"
-VALID = SELECT_ON["validation"]  # the validation set's eval set name
+VALID = SPLIT_EVAL_SET["validation"]  # the validation set's eval set name
 
 
 def _runs_by_label(store: Store, p: prof.Profile) -> dict[tuple[str, Any], list]:

@@ -1,6 +1,7 @@
 """The store layer: SQLite (WAL), the single source of truth for runs and their
 measurements (:mod:`.sqlite`), a Slurm job's run file (:mod:`.runfile`), light run rows
-for tables (:mod:`.progress`). Imports only :mod:`workbench.spec` below it.
+for tables (:mod:`.progress`), read queries for the layers above (:mod:`.queries`: no SQL
+outside the store). Imports only :mod:`workbench.spec` below it.
 
 The public names are here, so ``from workbench.store import Store, Run, STATES`` works.
 """
@@ -12,6 +13,7 @@ from workbench.store.run import (FINAL_RESULT, HEARTBEAT_S, HEARTBEAT_TIMEOUT_EN
                                  tail_log)
 from workbench.store.schema import SCHEMA_VERSION, TABLES
 from workbench.store.sqlite import LOCK_FILE, Store
+from workbench.store import queries  # noqa: E402  (after Store: it imports the sqlite module)
 
 __all__ = ["FINAL_RESULT", "HEARTBEAT_S", "HEARTBEAT_TIMEOUT_ENV", "HEARTBEAT_TIMEOUT_S", "LOCK_FILE",
            "RESERVE_BYTES", "RESERVE_FILE", "SCHEMA_VERSION", "STATES", "TABLES", "TERMINAL", "UNFINISHED", "Run",

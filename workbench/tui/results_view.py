@@ -37,7 +37,7 @@ from workbench.results import export
 from workbench.results import aggregate as agg
 from workbench.results import catalogue
 from workbench.results.plot import safe_stem  # matplotlib itself is imported only to draw
-from workbench.store import Store
+from workbench.store import Store, queries
 from workbench.tui.background import PollsStore, write_in_thread
 from workbench.tui.formatting import set_text
 
@@ -133,9 +133,7 @@ class ResultsView(PollsStore, Vertical):
         with self.lock:
             profiles = self.store.profiles()
             if profile is None and profiles:  # the first time: the newest profile
-                newest = self.store.conn.execute(
-                    "SELECT profile FROM runs ORDER BY id DESC LIMIT 1").fetchone()
-                profile = newest[0] if newest else profiles[0]
+                profile = queries.newest_profile(self.store) or profiles[0]
             recs = agg.records(self.store, None if profile == ALL else profile)
         return profiles, profile, recs
 
