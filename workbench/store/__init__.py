@@ -13,9 +13,11 @@ from workbench.store.run import (FINAL_RESULT, HEARTBEAT_S, HEARTBEAT_TIMEOUT_EN
                                  tail_log)
 from workbench.store.schema import SCHEMA_VERSION, TABLES
 from workbench.store.sqlite import LOCK_FILE, Store
+from workbench.store.states import STATE_STYLES, state_style
 from workbench.store import queries  # noqa: E402  (after Store: it imports the sqlite module)
 
 __all__ = ["FINAL_RESULT", "HEARTBEAT_S", "HEARTBEAT_TIMEOUT_ENV", "HEARTBEAT_TIMEOUT_S", "LOCK_FILE",
-           "RESERVE_BYTES", "RESERVE_FILE", "SCHEMA_VERSION", "STATES", "TABLES", "TERMINAL", "UNFINISHED", "Run",
-           "Store", "StoreError", "StoreFull", "StoreReadOnly", "default_store_dir", "ensure_reserve",
-           "full_disk_detail", "heartbeat_timeout", "is_disk_full", "pid_alive", "release_reserve", "tail_log"]
+           "RESERVE_BYTES", "RESERVE_FILE", "SCHEMA_VERSION", "STATE_STYLES", "STATES", "TABLES", "TERMINAL",
+           "UNFINISHED", "Run", "Store", "StoreError", "StoreFull", "StoreReadOnly", "default_store_dir",
+           "ensure_reserve", "full_disk_detail", "heartbeat_timeout", "is_disk_full", "pid_alive", "queries",
+           "release_reserve", "state_style", "tail_log"]

@@ -26,12 +26,12 @@ from textual.widgets import Footer, Header, Static, TabbedContent, TabPane
 
 from workbench.execute import executor
 from workbench.spec.schema import Profile
-from workbench.store import STATES, Run, Store, progress
+from workbench.store import STATE_STYLES, STATES, Run, Store, progress
 from workbench.tui import paths
 from workbench.tui.commands import WorkbenchCommands
 from workbench.tui.dialogs import ConfirmScreen
 from workbench.tui.help_screen import HelpScreen, sections_for
-from workbench.tui.formatting import STATE_STYLES, set_text
+from workbench.tui.formatting import set_text
 from workbench.tui.compare_view import CompareScreen
 from workbench.tui.messages import CompareRuns, KillRequested, OpenRun, ResumeRequested
 from workbench.tui.results_view import ResultsView

@@ -1,22 +1,14 @@
-"""Small text helpers shared by the runs table and the run view."""
+"""Small text helpers shared by the runs table and the run view; state colours come from
+:mod:`workbench.store.states` (the CLI uses the same table)."""
 from __future__ import annotations
 
 from rich.text import Text
 
-# One colour per state; terminal states are bold so they stand out in a long table.
-STATE_STYLES = {
-    "pending": "dim",
-    "running": "bold yellow",
-    "finished": "bold green",
-    "failed": "bold red",
-    "crashed": "bold magenta",
-    "killed": "red",
-    "preempted": "bold cyan",  # SIGTERM/SIGUSR1 (preemption, time limit): `resume` continues it
-}
+from workbench.store.states import STATE_STYLES, state_style  # noqa: F401  (one table for CLI and TUI)
 
 
 def state_text(state: str) -> Text:
-    return Text(state, style=STATE_STYLES.get(state, ""))
+    return Text(state, style=state_style(state))
 
 
 def duration(seconds: float | None) -> str:
