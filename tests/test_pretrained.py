@@ -14,7 +14,7 @@ import models
 import tasks
 from models.pretrained import CheckpointError
 from workbench.train.compose import build_model
-from workbench.train.worker import make_optimizer
+from workbench.train.optim import make_optimizer
 
 transformers = pytest.importorskip("transformers")
 from test_registry_contract import check_causal, check_gradients, check_shape  # noqa: E402
@@ -103,7 +103,7 @@ def test_freeze_trains_only_the_head(name, fixture, request):
     assert m.init_choice["init_scheme"] == "pretrained"
     trainable = {n for n, p in m.named_parameters() if p.requires_grad}
     assert trainable == {"head.weight", "head.bias"}
-    opt = make_optimizer(m, {"weight_decay": 0.0, "lr": 1e-3, "betas": (0.9, 0.999)})
+    opt = make_optimizer(m, "adamw", lr=1e-3, betas=(0.9, 0.999), weight_decay=0.0)
     held = {id(p) for g in opt.param_groups for p in g["params"]}
     assert held == {id(m.head.weight), id(m.head.bias)}
     before = {n: p.detach().clone() for n, p in m.named_parameters()}
@@ -208,7 +208,7 @@ def test_lora_trains_only_adapters_and_head(name, fixture, targets, request):
         m.head.load_state_dict(plain.head.state_dict())
         torch.testing.assert_close(m.eval()(x), plain.eval()(x))
     m.train()
-    opt = make_optimizer(m, {"weight_decay": 0.0, "lr": 1e-2, "betas": (0.9, 0.999)})
+    opt = make_optimizer(m, "adamw", lr=1e-2, betas=(0.9, 0.999), weight_decay=0.0)
     before = {n: p.detach().clone() for n, p in m.named_parameters()}
     for _ in range(2):  # B moves on step 1, then A gets gradient too
         opt.zero_grad()

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import models
-from workbench.train import worker
+from workbench.train import optim
 from workbench.spec.profile import ProfileError, loads
 
 
@@ -53,7 +53,7 @@ def test_make_optimizer_class_groups_and_decay(name, cls):
     torch.manual_seed(0)
     model = models.build("mamba", d_model=8, n_layers=1, d_state=4)
     cfg = {"optimizer": name, "lr": 1e-3, "betas": (0.9, 0.98), "weight_decay": 0.1}
-    opt = worker.make_optimizer(model, cfg)
+    opt = optim.make_optimizer(model, **cfg)
     assert type(opt) is cls
     decay, no_decay = opt.param_groups
     assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0

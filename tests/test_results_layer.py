@@ -288,10 +288,11 @@ def test_early_stopping_reads_the_direction_from_the_catalogue(metric, values, s
     from types import SimpleNamespace
 
     from tasks.metrics import AccuracyCounts
-    from workbench.train.worker import Trainer
+    from workbench.spec.schema import EarlyStopping
+    from workbench.train.trainer import Trainer
 
-    t = SimpleNamespace(cfg={"early_stopping": {"metric": metric, "patience": 2, "min_delta": 0.0,
-                                                "target": None}}, best=None, bad_evals=0)
+    t = SimpleNamespace(cfg=SimpleNamespace(early_stopping=EarlyStopping(metric=metric, patience=2)),
+                        best=None, bad_evals=0)
     stopped = None
     for i, v in enumerate(values, 1):
         c = AccuracyCounts(token_correct=round(v * 100), token_total=100, loss_sum=v * 100) \

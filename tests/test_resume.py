@@ -12,6 +12,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from tasks import metrics as task_metrics
 from workbench.train import checkpoint, worker
 from workbench.execute import resume, scheduler
 from workbench.spec.profile import ProfileError, expand, loads
@@ -82,7 +83,7 @@ def start(store, rid):
 def attempt(monkeypatch, store, rid, at=None, sig=signal.SIGTERM, before_signal=None):
     """Run the worker in-process; with ``at`` = k, ``sig`` arrives in the middle of this
     attempt's k-th training step (inside the loss computation). Returns the exit code."""
-    real = worker.task_metrics.loss
+    real = task_metrics.loss
     calls = [0]
 
     def loss(logits, targets):
@@ -93,12 +94,12 @@ def attempt(monkeypatch, store, rid, at=None, sig=signal.SIGTERM, before_signal=
             os.kill(os.getpid(), sig)
         return real(logits, targets)
 
-    monkeypatch.setattr(worker.task_metrics, "loss", loss)
+    monkeypatch.setattr(task_metrics, "loss", loss)
     start(store, rid)
     try:
         return worker.run(str(store.root), rid)
     finally:
-        monkeypatch.setattr(worker.task_metrics, "loss", real)
+        monkeypatch.setattr(task_metrics, "loss", real)
 
 
 def new_run(path, spec):
@@ -213,7 +214,7 @@ def test_metrics_logged_after_the_checkpoint_are_dropped(tmp_path, monkeypatch, 
     class Died(BaseException):
         pass
 
-    real = worker.task_metrics.loss
+    real = task_metrics.loss
     calls = [0]
 
     def loss(logits, targets):
@@ -222,11 +223,11 @@ def test_metrics_logged_after_the_checkpoint_are_dropped(tmp_path, monkeypatch, 
             raise Died()  # like SIGKILL: nothing of the worker's own handling runs
         return real(logits, targets)
 
-    monkeypatch.setattr(worker.task_metrics, "loss", loss)
+    monkeypatch.setattr(task_metrics, "loss", loss)
     start(store, rid)
     with pytest.raises(Died):
         worker.run(str(store.root), rid)
-    monkeypatch.setattr(worker.task_metrics, "loss", real)
+    monkeypatch.setattr(task_metrics, "loss", real)
     assert store.get(rid).info["checkpoint"]["step"] == 10
     assert max(m["step"] for m in store.metrics(rid)) == 13  # logged after the checkpoint
     store.finish(rid, "crashed", "worker exited without finishing")  # what the reaper does

@@ -12,7 +12,12 @@ import torch
 
 import tasks
 from tasks import metrics as task_metrics
-from workbench.train import worker
+from workbench.spec.run_spec import RunSpec
+from workbench.train import optim, worker
+from workbench.train import trainer as trainer_module
+from workbench.train.measure import StepClock
+from workbench.train.stop import RunFailed
+from workbench.train.trainer import LossTracker, Trainer
 from workbench.train.compose import build_model
 from workbench.spec.profile import ProfileError, expand, loads
 from workbench.store import Store
@@ -57,6 +62,10 @@ def new_run(tmp_path, s):
     return store, rid
 
 
+def new_trainer(store, rid):
+    return Trainer(store, rid, RunSpec.from_dict(store.get(rid).spec))
+
+
 def run_worker(tmp_path, s):
     store, rid = new_run(tmp_path, s)
     worker.run(str(store.root), rid)
@@ -72,7 +81,7 @@ def nan_from(monkeypatch, k, bad=float("nan")):
         out = real(logits, targets)
         return out + bad if calls[0] >= k else out
 
-    monkeypatch.setattr(worker.task_metrics, "loss", loss)
+    monkeypatch.setattr(task_metrics, "loss", loss)
 
 
 # --------------------------------------------------------------------------- non-finite loss
@@ -93,7 +102,7 @@ def test_non_finite_loss_is_caught_before_an_evaluation(tmp_path, monkeypatch):
 
 
 def test_loss_tracker_reads_once_and_keeps_the_first_bad_step():
-    t = worker.LossTracker(torch.device("cpu"))
+    t = LossTracker(torch.device("cpu"))
     for step, v in enumerate([1.0, 2.0, 3.0], start=1):
         t.add(torch.tensor(v), step)
     assert t.flush() == 2.0
@@ -101,9 +110,9 @@ def test_loss_tracker_reads_once_and_keeps_the_first_bad_step():
     assert t.flush() == 5.0  # a new window
     t.add(torch.tensor(float("inf")), 5)
     t.add(torch.tensor(float("nan")), 6)
-    with pytest.raises(worker.RunFailed, match=r"^loss became inf at step 5$"):
+    with pytest.raises(RunFailed, match=r"^loss became inf at step 5$"):
         t.check()
-    with pytest.raises(worker.RunFailed, match=r"^loss became inf at step 5$"):
+    with pytest.raises(RunFailed, match=r"^loss became inf at step 5$"):
         t.flush()
 
 
@@ -117,7 +126,7 @@ def test_host_reads_happen_only_at_log_points(tmp_path, monkeypatch, model):
     steps, log_every = 40, 10
     store, rid = new_run(tmp_path, spec(model=model, budget=f"steps = {steps}", eval_every=steps,
                                         log_every=log_every))
-    trainer = worker.Trainer(store, rid, store.get(rid).spec)
+    trainer = new_trainer(store, rid)
     # evaluation reads counts back by design; it is outside the steps
     monkeypatch.setattr(trainer, "evaluate", lambda batch: task_metrics.AccuracyCounts(1, 2, 1, 2, 1.0))
     calls = []
@@ -164,7 +173,7 @@ def test_step_clock_reads_cuda_events_only_when_collected(monkeypatch):
             return float(end.t - self.t) * 1000
 
     monkeypatch.setattr(torch.cuda, "Event", Event)
-    clock = worker.StepClock(torch.device("cuda"))
+    clock = StepClock(torch.device("cuda"))
     for _ in range(3):
         clock.start()
         clock.stop()
@@ -186,9 +195,9 @@ def expected_losses(s):
     bs = cfg["batch_size"]
     per_epoch = math.ceil(len(train) / bs)
     total = cfg["epochs"] * per_epoch
-    opt = torch.optim.AdamW(worker.param_groups(model, cfg["weight_decay"]), lr=cfg["lr"],
+    opt = torch.optim.AdamW(optim.param_groups(model, cfg["weight_decay"]), lr=cfg["lr"],
                             betas=tuple(cfg["betas"]))
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: worker.lr_factor(
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: optim.lr_factor(
         i, total, cfg["warmup_steps"], cfg["schedule"], cfg["min_lr_ratio"]))
     g = torch.Generator().manual_seed(seed)
     out = []
@@ -206,13 +215,13 @@ def expected_losses(s):
     return out
 
 
-@pytest.mark.parametrize("limit", [worker.RESIDENT_MAX_BYTES, 0])
+@pytest.mark.parametrize("limit", [trainer_module.RESIDENT_MAX_BYTES, 0])
 def test_fixed_train_set_keeps_its_batch_order_and_losses(tmp_path, monkeypatch, limit):
     # 36 examples, batch 8: 5 steps per epoch, the last one a short batch
     s = spec(budget="epochs = 2", eval_every=1, log_every=1, n_train=36)
-    monkeypatch.setattr(worker, "RESIDENT_MAX_BYTES", limit)
+    monkeypatch.setattr(trainer_module, "RESIDENT_MAX_BYTES", limit)
     store, rid = new_run(tmp_path, s)
-    trainer = worker.Trainer(store, rid, store.get(rid).spec)
+    trainer = new_trainer(store, rid)
     trainer.train()
     assert trainer.train_on_device == (limit > 0)
     got = [m["value"] for m in store.metrics(rid, "train", "loss")]
@@ -247,18 +256,18 @@ def test_to_device_leaves_gpu_tensors_alone_and_copies_cpu_ones_from_pinned_memo
 
     cuda = SimpleNamespace(device=torch.device("cuda"))
     gpu = OnGpu()
-    assert worker.Trainer.to_device(cuda, gpu) is gpu
-    assert worker.Trainer.to_device(cuda, OnCpu()) == "on the gpu"
+    assert Trainer.to_device(cuda, gpu) is gpu
+    assert Trainer.to_device(cuda, OnCpu()) == "on the gpu"
     assert log == ["pin", ("cuda", True)]
     log.clear()
-    assert worker.Trainer.to_device(SimpleNamespace(device=torch.device("cpu")), x := torch.ones(2)) is x
+    assert Trainer.to_device(SimpleNamespace(device=torch.device("cpu")), x := torch.ones(2)) is x
     assert log == []
 
 
 def test_augmenting_task_indexes_on_the_cpu_and_augments_every_step(tmp_path):
     s = spec(budget="steps = 6", log_every=3, n_train=36)
     store, rid = new_run(tmp_path, s)
-    trainer = worker.Trainer(store, rid, store.get(rid).spec)
+    trainer = new_trainer(store, rid)
     seen = []
 
     def augment(batch, step, seed):

@@ -18,6 +18,8 @@ x: (batch, seq_len, d_model):
                 carry the parent's RSS in); CUDA: ``torch.cuda.max_memory_allocated``
                 minus the allocation before it. A fresh process per config all the same.
 
+Timing and memory are measured by workbench.train.measure, as the worker measures a run.
+
 ``--scan-backends ref,torch,cpu`` measures the selective scan alone (S6's kernel, as Mamba
 calls it: softplus, D skip and gate included) on u, delta, z: (batch, 2 * d_model, seq_len),
 B, C: (batch, 16, seq_len), for each backend and length: forward + backward, forward, peak
@@ -43,7 +45,6 @@ import csv
 import io
 import json
 import os
-import statistics
 import subprocess
 import sys
 import time
@@ -58,87 +59,16 @@ _REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
 # ---------------------------------------------------------------------------------------
-# measurement helpers (run inside the --one subprocess)
+# measurements (run inside the --one subprocess; workbench.train.measure does the measuring)
 # ---------------------------------------------------------------------------------------
-
-def _rss_mib() -> float:
-    """Current resident set size in MiB (Linux /proc; psutil elsewhere)."""
-    try:
-        with open("/proc/self/statm") as f:
-            pages = int(f.read().split()[1])
-        return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
-    except OSError:
-        import psutil
-        return psutil.Process().memory_info().rss / 2**20
-
-
-def _peak_rss_mib() -> float:
-    """Peak resident set size of this process (its own, not its parent's), in MiB."""
-    from workbench.train.sysmon import peak_rss_mib
-
-    return peak_rss_mib()
-
-
-def _rss_baseline_mib() -> float:
-    """The RSS now, with the peak reset to it (where the OS allows), so that peak minus
-    this baseline is what the measured step added, not a transient of building the model."""
-    from workbench.train.sysmon import reset_peak_rss
-
-    reset_peak_rss()
-    return _rss_mib()
-
-
-def _pick_device(name: str):
-    import torch
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
-
-
-def _sync(device) -> None:
-    import torch
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def _median_ms(fn, repeats: int, warmup: int, device) -> float:
-    for _ in range(warmup):
-        fn()
-    _sync(device)
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        _sync(device)
-        times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
-
-
-def _timed_with_peak(train_step, forward, spec: dict[str, Any], device) -> tuple[float, float, float]:
-    """(train ms, peak MiB, forward ms): median times over spec's repeats; the peak is the
-    training step's extra memory above what was allocated before it (CUDA: the allocator's
-    peak; CPU: the process's own peak RSS above its RSS just before)."""
-    import torch
-
-    _sync(device)
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-        base = torch.cuda.memory_allocated(device)
-    rss_before = _rss_baseline_mib()
-    train_ms = _median_ms(train_step, spec["repeats"], spec["warmup"], device)
-    if device.type == "cuda":
-        peak = (torch.cuda.max_memory_allocated(device) - base) / 2**20
-    else:
-        peak = _peak_rss_mib() - rss_before
-    return train_ms, peak, _median_ms(forward, spec["repeats"], spec["warmup"], device)
-
 
 def measure_one(spec: dict[str, Any]) -> dict[str, Any]:
     """Measure one (model, options, seq_len) config in this process; see module docstring."""
     import torch
     import models
+    from workbench.train.measure import pick_device, timed_with_peak
 
-    device = _pick_device(spec["device"])
+    device = pick_device(spec["device"], "--device")
     torch.manual_seed(spec.get("seed", 0))
     model = models.build(spec["model"], d_model=spec["d_model"], n_layers=spec["n_layers"],
                          **spec["options"]).to(device)
@@ -158,7 +88,8 @@ def measure_one(spec: dict[str, Any]) -> dict[str, Any]:
         infer()
 
     # memory baseline: everything built, nothing run yet
-    train_ms, peak, infer_ms = _timed_with_peak(train_step, infer_after_training, spec, device)
+    train_ms, peak, infer_ms = timed_with_peak(train_step, infer_after_training, spec["repeats"],
+                                               spec["warmup"], device)
     return {
         "model": spec["label"],
         "seq_len": L,
@@ -181,8 +112,9 @@ def measure_scan(spec: dict[str, Any]) -> dict[str, Any]:
     """The selective scan alone, one backend and length, on random inputs (see module doc)."""
     import torch
     from models.kernels import selective_scan as ss
+    from workbench.train.measure import pick_device, timed_with_peak
 
-    device = _pick_device(spec["device"])
+    device = pick_device(spec["device"], "--device")
     g = torch.Generator(device=device).manual_seed(spec.get("seed", 0))
     batch, dim, N, L = spec["batch"], 2 * spec["d_model"], 16, spec["seq_len"]
 
@@ -204,7 +136,7 @@ def measure_scan(spec: dict[str, Any]) -> dict[str, Any]:
         with torch.no_grad():
             ss.selective_scan_fn(**inputs, delta_softplus=True, backend=backend)
 
-    train_ms, peak, fwd_ms = _timed_with_peak(train_step, forward, spec, device)
+    train_ms, peak, fwd_ms = timed_with_peak(train_step, forward, spec["repeats"], spec["warmup"], device)
     return {"kernel": "selective_scan", "seq_len": L, "backend": backend,
             "fwd_bwd_ms": round(train_ms, 2), "fwd_ms": round(fwd_ms, 2),
             "peak_mib": round(peak, 1), "device": str(device), "batch": batch, "dim": dim,
@@ -215,8 +147,9 @@ def measure_op(spec: dict[str, Any]) -> dict[str, Any]:
     """One linear-RNN operator, one backend and length, on random inputs (see module doc)."""
     import torch
     from models.kernels import linear_rnn, linear_rnn_backends
+    from workbench.train.measure import pick_device, timed_with_peak
 
-    device = _pick_device(spec["device"])
+    device = pick_device(spec["device"], "--device")
     batch, L, H, D = spec["batch"], spec["seq_len"], spec["heads"], spec["head_dim"]
     fn, backend = linear_rnn_backends.get_op(spec["op"], spec["backend"], device.type)
     args = linear_rnn.make_inputs(spec["op"], batch, L, H, D, D, torch.float32,
@@ -233,7 +166,7 @@ def measure_op(spec: dict[str, Any]) -> dict[str, Any]:
         with torch.no_grad():
             fn(*args, initial_state=S0, output_final_state=True)
 
-    train_ms, peak, fwd_ms = _timed_with_peak(train_step, forward, spec, device)
+    train_ms, peak, fwd_ms = timed_with_peak(train_step, forward, spec["repeats"], spec["warmup"], device)
     return {"op": spec["op"], "seq_len": L, "backend": backend,
             "fwd_bwd_ms": round(train_ms, 2), "fwd_ms": round(fwd_ms, 2),
             "peak_mib": round(peak, 1), "device": str(device), "batch": batch, "heads": H,
@@ -245,8 +178,10 @@ def measure_stream(spec: dict[str, Any]) -> dict[str, Any]:
     import torch
     import models
     from models.mamba import stream
+    from workbench.train import sysmon
+    from workbench.train.measure import ExtraPeak, pick_device, sync
 
-    device = _pick_device(spec["device"])
+    device = pick_device(spec["device"], "--device")
     torch.manual_seed(spec.get("seed", 0))
     model = models.build(spec["model"], d_model=spec["d_model"], n_layers=spec["n_layers"],
                          **spec["options"]).to(device).eval()
@@ -261,8 +196,8 @@ def measure_stream(spec: dict[str, Any]) -> dict[str, Any]:
             done += n
 
     checksum = 0.0
-    rss_before = _rss_baseline_mib()
-    _sync(device)
+    rss = ExtraPeak(torch.device("cpu"))  # RSS (peak reset to it): state and chunks live in this process
+    sync(device)
     t0 = time.perf_counter()
     with torch.no_grad():
         if spec["mode"] == "chunked":
@@ -274,9 +209,9 @@ def measure_stream(spec: dict[str, Any]) -> dict[str, Any]:
                 for x_t in c.unbind(1):
                     y_t, state = model.step(x_t, state)
                 checksum += float(y_t.sum())
-    _sync(device)
+    sync(device)
     seconds = time.perf_counter() - t0
-    peak = _peak_rss_mib()
+    peak = sysmon.peak_rss_mib()
     return {
         "model": spec["model"],
         "tokens": tokens,
@@ -286,7 +221,7 @@ def measure_stream(spec: dict[str, Any]) -> dict[str, Any]:
         "seconds": round(seconds, 2),
         "tok_s": round(tokens / seconds),
         "peak_rss_mib": round(peak, 1),
-        "extra_mib": round(peak - rss_before, 1),
+        "extra_mib": round(peak - rss.rss_before, 1),
         "finite": bool(checksum == checksum and abs(checksum) != float("inf")),
         "device": str(device),
     }

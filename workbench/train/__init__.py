@@ -1,5 +1,9 @@
 """The training layer: one run in one process. worker.py (the entry point, ``python -m
-workbench.train.worker``, and the Trainer), checkpoint.py (a run's checkpoint file),
-compose.py (task encoder + registry backbone + task head), sysmon.py (GPU/CPU samples,
-peak memory). Imports spec, store and results, never execute, cli or tui.
+workbench.train.worker``: arguments, writer, signals, typed spec, sampler, the run's end),
+trainer.py (the Trainer: training/eval loop and checkpoint state), optim.py (optimiser and
+LR schedule), measure.py (step timing and memory, shared with ``bench``), stop.py (how a
+run ends early), summary.py (run info and final results), checkpoint.py (a run's
+checkpoint file), compose.py (task encoder + registry backbone + task head), sysmon.py
+(GPU/CPU samples, the background Sampler, peak memory). Imports spec, store and results,
+never execute, cli or tui.
 """

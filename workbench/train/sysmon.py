@@ -158,29 +158,43 @@ def _rss(p: psutil.Process) -> float:
 
 
 class Sampler(threading.Thread):
-    """Background thread: calls ``sink(sample())`` every ``interval`` seconds until stopped.
-    Keeps GPU-utilisation samples so the worker can report their mean and max."""
+    """Background thread: calls ``sink(sample())`` every ``interval`` seconds until
+    :meth:`stop` (and at once first with ``at_start``, so even a short run has a sample).
+    Keeps the GPU-utilisation and memory samples (the worker reports their mean and max and
+    carries them through checkpoints) and CPU percentages. A sampling or sink error never
+    ends the thread: it goes to ``on_error(exc)`` when given, else is dropped."""
 
-    def __init__(self, sink, interval: float = 1.0):
+    def __init__(self, sink, interval: float = 1.0, on_error=None, at_start: bool = False):
         super().__init__(daemon=True, name="sysmon")
-        self.sink, self.interval = sink, interval
+        self.sink, self.interval, self.on_error, self.at_start = sink, interval, on_error, at_start
         self._stop_event = threading.Event()
         self.gpu_util: list[float] = []
         self.gpu_mem: list[float] = []
         self.cpu: list[float] = []
 
     def run(self) -> None:
-        while not self._stop_event.wait(self.interval):
-            s = sample()
-            if s.get("gpu_util") is not None:
-                self.gpu_util.append(s["gpu_util"])
-                self.gpu_mem.append(s["gpu_mem_used_mb"])
-            if s.get("cpu_percent") is not None:
-                self.cpu.append(s["cpu_percent"])
+        first = self.at_start
+        while first or not self._stop_event.wait(self.interval):
+            first = False
             try:
+                s = sample()
+                if s.get("gpu_util") is not None:
+                    self.gpu_util.append(s["gpu_util"])
+                    self.gpu_mem.append(s["gpu_mem_used_mb"])
+                if s.get("cpu_percent") is not None:
+                    self.cpu.append(s["cpu_percent"])
                 self.sink(s)
-            except Exception:
-                pass  # a sampling hiccup must never take the run down
+            except Exception as e:  # a sampling hiccup must never take the run down
+                if self.on_error is not None:
+                    try:
+                        self.on_error(e)
+                    except Exception:
+                        pass
 
     def stop(self) -> None:
         self._stop_event.set()
+
+    @property
+    def stopped(self) -> bool:
+        """:meth:`stop` was called (the thread may still be finishing a sample)."""
+        return self._stop_event.is_set()
