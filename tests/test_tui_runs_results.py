@@ -176,7 +176,7 @@ def plain(table, rid: int, col: str) -> str:
 
 
 def test_grid_labels_and_compact_values():
-    from workbench.tui.runs_table import compact, grid_labels
+    from workbench.tui.run_cells import compact, grid_labels
 
     assert grid_labels(["train.lr", "train.weight_decay", "model.options.mamba.d_state"]) == \
         {"train.lr": "lr", "train.weight_decay": "wd", "model.options.mamba.d_state": "d_state"}
@@ -246,7 +246,8 @@ async def test_runs_table_filters_by_profile_model_state(store, tmp_path):
     app = make_app(store, tmp_path)
     async with app.run_test(size=SIZE) as pilot:
         await settle(pilot)
-        from workbench.tui.runs_table import FilterScreen, RunsTable
+        from workbench.tui.run_filter import FilterScreen
+        from workbench.tui.runs_table import RunsTable
 
         table = app.query_one(RunsTable)
         assert table.row_count == 17
@@ -376,7 +377,7 @@ async def test_small_terminal_keeps_state_progress_accuracy(store, tmp_path, siz
 
 def test_run_filter_terms_and_label():
     from workbench.store import Run
-    from workbench.tui.runs_table import RunFilter
+    from workbench.tui.run_filter import RunFilter
 
     def mk(**kw) -> Run:
         base = dict(id=1, profile="grid", idx=0, model="mamba", label="mamba-4l", task="mqar", seq_len=8,

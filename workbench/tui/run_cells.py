@@ -1,0 +1,187 @@
+"""What a row of the runs table shows, without the widget: the columns and their widths,
+each run's cells (:func:`row_cells`) and whether they changed (:func:`row_key`), grid points
+in few characters (:func:`grid_labels`, :func:`compact`), the sort order (:func:`order`) and
+which columns fit a width (:func:`layout`). Plain functions of :class:`~workbench.store.Run`
+rows, used by :mod:`workbench.tui.runs_table` and tested without an app.
+"""
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+from rich.text import Text
+
+from workbench.execute import executor
+from workbench.results.aggregate import sort_key
+from workbench.store import STATES, Run, Store, progress
+from workbench.tui.formatting import duration, number, percent, state_text
+
+
+def table_runs(store: Store, profile: str | None = None) -> list[Run]:
+    """The runs as the table shows them: :func:`workbench.store.progress.table_runs` with each
+    run's grid point and task setting (the app's poll reads with this)."""
+    return progress.table_runs(store, profile, grid=True)
+
+
+# (column key, header, fixed width or None = fit the content). Fixed widths for the
+# columns that change while a run trains: a cell update then never re-lays out the table;
+# each leaves room for the sort mark (" ▲") after its header.
+COLUMNS = [
+    ("mark", "", 1), ("id", "id", None), ("profile", "profile", None), ("model", "model", None),
+    ("task", "task", None), ("seq_len", "seq_len", None), ("grid", "grid", None), ("seed", "seed", None),
+    ("state", "state", 9), ("progress", "progress", 10), ("loss", "loss", 8),
+    ("accuracy", "accuracy", 10), ("elapsed", "elapsed", 9), ("device", "device", None),
+]
+HEADERS = {k: label for k, label, _ in COLUMNS}
+WIDTHS = {k: w for k, _, w in COLUMNS}
+FIXED = {k for k, _, w in COLUMNS if w}
+SORTABLE = [k for k, *_ in COLUMNS if k != "mark"]
+ALWAYS = ("mark", "id", "state", "progress", "accuracy")  # never dropped, however narrow
+KEEP = ("model", "task", "grid", "profile", "elapsed", "loss", "seq_len", "seed", "device")
+MEASURED = KEEP + ("id",)  # widths (of those not FIXED) and variety measured
+TRUNCATE = {"model": 8, "task": 10, "grid": 10, "profile": 8}  # least width when truncated
+PAD = 1  # DataTable's cell padding, each side
+STATE_ORDER = {s: i for i, s in enumerate(("running", "pending") + tuple(s for s in STATES
+                                                                        if s not in ("running", "pending")))}
+MARK = Text("●", style="bold yellow")
+ABBREV = {"weight_decay": "wd", "batch_size": "bs", "warmup_steps": "warmup", "learning_rate": "lr"}
+
+
+# --------------------------------------------------------------------------- grid values
+def grid_labels(keys: Iterable[str]) -> dict[str, str]:
+    """Each dotted grid key's short label: its last part (``train.lr`` -> ``lr``,
+    ``train.weight_decay`` -> ``wd`` by :data:`ABBREV`), or as many trailing parts as tell it
+    apart from the other keys (``model.d_model`` and ``task.d_model`` stay whole)."""
+    keys = list(dict.fromkeys(keys))
+    out = {}
+    for k in keys:
+        parts = k.split(".")
+        for n in range(1, len(parts) + 1):
+            tail = ".".join(parts[-n:])
+            if not any(o != k and (o == tail or o.endswith("." + tail)) for o in keys):
+                break
+        short = ABBREV.get(tail, tail) if n == 1 else tail
+        # an abbreviation must not collide with another key's label
+        out[k] = short if short == tail or not any(
+            o != k and (o.split(".")[-1] == short) for o in keys) else tail
+    return out
+
+
+def compact(v: Any) -> str:
+    """A grid value in few characters: 1e-4 rather than 0.0001, 0.1, 16, cosine."""
+    if isinstance(v, bool):
+        return str(v).lower()
+    if isinstance(v, float):
+        plain = f"{v:.4g}"
+        if v != 0:
+            mant, _, exp = f"{v:.3e}".partition("e")
+            sci = f"{mant.rstrip('0').rstrip('.')}e{int(exp)}"
+            if len(sci) < len(plain):
+                return sci
+        return plain
+    if isinstance(v, (list, tuple)):
+        return ",".join(compact(x) for x in v)
+    return str(v)
+
+
+def grid_text(run: Run, labels: dict[str, str]) -> str:
+    grid = run.spec.get("grid") or {}
+    return " ".join(f"{labels.get(k, k)}={compact(v)}" for k, v in grid.items())
+
+
+def task_text(run: Run) -> str:
+    setting = run.spec.get("task_setting")
+    return run.task if setting in (None, "baseline") else f"{run.task} [{setting}]"
+
+
+# --------------------------------------------------------------------------- rows
+def row_key(run: Run, marked: bool) -> tuple | None:
+    """What :func:`row_cells` shows of a run, or None when it changes with the clock (a
+    running run's elapsed time): equal keys mean equal cells, so those are not rebuilt.
+    (The grid point and task setting never change for a run.)"""
+    if run.state == "running" or (run.started is not None and run.ended is None):
+        return None
+    return (marked, run.profile, run.label, run.task, run.seq_len, run.seed, run.state,
+            run.progress, run.last_loss, run.last_accuracy, run.started, run.ended, run.device,
+            run.slot, executor.describe(run))
+
+
+def _t(s: str, justify: str = "left") -> Text:
+    # Text, never str: DataTable reads a str cell as markup ("[seq_len=512]" would vanish)
+    return Text(s, justify=justify, no_wrap=True, overflow="ellipsis")
+
+
+def row_cells(run: Run, marked: bool = False, labels: dict[str, str] | None = None) -> dict[str, Any]:
+    """The table cells of one run, by column key."""
+    return {
+        "mark": MARK if marked else "",
+        "id": _t(str(run.id), "right"),
+        "profile": _t(run.profile),
+        "model": _t(run.label),
+        "task": _t(task_text(run)),
+        "seq_len": _t("" if run.seq_len is None else str(run.seq_len), "right"),
+        "grid": _t(grid_text(run, labels or {})),
+        "seed": _t(str(run.seed), "right"),
+        "state": state_text(run.state),
+        "progress": _t(percent(run.progress), "right"),
+        "loss": _t(number(run.last_loss), "right"),
+        "accuracy": _t(number(run.last_accuracy, 3), "right"),
+        "elapsed": _t(duration(run.elapsed), "right"),
+        # which GPU, when there are several: the scheduler's slot is the CUDA index; Slurm
+        # runs: the job id and Slurm's state (PENDING with its reason, TIMEOUT, NODE_FAIL...)
+        "device": _t(executor.describe(run) or
+                     (f"{run.device}:{run.slot}" if run.device == "cuda" and run.slot else (run.device or ""))),
+    }
+
+
+def sort_value(run: Run, column: str, grid_keys: list[str]) -> Any:
+    """The value a column sorts by (None: sorted last in either direction)."""
+    if column == "task":
+        return (run.task, run.spec.get("task_setting") or "")
+    if column == "grid":
+        grid = run.spec.get("grid") or {}
+        return tuple(sort_key(grid.get(k)) for k in grid_keys) if grid else None
+    if column == "state":
+        return STATE_ORDER.get(run.state, len(STATE_ORDER))
+    if column == "model":
+        return run.label
+    if column == "accuracy":
+        return run.last_accuracy
+    if column == "loss":
+        return run.last_loss
+    if column == "elapsed":
+        return run.elapsed
+    if column == "device":
+        return run.device
+    return getattr(run, column)
+
+
+def order(runs: list[Run], column: str = "id", reverse: bool = False,
+          grid_keys: list[str] | None = None) -> list[int]:
+    """The run ids sorted by ``column`` (ties by id, ascending), empty values last."""
+    keyed = [(sort_value(r, column, grid_keys or []), r.id) for r in sorted(runs, key=lambda r: r.id)]
+    have = [x for x in keyed if x[0] is not None]
+    have.sort(key=lambda x: x[0], reverse=reverse)  # stable: equal values keep id order
+    return [rid for _, rid in have] + [rid for v, rid in keyed if v is None]
+
+
+# --------------------------------------------------------------------------- layout
+def layout(avail: int, natural: dict[str, int], varies: set[str],
+           empty: set[str] = frozenset()) -> dict[str, int | None]:
+    """The columns to show in ``avail`` cells of width, by key: None = its natural width,
+    a number = truncated to that width. :data:`ALWAYS` first; then :data:`KEEP` in order,
+    columns whose value varies between rows before those that do not, and those empty on
+    every row last; a column that does not fit is truncated if it may be
+    (:data:`TRUNCATE`) and its least width fits, else left out. ``natural``: each column's
+    widest cell or header."""
+    out: dict[str, int | None] = {k: None for k in ALWAYS}
+    used = sum(natural[k] + 2 * PAD for k in ALWAYS)
+    for k in sorted(KEEP, key=lambda k: (k not in varies, k in empty)):  # stable: KEEP order within
+        need = natural[k] + 2 * PAD
+        if used + need <= avail:
+            out[k] = None
+            used += need
+        elif k in TRUNCATE and avail - used - 2 * PAD >= TRUNCATE[k]:
+            out[k] = avail - used - 2 * PAD
+            used = avail
+    return {k: out[k] for k, *_ in COLUMNS if k in out}
+
