@@ -221,7 +221,7 @@ async def test_grid_axes_count_runs_and_save_sweep_grid(store, tmp_path):
 
 @pytest.mark.parametrize("bad", ["foo", "key = ", "a b.c = 1", "x.y = 1; x.y = 2"])
 def test_parse_grid_axes_refuses_in_one_line(bad):
-    from workbench.tui.sweep_form import parse_grid_axes
+    from workbench.tui.form_fields import parse_grid_axes
 
     with pytest.raises(ValueError) as e:
         parse_grid_axes(bad)
@@ -229,14 +229,14 @@ def test_parse_grid_axes_refuses_in_one_line(bad):
 
 
 def test_parse_grid_axes():
-    from workbench.tui.sweep_form import parse_grid_axes
+    from workbench.tui.form_fields import parse_grid_axes
 
     assert parse_grid_axes('model.options.mamba.d_state = 8, 16; "train.schedule" = cosine, constant') == \
         {"model.options.mamba.d_state": [8, 16], "train.schedule": ["cosine", "constant"]}
 
 
 def test_row_key_changes_with_what_the_row_shows():
-    from workbench.tui.runs_table import row_key
+    from workbench.tui.run_cells import row_key
 
     a = fin(1, 100)
     assert row_key(a, False) == row_key(fin(1, 100), False)

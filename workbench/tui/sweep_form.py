@@ -16,10 +16,7 @@ the lengths, and the run count waits until it does.
 """
 from __future__ import annotations
 
-import inspect
 import json
-import re
-import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -38,275 +35,16 @@ from textual.widgets import Input, Label, Select, Static, Switch
 import tasks
 from workbench.spec import profile as profiles
 from workbench.spec.profile import Profile, ProfileError
-from workbench.spec.where import _key_lines
 from workbench.tui import paths
+from workbench.tui.form_checks import estimate_text, plain_message, registry_problems, run_count_text
+from workbench.tui.form_fields import (ALIASES, EXAMPLES, LABELS, TRAIN_INPUTS, UNITS, _fmt, default_eval_every,
+                                       field_for, required_params, split_list)
+from workbench.tui.form_profile import FormProfile
 from workbench.tui.formatting import set_text
 from workbench.tui.model_picker import ModelPicker
 
 DEFAULT_BUDGET = "200"  # steps
 RECHECK_S = 0.25  # after a failed save/launch, the form is checked again this long after typing stops
-EVALS_PER_RUN = 20  # the default "evaluate every" gives about this many evaluations a run
-
-# Training fields edited as plain inputs: (field id, label, profile section, default text;
-# eval_every's default follows the budget: default_eval_every).
-TRAIN_INPUTS = [
-    ("batch_size", "batch size", "train", "32"),
-    ("d_model", "d_model", "model", "64"),
-    ("n_layers", "layers", "model", "2"),
-    ("lr", "learning rate", "train", "0.001"),
-    ("betas", "AdamW betas", "train", "0.9, 0.999"),
-    ("weight_decay", "weight decay", "train", "0.0"),
-    ("warmup_steps", "warm-up", "train", "0"),
-    ("grad_clip", "grad clip", "train", "1.0"),
-    ("eval_every", "evaluate every", "train", "10"),
-]
-# what a number in these fields counts (eval_every's says steps or epochs, as the budget)
-UNITS = {"batch_size": "sequences a step", "lr": "peak (after warm-up)", "eval_every": "steps",
-         "warmup_steps": "steps", "betas": "2 numbers in [0, 1)", "grad_clip": "max norm; 0 = off"}
-
-
-def default_eval_every(kind: str, budget: str) -> str | None:
-    """The default "evaluate every" for a budget of ``budget`` steps or epochs (``kind``):
-    about EVALS_PER_RUN evaluations a run, at least one step or epoch apart; None while
-    the budget is not a positive whole number."""
-    try:
-        n = int(budget)
-    except ValueError:
-        return None
-    if n <= 0 or kind not in ("steps", "epochs"):
-        return None
-    return str(max(1, round(n / EVALS_PER_RUN)))
-
-
-def split_list(text: str) -> list[str]:
-    """'64, 128,256' -> ['64', '128', '256'] (left as strings: pydantic checks the type)."""
-    return [x.strip() for x in text.split(",") if x.strip()]
-
-
-def parse_param(text: str, default: Any) -> Any:
-    """Convert a task-parameter input to the type of its default (pydantic cannot: task
-    parameters are free-form in the schema and checked against the task's signature)."""
-    text = text.strip()
-    if isinstance(default, bool):
-        low = text.lower()
-        if low in ("true", "yes", "1", "on"):
-            return True
-        if low in ("false", "no", "0", "off"):
-            return False
-        raise ValueError(f"expected true or false, got {text!r}")
-    if isinstance(default, int):
-        try:
-            return int(text)
-        except ValueError:
-            raise ValueError(f"expected an integer, got {text!r}") from None
-    if isinstance(default, float):
-        try:
-            return float(text)
-        except ValueError:
-            raise ValueError(f"expected a number, got {text!r}") from None
-    if isinstance(default, (list, tuple)):
-        return [parse_param(x, default[0] if default else 0) for x in split_list(text)]
-    if default is None:  # required or untyped: take the most specific literal
-        for conv in (int, float):
-            try:
-                return conv(text)
-            except ValueError:
-                pass
-    return text
-
-
-def _split_top(text: str, seps: str = ";,") -> list[str]:
-    """Split on ';' or ',' (``seps``) outside [...] and quotes."""
-    parts, cur, depth, quote = [], [], 0, None
-    for ch in text:
-        if quote:
-            quote = None if ch == quote else quote
-        elif ch in "\"'":
-            quote = ch
-        elif ch == "[":
-            depth += 1
-        elif ch == "]":
-            depth -= 1
-        elif ch in seps and depth == 0:
-            parts.append("".join(cur))
-            cur = []
-            continue
-        cur.append(ch)
-    parts.append("".join(cur))
-    return parts
-
-
-def parse_model_options(text: str) -> dict[str, dict[str, Any]]:
-    """'transformer.pos=rope, mamba.d_state=8' -> {'transformer': {'pos': 'rope'}, ...}.
-
-    Values are TOML literals when they parse as one (numbers, true/false, [lists],
-    "strings"), otherwise bare strings. Names and options are checked by the profile loader.
-    """
-    out: dict[str, dict[str, Any]] = {}
-    for item in (x.strip() for x in _split_top(text)):
-        if not item:
-            continue
-        key, eq, raw = item.partition("=")
-        model, dot, opt = key.strip().partition(".")
-        if not eq or not dot or not model or not opt.strip():
-            raise ValueError(f"{item!r}: write model.option=value")
-        out.setdefault(model.strip(), {})[opt.strip()] = _literal(raw)
-    return out
-
-
-def _literal(raw: str) -> Any:
-    """A TOML literal (number, true/false, [list], "string") or else the bare string."""
-    try:
-        return tomllib.loads(f"v = {raw.strip()}")["v"]
-    except tomllib.TOMLDecodeError:
-        return raw.strip()
-
-
-def parse_grid_values(text: str) -> list[Any]:
-    """'1e-4, 5e-4, 1e-3' -> [0.0001, 0.0005, 0.001]: a grid axis's values, TOML literals
-    where they parse as one (the profile schema checks them at each grid point)."""
-    return [_literal(x) for x in _split_top(text, ",") if x.strip()]
-
-
-def parse_grid_axes(text: str) -> dict[str, list[Any]]:
-    """'model.d_model = 64, 128; task.num_kv_pairs = 4, 8' -> {'model.d_model': [64, 128],
-    'task.num_kv_pairs': [4, 8]}: ``[sweep.grid]`` axes over dotted keys, ';' between them.
-    The keys are checked by the profile loader (``sweep.grid`` in docs/ARCHITECTURE.md)."""
-    out: dict[str, list[Any]] = {}
-    for item in (x.strip() for x in _split_top(text, ";")):
-        if not item:
-            continue
-        key, eq, raw = item.partition("=")
-        key = key.strip().strip('"')
-        values = parse_grid_values(raw)
-        if not eq or "." not in key or " " in key or not values:
-            raise ValueError(f"{item!r}: write key = v1, v2 with a dotted key (e.g. model.d_model = 64, 128), "
-                             f"axes separated by ';'")
-        if key in out:
-            raise ValueError(f"{key} is given twice")
-        out[key] = values
-    return out
-
-
-def format_grid_values(values: list[Any]) -> str:
-    return ", ".join(json.dumps(v) for v in values)  # JSON scalars are TOML literals
-
-
-# grid axes with their own input in the Training section; other keys go in "grid axes"
-GRID_INPUTS = {"grid_lr": "train.lr", "grid_wd": "train.weight_decay"}
-
-
-def parse_settings(text: str) -> dict[str, Any]:
-    """'partition=gpu, time="04:00:00", extra=["--exclusive"]' -> a dict (values as in
-    :func:`parse_model_options`; the schema checks names and types)."""
-    return {opt: v for opts in parse_model_options(
-        ", ".join(f"s.{item.strip()}" for item in _split_top(text) if item.strip())).values()
-        for opt, v in opts.items()}
-
-
-def format_settings(settings: dict[str, Any]) -> str:
-    return ", ".join(f"{k}={json.dumps(v)}" for k, v in settings.items())
-
-
-def format_model_options(options: dict[str, dict[str, Any]]) -> str:
-    parts = []
-    for model, opts in options.items():
-        for k, v in opts.items():
-            # JSON scalars and lists are valid TOML literals, on one line
-            parts.append(f"{model}.{k}={json.dumps(v)}")
-    return ", ".join(parts)
-
-
-def required_params(task: str) -> set[str]:
-    """Task parameters without a default (``tasks.parameters`` shows both these and
-    optional ``None`` defaults as None; the constructor's signature tells them apart)."""
-    sig = inspect.signature(tasks.task_class(task).__init__)
-    return {p.name for p in sig.parameters.values() if p.default is inspect.Parameter.empty
-            and p.name != "self" and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)}
-
-
-def _default_value(default: Any) -> Any:
-    return list(default) if isinstance(default, tuple) else default
-
-
-def _model_name(m: Any) -> str:
-    """A sweep entry's registry name (entries are names or tables with a name)."""
-    return m if isinstance(m, str) else m["name"]
-
-
-def _plural(n: int, word: str) -> str:
-    return f"{n} {word}" + ("" if n == 1 else "s")
-
-
-def run_count_text(sweep: dict[str, Any], task: str) -> tuple[str, bool]:
-    """'will launch N runs = M models x K lengths x S seeds' for the form's sweep section,
-    or what keeps it from being counted; and whether it could be counted.
-
-    The count is ``len(expand(...))`` of a profile with the form's sweep and placeholders
-    elsewhere: the runs are the sweep's product, whatever the other fields say, so the count
-    shows while they are still being edited (about a millisecond for hundreds of runs)."""
-    try:
-        prof = Profile.model_validate({"schema_version": profiles.SCHEMA_VERSION, "name": "count",
-                                       "task": {"name": task}, "sweep": sweep, "train": {"steps": 1}})
-    except ValidationError as e:
-        axis = {"models": "models", "seq_lens": "sequence lengths", "seeds": "seeds"}
-        problems = []
-        for err in e.errors():
-            where = next((axis[p] for p in err["loc"] if p in axis), "sweep")
-            if err["type"] == "too_short":
-                problem = "pick at least one model" if where == "models" else f"give at least one of the {where}"
-            else:
-                bad = f" ({err['input']!r})" if not isinstance(err.get("input"), (dict, list)) else ""
-                problem = f"{where}{bad}: {err['msg']}"
-            if problem not in problems:
-                problems.append(problem)
-        return "cannot count the runs yet: " + "; ".join(problems), False
-    try:
-        n = len(profiles.expand(prof))
-    except ProfileError as e:  # a grid value its section refuses (shown in full on launch/save)
-        first = str(e).splitlines()[0].removeprefix("count: ")
-        return f"cannot count the runs yet: {first}", False
-    lens = prof.sweep.seq_lens
-    length_part = _plural(len(lens), "length") if lens else "1 length (the task's default)"
-    grid = f" x {_plural(len(profiles.grid_points(prof)), 'grid point')}" if prof.sweep.grid else ""
-    return (f"will launch {_plural(n, 'run')} = "
-            f"{_plural(len(prof.sweep.models), 'model')} x {length_part} x "
-            f"{_plural(len(prof.sweep.seeds), 'seed')}{grid}"), True
-
-
-def estimate_text(prof: Profile) -> tuple[str, str | None]:
-    """('largest est. peak ...' for beside the run count, the refusal or None).
-
-    The resource estimate (workbench/spec/estimate.py) of the validated profile: the
-    largest run's estimated peak memory and the device's limit; the refusal names every
-    run that cannot fit with its numbers, or says there is no GPU for train.device = cuda."""
-    from workbench.spec import estimate
-
-    try:
-        ests = estimate.estimate_profile(prof, estimate.share_of(prof))
-    except estimate.EstimateError as e:
-        return "no estimate", f"cannot launch: {e}"
-    known = [e for e in ests if e.peak is not None]
-    if not known:
-        return "peak memory not estimated", None
-    top = max(known, key=lambda e: e.peak)
-    limit = f" of {estimate.fmt_bytes(top.limit)}" if top.limit is not None else ""
-    peak = (f"largest est. peak {estimate.fmt_bytes(top.peak)}{limit} on {top.device} "
-            f"({top.model}, L={top.seq_len})")
-    bad = estimate.too_big(ests)
-    if not bad:
-        return peak, None
-    return peak, (f"cannot launch: {_plural(len(bad), 'run')} cannot fit: {bad[0].refusal()}"
-                  + (f" (and {len(bad) - 1} more)" if len(bad) > 1 else "")
-                  + "; lower the batch size, lengths, d_model or n_layers")
-
-
-def _fmt(v: Any) -> str:
-    if isinstance(v, (list, tuple)):
-        return ", ".join(_fmt(x) for x in v)
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    return "" if v is None else str(v)
 
 
 class FieldRow(Vertical):
@@ -328,67 +66,7 @@ class FieldRow(Vertical):
         yield Static("", id=f"err-{self.field_id}", classes="field-error")
 
 
-# ---------------------------------------------------------------------------- messages
-def _shown_value(v: Any) -> str:
-    return repr(v) if isinstance(v, str) else str(v)
-
-
-def _bound(ctx: dict[str, Any]) -> str | None:
-    for key, words in (("gt", "greater than"), ("ge", "at least"), ("lt", "less than"), ("le", "at most")):
-        if key in ctx:
-            v = ctx[key]
-            return f"{words} {int(v) if isinstance(v, float) and v.is_integer() else v}"
-    return None
-
-
-def plain_message(err: dict[str, Any], label: str, example: str | None = None) -> str:
-    """One pydantic error as a sentence that names the form's field, e.g. ``learning rate:
-    'abc' is not a number`` for "Input should be a valid number, unable to parse string as
-    a number". ``example``: a valid value to quote when values are missing."""
-    kind, ctx = err["type"], err.get("ctx") or {}
-    got = err.get("input")
-    item = any(isinstance(p, int) for p in err["loc"])  # one value of a list field
-    value = _shown_value(got) if isinstance(got, (str, int, float)) and not isinstance(got, bool) else None
-    eg = f" (e.g. {example})" if example else ""
-    if kind == "too_short":
-        n = ctx.get("min_length", 1)
-        if label == "models":
-            return f"models: pick at least {n} model (space in the list picks the one under the cursor)"
-        return f"{label}: give at least {n} value{'' if n == 1 else 's'}{eg}"
-    if kind == "too_long":
-        return f"{label}: give at most {ctx.get('max_length')} values{eg}"
-    if kind == "missing":
-        idx = next((p for p in err["loc"] if isinstance(p, int)), None)
-        if idx is not None:
-            return f"{label}: value {idx + 1} is missing{eg}"
-        return f"{label}: required"
-    if kind in ("int_parsing", "int_from_float", "int_type"):
-        return f"{label}: {value} is not a whole number" if value else f"{label}: give a whole number"
-    if kind in ("float_parsing", "float_type"):
-        return f"{label}: {value} is not a number" if value else f"{label}: give a number"
-    if kind in ("bool_parsing", "bool_type"):
-        return f"{label}: {value} is not true or false"
-    if kind in ("greater_than", "greater_than_equal", "less_than", "less_than_equal"):
-        rule = f"{label} must {'each ' if item else ''}be {_bound(ctx)}"
-        return f"{rule}; {got} is not" if value else rule
-    if kind == "string_too_short":
-        return f"{label}: must not be empty"
-    if kind == "literal_error":
-        return f"{label}: must be one of {ctx.get('expected')}"
-    msg = str(err.get("msg", "")).removeprefix("Value error, ")
-    return f"{label}: {msg[:1].lower()}{msg[1:]}"
-
-
-def _line_keys(text: str) -> dict[int, tuple]:
-    """{line: key path} of a TOML text written by ``profiles.dumps``: the loader's messages
-    say "(line N)" of that text, and the line tells which field the message is about."""
-    return {line: path for path, line in sorted(_key_lines(text).items(), key=lambda kv: len(kv[0]))}
-
-
-LINE_REF = re.compile(r" \(line (\d+)\)")
-
-
-class SweepForm(Vertical):
+class SweepForm(FormProfile, Vertical):
     """The sweep form. Posts :class:`Launch` with a validated profile; saves/loads itself.
 
     Wide terminals show two columns (models on the left; task, sweep and training settings
@@ -645,145 +323,6 @@ class SweepForm(Vertical):
                                                  placeholder=hint), f"param-{p}"))
         await box.mount_all(rows)
 
-    # ------------------------------------------------------------------ reading the form
-    def _text(self, fid: str) -> str:
-        return self.query_one(f"#{fid}", Input).value.strip()
-
-    def _select(self, fid: str) -> Any:
-        return self.query_one(f"#{fid}", Select).value
-
-    def _task_params(self, task_name: str) -> tuple[dict[str, Any], dict[str, str]]:
-        """The task parameters the profile should hold (what differs from the task's
-        defaults, or what a loaded profile had) and their parse errors by field id."""
-        errors: dict[str, str] = {}
-        params: dict[str, Any] = {}
-        base = self._base
-        required = required_params(task_name)
-        for p, default in tasks.parameters(task_name).items():
-            if p == "seq_len":
-                continue
-            text = self._text(f"param-{p}")
-            if not text:
-                if p in required:
-                    errors[f"param-{p}"] = f"task parameter {p}: required"
-                continue
-            try:
-                value = parse_param(text, default)
-            except ValueError as e:
-                errors[f"param-{p}"] = f"task parameter {p}: {e}"
-                continue
-            # write what differs from the task's default, or what the loaded profile had:
-            # a profile then keeps following the registry's defaults where it never chose
-            if value != _default_value(default) or p in base.get("task", {}):
-                params[p] = value
-        return params, errors
-
-    def form_data(self) -> tuple[dict[str, Any], dict[str, str]]:
-        """The profile as a plain dict (values as typed) and errors found before pydantic."""
-        base = self._base
-        task_name = str(self._select("task"))
-        params, errors = self._task_params(task_name)
-        sweep = self._sweep_data()
-        errors.update(self._grid_data()[1])
-        chosen = sweep["models"]
-        model = {k: v for k, v in base.get("model", {}).items() if k not in ("d_model", "n_layers", "options")}
-        try:
-            opts = parse_model_options(self._text("model_options"))
-        except ValueError as e:
-            errors["model_options"] = f"model options: {e}"
-        else:
-            if opts:
-                model["options"] = opts
-        train = {k: v for k, v in base.get("train", {}).items() if k not in ("epochs", "steps")}
-        es = dict(train.get("early_stopping", {}))
-        for fid, _, section, _ in TRAIN_INPUTS:
-            text = self._text(fid)
-            target = model if section == "model" else train
-            if not text:
-                target.pop(fid, None)  # empty = the schema's default
-            elif fid == "betas":
-                target[fid] = split_list(text)
-            else:
-                target[fid] = text
-        budget = self._text("budget")
-        if budget:
-            train[str(self._select("budget_kind"))] = budget
-        train["schedule"] = self._select("schedule")
-        train["amp"] = self.query_one("#amp", Switch).value
-        train["device"] = self._select("device")
-        es["metric"] = self._select("es_metric")
-        if self._text("patience"):
-            es["patience"] = self._text("patience")
-        train["early_stopping"] = es
-        data = {
-            # a loaded schema 1 profile stays schema 1: its runs keep their identity
-            # (checkpoint.spec_key), so launching it from here replays, not duplicates
-            # (a grid needs schema 2)
-            "schema_version": 2 if sweep.get("grid") else base.get("schema_version", profiles.SCHEMA_VERSION),
-            "name": self._text("name"),
-            "description": self.query_one("#description", Input).value,
-            "task": {"name": task_name, **params},
-            "sweep": sweep,
-            "model": model,
-            "train": train,
-        }
-        data["executor"] = self._select("executor")
-        try:
-            slurm_settings = parse_settings(self._text("slurm"))
-        except ValueError as e:
-            errors["slurm"] = f"Slurm settings: {e}"
-        else:
-            if slurm_settings:
-                data["slurm"] = slurm_settings
-        if base.get("runs_per_gpu"):  # no field in the form: keep a loaded profile's
-            data["runs_per_gpu"] = base["runs_per_gpu"]
-        # a loaded profile's published numbers, for the models still picked
-        labels = {m if isinstance(m, str) else m.get("label") or m.get("name") for m in chosen}
-        published = [e for e in base.get("published", []) if e.get("model") in labels]
-        if published:
-            data["published"] = published
-        return data, errors
-
-    def _sweep_data(self) -> dict[str, Any]:
-        """The sweep section as typed: models, sequence lengths, seeds."""
-        picked = self.query_one("#models", ModelPicker).picked
-        # a loaded profile's entries (labels, options) for the models still picked, in its
-        # order (the order its runs go in); models picked since follow in registry order
-        chosen: list[Any] = [m for m in self._loaded_models if _model_name(m) in picked]
-        kept = {_model_name(m) for m in chosen}
-        chosen += [n for n in picked if n not in kept]
-        sweep = {"models": chosen, "seq_lens": split_list(self._text("seq_lens")),
-                 "seeds": split_list(self._text("seeds"))}
-        grid, _ = self._grid_data()
-        if grid:
-            sweep["grid"] = grid
-        return sweep
-
-    def _grid_data(self) -> tuple[dict[str, list[Any]], dict[str, str]]:
-        """``[sweep.grid]`` from the lr, weight decay and other-axes inputs (a loaded
-        profile's keys keep their order, the order its runs go in), and the inputs' parse
-        errors by field id."""
-        grid: dict[str, list[Any]] = {}
-        errors: dict[str, str] = {}
-        for fid, key in GRID_INPUTS.items():
-            values = parse_grid_values(self._text(fid))
-            if values:
-                grid[key] = values
-        try:
-            axes = parse_grid_axes(self._text("grid_axes"))
-        except ValueError as e:
-            errors["grid_axes"] = f"grid axes: {e}"
-            axes = {}
-        for key, values in axes.items():
-            fid = next((f for f, k in GRID_INPUTS.items() if k == key), None)
-            if key in grid:
-                errors["grid_axes"] = f"grid axes: {key} has its own input ({fid.replace('_', ' ')})"
-            else:
-                grid[key] = values
-        order = list(self._base.get("sweep", {}).get("grid", {}))
-        grid = dict(sorted(grid.items(), key=lambda kv: order.index(kv[0]) if kv[0] in order else len(order)))
-        return grid, errors
-
     def build_profile(self, focus: bool = True) -> Profile | None:
         """Validate the form; show every problem next to its field (and all of them in
         the status box) and return None, or return the profile. ``focus``: take the user
@@ -817,15 +356,11 @@ class SweepForm(Vertical):
                 fid = field_for(loc)
                 add(fid, plain_message(err, self._label(fid, loc), EXAMPLES.get(fid)))
         if prof is not None and not errors and not general:
-            text = profiles.dumps(prof)
-            try:  # the registry checks (model/task names, options) the loader applies
-                prof = profiles.loads(text, path="form")
-            except ProfileError as e:
-                keys = _line_keys(text)
-                for line in str(e).splitlines()[1:]:
-                    ref = LINE_REF.search(line)
-                    fid = field_for(keys.get(int(ref.group(1)), ())) if ref else None
-                    add(fid, LINE_REF.sub("", line).strip())
+            # the registry checks (model/task names, options) the loader applies
+            problems = registry_problems(prof)
+            for loc, msg in problems:
+                add(field_for(loc) if loc else None, msg)
+            if problems:
                 prof = None
         self._show_errors(errors, general, focus)
         return prof if not errors and not general else None
@@ -871,48 +406,6 @@ class SweepForm(Vertical):
         set_text(status, Text(text))
         if status.display != bool(text):
             status.display = bool(text)
-
-    # ------------------------------------------------------------------ filling the form
-    async def fill(self, prof: Profile) -> None:
-        """Show a loaded profile in the form (settings the form has no field for are kept)."""
-        if prof.task is None:
-            raise ProfileError(f"profile {prof.name!r} has {len(prof.tasks)} tasks ([[tasks]]): the form edits "
-                               f"profiles with one [task]; run it with `ssm-workbench run`")
-        d = profiles.to_dict(prof)
-        self._base = d
-        self._loaded_models = list(d["sweep"]["models"])
-        self.query_one("#name", Input).value = prof.name
-        self.query_one("#description", Input).value = prof.description
-        self.query_one("#models", ModelPicker).set_picked(_model_name(m) for m in self._loaded_models)
-        self.query_one("#model_options", Input).value = format_model_options(prof.model.options)
-        await self._show_task(prof.task.name, prof.task.params())
-        self.query_one("#task", Select).value = prof.task.name
-        self.query_one("#seq_lens", Input).value = _fmt(prof.sweep.seq_lens)
-        self.query_one("#seeds", Input).value = _fmt(prof.sweep.seeds)
-        grid = dict(prof.sweep.grid)
-        for fid, key in GRID_INPUTS.items():
-            self.query_one(f"#{fid}", Input).value = format_grid_values(grid.pop(key, []))
-        self.query_one("#grid_axes", Input).value = "; ".join(
-            f"{k} = {format_grid_values(v)}" for k, v in grid.items())
-        t = prof.train
-        kind = "epochs" if t.epochs is not None else "steps"
-        budget = str(t.epochs if kind == "epochs" else t.steps)
-        self.query_one("#budget_kind", Select).value = kind
-        self.query_one("#budget", Input).value = budget
-        # the profile's own eval_every stays: only a value equal to the budget's default
-        # follows later budget edits
-        self._eval_auto = default_eval_every(kind, budget) or self._eval_auto
-        for fid, _, section, _ in TRAIN_INPUTS:
-            src = prof.model if section == "model" else t
-            self.query_one(f"#{fid}", Input).value = _fmt(getattr(src, fid))
-        self.query_one("#schedule", Select).value = t.schedule
-        self.query_one("#amp", Switch).value = t.amp
-        self.query_one("#es_metric", Select).value = t.early_stopping.metric
-        self.query_one("#patience", Input).value = str(t.early_stopping.patience)
-        self.query_one("#device", Select).value = t.device
-        self.query_one("#executor", Select).value = prof.executor
-        self.query_one("#slurm", Input).value = format_settings(prof.slurm.model_dump(exclude_defaults=True))
-        self._show_errors({}, [], focus=False)
 
     # ------------------------------------------------------------------ actions
     def _remember(self, path: Path) -> None:
@@ -989,46 +482,3 @@ class SweepForm(Vertical):
 class _Columns(VerticalScroll, can_focus=False):
     """The form's two columns side by side (wide terminals; app.tcss switches the layout)
     or one under the other, scrolling as one (narrow terminals)."""
-
-
-# ---------------------------------------------------------------------------- fields
-TRAIN_FIELD_IDS = {fid for fid, *_ in TRAIN_INPUTS}
-# the form's names for its fields, used in messages
-LABELS: dict[str, str] = {
-    "name": "name", "description": "description", "models": "models", "model_options": "model options",
-    "task": "task", "seq_lens": "sequence lengths", "seeds": "seeds", "budget": "train for",
-    "grid_lr": "lr grid", "grid_wd": "weight decay grid", "grid_axes": "grid axes",
-    "schedule": "lr schedule", "amp": "mixed precision", "es_metric": "early stop on",
-    "patience": "patience", "device": "device", "executor": "executor", "slurm": "Slurm settings",
-    **{fid: label for fid, label, *_ in TRAIN_INPUTS},
-}
-EXAMPLES = {fid: default for fid, _, _, default in TRAIN_INPUTS} | {"seeds": "0, 1, 2"}
-ALIASES = {"budget_kind": "budget"}  # fields whose messages show under another's
-
-
-def field_for(loc: tuple) -> str | None:
-    """The form field a profile key path is about (a pydantic error's ``loc`` or a key of
-    the TOML the form writes), or None when no field shows it."""
-    keys = [p for p in loc if isinstance(p, str) and p not in ("str", "ModelChoice")]
-    if not keys:
-        return None
-    head, sub = keys[0], keys[1] if len(keys) > 1 else ""
-    if head in ("name", "description", "executor", "slurm"):
-        return head
-    if head == "sweep":
-        if sub == "grid":
-            key = keys[2] if len(keys) > 2 else ""
-            return next((f for f, k in GRID_INPUTS.items() if k == key), "grid_axes")
-        return sub if sub in ("models", "seq_lens", "seeds") else None
-    if head in ("task", "tasks"):
-        return "task" if sub in ("", "name") else f"param-{sub}"
-    if head == "model":
-        return sub if sub in ("d_model", "n_layers") else "model_options" if sub == "options" else None
-    if head == "train":
-        if sub in ("", "epochs", "steps"):
-            return "budget"  # "give exactly one of epochs or steps" is a train-level error
-        if sub == "early_stopping":
-            return {"metric": "es_metric"}.get(keys[2] if len(keys) > 2 else "", "patience")
-        if sub in TRAIN_FIELD_IDS or sub in ("schedule", "amp", "device"):
-            return sub
-    return None

@@ -1,0 +1,182 @@
+"""The sweep form's checks and messages: pydantic's errors as plain sentences that name
+the form's field (:func:`plain_message`), the run count and the resource estimate shown
+beside the sweep (:func:`run_count_text`, :func:`estimate_text`), and the profile loader's
+checks beyond the schema with the key path each problem is about (:func:`registry_problems`).
+"""
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from pydantic import ValidationError
+
+from workbench.spec import profile as profiles
+from workbench.spec.check import _check_grid, _check_registries, _problems_text
+from workbench.spec.profile import Profile, ProfileError
+from workbench.spec.where import _Where
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" + ("" if n == 1 else "s")
+
+
+def run_count_text(sweep: dict[str, Any], task: str) -> tuple[str, bool]:
+    """'will launch N runs = M models x K lengths x S seeds' for the form's sweep section,
+    or what keeps it from being counted; and whether it could be counted.
+
+    The count is ``len(expand(...))`` of a profile with the form's sweep and placeholders
+    elsewhere: the runs are the sweep's product, whatever the other fields say, so the count
+    shows while they are still being edited (about a millisecond for hundreds of runs)."""
+    try:
+        prof = Profile.model_validate({"schema_version": profiles.SCHEMA_VERSION, "name": "count",
+                                       "task": {"name": task}, "sweep": sweep, "train": {"steps": 1}})
+    except ValidationError as e:
+        axis = {"models": "models", "seq_lens": "sequence lengths", "seeds": "seeds"}
+        problems = []
+        for err in e.errors():
+            where = next((axis[p] for p in err["loc"] if p in axis), "sweep")
+            if err["type"] == "too_short":
+                problem = "pick at least one model" if where == "models" else f"give at least one of the {where}"
+            else:
+                bad = f" ({err['input']!r})" if not isinstance(err.get("input"), (dict, list)) else ""
+                problem = f"{where}{bad}: {err['msg']}"
+            if problem not in problems:
+                problems.append(problem)
+        return "cannot count the runs yet: " + "; ".join(problems), False
+    try:
+        n = len(profiles.expand(prof))
+    except ProfileError as e:  # a grid value its section refuses (shown in full on launch/save)
+        first = str(e).splitlines()[0].removeprefix("count: ")
+        return f"cannot count the runs yet: {first}", False
+    lens = prof.sweep.seq_lens
+    length_part = _plural(len(lens), "length") if lens else "1 length (the task's default)"
+    grid = f" x {_plural(len(profiles.grid_points(prof)), 'grid point')}" if prof.sweep.grid else ""
+    return (f"will launch {_plural(n, 'run')} = "
+            f"{_plural(len(prof.sweep.models), 'model')} x {length_part} x "
+            f"{_plural(len(prof.sweep.seeds), 'seed')}{grid}"), True
+
+
+def estimate_text(prof: Profile) -> tuple[str, str | None]:
+    """('largest est. peak ...' for beside the run count, the refusal or None).
+
+    The resource estimate (workbench/spec/estimate.py) of the validated profile: the
+    largest run's estimated peak memory and the device's limit; the refusal names every
+    run that cannot fit with its numbers, or says there is no GPU for train.device = cuda."""
+    from workbench.spec import estimate
+
+    try:
+        ests = estimate.estimate_profile(prof, estimate.share_of(prof))
+    except estimate.EstimateError as e:
+        return "no estimate", f"cannot launch: {e}"
+    known = [e for e in ests if e.peak is not None]
+    if not known:
+        return "peak memory not estimated", None
+    top = max(known, key=lambda e: e.peak)
+    limit = f" of {estimate.fmt_bytes(top.limit)}" if top.limit is not None else ""
+    peak = (f"largest est. peak {estimate.fmt_bytes(top.peak)}{limit} on {top.device} "
+            f"({top.model}, L={top.seq_len})")
+    bad = estimate.too_big(ests)
+    if not bad:
+        return peak, None
+    return peak, (f"cannot launch: {_plural(len(bad), 'run')} cannot fit: {bad[0].refusal()}"
+                  + (f" (and {len(bad) - 1} more)" if len(bad) > 1 else "")
+                  + "; lower the batch size, lengths, d_model or n_layers")
+
+
+def _shown_value(v: Any) -> str:
+    return repr(v) if isinstance(v, str) else str(v)
+
+
+def _bound(ctx: dict[str, Any]) -> str | None:
+    for key, words in (("gt", "greater than"), ("ge", "at least"), ("lt", "less than"), ("le", "at most")):
+        if key in ctx:
+            v = ctx[key]
+            return f"{words} {int(v) if isinstance(v, float) and v.is_integer() else v}"
+    return None
+
+
+def plain_message(err: dict[str, Any], label: str, example: str | None = None) -> str:
+    """One pydantic error as a sentence that names the form's field, e.g. ``learning rate:
+    'abc' is not a number`` for "Input should be a valid number, unable to parse string as
+    a number". ``example``: a valid value to quote when values are missing."""
+    kind, ctx = err["type"], err.get("ctx") or {}
+    got = err.get("input")
+    item = any(isinstance(p, int) for p in err["loc"])  # one value of a list field
+    value = _shown_value(got) if isinstance(got, (str, int, float)) and not isinstance(got, bool) else None
+    eg = f" (e.g. {example})" if example else ""
+    if kind == "too_short":
+        n = ctx.get("min_length", 1)
+        if label == "models":
+            return f"models: pick at least {n} model (space in the list picks the one under the cursor)"
+        return f"{label}: give at least {n} value{'' if n == 1 else 's'}{eg}"
+    if kind == "too_long":
+        return f"{label}: give at most {ctx.get('max_length')} values{eg}"
+    if kind == "missing":
+        idx = next((p for p in err["loc"] if isinstance(p, int)), None)
+        if idx is not None:
+            return f"{label}: value {idx + 1} is missing{eg}"
+        return f"{label}: required"
+    if kind in ("int_parsing", "int_from_float", "int_type"):
+        return f"{label}: {value} is not a whole number" if value else f"{label}: give a whole number"
+    if kind in ("float_parsing", "float_type"):
+        return f"{label}: {value} is not a number" if value else f"{label}: give a number"
+    if kind in ("bool_parsing", "bool_type"):
+        return f"{label}: {value} is not true or false"
+    if kind in ("greater_than", "greater_than_equal", "less_than", "less_than_equal"):
+        rule = f"{label} must {'each ' if item else ''}be {_bound(ctx)}"
+        return f"{rule}; {got} is not" if value else rule
+    if kind == "string_too_short":
+        return f"{label}: must not be empty"
+    if kind == "literal_error":
+        return f"{label}: must be one of {ctx.get('expected')}"
+    msg = str(err.get("msg", "")).removeprefix("Value error, ")
+    return f"{label}: {msg[:1].lower()}{msg[1:]}"
+
+
+LINE_REF = re.compile(r" \(line (\d+)\)")
+_AT_LINE = re.compile(r", line \d+\)")  # the end of an origin: " (sweep.grid 'train.lr' = 0.1, line N)"
+
+
+class _PathNumbers(dict):
+    """Stands in for a profile text's ``{key path: line}`` in a :class:`_Where`: every key
+    path counts as written, at its number in :attr:`paths` (from 1). The checks' messages
+    then say " (line N)" where N gives back the key path they named."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.paths: list[tuple] = []
+
+    def __contains__(self, loc: object) -> bool:
+        return True
+
+    def __getitem__(self, loc: tuple) -> int:
+        if not dict.__contains__(self, loc):
+            self.paths.append(loc)
+            dict.__setitem__(self, loc, len(self.paths))
+        return dict.__getitem__(self, loc)
+
+
+def registry_problems(prof: Profile) -> list[tuple[tuple, str]]:
+    """What the profile loader checks beyond the schema (grid values in their sections;
+    model and task names, options and builds at every grid point) for a validated
+    profile, as (key path, message) pairs; the key path is () where a problem names no key
+    (a grid point's, a variant's). The checks place each key they name through a
+    :class:`_Where`; given :class:`_PathNumbers` instead of a text's lines, the path comes
+    back as the check named it, with no TOML written and read again."""
+    where = _Where("")
+    where.lines = numbers = _PathNumbers()
+    problems = _check_grid(prof, where)
+    if problems:
+        text = _problems_text("form", problems)
+    else:
+        try:
+            _check_registries(prof, "form", where)
+            return []
+        except ProfileError as e:
+            text = str(e)
+    out = []
+    for line in text.splitlines()[1:]:  # (the first: "form: invalid profile")
+        ref = LINE_REF.search(line)
+        loc = numbers.paths[int(ref.group(1)) - 1] if ref else ()
+        out.append((loc, _AT_LINE.sub(")", LINE_REF.sub("", line)).strip()))
+    return out

@@ -1,0 +1,253 @@
+"""The sweep form's fields and how their text maps to a profile: the tables of fields
+(ids, labels, profile sections, defaults, units), the parsers of what is typed (lists, task
+parameters, model options, grid axes, Slurm settings) and the formatters that show a loaded
+profile's values, and :func:`field_for`, the field a profile key path is about (where a
+validation problem is shown). No widgets here: :mod:`workbench.tui.sweep_form` builds them.
+"""
+from __future__ import annotations
+
+import inspect
+import json
+import tomllib
+from typing import Any
+
+import tasks
+
+EVALS_PER_RUN = 20  # the default "evaluate every" gives about this many evaluations a run
+
+# Training fields edited as plain inputs: (field id, label, profile section, default text;
+# eval_every's default follows the budget: default_eval_every).
+TRAIN_INPUTS = [
+    ("batch_size", "batch size", "train", "32"),
+    ("d_model", "d_model", "model", "64"),
+    ("n_layers", "layers", "model", "2"),
+    ("lr", "learning rate", "train", "0.001"),
+    ("betas", "AdamW betas", "train", "0.9, 0.999"),
+    ("weight_decay", "weight decay", "train", "0.0"),
+    ("warmup_steps", "warm-up", "train", "0"),
+    ("grad_clip", "grad clip", "train", "1.0"),
+    ("eval_every", "evaluate every", "train", "10"),
+]
+# what a number in these fields counts (eval_every's says steps or epochs, as the budget)
+UNITS = {"batch_size": "sequences a step", "lr": "peak (after warm-up)", "eval_every": "steps",
+         "warmup_steps": "steps", "betas": "2 numbers in [0, 1)", "grad_clip": "max norm; 0 = off"}
+
+
+def default_eval_every(kind: str, budget: str) -> str | None:
+    """The default "evaluate every" for a budget of ``budget`` steps or epochs (``kind``):
+    about EVALS_PER_RUN evaluations a run, at least one step or epoch apart; None while
+    the budget is not a positive whole number."""
+    try:
+        n = int(budget)
+    except ValueError:
+        return None
+    if n <= 0 or kind not in ("steps", "epochs"):
+        return None
+    return str(max(1, round(n / EVALS_PER_RUN)))
+
+
+def split_list(text: str) -> list[str]:
+    """'64, 128,256' -> ['64', '128', '256'] (left as strings: pydantic checks the type)."""
+    return [x.strip() for x in text.split(",") if x.strip()]
+
+
+def parse_param(text: str, default: Any) -> Any:
+    """Convert a task-parameter input to the type of its default (pydantic cannot: task
+    parameters are free-form in the schema and checked against the task's signature)."""
+    text = text.strip()
+    if isinstance(default, bool):
+        low = text.lower()
+        if low in ("true", "yes", "1", "on"):
+            return True
+        if low in ("false", "no", "0", "off"):
+            return False
+        raise ValueError(f"expected true or false, got {text!r}")
+    if isinstance(default, int):
+        try:
+            return int(text)
+        except ValueError:
+            raise ValueError(f"expected an integer, got {text!r}") from None
+    if isinstance(default, float):
+        try:
+            return float(text)
+        except ValueError:
+            raise ValueError(f"expected a number, got {text!r}") from None
+    if isinstance(default, (list, tuple)):
+        return [parse_param(x, default[0] if default else 0) for x in split_list(text)]
+    if default is None:  # required or untyped: take the most specific literal
+        for conv in (int, float):
+            try:
+                return conv(text)
+            except ValueError:
+                pass
+    return text
+
+
+def _split_top(text: str, seps: str = ";,") -> list[str]:
+    """Split on ';' or ',' (``seps``) outside [...] and quotes."""
+    parts, cur, depth, quote = [], [], 0, None
+    for ch in text:
+        if quote:
+            quote = None if ch == quote else quote
+        elif ch in "\"'":
+            quote = ch
+        elif ch == "[":
+            depth += 1
+        elif ch == "]":
+            depth -= 1
+        elif ch in seps and depth == 0:
+            parts.append("".join(cur))
+            cur = []
+            continue
+        cur.append(ch)
+    parts.append("".join(cur))
+    return parts
+
+
+def parse_model_options(text: str) -> dict[str, dict[str, Any]]:
+    """'transformer.pos=rope, mamba.d_state=8' -> {'transformer': {'pos': 'rope'}, ...}.
+
+    Values are TOML literals when they parse as one (numbers, true/false, [lists],
+    "strings"), otherwise bare strings. Names and options are checked by the profile loader.
+    """
+    out: dict[str, dict[str, Any]] = {}
+    for item in (x.strip() for x in _split_top(text)):
+        if not item:
+            continue
+        key, eq, raw = item.partition("=")
+        model, dot, opt = key.strip().partition(".")
+        if not eq or not dot or not model or not opt.strip():
+            raise ValueError(f"{item!r}: write model.option=value")
+        out.setdefault(model.strip(), {})[opt.strip()] = _literal(raw)
+    return out
+
+
+def _literal(raw: str) -> Any:
+    """A TOML literal (number, true/false, [list], "string") or else the bare string."""
+    try:
+        return tomllib.loads(f"v = {raw.strip()}")["v"]
+    except tomllib.TOMLDecodeError:
+        return raw.strip()
+
+
+def parse_grid_values(text: str) -> list[Any]:
+    """'1e-4, 5e-4, 1e-3' -> [0.0001, 0.0005, 0.001]: a grid axis's values, TOML literals
+    where they parse as one (the profile schema checks them at each grid point)."""
+    return [_literal(x) for x in _split_top(text, ",") if x.strip()]
+
+
+def parse_grid_axes(text: str) -> dict[str, list[Any]]:
+    """'model.d_model = 64, 128; task.num_kv_pairs = 4, 8' -> {'model.d_model': [64, 128],
+    'task.num_kv_pairs': [4, 8]}: ``[sweep.grid]`` axes over dotted keys, ';' between them.
+    The keys are checked by the profile loader (``sweep.grid`` in docs/ARCHITECTURE.md)."""
+    out: dict[str, list[Any]] = {}
+    for item in (x.strip() for x in _split_top(text, ";")):
+        if not item:
+            continue
+        key, eq, raw = item.partition("=")
+        key = key.strip().strip('"')
+        values = parse_grid_values(raw)
+        if not eq or "." not in key or " " in key or not values:
+            raise ValueError(f"{item!r}: write key = v1, v2 with a dotted key (e.g. model.d_model = 64, 128), "
+                             f"axes separated by ';'")
+        if key in out:
+            raise ValueError(f"{key} is given twice")
+        out[key] = values
+    return out
+
+
+def format_grid_values(values: list[Any]) -> str:
+    return ", ".join(json.dumps(v) for v in values)  # JSON scalars are TOML literals
+
+
+# grid axes with their own input in the Training section; other keys go in "grid axes"
+GRID_INPUTS = {"grid_lr": "train.lr", "grid_wd": "train.weight_decay"}
+
+
+def parse_settings(text: str) -> dict[str, Any]:
+    """'partition=gpu, time="04:00:00", extra=["--exclusive"]' -> a dict (values as in
+    :func:`parse_model_options`; the schema checks names and types)."""
+    return {opt: v for opts in parse_model_options(
+        ", ".join(f"s.{item.strip()}" for item in _split_top(text) if item.strip())).values()
+        for opt, v in opts.items()}
+
+
+def format_settings(settings: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={json.dumps(v)}" for k, v in settings.items())
+
+
+def format_model_options(options: dict[str, dict[str, Any]]) -> str:
+    parts = []
+    for model, opts in options.items():
+        for k, v in opts.items():
+            # JSON scalars and lists are valid TOML literals, on one line
+            parts.append(f"{model}.{k}={json.dumps(v)}")
+    return ", ".join(parts)
+
+
+def required_params(task: str) -> set[str]:
+    """Task parameters without a default (``tasks.parameters`` shows both these and
+    optional ``None`` defaults as None; the constructor's signature tells them apart)."""
+    sig = inspect.signature(tasks.task_class(task).__init__)
+    return {p.name for p in sig.parameters.values() if p.default is inspect.Parameter.empty
+            and p.name != "self" and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)}
+
+
+def _default_value(default: Any) -> Any:
+    return list(default) if isinstance(default, tuple) else default
+
+
+def _model_name(m: Any) -> str:
+    """A sweep entry's registry name (entries are names or tables with a name)."""
+    return m if isinstance(m, str) else m["name"]
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, (list, tuple)):
+        return ", ".join(_fmt(x) for x in v)
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    return "" if v is None else str(v)
+
+
+# ---------------------------------------------------------------------------- fields
+TRAIN_FIELD_IDS = {fid for fid, *_ in TRAIN_INPUTS}
+# the form's names for its fields, used in messages
+LABELS: dict[str, str] = {
+    "name": "name", "description": "description", "models": "models", "model_options": "model options",
+    "task": "task", "seq_lens": "sequence lengths", "seeds": "seeds", "budget": "train for",
+    "grid_lr": "lr grid", "grid_wd": "weight decay grid", "grid_axes": "grid axes",
+    "schedule": "lr schedule", "amp": "mixed precision", "es_metric": "early stop on",
+    "patience": "patience", "device": "device", "executor": "executor", "slurm": "Slurm settings",
+    **{fid: label for fid, label, *_ in TRAIN_INPUTS},
+}
+EXAMPLES = {fid: default for fid, _, _, default in TRAIN_INPUTS} | {"seeds": "0, 1, 2"}
+ALIASES = {"budget_kind": "budget"}  # fields whose messages show under another's
+
+
+def field_for(loc: tuple) -> str | None:
+    """The form field a profile key path is about (a pydantic error's ``loc`` or a key of
+    the TOML the form writes), or None when no field shows it."""
+    keys = [p for p in loc if isinstance(p, str) and p not in ("str", "ModelChoice")]
+    if not keys:
+        return None
+    head, sub = keys[0], keys[1] if len(keys) > 1 else ""
+    if head in ("name", "description", "executor", "slurm"):
+        return head
+    if head == "sweep":
+        if sub == "grid":
+            key = keys[2] if len(keys) > 2 else ""
+            return next((f for f, k in GRID_INPUTS.items() if k == key), "grid_axes")
+        return sub if sub in ("models", "seq_lens", "seeds") else None
+    if head in ("task", "tasks"):
+        return "task" if sub in ("", "name") else f"param-{sub}"
+    if head == "model":
+        return sub if sub in ("d_model", "n_layers") else "model_options" if sub == "options" else None
+    if head == "train":
+        if sub in ("", "epochs", "steps"):
+            return "budget"  # "give exactly one of epochs or steps" is a train-level error
+        if sub == "early_stopping":
+            return {"metric": "es_metric"}.get(keys[2] if len(keys) > 2 else "", "patience")
+        if sub in TRAIN_FIELD_IDS or sub in ("schedule", "amp", "device"):
+            return sub
+    return None
