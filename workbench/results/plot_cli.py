@@ -6,7 +6,8 @@ import sys
 from pathlib import Path
 
 from workbench.results.curves import BANDS, X_AXES
-from workbench.results.plot import KINDS, _id_ranges, plot_profile, safe_stem
+from workbench.results.figure_base import _id_ranges, safe_stem
+from workbench.results.plot import KINDS, plot_profile
 from workbench.store import STATES, Store
 
 

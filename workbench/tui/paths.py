@@ -15,7 +15,7 @@ import json
 from pathlib import Path
 from typing import Any, Iterable
 
-from workbench.results.plot import safe_stem  # matplotlib itself is imported only to draw
+from workbench.results.figure_base import safe_stem  # matplotlib itself is imported only to draw
 
 STATE_FILE = "tui.json"
 MIXED = "compare"  # the folder of figures over runs of several profiles

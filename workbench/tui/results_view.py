@@ -36,7 +36,7 @@ from textual.widgets import DataTable, Label, Select, Static
 from workbench.results import export
 from workbench.results import aggregate as agg
 from workbench.results import catalogue
-from workbench.results.plot import safe_stem  # matplotlib itself is imported only to draw
+from workbench.results.figure_base import safe_stem  # matplotlib itself is imported only to draw
 from workbench.store import Store, queries
 from workbench.tui.background import PollsStore, write_in_thread
 from workbench.tui.formatting import set_text
