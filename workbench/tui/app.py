@@ -28,6 +28,7 @@ from workbench.execute import executor
 from workbench.spec.schema import Profile
 from workbench.store import STATE_STYLES, STATES, Run, Store, progress
 from workbench.tui import paths
+from workbench.tui.background import PollsStore
 from workbench.tui.commands import WorkbenchCommands
 from workbench.tui.dialogs import ConfirmScreen
 from workbench.tui.help_screen import HelpScreen, sections_for
@@ -36,7 +37,8 @@ from workbench.tui.compare_view import CompareScreen
 from workbench.tui.messages import CompareRuns, KillRequested, OpenRun, ResumeRequested
 from workbench.tui.results_view import ResultsView
 from workbench.tui.run_view import RunScreen
-from workbench.tui.runs_table import RunsTable, table_runs
+from workbench.tui.run_cells import table_runs
+from workbench.tui.runs_table import RunsTable
 from workbench.tui.sweep_form import SweepForm
 
 POLL_S = 0.5  # the runs table follows the store at 2 Hz
@@ -75,7 +77,7 @@ def launch_summary(name: str, ids: Any) -> str:
     return text
 
 
-class WorkbenchApp(App):
+class WorkbenchApp(PollsStore, App):
     CSS_PATH = ["app.tcss", "results.tcss"]
     TITLE = "ssm-workbench"
     # the screens' -narrow / -wide classes (app.tcss): the sweep form's two columns and the
@@ -106,7 +108,6 @@ class WorkbenchApp(App):
         # One SQLite connection serves the UI's threads; a lock keeps their statements
         # (and reap's write transaction) from interleaving.
         self.store_lock = threading.Lock()
-        self._polling = False
         self._goto_run: int | None = None  # put the cursor here once the row exists
         self.runs_seen: list[Run] = []
         self._slurm_error = ""
@@ -151,34 +152,25 @@ class WorkbenchApp(App):
             return
         if isinstance(self.screen, (RunScreen, CompareScreen)):
             return  # the table is hidden (and those views poll for themselves)
-        if not self._polling:  # skip a tick rather than queue reads behind a slow one
-            self._polling = True
-            self._read_runs()
+        self.poll()  # (skips a tick rather than queue reads behind a slow one)
 
-    @work(thread=True, group="runs-poll", exit_on_error=False)
-    def _read_runs(self) -> None:
-        runs = None
-        try:
-            with self.store_lock:
-                self.store.reap()  # runs whose worker died become 'crashed'
-                runs = table_runs(self.store)
-                try:  # Slurm runs: ingest their rows, read job states (throttled); never submits
-                    if executor.sync(self.store, runs=runs):
-                        runs = table_runs(self.store)  # as the sync left them
-                except executor.ExecutorError as e:
-                    self.call_from_thread(self._slurm_problem, str(e))
-        finally:
-            self.call_from_thread(self._show_runs, runs)
+    def read(self) -> list[Run]:  # PollsStore: in a thread worker
+        with self.store_lock:
+            self.store.reap()  # runs whose worker died become 'crashed'
+            runs = table_runs(self.store)
+            try:  # Slurm runs: ingest their rows, read job states (throttled); never submits
+                if executor.sync(self.store, runs=runs):
+                    runs = table_runs(self.store)  # as the sync left them
+            except executor.ExecutorError as e:
+                self.call_from_thread(self._slurm_problem, str(e))
+        return runs
 
     def _slurm_problem(self, text: str) -> None:
         if text != self._slurm_error:  # once per distinct problem, not at every poll
             self._slurm_error = text
             self.notify(f"slurm: {text}", severity="error", markup=False)
 
-    def _show_runs(self, runs: list[Run] | None) -> None:
-        self._polling = False
-        if runs is None:
-            return
+    def apply(self, runs: list[Run]) -> None:  # PollsStore: on the UI thread
         self.runs_seen = runs
         table = self.query_one(RunsTable)
         if self._goto_run is not None and table.filter:

@@ -10,11 +10,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable
 
+from textual.app import App
+
 from workbench.store import Store
 
 
 class PollsStore:
-    """Mixin for a Textual widget or screen: :meth:`poll` runs :meth:`read` in a thread
+    """Mixin for a Textual widget, screen or the app: :meth:`poll` runs :meth:`read` in a thread
     worker and then :meth:`apply` with its result on the UI thread (skipped when the read
     failed or the view is gone; the worker logs the error)."""
 
@@ -41,7 +43,8 @@ class PollsStore:
 
     def _got(self, got: Any) -> None:
         self._busy = False
-        if got is not None and self.is_mounted:
+        # a view may have gone meanwhile; the app itself (App.is_mounted is a method) never does
+        if got is not None and (isinstance(self, App) or self.is_mounted):
             self.apply(got)
 
 
