@@ -39,6 +39,18 @@ def _positive_int(text: str) -> int:
     return v
 
 
+def _table_output(p: argparse.ArgumentParser) -> None:
+    """A table command's output options (export, score)."""
+    p.add_argument("--format", choices=["md", "csv", "latex", "json"], default="md")
+    p.add_argument("--digits", type=int, default=3)
+    p.add_argument("--output", "-o")
+
+
+def _select_on(p: argparse.ArgumentParser, what: str, test_note: str) -> None:
+    p.add_argument("--select-on", choices=["validation", "test"], default="validation",
+                   help=f"split {what}: validation (eval set 'valid', the default) or test ({test_note})")
+
+
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="ssm-workbench", description="Compare sequence models from a terminal.")
     ap.add_argument("--version", action="version", version=f"ssm-workbench {__version__}")
@@ -86,33 +98,25 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--best-over", metavar="KEY[,KEY...]",
                    help="grid keys to select over (e.g. train.lr,train.weight_decay): each cell shows "
                         "the test numbers of the grid point with the best mean selection metric")
-    p.add_argument("--select-on", choices=["validation", "test"], default="validation",
-                   help="split the --best-over choice is made on: validation (eval set 'valid', "
-                        "the default) or test (labelled 'selected on test')")
+    _select_on(p, "the --best-over choice is made on", "labelled 'selected on test'")
     p.add_argument("--select-metric", metavar="NAME",
                    help="metric the --best-over choice maximises/minimises (default: the first "
                         "requested accuracy-like metric, else accuracy)")
-    p.add_argument("--format", choices=["md", "csv", "latex", "json"], default="md")
-    p.add_argument("--digits", type=int, default=3)
-    p.add_argument("--output", "-o")
+    _table_output(p)
     p.add_argument("--include-unfinished", action="store_true")
     p.set_defaults(fn=cmd_export)
 
     p = sub.add_parser("score", help="MAD score (mad-lab's rule): per model, per task and over tasks")
     p.add_argument("profile", help="profile file (its expansion gives the settings expected) or a profile "
                                    "name in the store")
-    p.add_argument("--select-on", choices=["validation", "test"], default="validation",
-                   help="split each setting's best grid point is chosen on: validation (eval set 'valid', "
-                        "the default) or test (mad-lab's rule; labelled 'selected on test')")
+    _select_on(p, "each setting's best grid point is chosen on", "mad-lab's rule; labelled 'selected on test'")
     p.add_argument("--best-over", metavar="KEY[,KEY...]",
                    help="grid keys to select over per setting (default train.lr,train.weight_decay, "
                         "those the runs have; '' for none)")
     p.add_argument("--allow-partial", action="store_true",
                    help="print the table although settings are unfinished (tasks show k/N settings, "
                         "the MAD score is marked partial)")
-    p.add_argument("--format", choices=["md", "csv", "latex", "json"], default="md")
-    p.add_argument("--digits", type=int, default=3)
-    p.add_argument("--output", "-o")
+    _table_output(p)
     p.set_defaults(fn=cmd_score)
 
     p = sub.add_parser("report", help="published vs ours, from the store: reproduction tables of profiles")

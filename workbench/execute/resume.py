@@ -2,8 +2,8 @@
 
 A run that ended without finishing (killed, crashed, preempted, failed) and has a
 checkpoint (workbench/train/checkpoint.py) is put back to ``pending`` with a resume marker in its
-info; the scheduler starts its worker the usual way (one detached scheduler per store,
-:func:`scheduler.spawn`), and the worker, seeing the marker, loads the checkpoint, drops
+info; its executor starts its worker the usual way (one detached scheduler per store,
+:func:`scheduler.spawn`, or a new Slurm job), and the worker, seeing the marker, loads the checkpoint, drops
 the metrics the interrupted attempt logged after the checkpoint's step and continues.
 
 :func:`requeue` is the one way back to ``pending``: the command, a replayed profile

@@ -1,4 +1,5 @@
-"""The local scheduler: launches one detached worker process per pending run.
+"""The local scheduler: launches one detached worker process per pending run
+(:class:`LocalExecutor`, the ``local`` :class:`~workbench.execute.executor.Executor`).
 
 Slots: ``runs_per_gpu`` (default 1) per visible GPU when CUDA is there: with G GPUs there
 are G*N slots and slot i is pinned to GPU i // N with ``CUDA_VISIBLE_DEVICES`` (the run's
