@@ -5,14 +5,14 @@ form has no field for. A mixin of :class:`~workbench.tui.sweep_form.SweepForm`.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 from textual.widgets import Input, Select, Switch
 
 import tasks
 from workbench.spec import profile as profiles
 from workbench.spec.profile import Profile, ProfileError
-from workbench.tui.form_fields import (GRID_INPUTS, TRAIN_INPUTS, _default_value, _fmt, _model_name,
+from workbench.tui.form_fields import (GRID_INPUTS, LABELS, TRAIN_INPUTS, _default_value, _fmt, _model_name,
                                        default_eval_every, format_grid_values, format_model_options,
                                        format_settings, parse_grid_axes, parse_grid_values, parse_model_options,
                                        parse_param, parse_settings, required_params, split_list)
@@ -29,6 +29,14 @@ class FormProfile:
 
     def _select(self, fid: str) -> Any:
         return self.query_one(f"#{fid}", Select).value
+
+    def _parsed(self, parse: Callable[[str], dict], fid: str, errors: dict[str, str]) -> dict:
+        """``parse`` of field ``fid``'s text, or {} with its message put in ``errors``."""
+        try:
+            return parse(self._text(fid))
+        except ValueError as e:
+            errors[fid] = f"{LABELS[fid]}: {e}"
+            return {}
 
     def _task_params(self, task_name: str) -> tuple[dict[str, Any], dict[str, str]]:
         """The task parameters the profile should hold (what differs from the task's
@@ -65,13 +73,9 @@ class FormProfile:
         errors.update(self._grid_data()[1])
         chosen = sweep["models"]
         model = {k: v for k, v in base.get("model", {}).items() if k not in ("d_model", "n_layers", "options")}
-        try:
-            opts = parse_model_options(self._text("model_options"))
-        except ValueError as e:
-            errors["model_options"] = f"model options: {e}"
-        else:
-            if opts:
-                model["options"] = opts
+        opts = self._parsed(parse_model_options, "model_options", errors)
+        if opts:
+            model["options"] = opts
         train = {k: v for k, v in base.get("train", {}).items() if k not in ("epochs", "steps")}
         es = dict(train.get("early_stopping", {}))
         for fid, _, section, _ in TRAIN_INPUTS:
@@ -106,13 +110,9 @@ class FormProfile:
             "train": train,
         }
         data["executor"] = self._select("executor")
-        try:
-            slurm_settings = parse_settings(self._text("slurm"))
-        except ValueError as e:
-            errors["slurm"] = f"Slurm settings: {e}"
-        else:
-            if slurm_settings:
-                data["slurm"] = slurm_settings
+        slurm_settings = self._parsed(parse_settings, "slurm", errors)
+        if slurm_settings:
+            data["slurm"] = slurm_settings
         if base.get("runs_per_gpu"):  # no field in the form: keep a loaded profile's
             data["runs_per_gpu"] = base["runs_per_gpu"]
         # a loaded profile's published numbers, for the models still picked
@@ -147,11 +147,7 @@ class FormProfile:
             values = parse_grid_values(self._text(fid))
             if values:
                 grid[key] = values
-        try:
-            axes = parse_grid_axes(self._text("grid_axes"))
-        except ValueError as e:
-            errors["grid_axes"] = f"grid axes: {e}"
-            axes = {}
+        axes = self._parsed(parse_grid_axes, "grid_axes", errors)
         for key, values in axes.items():
             fid = next((f for f, k in GRID_INPUTS.items() if k == key), None)
             if key in grid:

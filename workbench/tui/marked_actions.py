@@ -24,6 +24,16 @@ class MarkedRunActions:
         by_id = {r.id: r for r in self.all_runs}
         return [by_id[i] for i in sorted(self.marked) if i in by_id]
 
+    def _marked_or_cursor(self, request: type[KillRequested | ResumeRequested]) -> list[Run] | None:
+        """The marked runs; with nothing marked, None after posting ``request`` for the run
+        under the cursor (the app asks about that one run itself)."""
+        if self.marked:
+            return self._marked_runs()
+        rid = self.current_run_id
+        if rid is not None:
+            self.post_message(request(rid))
+        return None
+
     @staticmethod
     def _ids(runs: list[Run], limit: int = 12) -> str:
         ids = [str(r.id) for r in runs]
@@ -36,12 +46,9 @@ class MarkedRunActions:
     def action_kill_run(self) -> None:
         """The marked runs, after one confirmation naming how many; nothing marked: the run
         under the cursor (the app confirms)."""
-        if not self.marked:
-            rid = self.current_run_id
-            if rid is not None:
-                self.post_message(KillRequested(rid))
+        marked = self._marked_or_cursor(KillRequested)
+        if marked is None:
             return
-        marked = self._marked_runs()
         live = [r for r in marked if r.state not in TERMINAL]
         if not live:
             self.notify(f"none of the {len(marked)} marked runs is pending or running", severity="warning")
@@ -60,12 +67,9 @@ class MarkedRunActions:
     def action_resume_run(self) -> None:
         """The marked runs that can resume (killed, crashed, preempted, failed), after one
         confirmation naming how many; nothing marked: the run under the cursor."""
-        if not self.marked:
-            rid = self.current_run_id
-            if rid is not None:
-                self.post_message(ResumeRequested(rid))
+        marked = self._marked_or_cursor(ResumeRequested)
+        if marked is None:
             return
-        marked = self._marked_runs()
         can = [r for r in marked if r.state in RESUMABLE]
         if not can:
             self.notify(f"none of the {len(marked)} marked runs can resume (only killed, crashed, "
