@@ -50,6 +50,9 @@ def test_one_table_of_state_styles_for_every_state():
     assert len(set(STATE_STYLES.values())) == len(STATES)  # each state tells itself apart
     for s in STATES:
         assert str(state_text(s).style) == STATE_STYLES[s]
+    from workbench.cli.common import STATE_STYLE    # the CLI's tables paint with the same
+
+    assert STATE_STYLE == STATE_STYLES
 
 
 def _form_profile(**model_options) -> Profile:

@@ -7,10 +7,8 @@ import sys
 from rich.console import Console
 
 from workbench.execute import executor
-
-
-STATE_STYLE = {"pending": "dim", "running": "cyan", "finished": "green", "failed": "red",
-               "crashed": "magenta", "killed": "yellow", "preempted": "bold cyan"}
+# one table of state colours for the CLI and the TUI
+from workbench.store.states import STATE_STYLES as STATE_STYLE
 
 
 def _store(args):
