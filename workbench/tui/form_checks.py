@@ -5,15 +5,13 @@ checks beyond the schema with the key path each problem is about (:func:`registr
 """
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from pydantic import ValidationError
 
 from workbench.spec import profile as profiles
-from workbench.spec.check import _check_grid, _check_registries, _problems_text
+from workbench.spec.check import registry_problems  # noqa: F401  (the form's checks beyond the schema)
 from workbench.spec.profile import Profile, ProfileError
-from workbench.spec.where import _Where
 
 
 def _plural(n: int, word: str) -> str:
@@ -133,50 +131,3 @@ def plain_message(err: dict[str, Any], label: str, example: str | None = None) -
     return f"{label}: {msg[:1].lower()}{msg[1:]}"
 
 
-LINE_REF = re.compile(r" \(line (\d+)\)")
-_AT_LINE = re.compile(r", line \d+\)")  # the end of an origin: " (sweep.grid 'train.lr' = 0.1, line N)"
-
-
-class _PathNumbers(dict):
-    """Stands in for a profile text's ``{key path: line}`` in a :class:`_Where`: every key
-    path counts as written, at its number in :attr:`paths` (from 1). The checks' messages
-    then say " (line N)" where N gives back the key path they named."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.paths: list[tuple] = []
-
-    def __contains__(self, loc: object) -> bool:
-        return True
-
-    def __getitem__(self, loc: tuple) -> int:
-        if not dict.__contains__(self, loc):
-            self.paths.append(loc)
-            dict.__setitem__(self, loc, len(self.paths))
-        return dict.__getitem__(self, loc)
-
-
-def registry_problems(prof: Profile) -> list[tuple[tuple, str]]:
-    """What the profile loader checks beyond the schema (grid values in their sections;
-    model and task names, options and builds at every grid point) for a validated
-    profile, as (key path, message) pairs; the key path is () where a problem names no key
-    (a grid point's, a variant's). The checks place each key they name through a
-    :class:`_Where`; given :class:`_PathNumbers` instead of a text's lines, the path comes
-    back as the check named it, with no TOML written and read again."""
-    where = _Where("")
-    where.lines = numbers = _PathNumbers()
-    problems = _check_grid(prof, where)
-    if problems:
-        text = _problems_text("form", problems)
-    else:
-        try:
-            _check_registries(prof, "form", where)
-            return []
-        except ProfileError as e:
-            text = str(e)
-    out = []
-    for line in text.splitlines()[1:]:  # (the first: "form: invalid profile")
-        ref = LINE_REF.search(line)
-        loc = numbers.paths[int(ref.group(1)) - 1] if ref else ()
-        out.append((loc, _AT_LINE.sub(")", LINE_REF.sub("", line)).strip()))
-    return out
