@@ -12,21 +12,57 @@ from typing import Callable
 
 import torch
 import torch.nn as nn
-from torch.utils.checkpoint import checkpoint
 
 
 def recomputed(fn: Callable, *args):
-    """fn(*args), keeping only ``args`` for the backward and recomputing fn's intermediates
-    there (non-reentrant activation checkpointing) when autograd records; else plain fn.
+    """fn(*args) -> one tensor, keeping only ``args`` for the backward and recomputing fn's
+    intermediates there when autograd records; else plain fn(*args).
 
     For cheap, wide pieces (norms, gates, short convolutions): each keeps one or two
     (batch, length, width) intermediates that at batch 8, L = 16384 cost 32-130 MiB per
     layer (``scripts/memprobe.py --saved``), against one more elementwise pass in the
-    backward. fn must be deterministic (no dropout)."""
+    backward. fn must be deterministic (no dropout) and take every tensor it needs a
+    gradient for (parameters included) as an argument: gradients reach ``args`` only.
+    (Not torch.utils.checkpoint: its first call costs ~1 s and ~120 MiB of imports.)"""
     if torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad
                                        for a in args):
-        return checkpoint(fn, *args, use_reentrant=False, preserve_rng_state=False)
+        return _Recompute.apply(fn, *args)
     return fn(*args)
+
+
+class _Recompute(torch.autograd.Function):
+    """The autograd node of :func:`recomputed`: the forward runs fn without recording and
+    saves its tensor arguments; the backward runs fn again with recording and
+    backpropagates through that copy."""
+
+    @staticmethod
+    def forward(ctx, fn, *args):
+        ctx.fn = fn
+        ctx.is_tensor = [isinstance(a, torch.Tensor) for a in args]
+        ctx.others = [None if t else a for a, t in zip(args, ctx.is_tensor)]
+        ctx.save_for_backward(*(a for a, t in zip(args, ctx.is_tensor) if t))
+        return fn(*args)
+
+    @staticmethod
+    def backward(ctx, grad):
+        saved = iter(ctx.saved_tensors)
+        needs = ctx.needs_input_grad[1:]
+        args = [next(saved).detach().requires_grad_(need) if t else other
+                for t, other, need in zip(ctx.is_tensor, ctx.others, needs)]
+        leaves = [a for a, need in zip(args, needs) if need]
+        with torch.enable_grad():
+            out = ctx.fn(*args)
+            found = iter(torch.autograd.grad(vjp_loss((out,), (grad,)), leaves, allow_unused=True))
+        return (None, *(next(found) if need else None for need in needs))
+
+
+def vjp_loss(outputs, grads) -> torch.Tensor:
+    """sum_i <outputs_i, grads_i>: a scalar whose gradient w.r.t. each output is its grad,
+    so ``autograd.grad(vjp_loss(outs, grads), inputs)`` is the vector-Jacobian product.
+    Not ``autograd.grad(outs, inputs, grads)``: explicit grad_outputs make torch import
+    sympy (~0.4 s and ~20 MiB, once per process) to check their shapes. None grads skip."""
+    terms = [(o * g).sum() for o, g in zip(outputs, grads) if g is not None]
+    return torch.stack(terms).sum() if len(terms) > 1 else terms[0]
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

@@ -222,8 +222,10 @@ class Mamba2(nn.Module):
         """u (..., d_model) -> z (..., d_inner), xBC (..., conv_dim), dt_raw (..., nheads)."""
         return torch.split(self.in_proj(u), [self.d_inner, self.conv_dim, self.nheads], dim=-1)
 
-    def _conv(self, xBC: torch.Tensor, left: torch.Tensor | None = None) -> torch.Tensor:
-        """silu(causal depthwise conv(xBC)): (b, L, conv_dim) -> same shape, time-major.
+    def _conv(self, xBC: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None,
+              left: torch.Tensor | None = None) -> torch.Tensor:
+        """silu(causal depthwise conv(xBC)): (b, L, conv_dim) -> same shape, time-major;
+        w, bias: ``conv1d``'s (passed in, so that :func:`recomputed` reaches their gradients).
 
         ``left`` (b, conv_dim, d_conv - 1): the inputs before xBC (None = zeros). On CPU the
         workbench's C kernel (``models.kernels.cpu_kernels``, as Mamba uses) when it builds;
@@ -232,8 +234,8 @@ class Mamba2(nn.Module):
         and 2.8 s for the shifted sum (loaded 2-core CPU).
         """
         if xBC.shape[1] == 0:  # an empty chunk
-            return xBC
-        w, bias, k = self.conv1d.weight, self.conv1d.bias, self.d_conv
+            return xBC.clone()
+        k = self.d_conv
         left_t = None if left is None else left.transpose(1, 2)       # (b, k - 1, conv_dim)
         if (xBC.device.type == "cpu" and xBC.dtype in (torch.float32, torch.float64)
                 and cpu_kernels.available()):
@@ -245,6 +247,10 @@ class Mamba2(nn.Module):
         for j in range(k - 1):
             y = y + xp[:, j:j + L] * w[:, 0, j]
         return F.silu(y if bias is None else y + bias)
+
+    def _conv_recomputed(self, xBC: torch.Tensor, left: torch.Tensor | None = None) -> torch.Tensor:
+        """:meth:`_conv`, its output recomputed in the backward instead of kept."""
+        return recomputed(self._conv, xBC, self.conv1d.weight, self.conv1d.bias, left)
 
     def _heads(self, xBC: torch.Tensor):
         """xBC (..., conv_dim) -> x (..., nheads, headdim), B, C (..., ngroups, d_state)."""
@@ -295,7 +301,7 @@ class Mamba2(nn.Module):
     def forward(self, u: torch.Tensor) -> torch.Tensor:
         """u: (batch, length, d_model) -> (batch, length, d_model)."""
         z, xBC, dt_raw = self._split_in(u)
-        y, _ = self._ssd(recomputed(self._conv, xBC), dt_raw, None, False)
+        y, _ = self._ssd(self._conv_recomputed(xBC), dt_raw, None, False)
         return self.out_proj(self.norm(y, z))
 
     def forward_with_state(self, u: torch.Tensor, state: Mamba2State) -> tuple[torch.Tensor, Mamba2State]:
@@ -307,7 +313,7 @@ class Mamba2(nn.Module):
         k1 = self.d_conv - 1
         left = conv_state.to(xBC.dtype)                                 # (b, conv_dim, k1)
         new_conv = torch.cat([left, xBC.transpose(1, 2)], -1)[..., xBC.shape[1]:] if k1 else conv_state
-        y, ssm_state = self._ssd(recomputed(self._conv, xBC, left), dt_raw, ssm_state, True)
+        y, ssm_state = self._ssd(self._conv_recomputed(xBC, left), dt_raw, ssm_state, True)
         return self.out_proj(self.norm(y, z)), (new_conv.contiguous(), ssm_state)
 
     # -- recurrent mode ----------------------------------------------------------------

@@ -443,6 +443,8 @@ class _SegmentRecompute(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dO, dS):
+        from models.common import vjp_loss
+
         q, k, v, g, beta, *starts = ctx.saved_tensors
         inputs = (q, k, v, g, beta)
         grads = [[] if x is not None and x.requires_grad else None for x in inputs]
@@ -455,7 +457,7 @@ class _SegmentRecompute(torch.autograd.Function):
                 S_in = S_a.detach().requires_grad_(True)
                 o, S_out = ctx.core(*xs, S_in)
                 leaves = [x for x in xs if x is not None and x.requires_grad] + [S_in]
-                found = torch.autograd.grad((o, S_out), leaves, (dO[:, a:b], dS),
+                found = torch.autograd.grad(vjp_loss((o, S_out), (dO[:, a:b], dS)), leaves,
                                             allow_unused=True)
             it = iter(found)
             for slot, x in zip(grads, xs):
