@@ -32,7 +32,7 @@ __all__ = ["SCHEMA_VERSION", "SCHEMA_VERSIONS", "ModelChoice", "ModelSection", "
            "task_settings", "to_dict"]
 
 from workbench.spec.check import _check_grid, _check_registries, _problems_text
-from workbench.spec.expand import TaskSetting, expand, grid_points, summary, task_settings  # noqa: F401
+from workbench.spec.expand import TaskSetting, _set_path, expand, grid_points, summary, task_settings  # noqa: F401
 from workbench.spec.run_spec import RunSpec  # noqa: F401
 from workbench.spec.schema import (SCHEMA_VERSION, SCHEMA_VERSIONS, ModelChoice, ModelSection,  # noqa: F401
                                    Profile, ProfileError, PublishedValue, SweepSection, TaskSection,
@@ -108,13 +108,10 @@ def apply_overrides(data: dict[str, Any], overrides: list[str], path: str = "<st
             value = tomllib.loads(f"v = {raw}")["v"]
         except tomllib.TOMLDecodeError:
             value = raw
-        node = data
-        for k in parts[:-1]:
-            nxt = node.setdefault(k, {})
-            if not isinstance(nxt, dict):
-                raise ProfileError(f"--set {item!r}: {k!r} is not a table in {path}")
-            node = nxt
-        node[parts[-1]] = value
+        try:
+            _set_path(data, parts, value)
+        except ValueError as e:
+            raise ProfileError(f"--set {item!r}: {e} in {path}") from None
         origins[tuple(parts)] = f"from --set {item}"
     return origins
 

@@ -22,6 +22,7 @@ from tasks import metrics as task_metrics
 from workbench.results import catalogue
 from workbench.spec.run_spec import (ATTENTION_EVAL_MAX, EVAL_TOKENS_PER_BATCH, RESIDENT_MAX_BYTES, STREAM_ABOVE,
                                      STREAM_CHUNK, RunSpec, spec_key)
+from workbench.store.writer import RunWriter
 from workbench.train import checkpoint, optim
 from workbench.train.compose import build_model
 from workbench.train.measure import StepClock, median_ms, peak_memory_mb, pick_device, sync
@@ -94,7 +95,7 @@ class Trainer:
     holds it (by default the spec's own dict; the worker passes the stored one, which for
     a run queued by an older version lacks keys ``spec`` has defaults for)."""
 
-    def __init__(self, store, run_id: int, spec: RunSpec, stop: StopFlag | None = None,
+    def __init__(self, store: RunWriter, run_id: int, spec: RunSpec, stop: StopFlag | None = None,
                  key: str | None = None):
         self.store, self.run_id, self.spec = store, run_id, spec
         self.key = key if key is not None else spec_key(spec.to_dict())
