@@ -146,8 +146,13 @@ def check_table() -> list[dict]:
     for family, name in FAMILIES.items():
         spec = dict(kind="train", model=name, label=name, options={}, repeats=1, warmup=0,
                     device="cpu", threads=1, **BENCH)
-        measured = bench._run_subprocess(spec, timeout=600)
-        assert "error" not in measured, measured
+        # the smaller of two fresh processes: RSS peak noise only adds (pages the allocator
+        # or transparent huge pages touch beyond the need); once in a full suite run hyena
+        # measured 180 MiB where it measures 130-145 alone
+        runs = [bench._run_subprocess(spec, timeout=600) for _ in range(2)]
+        for measured in runs:
+            assert "error" not in measured, measured
+        measured = min(runs, key=lambda m: m["peak_mib"])
         est = estimate.bench_estimate(name, {}, BENCH["d_model"], BENCH["n_layers"],
                                       BENCH["batch"], BENCH["seq_len"]) / estimate.MiB
         rows.append({"family": family, "model": name, "est_mib": round(est, 1),
