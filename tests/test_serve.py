@@ -191,9 +191,12 @@ def open_tui(page, url: str, what: str):
     """Load the page, wait for the terminal, and click into it as a user does (keys go to the
     focused terminal; the app then shows its focused state)."""
     page.goto(url)
-    settled(page, f"{what}-loaded")
+    loaded = settled(page, f"{what}-loaded")
     page.mouse.click(VIEWPORT["width"] // 2, VIEWPORT["height"] // 2)  # the empty table area
-    return settled(page, what)
+    # the click focuses the terminal and the app shows its focused table (cursor row, the
+    # table's keys in the footer): wait for that change, not only for two equal frames (a
+    # loaded machine answered the click after the picture had "settled")
+    return settled(page, what, since=loaded)
 
 
 def add_finished_run(store: Store) -> int:
