@@ -50,7 +50,7 @@ Each operator has two forms:
 Under autograd, a sequence longer than ``SEGMENT_LEN`` (``segment_len=``) is run in segments
 whose start states alone are kept; the backward recomputes one segment at a time, so what
 the operator holds for the backward no longer grows with the chunks' (C, C) matrices
-(see ``_SegmentRecompute``).
+(``models.kernels.segment_recompute``).
 
 Stability of log-space gates in float32: cumulative sums of log-gates reach -1000s within
 a chunk (FACTS.md: "the float32 cumsum trap"), so exp(-b_j) would overflow. Only
@@ -75,6 +75,8 @@ import math
 
 import torch
 import torch.nn.functional as F
+
+from models.kernels.segment_recompute import SegmentRecompute
 
 __all__ = [
     "linear_attention", "linear_attention_ref",
@@ -420,60 +422,6 @@ def _chunk_delta(q, k, v, g, beta, scale, initial_state, output_final_state, chu
 SEGMENT_LEN = 4096
 
 
-class _SegmentRecompute(torch.autograd.Function):
-    """o, S_T = core(q, k, v, g, beta, S_0) run segment by segment (exact: the state is
-    carried), storing only the inputs and each segment's start state for the backward.
-
-    core(q, k, v, g, beta, S) -> (o, S_end) is a chunked form on one segment (time slices
-    of q, k, v (B, t, H, K|V), g (B, t, H[, K]) or None, beta (B, t, H) or None)."""
-
-    @staticmethod
-    def forward(ctx, core, seg, q, k, v, g, beta, S0):
-        T = q.shape[1]
-        bounds = [(a, min(a + seg, T)) for a in range(0, T, seg)]
-        outs, starts, S = [], [], S0
-        with torch.no_grad():
-            for a, b in bounds:
-                starts.append(S)
-                o, S = core(*(_time_slice(x, a, b) for x in (q, k, v, g, beta)), S)
-                outs.append(o)
-        ctx.core, ctx.bounds = core, bounds
-        ctx.save_for_backward(q, k, v, g, beta, *starts)
-        return torch.cat(outs, 1), S
-
-    @staticmethod
-    def backward(ctx, dO, dS):
-        from models.common import vjp_loss
-
-        q, k, v, g, beta, *starts = ctx.saved_tensors
-        inputs = (q, k, v, g, beta)
-        grads = [[] if x is not None and x.requires_grad else None for x in inputs]
-        dS = torch.zeros_like(starts[-1]) if dS is None else dS
-        for (a, b), S_a in zip(reversed(ctx.bounds), reversed(starts)):
-            with torch.enable_grad():
-                xs = [None if x is None else
-                      _time_slice(x, a, b).detach().requires_grad_(x.requires_grad)
-                      for x in inputs]
-                S_in = S_a.detach().requires_grad_(True)
-                o, S_out = ctx.core(*xs, S_in)
-                leaves = [x for x in xs if x is not None and x.requires_grad] + [S_in]
-                found = torch.autograd.grad(vjp_loss((o, S_out), (dO[:, a:b], dS)), leaves,
-                                            allow_unused=True)
-            it = iter(found)
-            for slot, x in zip(grads, xs):
-                if slot is not None:
-                    gx = next(it)
-                    slot.append(torch.zeros_like(x) if gx is None else gx)
-            dS = next(it)
-            dS = torch.zeros_like(S_a) if dS is None else dS
-        out = [None if slot is None else torch.cat(slot[::-1], 1) for slot in grads]
-        return (None, None, *out, dS)
-
-
-def _time_slice(x, a, b):
-    return None if x is None else x[:, a:b]
-
-
 def _maybe_segmented(core, q, k, v, g, beta, scale, initial_state, output_final_state,
                      segment_len):
     """Run core(q, k, v, g, beta, S0) -> (o, S_end) directly, or in recomputed segments
@@ -488,7 +436,7 @@ def _maybe_segmented(core, q, k, v, g, beta, scale, initial_state, output_final_
     B, T, H, K = q.shape
     S0 = initial_state if initial_state is not None else q.new_zeros(
         B, H, K, v.shape[-1], dtype=_compute_dtype(q))
-    o, S = _SegmentRecompute.apply(core, seg, q, k, v, g, beta, S0)
+    o, S = SegmentRecompute.apply(core, seg, q, k, v, g, beta, S0)
     return o, (S if output_final_state else None)
 
 
@@ -587,82 +535,7 @@ def make_inputs(name, batch=2, time=37, heads=2, key_dim=8, value_dim=8, dtype=t
     return [a.to(device).requires_grad_(requires_grad) for a in args]
 
 
-def _bench(lengths=(1024, 4096), batch=8, heads=4, dim=32, repeats=5, ref_max_len=None):
-    """Print the best (min) forward+backward ms, ref vs chunked, float32 (the issue's table;
-    min, not median: the shared CPU is often loaded by other jobs);
-    log-gates uniform in (-0.5, 0), initial state in, final state out. The last rows force
-    gla's sub-chunked form (what strongly negative gates take)."""
-    import time
+if __name__ == "__main__":   # `python -m models.kernels.linear_rnn --bench | --tune-chunks`
+    from models.kernels.linear_rnn_bench import main
 
-    torch.manual_seed(0)
-    global GLA_FACTORISED
-    rows = []
-    cases = [(n, n, True) for n in OPS] + [("gla (sub-chunked form)", "gla", False)]
-    for label_, name, factorised in cases:
-        fast, ref = OPS[name][:2]
-        GLA_FACTORISED = factorised
-        for L in lengths:
-            args = make_inputs(name, batch, L, heads, dim, dim, torch.float32,
-                               gate_range=(-0.5, 0.0))
-            S0 = torch.randn(batch, heads, dim, dim, requires_grad=True)
-
-            def step(fn):
-                o, s = fn(*args, initial_state=S0, output_final_state=True)
-                (o.square().sum() + s.square().sum()).backward()
-
-            times = {}
-            for label, fn in (("chunked", fast), ("ref", ref)):
-                if label == "ref" and ref_max_len is not None and L > ref_max_len:
-                    times[label] = float("nan")
-                    continue
-                step(fn)                                         # warm-up
-                ts = []
-                for _ in range(2 if label == "ref" else repeats):
-                    t0 = time.perf_counter()
-                    step(fn)
-                    ts.append(time.perf_counter() - t0)
-                times[label] = min(ts) * 1e3
-            rows.append((label_, L, times["ref"], times["chunked"]))
-            print(f"| {label_} | {L} | {times['ref']:.0f} | {times['chunked']:.1f} | "
-                  f"{times['ref'] / times['chunked']:.0f}x |", flush=True)
-    GLA_FACTORISED = True
-    return rows
-
-
-if __name__ == "__main__":
-    import argparse
-
-    p = argparse.ArgumentParser(description="linear-RNN operators: ref vs chunked timings")
-    p.add_argument("--bench", action="store_true", help="print the fwd+bwd table")
-    p.add_argument("--lengths", type=int, nargs="+", default=[1024, 4096])
-    p.add_argument("--ref-max-len", type=int, default=None,
-                   help="skip the (slow) ref above this length")
-    p.add_argument("--tune-chunks", action="store_true",
-                   help="print chunked fwd+bwd ms per chunk size (16, 32, 64), interleaved")
-    a = p.parse_args()
-    if a.tune_chunks:
-        import time
-
-        print(f"batch 8, 4 heads of 32, float32, {torch.get_num_threads()} threads; best of 3 "
-              "fwd+bwd ms per chunk size, sizes interleaved so that load hits them alike")
-        print("| op | L | C=16 | C=32 | C=64 |\n|---|---|---|---|---|")
-        for name, (fast, *_rest) in OPS.items():
-            for L in a.lengths:
-                args = make_inputs(name, 8, L, 4, 32, 32, torch.float32, gate_range=(-0.5, 0.0))
-                S0 = torch.randn(8, 4, 32, 32, requires_grad=True)
-                best = {C: float("inf") for C in (16, 32, 64)}
-                for _ in range(3):
-                    for C in best:
-                        t0 = time.perf_counter()
-                        o, s = fast(*args, initial_state=S0, output_final_state=True, chunk_size=C)
-                        (o.square().sum() + s.square().sum()).backward()
-                        best[C] = min(best[C], (time.perf_counter() - t0) * 1e3)
-                print(f"| {name} | {L} | " + " | ".join(f"{t:.0f}" for t in best.values()) + " |",
-                      flush=True)
-    elif a.bench:
-        print(f"batch 8, 4 heads of 32, float32, {torch.get_num_threads()} threads; "
-              "best fwd+bwd ms (ref: of 2 runs, chunked: of 5)")
-        print("| op | L | ref ms | chunked ms | speed-up |\n|---|---|---|---|---|")
-        _bench(a.lengths, ref_max_len=a.ref_max_len)
-    else:
-        p.print_help()
+    main()
