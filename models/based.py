@@ -96,7 +96,7 @@ class BasedLinearAttention(nn.Module):
 
     def _resolve(self, device_type: str) -> str:
         chosen = self.backend_choice
-        if chosen == "auto" and self.expanded_dim > FLA_MAX_KEY_DIM:
+        if chosen == "auto" and device_type == "cuda" and self.expanded_dim > FLA_MAX_KEY_DIM:
             chosen = "torch"  # fla cannot take these key dims
         return resolve(chosen, device_type)
 

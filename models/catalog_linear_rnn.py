@@ -2,7 +2,7 @@
 DeltaNet and Gated DeltaNet mixers (``models.linear_mixers``, ``models.delta_mixers``) in a
 pre-norm residual ``RecurrentStack``.
 
-Every entry takes ``n_heads``, ``backend`` ("auto" | "torch" | "ref" | "fla"), ``chunk_size``
+Every entry takes ``n_heads``, ``backend`` ("auto" | "torch" | "ref" | "fla" | "cpu"), ``chunk_size``
 (the torch backend's chunk), ``channel_mixer`` ("none" | "swiglu": a pre-norm residual
 SwiGLU after each mixer, the Llama-style block of the fla models), ``mlp_mult``, ``norm``
 and ``dropout``, and has a fixed-size recurrent state (``state_size()``), so it streams

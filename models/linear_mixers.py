@@ -21,7 +21,7 @@ S (batch, heads, head_k_dim, head_v_dim) of the operator (fla's ``initial_state`
   for one step (any device, any backend),
 - ``state_size()`` -> floats of state per sequence (matrix state + conv cache + counter).
 
-Backend (``backend="auto" | "torch" | "ref" | "fla"``, ``models.kernels.linear_rnn_backends``):
+Backend (``backend="auto" | "torch" | "ref" | "fla" | "cpu"``, ``models.kernels.linear_rnn_backends``):
 the option is kept as ``backend_choice``; ``backend`` is the name that ran in the last
 forward (before any forward: what would run on the parameters' device). ``chunk_size``
 goes to the ``torch`` backend's chunked form only (fla and ref take none); None (the

@@ -53,7 +53,7 @@ from models.common import recomputed
 from models.kernels import cpu_kernels
 from models.kernels import linear_rnn_backends as lrb
 
-BACKENDS = ("auto", "torch", "ref", "fla", "mamba_ssm")
+BACKENDS = ("auto", "torch", "ref", "fla", "cpu", "mamba_ssm")
 
 Mamba2State = tuple[torch.Tensor, torch.Tensor]  # (conv_state, ssm_state)
 
@@ -142,7 +142,7 @@ class Mamba2(nn.Module):
     chunk_size None [256] (the chunk of the torch and mamba_ssm backends; fla fixes its own;
     None: the torch operator's tuned size for the device, 256 for mamba_ssm),
     dt_min 0.001, dt_max 0.1, dt_init_floor 1e-4, A_init_range (1, 16), bias False,
-    conv_bias True, backend "auto" | "torch" | "ref" | "fla" | "mamba_ssm".
+    conv_bias True, backend "auto" | "torch" | "ref" | "fla" | "cpu" | "mamba_ssm".
 
     ``backend`` reports the backend of the last forward (before any: the one that would
     run on the parameters' device).

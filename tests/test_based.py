@@ -10,6 +10,9 @@ import models
 from models.based import BaseConv, BasedLinearAttention, taylor_expanded_dim, taylor_feature_map
 from models.kernels.linear_rnn_backends import BackendError
 from models.sliding_window import SlidingWindowAttention
+from models.kernels.linear_rnn_backends import resolve as _resolve
+
+CPU_AUTO = _resolve("auto", "cpu")   # "cpu" (the C kernels) where they build, else "torch"
 
 D = 16
 
@@ -72,14 +75,14 @@ def test_ref_backend_equals_torch_and_state_size():
     m, ref = _layer(), _layer(backend="ref")
     x = torch.randn(2, 19, D, dtype=torch.float64)
     torch.testing.assert_close(ref(x), m(x), rtol=0, atol=1e-12)
-    assert (m.backend, ref.backend) == ("torch", "ref")
+    assert (m.backend, ref.backend) == (CPU_AUTO, "ref")
     state = m.init_state(3)
     assert m.state_size() == sum(s.numel() for s in state) // 3 == 2 * 21 * (8 + 1)
 
 
 def test_default_feature_dim_runs_torch_under_auto_and_refuses_fla():
     m = BasedLinearAttention(D)
-    assert m.expanded_dim == 273 and m.backend == "torch"
+    assert m.expanded_dim == 273 and m.backend == CPU_AUTO
     with pytest.raises(BackendError, match="256"):
         BasedLinearAttention(D, backend="fla")
     with pytest.raises(ValueError, match="n_heads"):

@@ -19,6 +19,9 @@ from models.kernels.linear_rnn_backends import BackendError
 from models.linear_mixers import (DeltaNet, GatedDeltaNet, GatedLinearAttention,
                                   LinearAttention, MultiScaleRetention)
 from models.short_conv import ShortConvolution
+from models.kernels.linear_rnn_backends import resolve as _resolve
+
+CPU_AUTO = _resolve("auto", "cpu")   # "cpu" (the C kernels) where they build, else "torch"
 
 F64 = torch.float64
 D, B, T = 16, 2, 29
@@ -263,7 +266,7 @@ def test_gate_parameters_have_no_weight_decay_and_fla_init():
 
 def test_backend_choice_and_errors():
     m = GatedLinearAttention(D)
-    assert m.backend_choice == "auto" and m.backend == "torch"   # CPU parameters
+    assert m.backend_choice == "auto" and m.backend == CPU_AUTO   # CPU parameters
     with pytest.raises(BackendError, match="bogus"):
         DeltaNet(D, backend="bogus")
     assert issubclass(BackendError, ValueError)
@@ -308,4 +311,4 @@ def test_entry_streams_and_steps(name, channel_mixer):
             ys.append(y_t)
     torch.testing.assert_close(torch.stack(ys, 1), y, atol=1e-10, rtol=1e-9)
     assert models.state_size(m) == 2 * m.layers[0].mixer.state_size()
-    assert models.backend(m) == "torch"
+    assert models.backend(m) == CPU_AUTO

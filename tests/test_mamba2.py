@@ -253,13 +253,29 @@ def test_gpu_backends_without_a_gpu_are_clear_errors(backend):
         Mamba2(16, backend=backend)
 
 
-def test_auto_resolves_to_torch_on_cpu():
+def test_auto_resolves_to_the_c_kernels_on_cpu():
+    from models.kernels import linear_rnn_cpu
+
+    want = "cpu" if linear_rnn_cpu.available() else "torch"
     m = Mamba2(16)
-    assert m.backend == "torch"
+    assert m.backend == want
     m(torch.randn(1, 3, 16))
-    assert m.backend == "torch"
-    assert m2.resolve_backend("auto", "cpu") == "torch"
-    assert models.backend(models.build("mamba2", d_model=16, n_layers=1)) == "torch"
+    assert m.backend == want
+    assert m2.resolve_backend("auto", "cpu") == want
+    assert models.backend(models.build("mamba2", d_model=16, n_layers=1)) == want
+
+
+def test_cpu_backend_equals_torch_backend():
+    torch.manual_seed(0)
+    a, b = Mamba2(16, backend="torch").double(), Mamba2(16, backend="cpu").double()
+    b.load_state_dict(a.state_dict())
+    x = torch.randn(2, 70, 16, dtype=torch.float64, requires_grad=True)
+    ya, yb = a(x), b(x)
+    torch.testing.assert_close(yb, ya, atol=1e-10, rtol=1e-9)
+    ga = torch.autograd.grad(ya.square().sum(), [x, *a.parameters()])
+    gb = torch.autograd.grad(yb.square().sum(), [x, *b.parameters()])
+    for u, w in zip(ga, gb):
+        torch.testing.assert_close(w, u, atol=1e-9, rtol=1e-8)
 
 
 def _fake_chunk_scan_combined(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None,

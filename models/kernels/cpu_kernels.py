@@ -33,13 +33,16 @@ from pathlib import Path
 
 import torch
 
-ABI_VERSION = 4
+ABI_VERSION = 5
 _MIN_ITEMS = 8           # backward work items per call (at least; see SelectiveScanCPU.backward)
 CHUNK_LEN = 32          # steps between stored states; backward recomputes a chunk at a time
 _SRC_DIR = Path(__file__).parent / "csrc"
-_SOURCES = ("cpu_kernels.c", "selective_scan_impl.h", "causal_conv1d_impl.h")
+_SOURCES = ("cpu_kernels.c", "selective_scan_impl.h", "causal_conv1d_impl.h",
+            "linear_rnn_impl.h")
+# -ffp-contract=fast: a * b + c as one fused multiply-add where the CPU has one (ISO C mode
+# forbids the compiler to contract by itself; the linear-RNN kernel's inner loops are FMAs)
 _BASE_FLAGS = ["-O3", "-std=c11", "-fPIC", "-shared", "-pthread", "-fno-math-errno",
-               "-fopenmp-simd"]
+               "-fopenmp-simd", "-ffp-contract=fast"]
 # Tried in order; the first that compiles and links wins. libmvec gives vectorised log1p
 # (softplus) and float64 exp (float32 exp is inlined); -fopenmp shares PyTorch's OpenMP
 # thread pool (see cpu_kernels.c).
@@ -134,7 +137,7 @@ def _build_and_load() -> tuple[ctypes.CDLL | None, str]:
 
 def _declare(lib: ctypes.CDLL) -> None:
     for sfx in ("f32", "f64"):
-        for kind in ("ss_fwd", "ss_bwd", "conv_fwd", "conv_bwd"):
+        for kind in ("ss_fwd", "ss_bwd", "conv_fwd", "conv_bwd", "lrnn_fwd", "lrnn_bwd"):
             fn = getattr(lib, f"{kind}_{sfx}")
             fn.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_long)]
             fn.restype = ctypes.c_int

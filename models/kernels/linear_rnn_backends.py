@@ -1,15 +1,20 @@
-"""Which implementation of a linear-RNN operator runs: ``auto | torch | ref | fla``.
+"""Which implementation of a linear-RNN operator runs: ``auto | torch | ref | fla | cpu``.
 
 The operators are those of :mod:`models.kernels.linear_rnn` (``linear_attention``,
 ``simple_gla``, ``gla``, ``delta_rule``, ``gated_delta_rule``), all with fla's argument
 convention, so one call site serves every backend:
 
-- ``torch``: the chunkwise-parallel PyTorch form (CPU and GPU; the default off CUDA).
+- ``torch``: the chunkwise-parallel PyTorch form (CPU and GPU).
+- ``cpu``:   the recurrence in C with a hand-written backward (:mod:`models.kernels.linear_rnn_cpu`,
+  built with the system C compiler on first use); CPU tensors only. The default on a CPU
+  when it builds: 2-6x faster than ``torch`` there, and it keeps one state per 64 steps
+  for the backward instead of the chunks' matrices (docs/RESULTS.md).
 - ``ref``:   the step-by-step ``*_ref`` oracle (slow; for checking).
 - ``fla``:   flash-linear-attention's Triton ``chunk_*`` kernels (the optional
   ``flash-linear-attention`` / ``fla-core`` package). CUDA tensors only: fla on a CPU is
   import-only (its kernels are Triton GPU kernels).
-- ``auto``:  ``fla`` on CUDA tensors when fla imports, else ``torch``.
+- ``auto``:  ``fla`` on CUDA tensors when fla imports, else ``torch``; on CPU tensors ``cpu``
+  when the C kernels build, else ``torch``.
 
 A layer resolves its backend once per forward from the device of its input (a model moved
 between devices follows) and reports the resolved name as ``backend``, which the worker
@@ -22,7 +27,7 @@ from typing import Callable
 
 from models.kernels import linear_rnn
 
-BACKENDS = ("auto", "torch", "ref", "fla")
+BACKENDS = ("auto", "torch", "ref", "fla", "cpu")
 
 # our operator name -> (fla module, fla function)
 _FLA_NAMES = {
@@ -60,11 +65,29 @@ def fla_status() -> tuple[bool, str]:
     return True, f"flash-linear-attention {version} on {torch.cuda.get_device_name(0)}"
 
 
+def cpu_status() -> tuple[bool, str]:
+    """(usable, one line): whether the C kernels of backend ``cpu`` build and load here."""
+    from models.kernels import linear_rnn_cpu
+
+    if linear_rnn_cpu.available():
+        return True, "C kernels built (models/kernels/csrc)"
+    return False, linear_rnn_cpu.unavailable_reason()
+
+
 def resolve(backend: str, device_type: str) -> str:
     """The backend that runs for tensors on ``device_type`` ("cpu", "cuda", ...)."""
     check_backend(backend)
     if backend == "auto":
-        return "fla" if device_type == "cuda" and fla_status()[0] else "torch"
+        if device_type == "cuda":
+            return "fla" if fla_status()[0] else "torch"
+        return "cpu" if device_type == "cpu" and cpu_status()[0] else "torch"
+    if backend == "cpu":
+        if device_type != "cpu":
+            raise BackendError(f"backend 'cpu' runs on CPU tensors only; these are on "
+                               f"{device_type!r}: use 'auto' or 'torch'")
+        ok, why = cpu_status()
+        if not ok:
+            raise BackendError(f"backend 'cpu' unavailable: {why}; use 'auto' or 'torch'")
     if backend == "fla":
         if device_type != "cuda":
             raise BackendError("backend 'fla' runs on CUDA tensors only (fla's kernels are "
@@ -95,4 +118,8 @@ def get_op(name: str, backend: str, device_type: str = "cpu") -> tuple[Callable,
     chunked, ref = linear_rnn.OPS[name][:2]
     if chosen == "fla":
         return _fla_op(name), chosen
+    if chosen == "cpu":
+        from models.kernels import linear_rnn_cpu
+
+        return linear_rnn_cpu.OPS[name], chosen
     return (ref if chosen == "ref" else chunked), chosen

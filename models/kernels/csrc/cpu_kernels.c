@@ -1,6 +1,7 @@
 /*
- * CPU kernels of the Mamba block, loaded by models/kernels/cpu_kernels.py: the causal
- * depthwise conv (causal_conv1d_impl.h, documented there) and the fused selective scan
+ * CPU kernels, loaded by models/kernels/cpu_kernels.py: the linear-RNN recurrences of
+ * models/kernels/linear_rnn.py (linear_rnn_impl.h, documented there), the causal
+ * depthwise conv (causal_conv1d_impl.h) and the fused selective scan
  * (S6, Gu & Dao 2023; selective_scan_impl.h), forward and hand-written backward of
  *
  *   delta_t = softplus(delta_raw_t + delta_bias)       (or without softplus)
@@ -148,12 +149,14 @@ static inline float exp_f32(float x) {
 
 /* ---- the kernels, once per scalar type ---- */
 
+
 #define SCALAR float
 #define EXP exp_f32
 #define LOG1P log1pf
 #define SFX(name) name##_f32
 #include "selective_scan_impl.h"
 #include "causal_conv1d_impl.h"
+#include "linear_rnn_impl.h"
 #undef SCALAR
 #undef EXP
 #undef LOG1P
@@ -165,10 +168,11 @@ static inline float exp_f32(float x) {
 #define SFX(name) name##_f64
 #include "selective_scan_impl.h"
 #include "causal_conv1d_impl.h"
+#include "linear_rnn_impl.h"
 #undef SCALAR
 #undef EXP
 #undef LOG1P
 #undef SFX
 
 /* ABI version: the Python loader refuses a library whose version differs. */
-int ss_abi_version(void) { return 4; }
+int ss_abi_version(void) { return 5; }

@@ -1,0 +1,336 @@
+/*
+ * Body of the linear-RNN kernels (models/kernels/linear_rnn.py's five operators), included
+ * by cpu_kernels.c once per scalar type with SCALAR, EXP and SFX(name) defined.
+ *
+ * One recurrence over a (K, V) state per batch row b and head h, t = 0..T-1:
+ *
+ *   S'  = a_t . S_{t-1}            a_t = exp(g_t): 1 (no gate), one number (scalar gate)
+ *                                  or one per key row i (vector gate, gla)
+ *   w_t = v_t                      (plain)
+ *   w_t = beta_t (v_t - S'^T k_t)  (delta rule; r_t = v_t - S'^T k_t)
+ *   S_t = S' + k_t w_t^T
+ *   o_t = scale S_t^T q_t
+ *
+ * Why it exists: on a CPU the chunked PyTorch form is bound by small (chunk, chunk) and
+ * (chunk, K) matmuls, which torch runs at a fifth of its large-GEMM speed, and it does
+ * twice the arithmetic of the recurrence. Here the state stays in L1 (32 x 32 floats is
+ * 4 KiB), every loop runs over a tile of one state row (below), and the (batch, head)
+ * items run in parallel. Measured (docs/RESULTS.md): 2-4x faster than the chunked form
+ * on a 2-core CPU; the rest is bound by loads and stores of the state, one row per
+ * step and operation (a time-blocked form for the gate-only ops would cut them).
+ *
+ * Backward, by hand. With dS = dL/dS_t gathered from the future, per step, last first:
+ *   dS    += scale q_t do_t^T;   dq_t = scale S_t do_t;   dk_t = dS w_t;   dw = dS^T k_t
+ *   plain: dv_t = dw.   delta: dv_t = beta dw, dbeta_t = dw . r_t, du = -beta dw,
+ *                       dk_t += S' du, dS += k_t du^T            (dS is now dL/dS')
+ *   gated: dg_i = sum_j dS_ij S'_ij (summed over i for a scalar gate);  dS = a_t . dS
+ * The states S_{t-1}, S_t come from the forward's checkpoints: the state before every
+ * chunk of C steps is stored, and the backward recomputes one chunk at a time into a
+ * (C + 1, K, V) buffer (memory O(T / C) states, not O(T)).
+ *
+ * Tiles: a state row is held as Vp = ceil(V / LT) * LT numbers (zero past V), and every
+ * inner loop runs over one tile of LT = 16 columns with its sums in registers: columns of
+ * the state never mix (only rows do), so the forward and the backward go tile by tile.
+ * Sums over a row (dq, dk, the vector gate's dg) are kept per tile lane and added up once
+ * per step by a pairwise tree (a serial sum of 16 lanes cost more than the rest of a step).
+ *
+ * Layout: q, k, v, g, beta are read through (batch, time, head) strides with a contiguous
+ * last axis, so broadcast views (Mamba-2's B and C shared by the heads: head stride 0) and
+ * slices of a projection are read in place. Outputs are contiguous:
+ *   o, do: (B, T, H, V); dq, dk: (B, T, H, K); dv: (B, T, H, V); dg: like g; dbeta (B, T, H)
+ *   h0, S_last, dS_last, dh0: (B, H, K, V); ckpt: (B, H, n_chunks, K, Vp) (padded rows)
+ *
+ * Entry points (arrays, as the scan's):
+ *   p: 0 q, 1 k, 2 v, 3 g|NULL, 4 beta|NULL, 5 h0|NULL, 6 scale (one SCALAR), 7 o,
+ *      8 S_last, 9 ckpt|NULL (forward: NULL = no backward will follow);
+ *      backward adds 10 do, 11 dS_last|NULL, 12 dq, 13 dk, 14 dv, 15 dg|NULL,
+ *      16 dbeta|NULL, 17 dh0
+ *   s: 0 B, 1 T, 2 H, 3 K, 4 V, 5 gate (0 none, 1 scalar, 2 vector), 6 delta (0/1),
+ *      7 C (steps per chunk), 8 threads, 9-11 q strides (b, t, h), 12-14 k, 15-17 v,
+ *      18-20 g, 21-23 beta
+ * Returns 0, or -1 when a work buffer cannot be allocated.
+ */
+
+#ifndef LRNN_LT
+#define LRNN_LT 16     /* lanes per tile; linear_rnn_cpu.py pads the checkpoints to match */
+#endif
+#define LT LRNN_LT
+
+typedef struct {
+    const SCALAR *q, *k, *v, *g, *beta, *h0;
+    SCALAR scale;
+    SCALAR *o, *S_last, *ckpt;
+    const SCALAR *d_o, *dS_last;
+    SCALAR *dq, *dk, *dv, *dg, *dbeta, *dh0;
+    long B, T, H, K, V, Vp, gate, delta, C, n_chunks;
+    long sq[3], sk[3], sv[3], sg[3], sb[3];
+    atomic_int failed;
+} SFX(lrnn_args_t);
+
+static void SFX(lrnn_unpack)(SFX(lrnn_args_t) *a, void *const *p, const long *s, int backward) {
+    a->q = p[0]; a->k = p[1]; a->v = p[2]; a->g = p[3]; a->beta = p[4]; a->h0 = p[5];
+    a->scale = *(const SCALAR *)p[6];
+    a->o = p[7]; a->S_last = p[8]; a->ckpt = p[9];
+    a->d_o = backward ? p[10] : NULL; a->dS_last = backward ? p[11] : NULL;
+    a->dq = backward ? p[12] : NULL; a->dk = backward ? p[13] : NULL;
+    a->dv = backward ? p[14] : NULL; a->dg = backward ? p[15] : NULL;
+    a->dbeta = backward ? p[16] : NULL; a->dh0 = backward ? p[17] : NULL;
+    a->B = s[0]; a->T = s[1]; a->H = s[2]; a->K = s[3]; a->V = s[4];
+    a->Vp = (a->V + LT - 1) / LT * LT;
+    a->gate = s[5]; a->delta = s[6]; a->C = s[7];
+    for (int i = 0; i < 3; i++) {
+        a->sq[i] = s[9 + i]; a->sk[i] = s[12 + i]; a->sv[i] = s[15 + i];
+        a->sg[i] = s[18 + i]; a->sb[i] = s[21 + i];
+    }
+    a->n_chunks = (a->T + a->C - 1) / a->C;
+    atomic_init(&a->failed, 0);
+}
+
+/* element (b, t, h) of a strided input */
+#define AT(ptr, st, b, t, h) ((ptr) + (b) * (st)[0] + (t) * (st)[1] + (h) * (st)[2])
+
+/* One tile as a vector value (GCC / Clang vector extension: the compiler keeps it in
+ * registers, which a local array with an omp simd loop was not: its sums went through the
+ * stack, a store-to-load chain per state row). Loads and stores by memcpy: any alignment. */
+typedef SCALAR SFX(vec_t) __attribute__((vector_size(LT * sizeof(SCALAR))));
+#define VEC SFX(vec_t)
+
+static inline VEC SFX(ld)(const SCALAR *p) { VEC x; memcpy(&x, p, sizeof x); return x; }
+static inline void SFX(st)(SCALAR *p, VEC x) { memcpy(p, &x, sizeof x); }
+
+/* the sum of a tile's LT = 16 lanes, pairwise */
+static inline SCALAR SFX(lrnn_hsum)(VEC x) {
+    SCALAR l[LT], a8[8], a4[4];
+    memcpy(l, &x, sizeof l);
+    for (int i = 0; i < 8; i++) a8[i] = l[i] + l[i + 8];
+    for (int i = 0; i < 4; i++) a4[i] = a8[i] + a8[i + 4];
+    return (a4[0] + a4[2]) + (a4[1] + a4[3]);
+}
+
+/* What step t reads besides the state: q_t, k_t (pointers), v_t padded to Vp, the decays
+ * (one per key row; NULL without a gate) and beta. */
+typedef struct {
+    const SCALAR *q, *k;
+    SCALAR *v, *dec;
+    SCALAR beta;
+} SFX(lrnn_in_t);
+
+static void SFX(lrnn_load)(const SFX(lrnn_args_t) *a, long b, long t, long h,
+                           SFX(lrnn_in_t) *in) {
+    in->q = AT(a->q, a->sq, b, t, h);
+    in->k = AT(a->k, a->sk, b, t, h);
+    memcpy(in->v, AT(a->v, a->sv, b, t, h), sizeof(SCALAR) * a->V);  /* pad stays zero */
+    if (a->gate) {
+        const SCALAR *g_t = AT(a->g, a->sg, b, t, h);
+        if (a->gate == 2) {
+            #pragma omp simd
+            for (long i = 0; i < a->K; i++) in->dec[i] = EXP(g_t[i]);
+        } else {
+            const SCALAR d = EXP(g_t[0]);
+            for (long i = 0; i < a->K; i++) in->dec[i] = d;
+        }
+    }
+    in->beta = a->delta ? *AT(a->beta, a->sb, b, t, h) : 0;
+}
+
+/* One step on the padded state S (K, Vp) in place: decay, delta correction, update; then,
+ * if opad, opad = scale S_t^T q_t (Vp). r (Vp): v - S'^T k, kept for the backward (delta). */
+static void SFX(lrnn_step)(const SFX(lrnn_args_t) *a, SCALAR *restrict S,
+                           const SFX(lrnn_in_t) *in, SCALAR *restrict r,
+                           SCALAR *restrict opad) {
+    const long K = a->K, Vp = a->Vp;
+    const SCALAR *restrict k_t = in->k, *restrict q_t = in->q, *restrict dec = in->dec;
+    const int gated = a->gate != 0;
+    for (long j0 = 0; j0 < Vp; j0 += LT) {
+        VEC w = SFX(ld)(in->v + j0);
+        if (a->delta) {
+            VEC u = {0};
+            for (long i = 0; i < K; i++) {
+                SCALAR *row = S + i * Vp + j0;
+                const VEC x = SFX(ld)(row) * (gated ? dec[i] : 1);
+                SFX(st)(row, x);
+                u += k_t[i] * x;
+            }
+            const VEC rr = w - u;
+            SFX(st)(r + j0, rr);
+            w = in->beta * rr;
+        } else if (gated) {
+            for (long i = 0; i < K; i++) {
+                SCALAR *row = S + i * Vp + j0;
+                SFX(st)(row, SFX(ld)(row) * dec[i]);
+            }
+        }
+        if (opad) {
+            VEC o0 = {0}, o1 = {0};    /* two sums: half the dependency chain */
+            long i = 0;
+            for (; i + 1 < K; i += 2) {
+                SCALAR *row = S + i * Vp + j0;
+                const VEC x0 = SFX(ld)(row) + k_t[i] * w;
+                const VEC x1 = SFX(ld)(row + Vp) + k_t[i + 1] * w;
+                SFX(st)(row, x0);
+                SFX(st)(row + Vp, x1);
+                o0 += q_t[i] * x0;
+                o1 += q_t[i + 1] * x1;
+            }
+            if (i < K) {
+                SCALAR *row = S + i * Vp + j0;
+                const VEC x0 = SFX(ld)(row) + k_t[i] * w;
+                SFX(st)(row, x0);
+                o0 += q_t[i] * x0;
+            }
+            SFX(st)(opad + j0, a->scale * (o0 + o1));
+        } else {
+            for (long i = 0; i < K; i++) {
+                SCALAR *row = S + i * Vp + j0;
+                SFX(st)(row, SFX(ld)(row) + k_t[i] * w);
+            }
+        }
+    }
+}
+
+/* one aligned work buffer of n numbers, zeroed (so every pad starts at zero) */
+static SCALAR *SFX(lrnn_buffer)(long n) {
+    const size_t bytes = sizeof(SCALAR) * (size_t)((n + 15) / 16 * 16);
+    SCALAR *buf = aligned_alloc(64, bytes);
+    if (buf) memset(buf, 0, bytes);
+    return buf;
+}
+
+/* copy a (K, V) state in/out of the padded (K, Vp) layout */
+static void SFX(lrnn_pad)(SCALAR *restrict dst, const SCALAR *restrict src, long K, long V,
+                          long Vp) {
+    for (long i = 0; i < K; i++) memcpy(dst + i * Vp, src + i * V, sizeof(SCALAR) * V);
+}
+
+static void SFX(lrnn_unpad)(SCALAR *restrict dst, const SCALAR *restrict src, long K, long V,
+                            long Vp) {
+    for (long i = 0; i < K; i++) memcpy(dst + i * V, src + i * Vp, sizeof(SCALAR) * V);
+}
+
+static void SFX(lrnn_fwd_item)(const void *args, long item) {
+    SFX(lrnn_args_t) *a = (SFX(lrnn_args_t) *)args;
+    const long b = item / a->H, h = item % a->H, K = a->K, V = a->V, Vp = a->Vp;
+    const long KVp = K * Vp;
+    SCALAR *buf = SFX(lrnn_buffer)(KVp + 3 * Vp + K);
+    if (!buf) { atomic_store(&a->failed, 1); return; }
+    SCALAR *S = buf, *vpad = S + KVp, *opad = vpad + Vp, *r = opad + Vp, *dec = r + Vp;
+    SFX(lrnn_in_t) in = {.v = vpad, .dec = dec};
+    if (a->h0) SFX(lrnn_pad)(S, a->h0 + item * K * V, K, V, Vp);
+    for (long t = 0; t < a->T; t++) {
+        if (a->ckpt && t % a->C == 0)
+            memcpy(a->ckpt + (item * a->n_chunks + t / a->C) * KVp, S, sizeof(SCALAR) * KVp);
+        SFX(lrnn_load)(a, b, t, h, &in);
+        SFX(lrnn_step)(a, S, &in, r, opad);
+        memcpy(a->o + ((b * a->T + t) * a->H + h) * V, opad, sizeof(SCALAR) * V);
+    }
+    SFX(lrnn_unpad)(a->S_last + item * K * V, S, K, V, Vp);
+    free(buf);
+}
+
+static void SFX(lrnn_bwd_item)(const void *args, long item) {
+    SFX(lrnn_args_t) *a = (SFX(lrnn_args_t) *)args;
+    const long b = item / a->H, h = item % a->H, K = a->K, V = a->V, Vp = a->Vp, C = a->C;
+    const long H = a->H, T = a->T, KVp = K * Vp;
+    const int gated = a->gate != 0, vector_gate = a->gate == 2, delta = (int)a->delta;
+    /* Sbuf (C + 1, K, Vp): S_{t0-1} .. S_{t0+C-1}; R (C, Vp): r_t; dS (K, Vp);
+     * v, do, dv (Vp); dec (K); Pq, Pk, Pg (K, LT): per-lane parts of the row sums */
+    SCALAR *buf = SFX(lrnn_buffer)((C + 1) * KVp + C * Vp + KVp + 3 * Vp + K + 3 * K * LT);
+    if (!buf) { atomic_store(&a->failed, 1); return; }
+    SCALAR *Sbuf = buf, *R = Sbuf + (C + 1) * KVp, *dS = R + C * Vp, *vpad = dS + KVp;
+    SCALAR *dopad = vpad + Vp, *dvpad = dopad + Vp, *dec = dvpad + Vp, *Pq = dec + K;
+    SCALAR *Pk = Pq + K * LT, *Pg = Pk + K * LT;
+    SFX(lrnn_in_t) in = {.v = vpad, .dec = dec};
+    const SCALAR scale = a->scale;
+    if (a->dS_last) SFX(lrnn_pad)(dS, a->dS_last + item * K * V, K, V, Vp);
+    for (long c = a->n_chunks - 1; c >= 0; c--) {
+        const long t0 = c * C, steps = (T - t0) < C ? (T - t0) : C;
+        memcpy(Sbuf, a->ckpt + (item * a->n_chunks + c) * KVp, sizeof(SCALAR) * KVp);
+        for (long s = 0; s < steps; s++) {
+            memcpy(Sbuf + (s + 1) * KVp, Sbuf + s * KVp, sizeof(SCALAR) * KVp);
+            SFX(lrnn_load)(a, b, t0 + s, h, &in);
+            SFX(lrnn_step)(a, Sbuf + (s + 1) * KVp, &in, R + s * Vp, NULL);
+        }
+        for (long s = steps - 1; s >= 0; s--) {
+            const long t = t0 + s, row_bth = (b * T + t) * H + h;
+            const SCALAR *St = Sbuf + (s + 1) * KVp, *Sp = Sbuf + s * KVp, *Rs = R + s * Vp;
+            SFX(lrnn_load)(a, b, t, h, &in);
+            const SCALAR *restrict q_t = in.q, *restrict k_t = in.k, beta = in.beta;
+            memcpy(dopad, a->d_o + row_bth * V, sizeof(SCALAR) * V);
+            VEC G = {0}, Db = {0};   /* the scalar gate's dg and dbeta, per lane */
+            for (long j0 = 0; j0 < Vp; j0 += LT) {
+                const int first = j0 == 0;
+                const VEC dot = SFX(ld)(dopad + j0);
+                const VEC w = delta ? beta * SFX(ld)(Rs + j0) : SFX(ld)(vpad + j0);
+                VEC dw = {0};
+                /* pass A: the output and the update k w^T */
+                for (long i = 0; i < K; i++) {
+                    SCALAR *dSi = dS + i * Vp + j0, *pq = Pq + i * LT, *pk = Pk + i * LT;
+                    const VEC d = SFX(ld)(dSi) + (scale * q_t[i]) * dot;
+                    SFX(st)(dSi, d);
+                    const VEC x = SFX(ld)(St + i * Vp + j0) * dot, y = d * w;
+                    SFX(st)(pq, first ? x : SFX(ld)(pq) + x);
+                    SFX(st)(pk, first ? y : SFX(ld)(pk) + y);
+                    dw += k_t[i] * d;
+                }
+                if (delta) {
+                    Db += dw * SFX(ld)(Rs + j0);
+                    SFX(st)(dvpad + j0, beta * dw);
+                } else {
+                    SFX(st)(dvpad + j0, dw);
+                }
+                const VEC du = -beta * dw;
+                /* pass B: the delta correction and the decay, back to dL/dS_{t-1} */
+                for (long i = 0; delta && i < K; i++) {
+                    SCALAR *dSi = dS + i * Vp + j0, *pk = Pk + i * LT;
+                    const VEC sp = SFX(ld)(Sp + i * Vp + j0) * (gated ? dec[i] : 1);
+                    SFX(st)(pk, SFX(ld)(pk) + sp * du);
+                    SFX(st)(dSi, SFX(ld)(dSi) + k_t[i] * du);
+                }
+                for (long i = 0; gated && i < K; i++) {
+                    SCALAR *dSi = dS + i * Vp + j0, *pg = Pg + i * LT;
+                    const VEC d = SFX(ld)(dSi), sp = SFX(ld)(Sp + i * Vp + j0);
+                    if (vector_gate) {
+                        const VEC x = d * (dec[i] * sp);
+                        SFX(st)(pg, first ? x : SFX(ld)(pg) + x);
+                    } else {
+                        G += d * sp;
+                    }
+                    SFX(st)(dSi, d * dec[i]);
+                }
+            }
+            SCALAR *dq_t = a->dq + row_bth * K, *dk_t = a->dk + row_bth * K;
+            for (long i = 0; i < K; i++) {
+                dq_t[i] = scale * SFX(lrnn_hsum)(SFX(ld)(Pq + i * LT));
+                dk_t[i] = SFX(lrnn_hsum)(SFX(ld)(Pk + i * LT));
+            }
+            if (vector_gate) {
+                SCALAR *dg_t = a->dg + row_bth * K;
+                for (long i = 0; i < K; i++) dg_t[i] = SFX(lrnn_hsum)(SFX(ld)(Pg + i * LT));
+            } else if (gated) {
+                a->dg[row_bth] = dec[0] * SFX(lrnn_hsum)(G);
+            }
+            if (delta) a->dbeta[row_bth] = SFX(lrnn_hsum)(Db);
+            memcpy(a->dv + row_bth * V, dvpad, sizeof(SCALAR) * V);
+        }
+    }
+    SFX(lrnn_unpad)(a->dh0 + item * K * V, dS, K, V, Vp);
+    free(buf);
+}
+
+int SFX(lrnn_fwd)(void *const *p, const long *s) {
+    SFX(lrnn_args_t) a;
+    SFX(lrnn_unpack)(&a, p, s, 0);
+    run_parallel(SFX(lrnn_fwd_item), &a, a.B * a.H, (int)s[8]);
+    return atomic_load(&a.failed) ? -1 : 0;
+}
+
+int SFX(lrnn_bwd)(void *const *p, const long *s) {
+    SFX(lrnn_args_t) a;
+    SFX(lrnn_unpack)(&a, p, s, 1);
+    run_parallel(SFX(lrnn_bwd_item), &a, a.B * a.H, (int)s[8]);
+    return atomic_load(&a.failed) ? -1 : 0;
+}
+
+#undef AT
+#undef LT
+#undef VEC

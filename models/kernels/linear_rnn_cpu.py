@@ -1,0 +1,173 @@
+"""The linear-RNN operators in C on the CPU: backend ``cpu`` of
+:mod:`models.kernels.linear_rnn_backends`.
+
+Same names, arguments and results as :mod:`models.kernels.linear_rnn` (fla's convention:
+q, k (batch, time, heads, key_dim), v (batch, time, heads, value_dim), log-gates g, beta,
+``scale``, ``initial_state`` (batch, heads, key_dim, value_dim), ``output_final_state``;
+returns ``(o, final_state or None)``), computed by ``csrc/linear_rnn_impl.h``: the
+recurrence one step at a time with the state in cache, and a hand-written backward that
+recomputes the states one chunk of ``CHUNK_LEN`` steps at a time from the checkpoints the
+forward stored. The maths, the backward's derivation and the memory layout are in the
+header's comment; the plain ``*_ref`` functions of ``linear_rnn`` are its oracle
+(tests/test_linear_rnn_cpu.py).
+
+Why a recurrence and not chunks: on a CPU the chunkwise form's small (chunk, chunk)
+matmuls run at a fifth of torch's large-GEMM speed and do twice the arithmetic of the
+recurrence (docs/RESULTS.md). What it keeps for the backward: the inputs (views are read
+in place, through their strides) and one (key_dim, value_dim) state per chunk, so a long
+sequence needs no segment recompute.
+
+float32 and float64 are computed as given; half and bfloat16 in float32 (the output in
+the input dtype, the final state in float32, as the chunked form).
+"""
+from __future__ import annotations
+
+import torch
+
+from models.kernels import cpu_kernels
+from models.kernels.linear_rnn import _check, _compute_dtype, _l2norm
+
+CHUNK_LEN = 64          # steps between stored states; the backward recomputes one chunk
+TILE = 16               # the C kernel's LRNN_LT: checkpoint rows are padded to a multiple
+_GATES = {None: 0, "scalar": 1, "vector": 2}
+
+
+def available() -> bool:
+    return cpu_kernels.available()
+
+
+def unavailable_reason() -> str:
+    return cpu_kernels.unavailable_reason()
+
+
+def _readable(x: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
+    """``x`` in ``dtype`` with a unit stride on its last axis (a view when it has one)."""
+    if x is None:
+        return None
+    x = x.to(dtype)
+    return x if x.stride(-1) == 1 or x.shape[-1] == 1 else x.contiguous()
+
+
+def _strides(x: torch.Tensor | None) -> list[int]:
+    """(batch, time, head) strides of a 3-D or 4-D (batch, time, head[, dim]) tensor."""
+    return [0, 0, 0] if x is None else list(x.stride()[:3])
+
+
+class LinearRNNCPU(torch.autograd.Function):
+    """forward(q, k, v, g, beta, h0, scale, gate, delta, chunk_len) -> (o, S_last), with
+    gate one of 0 (none), 1 (g: (B, T, H)), 2 (g: (B, T, H, K)) and delta 0/1 (beta:
+    (B, T, H)). Inputs are already in the compute dtype, last axis contiguous."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, g, beta, h0, scale, gate, delta, chunk_len):
+        lib = cpu_kernels._library_for(q, k, v, g, beta, h0)
+        B, T, H, K = q.shape
+        V = v.shape[-1]
+        dtype = q.dtype
+        needs_grad = any(ctx.needs_input_grad[:6])
+        n_chunks = -(-T // chunk_len)
+        o = q.new_empty(B, T, H, V)
+        S_last = q.new_empty(B, H, K, V)
+        Vp = -(-V // TILE) * TILE
+        ckpt = q.new_empty(B, H, n_chunks, K, Vp) if needs_grad and T > 0 else None
+        h0c = None if h0 is None else h0.contiguous()
+        scale_t = torch.tensor([scale], dtype=dtype)
+        sizes = [B, T, H, K, V, gate, delta, chunk_len, torch.get_num_threads(),
+                 *_strides(q), *_strides(k), *_strides(v), *_strides(g), *_strides(beta)]
+        if B * H > 0 and K * V > 0:
+            cpu_kernels._call(lib, "lrnn_fwd", dtype,
+                              [q, k, v, g, beta, h0c, scale_t, o, S_last, ckpt], sizes)
+        else:
+            S_last = q.new_zeros(B, H, K, V) if h0c is None else h0c.clone()
+        if needs_grad:
+            ctx.save_for_backward(q, k, v, g, beta, ckpt, scale_t)
+            ctx.sizes = sizes
+            ctx.has_h0 = h0 is not None
+        return o, S_last
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, d_o, dS_last):
+        q, k, v, g, beta, ckpt, scale_t = ctx.saved_tensors
+        B, T, H, K = q.shape
+        V = v.shape[-1]
+        dtype = q.dtype
+        d_o = q.new_zeros(B, T, H, V) if d_o is None else d_o.to(dtype).contiguous()
+        dS = None if dS_last is None else dS_last.to(dtype).contiguous()
+        dq, dk = q.new_empty(B, T, H, K), q.new_empty(B, T, H, K)
+        dv = q.new_empty(B, T, H, V)
+        dg = None if g is None else q.new_empty(g.shape)
+        dbeta = None if beta is None else q.new_empty(B, T, H)
+        dh0 = q.new_empty(B, H, K, V)
+        sizes = list(ctx.sizes)
+        sizes[8] = torch.get_num_threads()
+        if T > 0 and B * H > 0 and K * V > 0:
+            cpu_kernels._call(cpu_kernels.load()[0], "lrnn_bwd", dtype,
+                              [q, k, v, g, beta, None, scale_t, None, None, ckpt, d_o, dS,
+                               dq, dk, dv, dg, dbeta, dh0], sizes)
+        else:
+            for t in (dq, dk, dv, dg, dbeta):
+                if t is not None:
+                    t.zero_()
+            dh0 = q.new_zeros(B, H, K, V) if dS is None else dS.clone()
+        return (dq, dk, dv, dg, dbeta, dh0 if ctx.has_h0 else None, None, None, None, None)
+
+
+def _run(q, k, v, g, beta, scale, initial_state, output_final_state, vector_gate=False,
+         chunk_len=None):
+    _check(q, k, v, g, beta, initial_state, vector_gate)
+    dt = _compute_dtype(q)
+    K = q.shape[-1]
+    scale = K ** -0.5 if scale is None else float(scale)
+    gate = 0 if g is None else (2 if vector_gate else 1)
+    args = [_readable(x, dt) for x in (q, k, v, g, beta)]
+    h0 = None if initial_state is None else initial_state.to(dt)
+    o, S = LinearRNNCPU.apply(*args, h0, scale, gate, int(beta is not None),
+                              chunk_len or CHUNK_LEN)
+    return o.to(v.dtype), (S if output_final_state else None)
+
+
+def linear_attention(q, k, v, scale=None, initial_state=None, output_final_state=False,
+                     chunk_len=None):
+    """S_t = S_{t-1} + k_t v_t^T, o_t = scale S_t^T q_t (no normaliser), in C."""
+    return _run(q, k, v, None, None, scale, initial_state, output_final_state,
+                chunk_len=chunk_len)
+
+
+def simple_gla(q, k, v, g, scale=None, initial_state=None, output_final_state=False,
+               chunk_len=None):
+    """S_t = exp(g_t) S_{t-1} + k_t v_t^T, g (batch, time, heads), in C."""
+    if g is None:
+        raise ValueError("simple_gla needs g; use linear_attention for no gate")
+    return _run(q, k, v, g, None, scale, initial_state, output_final_state,
+                chunk_len=chunk_len)
+
+
+def gla(q, k, v, g, scale=None, initial_state=None, output_final_state=False,
+        chunk_len=None):
+    """S_t = diag(exp(g_t)) S_{t-1} + k_t v_t^T, g (batch, time, heads, key_dim), in C."""
+    return _run(q, k, v, g, None, scale, initial_state, output_final_state, vector_gate=True,
+                chunk_len=chunk_len)
+
+
+def delta_rule(q, k, v, beta, scale=None, initial_state=None, output_final_state=False,
+               use_qk_l2norm_in_kernel=False, chunk_len=None):
+    """S_t = S_{t-1} + beta_t k_t (v_t - S_{t-1}^T k_t)^T, in C (q, k L2-normalised
+    first when use_qk_l2norm_in_kernel)."""
+    if use_qk_l2norm_in_kernel:
+        q, k = _l2norm(q), _l2norm(k)
+    return _run(q, k, v, None, beta, scale, initial_state, output_final_state,
+                chunk_len=chunk_len)
+
+
+def gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None,
+                     output_final_state=False, use_qk_l2norm_in_kernel=False, chunk_len=None):
+    """S_t = exp(g_t) S_{t-1} + beta_t k_t (v_t - exp(g_t) S_{t-1}^T k_t)^T, in C."""
+    if use_qk_l2norm_in_kernel:
+        q, k = _l2norm(q), _l2norm(k)
+    return _run(q, k, v, g, beta, scale, initial_state, output_final_state,
+                chunk_len=chunk_len)
+
+
+OPS = {"linear_attention": linear_attention, "simple_gla": simple_gla, "gla": gla,
+       "delta_rule": delta_rule, "gated_delta_rule": gated_delta_rule}
