@@ -27,8 +27,8 @@ memory, and the speed-up over the first backend listed (``x_first``).
 
 ``--ops linear_attention,gla,...`` (or ``all``) measures the linear-RNN operators of
 ``models.kernels.linear_rnn`` alone with each of ``--op-backends`` (default ``ref,torch``;
-``fla`` on a GPU with flash-linear-attention): q, k: (batch, L, ``--heads``, ``--head-dim``),
-v likewise, log-gates uniform in (-0.5, 0), a random initial state in and the final state
+``cpu`` for the C kernels on a CPU, ``fla`` on a GPU with flash-linear-attention):
+q, k: (batch, L, ``--heads``, ``--head-dim``), v likewise, log-gates uniform in (-0.5, 0), a random initial state in and the final state
 out; forward + backward, forward, peak memory and the speed-up over ``ref`` (``x_ref``).
 ``--ref-max-len`` skips the (step-by-step, slow) ``ref`` above a length.
 
@@ -291,7 +291,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="measure linear-RNN operators alone: comma list of "
                         "linear_attention,simple_gla,gla,delta_rule,gated_delta_rule, or all")
     p.add_argument("--op-backends", type=_csv_list, default=["ref", "torch"],
-                   help="operator backends for --ops (ref, torch, fla); x_ref compares with ref")
+                   help="operator backends for --ops (ref, torch, cpu, fla, auto); x_ref "
+                        "compares with ref")
     p.add_argument("--heads", type=_positive, default=4, help="--ops: heads")
     p.add_argument("--head-dim", type=_positive, default=32, help="--ops: key and value dim per head")
     p.add_argument("--ref-max-len", type=_positive, default=None,

@@ -209,16 +209,20 @@ def probe_auto_backend(ctx: dict) -> list[Row]:
 def probe_linear_rnn(ctx: dict) -> list[Row]:
     """Which implementation the linear-RNN layers (mamba2, gla, retnet, deltanet, ...) run:
     fla's Triton kernels (an optional extra) on CUDA when they import, else PyTorch's
-    chunked form; and mamba-ssm's SSD kernel for mamba2."""
+    chunked form; the C kernels on a CPU when they build; and mamba-ssm's SSD kernel for
+    mamba2."""
     import torch
 
     from models.kernels import linear_rnn_backends as lrb
 
     ok, why = lrb.fla_status()
     rows = [Row("flash-linear-attention", OK if ok else MISSING,
-                why if ok else f"{why}; optional: linear-RNN layers use the chunked PyTorch form")]
+                why if ok else f"{why}; optional: without it linear-RNN layers run the 'cpu' / 'torch' backends")]
     cpu = lrb.resolve("auto", "cpu")
-    rows.append(Row("linear-rnn auto (cpu)", OK, f"backend '{cpu}' for CPU tensors"))
+    c_ok, c_why = lrb.cpu_status()
+    rows.append(Row("linear-rnn auto (cpu)", OK if c_ok else WARN,
+                    f"backend '{cpu}' for CPU tensors"
+                    + ("" if c_ok else f" (C kernels unavailable: {c_why})")))
     if torch.cuda.is_available():
         gpu = lrb.resolve("auto", "cuda")
         rows.append(Row("linear-rnn auto (cuda)", OK if gpu == "fla" else WARN,
