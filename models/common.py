@@ -156,7 +156,10 @@ class ResidualStack(nn.Module):
 
     @property
     def backend(self) -> str:
-        return str(getattr(self.layers[0].mixer, "backend", "torch"))
+        """The mixers' backends, each once, in layer order ("torch+cpu" for Based's short
+        convs and linear attention), so a run records every implementation that ran."""
+        names = [str(getattr(layer.mixer, "backend", "torch")) for layer in self.layers]
+        return "+".join(dict.fromkeys(names))
 
     def state_size(self) -> int | None:
         total = 0
