@@ -176,3 +176,28 @@ def test_bad_shapes_are_value_errors():
         lc.linear_attention(q, k, v[:, :4])
     with pytest.raises(ValueError, match="g must be"):
         lc.gla(q, k, v, torch.zeros(2, 5, 2))
+
+
+@pytest.mark.parametrize("name", ["delta_rule", "gated_delta_rule"])
+def test_l2norm_in_kernel_equals_ref_and_keeps_no_normalised_copies(name):
+    """use_qk_l2norm_in_kernel: q and k normalised per step in C, gradients mapped back
+    through the norm there (one key row of zeros checks the eps branch)."""
+    args = lr.make_inputs(name, batch=2, time=33, heads=2, key_dim=8, value_dim=5, seed=11)
+    gen = torch.Generator().manual_seed(2)
+    args[0] = (3 * torch.randn(2, 33, 2, 8, generator=gen, dtype=torch.float64)).requires_grad_()
+    raw_k = torch.randn(2, 33, 2, 8, generator=gen, dtype=torch.float64)
+    raw_k[0, 4, 1] = 0.0
+    args[1] = raw_k.requires_grad_()
+    S0 = torch.randn(2, 2, 8, 5, dtype=torch.float64, requires_grad=True)
+    w_o = torch.randn(2, 33, 2, 5, generator=gen, dtype=torch.float64)
+    grads = []
+    for fn in (lr.OPS[name][1], lc.OPS[name]):
+        o, S = fn(*args, initial_state=S0, output_final_state=True, use_qk_l2norm_in_kernel=True)
+        grads.append((o, S, *torch.autograd.grad((o * w_o).sum() + S.square().sum(), [*args, S0])))
+    for want, got in zip(*grads):
+        torch.testing.assert_close(got, want, atol=1e-10, rtol=1e-9)
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.data_ptr()) or t,
+                                                  lambda t: t):
+        lc.OPS[name](*args, use_qk_l2norm_in_kernel=True)
+    assert args[0].data_ptr() in saved and args[1].data_ptr() in saved   # the raw q, k

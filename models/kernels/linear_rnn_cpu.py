@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 
 from models.kernels import cpu_kernels
-from models.kernels.linear_rnn import _check, _compute_dtype, _l2norm
+from models.kernels.linear_rnn import _check, _compute_dtype
 
 CHUNK_LEN = 64          # steps between stored states; the backward recomputes one chunk
 TILE = 16               # the C kernel's LRNN_LT: checkpoint rows are padded to a multiple
@@ -54,12 +54,13 @@ def _strides(x: torch.Tensor | None) -> list[int]:
 
 
 class LinearRNNCPU(torch.autograd.Function):
-    """forward(q, k, v, g, beta, h0, scale, gate, delta, chunk_len) -> (o, S_last), with
-    gate one of 0 (none), 1 (g: (B, T, H)), 2 (g: (B, T, H, K)) and delta 0/1 (beta:
-    (B, T, H)). Inputs are already in the compute dtype, last axis contiguous."""
+    """forward(q, k, v, g, beta, h0, scale, gate, delta, chunk_len, l2norm) -> (o, S_last),
+    with gate one of 0 (none), 1 (g: (B, T, H)), 2 (g: (B, T, H, K)), delta 0/1 (beta:
+    (B, T, H)) and l2norm 0/1 (q, k normalised per step inside the kernel). Inputs are
+    already in the compute dtype, last axis contiguous."""
 
     @staticmethod
-    def forward(ctx, q, k, v, g, beta, h0, scale, gate, delta, chunk_len):
+    def forward(ctx, q, k, v, g, beta, h0, scale, gate, delta, chunk_len, l2norm=0):
         lib = cpu_kernels._library_for(q, k, v, g, beta, h0)
         B, T, H, K = q.shape
         V = v.shape[-1]
@@ -73,7 +74,8 @@ class LinearRNNCPU(torch.autograd.Function):
         h0c = None if h0 is None else h0.contiguous()
         scale_t = torch.tensor([scale], dtype=dtype)
         sizes = [B, T, H, K, V, gate, delta, chunk_len, torch.get_num_threads(),
-                 *_strides(q), *_strides(k), *_strides(v), *_strides(g), *_strides(beta)]
+                 *_strides(q), *_strides(k), *_strides(v), *_strides(g), *_strides(beta),
+                 int(l2norm)]
         if B * H > 0 and K * V > 0:
             cpu_kernels._call(lib, "lrnn_fwd", dtype,
                               [q, k, v, g, beta, h0c, scale_t, o, S_last, ckpt], sizes)
@@ -110,11 +112,12 @@ class LinearRNNCPU(torch.autograd.Function):
                 if t is not None:
                     t.zero_()
             dh0 = q.new_zeros(B, H, K, V) if dS is None else dS.clone()
-        return (dq, dk, dv, dg, dbeta, dh0 if ctx.has_h0 else None, None, None, None, None)
+        return (dq, dk, dv, dg, dbeta, dh0 if ctx.has_h0 else None, None, None, None, None,
+                None)
 
 
 def _run(q, k, v, g, beta, scale, initial_state, output_final_state, vector_gate=False,
-         chunk_len=None):
+         chunk_len=None, l2norm=False):
     _check(q, k, v, g, beta, initial_state, vector_gate)
     dt = _compute_dtype(q)
     K = q.shape[-1]
@@ -123,7 +126,7 @@ def _run(q, k, v, g, beta, scale, initial_state, output_final_state, vector_gate
     args = [_readable(x, dt) for x in (q, k, v, g, beta)]
     h0 = None if initial_state is None else initial_state.to(dt)
     o, S = LinearRNNCPU.apply(*args, h0, scale, gate, int(beta is not None),
-                              chunk_len or CHUNK_LEN)
+                              chunk_len or CHUNK_LEN, int(l2norm))
     return o.to(v.dtype), (S if output_final_state else None)
 
 
@@ -153,20 +156,16 @@ def gla(q, k, v, g, scale=None, initial_state=None, output_final_state=False,
 def delta_rule(q, k, v, beta, scale=None, initial_state=None, output_final_state=False,
                use_qk_l2norm_in_kernel=False, chunk_len=None):
     """S_t = S_{t-1} + beta_t k_t (v_t - S_{t-1}^T k_t)^T, in C (q, k L2-normalised
-    first when use_qk_l2norm_in_kernel)."""
-    if use_qk_l2norm_in_kernel:
-        q, k = _l2norm(q), _l2norm(k)
+    per step inside the kernel when use_qk_l2norm_in_kernel: no normalised copies kept)."""
     return _run(q, k, v, None, beta, scale, initial_state, output_final_state,
-                chunk_len=chunk_len)
+                chunk_len=chunk_len, l2norm=use_qk_l2norm_in_kernel)
 
 
 def gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None,
                      output_final_state=False, use_qk_l2norm_in_kernel=False, chunk_len=None):
     """S_t = exp(g_t) S_{t-1} + beta_t k_t (v_t - exp(g_t) S_{t-1}^T k_t)^T, in C."""
-    if use_qk_l2norm_in_kernel:
-        q, k = _l2norm(q), _l2norm(k)
     return _run(q, k, v, g, beta, scale, initial_state, output_final_state,
-                chunk_len=chunk_len)
+                chunk_len=chunk_len, l2norm=use_qk_l2norm_in_kernel)
 
 
 OPS = {"linear_attention": linear_attention, "simple_gla": simple_gla, "gla": gla,

@@ -47,7 +47,9 @@
  *      16 dbeta|NULL, 17 dh0
  *   s: 0 B, 1 T, 2 H, 3 K, 4 V, 5 gate (0 none, 1 scalar, 2 vector), 6 delta (0/1),
  *      7 C (steps per chunk), 8 threads, 9-11 q strides (b, t, h), 12-14 k, 15-17 v,
- *      18-20 g, 21-23 beta
+ *      18-20 g, 21-23 beta, 24 l2norm (0/1: q and k divided by max(|x|, 1e-12) per step
+ *      inside the kernel, as fla's use_qk_l2norm_in_kernel; the backward maps dq, dk back
+ *      through it, so autograd keeps the raw q, k and no normalised copies)
  * Returns 0, or -1 when a work buffer cannot be allocated.
  */
 
@@ -62,7 +64,7 @@ typedef struct {
     SCALAR *o, *S_last, *ckpt;
     const SCALAR *d_o, *dS_last;
     SCALAR *dq, *dk, *dv, *dg, *dbeta, *dh0;
-    long B, T, H, K, V, Vp, gate, delta, C, n_chunks;
+    long B, T, H, K, V, Vp, gate, delta, C, n_chunks, l2norm;
     long sq[3], sk[3], sv[3], sg[3], sb[3];
     atomic_int failed;
 } SFX(lrnn_args_t);
@@ -77,7 +79,7 @@ static void SFX(lrnn_unpack)(SFX(lrnn_args_t) *a, void *const *p, const long *s,
     a->dbeta = backward ? p[16] : NULL; a->dh0 = backward ? p[17] : NULL;
     a->B = s[0]; a->T = s[1]; a->H = s[2]; a->K = s[3]; a->V = s[4];
     a->Vp = (a->V + LT - 1) / LT * LT;
-    a->gate = s[5]; a->delta = s[6]; a->C = s[7];
+    a->gate = s[5]; a->delta = s[6]; a->C = s[7]; a->l2norm = s[24];
     for (int i = 0; i < 3; i++) {
         a->sq[i] = s[9 + i]; a->sk[i] = s[12 + i]; a->sv[i] = s[15 + i];
         a->sg[i] = s[18 + i]; a->sb[i] = s[21 + i];
@@ -113,7 +115,28 @@ typedef struct {
     const SCALAR *q, *k;
     SCALAR *v, *dec;
     SCALAR beta;
+    SCALAR *qn, *kn;            /* l2norm: the normalised q_t, k_t (K each) */
+    SCALAR q_norm, k_norm;      /* and max(|q_t|, eps), max(|k_t|, eps) */
 } SFX(lrnn_in_t);
+
+/* y = x / max(|x|, eps) (F.normalize's eps); returns max(|x|, eps) */
+static SCALAR SFX(lrnn_l2)(const SCALAR *x, SCALAR *y, long K) {
+    SCALAR ss = 0;
+    for (long i = 0; i < K; i++) ss += x[i] * x[i];
+    SCALAR n = sqrt(ss);
+    n = n > (SCALAR)1e-12 ? n : (SCALAR)1e-12;
+    for (long i = 0; i < K; i++) y[i] = x[i] / n;
+    return n;
+}
+
+/* dL/dx from dL/dy for y = x / max(|x|, eps), in place: (dy - y (y . dy)) / |x|, or dy / eps
+ * where the norm is below eps (there the map is a plain scaling) */
+static void SFX(lrnn_l2_back)(const SCALAR *y, SCALAR n, SCALAR *d, long K) {
+    SCALAR yd = 0;
+    if (n > (SCALAR)1e-12)
+        for (long i = 0; i < K; i++) yd += y[i] * d[i];
+    for (long i = 0; i < K; i++) d[i] = (d[i] - y[i] * yd) / n;
+}
 
 static void SFX(lrnn_load)(const SFX(lrnn_args_t) *a, long b, long t, long h,
                            SFX(lrnn_in_t) *in) {
@@ -131,6 +154,12 @@ static void SFX(lrnn_load)(const SFX(lrnn_args_t) *a, long b, long t, long h,
         }
     }
     in->beta = a->delta ? *AT(a->beta, a->sb, b, t, h) : 0;
+    if (a->l2norm) {
+        in->q_norm = SFX(lrnn_l2)(in->q, in->qn, a->K);
+        in->k_norm = SFX(lrnn_l2)(in->k, in->kn, a->K);
+        in->q = in->qn;
+        in->k = in->kn;
+    }
 }
 
 /* One step on the padded state S (K, Vp) in place: decay, delta correction, update; then,
@@ -211,10 +240,10 @@ static void SFX(lrnn_fwd_item)(const void *args, long item) {
     SFX(lrnn_args_t) *a = (SFX(lrnn_args_t) *)args;
     const long b = item / a->H, h = item % a->H, K = a->K, V = a->V, Vp = a->Vp;
     const long KVp = K * Vp;
-    SCALAR *buf = SFX(lrnn_buffer)(KVp + 3 * Vp + K);
+    SCALAR *buf = SFX(lrnn_buffer)(KVp + 3 * Vp + 3 * K);
     if (!buf) { atomic_store(&a->failed, 1); return; }
     SCALAR *S = buf, *vpad = S + KVp, *opad = vpad + Vp, *r = opad + Vp, *dec = r + Vp;
-    SFX(lrnn_in_t) in = {.v = vpad, .dec = dec};
+    SFX(lrnn_in_t) in = {.v = vpad, .dec = dec, .qn = dec + K, .kn = dec + 2 * K};
     if (a->h0) SFX(lrnn_pad)(S, a->h0 + item * K * V, K, V, Vp);
     for (long t = 0; t < a->T; t++) {
         if (a->ckpt && t % a->C == 0)
@@ -234,12 +263,13 @@ static void SFX(lrnn_bwd_item)(const void *args, long item) {
     const int gated = a->gate != 0, vector_gate = a->gate == 2, delta = (int)a->delta;
     /* Sbuf (C + 1, K, Vp): S_{t0-1} .. S_{t0+C-1}; R (C, Vp): r_t; dS (K, Vp);
      * v, do, dv (Vp); dec (K); Pq, Pk, Pg (K, LT): per-lane parts of the row sums */
-    SCALAR *buf = SFX(lrnn_buffer)((C + 1) * KVp + C * Vp + KVp + 3 * Vp + K + 3 * K * LT);
+    SCALAR *buf = SFX(lrnn_buffer)((C + 1) * KVp + C * Vp + KVp + 3 * Vp + K + 3 * K * LT
+                                   + 2 * K);
     if (!buf) { atomic_store(&a->failed, 1); return; }
     SCALAR *Sbuf = buf, *R = Sbuf + (C + 1) * KVp, *dS = R + C * Vp, *vpad = dS + KVp;
     SCALAR *dopad = vpad + Vp, *dvpad = dopad + Vp, *dec = dvpad + Vp, *Pq = dec + K;
     SCALAR *Pk = Pq + K * LT, *Pg = Pk + K * LT;
-    SFX(lrnn_in_t) in = {.v = vpad, .dec = dec};
+    SFX(lrnn_in_t) in = {.v = vpad, .dec = dec, .qn = Pg + K * LT, .kn = Pg + K * LT + K};
     const SCALAR scale = a->scale;
     if (a->dS_last) SFX(lrnn_pad)(dS, a->dS_last + item * K * V, K, V, Vp);
     for (long c = a->n_chunks - 1; c >= 0; c--) {
@@ -310,6 +340,10 @@ static void SFX(lrnn_bwd_item)(const void *args, long item) {
                 a->dg[row_bth] = dec[0] * SFX(lrnn_hsum)(G);
             }
             if (delta) a->dbeta[row_bth] = SFX(lrnn_hsum)(Db);
+            if (a->l2norm) {
+                SFX(lrnn_l2_back)(in.qn, in.q_norm, dq_t, K);
+                SFX(lrnn_l2_back)(in.kn, in.k_norm, dk_t, K);
+            }
             memcpy(a->dv + row_bth * V, dvpad, sizeof(SCALAR) * V);
         }
     }
