@@ -29,7 +29,6 @@ from models.kernels.linear_rnn import _check, _compute_dtype
 
 CHUNK_LEN = 64          # steps between stored states; the backward recomputes one chunk
 TILE = 16               # the C kernel's LRNN_LT: checkpoint rows are padded to a multiple
-_GATES = {None: 0, "scalar": 1, "vector": 2}
 
 
 def available() -> bool:
@@ -38,14 +37,6 @@ def available() -> bool:
 
 def unavailable_reason() -> str:
     return cpu_kernels.unavailable_reason()
-
-
-def _readable(x: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
-    """``x`` in ``dtype`` with a unit stride on its last axis (a view when it has one)."""
-    if x is None:
-        return None
-    x = x.to(dtype)
-    return x if x.stride(-1) == 1 or x.shape[-1] == 1 else x.contiguous()
 
 
 def _strides(x: torch.Tensor | None) -> list[int]:
@@ -123,7 +114,7 @@ def _run(q, k, v, g, beta, scale, initial_state, output_final_state, vector_gate
     K = q.shape[-1]
     scale = K ** -0.5 if scale is None else float(scale)
     gate = 0 if g is None else (2 if vector_gate else 1)
-    args = [_readable(x, dt) for x in (q, k, v, g, beta)]
+    args = [cpu_kernels._rows_contiguous(x, dt) for x in (q, k, v, g, beta)]
     h0 = None if initial_state is None else initial_state.to(dt)
     o, S = LinearRNNCPU.apply(*args, h0, scale, gate, int(beta is not None),
                               chunk_len or CHUNK_LEN, int(l2norm))

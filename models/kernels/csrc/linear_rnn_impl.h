@@ -15,9 +15,10 @@
  * (chunk, K) matmuls, which torch runs at a fifth of its large-GEMM speed, and it does
  * twice the arithmetic of the recurrence. Here the state stays in L1 (32 x 32 floats is
  * 4 KiB), every loop runs over a tile of one state row (below), and the (batch, head)
- * items run in parallel. Measured (docs/RESULTS.md): 2-4x faster than the chunked form
- * on a 2-core CPU; the rest is bound by loads and stores of the state, one row per
- * step and operation (a time-blocked form for the gate-only ops would cut them).
+ * items run in parallel. Measured (docs/RESULTS.md): 0.9-2.7x the chunked form's speed
+ * on a 2-core CPU at L = 4096, with a third of its memory; the backward is bound by loads
+ * and stores of the state, one row per step and operation, and by the per-row lane sums
+ * (a time-blocked form for the gate-only ops would cut the first).
  *
  * Backward, by hand. With dS = dL/dS_t gathered from the future, per step, last first:
  *   dS    += scale q_t do_t^T;   dq_t = scale S_t do_t;   dk_t = dS w_t;   dw = dS^T k_t
