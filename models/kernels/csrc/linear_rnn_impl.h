@@ -163,9 +163,12 @@ static void SFX(lrnn_load)(const SFX(lrnn_args_t) *a, long b, long t, long h,
     }
 }
 
-/* One step on the padded state S (K, Vp) in place: decay, delta correction, update; then,
- * if opad, opad = scale S_t^T q_t (Vp). r (Vp): v - S'^T k, kept for the backward (delta). */
-static void SFX(lrnn_step)(const SFX(lrnn_args_t) *a, SCALAR *restrict S,
+/* One step from state src to state dst (K, Vp; the same pointer for a step in place):
+ * decay, delta correction, update; then, if opad, opad = scale S_t^T q_t (Vp).
+ * r (Vp): v - S'^T k, kept for the backward (delta). The decay is applied as the row is
+ * read, so a gated step reads and writes every state row once (twice read for the delta
+ * rules: once for S'^T k, once for the update). */
+static void SFX(lrnn_step)(const SFX(lrnn_args_t) *a, SCALAR *dst, const SCALAR *src,
                            const SFX(lrnn_in_t) *in, SCALAR *restrict r,
                            SCALAR *restrict opad) {
     const long K = a->K, Vp = a->Vp;
@@ -174,47 +177,34 @@ static void SFX(lrnn_step)(const SFX(lrnn_args_t) *a, SCALAR *restrict S,
     for (long j0 = 0; j0 < Vp; j0 += LT) {
         VEC w = SFX(ld)(in->v + j0);
         if (a->delta) {
-            VEC u = {0};
-            for (long i = 0; i < K; i++) {
-                SCALAR *row = S + i * Vp + j0;
-                const VEC x = SFX(ld)(row) * (gated ? dec[i] : 1);
-                SFX(st)(row, x);
-                u += k_t[i] * x;
-            }
-            const VEC rr = w - u;
-            SFX(st)(r + j0, rr);
-            w = in->beta * rr;
-        } else if (gated) {
-            for (long i = 0; i < K; i++) {
-                SCALAR *row = S + i * Vp + j0;
-                SFX(st)(row, SFX(ld)(row) * dec[i]);
-            }
-        }
-        if (opad) {
-            VEC o0 = {0}, o1 = {0};    /* two sums: half the dependency chain */
+            VEC u0 = {0}, u1 = {0};     /* two sums: half the dependency chain */
             long i = 0;
             for (; i + 1 < K; i += 2) {
-                SCALAR *row = S + i * Vp + j0;
-                const VEC x0 = SFX(ld)(row) + k_t[i] * w;
-                const VEC x1 = SFX(ld)(row + Vp) + k_t[i + 1] * w;
-                SFX(st)(row, x0);
-                SFX(st)(row + Vp, x1);
-                o0 += q_t[i] * x0;
-                o1 += q_t[i + 1] * x1;
+                const SCALAR c0 = gated ? k_t[i] * dec[i] : k_t[i];
+                const SCALAR c1 = gated ? k_t[i + 1] * dec[i + 1] : k_t[i + 1];
+                u0 += c0 * SFX(ld)(src + i * Vp + j0);
+                u1 += c1 * SFX(ld)(src + (i + 1) * Vp + j0);
             }
-            if (i < K) {
-                SCALAR *row = S + i * Vp + j0;
-                const VEC x0 = SFX(ld)(row) + k_t[i] * w;
-                SFX(st)(row, x0);
-                o0 += q_t[i] * x0;
+            if (i < K) u0 += (gated ? k_t[i] * dec[i] : k_t[i]) * SFX(ld)(src + i * Vp + j0);
+            const VEC rr = w - (u0 + u1);
+            SFX(st)(r + j0, rr);
+            w = in->beta * rr;
+        }
+        VEC o0 = {0}, o1 = {0};
+        if (gated) {
+            for (long i = 0; i < K; i++) {
+                const VEC x = SFX(ld)(src + i * Vp + j0) * dec[i] + k_t[i] * w;
+                SFX(st)(dst + i * Vp + j0, x);
+                if (i & 1) o1 += q_t[i] * x; else o0 += q_t[i] * x;
             }
-            SFX(st)(opad + j0, a->scale * (o0 + o1));
         } else {
             for (long i = 0; i < K; i++) {
-                SCALAR *row = S + i * Vp + j0;
-                SFX(st)(row, SFX(ld)(row) + k_t[i] * w);
+                const VEC x = SFX(ld)(src + i * Vp + j0) + k_t[i] * w;
+                SFX(st)(dst + i * Vp + j0, x);
+                if (i & 1) o1 += q_t[i] * x; else o0 += q_t[i] * x;
             }
         }
+        if (opad) SFX(st)(opad + j0, a->scale * (o0 + o1));
     }
 }
 
@@ -250,97 +240,204 @@ static void SFX(lrnn_fwd_item)(const void *args, long item) {
         if (a->ckpt && t % a->C == 0)
             memcpy(a->ckpt + (item * a->n_chunks + t / a->C) * KVp, S, sizeof(SCALAR) * KVp);
         SFX(lrnn_load)(a, b, t, h, &in);
-        SFX(lrnn_step)(a, S, &in, r, opad);
+        SFX(lrnn_step)(a, S, S, &in, r, opad);
         memcpy(a->o + ((b * a->T + t) * a->H + h) * V, opad, sizeof(SCALAR) * V);
     }
     SFX(lrnn_unpad)(a->S_last + item * K * V, S, K, V, Vp);
     free(buf);
 }
 
+/* Row sums of 16 tiles at once: out[i] = the sum of the LT lanes of P[i], i < 16, as a
+ * transpose-and-add tree (each level halves the lanes per row and doubles the rows per
+ * vector: 15 vector adds and 30 shuffles for 16 rows, where 16 separate lane sums take
+ * 240 scalar adds). P holds 16 tiles (rows past the caller's count are zero). */
+#if LT == 16 && (defined(__clang__) || (defined(__GNUC__) && __GNUC__ >= 12))
+#define LRNN_SHUF(x, y, ...) __builtin_shufflevector(x, y, __VA_ARGS__)
+static inline VEC SFX(lrnn_rowsums16)(const SCALAR *P) {
+    VEC l1[8], l2[4], l3[2];
+    for (int m = 0; m < 8; m++) {
+        const VEC x = SFX(ld)(P + (2 * m) * LT), y = SFX(ld)(P + (2 * m + 1) * LT);
+        l1[m] = LRNN_SHUF(x, y, 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23)
+              + LRNN_SHUF(x, y, 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
+    }
+    for (int m = 0; m < 4; m++)
+        l2[m] = LRNN_SHUF(l1[2 * m], l1[2 * m + 1],
+                          0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27)
+              + LRNN_SHUF(l1[2 * m], l1[2 * m + 1],
+                          4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
+    for (int m = 0; m < 2; m++)
+        l3[m] = LRNN_SHUF(l2[2 * m], l2[2 * m + 1],
+                          0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29)
+              + LRNN_SHUF(l2[2 * m], l2[2 * m + 1],
+                          2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31);
+    return LRNN_SHUF(l3[0], l3[1], 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30)
+         + LRNN_SHUF(l3[0], l3[1], 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+}
+#undef LRNN_SHUF
+#else
+static inline VEC SFX(lrnn_rowsums16)(const SCALAR *P) {
+    SCALAR out[LT];
+    for (int i = 0; i < LT; i++) out[i] = SFX(lrnn_hsum)(SFX(ld)(P + i * LT));
+    VEC x;
+    memcpy(&x, out, sizeof x);
+    return x;
+}
+#endif
+
+/* dst[i] = c * (sum of the lanes of P[i]) for i < K; P: (ceil(K / 16) * 16, LT) */
+static void SFX(lrnn_rowsums)(SCALAR *restrict dst, const SCALAR *restrict P, long K,
+                              SCALAR c) {
+    for (long i0 = 0; i0 < K; i0 += 16) {
+        const VEC x = c * SFX(lrnn_rowsums16)(P + i0 * LT);
+        memcpy(dst + i0, &x, sizeof(SCALAR) * (K - i0 < 16 ? K - i0 : 16));
+    }
+}
+
+/* What one backward step reads and writes (pointers into the item's buffers). */
+typedef struct {
+    const SCALAR *St, *Sp, *R;      /* S_t, S_{t-1} (K, Vp), r_t (Vp) */
+    const SCALAR *q, *k, *dec, *dop, *w;
+    SCALAR beta, scale;
+    SCALAR *dS, *Pq, *Pk, *Pg, *dv; /* dS (K, Vp); row-sum parts (K, LT); dv (Vp) */
+    VEC G, Db;                      /* the scalar gate's dg and dbeta, per lane */
+} SFX(lrnn_bstep_t);
+
+/* The backward of one step over the nt tiles (nt * LT columns) from column j0: rows in the
+ * inner loop, the nt tiles of every row in registers, so each row sum (dq, dk, dg) is one
+ * tile per row and group, and dL/dw (nt tiles) stays in registers across the rows.
+ * nt is a constant at every call, so the tile loops unroll. */
+static inline __attribute__((always_inline)) void
+SFX(lrnn_bwd_group)(const SFX(lrnn_args_t) *a, SFX(lrnn_bstep_t) *x, long j0, const int nt,
+                    const int first) {
+    const long K = a->K, Vp = a->Vp;
+    const int gated = a->gate != 0, vector_gate = a->gate == 2, delta = (int)a->delta;
+    VEC dov[4], w[4], dw[4], du[4];
+    for (int j = 0; j < nt; j++) {
+        dov[j] = SFX(ld)(x->dop + j0 + j * LT);
+        w[j] = SFX(ld)(x->w + j0 + j * LT);
+        dw[j] = (VEC){0};
+    }
+    /* pass A: dS += scale q do^T; dq = S_t do; dk = dS w; dw = dS^T k; without the delta
+     * rule also the gate's dg = sum_j dS S' and dS <- a_t . dS */
+    for (long i = 0; i < K; i++) {
+        SCALAR *dSi = x->dS + i * Vp + j0;
+        const SCALAR *Sti = x->St + i * Vp + j0, *Spi = x->Sp + i * Vp + j0;
+        const SCALAR sq = x->scale * x->q[i], ki = x->k[i];
+        VEC aq = {0}, ak = {0}, ag = {0};
+        for (int j = 0; j < nt; j++) {
+            const VEC d = SFX(ld)(dSi + j * LT) + sq * dov[j];
+            aq += SFX(ld)(Sti + j * LT) * dov[j];
+            ak += d * w[j];
+            dw[j] += ki * d;
+            if (!delta && gated) {
+                ag += d * SFX(ld)(Spi + j * LT);
+                SFX(st)(dSi + j * LT, d * x->dec[i]);
+            } else {
+                SFX(st)(dSi + j * LT, d);
+            }
+        }
+        SCALAR *pq = x->Pq + i * LT, *pk = x->Pk + i * LT;
+        SFX(st)(pq, first ? aq : SFX(ld)(pq) + aq);
+        SFX(st)(pk, first ? ak : SFX(ld)(pk) + ak);
+        if (!delta && vector_gate) {
+            SCALAR *pg = x->Pg + i * LT;
+            SFX(st)(pg, first ? ag : SFX(ld)(pg) + ag);
+        } else if (!delta && gated) {
+            x->G += ag;
+        }
+    }
+    if (!delta) {
+        for (int j = 0; j < nt; j++) SFX(st)(x->dv + j0 + j * LT, dw[j]);
+        return;
+    }
+    for (int j = 0; j < nt; j++) {
+        SFX(st)(x->dv + j0 + j * LT, x->beta * dw[j]);
+        x->Db += dw[j] * SFX(ld)(x->R + j0 + j * LT);
+        du[j] = -x->beta * dw[j];
+    }
+    /* pass B (delta): w = beta (v - S'^T k): dk += S' du, dS += k du^T (now dL/dS'); then
+     * the gate's dg = sum_j dS S_{t-1} (times a_t below) and dS <- a_t . dS */
+    for (long i = 0; i < K; i++) {
+        SCALAR *dSi = x->dS + i * Vp + j0;
+        const SCALAR *Spi = x->Sp + i * Vp + j0;
+        const SCALAR ki = x->k[i], di = gated ? x->dec[i] : 1;
+        VEC ak = {0}, ag = {0};
+        for (int j = 0; j < nt; j++) {
+            const VEC sp = SFX(ld)(Spi + j * LT);
+            ak += (di * sp) * du[j];
+            const VEC d = SFX(ld)(dSi + j * LT) + ki * du[j];
+            if (gated) {
+                ag += d * sp;
+                SFX(st)(dSi + j * LT, d * di);
+            } else {
+                SFX(st)(dSi + j * LT, d);
+            }
+        }
+        SCALAR *pk = x->Pk + i * LT;
+        SFX(st)(pk, SFX(ld)(pk) + ak);
+        if (vector_gate) {
+            SCALAR *pg = x->Pg + i * LT;
+            SFX(st)(pg, first ? ag : SFX(ld)(pg) + ag);
+        } else if (gated) {
+            x->G += ag;
+        }
+    }
+}
+
 static void SFX(lrnn_bwd_item)(const void *args, long item) {
     SFX(lrnn_args_t) *a = (SFX(lrnn_args_t) *)args;
     const long b = item / a->H, h = item % a->H, K = a->K, V = a->V, Vp = a->Vp, C = a->C;
-    const long H = a->H, T = a->T, KVp = K * Vp;
+    const long H = a->H, T = a->T, KVp = K * Vp, K16 = (K + 15) / 16 * 16;
     const int gated = a->gate != 0, vector_gate = a->gate == 2, delta = (int)a->delta;
     /* Sbuf (C + 1, K, Vp): S_{t0-1} .. S_{t0+C-1}; R (C, Vp): r_t; dS (K, Vp);
-     * v, do, dv (Vp); dec (K); Pq, Pk, Pg (K, LT): per-lane parts of the row sums */
-    SCALAR *buf = SFX(lrnn_buffer)((C + 1) * KVp + C * Vp + KVp + 3 * Vp + K + 3 * K * LT
-                                   + 2 * K);
+     * v, do, dv, w (Vp); dec, qn, kn (K); Pq, Pk, Pg (K16, LT): per-lane parts of the row
+     * sums, rows past K zero */
+    SCALAR *buf = SFX(lrnn_buffer)((C + 1) * KVp + C * Vp + KVp + 4 * Vp + 3 * K
+                                   + 3 * K16 * LT);
     if (!buf) { atomic_store(&a->failed, 1); return; }
     SCALAR *Sbuf = buf, *R = Sbuf + (C + 1) * KVp, *dS = R + C * Vp, *vpad = dS + KVp;
-    SCALAR *dopad = vpad + Vp, *dvpad = dopad + Vp, *dec = dvpad + Vp, *Pq = dec + K;
-    SCALAR *Pk = Pq + K * LT, *Pg = Pk + K * LT;
-    SFX(lrnn_in_t) in = {.v = vpad, .dec = dec, .qn = Pg + K * LT, .kn = Pg + K * LT + K};
-    const SCALAR scale = a->scale;
+    SCALAR *dopad = vpad + Vp, *dvpad = dopad + Vp, *wpad = dvpad + Vp, *dec = wpad + Vp;
+    SCALAR *Pq = dec + 3 * K, *Pk = Pq + K16 * LT, *Pg = Pk + K16 * LT;
+    SFX(lrnn_in_t) in = {.v = vpad, .dec = dec, .qn = dec + K, .kn = dec + 2 * K};
     if (a->dS_last) SFX(lrnn_pad)(dS, a->dS_last + item * K * V, K, V, Vp);
     for (long c = a->n_chunks - 1; c >= 0; c--) {
         const long t0 = c * C, steps = (T - t0) < C ? (T - t0) : C;
         memcpy(Sbuf, a->ckpt + (item * a->n_chunks + c) * KVp, sizeof(SCALAR) * KVp);
         for (long s = 0; s < steps; s++) {
-            memcpy(Sbuf + (s + 1) * KVp, Sbuf + s * KVp, sizeof(SCALAR) * KVp);
             SFX(lrnn_load)(a, b, t0 + s, h, &in);
-            SFX(lrnn_step)(a, Sbuf + (s + 1) * KVp, &in, R + s * Vp, NULL);
+            SFX(lrnn_step)(a, Sbuf + (s + 1) * KVp, Sbuf + s * KVp, &in, R + s * Vp, NULL);
         }
         for (long s = steps - 1; s >= 0; s--) {
             const long t = t0 + s, row_bth = (b * T + t) * H + h;
-            const SCALAR *St = Sbuf + (s + 1) * KVp, *Sp = Sbuf + s * KVp, *Rs = R + s * Vp;
             SFX(lrnn_load)(a, b, t, h, &in);
-            const SCALAR *restrict q_t = in.q, *restrict k_t = in.k, beta = in.beta;
             memcpy(dopad, a->d_o + row_bth * V, sizeof(SCALAR) * V);
-            VEC G = {0}, Db = {0};   /* the scalar gate's dg and dbeta, per lane */
-            for (long j0 = 0; j0 < Vp; j0 += LT) {
+            const SCALAR *Rs = R + s * Vp;
+            for (long j = 0; j < Vp; j += LT)
+                SFX(st)(wpad + j, delta ? in.beta * SFX(ld)(Rs + j) : SFX(ld)(vpad + j));
+            SFX(lrnn_bstep_t) x = {
+                .St = Sbuf + (s + 1) * KVp, .Sp = Sbuf + s * KVp, .R = Rs, .q = in.q,
+                .k = in.k, .dec = dec, .dop = dopad, .w = wpad, .beta = in.beta,
+                .scale = a->scale, .dS = dS, .Pq = Pq, .Pk = Pk, .Pg = Pg, .dv = dvpad};
+            for (long j0 = 0; j0 < Vp; j0 += 4 * LT) {
                 const int first = j0 == 0;
-                const VEC dot = SFX(ld)(dopad + j0);
-                const VEC w = delta ? beta * SFX(ld)(Rs + j0) : SFX(ld)(vpad + j0);
-                VEC dw = {0};
-                /* pass A: the output and the update k w^T */
-                for (long i = 0; i < K; i++) {
-                    SCALAR *dSi = dS + i * Vp + j0, *pq = Pq + i * LT, *pk = Pk + i * LT;
-                    const VEC d = SFX(ld)(dSi) + (scale * q_t[i]) * dot;
-                    SFX(st)(dSi, d);
-                    const VEC x = SFX(ld)(St + i * Vp + j0) * dot, y = d * w;
-                    SFX(st)(pq, first ? x : SFX(ld)(pq) + x);
-                    SFX(st)(pk, first ? y : SFX(ld)(pk) + y);
-                    dw += k_t[i] * d;
-                }
-                if (delta) {
-                    Db += dw * SFX(ld)(Rs + j0);
-                    SFX(st)(dvpad + j0, beta * dw);
-                } else {
-                    SFX(st)(dvpad + j0, dw);
-                }
-                const VEC du = -beta * dw;
-                /* pass B: the delta correction and the decay, back to dL/dS_{t-1} */
-                for (long i = 0; delta && i < K; i++) {
-                    SCALAR *dSi = dS + i * Vp + j0, *pk = Pk + i * LT;
-                    const VEC sp = SFX(ld)(Sp + i * Vp + j0) * (gated ? dec[i] : 1);
-                    SFX(st)(pk, SFX(ld)(pk) + sp * du);
-                    SFX(st)(dSi, SFX(ld)(dSi) + k_t[i] * du);
-                }
-                for (long i = 0; gated && i < K; i++) {
-                    SCALAR *dSi = dS + i * Vp + j0, *pg = Pg + i * LT;
-                    const VEC d = SFX(ld)(dSi), sp = SFX(ld)(Sp + i * Vp + j0);
-                    if (vector_gate) {
-                        const VEC x = d * (dec[i] * sp);
-                        SFX(st)(pg, first ? x : SFX(ld)(pg) + x);
-                    } else {
-                        G += d * sp;
-                    }
-                    SFX(st)(dSi, d * dec[i]);
+                switch ((Vp - j0) / LT) {
+                case 1: SFX(lrnn_bwd_group)(a, &x, j0, 1, first); break;
+                case 2: SFX(lrnn_bwd_group)(a, &x, j0, 2, first); break;
+                case 3: SFX(lrnn_bwd_group)(a, &x, j0, 3, first); break;
+                default: SFX(lrnn_bwd_group)(a, &x, j0, 4, first); break;
                 }
             }
             SCALAR *dq_t = a->dq + row_bth * K, *dk_t = a->dk + row_bth * K;
-            for (long i = 0; i < K; i++) {
-                dq_t[i] = scale * SFX(lrnn_hsum)(SFX(ld)(Pq + i * LT));
-                dk_t[i] = SFX(lrnn_hsum)(SFX(ld)(Pk + i * LT));
-            }
+            SFX(lrnn_rowsums)(dq_t, Pq, K, a->scale);
+            SFX(lrnn_rowsums)(dk_t, Pk, K, 1);
             if (vector_gate) {
                 SCALAR *dg_t = a->dg + row_bth * K;
-                for (long i = 0; i < K; i++) dg_t[i] = SFX(lrnn_hsum)(SFX(ld)(Pg + i * LT));
+                SFX(lrnn_rowsums)(dg_t, Pg, K, 1);
+                for (long i = 0; i < K; i++) dg_t[i] *= dec[i];
             } else if (gated) {
-                a->dg[row_bth] = dec[0] * SFX(lrnn_hsum)(G);
+                a->dg[row_bth] = dec[0] * SFX(lrnn_hsum)(x.G);
             }
-            if (delta) a->dbeta[row_bth] = SFX(lrnn_hsum)(Db);
+            if (delta) a->dbeta[row_bth] = SFX(lrnn_hsum)(x.Db);
             if (a->l2norm) {
                 SFX(lrnn_l2_back)(in.qn, in.q_norm, dq_t, K);
                 SFX(lrnn_l2_back)(in.kn, in.k_norm, dk_t, K);
