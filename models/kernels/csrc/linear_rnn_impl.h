@@ -58,6 +58,7 @@
 #define LRNN_LT 16     /* lanes per tile; linear_rnn_cpu.py pads the checkpoints to match */
 #endif
 #define LT LRNN_LT
+#define LRNN_PREFETCH 8
 
 typedef struct {
     const SCALAR *q, *k, *v, *g, *beta, *h0;
@@ -113,8 +114,8 @@ static inline SCALAR SFX(lrnn_hsum)(VEC x) {
 /* What step t reads besides the state: q_t, k_t (pointers), v_t padded to Vp, the decays
  * (one per key row; NULL without a gate) and beta. */
 typedef struct {
-    const SCALAR *q, *k;
-    SCALAR *v, *dec;
+    const SCALAR *q, *k, *v;    /* v: in place when V fills whole tiles, else vbuf */
+    SCALAR *vbuf, *dec;
     SCALAR beta;
     SCALAR *qn, *kn;            /* l2norm: the normalised q_t, k_t (K each) */
     SCALAR q_norm, k_norm;      /* and max(|q_t|, eps), max(|k_t|, eps) */
@@ -139,11 +140,34 @@ static void SFX(lrnn_l2_back)(const SCALAR *y, SCALAR n, SCALAR *d, long K) {
     for (long i = 0; i < K; i++) d[i] = (d[i] - y[i] * yd) / n;
 }
 
+/* ask for the cache lines of n numbers from p, to read (write 0) or to write (1) */
+static inline void SFX(lrnn_prefetch)(const SCALAR *p, long n, const int write) {
+    for (long i = 0; i < n; i += 64 / (long)sizeof(SCALAR)) {
+        if (write) __builtin_prefetch(p + i, 1);
+        else __builtin_prefetch(p + i, 0);
+    }
+}
+
 static void SFX(lrnn_load)(const SFX(lrnn_args_t) *a, long b, long t, long h,
                            SFX(lrnn_in_t) *in) {
+    /* the rows a few steps ahead: each item reads its rows a (time) stride apart, which the
+     * hardware prefetcher followed poorly (the first load of v_t took a third of the
+     * forward's time) */
+    if (t + LRNN_PREFETCH < a->T) {
+        const long tp = t + LRNN_PREFETCH;
+        SFX(lrnn_prefetch)(AT(a->q, a->sq, b, tp, h), a->K, 0);
+        SFX(lrnn_prefetch)(AT(a->k, a->sk, b, tp, h), a->K, 0);
+        SFX(lrnn_prefetch)(AT(a->v, a->sv, b, tp, h), a->V, 0);
+        if (a->gate) SFX(lrnn_prefetch)(AT(a->g, a->sg, b, tp, h), a->gate == 2 ? a->K : 1, 0);
+    }
     in->q = AT(a->q, a->sq, b, t, h);
     in->k = AT(a->k, a->sk, b, t, h);
-    memcpy(in->v, AT(a->v, a->sv, b, t, h), sizeof(SCALAR) * a->V);  /* pad stays zero */
+    if (a->V == a->Vp) {
+        in->v = AT(a->v, a->sv, b, t, h);
+    } else {  /* copied into a padded row (the pad stays zero) */
+        memcpy(in->vbuf, AT(a->v, a->sv, b, t, h), sizeof(SCALAR) * a->V);
+        in->v = in->vbuf;
+    }
     if (a->gate) {
         const SCALAR *g_t = AT(a->g, a->sg, b, t, h);
         if (a->gate == 2) {
@@ -190,19 +214,23 @@ static void SFX(lrnn_step)(const SFX(lrnn_args_t) *a, SCALAR *dst, const SCALAR 
             SFX(st)(r + j0, rr);
             w = in->beta * rr;
         }
+        /* rows in pairs, two output sums: half the dependency chain */
         VEC o0 = {0}, o1 = {0};
-        if (gated) {
-            for (long i = 0; i < K; i++) {
-                const VEC x = SFX(ld)(src + i * Vp + j0) * dec[i] + k_t[i] * w;
-                SFX(st)(dst + i * Vp + j0, x);
-                if (i & 1) o1 += q_t[i] * x; else o0 += q_t[i] * x;
-            }
-        } else {
-            for (long i = 0; i < K; i++) {
-                const VEC x = SFX(ld)(src + i * Vp + j0) + k_t[i] * w;
-                SFX(st)(dst + i * Vp + j0, x);
-                if (i & 1) o1 += q_t[i] * x; else o0 += q_t[i] * x;
-            }
+        long i = 0;
+        for (; i + 1 < K; i += 2) {
+            const SCALAR *s0 = src + i * Vp + j0, *s1 = s0 + Vp;
+            const VEC x0 = (gated ? SFX(ld)(s0) * dec[i] : SFX(ld)(s0)) + k_t[i] * w;
+            const VEC x1 = (gated ? SFX(ld)(s1) * dec[i + 1] : SFX(ld)(s1)) + k_t[i + 1] * w;
+            SFX(st)(dst + i * Vp + j0, x0);
+            SFX(st)(dst + (i + 1) * Vp + j0, x1);
+            o0 += q_t[i] * x0;
+            o1 += q_t[i + 1] * x1;
+        }
+        if (i < K) {
+            const SCALAR *s0 = src + i * Vp + j0;
+            const VEC x0 = (gated ? SFX(ld)(s0) * dec[i] : SFX(ld)(s0)) + k_t[i] * w;
+            SFX(st)(dst + i * Vp + j0, x0);
+            o0 += q_t[i] * x0;
         }
         if (opad) SFX(st)(opad + j0, a->scale * (o0 + o1));
     }
@@ -234,14 +262,17 @@ static void SFX(lrnn_fwd_item)(const void *args, long item) {
     SCALAR *buf = SFX(lrnn_buffer)(KVp + 3 * Vp + 3 * K);
     if (!buf) { atomic_store(&a->failed, 1); return; }
     SCALAR *S = buf, *vpad = S + KVp, *opad = vpad + Vp, *r = opad + Vp, *dec = r + Vp;
-    SFX(lrnn_in_t) in = {.v = vpad, .dec = dec, .qn = dec + K, .kn = dec + 2 * K};
+    SFX(lrnn_in_t) in = {.vbuf = vpad, .dec = dec, .qn = dec + K, .kn = dec + 2 * K};
+    const int padded = V != Vp;   /* else o_t is written in place (no copy per step) */
     if (a->h0) SFX(lrnn_pad)(S, a->h0 + item * K * V, K, V, Vp);
     for (long t = 0; t < a->T; t++) {
         if (a->ckpt && t % a->C == 0)
             memcpy(a->ckpt + (item * a->n_chunks + t / a->C) * KVp, S, sizeof(SCALAR) * KVp);
         SFX(lrnn_load)(a, b, t, h, &in);
-        SFX(lrnn_step)(a, S, S, &in, r, opad);
-        memcpy(a->o + ((b * a->T + t) * a->H + h) * V, opad, sizeof(SCALAR) * V);
+        SCALAR *o_t = a->o + ((b * a->T + t) * a->H + h) * V;
+        if (t + LRNN_PREFETCH < a->T) SFX(lrnn_prefetch)(o_t + LRNN_PREFETCH * a->H * V, V, 1);
+        SFX(lrnn_step)(a, S, S, &in, r, padded ? opad : o_t);
+        if (padded) memcpy(o_t, opad, sizeof(SCALAR) * V);
     }
     SFX(lrnn_unpad)(a->S_last + item * K * V, S, K, V, Vp);
     free(buf);
@@ -284,12 +315,20 @@ static inline VEC SFX(lrnn_rowsums16)(const SCALAR *P) {
 }
 #endif
 
-/* dst[i] = c * (sum of the lanes of P[i]) for i < K; P: (ceil(K / 16) * 16, LT) */
+/* dst[i] = c * m[i] * (sum of the lanes of P[i]) for i < K (m NULL: 1);
+ * P: (ceil(K / 16) * 16, LT) */
 static void SFX(lrnn_rowsums)(SCALAR *restrict dst, const SCALAR *restrict P, long K,
-                              SCALAR c) {
+                              SCALAR c, const SCALAR *restrict m) {
     for (long i0 = 0; i0 < K; i0 += 16) {
-        const VEC x = c * SFX(lrnn_rowsums16)(P + i0 * LT);
-        memcpy(dst + i0, &x, sizeof(SCALAR) * (K - i0 < 16 ? K - i0 : 16));
+        VEC x = c * SFX(lrnn_rowsums16)(P + i0 * LT);
+        const long n = K - i0 < 16 ? K - i0 : 16;
+        if (m) {
+            SCALAR mm[LT] = {0};
+            memcpy(mm, m + i0, sizeof(SCALAR) * n);
+            x *= SFX(ld)(mm);
+        }
+        if (n == 16) SFX(st)(dst + i0, x);   /* a fixed-size copy: no libc call */
+        else memcpy(dst + i0, &x, sizeof(SCALAR) * n);
     }
 }
 
@@ -398,7 +437,8 @@ static void SFX(lrnn_bwd_item)(const void *args, long item) {
     SCALAR *Sbuf = buf, *R = Sbuf + (C + 1) * KVp, *dS = R + C * Vp, *vpad = dS + KVp;
     SCALAR *dopad = vpad + Vp, *dvpad = dopad + Vp, *wpad = dvpad + Vp, *dec = wpad + Vp;
     SCALAR *Pq = dec + 3 * K, *Pk = Pq + K16 * LT, *Pg = Pk + K16 * LT;
-    SFX(lrnn_in_t) in = {.v = vpad, .dec = dec, .qn = dec + K, .kn = dec + 2 * K};
+    SFX(lrnn_in_t) in = {.vbuf = vpad, .dec = dec, .qn = dec + K, .kn = dec + 2 * K};
+    const int padded = V != Vp;   /* else do_t and dv_t are used in place */
     if (a->dS_last) SFX(lrnn_pad)(dS, a->dS_last + item * K * V, K, V, Vp);
     for (long c = a->n_chunks - 1; c >= 0; c--) {
         const long t0 = c * C, steps = (T - t0) < C ? (T - t0) : C;
@@ -410,14 +450,24 @@ static void SFX(lrnn_bwd_item)(const void *args, long item) {
         for (long s = steps - 1; s >= 0; s--) {
             const long t = t0 + s, row_bth = (b * T + t) * H + h;
             SFX(lrnn_load)(a, b, t, h, &in);
-            memcpy(dopad, a->d_o + row_bth * V, sizeof(SCALAR) * V);
+            if (t >= LRNN_PREFETCH) {   /* the rows a few steps back: do read, the rest written */
+                const long rp = row_bth - LRNN_PREFETCH * H;
+                SFX(lrnn_prefetch)(a->d_o + rp * V, V, 0);
+                SFX(lrnn_prefetch)(a->dv + rp * V, V, 1);
+                SFX(lrnn_prefetch)(a->dq + rp * K, K, 1);
+                SFX(lrnn_prefetch)(a->dk + rp * K, K, 1);
+                if (vector_gate) SFX(lrnn_prefetch)(a->dg + rp * K, K, 1);
+            }
+            const SCALAR *do_t = a->d_o + row_bth * V;
+            SCALAR *dv_t = a->dv + row_bth * V;
+            if (padded) memcpy(dopad, do_t, sizeof(SCALAR) * V);
             const SCALAR *Rs = R + s * Vp;
             for (long j = 0; j < Vp; j += LT)
-                SFX(st)(wpad + j, delta ? in.beta * SFX(ld)(Rs + j) : SFX(ld)(vpad + j));
+                SFX(st)(wpad + j, delta ? in.beta * SFX(ld)(Rs + j) : SFX(ld)(in.v + j));
             SFX(lrnn_bstep_t) x = {
                 .St = Sbuf + (s + 1) * KVp, .Sp = Sbuf + s * KVp, .R = Rs, .q = in.q,
-                .k = in.k, .dec = dec, .dop = dopad, .w = wpad, .beta = in.beta,
-                .scale = a->scale, .dS = dS, .Pq = Pq, .Pk = Pk, .Pg = Pg, .dv = dvpad};
+                .k = in.k, .dec = dec, .dop = padded ? dopad : do_t, .w = wpad, .beta = in.beta,
+                .scale = a->scale, .dS = dS, .Pq = Pq, .Pk = Pk, .Pg = Pg, .dv = padded ? dvpad : dv_t};
             for (long j0 = 0; j0 < Vp; j0 += 4 * LT) {
                 const int first = j0 == 0;
                 switch ((Vp - j0) / LT) {
@@ -428,12 +478,10 @@ static void SFX(lrnn_bwd_item)(const void *args, long item) {
                 }
             }
             SCALAR *dq_t = a->dq + row_bth * K, *dk_t = a->dk + row_bth * K;
-            SFX(lrnn_rowsums)(dq_t, Pq, K, a->scale);
-            SFX(lrnn_rowsums)(dk_t, Pk, K, 1);
+            SFX(lrnn_rowsums)(dq_t, Pq, K, a->scale, NULL);
+            SFX(lrnn_rowsums)(dk_t, Pk, K, 1, NULL);
             if (vector_gate) {
-                SCALAR *dg_t = a->dg + row_bth * K;
-                SFX(lrnn_rowsums)(dg_t, Pg, K, 1);
-                for (long i = 0; i < K; i++) dg_t[i] *= dec[i];
+                SFX(lrnn_rowsums)(a->dg + row_bth * K, Pg, K, 1, dec);
             } else if (gated) {
                 a->dg[row_bth] = dec[0] * SFX(lrnn_hsum)(x.G);
             }
@@ -442,7 +490,7 @@ static void SFX(lrnn_bwd_item)(const void *args, long item) {
                 SFX(lrnn_l2_back)(in.qn, in.q_norm, dq_t, K);
                 SFX(lrnn_l2_back)(in.kn, in.k_norm, dk_t, K);
             }
-            memcpy(a->dv + row_bth * V, dvpad, sizeof(SCALAR) * V);
+            if (padded) memcpy(dv_t, dvpad, sizeof(SCALAR) * V);
         }
     }
     SFX(lrnn_unpad)(a->dh0 + item * K * V, dS, K, V, Vp);
@@ -465,4 +513,5 @@ int SFX(lrnn_bwd)(void *const *p, const long *s) {
 
 #undef AT
 #undef LT
+#undef LRNN_PREFETCH
 #undef VEC
