@@ -24,36 +24,138 @@ def recomputed(fn: Callable, *args):
     backward. fn must be deterministic (no dropout) and take every tensor it needs a
     gradient for (parameters included) as an argument: gradients reach ``args`` only.
     (Not torch.utils.checkpoint: its first call costs ~1 s and ~120 MiB of imports.)"""
-    if torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad
-                                       for a in args):
-        return _Recompute.apply(fn, *args)
+    if _records(args):
+        return _Recompute.apply(fn, None, *args)
     return fn(*args)
 
 
+SLICE_LEN = 1024   # steps per slice of recomputed_in_slices' backward
+
+
+def recomputed_in_slices(fn: Callable, n_timed: int, halo: int, *args):
+    """fn(0, *args) -> one tensor (batch, L, ...), kept and recomputed as :func:`recomputed`
+    does, but the backward recomputes and backpropagates it SLICE_LEN steps at a time, so
+    fn's intermediates (a gated norm's five or six (batch, L, width) tensors: 300-600 MiB
+    per layer at batch 8, L = 16384) live one slice at a time.
+
+    The first ``n_timed`` args are per-step tensors (batch, L, ...); the rest (parameters,
+    a conv's left context, ...) are passed whole. For the slice of steps [s, e) fn is
+    called as ``fn(h, *sliced)`` with the per-step args' steps [s - h, e), h = min(halo, s)
+    steps of context before the slice, and must return the output's steps [s, e) only:
+    halo 0 for position-wise pieces, d_conv - 1 for a causal conv (whose left context, an
+    arg, applies when h = 0, at the start of the sequence). Gradients are the same sums
+    as :func:`recomputed`'s, added up over the slices."""
+    if _records(args):
+        return _Recompute.apply(fn, (n_timed, halo), *args)
+    return fn(0, *args)
+
+
+def _records(args) -> bool:
+    return torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad
+                                           for a in args)
+
+
 class _Recompute(torch.autograd.Function):
-    """The autograd node of :func:`recomputed`: the forward runs fn without recording and
-    saves its tensor arguments; the backward runs fn again with recording and
-    backpropagates through that copy."""
+    """The autograd node of :func:`recomputed` (slices None) and
+    :func:`recomputed_in_slices` (slices (n_timed, halo)): the forward runs fn without
+    recording and saves its tensor arguments; the backward runs fn again with recording
+    and backpropagates through that copy, whole or slice by slice."""
 
     @staticmethod
-    def forward(ctx, fn, *args):
-        ctx.fn = fn
+    def forward(ctx, fn, slices, *args):
+        ctx.fn, ctx.slices = fn, slices
         ctx.is_tensor = [isinstance(a, torch.Tensor) for a in args]
         ctx.others = [None if t else a for a, t in zip(args, ctx.is_tensor)]
         ctx.save_for_backward(*(a for a, t in zip(args, ctx.is_tensor) if t))
-        return fn(*args)
+        return fn(*args) if slices is None else fn(0, *args)
 
     @staticmethod
     def backward(ctx, grad):
         saved = iter(ctx.saved_tensors)
-        needs = ctx.needs_input_grad[1:]
-        args = [next(saved).detach().requires_grad_(need) if t else other
-                for t, other, need in zip(ctx.is_tensor, ctx.others, needs)]
-        leaves = [a for a, need in zip(args, needs) if need]
+        needs = ctx.needs_input_grad[2:]
+        args = [next(saved).detach() if t else other for t, other in zip(ctx.is_tensor, ctx.others)]
+        if ctx.slices is None:
+            args = [a.requires_grad_(need) if t else a
+                    for a, t, need in zip(args, ctx.is_tensor, needs)]
+            leaves = [a for a, need in zip(args, needs) if need]
+            with torch.enable_grad():
+                out = ctx.fn(*args)
+                found = iter(torch.autograd.grad(vjp_loss((out,), (grad,)), leaves,
+                                                 allow_unused=True))
+            return (None, None, *(next(found) if need else None for need in needs))
+        return (None, None, *_sliced_vjp(ctx.fn, *ctx.slices, args, needs, grad))
+
+
+def _sliced_vjp(fn, n_timed, halo, args, needs, grad):
+    """The vector-Jacobian product of fn(0, *args) with ``grad`` (batch, L, ...), computed
+    over slices of SLICE_LEN steps (see :func:`recomputed_in_slices`) -> one grad per arg
+    (None where not needed)."""
+    L = grad.shape[1]
+    total = [None] * len(args)
+    for i in range(n_timed):                # per-step grads: each slice adds its rows
+        if needs[i]:
+            total[i] = torch.zeros_like(args[i])
+    whole = [a.requires_grad_(need) if i >= n_timed and isinstance(a, torch.Tensor) else a
+             for i, (a, need) in enumerate(zip(args, needs))]
+    for s in range(0, L, SLICE_LEN):
+        e, a = min(L, s + SLICE_LEN), max(0, s - halo)
+        part = [arg[:, a:e].requires_grad_(need) if i < n_timed else arg
+                for i, (arg, need) in enumerate(zip(whole, needs))]
+        leaves = [x for x, need in zip(part, needs) if need]
         with torch.enable_grad():
-            out = ctx.fn(*args)
-            found = iter(torch.autograd.grad(vjp_loss((out,), (grad,)), leaves, allow_unused=True))
-        return (None, *(next(found) if need else None for need in needs))
+            out = fn(s - a, *part)
+            found = iter(torch.autograd.grad(vjp_loss((out,), (grad[:, s:e],)), leaves,
+                                             allow_unused=True))
+        for i, need in enumerate(needs):
+            g = next(found) if need else None
+            if g is None:
+                continue
+            if i < n_timed:
+                total[i][:, a:e] += g
+            else:
+                total[i] = g if total[i] is None else total[i] + g
+    return total
+
+
+def causal_conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                left: torch.Tensor | None = None, silu: bool = True) -> torch.Tensor:
+    """act(causal depthwise conv(x)), time-major: x (b, L, D) -> (b, L, D), contiguous.
+
+        out[b, t] = act(bias + sum_j weight[:, 0, j] * x[b, t - (k - 1) + j]),  act = SiLU
+        (``silu``) or the identity; weight (D, 1, k) as ``nn.Conv1d(D, D, k, groups=D)``;
+        bias (D,) or None; left (b, k - 1, D): the inputs before t = 0 (None: zeros).
+
+    The short conv of Mamba-2 and the delta-rule mixers. On CPU in float32 / float64 the
+    workbench's C kernel (``models.kernels.cpu_kernels.CausalConv1dCPU``) when it builds;
+    otherwise a sum of k shifted products (any device and dtype). Not PyTorch's conv1d: its
+    depthwise backward on CPU took 32 s at b8 L4096 x 256 channels against 0.6 s for the C
+    kernel and 2.8 s for the shifted sum (loaded 2-core CPU)."""
+    from models.kernels import cpu_kernels   # lazily: the norms need no kernel module
+
+    if x.shape[1] == 0:                      # an empty chunk
+        return x.clone()
+    if (x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64)
+            and cpu_kernels.available()):
+        return cpu_kernels.CausalConv1dCPU.apply(x, weight, bias, left, silu)
+    b, L, D = x.shape
+    k = weight.shape[-1]
+    prev = x.new_zeros(b, k - 1, D) if left is None else left.to(x.dtype)
+    xp = torch.cat([prev, x], 1)                                       # (b, k - 1 + L, D)
+    y = xp[:, k - 1:] * weight[:, 0, k - 1]
+    for j in range(k - 1):
+        y = y + xp[:, j:j + L] * weight[:, 0, j]
+    y = y if bias is None else y + bias
+    return torch.nn.functional.silu(y) if silu else y
+
+
+def conv_cache(cache: torch.Tensor, tail: torch.Tensor) -> torch.Tensor:
+    """The next cache of a causal conv of kernel k: its last k - 1 inputs, channels first.
+    cache (b, D, k - 1), tail (b, T', D): the chunk's last min(T, k - 1) inputs ->
+    (b, D, k - 1), contiguous (from ``cache`` where the chunk is shorter than k - 1)."""
+    k1 = cache.shape[-1]
+    if k1 == 0:
+        return cache
+    return torch.cat([cache.to(tail.dtype), tail.transpose(1, 2)], -1)[..., -k1:].contiguous()
 
 
 def vjp_loss(outputs, grads) -> torch.Tensor:

@@ -49,8 +49,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from models.common import recomputed
-from models.kernels import cpu_kernels
+from models.common import causal_conv, conv_cache, recomputed, recomputed_in_slices
 from models.kernels import linear_rnn_backends as lrb
 
 BACKENDS = ("auto", "torch", "ref", "fla", "cpu", "mamba_ssm")
@@ -224,33 +223,60 @@ class Mamba2(nn.Module):
 
     def _conv(self, xBC: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None,
               left: torch.Tensor | None = None) -> torch.Tensor:
-        """silu(causal depthwise conv(xBC)): (b, L, conv_dim) -> same shape, time-major;
-        w, bias: ``conv1d``'s (passed in, so that :func:`recomputed` reaches their gradients).
+        """silu(causal depthwise conv(xBC)): (b, L, channels) -> same shape, time-major, for
+        any run of the conv's channels; w, bias: ``conv1d``'s rows for those channels (passed
+        in, so that :func:`recomputed` reaches their gradients); ``left`` (b, d_conv - 1,
+        channels), time-major: the inputs before xBC (None = zeros). The C kernel on CPU
+        (as Mamba uses), else a sum of shifted products: :func:`models.common.causal_conv`."""
+        return causal_conv(xBC, w, bias, left, silu=True)
 
-        ``left`` (b, conv_dim, d_conv - 1): the inputs before xBC (None = zeros). On CPU the
-        workbench's C kernel (``models.kernels.cpu_kernels``, as Mamba uses) when it builds;
-        otherwise a sum of d_conv shifted products. Not PyTorch's conv1d: its depthwise
-        backward on CPU took 32 s at b8 L4096 x 256 channels against 0.6 s for the C kernel
-        and 2.8 s for the shifted sum (loaded 2-core CPU).
-        """
-        if xBC.shape[1] == 0:  # an empty chunk
-            return xBC.clone()
-        k = self.d_conv
-        left_t = None if left is None else left.transpose(1, 2)       # (b, k - 1, conv_dim)
-        if (xBC.device.type == "cpu" and xBC.dtype in (torch.float32, torch.float64)
-                and cpu_kernels.available()):
-            return cpu_kernels.CausalConv1dCPU.apply(xBC, w, bias, left_t, True)
-        b, L, _ = xBC.shape
-        prev = xBC.new_zeros(b, k - 1, self.conv_dim) if left_t is None else left_t.to(xBC.dtype)
-        xp = torch.cat([prev, xBC], 1)                                 # (b, k - 1 + L, conv_dim)
-        y = xp[:, k - 1:] * w[:, 0, k - 1]
-        for j in range(k - 1):
-            y = y + xp[:, j:j + L] * w[:, 0, j]
-        return F.silu(y if bias is None else y + bias)
+    # -- recomputed pieces ---------------------------------------------------------------
+    # Each piece starts from the layer input u (d_model wide) and keeps only u and its own
+    # narrow inputs for the backward, recomputing in_proj's rows there: in_proj's output is
+    # 388 wide at d_model 64 (1 + 2 + ... MiB per step of batch 8), and any view of it kept
+    # (z for the gate, xBC for the conv) kept all of it: 194 MiB per layer at batch 8,
+    # L = 16384 (``scripts/memprobe.py mamba2 16384 --saved``).
+    def _part(self, name: str, left: torch.Tensor | None = None):
+        """in_proj's and conv1d's parameters for one part of in_proj's output, name in
+        'z', 'x', 'BC', 'xBC', 'dt' -> [in weight, in bias, conv weight, conv bias, left]
+        (rows of each; None where absent; conv entries None for z and dt). ``left``
+        (b, d_conv - 1, conv_dim), time-major, is cut to the part's conv channels."""
+        di, cd = self.d_inner, self.conv_dim
+        lo, hi = {"z": (0, di), "x": (di, 2 * di), "BC": (2 * di, di + cd),
+                  "xBC": (di, di + cd), "dt": (di + cd, di + cd + self.nheads)}[name]
+        w, b = self.in_proj.weight[lo:hi], self.in_proj.bias
+        part = [w, None if b is None else b[lo:hi]]
+        if name in ("z", "dt"):
+            return part + [None, None, None]
+        c0, c1 = lo - di, hi - di                                       # conv channels
+        cb = self.conv1d.bias
+        return part + [self.conv1d.weight[c0:c1], None if cb is None else cb[c0:c1],
+                       None if left is None else left[..., c0:c1]]
 
-    def _conv_recomputed(self, xBC: torch.Tensor, left: torch.Tensor | None = None) -> torch.Tensor:
-        """:meth:`_conv`, its output recomputed in the backward instead of kept."""
-        return recomputed(self._conv, xBC, self.conv1d.weight, self.conv1d.bias, left)
+    def _proj_conv(self, u, w, b, cw, cb, left):
+        """silu(conv(u W^T + b)): u (b, L, d_model) -> (b, L, channels) of the part."""
+        return self._conv(F.linear(u, w, b), cw, cb, left)
+
+    def _x_dt(self, u, w, b, cw, cb, left, dt):
+        """The SSD's value x * dt: u (b, L, d_model), dt (b, L, nheads) ->
+        (b, L, nheads, headdim) in >= float32."""
+        x = self._proj_conv(u, w, b, cw, cb, left).unflatten(-1, (self.nheads, self.headdim))
+        return _atleast_f32(x) * dt[..., None]
+
+    def _gate_out(self, h, y, u, wz, bz, norm_w, wo, bo):
+        """out_proj(norm(y * silu(z))), z = u Wz^T + bz: y (b, L, d_inner), u (b, L, d_model)
+        -> (b, L - h, d_model); position-wise (h, the slice's context steps, is 0)."""
+        return F.linear(self.norm._norm(y, F.linear(u, wz, bz), norm_w), wo, bo)
+
+    def _skip_gate_out(self, h, o, u, wx, bx, cwx, cbx, left, D, wz, bz, norm_w, wo, bo):
+        """The D skip, gate, norm and out_proj: o (b, L, nheads, headdim), the SSD's output,
+        u (b, L, d_model) -> (b, L - h, d_model), the steps after the first h (context for
+        the conv: :func:`models.common.recomputed_in_slices`; h = 0 uses ``left``); x (the
+        skip's input) recomputed from u as in :meth:`_x_dt`."""
+        x = self._proj_conv(u, wx, bx, cwx, cbx, None if h else left)[:, h:]
+        xf = _atleast_f32(x.unflatten(-1, (self.nheads, self.headdim)))
+        y = (o[:, h:].to(xf.dtype) + D[:, None] * xf).flatten(-2).to(x.dtype)  # (b, L - h, d_inner)
+        return self._gate_out(0, y, u[:, h:], wz, bz, norm_w, wo, bo)
 
     def _heads(self, xBC: torch.Tensor):
         """xBC (..., conv_dim) -> x (..., nheads, headdim), B, C (..., ngroups, d_state)."""
@@ -268,17 +294,25 @@ class Mamba2(nn.Module):
             return BC.expand(*BC.shape[:-2], self.nheads, BC.shape[-1])
         return BC.repeat_interleave(self.nheads // self.ngroups, dim=-2)
 
-    def _ssd(self, xBC: torch.Tensor, dt_raw: torch.Tensor,
+    def _mix(self, u: torch.Tensor, conv_state: torch.Tensor | None,
              initial_state: torch.Tensor | None, want_state: bool):
-        """The SSD over a chunk: xBC (b, L, conv_dim) after conv, dt_raw (b, L, nheads) ->
-        y (b, L, d_inner) with the D skip, final ssm state (b, nheads, d_state, headdim)
-        or None."""
-        x, B, C = self._heads(xBC)
+        """The mixer over a chunk: u (b, L, d_model), conv_state (b, conv_dim, d_conv - 1) or
+        None (zeros), initial ssm state (b, nheads, d_state, headdim) or None ->
+        (out (b, L, d_model), final ssm state or None).
+
+        What autograd keeps per layer (memprobe ``--saved``): u, B and C after the conv,
+        x * dt (the operator's inputs), dt, the operator's own checkpoints and its output
+        o; the conv output's x part, z and the gated norm are recomputed from u."""
+        left = None if conv_state is None else conv_state.to(u.dtype).transpose(1, 2)
+        resolved = resolve_backend(self.backend_choice, u.device.type)
+        self._last_backend = resolved
+        w_dt, b_dt = self._part("dt")[:2]
+        dt_raw = F.linear(u, w_dt, b_dt)                                 # (b, L, nheads)
         A = -torch.exp(_atleast_f32(self.A_log))                       # (nheads,)
         D = _atleast_f32(self.D)
-        resolved = resolve_backend(self.backend_choice, xBC.device.type)
-        self._last_backend = resolved
+        gate_out = [*self._part("z")[:2], self.norm.weight, self.out_proj.weight, self.out_proj.bias]
         if resolved == "mamba_ssm":
+            x, B, C = self._heads(recomputed(self._proj_conv, u, *self._part("xBC", left)))
             fn = mamba_ssm_status()[0]
             S0 = None if initial_state is None else initial_state.transpose(-1, -2).contiguous()
             out = fn(x, dt_raw, A, B, C, chunk_size=self.chunk_size or 256, D=D, dt_bias=self.dt_bias,
@@ -286,35 +320,36 @@ class Mamba2(nn.Module):
             y, S = out if want_state else (out, None)
             if S is not None:
                 S = S.transpose(-1, -2)                                 # -> (b, h, d_state, headdim)
-            return y.flatten(-2), S
-        op, _ = lrb.get_op("simple_gla", resolved, xBC.device.type)
-        xf = _atleast_f32(x)
+            return recomputed_in_slices(self._gate_out, 2, 0, y.flatten(-2), u, *gate_out), S
+        BC = recomputed(self._proj_conv, u, *self._part("BC", left))   # (b, L, 2 ngroups d_state)
+        B, C = (t.unflatten(-1, (self.ngroups, self.d_state)) for t in BC.chunk(2, dim=-1))
         dt = F.softplus(_atleast_f32(dt_raw) + _atleast_f32(self.dt_bias))  # (b, L, nheads)
+        x_part = self._part("x", left)
+        v = recomputed(self._x_dt, u, *x_part, dt)                     # (b, L, nheads, headdim)
+        op, _ = lrb.get_op("simple_gla", resolved, u.device.type)
         kwargs = {"chunk_size": self.chunk_size} if resolved == "torch" else {}
         o, S = op(self._to_heads(_atleast_f32(C)), self._to_heads(_atleast_f32(B)),
-                  xf * dt[..., None], dt * A, scale=1.0, initial_state=initial_state,
+                  v, dt * A, scale=1.0, initial_state=initial_state,
                   output_final_state=want_state, **kwargs)
-        y = o.to(xf.dtype) + D[:, None] * xf                            # (b, L, nheads, headdim)
-        return y.flatten(-2).to(x.dtype), S
+        # the widest piece: recomputed a slice at a time, its conv with d_conv - 1 steps of context
+        return recomputed_in_slices(self._skip_gate_out, 2, self.d_conv - 1, o, u, *x_part, D,
+                                    *gate_out), S
 
     # -- full sequence -----------------------------------------------------------------
     def forward(self, u: torch.Tensor) -> torch.Tensor:
         """u: (batch, length, d_model) -> (batch, length, d_model)."""
-        z, xBC, dt_raw = self._split_in(u)
-        y, _ = self._ssd(self._conv_recomputed(xBC), dt_raw, None, False)
-        return self.out_proj(self.norm(y, z))
+        return self._mix(u, None, None, False)[0]
 
     def forward_with_state(self, u: torch.Tensor, state: Mamba2State) -> tuple[torch.Tensor, Mamba2State]:
         """Run a chunk u (batch, length, d_model) from ``state``; returns (out, next state).
 
         Chaining chunks this way equals one forward over their concatenation."""
         conv_state, ssm_state = state
-        z, xBC, dt_raw = self._split_in(u)
         k1 = self.d_conv - 1
-        left = conv_state.to(xBC.dtype)                                 # (b, conv_dim, k1)
-        new_conv = torch.cat([left, xBC.transpose(1, 2)], -1)[..., xBC.shape[1]:] if k1 else conv_state
-        y, ssm_state = self._ssd(self._conv_recomputed(xBC, left), dt_raw, ssm_state, True)
-        return self.out_proj(self.norm(y, z)), (new_conv.contiguous(), ssm_state)
+        w, b = self._part("xBC")[:2]                   # the conv's inputs for the next chunk
+        new_conv = conv_cache(conv_state, F.linear(u[:, u.shape[1] - min(k1, u.shape[1]):], w, b))
+        out, ssm_state = self._mix(u, conv_state, ssm_state, True)
+        return out, (new_conv, ssm_state)
 
     # -- recurrent mode ----------------------------------------------------------------
     def init_state(self, batch: int) -> Mamba2State:

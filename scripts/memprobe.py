@@ -6,13 +6,15 @@ Default: the first training step's peak RSS above the RSS before it (batch 8, d_
 2 layers, one thread) and the second step's time; --segment sets the linear-RNN operators'
 SEGMENT_LEN (0: whole-sequence autograd). --saved instead counts, for ONE layer, the bytes
 autograd keeps for the backward per source line under models/ (saved_tensors_hooks;
-each storage counted once).
+each storage counted once; what a recomputed piece keeps is listed under the line
+that calls it, marked [recomputed]).
 """
 from __future__ import annotations
 
 import argparse
 import collections
 import gc
+import inspect
 import sys
 import time
 import traceback
@@ -23,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 
 import models  # noqa: E402
+import models.common  # noqa: E402
 from models.kernels import linear_rnn  # noqa: E402
 
 
@@ -56,6 +59,20 @@ def step_peak(name: str, L: int) -> None:
           f"above its start; second step {dt * 1e3:.0f} ms")
 
 
+def _lines(fn) -> tuple[str, range]:
+    lines, first = inspect.getsourcelines(fn)
+    return inspect.getsourcefile(fn), range(first, first + len(lines))
+
+
+# models.common.recomputed and its autograd node: what a piece saves is listed under the
+# line that called it, marked [recomputed]
+RECOMPUTE_FRAMES = [_lines(models.common.recomputed), _lines(models.common._Recompute.forward)]
+
+
+def _in_recompute(f) -> bool:
+    return any(f.filename == file and f.lineno in span for file, span in RECOMPUTE_FRAMES)
+
+
 def saved_by_line(name: str, L: int) -> None:
     model = models.build(name, d_model=64, n_layers=1)
     x = torch.randn(8, L, 64, requires_grad=True)
@@ -67,8 +84,12 @@ def saved_by_line(name: str, L: int) -> None:
         if key not in seen:
             seen.add(key)
             frames = [f for f in traceback.extract_stack() if f.filename.startswith(root + "models")]
+            # a recomputed piece's inputs are saved inside models.common: name its caller
+            via = [f for f in frames if _in_recompute(f)]
+            frames = [f for f in frames if not _in_recompute(f)]
             f = frames[-1] if frames else None
             where = f"{f.filename[len(root):]}:{f.lineno} {(f.line or '')[:60]}" if f else "?"
+            where = ("[recomputed] " if via else "") + where
             by[where] += t.untyped_storage().nbytes()
         return t
 
