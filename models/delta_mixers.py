@@ -19,6 +19,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from models.common import causal_conv, conv_cache, recomputed_in_slices, rms_norm
 from models.linear_mixers import GatedHeadRMSNorm, HeadRMSNorm, LinearRNNMixer, _dims
 from models.short_conv import ShortConvolution
 
@@ -56,17 +57,38 @@ class _DeltaBase(LinearRNNMixer):
 
     def _qkv_beta(self, x, extras):
         """x (batch, T, d_model) -> q, k (batch, T, heads, head_k_dim), v (.., head_v_dim),
-        beta (batch, T, heads) in (0, 1), next extras."""
-        qkv = torch.cat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], dim=-1)
-        if self.qkv_conv1d is not None:
-            qkv, cache = self.qkv_conv1d(qkv, extras[0] if extras else None)
-            nxt = (cache,)
+        beta (batch, T, heads) in (0, 1), next extras.
+
+        q, k, v come from one piece recomputed from x in the backward, a slice at a time
+        (the conv with conv_size - 1 steps of context): the projections and the conv's
+        pre-activation are not kept, and the piece's output, time-major, is the operator's
+        input as it is (views, no copies). The conv is ``qkv_conv1d``'s maths and
+        parameters run by :func:`models.common.causal_conv` (the C kernel on CPU)."""
+        w = torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight])
+        conv = self.qkv_conv1d
+        if conv is not None:
+            cache = extras[0] if extras else None                     # (batch, channels, W - 1)
+            left = None if cache is None else cache.to(x.dtype).transpose(1, 2)
+            qkv = recomputed_in_slices(self._qkv, 1, conv.kernel_size - 1, x, w, conv.weight,
+                                       conv.bias, left)
+            if cache is None:
+                cache = conv.init_state(x.shape[0], device=x.device, dtype=x.dtype)
+            k1 = conv.kernel_size - 1
+            nxt = (conv_cache(cache, F.linear(x[:, x.shape[1] - min(k1, x.shape[1]):], w)),)
         else:
-            qkv, nxt = F.silu(qkv), ()
+            qkv, nxt = recomputed_in_slices(self._qkv, 1, 0, x, w, None, None, None), ()
         q, k, v = (self._heads(t) for t in
                    qkv.split([self.key_dim, self.key_dim, self.value_dim], dim=-1))
         return q, k, v, self.b_proj(x).sigmoid(), nxt
 
+    def _qkv(self, h, x, w, conv_w, conv_b, left):
+        """silu(shortconv(x W^T)) (silu(x W^T) without the conv): x (batch, T, d_model) ->
+        (batch, T - h, 2 key_dim + value_dim), time-major; the first h steps of x are the
+        conv's context (h = 0: ``left``, the cache, is)."""
+        y = F.linear(x, w)
+        if conv_w is None:
+            return F.silu(y)
+        return causal_conv(y, conv_w, conv_b, None if h else left, silu=True)[:, h:]
 
 class DeltaNet(_DeltaBase):
     """DeltaNet (Schlag, Irie & Schmidhuber, "Linear Transformers Are Secretly Fast Weight
@@ -98,7 +120,13 @@ class DeltaNet(_DeltaBase):
         return [q, k, v, beta], {"use_qk_l2norm_in_kernel": True}, nxt
 
     def _output(self, o, x):
-        return self.o_proj(self.o_norm(o).flatten(-2))
+        # norm and o_proj recomputed from o, a slice at a time in the backward
+        return recomputed_in_slices(self._normed_out, 1, 0, o, self.o_norm.weight,
+                                    self.o_proj.weight)
+
+    def _normed_out(self, h, o, norm_w, w_o):
+        """W_o [rmsnorm_head(o)]: o (batch, T, heads, head_v_dim) -> (batch, T, d_model)."""
+        return F.linear(rms_norm(o, norm_w, self.o_norm.eps).flatten(-2), w_o)
 
 
 class GatedDeltaNet(_DeltaBase):
@@ -149,4 +177,13 @@ class GatedDeltaNet(_DeltaBase):
         return [q, k, v, self.log_gate(x), beta], {"use_qk_l2norm_in_kernel": True}, nxt
 
     def _output(self, o, x):
-        return self.o_proj(self.o_norm(o, self._heads(self.g_proj(x))).flatten(-2))
+        # norm, gate and o_proj in one piece recomputed from (o, x) slice by slice in the
+        # backward: the gate g_proj(x) and the norm's intermediates are not kept
+        return recomputed_in_slices(self._gated_out, 2, 0, o, x, self.g_proj.weight,
+                                    self.o_norm.weight, self.o_proj.weight)
+
+    def _gated_out(self, h, o, x, w_g, norm_w, w_o):
+        """W_o [rmsnorm_head(o) * silu(x W_g)]: o (batch, T, heads, head_v_dim), x (batch,
+        T, d_model) -> (batch, T, d_model) (h = 0: position-wise)."""
+        gate = self._heads(F.linear(x, w_g))
+        return F.linear((rms_norm(o, norm_w, self.o_norm.eps) * F.silu(gate)).flatten(-2), w_o)

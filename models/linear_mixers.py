@@ -35,7 +35,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from models.common import RMSNorm, recomputed, rms_norm
+from models.common import RMSNorm, recomputed, recomputed_in_slices, rms_norm
 from models.kernels import linear_rnn
 from models.kernels.linear_rnn_backends import (BackendError, check_backend, fla_status,
                                                 get_op, resolve)
@@ -309,17 +309,35 @@ class MultiScaleRetention(LinearRNNMixer):
         B, T, _ = x.shape
         pos0 = (extras[0] if extras else torch.zeros(B, dtype=torch.long, device=x.device))
         pos = pos0[:, None] + torch.arange(T, device=x.device)        # (batch, T)
-        q = rotary(self._heads(self.q_proj(x)), pos, self.rope_base)
-        k = rotary(self._heads(self.k_proj(x)), pos, self.rope_base)
+        # q and k recomputed from x in the backward (slice by slice): the projections' and
+        # the rotation's intermediates are not kept, only x and the positions
+        q, k = (recomputed_in_slices(self._rope_proj, 2, 0, x, pos, p.weight)
+                for p in (self.q_proj, self.k_proj))
         v = self._heads(self.v_proj(x))
         g = self.log_decay().to(device=x.device, dtype=_compute_dtype(x))
         g = g.expand(B, T, -1).contiguous()                           # (batch, T, heads)
         return [q, k, v, g], {}, (pos0 + T,)
 
+    def _rope_proj(self, h, x, pos, weight):
+        """rope(x W^T): x (batch, T, d_model), pos (batch, T) -> (batch, T, heads, head_k_dim)
+        (h, context steps of a slice, is 0: position-wise)."""
+        return rotary(self._heads(F.linear(x, weight)), pos, self.rope_base)
+
     def _output(self, o, x):
+        # norm, gate and o_proj in one piece recomputed from (o, x) slice by slice: its
+        # (batch, T, value_dim) intermediates (five, 64 MiB each at batch 8, L = 16384)
+        # live one slice at a time in the backward, and the gate g_proj(x) is not kept
+        gn = self.group_norm
+        return recomputed_in_slices(self._gated_out, 2, 0, o, x, gn.weight, gn.bias,
+                                    self.g_proj.weight, self.o_proj.weight)
+
+    def _gated_out(self, h, o, x, gn_w, gn_b, w_g, w_o):
+        """W_o [groupnorm_head(o) * silu(x W_g)]: o (batch, T, heads, head_v_dim), x (batch,
+        T, d_model) -> (batch, T, d_model) (h = 0: position-wise)."""
         B, T = o.shape[:2]
-        o = self.group_norm(o.reshape(B * T, self.value_dim)).reshape(B, T, self.value_dim)
-        return self.o_proj(recomputed(_swish_gate, o, self.g_proj(x)))
+        o = F.group_norm(o.reshape(B * T, self.value_dim), self.n_heads, gn_w, gn_b,
+                         self.group_norm.eps).reshape(B, T, self.value_dim)
+        return F.linear(_swish_gate(o, F.linear(x, w_g)), w_o)
 
 
 def _swish_gate(o, gate):

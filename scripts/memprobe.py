@@ -1,13 +1,14 @@
 """Where a backbone's training memory goes, on CPU (docs/RESULTS.md, "Long sequences").
 
-    python scripts/memprobe.py MODEL SEQ_LEN [--segment N] [--saved]
+    python scripts/memprobe.py MODEL SEQ_LEN [--segment N] [--saved | --trace]
 
 Default: the first training step's peak RSS above the RSS before it (batch 8, d_model 64,
 2 layers, one thread) and the second step's time; --segment sets the linear-RNN operators'
 SEGMENT_LEN (0: whole-sequence autograd). --saved instead counts, for ONE layer, the bytes
 autograd keeps for the backward per source line under models/ (saved_tensors_hooks;
 each storage counted once; what a recomputed piece keeps is listed under the line
-that calls it, marked [recomputed]).
+that calls it, marked [recomputed]). --trace prints the RSS before each autograd node of
+the first step's backward (a node's peak is inside it: read the next row too).
 """
 from __future__ import annotations
 
@@ -64,9 +65,10 @@ def _lines(fn) -> tuple[str, range]:
     return inspect.getsourcefile(fn), range(first, first + len(lines))
 
 
-# models.common.recomputed and its autograd node: what a piece saves is listed under the
+# models.common.recomputed(_in_slices) and their autograd node: what a piece saves is listed under the
 # line that called it, marked [recomputed]
-RECOMPUTE_FRAMES = [_lines(models.common.recomputed), _lines(models.common._Recompute.forward)]
+RECOMPUTE_FRAMES = [_lines(models.common.recomputed), _lines(models.common.recomputed_in_slices),
+                    _lines(models.common._Recompute.forward)]
 
 
 def _in_recompute(f) -> bool:
@@ -100,15 +102,42 @@ def saved_by_line(name: str, L: int) -> None:
         print(f"  {n / 2**20:8.1f} MiB  {where}")
 
 
+def backward_trace(name: str, L: int) -> None:
+    """RSS above the step's start before each autograd node of the FIRST step's backward
+    runs (two layers, as step_peak): where in the backward the peak sits."""
+    model = models.build(name, d_model=64, n_layers=2)
+    x = torch.randn(8, L, 64)
+    gc.collect()
+    base = _status_mib("VmRSS")
+    loss = model(x).square().mean()
+    rows, seen = [], set()
+
+    def visit(node):                         # a prehook on every node of the graph
+        if node is None or node in seen:
+            return
+        seen.add(node)
+        node.register_prehook(lambda g, n=node: rows.append((_status_mib("VmRSS") - base, n.name())))
+        for nxt, _ in node.next_functions:
+            visit(nxt)
+
+    sys.setrecursionlimit(100000)
+    visit(loss.grad_fn)
+    print(f"{name} L={L}: after the forward {_status_mib('VmRSS') - base:.0f} MiB")
+    loss.backward()
+    for i, (mib, what) in enumerate(rows):
+        print(f"  {i:4d} {mib:8.0f} MiB  before {what}")
+
+
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("model")
     ap.add_argument("seq_len", type=int)
     ap.add_argument("--segment", type=int, default=None)
     ap.add_argument("--saved", action="store_true")
+    ap.add_argument("--trace", action="store_true", help="RSS before each node of the backward")
     a = ap.parse_args()
     torch.set_num_threads(1)
     if a.segment is not None:
         linear_rnn.SEGMENT_LEN = a.segment
     torch.manual_seed(0)
-    (saved_by_line if a.saved else step_peak)(a.model, a.seq_len)
+    (saved_by_line if a.saved else backward_trace if a.trace else step_peak)(a.model, a.seq_len)
