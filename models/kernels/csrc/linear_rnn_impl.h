@@ -15,10 +15,11 @@
  * (chunk, K) matmuls, which torch runs at a fifth of its large-GEMM speed, and it does
  * twice the arithmetic of the recurrence. Here the state stays in L1 (32 x 32 floats is
  * 4 KiB), every loop runs over a tile of one state row (below), and the (batch, head)
- * items run in parallel. Measured (docs/RESULTS.md): 0.9-2.7x the chunked form's speed
- * on a 2-core CPU at L = 4096, with a third of its memory; the backward is bound by loads
- * and stores of the state, one row per step and operation, and by the per-row lane sums
- * (a time-blocked form for the gate-only ops would cut the first).
+ * items run in parallel. Measured (docs/RESULTS.md, "The recurrence in C"): 20-40x the
+ * `*_ref` oracles and 2-5x the chunked form on a 2-core CPU at L = 4096, with a third of
+ * the chunked form's memory. Per step the backward does four FMAs per state element (two
+ * in the forward); one thread runs within ~2x of the FMA units' rate when its inputs are
+ * in cache, and spends ~30% more streaming them from memory (the prefetches below).
  *
  * Backward, by hand. With dS = dL/dS_t gathered from the future, per step, last first:
  *   dS    += scale q_t do_t^T;   dq_t = scale S_t do_t;   dk_t = dS w_t;   dw = dS^T k_t
@@ -30,10 +31,12 @@
  * (C + 1, K, V) buffer (memory O(T / C) states, not O(T)).
  *
  * Tiles: a state row is held as Vp = ceil(V / LT) * LT numbers (zero past V), and every
- * inner loop runs over one tile of LT = 16 columns with its sums in registers: columns of
- * the state never mix (only rows do), so the forward and the backward go tile by tile.
- * Sums over a row (dq, dk, the vector gate's dg) are kept per tile lane and added up once
- * per step by a pairwise tree (a serial sum of 16 lanes cost more than the rest of a step).
+ * inner loop runs over tiles of LT = 16 columns with its sums in registers: columns of the
+ * state never mix (only rows do). The forward goes tile by tile. The backward goes row by
+ * row over groups of up to 4 tiles, so dL/dw stays in registers across the rows and each
+ * row sum (dq, dk, the vector gate's dg) leaves one tile per row; 16 rows' tiles are then
+ * summed at once by a transpose-and-add tree (lrnn_rowsums16; a lane-by-lane sum per row
+ * cost more than the rest of a step).
  *
  * Layout: q, k, v, g, beta are read through (batch, time, head) strides with a contiguous
  * last axis, so broadcast views (Mamba-2's B and C shared by the heads: head stride 0) and
