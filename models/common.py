@@ -34,9 +34,9 @@ SLICE_LEN = 1024   # steps per slice of recomputed_in_slices' backward
 
 def recomputed_in_slices(fn: Callable, n_timed: int, halo: int, *args):
     """fn(0, *args) -> one tensor (batch, L, ...), kept and recomputed as :func:`recomputed`
-    does, but the backward recomputes and backpropagates it SLICE_LEN steps at a time, so
-    fn's intermediates (a gated norm's five or six (batch, L, width) tensors: 300-600 MiB
-    per layer at batch 8, L = 16384) live one slice at a time.
+    does, but computed SLICE_LEN steps at a time, in the forward and again in the
+    backward, so fn's intermediates (a gated norm's five or six (batch, L, width) tensors:
+    300-600 MiB per layer at batch 8, L = 16384) live one slice at a time.
 
     The first ``n_timed`` args are per-step tensors (batch, L, ...); the rest (parameters,
     a conv's left context, ...) are passed whole. For the slice of steps [s, e) fn is
@@ -47,7 +47,28 @@ def recomputed_in_slices(fn: Callable, n_timed: int, halo: int, *args):
     as :func:`recomputed`'s, added up over the slices."""
     if _records(args):
         return _Recompute.apply(fn, (n_timed, halo), *args)
-    return fn(0, *args)
+    return _sliced_call(fn, n_timed, halo, args)
+
+
+def _slices(L: int, halo: int):
+    """(a, s, e) per slice [s, e) of SLICE_LEN steps, a = s - min(halo, s): its context."""
+    for s in range(0, L, SLICE_LEN):
+        yield max(0, s - halo), s, min(L, s + SLICE_LEN)
+
+
+def _sliced_call(fn, n_timed, halo, args):
+    """fn(0, *args), computed SLICE_LEN steps at a time into one output (batch, L, ...):
+    the forward's intermediates live one slice at a time too."""
+    L = args[0].shape[1]
+    if L <= SLICE_LEN:
+        return fn(0, *args)
+    out = None
+    for a, s, e in _slices(L, halo):
+        part = fn(s - a, *(arg[:, a:e] if i < n_timed else arg for i, arg in enumerate(args)))
+        if out is None:
+            out = part.new_empty(part.shape[0], L, *part.shape[2:])
+        out[:, s:e] = part
+    return out
 
 
 def _records(args) -> bool:
@@ -67,7 +88,7 @@ class _Recompute(torch.autograd.Function):
         ctx.is_tensor = [isinstance(a, torch.Tensor) for a in args]
         ctx.others = [None if t else a for a, t in zip(args, ctx.is_tensor)]
         ctx.save_for_backward(*(a for a, t in zip(args, ctx.is_tensor) if t))
-        return fn(*args) if slices is None else fn(0, *args)
+        return fn(*args) if slices is None else _sliced_call(fn, *slices, args)
 
     @staticmethod
     def backward(ctx, grad):
@@ -97,8 +118,7 @@ def _sliced_vjp(fn, n_timed, halo, args, needs, grad):
             total[i] = torch.zeros_like(args[i])
     whole = [a.requires_grad_(need) if i >= n_timed and isinstance(a, torch.Tensor) else a
              for i, (a, need) in enumerate(zip(args, needs))]
-    for s in range(0, L, SLICE_LEN):
-        e, a = min(L, s + SLICE_LEN), max(0, s - halo)
+    for a, s, e in _slices(L, halo):
         part = [arg[:, a:e].requires_grad_(need) if i < n_timed else arg
                 for i, (arg, need) in enumerate(zip(whole, needs))]
         leaves = [x for x, need in zip(part, needs) if need]
@@ -175,7 +195,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 class RMSNorm(nn.Module):
-    """x / rms(x) * weight over the last dimension (recomputed in the backward)."""
+    """x / rms(x) * weight over the last dimension (recomputed in the backward; a slice of
+    SLICE_LEN steps at a time for (batch, length, ..., d) inputs)."""
 
     def __init__(self, d: int, eps: float = 1e-5):
         super().__init__()
@@ -183,7 +204,13 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(d))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dim() >= 3:   # (batch, length, ..., d): a slice of steps at a time (position-wise)
+            return recomputed_in_slices(_rms_norm_rows, 1, 0, x, self.weight, self.eps)
         return recomputed(rms_norm, x, self.weight, self.eps)
+
+
+def _rms_norm_rows(h, x, weight, eps):
+    return rms_norm(x, weight, eps)
 
 
 def make_norm(kind: str, d: int) -> nn.Module:

@@ -56,6 +56,8 @@ BACKENDS = ("auto", "torch", "ref", "fla", "cpu", "mamba_ssm")
 
 Mamba2State = tuple[torch.Tensor, torch.Tensor]  # (conv_state, ssm_state)
 
+OP_SEGMENT_LEN = 4096  # steps per call of the cpu operator under autograd (Mamba2._ssd)
+
 
 def _atleast_f32(t: torch.Tensor) -> torch.Tensor:
     """Upcast half / bfloat16 to float32 (the SSD runs in >= fp32); keep float64 as is."""
@@ -253,15 +255,17 @@ class Mamba2(nn.Module):
         return part + [self.conv1d.weight[c0:c1], None if cb is None else cb[c0:c1],
                        None if left is None else left[..., c0:c1]]
 
-    def _proj_conv(self, u, w, b, cw, cb, left):
-        """silu(conv(u W^T + b)): u (b, L, d_model) -> (b, L, channels) of the part."""
-        return self._conv(F.linear(u, w, b), cw, cb, left)
+    def _proj_conv(self, h, u, w, b, cw, cb, left):
+        """silu(conv(u W^T + b)): u (b, L, d_model) -> (b, L - h, channels) of the part; the
+        first h steps of u are the conv's context (h = 0: ``left`` is;
+        :func:`models.common.recomputed_in_slices`)."""
+        return self._conv(F.linear(u, w, b), cw, cb, None if h else left)[:, h:]
 
-    def _x_dt(self, u, w, b, cw, cb, left, dt):
+    def _x_dt(self, h, u, dt, w, b, cw, cb, left):
         """The SSD's value x * dt: u (b, L, d_model), dt (b, L, nheads) ->
-        (b, L, nheads, headdim) in >= float32."""
-        x = self._proj_conv(u, w, b, cw, cb, left).unflatten(-1, (self.nheads, self.headdim))
-        return _atleast_f32(x) * dt[..., None]
+        (b, L - h, nheads, headdim) in >= float32 (h as in :meth:`_proj_conv`)."""
+        x = self._proj_conv(h, u, w, b, cw, cb, left).unflatten(-1, (self.nheads, self.headdim))
+        return _atleast_f32(x) * dt[:, h:, :, None]
 
     def _gate_out(self, h, y, u, wz, bz, norm_w, wo, bo):
         """out_proj(norm(y * silu(z))), z = u Wz^T + bz: y (b, L, d_inner), u (b, L, d_model)
@@ -273,7 +277,7 @@ class Mamba2(nn.Module):
         u (b, L, d_model) -> (b, L - h, d_model), the steps after the first h (context for
         the conv: :func:`models.common.recomputed_in_slices`; h = 0 uses ``left``); x (the
         skip's input) recomputed from u as in :meth:`_x_dt`."""
-        x = self._proj_conv(u, wx, bx, cwx, cbx, None if h else left)[:, h:]
+        x = self._proj_conv(h, u, wx, bx, cwx, cbx, left)
         xf = _atleast_f32(x.unflatten(-1, (self.nheads, self.headdim)))
         y = (o[:, h:].to(xf.dtype) + D[:, None] * xf).flatten(-2).to(x.dtype)  # (b, L - h, d_inner)
         return self._gate_out(0, y, u[:, h:], wz, bz, norm_w, wo, bo)
@@ -304,6 +308,7 @@ class Mamba2(nn.Module):
         x * dt (the operator's inputs), dt, the operator's own checkpoints and its output
         o; the conv output's x part, z and the gated norm are recomputed from u."""
         left = None if conv_state is None else conv_state.to(u.dtype).transpose(1, 2)
+        k1 = self.d_conv - 1
         resolved = resolve_backend(self.backend_choice, u.device.type)
         self._last_backend = resolved
         w_dt, b_dt = self._part("dt")[:2]
@@ -312,7 +317,8 @@ class Mamba2(nn.Module):
         D = _atleast_f32(self.D)
         gate_out = [*self._part("z")[:2], self.norm.weight, self.out_proj.weight, self.out_proj.bias]
         if resolved == "mamba_ssm":
-            x, B, C = self._heads(recomputed(self._proj_conv, u, *self._part("xBC", left)))
+            x, B, C = self._heads(recomputed_in_slices(self._proj_conv, 1, k1, u,
+                                                       *self._part("xBC", left)))
             fn = mamba_ssm_status()[0]
             S0 = None if initial_state is None else initial_state.transpose(-1, -2).contiguous()
             out = fn(x, dt_raw, A, B, C, chunk_size=self.chunk_size or 256, D=D, dt_bias=self.dt_bias,
@@ -321,19 +327,45 @@ class Mamba2(nn.Module):
             if S is not None:
                 S = S.transpose(-1, -2)                                 # -> (b, h, d_state, headdim)
             return recomputed_in_slices(self._gate_out, 2, 0, y.flatten(-2), u, *gate_out), S
-        BC = recomputed(self._proj_conv, u, *self._part("BC", left))   # (b, L, 2 ngroups d_state)
+        # each piece is computed and recomputed a slice of steps at a time, its conv with
+        # d_conv - 1 steps of context, so that its intermediates live one slice at a time
+        BC = recomputed_in_slices(self._proj_conv, 1, k1, u, *self._part("BC", left))
         B, C = (t.unflatten(-1, (self.ngroups, self.d_state)) for t in BC.chunk(2, dim=-1))
         dt = F.softplus(_atleast_f32(dt_raw) + _atleast_f32(self.dt_bias))  # (b, L, nheads)
         x_part = self._part("x", left)
-        v = recomputed(self._x_dt, u, *x_part, dt)                     # (b, L, nheads, headdim)
-        op, _ = lrb.get_op("simple_gla", resolved, u.device.type)
-        kwargs = {"chunk_size": self.chunk_size} if resolved == "torch" else {}
-        o, S = op(self._to_heads(_atleast_f32(C)), self._to_heads(_atleast_f32(B)),
-                  v, dt * A, scale=1.0, initial_state=initial_state,
-                  output_final_state=want_state, **kwargs)
-        # the widest piece: recomputed a slice at a time, its conv with d_conv - 1 steps of context
-        return recomputed_in_slices(self._skip_gate_out, 2, self.d_conv - 1, o, u, *x_part, D,
+        v = recomputed_in_slices(self._x_dt, 2, k1, u, dt, *x_part)     # (b, L, nheads, headdim)
+        o, S = self._ssd(resolved, _atleast_f32(C), _atleast_f32(B), v, dt * A, initial_state,
+                         want_state)
+        return recomputed_in_slices(self._skip_gate_out, 2, k1, o, u, *x_part, D,
                                     *gate_out), S
+
+    def _ssd(self, resolved: str, C, B, v, g, initial_state, want_state: bool):
+        """The SSD as ``simple_gla``: C, B (b, L, ngroups, d_state), v = x * dt (b, L,
+        nheads, headdim), g = dt * A (b, L, nheads) -> (o (b, L, nheads, headdim), final
+        state (b, nheads, d_state, headdim) or None).
+
+        Backend ``cpu`` under autograd runs it in segments of OP_SEGMENT_LEN steps carrying
+        the state (the same recurrence; nothing recomputed): the C kernel's backward
+        allocates dq and dk per head, (b, L, nheads, d_state) each, before autograd sums
+        them over the heads that share B and C; whole, that is 256 MiB at batch 8,
+        L = 16384 (four heads), the step's peak; per segment of 4096, 64 MiB. B and C are
+        cut before they are broadcast to the heads, so each segment's sum runs at once."""
+        op, _ = lrb.get_op("simple_gla", resolved, v.device.type)
+        kwargs = {"chunk_size": self.chunk_size} if resolved == "torch" else {}
+        L = v.shape[1]
+        seg = (OP_SEGMENT_LEN if resolved == "cpu" and torch.is_grad_enabled()
+               and any(t.requires_grad for t in (C, B, v, g)) else L)
+        if L <= seg:
+            return op(self._to_heads(C), self._to_heads(B), v, g, scale=1.0,
+                      initial_state=initial_state, output_final_state=want_state, **kwargs)
+        S, outs = initial_state, []
+        pieces = zip(*(t.split(seg, dim=1) for t in (C, B, v, g)))
+        for i, (Ci, Bi, vi, gi) in enumerate(pieces):
+            last = (i + 1) * seg >= L
+            o, S = op(self._to_heads(Ci), self._to_heads(Bi), vi, gi, scale=1.0,
+                      initial_state=S, output_final_state=want_state or not last, **kwargs)
+            outs.append(o)
+        return torch.cat(outs, 1), S
 
     # -- full sequence -----------------------------------------------------------------
     def forward(self, u: torch.Tensor) -> torch.Tensor:

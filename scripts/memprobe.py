@@ -103,11 +103,13 @@ def saved_by_line(name: str, L: int) -> None:
 
 
 def backward_trace(name: str, L: int) -> None:
-    """RSS above the step's start before each autograd node of the FIRST step's backward
-    runs (two layers, as step_peak): where in the backward the peak sits."""
+    """RSS (and the peak RSS so far) above the step's start before each autograd node of
+    the FIRST step's backward runs (two layers, as step_peak): where the peak sits."""
     model = models.build(name, d_model=64, n_layers=2)
     x = torch.randn(8, L, 64)
     gc.collect()
+    with open("/proc/self/clear_refs", "w") as f:   # resets VmHWM to the current RSS
+        f.write("5")
     base = _status_mib("VmRSS")
     loss = model(x).square().mean()
     rows, seen = [], set()
@@ -116,16 +118,20 @@ def backward_trace(name: str, L: int) -> None:
         if node is None or node in seen:
             return
         seen.add(node)
-        node.register_prehook(lambda g, n=node: rows.append((_status_mib("VmRSS") - base, n.name())))
+        node.register_prehook(lambda g, n=node: rows.append(
+            (_status_mib("VmRSS") - base, _status_mib("VmHWM") - base, n.name())))
         for nxt, _ in node.next_functions:
             visit(nxt)
 
     sys.setrecursionlimit(100000)
     visit(loss.grad_fn)
-    print(f"{name} L={L}: after the forward {_status_mib('VmRSS') - base:.0f} MiB")
+    print(f"{name} L={L}: after the forward {_status_mib('VmRSS') - base:.0f} MiB, its peak "
+          f"{_status_mib('VmHWM') - base:.0f} MiB")
     loss.backward()
-    for i, (mib, what) in enumerate(rows):
-        print(f"  {i:4d} {mib:8.0f} MiB  before {what}")
+    print(f"  node  RSS (peak so far) before it, MiB above the step's start")
+    for i, (mib, hwm, what) in enumerate(rows):
+        print(f"  {i:4d} {mib:6.0f} ({hwm:6.0f})  {what}")
+    print(f"  after the backward {_status_mib('VmRSS') - base:.0f} ({_status_mib('VmHWM') - base:.0f})")
 
 
 if __name__ == "__main__":
