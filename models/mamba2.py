@@ -30,6 +30,12 @@ oracle), ``fla`` (flash-linear-attention's ``chunk_simple_gla``, CUDA only),
 it imports, else fla when it imports, else torch; on CPU torch. The conv is the same on
 every backend (see ``Mamba2._conv``). ``step`` is plain PyTorch whatever the backend.
 
+Training memory: in_proj's output is never kept whole. The conv's B, C part and the value
+x * dt (the operator's inputs) and the gate / D skip / norm / out_proj (one piece after the
+operator) are each recomputed from the layer input u in the backward, a slice of steps at a
+time (``models.common.recomputed_in_slices``); autograd keeps u, B, C, x * dt, dt, the
+operator's output and the operator's own state checkpoints (``Mamba2._mix``).
+
 Parameter names follow mamba-ssm's Mamba2 (in_proj, conv1d, dt_bias, A_log, D, norm.weight,
 out_proj) with the same shapes, so its checkpoints load with ``load_state_dict``
 (D_has_hdim=False, d_ssm = d_inner as in its defaults).
@@ -234,10 +240,10 @@ class Mamba2(nn.Module):
 
     # -- recomputed pieces ---------------------------------------------------------------
     # Each piece starts from the layer input u (d_model wide) and keeps only u and its own
-    # narrow inputs for the backward, recomputing in_proj's rows there: in_proj's output is
-    # 388 wide at d_model 64 (1 + 2 + ... MiB per step of batch 8), and any view of it kept
-    # (z for the gate, xBC for the conv) kept all of it: 194 MiB per layer at batch 8,
-    # L = 16384 (``scripts/memprobe.py mamba2 16384 --saved``).
+    # narrow inputs for the backward, recomputing its rows of in_proj there: in_proj's
+    # output is 388 wide at d_model 64 against u's 64, and any view of it kept (z for the
+    # gate, xBC for the conv) kept all of it: 194 MiB per layer at batch 8, L = 16384
+    # (``scripts/memprobe.py mamba2 16384 --saved``).
     def _part(self, name: str, left: torch.Tensor | None = None):
         """in_proj's and conv1d's parameters for one part of in_proj's output, name in
         'z', 'x', 'BC', 'xBC', 'dt' -> [in weight, in bias, conv weight, conv bias, left]
