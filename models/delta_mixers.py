@@ -6,7 +6,11 @@ Both follow the structure of flash-linear-attention's layers (``fla/layers/delta
 ``fla/layers/gated_deltanet.py``, github.com/fla-org/flash-linear-attention); code written
 here. One difference in form, not in function: fla runs three ``ShortConvolution``s (q, k,
 v); here one depthwise conv runs over the concatenated [q | k | v] channels (the same
-per-channel filters; one kernel call instead of three).
+per-channel filters; one kernel call instead of three). Its parameters and cache live in a
+``ShortConvolution`` (``qkv_conv1d``); the conv runs time-major through
+``models.common.causal_conv`` inside a piece recomputed from x in the backward
+(``models.common.recomputed_in_slices``), as does the output norm + gate + o_proj: autograd
+keeps x, the operator's inputs and output, and the per-head gates.
 
 State: (S (batch, heads, head_k_dim, head_v_dim), conv cache (batch, 2 key_dim +
 value_dim, conv_size - 1)), or (S,) with ``use_short_conv=False``.

@@ -21,6 +21,12 @@ S (batch, heads, head_k_dim, head_v_dim) of the operator (fla's ``initial_state`
   for one step (any device, any backend),
 - ``state_size()`` -> floats of state per sequence (matrix state + conv cache + counter).
 
+Training memory (RetNet and the delta rules): the pieces before and after the operator
+(projections + rotary or short conv; norm + output gate + o_proj) are recomputed from x in
+the backward a slice of steps at a time (``models.common.recomputed_in_slices``), so
+autograd keeps x, the operator's inputs (q, k, v, gates) and its output o, not the gate's
+projection or the norms' intermediates.
+
 Backend (``backend="auto" | "torch" | "ref" | "fla" | "cpu"``, ``models.kernels.linear_rnn_backends``):
 the option is kept as ``backend_choice``; ``backend`` is the name that ran in the last
 forward (before any forward: what would run on the parameters' device). ``chunk_size``
