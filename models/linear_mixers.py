@@ -21,8 +21,9 @@ S (batch, heads, head_k_dim, head_v_dim) of the operator (fla's ``initial_state`
   for one step (any device, any backend),
 - ``state_size()`` -> floats of state per sequence (matrix state + conv cache + counter).
 
-Training memory (RetNet and the delta rules): the pieces before and after the operator
-(projections + rotary or short conv; norm + output gate + o_proj) are recomputed from x in
+Training memory (GLA, RetNet and the delta rules): the pieces before and after the operator
+(RetNet's projections + rotary, the delta rules' projections + short conv; the norm +
+output gate + o_proj of all but linear attention) are recomputed from x in
 the backward a slice of steps at a time (``models.common.recomputed_in_slices``), so
 autograd keeps x, the operator's inputs (q, k, v, gates) and its output o, not the gate's
 projection or the norms' intermediates.
@@ -230,16 +231,33 @@ class GatedLinearAttention(LinearRNNMixer):
         self.o_proj = nn.Linear(self.value_dim, d_model, bias=False)
 
     def log_gate(self, x: torch.Tensor) -> torch.Tensor:
-        """x (batch, T, d_model) -> g (batch, T, heads, head_k_dim) <= 0, log space."""
-        return self._heads(F.logsigmoid(self.gk_proj(x)) / self.gate_logit_normalizer)
+        """x (batch, T, d_model) -> g (batch, T, heads, head_k_dim) <= 0, log space;
+        recomputed from x in the backward (the low-rank hidden and logsigmoid's input,
+        1.5 key_dim wide, are not kept)."""
+        w1, lin2 = self.gk_proj[0].weight, self.gk_proj[1]
+        return recomputed_in_slices(self._log_gate, 1, 0, x, w1, lin2.weight, lin2.bias)
+
+    def _log_gate(self, h, x, w1, w2, b2):
+        return self._heads(F.logsigmoid(F.linear(F.linear(x, w1), w2, b2))
+                           / self.gate_logit_normalizer)
 
     def _inputs(self, x, extras):
         q, k, v = (self._heads(p(x)) for p in (self.q_proj, self.k_proj, self.v_proj))
         return [q, k, v, self.log_gate(x)], {}, ()
 
     def _output(self, o, x):
-        o = self.g_norm_swish_gate(o, self._heads(self.g_proj(x)))
-        return self.o_proj(o.flatten(-2))
+        # norm, gate and o_proj in one piece recomputed from (o, x) slice by slice in the
+        # backward: the gate g_proj(x) and the norm's intermediates are not kept
+        n = self.g_norm_swish_gate
+        return recomputed_in_slices(self._gated_out, 2, 0, o, x, self.g_proj.weight, n.weight,
+                                    self.o_proj.weight)
+
+    def _gated_out(self, h, o, x, w_g, norm_w, w_o):
+        """W_o [rmsnorm_head(o) * silu(x W_g)]: o (batch, T, heads, head_v_dim), x (batch,
+        T, d_model) -> (batch, T, d_model) (h = 0: position-wise)."""
+        gate = self._heads(F.linear(x, w_g))
+        o = _gated_head_rms_norm(o, gate, norm_w, self.g_norm_swish_gate.eps)
+        return F.linear(o.flatten(-2), w_o)
 
 
 # ---------------------------------------------------------------------------------------

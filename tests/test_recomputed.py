@@ -114,7 +114,8 @@ def test_recomputed_is_plain_without_autograd():
 
 import models.common as common                                    # noqa: E402
 from models.kernels import linear_rnn                              # noqa: E402
-from models.linear_mixers import DeltaNet, GatedDeltaNet, MultiScaleRetention, rotary  # noqa: E402
+from models.linear_mixers import (DeltaNet, GatedDeltaNet, GatedLinearAttention,  # noqa: E402
+                                  MultiScaleRetention, rotary)
 from models.mamba2 import Mamba2                                   # noqa: E402
 
 
@@ -191,6 +192,14 @@ def _plain_delta(m, x):
     return m.o_proj(o.flatten(-2))
 
 
+def _plain_gla(m, x):
+    q, k, v = (p(x).unflatten(-1, (m.n_heads, -1)) for p in (m.q_proj, m.k_proj, m.v_proj))
+    g = (F.logsigmoid(m.gk_proj(x)) / m.gate_logit_normalizer).unflatten(-1, (m.n_heads, -1))
+    o, _ = linear_rnn.gla_ref(q, k, v, g)
+    o = _rms(o, m.g_norm_swish_gate.weight) * F.silu(m.g_proj(x).unflatten(-1, (m.n_heads, -1)))
+    return m.o_proj(o.flatten(-2))
+
+
 LAYERS = {
     # name: (layer, plain maths, widths (per step, batch) of its input and of the operator's
     # output o: all that the layer keeps besides the operator's own inputs and states)
@@ -201,6 +210,8 @@ LAYERS = {
     "gated_deltanet": (lambda bk: GatedDeltaNet(16, backend=bk), _plain_delta,
                        lambda m: 16 + m.value_dim),
     "deltanet": (lambda bk: DeltaNet(16, backend=bk), _plain_delta, lambda m: 16 + m.value_dim),
+    "gla": (lambda bk: GatedLinearAttention(16, backend=bk), _plain_gla,
+            lambda m: 16 + m.value_dim),
 }
 
 
