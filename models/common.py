@@ -29,7 +29,7 @@ def recomputed(fn: Callable, *args):
     return fn(*args)
 
 
-SLICE_LEN = 1024   # steps per slice of recomputed_in_slices' backward
+SLICE_LEN = 1024   # steps per slice of recomputed_in_slices (its forward and its backward)
 
 
 def recomputed_in_slices(fn: Callable, n_timed: int, halo: int, *args):
