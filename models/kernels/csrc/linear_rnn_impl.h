@@ -15,9 +15,9 @@
  * (chunk, K) matmuls, which torch runs at a fifth of its large-GEMM speed, and it does
  * twice the arithmetic of the recurrence. Here the state stays in L1 (32 x 32 floats is
  * 4 KiB), every loop runs over a tile of one state row (below), and the (batch, head)
- * items run in parallel. Measured (docs/RESULTS.md, "The recurrence in C"): 20-40x the
- * `*_ref` oracles and 2-5x the chunked form on a 2-core CPU at L = 4096, with a third of
- * the chunked form's memory. Per step the backward does four FMAs per state element (two
+ * items run in parallel. Measured (docs/RESULTS.md, "The recurrence in C"): forward +
+ * backward 22-29x faster than the `*_ref` oracles and 2.5-5.3x faster than the chunked
+ * form on a 2-core CPU at L = 4096, with a third of the chunked form's memory. Per step the backward does four FMAs per state element (two
  * in the forward); one thread runs within ~2x of the FMA units' rate when its inputs are
  * in cache, and spends ~30% more streaming them from memory (the prefetches below).
  *
@@ -26,6 +26,8 @@
  *   plain: dv_t = dw.   delta: dv_t = beta dw, dbeta_t = dw . r_t, du = -beta dw,
  *                       dk_t += S' du, dS += k_t du^T            (dS is now dL/dS')
  *   gated: dg_i = sum_j dS_ij S'_ij (summed over i for a scalar gate);  dS = a_t . dS
+ *          (without the delta rule dg comes from dq and dk instead: see gacc below; a
+ *          float32 dg of GLA at L = 4096 is then within 5e-6 of float64, relative norm)
  * The states S_{t-1}, S_t come from the forward's checkpoints: the state before every
  * chunk of C steps is stored, and the backward recomputes one chunk at a time into a
  * (C + 1, K, V) buffer (memory O(T / C) states, not O(T)).
@@ -395,33 +397,22 @@ SFX(lrnn_bwd_group)(const SFX(lrnn_args_t) *a, SFX(lrnn_bstep_t) *x, long j0, co
         dw[j] = (VEC){0};
     }
     /* pass A: dS += scale q do^T; dq = S_t do; dk = dS w; dw = dS^T k; without the delta
-     * rule also the gate's dg = sum_j dS S' and dS <- a_t . dS */
+     * rule also dS <- a_t . dS (the gate's dg then comes from dq and dk: lrnn_bwd_item) */
     for (long i = 0; i < K; i++) {
         SCALAR *dSi = x->dS + i * Vp + j0;
-        const SCALAR *Sti = x->St + i * Vp + j0, *Spi = x->Sp + i * Vp + j0;
+        const SCALAR *Sti = x->St + i * Vp + j0;
         const SCALAR sq = x->scale * x->q[i], ki = x->k[i];
-        VEC aq = {0}, ak = {0}, ag = {0};
+        VEC aq = {0}, ak = {0};
         for (int j = 0; j < nt; j++) {
             const VEC d = SFX(ld)(dSi + j * LT) + sq * dov[j];
             aq += SFX(ld)(Sti + j * LT) * dov[j];
             ak += d * w[j];
             dw[j] += ki * d;
-            if (!delta && gated) {
-                ag += d * SFX(ld)(Spi + j * LT);
-                SFX(st)(dSi + j * LT, d * x->dec[i]);
-            } else {
-                SFX(st)(dSi + j * LT, d);
-            }
+            SFX(st)(dSi + j * LT, !delta && gated ? d * x->dec[i] : d);
         }
         SCALAR *pq = x->Pq + i * LT, *pk = x->Pk + i * LT;
         SFX(st)(pq, first ? aq : SFX(ld)(pq) + aq);
         SFX(st)(pk, first ? ak : SFX(ld)(pk) + ak);
-        if (!delta && vector_gate) {
-            SCALAR *pg = x->Pg + i * LT;
-            SFX(st)(pg, first ? ag : SFX(ld)(pg) + ag);
-        } else if (!delta && gated) {
-            x->G += ag;
-        }
     }
     if (!delta) {
         for (int j = 0; j < nt; j++) SFX(st)(x->dv + j0 + j * LT, dw[j]);
@@ -469,12 +460,18 @@ static void SFX(lrnn_bwd_item)(const void *args, long item) {
     /* Sbuf (C + 1, K, Vp): S_{t0-1} .. S_{t0+C-1}; R (C, Vp): r_t; dS (K, Vp);
      * v, do, dv, w (Vp); dec, qn, kn (K); Pq, Pk, Pg (K16, LT): per-lane parts of the row
      * sums, rows past K zero */
-    SCALAR *buf = SFX(lrnn_buffer)((C + 1) * KVp + C * Vp + KVp + 4 * Vp + 3 * K
+    SCALAR *buf = SFX(lrnn_buffer)((C + 1) * KVp + C * Vp + KVp + 4 * Vp + 4 * K
                                    + 3 * K16 * LT);
     if (!buf) { atomic_store(&a->failed, 1); return; }
     SCALAR *Sbuf = buf, *R = Sbuf + (C + 1) * KVp, *dS = R + C * Vp, *vpad = dS + KVp;
     SCALAR *dopad = vpad + Vp, *dvpad = dopad + Vp, *wpad = dvpad + Vp, *dec = wpad + Vp;
-    SCALAR *Pq = dec + 3 * K, *Pk = Pq + K16 * LT, *Pg = Pk + K16 * LT;
+    SCALAR *gacc = dec + 3 * K, *Pq = gacc + K, *Pk = Pq + K16 * LT, *Pg = Pk + K16 * LT;
+    /* Gates without the delta rule: dg from the identity dL/db_t = q_t . dq_t - k_t . dk_t
+     * (per key row), b_t = g_1 + .. + g_t the cumulative log gate (S_t's terms are
+     * exp(b_t - b_s) k_s v_s^T and exp(b_t) h0), so dg_t = sum over tau >= t of it, plus
+     * dL/db_T = sum_j dS_T S_T from the final state: a running sum of K numbers per step
+     * (gacc) instead of a pass over the state (the form fla's chunked GLA backward uses). */
+    const int dg_by_sums = gated && !delta;
     SFX(lrnn_in_t) in = {.vbuf = vpad, .dec = dec, .qn = dec + K, .kn = dec + 2 * K};
     const int padded = V != Vp;   /* else do_t and dv_t are used in place */
     if (a->dS_last) SFX(lrnn_pad)(dS, a->dS_last + item * K * V, K, V, Vp);
@@ -484,6 +481,15 @@ static void SFX(lrnn_bwd_item)(const void *args, long item) {
         for (long s = 0; s < steps; s++) {
             SFX(lrnn_load)(a, b, t0 + s, h, &in);
             SFX(lrnn_step)(a, Sbuf + (s + 1) * KVp, Sbuf + s * KVp, &in, R + s * Vp, NULL);
+        }
+        if (dg_by_sums && c == a->n_chunks - 1) {   /* dL/db_T = sum_j dS_T S_T */
+            const SCALAR *ST = Sbuf + steps * KVp;
+            for (long i = 0; i < K; i++) {
+                VEC acc = {0};
+                for (long j = 0; j < Vp; j += LT)
+                    acc += SFX(ld)(dS + i * Vp + j) * SFX(ld)(ST + i * Vp + j);
+                gacc[i] = SFX(lrnn_hsum)(acc);
+            }
         }
         for (long s = steps - 1; s >= 0; s--) {
             const long t = t0 + s, row_bth = (b * T + t) * H + h;
@@ -518,7 +524,16 @@ static void SFX(lrnn_bwd_item)(const void *args, long item) {
             SCALAR *dq_t = a->dq + row_bth * K, *dk_t = a->dk + row_bth * K;
             SFX(lrnn_rowsums)(dq_t, Pq, K, a->scale, NULL);
             SFX(lrnn_rowsums)(dk_t, Pk, K, 1, NULL);
-            if (vector_gate) {
+            if (dg_by_sums) {
+                const SCALAR *q_t = in.q, *k_t = in.k;
+                SCALAR tot = 0;
+                for (long i = 0; i < K; i++) {
+                    gacc[i] += q_t[i] * dq_t[i] - k_t[i] * dk_t[i];
+                    tot += gacc[i];
+                }
+                if (vector_gate) memcpy(a->dg + row_bth * K, gacc, sizeof(SCALAR) * K);
+                else a->dg[row_bth] = tot;
+            } else if (vector_gate) {
                 SFX(lrnn_rowsums)(a->dg + row_bth * K, Pg, K, 1, dec);
             } else if (gated) {
                 a->dg[row_bth] = dec[0] * SFX(lrnn_hsum)(x.G);
