@@ -8,7 +8,7 @@ convention, so one call site serves every backend:
 - ``cpu``:   the recurrence in C with a hand-written backward (:mod:`models.kernels.linear_rnn_cpu`,
   built with the system C compiler on first use); CPU tensors only. The default on a CPU
   when it builds: at L = 4096 (batch 8, 4 heads of 32, two threads) forward + backward
-  22-29x faster than ``ref`` and 2.5-5.3x faster than ``torch``, with 2.8-4.3x less
+  21-31x faster than ``ref`` and 1.8-5.3x faster than ``torch``, with 2.5-4.3x less
   memory: it keeps one state per 64 steps for the backward instead of the chunks'
   matrices (docs/RESULTS.md).
 - ``ref``:   the step-by-step ``*_ref`` oracle (slow; for checking).

@@ -14,12 +14,13 @@
  * Why it exists: on a CPU the chunked PyTorch form is bound by small (chunk, chunk) and
  * (chunk, K) matmuls, which torch runs at a fifth of its large-GEMM speed, and it does
  * twice the arithmetic of the recurrence. Here the state stays in L1 (32 x 32 floats is
- * 4 KiB), every loop runs over a tile of one state row (below), and the (batch, head)
- * items run in parallel. Measured (docs/RESULTS.md, "The recurrence in C"): forward +
- * backward 22-29x faster than the `*_ref` oracles and 2.5-5.3x faster than the chunked
- * form on a 2-core CPU at L = 4096, with a third of the chunked form's memory. Per step the backward does four FMAs per state element (two
- * in the forward); one thread runs within ~2x of the FMA units' rate when its inputs are
- * in cache, and spends ~30% more streaming them from memory (the prefetches below).
+ * 4 KiB), the loops run over tiles of state rows (below), and the (batch, head) items
+ * run in parallel. Measured (docs/RESULTS.md, "The C recurrence, second pass"): fwd + bwd
+ * 21-31x faster than the `*_ref` oracles and 1.8-5.3x faster than the chunked form on a
+ * 2-core CPU at L = 4096, with a third of the chunked form's memory. Per step the
+ * backward does four FMAs per state element (the forward two); one thread runs within
+ * ~2x of the FMA units' rate when its inputs are in cache, and ~30% slower when they
+ * stream from memory (hence the prefetches below).
  *
  * Backward, by hand. With dS = dL/dS_t gathered from the future, per step, last first:
  *   dS    += scale q_t do_t^T;   dq_t = scale S_t do_t;   dk_t = dS w_t;   dw = dS^T k_t
