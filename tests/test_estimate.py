@@ -160,6 +160,14 @@ def check_table() -> list[dict]:
     return rows
 
 
+# Hyena's FFT convolution allocates complex (batch, d, 2L) temporaries in its backward that
+# the estimate's transient term (TRANSIENT_FACTOR x the largest saved tensor) does not
+# model, so its estimate is low: ratio 0.6 when this test runs alone (82 MiB estimated,
+# 137 measured, 2026-11-24, before and after that day's changes) and 0.48 once in a full
+# suite run (171 MiB measured; every model measured ~25% more there). Its bound allows that.
+LOWEST_RATIO = {"conv": 0.4}
+
+
 def test_estimate_matches_bench_within_a_factor_of_two():
     """Per family: the estimate of what `bench` measures is within 2x of its measurement.
 
@@ -175,13 +183,6 @@ def test_estimate_matches_bench_within_a_factor_of_two():
     bad = [r for r in rows if not LOWEST_RATIO.get(r["family"], 0.5) <= r["ratio"] <= 2.0]
     assert not bad, rows
 
-
-# Hyena's FFT convolution allocates complex (batch, d, 2L) temporaries in its backward that
-# the estimate's transient term (TRANSIENT_FACTOR x the largest saved tensor) does not
-# model, so its estimate is low: ratio 0.6 when this test runs alone (82 MiB estimated,
-# 137 measured, 2026-11-24, before and after that day's changes) and 0.48 once in a full
-# suite run (171 MiB measured; every model measured ~25% more there). Its bound allows that.
-LOWEST_RATIO = {"conv": 0.4}
 
 
 if __name__ == "__main__":

@@ -52,6 +52,8 @@ class LinearRNNCPU(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, g, beta, h0, scale, gate, delta, chunk_len, l2norm=0):
+        if gate == 2 and delta:
+            raise ValueError("linear_rnn_cpu: a vector gate with the delta rule is not an operator")
         lib = cpu_kernels._library_for(q, k, v, g, beta, h0)
         B, T, H, K = q.shape
         V = v.shape[-1]

@@ -52,7 +52,8 @@
  *      8 S_last, 9 ckpt|NULL (forward: NULL = no backward will follow);
  *      backward adds 10 do, 11 dS_last|NULL, 12 dq, 13 dk, 14 dv, 15 dg|NULL,
  *      16 dbeta|NULL, 17 dh0
- *   s: 0 B, 1 T, 2 H, 3 K, 4 V, 5 gate (0 none, 1 scalar, 2 vector), 6 delta (0/1),
+ *   s: 0 B, 1 T, 2 H, 3 K, 4 V, 5 gate (0 none, 1 scalar, 2 vector), 6 delta (0/1; not
+ *      with a vector gate: no operator has both, and the backward does not handle it),
  *      7 C (steps per chunk), 8 threads, 9-11 q strides (b, t, h), 12-14 k, 15-17 v,
  *      18-20 g, 21-23 beta, 24 l2norm (0/1: q and k divided by max(|x|, 1e-12) per step
  *      inside the kernel, as fla's use_qk_l2norm_in_kernel; the backward maps dq, dk back
@@ -356,18 +357,12 @@ static inline VEC SFX(lrnn_rowsums16)(const SCALAR *P) {
 }
 #endif
 
-/* dst[i] = c * m[i] * (sum of the lanes of P[i]) for i < K (m NULL: 1);
- * P: (ceil(K / 16) * 16, LT) */
+/* dst[i] = c * (sum of the lanes of P[i]) for i < K; P: (ceil(K / 16) * 16, LT) */
 static void SFX(lrnn_rowsums)(SCALAR *restrict dst, const SCALAR *restrict P, long K,
-                              SCALAR c, const SCALAR *restrict m) {
+                              SCALAR c) {
     for (long i0 = 0; i0 < K; i0 += 16) {
-        VEC x = c * SFX(lrnn_rowsums16)(P + i0 * LT);
+        const VEC x = c * SFX(lrnn_rowsums16)(P + i0 * LT);
         const long n = K - i0 < 16 ? K - i0 : 16;
-        if (m) {
-            SCALAR mm[LT] = {0};
-            memcpy(mm, m + i0, sizeof(SCALAR) * n);
-            x *= SFX(ld)(mm);
-        }
         if (n == 16) SFX(st)(dst + i0, x);   /* a fixed-size copy: no libc call */
         else memcpy(dst + i0, &x, sizeof(SCALAR) * n);
     }
@@ -378,7 +373,7 @@ typedef struct {
     const SCALAR *St, *Sp, *R;      /* S_t, S_{t-1} (K, Vp), r_t (Vp) */
     const SCALAR *q, *k, *dec, *dop, *w;
     SCALAR beta, scale;
-    SCALAR *dS, *Pq, *Pk, *Pg, *dv; /* dS (K, Vp); row-sum parts (K, LT); dv (Vp) */
+    SCALAR *dS, *Pq, *Pk, *dv;      /* dS (K, Vp); row-sum parts (K, LT); dv (Vp) */
     VEC G, Db;                      /* the scalar gate's dg and dbeta, per lane */
 } SFX(lrnn_bstep_t);
 
@@ -390,7 +385,7 @@ static inline __attribute__((always_inline)) void
 SFX(lrnn_bwd_group)(const SFX(lrnn_args_t) *a, SFX(lrnn_bstep_t) *x, long j0, const int nt,
                     const int first) {
     const long K = a->K, Vp = a->Vp;
-    const int gated = a->gate != 0, vector_gate = a->gate == 2, delta = (int)a->delta;
+    const int gated = a->gate != 0, delta = (int)a->delta;
     VEC dov[4], w[4], dw[4], du[4];
     for (int j = 0; j < nt; j++) {
         dov[j] = SFX(ld)(x->dop + j0 + j * LT);
@@ -444,12 +439,7 @@ SFX(lrnn_bwd_group)(const SFX(lrnn_args_t) *a, SFX(lrnn_bstep_t) *x, long j0, co
         }
         SCALAR *pk = x->Pk + i * LT;
         SFX(st)(pk, SFX(ld)(pk) + ak);
-        if (vector_gate) {
-            SCALAR *pg = x->Pg + i * LT;
-            SFX(st)(pg, first ? ag : SFX(ld)(pg) + ag);
-        } else if (gated) {
-            x->G += ag;
-        }
+        if (gated) x->G += ag;   /* the scalar gate: a vector gate has no delta rule */
     }
 }
 
@@ -459,14 +449,14 @@ static void SFX(lrnn_bwd_item)(const void *args, long item) {
     const long H = a->H, T = a->T, KVp = K * Vp, K16 = (K + 15) / 16 * 16;
     const int gated = a->gate != 0, vector_gate = a->gate == 2, delta = (int)a->delta;
     /* Sbuf (C + 1, K, Vp): S_{t0-1} .. S_{t0+C-1}; R (C, Vp): r_t; dS (K, Vp);
-     * v, do, dv, w (Vp); dec, qn, kn (K); Pq, Pk, Pg (K16, LT): per-lane parts of the row
-     * sums, rows past K zero */
+     * v, do, dv, w (Vp); dec, qn, kn, gacc (K); Pq, Pk (K16, LT): per-lane parts of the
+     * row sums, rows past K zero */
     SCALAR *buf = SFX(lrnn_buffer)((C + 1) * KVp + C * Vp + KVp + 4 * Vp + 4 * K
-                                   + 3 * K16 * LT);
+                                   + 2 * K16 * LT);
     if (!buf) { atomic_store(&a->failed, 1); return; }
     SCALAR *Sbuf = buf, *R = Sbuf + (C + 1) * KVp, *dS = R + C * Vp, *vpad = dS + KVp;
     SCALAR *dopad = vpad + Vp, *dvpad = dopad + Vp, *wpad = dvpad + Vp, *dec = wpad + Vp;
-    SCALAR *gacc = dec + 3 * K, *Pq = gacc + K, *Pk = Pq + K16 * LT, *Pg = Pk + K16 * LT;
+    SCALAR *gacc = dec + 3 * K, *Pq = gacc + K, *Pk = Pq + K16 * LT;
     /* Gates without the delta rule: dg from the identity dL/db_t = q_t . dq_t - k_t . dk_t
      * (per key row), b_t = g_1 + .. + g_t the cumulative log gate (S_t's terms are
      * exp(b_t - b_s) k_s v_s^T and exp(b_t) h0), so dg_t = sum over tau >= t of it, plus
@@ -512,7 +502,7 @@ static void SFX(lrnn_bwd_item)(const void *args, long item) {
             SFX(lrnn_bstep_t) x = {
                 .St = Sbuf + (s + 1) * KVp, .Sp = Sbuf + s * KVp, .R = Rs, .q = in.q,
                 .k = in.k, .dec = dec, .dop = padded ? dopad : do_t, .w = wpad, .beta = in.beta,
-                .scale = a->scale, .dS = dS, .Pq = Pq, .Pk = Pk, .Pg = Pg, .dv = padded ? dvpad : dv_t};
+                .scale = a->scale, .dS = dS, .Pq = Pq, .Pk = Pk, .dv = padded ? dvpad : dv_t};
             for (long j0 = 0; j0 < Vp; j0 += 4 * LT) {
                 const int first = j0 == 0;
                 switch ((Vp - j0) / LT) {
@@ -523,8 +513,8 @@ static void SFX(lrnn_bwd_item)(const void *args, long item) {
                 }
             }
             SCALAR *dq_t = a->dq + row_bth * K, *dk_t = a->dk + row_bth * K;
-            SFX(lrnn_rowsums)(dq_t, Pq, K, a->scale, NULL);
-            SFX(lrnn_rowsums)(dk_t, Pk, K, 1, NULL);
+            SFX(lrnn_rowsums)(dq_t, Pq, K, a->scale);
+            SFX(lrnn_rowsums)(dk_t, Pk, K, 1);
             if (dg_by_sums) {
                 const SCALAR *q_t = in.q, *k_t = in.k;
                 SCALAR tot = 0;
@@ -534,8 +524,6 @@ static void SFX(lrnn_bwd_item)(const void *args, long item) {
                 }
                 if (vector_gate) memcpy(a->dg + row_bth * K, gacc, sizeof(SCALAR) * K);
                 else a->dg[row_bth] = tot;
-            } else if (vector_gate) {
-                SFX(lrnn_rowsums)(a->dg + row_bth * K, Pg, K, 1, dec);
             } else if (gated) {
                 a->dg[row_bth] = dec[0] * SFX(lrnn_hsum)(x.G);
             }
