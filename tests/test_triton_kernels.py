@@ -5,7 +5,7 @@ On a machine without a GPU they run on CPU tensors through Triton's interpreter
 (tests/conftest.py sets TRITON_INTERPRET=1 before anything imports them); on a CUDA machine
 the same tests run the compiled kernels on the GPU. Shapes are small (the interpreter runs
 every program of the grid in Python) but cross tile edges: chunks of SCAN_BT = 16 steps,
-channel tiles of SCAN_BD = 16, state sizes that are not powers of two.
+channel tiles of SCAN_BD = 16 (fewer above N = 16), state sizes that are not powers of two.
 """
 from __future__ import annotations
 
@@ -58,10 +58,25 @@ def test_triton_scan_matches_ref_forward_and_backward(length, use, softplus, las
     check(inputs, use, softplus, last)
 
 
-@pytest.mark.parametrize("dim,state", [(37, 16), (18, 5)])
+@pytest.mark.parametrize("dim,state", [(37, 16), (18, 5), (11, 40)])
 def test_channel_tiles_and_state_padding(dim, state):
-    """37 channels = two full tiles of 16 and a tail of 5; a state size of 5 is padded to 8."""
+    """37 channels = two full tiles of 16 and a tail of 5; a state size of 5 is padded to 8;
+    a state size of 40 is padded to 64, where the channel tile shrinks to 4 (11 = 4 + 4 + 3)."""
+    if state == 40:
+        assert tk.scan_tiles(state)[1:] == (tk.SCAN_BD * 16 // 64, 64)
     inputs = on_device(make_inputs(batch=2, dim=dim, state=state, length=35, seed=dim))
+    check(inputs, ("D", "z", "delta_bias", "initial_state"), True, True)
+
+
+def test_narrow_tiles_chosen_to_fill_a_gpu(monkeypatch):
+    """As on a GPU whose SMs a small grid cannot fill (132 SMs, batch 2, 37 channels): the
+    forward narrows to 2-channel tiles and the backward to 4 (its floor), different from
+    each other and crossing the 37-channel edge; results as with the wide tiles."""
+    monkeypatch.setattr(tk, "_TILE_PINNED", False)
+    monkeypatch.setattr(tk, "sm_count", lambda t: 132)
+    assert tk.scan_tiles(16, 2, 37, 132)[1] == 2
+    assert tk.scan_tiles(16, 2, 37, 132, backward=True)[1] == 4
+    inputs = on_device(make_inputs(batch=2, dim=37, state=16, length=35, seed=3))
     check(inputs, ("D", "z", "delta_bias", "initial_state"), True, True)
 
 

@@ -37,11 +37,66 @@ def _scan_tile() -> tuple[int, int]:
     return bt, bd
 
 
-# Chunk (time tile) and channel tile of the scan; the checkpointed states cost
-# batch * dim * N * L / SCAN_BT floats. 16 x 16 x N=16 keeps a chunk's tiles in registers.
+# Chunk (time tile) and channel tile of the scan at N <= 16; the checkpointed states cost
+# batch * dim * N * L / SCAN_BT floats. What each launch costs an SM is measured by
+# compiling for the GPU without one (`ssm-workbench bench --triton-compile 90`,
+# models/kernels/triton_aot.py): at 16 x 16 x 16 on sm_90 the forward uses 128 registers
+# a thread at 4 warps and the backward 232 at 8, neither spills.
 SCAN_BT, SCAN_BD = _scan_tile()
+_TILE_PINNED = "SSM_WORKBENCH_TRITON_SCAN_TILE" in os.environ
+SCAN_FWD_WARPS = 4
+SCAN_BWD_WARPS = 8
+# The backward's partial sums of dB and dC are (batch, channel tiles, L, N): it takes
+# tiles no narrower than 4 channels and no more than 16 tiles (memory, not speed).
+SCAN_BWD_MIN_BD = 4
+SCAN_BWD_MAX_TILES = 16
 CONV_BLT = 64
 CONV_BLD = 32
+CONV_WARPS = 4
+# The conv's backward: 64 x 32 tiles at 4 warps spilled 16-32 bytes a thread on sm_90
+# (255 registers); 32 x 32 at 8 warps uses 80 and spills nothing.
+CONV_BWD_BLT = 32
+CONV_BWD_WARPS = 8
+
+
+def scan_tiles(N: int, batch: int = 0, dim: int = 0, sms: int = 0,
+               backward: bool = False) -> tuple[int, int, int]:
+    """(BT, BD, BN) of the scan: a program holds (BT, BD, BN) tiles of a chunk in registers
+    and walks the sequence for BD channels of one batch row.
+
+    - Above N = 16 the channel tile shrinks to keep BT * BD * BN where it is at N = 16, half
+      that in the backward (on sm_90, 16 x 16 x 64 spilled; 16 x 4 x 64 fits the forward,
+      where the backward spilled 36 bytes a thread; 16 x 2 x 64 fits it).
+    - On a GPU with ``sms`` multiprocessors, a grid of cdiv(dim, BD) * batch programs that
+      cannot fill the SMs (b8, 128 channels: 64 programs for 132 SMs) gets narrower tiles:
+      halved until the grid has two programs an SM (the forward fits four to seven a
+      SM at 4 warps), down to 2 channels; the backward (one program an SM at 8 warps)
+      until one an SM, within SCAN_BWD_MIN_BD and SCAN_BWD_MAX_TILES.
+      This is occupancy reasoning from the compiled kernels, not yet a timing on a GPU.
+    - ``SSM_WORKBENCH_TRITON_SCAN_TILE`` pins BT x BD (no narrowing), for tuning.
+    BT is the same forward and backward (the saved states are per chunk); BD may differ.
+    """
+    bn = _pow2(N)
+    # the backward holds more (BT, BD, BN) tiles live: at N = 64 it needs half the forward's
+    bd = SCAN_BD if bn <= 16 else max(2, SCAN_BD * 16 // bn // (2 if backward else 1))
+    if sms and batch and dim and not _TILE_PINNED:
+        want = sms if backward else 2 * sms
+        floor = 2
+        if backward:
+            floor = max(SCAN_BWD_MIN_BD, 1 << max(0, -(-dim // SCAN_BWD_MAX_TILES) - 1).bit_length())
+        while bd // 2 >= floor and -(-dim // bd) * batch < want:
+            bd //= 2
+    return SCAN_BT, bd, bn
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def sm_count(t: torch.Tensor) -> int:
+    """Multiprocessors of ``t``'s GPU; 0 for CPU tensors (the interpreter: no narrowing)."""
+    return _sm_count(t.device.index or 0) if t.device.type == "cuda" else 0
 
 _module = None
 _import_error = ""
@@ -256,7 +311,7 @@ class SelectiveScanTriton(torch.autograd.Function):
       h0: (batch, dim, N) or None; out: (batch, L, dim) in u's dtype (stored (batch, dim, L)
       when ``channel_major``); h_last: (batch, dim, N) float32 (float64 for float64 inputs).
 
-    Saves the inputs and the state entering every chunk of ``SCAN_BT`` steps.
+    Saves the inputs and the state entering every chunk of ``BT`` steps (:func:`scan_tiles`).
     """
 
     @staticmethod
@@ -271,7 +326,8 @@ class SelectiveScanTriton(torch.autograd.Function):
         h0 = None if h0 is None else h0.to(state_dtype).contiguous()
         out = _new_btd(u, batch, L, dim, channel_major, u.dtype)
         h_last = u.new_empty(batch, dim, N, dtype=state_dtype)
-        n_chunks = -(-L // SCAN_BT)
+        BT, BD, BN = scan_tiles(N, batch, dim, sm_count(u))
+        n_chunks = -(-L // BT)
         needs_grad = any(ctx.needs_input_grad[:9])
         ckpt = u.new_empty(batch, max(n_chunks, 1), dim, N, dtype=state_dtype) if needs_grad else None
         compute = _compute_dtype(u, delta, A, B, C)
@@ -279,12 +335,12 @@ class SelectiveScanTriton(torch.autograd.Function):
             h_last.copy_(h0) if h0 is not None else h_last.zero_()
         elif batch * dim > 0:
             with _device_guard(u):
-                k.selective_scan_fwd_kernel[(triton_cdiv(dim, SCAN_BD), batch)](
+                k.selective_scan_fwd_kernel[(triton_cdiv(dim, BD), batch)](
                     u, delta, z, A, B, C, D, delta_bias, h0, out, h_last, ckpt,
                     L, dim, N, n_chunks, *_s3(u), *_s3(delta), *_s3(z), *_s3(B), *_s3(C), *_s3(out),
                     HAS_D=D is not None, HAS_Z=z is not None, HAS_BIAS=delta_bias is not None,
                     HAS_H0=h0 is not None, SOFTPLUS=bool(softplus), SAVE_CKPT=needs_grad,
-                    COMPUTE=compute, BT=SCAN_BT, BD=SCAN_BD, BN=_pow2(N), num_warps=4)
+                    COMPUTE=compute, BT=BT, BD=BD, BN=BN, num_warps=SCAN_FWD_WARPS)
         if needs_grad:
             ctx.save_for_backward(u, delta, z, A, B, C, D, delta_bias, ckpt)
             ctx.softplus, ctx.channel_major = bool(softplus), channel_major
@@ -300,8 +356,9 @@ class SelectiveScanTriton(torch.autograd.Function):
         batch, L, dim = u.shape
         N = A.shape[1]
         state_dtype = A.dtype
-        n_chunks = -(-L // SCAN_BT)
-        n_dtiles = triton_cdiv(dim, SCAN_BD)
+        BT, BD, BN = scan_tiles(N, batch, dim, sm_count(u), backward=True)
+        n_chunks = -(-L // BT)
+        n_dtiles = triton_cdiv(dim, BD)
         if dout is None:
             dout = u.new_zeros(batch, L, dim)
         dh = None if dh_last is None else dh_last.to(state_dtype).contiguous()
@@ -331,8 +388,8 @@ class SelectiveScanTriton(torch.autograd.Function):
                     *_s3(u), *_s3(delta), *_s3(z), *_s3(B), *_s3(C), *_s3(dout), *_s3(du),
                     HAS_D=D is not None, HAS_Z=z is not None, HAS_BIAS=delta_bias is not None,
                     HAS_DHLAST=dh is not None, SOFTPLUS=ctx.softplus,
-                    COMPUTE=_compute_dtype(u, delta, A, B, C), BT=SCAN_BT, BD=SCAN_BD,
-                    BN=_pow2(N), num_warps=8)
+                    COMPUTE=_compute_dtype(u, delta, A, B, C), BT=BT, BD=BD, BN=BN,
+                    num_warps=SCAN_BWD_WARPS)
         A_dt, B_dt, C_dt = ctx.dtypes
         return (du, ddelta, dA_part.sum(0).to(A_dt), dB_part.sum(1).to(B_dt),
                 dC_part.sum(1).to(C_dt), None if D is None else dD_part.sum(0).to(D.dtype), dz,
@@ -367,7 +424,8 @@ class CausalConv1dTriton(torch.autograd.Function):
                 k.causal_conv_fwd_kernel[(triton_cdiv(L, CONV_BLT), triton_cdiv(dim, CONV_BLD), batch)](
                     x, w, bias, left, out, L, dim, *_s3(x), *_s3(out),
                     HAS_BIAS=bias is not None, HAS_LEFT=left is not None, SILU=bool(silu),
-                    COMPUTE=_compute_dtype(x, w), K=K, BLT=CONV_BLT, BLD=CONV_BLD)
+                    COMPUTE=_compute_dtype(x, w), K=K, BLT=CONV_BLT, BLD=CONV_BLD,
+                    num_warps=CONV_WARPS)
         ctx.save_for_backward(x, w, bias, left)
         ctx.silu, ctx.weight_shape, ctx.had_left = bool(silu), weight.shape, left is not None
         return out
@@ -381,7 +439,7 @@ class CausalConv1dTriton(torch.autograd.Function):
         K = w.shape[1]
         compute = _compute_dtype(x, w)
         work = torch.float64 if compute.primitive_bitwidth == 64 else torch.float32
-        n_tt = triton_cdiv(L, CONV_BLT)
+        n_tt = triton_cdiv(L, CONV_BWD_BLT)
         dpre = x.new_empty(batch, L, dim, dtype=work)
         dw_part = x.new_zeros(batch, n_tt, K, dim, dtype=work)
         dbias_part = x.new_zeros(batch, n_tt, dim, dtype=work)
@@ -394,11 +452,12 @@ class CausalConv1dTriton(torch.autograd.Function):
                     x, w, bias, left, dout, dpre, dw_part, dbias_part, L, dim, n_tt,
                     *_s3(x), *_s3(dout),
                     HAS_BIAS=bias is not None, HAS_LEFT=left is not None, SILU=ctx.silu,
-                    COMPUTE=compute, K=K, BLT=CONV_BLT, BLD=CONV_BLD)
-                k.causal_conv_bwd_input_kernel[(triton_cdiv(L + K - 1, CONV_BLT),
+                    COMPUTE=compute, K=K, BLT=CONV_BWD_BLT, BLD=CONV_BLD, num_warps=CONV_BWD_WARPS)
+                k.causal_conv_bwd_input_kernel[(triton_cdiv(L + K - 1, CONV_BWD_BLT),
                                                 triton_cdiv(dim, CONV_BLD), batch)](
                     dpre, w, dx, dleft, L, dim, *_s3(dx),
-                    HAS_LEFT=left is not None, COMPUTE=compute, K=K, BLT=CONV_BLT, BLD=CONV_BLD)
+                    HAS_LEFT=left is not None, COMPUTE=compute, K=K, BLT=CONV_BWD_BLT, BLD=CONV_BLD,
+                    num_warps=CONV_BWD_WARPS)
         else:
             dx.zero_()
         dweight = dw_part.sum((0, 1)).t().reshape(ctx.weight_shape).to(w.dtype)

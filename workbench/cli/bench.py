@@ -32,6 +32,11 @@ q, k: (batch, L, ``--heads``, ``--head-dim``), v likewise, log-gates uniform in 
 out; forward + backward, forward, peak memory and the speed-up over ``ref`` (``x_ref``).
 ``--ref-max-len`` skips the (step-by-step, slow) ``ref`` above a length.
 
+``--triton-compile 90`` compiles the Triton kernels for that compute capability (90: H100)
+without a GPU, at the launcher's tile sizes, and reports what each costs an SM: registers,
+spilled bytes, shared memory, resident programs and grid fill (``models.kernels.triton_aot``;
+``python -m models.kernels.triton_aot --help`` takes other state sizes and trial parameters).
+
 ``--stream-tokens N`` runs the mamba backbone (``--n-layers``, ``--d-model``) over N tokens at
 batch 1 in chunks of ``--stream-chunk`` (or token by token with ``--stream-mode step``),
 carrying only the recurrent state, and reports wall time, tokens/s and peak RSS; ``--stream-model`` takes a comma list of
@@ -297,6 +302,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--head-dim", type=_positive, default=32, help="--ops: key and value dim per head")
     p.add_argument("--ref-max-len", type=_positive, default=None,
                    help="--ops: skip the step-by-step ref backend above this length")
+    p.add_argument("--triton-compile", type=int, default=None, metavar="ARCH",
+                   help="compile the Triton kernels for compute capability ARCH (e.g. 90) "
+                        "without a GPU and report registers, spills and occupancy")
     p.add_argument("--stream-tokens", type=_positive, default=None,
                    help="also run the streamed-inference measurement over this many tokens")
     p.add_argument("--stream-chunk", type=_positive, default=4096)
@@ -332,7 +340,8 @@ def plan(args: argparse.Namespace) -> list[dict[str, Any]]:
     import models
 
     # with --stream-tokens or --scan-backends alone, only those measurements run
-    names = args.models or ([] if (args.stream_tokens or args.scan_backends or args.ops)
+    names = args.models or ([] if (args.stream_tokens or args.scan_backends or args.ops
+                                   or args.triton_compile)
                             else _default_models())
     for name in names:
         models.entry(name)  # unknown model: error listing the known ones
@@ -415,6 +424,24 @@ def _measure_ops(args: argparse.Namespace) -> list[dict[str, Any]]:
     return rows
 
 
+def _compile_triton(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """--triton-compile ARCH: the kernels' resources at N = 16, float32 and bfloat16."""
+    if args.triton_compile is None:
+        return []
+    from models.kernels import triton_aot
+
+    if args.triton_compile not in triton_aot.ARCH_LIMITS:
+        raise SystemExit(f"--triton-compile {args.triton_compile}: known compute capabilities "
+                         f"{', '.join(map(str, triton_aot.ARCH_LIMITS))}")
+    why = triton_aot.unavailable_reason()
+    if why:
+        raise SystemExit(f"--triton-compile: {why}")
+    print(f"  compiling the Triton kernels for {triton_aot.ARCH_LIMITS[args.triton_compile]['name']} "
+          f"(programs, sm_fill: batch 8, 128 channels, L = 4096)",
+          file=sys.stderr, flush=True)
+    return triton_aot.compile_all(args.triton_compile, (16,), ("fp32", "bf16"))
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.one:
@@ -455,6 +482,7 @@ def main(argv: list[str] | None = None) -> int:
             r["x_first"] = round(first[r["seq_len"]] / r["fwd_bwd_ms"], 1)
 
     op_rows = _measure_ops(args)
+    aot_rows = _compile_triton(args)
 
     stream_rows = []
     for stream_model in (args.stream_model if args.stream_tokens else []):
@@ -468,8 +496,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  streamed {stream_model}", file=sys.stderr, flush=True)
 
     if args.format == "json":
-        print(json.dumps({"runs": rows, "scan": scan_rows, "ops": op_rows, "stream": stream_rows},
-                         indent=1))
+        print(json.dumps({"runs": rows, "scan": scan_rows, "ops": op_rows, "stream": stream_rows,
+                          "triton_compile": aot_rows}, indent=1))
     else:
         tables = [format_table(rows, COLUMNS, args.format)] if rows else []
         if scan_rows:
@@ -478,8 +506,12 @@ def main(argv: list[str] | None = None) -> int:
             tables.append(format_table(op_rows, OP_COLUMNS, args.format))
         if stream_rows:
             tables.append(format_table(stream_rows, STREAM_COLUMNS, args.format))
+        if aot_rows:
+            from models.kernels.triton_aot import COLUMNS as AOT_COLUMNS
+            tables.append(format_table(aot_rows, AOT_COLUMNS, args.format))
         print("\n\n".join(tables))
-    return 1 if any("error" in r for r in rows + scan_rows + op_rows + stream_rows) else 0
+    all_rows = rows + scan_rows + op_rows + stream_rows + aot_rows
+    return 1 if any("error" in r for r in all_rows) else 0
 
 if __name__ == "__main__":
     sys.exit(main())
