@@ -268,6 +268,20 @@ def _apply(v: Variant, overrides: dict[str, dict[str, int]]) -> Variant:
     return dataclasses.replace(v, constexprs=cx, num_warps=warps, tile=tile)
 
 
+def _writable_cache() -> None:
+    """Triton writes what it compiles under ~/.triton/cache; a read-only home (some CI and
+    cluster set-ups) gets a temporary folder instead of a failed compile."""
+    if os.environ.get("TRITON_CACHE_DIR"):
+        return
+    home = os.path.join(os.path.expanduser("~"), ".triton")
+    try:
+        os.makedirs(os.path.join(home, "cache"), exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=os.path.join(home, "cache")):
+            pass
+    except OSError:
+        os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="triton-cache-")
+
+
 def _stdlib_interpreted() -> bool:
     """Whether this process imported Triton's language under the interpreter: then even
     ``tl.sum`` is an interpreter object and nothing can be compiled in this process."""
@@ -281,6 +295,7 @@ def compile_all(arch: int = 90, states=(16,), dtypes=("fp32",),
     """Every variant's row; a kernel that fails to build gets its error in ``error``. Runs
     in a fresh process where this one has Triton in interpreter mode (the tests)."""
     overrides = overrides or {}
+    _writable_cache()
     if _stdlib_interpreted():
         return _compile_all_in_subprocess(arch, states, dtypes, overrides)
     mod = _jit_module()
