@@ -75,7 +75,6 @@ class Variant:
     num_warps: int
     act_pointers: tuple[str, ...]   # pointer arguments in the activations' dtype
     unit_strides: tuple[str, ...]   # stride arguments that are 1 at Mamba's launch
-    grid: tuple[int, ...]           # programs for PROBLEM
     tile: str
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -112,9 +111,8 @@ def variants(states=(16,), dtypes=("fp32",), arch: int = 90) -> list[Variant]:
     import triton.language as tl
     from models.kernels import triton_kernels as tk
 
-    b, dim, L = PROBLEM["batch"], PROBLEM["dim"], PROBLEM["L"]
+    b, dim = PROBLEM["batch"], PROBLEM["dim"]
     sms = ARCH_LIMITS[arch]["sms"]
-    cdiv = lambda a, c: -(-a // c)  # noqa: E731
     out: list[Variant] = []
     for dtype in dtypes:
         for N in states:
@@ -124,33 +122,40 @@ def variants(states=(16,), dtypes=("fp32",), arch: int = 90) -> list[Variant]:
                 "selective_scan_fwd_kernel", dtype, N,
                 dict(flags, HAS_H0=False, SAVE_CKPT=True, BT=BT, BD=BD, BN=BN), tk.SCAN_FWD_WARPS,
                 ("u_ptr", "delta_ptr", "z_ptr", "B_ptr", "C_ptr", "out_ptr"),
-                ("su_d", "sdt_d", "sz_d", "sB_n", "sC_n", "so_d"), (cdiv(dim, BD), b),
-                f"{BT}x{BD}x{BN}"))
+                ("su_d", "sdt_d", "sz_d", "sB_n", "sC_n", "so_d"), f"{BT}x{BD}x{BN}"))
             BT, BD, BN = tk.scan_tiles(N, b, dim, sms, backward=True)
             out.append(Variant(
                 "selective_scan_bwd_kernel", dtype, N,
                 dict(flags, HAS_DHLAST=False, BT=BT, BD=BD, BN=BN), tk.SCAN_BWD_WARPS,
                 ("u_ptr", "delta_ptr", "z_ptr", "B_ptr", "C_ptr", "dout_ptr", "du_ptr",
                  "ddelta_ptr", "dz_ptr"),
-                ("su_d", "sdt_d", "sz_d", "sB_n", "sC_n", "sdo_d", "sg_d"), (cdiv(dim, BD), b),
-                f"{BT}x{BD}x{BN}"))
+                ("su_d", "sdt_d", "sz_d", "sB_n", "sC_n", "sdo_d", "sg_d"), f"{BT}x{BD}x{BN}"))
         conv = dict(COMPUTE=tl.float32, K=4, BLT=tk.CONV_BLT, BLD=tk.CONV_BLD)
         out.append(Variant("causal_conv_fwd_kernel", dtype, None,
                            dict(conv, HAS_BIAS=True, HAS_LEFT=False, SILU=True), tk.CONV_WARPS,
                            ("x_ptr", "left_ptr", "out_ptr"), ("sx_d", "so_d"),
-                           (cdiv(L, tk.CONV_BLT), cdiv(dim, tk.CONV_BLD), b),
                            f"{tk.CONV_BLT}x{tk.CONV_BLD}"))
         conv = dict(conv, BLT=tk.CONV_BWD_BLT)
         tile = f"{tk.CONV_BWD_BLT}x{tk.CONV_BLD}"
         out.append(Variant("causal_conv_bwd_pre_kernel", dtype, None,
                            dict(conv, HAS_BIAS=True, HAS_LEFT=False, SILU=True), tk.CONV_BWD_WARPS,
-                           ("x_ptr", "left_ptr", "dout_ptr"), ("sx_d", "sdo_d"),
-                           (cdiv(L, tk.CONV_BWD_BLT), cdiv(dim, tk.CONV_BLD), b), tile))
+                           ("x_ptr", "left_ptr", "dout_ptr"), ("sx_d", "sdo_d"), tile))
         out.append(Variant("causal_conv_bwd_input_kernel", dtype, None,
                            dict(conv, HAS_LEFT=False), tk.CONV_BWD_WARPS,
-                           ("dx_ptr", "dleft_ptr"), ("sdx_d",),
-                           (cdiv(L + 3, tk.CONV_BWD_BLT), cdiv(dim, tk.CONV_BLD), b), tile))
+                           ("dx_ptr", "dleft_ptr"), ("sdx_d",), tile))
     return out
+
+
+def grid_size(v: Variant) -> int:
+    """Programs the launcher starts for PROBLEM at ``v``'s tiles (the grids in
+    models/kernels/triton_kernels.py)."""
+    b, dim, L = PROBLEM["batch"], PROBLEM["dim"], PROBLEM["L"]
+    cx = v.constexprs
+    cdiv = lambda a, c: -(-a // c)  # noqa: E731
+    if v.kernel.startswith("selective_scan"):
+        return cdiv(dim, cx["BD"]) * b
+    extra = cx["K"] - 1 if v.kernel == "causal_conv_bwd_input_kernel" else 0
+    return cdiv(L + extra, cx["BLT"]) * cdiv(dim, cx["BLD"]) * b
 
 
 _PTXAS_RE = {
@@ -228,9 +233,7 @@ def compile_variant(v: Variant, arch: int = 90, module=None) -> dict[str, Any]:
     rep = _ptxas_report(compiled.asm["ptx"], arch)
     smem = int(compiled.metadata.shared)
     blocks, occ = occupancy(rep["regs"], smem, v.num_warps, arch)
-    programs = 1
-    for g in v.grid:
-        programs *= g
+    programs = grid_size(v)
     return dict(kernel=v.kernel.replace("_kernel", ""), dtype=v.dtype, N=v.N or "", tile=v.tile,
                 warps=v.num_warps, regs=rep["regs"], spill_B=rep["spill_stores"] + rep["spill_loads"],
                 smem_B=smem, blocks_sm=blocks, occupancy=f"{occ:.0%}", programs=programs,
@@ -370,10 +373,12 @@ def main(argv: list[str] | None = None) -> int:
         for row in rows:
             print(json.dumps(row))
     else:
-        from workbench.cli.bench import format_table
         print(f"Compiled for {ARCH_LIMITS[args.arch]['name']} without a GPU; programs and sm_fill "
               f"for batch {PROBLEM['batch']}, {PROBLEM['dim']} channels, L = {PROBLEM['L']}:")
-        print(format_table(rows, COLUMNS))
+        cols = COLUMNS + (["error"] if any("error" in r for r in rows) else [])
+        print("| " + " | ".join(cols) + " |\n|" + "---|" * len(cols))
+        for row in rows:    # plain markdown; `bench --triton-compile` aligns the columns
+            print("| " + " | ".join(str(row.get(c, "")) for c in cols) + " |")
     return 1 if any("error" in r for r in rows) else 0
 
 
