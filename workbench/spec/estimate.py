@@ -35,7 +35,10 @@ costs one probe per model (a few tenths of a second, S4 kernels longer), later o
 Known over- and under-estimates: the CPU probe runs the CPU kernels (e.g. the C
 selective scan keeps a state every 32 steps); CUDA's kernels (mamba-ssm, Triton) keep
 about as much or less, so CUDA estimates err high. ``amp`` (bf16) is estimated as fp32
-(high by up to 2x on activations). Deep models (more than ``DIRECT_LAYERS`` layers) are
+(high by up to 2x on activations). FFT convolutions (Hyena, and S4-family kernels at long
+lengths) are estimated low: their backward's complex temporaries are larger than the
+transient term allows (Hyena at b8, L = 1024: 82 MiB estimated, 137-144 MiB measured by
+`bench`, so 0.6; tests/test_estimate.py). Deep models (more than ``DIRECT_LAYERS`` layers) are
 probed at 2 and 4 layers and extrapolated linearly in depth.
 """
 from __future__ import annotations
