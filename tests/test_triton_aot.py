@@ -45,6 +45,19 @@ def test_the_report_sees_spills_and_build_errors():
     assert "error" in by["selective_scan_fwd"] and "error" not in by["selective_scan_bwd"]
 
 
+@needs_compiler
+def test_the_gpu_test_suites_float64_cases_build():
+    """On a GPU, tests/test_triton_kernels.py runs these kernels compiled in float64, with
+    state sizes 3 (padded to 4) and 40 (64) and a width-1 conv: they must build (spills
+    allowed: float64 is the tests' oracle precision, not a training dtype)."""
+    conv_k1 = {k: {"K": 1} for k in ("causal_conv_fwd_kernel", "causal_conv_bwd_pre_kernel",
+                                      "causal_conv_bwd_input_kernel")}
+    rows = ta.compile_all(90, (3, 40), ("fp64",), conv_k1)
+    assert len(rows) == 2 * 2 + 3
+    for row in rows:
+        assert "error" not in row, row
+
+
 def test_overrides_are_checked():
     assert ta._parse_set(["selective_scan_bwd:BD=4,num_warps=4"]) == {
         "selective_scan_bwd_kernel": {"BD": 4, "num_warps": 4}}

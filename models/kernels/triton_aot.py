@@ -60,6 +60,8 @@ REG_ALLOC_UNIT = 256
 # channels, 4096 steps).
 PROBLEM = dict(batch=8, dim=128, L=4096)
 
+# activation dtypes; fp64 is the tests' (every tensor and the compute in float64)
+DTYPES = ("fp32", "bf16", "fp16", "fp64")
 COLUMNS = ["kernel", "dtype", "N", "tile", "warps", "regs", "spill_B", "smem_B",
            "blocks_sm", "occupancy", "programs", "sm_fill"]
 
@@ -69,7 +71,7 @@ class Variant:
     """One kernel at one launch configuration: its constexprs, warps, and the dtype of each
     pointer argument (``act``: the activations' dtype; the rest float32)."""
     kernel: str
-    dtype: str                      # "fp32" | "bf16" | "fp16": the activations
+    dtype: str                      # one of DTYPES: the activations
     N: int | None                   # state size (None for the conv)
     constexprs: dict[str, Any]
     num_warps: int
@@ -115,8 +117,9 @@ def variants(states=(16,), dtypes=("fp32",), arch: int = 90) -> list[Variant]:
     sms = ARCH_LIMITS[arch]["sms"]
     out: list[Variant] = []
     for dtype in dtypes:
+        compute = tl.float64 if dtype == "fp64" else tl.float32
         for N in states:
-            flags = dict(HAS_D=True, HAS_Z=True, HAS_BIAS=True, SOFTPLUS=True, COMPUTE=tl.float32)
+            flags = dict(HAS_D=True, HAS_Z=True, HAS_BIAS=True, SOFTPLUS=True, COMPUTE=compute)
             BT, BD, BN = tk.scan_tiles(N, b, dim, sms)
             out.append(Variant(
                 "selective_scan_fwd_kernel", dtype, N,
@@ -130,7 +133,7 @@ def variants(states=(16,), dtypes=("fp32",), arch: int = 90) -> list[Variant]:
                 ("u_ptr", "delta_ptr", "z_ptr", "B_ptr", "C_ptr", "dout_ptr", "du_ptr",
                  "ddelta_ptr", "dz_ptr"),
                 ("su_d", "sdt_d", "sz_d", "sB_n", "sC_n", "sdo_d", "sg_d"), f"{BT}x{BD}x{BN}"))
-        conv = dict(COMPUTE=tl.float32, K=4, BLT=tk.CONV_BLT, BLD=tk.CONV_BLD)
+        conv = dict(COMPUTE=compute, K=4, BLT=tk.CONV_BLT, BLD=tk.CONV_BLD)
         out.append(Variant("causal_conv_fwd_kernel", dtype, None,
                            dict(conv, HAS_BIAS=True, HAS_LEFT=False, SILU=True), tk.CONV_WARPS,
                            ("x_ptr", "left_ptr", "out_ptr"), ("sx_d", "so_d"),
@@ -211,7 +214,8 @@ def compile_variant(v: Variant, arch: int = 90, module=None) -> dict[str, Any]:
     fn = getattr(mod, v.kernel)
     target = GPUTarget("cuda", arch, 32)
     backend = make_backend(target)
-    ptr_type = {"fp32": "*fp32", "bf16": "*bf16", "fp16": "*fp16"}[v.dtype]
+    ptr_type = "*" + v.dtype
+    other_type = "*fp64" if v.dtype == "fp64" else "*fp32"
     constexprs = dict(v.constexprs)
     signature, attrs = {}, {}
     for i, name in enumerate(fn.arg_names):
@@ -221,7 +225,7 @@ def compile_variant(v: Variant, arch: int = 90, module=None) -> dict[str, Any]:
             signature[name] = "constexpr"
             constexprs[name] = 1
         elif name.endswith("_ptr"):
-            signature[name] = ptr_type if name in v.act_pointers else "*fp32"
+            signature[name] = ptr_type if name in v.act_pointers else other_type
             attrs[(i,)] = backend.parse_attr("D")        # torch's allocations: 16-byte aligned
         else:
             signature[name] = "i32"
@@ -350,7 +354,7 @@ def main(argv: list[str] | None = None) -> int:
                                 description=__doc__.split("\n\n")[0])
     p.add_argument("--arch", type=int, default=90, choices=sorted(ARCH_LIMITS))
     p.add_argument("--state", default="16", help="comma list of scan state sizes N")
-    p.add_argument("--dtype", default="fp32", help="comma list of activation dtypes: fp32,bf16,fp16")
+    p.add_argument("--dtype", default="fp32", help="comma list of activation dtypes: " + ",".join(DTYPES))
     p.add_argument("--set", action="append", default=[], metavar="KERNEL:KEY=VALUE,...",
                    help="try other launch parameters, e.g. selective_scan_bwd:BD=4,num_warps=4")
     p.add_argument("--json", action="store_true", help="one JSON object a kernel")
@@ -362,9 +366,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         states = tuple(int(s) for s in args.state.split(","))
         dtypes = tuple(args.dtype.split(","))
-        bad = [d for d in dtypes if d not in ("fp32", "bf16", "fp16")]
+        bad = [d for d in dtypes if d not in DTYPES]
         if bad or any(n < 1 for n in states):
-            raise ValueError(f"--dtype takes fp32,bf16,fp16 and --state positive integers")
+            raise ValueError(f"--dtype takes {','.join(DTYPES)} and --state positive integers")
         rows = compile_all(args.arch, states, dtypes, _parse_set(args.set))
     except ValueError as exc:
         print(f"triton_aot: {exc}", file=sys.stderr)
