@@ -73,7 +73,7 @@ case "$phase" in
     done
     [ -e "$MAMBA_SITE/.built" ] || "$0" build-mamba >/tmp/mamba-build.log 2>&1 \
       || { echo "mamba-ssm did not build:"; tail -5 /tmp/mamba-build.log; }
-    WB="$WB" scripts/gpu-bench.sh 2>&1 | tee "$OUT/gpu-bench.md"
+    WB="$WB" PY=python3 BENCH_DIR=/tmp/gpu-bench scripts/gpu-bench.sh 2>&1 | tee "$OUT/gpu-bench.md"
     # the scan's tile, pinned (no narrowing), at the shape: which one is fastest here
     { for tile in 16x16 16x8 16x4 16x2 32x4 8x4; do
         echo "### SSM_WORKBENCH_TRITON_SCAN_TILE=$tile"
