@@ -107,7 +107,17 @@ case "$phase" in
     $WB report profiles/induction-heads-paper.toml profiles/mad-in-context-recall-as-run.toml \
       profiles/selective-copying-paper-gpu.toml profiles/mamba-table1-grid-gpu.toml \
       > "$OUT/report-gpu.md" 2>&1; tail -5 "$OUT/report-gpu.md"
-    tar czf "$OUT/store.tgz" -C "$SSM_WORKBENCH_STORE" . 2>/dev/null
+    # the database and logs; the checkpoints apart (unfinished runs resume from them later,
+    # `ssm-workbench resume`), each file under the device tool's 16 MiB a file
+    tar czf "$OUT/store.tgz" -C "$SSM_WORKBENCH_STORE" --exclude=./checkpoints --exclude=./disk-reserve . 2>/dev/null
+    if [ -d "$SSM_WORKBENCH_STORE/checkpoints" ]; then
+      tar czf /tmp/checkpoints.tgz -C "$SSM_WORKBENCH_STORE" checkpoints
+      if [ "$(stat -c %s /tmp/checkpoints.tgz)" -le $((16 * 1024 * 1024)) ]; then
+        cp /tmp/checkpoints.tgz "$OUT/"
+      else
+        echo "checkpoints.tgz is over 16 MiB: split it (split -b 15M) and fetch the parts"
+      fi
+    fi
     ;;
   *) echo "usage: $0 check|bench|tests|long|collect|build-mamba" >&2; exit 2 ;;
 esac
