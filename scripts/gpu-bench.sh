@@ -26,7 +26,8 @@ store="$(mktemp -d)"
 start=$SECONDS
 SSM_WORKBENCH_STORE="$store" $WB run profiles/mad-selective-copying.toml > "$D/mad-run.txt" 2>&1
 rc=$?
-echo "{\"wall_s\": $((SECONDS - start)), \"exit\": $rc, \"error\": \"run exited $rc (see mad-run.txt)\"}" > "$D/mad.json"
+err=""; [ "$rc" = 0 ] || err=", \"error\": \"run exited $rc (see mad-run.txt)\""
+echo "{\"wall_s\": $((SECONDS - start)), \"exit\": $rc$err}" > "$D/mad.json"
 SSM_WORKBENCH_STORE="$store" $WB export --profile mad-selective-copying --metric accuracy \
   --rows model --cols seq_len --format md > "$D/mad-accuracy.md" 2>&1 || true
 $PY scripts/gpu_targets.py "$D"

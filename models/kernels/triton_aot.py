@@ -37,8 +37,7 @@ import re
 import subprocess
 import sys
 import tempfile
-import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 # Per-SM limits of the compute capabilities a user is likely to name (CUDA C Programming
@@ -69,7 +68,8 @@ COLUMNS = ["kernel", "dtype", "N", "tile", "warps", "regs", "spill_B", "smem_B",
 @dataclass
 class Variant:
     """One kernel at one launch configuration: its constexprs, warps, and the dtype of each
-    pointer argument (``act``: the activations' dtype; the rest float32)."""
+    pointer argument (those in ``act_pointers`` the activations' dtype, the rest float32,
+    or all float64 for fp64)."""
     kernel: str
     dtype: str                      # one of DTYPES: the activations
     N: int | None                   # state size (None for the conv)
@@ -77,8 +77,12 @@ class Variant:
     num_warps: int
     act_pointers: tuple[str, ...]   # pointer arguments in the activations' dtype
     unit_strides: tuple[str, ...]   # stride arguments that are 1 at Mamba's launch
-    tile: str
-    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def tile(self) -> str:
+        """"BTxBDxBN" (scan) or "BLTxBLD" (conv), from the constexprs."""
+        return "x".join(str(self.constexprs[k]) for k in ("BT", "BD", "BN", "BLT", "BLD")
+                        if k in self.constexprs)
 
 
 @contextlib.contextmanager
@@ -125,27 +129,25 @@ def variants(states=(16,), dtypes=("fp32",), arch: int = 90) -> list[Variant]:
                 "selective_scan_fwd_kernel", dtype, N,
                 dict(flags, HAS_H0=False, SAVE_CKPT=True, BT=BT, BD=BD, BN=BN), tk.SCAN_FWD_WARPS,
                 ("u_ptr", "delta_ptr", "z_ptr", "B_ptr", "C_ptr", "out_ptr"),
-                ("su_d", "sdt_d", "sz_d", "sB_n", "sC_n", "so_d"), f"{BT}x{BD}x{BN}"))
+                ("su_d", "sdt_d", "sz_d", "sB_n", "sC_n", "so_d")))
             BT, BD, BN = tk.scan_tiles(N, b, dim, sms, backward=True)
             out.append(Variant(
                 "selective_scan_bwd_kernel", dtype, N,
                 dict(flags, HAS_DHLAST=False, BT=BT, BD=BD, BN=BN), tk.SCAN_BWD_WARPS,
                 ("u_ptr", "delta_ptr", "z_ptr", "B_ptr", "C_ptr", "dout_ptr", "du_ptr",
                  "ddelta_ptr", "dz_ptr"),
-                ("su_d", "sdt_d", "sz_d", "sB_n", "sC_n", "sdo_d", "sg_d"), f"{BT}x{BD}x{BN}"))
+                ("su_d", "sdt_d", "sz_d", "sB_n", "sC_n", "sdo_d", "sg_d")))
         conv = dict(COMPUTE=compute, K=4, BLT=tk.CONV_BLT, BLD=tk.CONV_BLD)
         out.append(Variant("causal_conv_fwd_kernel", dtype, None,
                            dict(conv, HAS_BIAS=True, HAS_LEFT=False, SILU=True), tk.CONV_WARPS,
-                           ("x_ptr", "left_ptr", "out_ptr"), ("sx_d", "so_d"),
-                           f"{tk.CONV_BLT}x{tk.CONV_BLD}"))
+                           ("x_ptr", "left_ptr", "out_ptr"), ("sx_d", "so_d")))
         conv = dict(conv, BLT=tk.CONV_BWD_BLT)
-        tile = f"{tk.CONV_BWD_BLT}x{tk.CONV_BLD}"
         out.append(Variant("causal_conv_bwd_pre_kernel", dtype, None,
                            dict(conv, HAS_BIAS=True, HAS_LEFT=False, SILU=True), tk.CONV_BWD_WARPS,
-                           ("x_ptr", "left_ptr", "dout_ptr"), ("sx_d", "sdo_d"), tile))
+                           ("x_ptr", "left_ptr", "dout_ptr"), ("sx_d", "sdo_d")))
         out.append(Variant("causal_conv_bwd_input_kernel", dtype, None,
                            dict(conv, HAS_LEFT=False), tk.CONV_BWD_WARPS,
-                           ("dx_ptr", "dleft_ptr"), ("sdx_d",), tile))
+                           ("dx_ptr", "dleft_ptr"), ("sdx_d",)))
     return out
 
 
@@ -229,11 +231,9 @@ def compile_variant(v: Variant, arch: int = 90, module=None) -> dict[str, Any]:
             attrs[(i,)] = backend.parse_attr("D")        # torch's allocations: 16-byte aligned
         else:
             signature[name] = "i32"
-    t0 = time.perf_counter()
     with _compiler_mode():
         compiled = triton.compile(ASTSource(fn, signature, constexprs, attrs), target=target,
                                   options={"num_warps": v.num_warps})
-    seconds = time.perf_counter() - t0
     rep = _ptxas_report(compiled.asm["ptx"], arch)
     smem = int(compiled.metadata.shared)
     blocks, occ = occupancy(rep["regs"], smem, v.num_warps, arch)
@@ -242,7 +242,7 @@ def compile_variant(v: Variant, arch: int = 90, module=None) -> dict[str, Any]:
                 warps=v.num_warps, regs=rep["regs"], spill_B=rep["spill_stores"] + rep["spill_loads"],
                 smem_B=smem, blocks_sm=blocks, occupancy=f"{occ:.0%}", programs=programs,
                 sm_fill=f"{programs / (ARCH_LIMITS[arch]['sms'] * max(blocks, 1)):.2f}",
-                compile_s=round(seconds, 1), stack_B=rep["stack"])   # compile_s: 0 when cached
+                stack_B=rep["stack"])
 
 
 def _parse_set(items: list[str]) -> dict[str, dict[str, int]]:
@@ -261,7 +261,7 @@ def _parse_set(items: list[str]) -> dict[str, dict[str, int]]:
 
 
 def _apply(v: Variant, overrides: dict[str, dict[str, int]]) -> Variant:
-    """``v`` with its kernel's overrides (a tuning experiment); the tile label follows."""
+    """``v`` with its kernel's overrides (a tuning experiment)."""
     change = dict(overrides.get(v.kernel, {}))
     if not change:
         return v
@@ -270,9 +270,7 @@ def _apply(v: Variant, overrides: dict[str, dict[str, int]]) -> Variant:
     if unknown:
         raise ValueError(f"{v.kernel}: no constexpr {', '.join(sorted(unknown))}; "
                          f"it has {', '.join(sorted(v.constexprs))}")
-    cx = dict(v.constexprs, **change)
-    tile = "x".join(str(cx[k]) for k in ("BT", "BD", "BN", "BLT", "BLD") if k in cx)
-    return dataclasses.replace(v, constexprs=cx, num_warps=warps, tile=tile)
+    return dataclasses.replace(v, constexprs=dict(v.constexprs, **change), num_warps=warps)
 
 
 def _writable_cache() -> None:

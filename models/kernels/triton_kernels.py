@@ -82,9 +82,7 @@ def scan_tiles(N: int, batch: int = 0, dim: int = 0, sms: int = 0,
     bd = SCAN_BD if bn <= 16 else max(2, SCAN_BD * 16 // bn // (2 if backward else 1))
     if sms and batch and dim and not _TILE_PINNED:
         want = sms if backward else 2 * sms
-        floor = 2
-        if backward:
-            floor = max(SCAN_BWD_MIN_BD, 1 << max(0, -(-dim // SCAN_BWD_MAX_TILES) - 1).bit_length())
+        floor = max(SCAN_BWD_MIN_BD, _pow2(-(-dim // SCAN_BWD_MAX_TILES))) if backward else 2
         while bd // 2 >= floor and -(-dim // bd) * batch < want:
             bd //= 2
     return SCAN_BT, bd, bn

@@ -436,8 +436,9 @@ def _compile_triton(args: argparse.Namespace) -> list[dict[str, Any]]:
     why = triton_aot.unavailable_reason()
     if why:
         raise SystemExit(f"--triton-compile: {why}")
+    pr = triton_aot.PROBLEM
     print(f"  compiling the Triton kernels for {triton_aot.ARCH_LIMITS[args.triton_compile]['name']} "
-          f"(programs, sm_fill: batch 8, 128 channels, L = 4096)",
+          f"(programs, sm_fill: batch {pr['batch']}, {pr['dim']} channels, L = {pr['L']})",
           file=sys.stderr, flush=True)
     return triton_aot.compile_all(args.triton_compile, (16,), ("fp32", "bf16"))
 
