@@ -5,7 +5,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -258,17 +257,13 @@ def test_replaying_a_grid_profile_queues_nothing_the_second_time(tmp_path, monke
     assert len(more.queued) == 12 and len(more.skipped) == 24
 
 
-def test_a_5000_run_grid_expands(capsys):
+def test_a_5000_run_grid_expands():
     text = (GRID.replace("seeds = [0, 1]", "seeds = [0, 1, 2, 3, 4]")
             .replace('"train.weight_decay" = [0.0, 0.1]',
                      '"train.weight_decay" = [0.0, 0.01, 0.02, 0.05, 0.1]\n'
                      '"train.warmup_steps" = [0, 1, 2, 3, 4, 5, 6, 7, 8, 9]\n'
                      '"train.batch_size" = [2, 4, 8, 16, 32]')
             .replace("[1e-4, 5e-4, 1e-3]", "[1e-4, 5e-4]").replace("steps = 5", "steps = 20"))
-    t0 = time.perf_counter()
     specs = P.expand(P.loads(text, "big.toml"))
-    took = time.perf_counter() - t0
     assert len(specs) == 2 * 2 * 5 * 10 * 5 * 5 == 5000
     assert len({spec_key(s.to_dict()) for s in specs}) == 5000
-    with capsys.disabled():
-        print(f"\n5000-run grid: load + check + expand {took:.2f} s")

@@ -3,6 +3,7 @@
     ssm-workbench bench --models mamba,transformer --seq-lens 784,4096 --batch 8 --d-model 64
     ssm-workbench bench --models mamba --backend ref,torch --seq-lens 1024 --repeats 1
     ssm-workbench bench --models mamba --stream-tokens 1048576
+    ssm-workbench bench --estimate --seq-lens 1024 --batch 8 --d-model 64   # estimate vs measured
 
 For each (model, backend, seq_len) a fresh Python process (``python -m workbench.cli.bench --one
 SPEC``) builds the backbone with a fixed seed, then measures on random input
@@ -37,6 +38,14 @@ without a GPU, at the launcher's tile sizes, and reports what each costs an SM: 
 spilled bytes, shared memory, resident programs and grid fill (``models.kernels.triton_aot``;
 ``python -m models.kernels.triton_aot --help`` takes other state sizes and trial parameters).
 
+``--estimate`` sets the resource estimate beside the measurement: for each model (default: one
+per family of the registry, ``ESTIMATE_MODELS``) and length, the peak memory that
+``workbench.spec.estimate.bench_estimate`` predicts for this training step (``est_mib``, the
+same probe and fit ``profile check`` uses), the smaller ``peak_mib`` of ``--estimate-tries``
+fresh processes (``measured_mib``; RSS noise only adds) and ``ratio`` = est / measured.
+A measured ratio depends on the machine and its load, so it is a benchmark, not a test:
+docs/RESULTS.md keeps the table, and the tests check only the estimate's deterministic parts.
+
 ``--stream-tokens N`` runs the mamba backbone (``--n-layers``, ``--d-model``) over N tokens at
 batch 1 in chunks of ``--stream-chunk`` (or token by token with ``--stream-mode step``),
 carrying only the recurrent state, and reports wall time, tokens/s and peak RSS; ``--stream-model`` takes a comma list of
@@ -59,6 +68,11 @@ from typing import Any
 COLUMNS = ["model", "seq_len", "backend", "params", "fwd_bwd_ms", "infer_ms", "train_tok_s", "peak_mib"]
 SCAN_COLUMNS = ["kernel", "seq_len", "backend", "fwd_bwd_ms", "fwd_ms", "peak_mib", "x_first"]
 OP_COLUMNS = ["op", "seq_len", "backend", "fwd_bwd_ms", "fwd_ms", "peak_mib", "x_ref"]
+ESTIMATE_COLUMNS = ["family", "model", "seq_len", "batch", "est_mib", "measured_mib", "ratio"]
+# --estimate's default: one model per family of the registry (pretrained needs a checkpoint
+# folder, so it is left out)
+ESTIMATE_MODELS = {"transformer": "attention", "mamba": "ssm", "lstm": "rnn", "gated_mlp": "mlp",
+                   "hyena": "conv", "hybrid": "hybrid"}
 STREAM_COLUMNS = ["model", "tokens", "mode", "chunk_len", "backend", "seconds", "tok_s", "peak_rss_mib", "extra_mib"]
 _REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -305,6 +319,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--triton-compile", type=int, default=None, metavar="ARCH",
                    help="compile the Triton kernels for compute capability ARCH (e.g. 90) "
                         "without a GPU and report registers, spills and occupancy")
+    p.add_argument("--estimate", action="store_true",
+                   help="the resource estimate beside the measured peak memory, per model and "
+                        "length, and their ratio (--models: which models; default one per "
+                        "family; the speed table is not measured then)")
+    p.add_argument("--estimate-tries", type=_positive, default=2,
+                   help="--estimate: fresh processes measured per config; the smallest peak counts")
     p.add_argument("--stream-tokens", type=_positive, default=None,
                    help="also run the streamed-inference measurement over this many tokens")
     p.add_argument("--stream-chunk", type=_positive, default=4096)
@@ -335,14 +355,27 @@ def _default_models() -> list[str]:
     return [m for m in ("mamba", "transformer") if m in models.names()]
 
 
+def _options(name: str, args: argparse.Namespace) -> dict[str, Any]:
+    """The --opt options ``name`` takes, and a position table long enough for --seq-lens."""
+    import models
+
+    takes = models.entry(name).options()
+    base = {k: v for k, v in args.opt if k in takes}
+    if "max_len" in takes and "max_len" not in base:
+        # absolute/learned position tables must cover the longest benchmarked length
+        base["max_len"] = max(takes["max_len"] or 0, max(args.seq_lens))
+    return base
+
+
 def plan(args: argparse.Namespace) -> list[dict[str, Any]]:
     """Expand the arguments into one spec per (model, backend, seq_len)."""
     import models
 
-    # with --stream-tokens or --scan-backends alone, only those measurements run
-    names = args.models or ([] if (args.stream_tokens or args.scan_backends or args.ops
-                                   or args.triton_compile)
-                            else _default_models())
+    # with --stream-tokens or --scan-backends alone, only those measurements run; with
+    # --estimate, --models names the estimate's models and this table is not measured
+    names = [] if args.estimate else args.models or (
+        [] if (args.stream_tokens or args.scan_backends or args.ops or args.triton_compile)
+        else _default_models())
     for name in names:
         models.entry(name)  # unknown model: error listing the known ones
     takes = {name: models.entry(name).options() for name in names}
@@ -353,10 +386,7 @@ def plan(args: argparse.Namespace) -> list[dict[str, Any]]:
             raise SystemExit(f"--opt {key}: none of {', '.join(names)} takes option {key!r}")
     specs = []
     for name in names:
-        base = {k: v for k, v in args.opt if k in takes[name]}
-        if "max_len" in takes[name] and "max_len" not in base:
-            # absolute/learned position tables must cover the longest benchmarked length
-            base["max_len"] = max(takes[name]["max_len"] or 0, max(args.seq_lens))
+        base = _options(name, args)
         backends = args.backend if (args.backend and "backend" in takes[name]) else [None]
         for backend in backends:
             options = dict(base, **({"backend": backend} if backend else {}))
@@ -424,6 +454,43 @@ def _measure_ops(args: argparse.Namespace) -> list[dict[str, Any]]:
     return rows
 
 
+def _estimate_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """--estimate: bench_estimate beside the smallest of --estimate-tries measurements."""
+    if not args.estimate:
+        return []
+    import models
+    from workbench.spec import estimate
+
+    names = args.models or [m for m in ESTIMATE_MODELS if m in models.names()]
+    rows = []
+    for name in names:
+        options = _options(name, args)  # unknown model: error listing the known ones
+        family = ESTIMATE_MODELS.get(name, "")
+        for L in args.seq_lens:
+            spec = dict(kind="train", model=name, label=name, options=options, seq_len=L,
+                        batch=args.batch, d_model=args.d_model, n_layers=args.n_layers,
+                        repeats=1, warmup=0, device="cpu", threads=args.threads or 1)
+            row: dict[str, Any] = {"family": family, "model": name, "seq_len": L, "batch": args.batch}
+            try:
+                est = estimate.bench_estimate(name, options, args.d_model, args.n_layers,
+                                              args.batch, L) / estimate.MiB
+            except Exception as e:  # noqa: BLE001 - the table says why this row has no estimate
+                rows.append({**row, "error": f"no estimate: {type(e).__name__}: {e}"})
+                continue
+            # CPU, one thread, a fresh process each: the estimate is of the CPU probe, and RSS
+            # noise (allocator, transparent huge pages) only ever adds, so the smallest counts
+            tries = [_run_subprocess(spec, args.timeout) for _ in range(args.estimate_tries)]
+            good = [t for t in tries if "error" not in t]
+            if not good:
+                rows.append({**row, "est_mib": round(est, 1), "error": tries[-1]["error"]})
+                continue
+            measured = min(t["peak_mib"] for t in good)
+            rows.append({**row, "est_mib": round(est, 1), "measured_mib": measured,
+                         "ratio": round(est / measured, 2) if measured > 0 else None})
+            print(f"  estimated and measured {name} L={L}", file=sys.stderr, flush=True)
+    return rows
+
+
 def _compile_triton(args: argparse.Namespace) -> list[dict[str, Any]]:
     """--triton-compile ARCH: the kernels' resources at N = 16, float32 and bfloat16."""
     if args.triton_compile is None:
@@ -483,6 +550,7 @@ def main(argv: list[str] | None = None) -> int:
             r["x_first"] = round(first[r["seq_len"]] / r["fwd_bwd_ms"], 1)
 
     op_rows = _measure_ops(args)
+    est_rows = _estimate_rows(args)
     aot_rows = _compile_triton(args)
 
     stream_rows = []
@@ -498,7 +566,7 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.format == "json":
         print(json.dumps({"runs": rows, "scan": scan_rows, "ops": op_rows, "stream": stream_rows,
-                          "triton_compile": aot_rows}, indent=1))
+                          "estimate": est_rows, "triton_compile": aot_rows}, indent=1))
     else:
         tables = [format_table(rows, COLUMNS, args.format)] if rows else []
         if scan_rows:
@@ -507,11 +575,13 @@ def main(argv: list[str] | None = None) -> int:
             tables.append(format_table(op_rows, OP_COLUMNS, args.format))
         if stream_rows:
             tables.append(format_table(stream_rows, STREAM_COLUMNS, args.format))
+        if est_rows:
+            tables.append(format_table(est_rows, ESTIMATE_COLUMNS, args.format))
         if aot_rows:
             from models.kernels.triton_aot import COLUMNS as AOT_COLUMNS
             tables.append(format_table(aot_rows, AOT_COLUMNS, args.format))
         print("\n\n".join(tables))
-    all_rows = rows + scan_rows + op_rows + stream_rows + aot_rows
+    all_rows = rows + scan_rows + op_rows + stream_rows + est_rows + aot_rows
     return 1 if any("error" in r for r in all_rows) else 0
 
 if __name__ == "__main__":
