@@ -78,7 +78,7 @@ def load_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
             raise CheckpointError(f"reading {st} needs the safetensors package: {EXTRA_HINT}") from None
         return load_file(str(st))
     if pt.is_file():
-        return torch.load(pt, map_location="cpu", weights_only=True)
+        return _load_weights_only(pt)
     sharded = sorted(path.glob("model-*.safetensors"))
     if sharded:
         from safetensors.torch import load_file
@@ -88,6 +88,39 @@ def load_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
             out.update(load_file(str(f)))
         return out
     raise CheckpointError(f"no weights in {path}: " + _how_to_get(path, "state-spaces/mamba-130m-hf"))
+
+
+def _load_weights_only(pt: Path) -> dict[str, torch.Tensor]:
+    """``pytorch_model.bin`` read with ``weights_only=True``: tensors and plain values only,
+    so nothing in the file runs. torch's own error for a file holding anything else advises
+    loading with ``weights_only=False``, which would run whatever the pickle says: that
+    advice never reaches the user; the error says what the file holds and how to convert it."""
+    import pickle
+
+    try:
+        return torch.load(pt, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        # refused for an object (a class or function the pickle would call), e.g. "Unsupported
+        # global: GLOBAL io.open was not an allowed global by default"; else not a pickle at all
+        if "Unsupported global:" not in str(e):
+            raise CheckpointError(f"{pt} cannot be read as PyTorch weights ({_first_line(e)})") from None
+        what = next((ln.split("Unsupported global:", 1)[1].split(" was not")[0].strip()
+                     for ln in str(e).splitlines() if "Unsupported global:" in ln), None)
+        raise CheckpointError(
+            f"{pt} holds a pickled Python object{f' ({what})' if what else ''}, not only tensors; "
+            f"the workbench loads weights only and will not execute it. Convert the checkpoint to "
+            f"safetensors where you trust its source (load it there, then "
+            f"`model.save_pretrained(folder, safe_serialization=True)` writes model.safetensors), "
+            f"or use a folder that has model.safetensors") from None
+    except Exception as e:  # a cut or damaged file
+        raise CheckpointError(f"{pt} cannot be read as PyTorch weights ({_first_line(e)})") from None
+
+
+def _first_line(e: Exception) -> str:
+    """torch's error in one line, without its advice to load with ``weights_only=False``."""
+    first = next((ln.strip() for ln in str(e).splitlines() if ln.strip() and "weights_only" not in ln),
+                 type(e).__name__)
+    return first[:300]
 
 
 # ------------------------------------------------------------------------------- Mamba

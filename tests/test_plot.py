@@ -329,9 +329,15 @@ def test_cli_writes_figures_and_prints_their_paths(store, tmp_path, capsys):
 
 
 def test_cli_default_folder(store, tmp_path, capsys, monkeypatch):
-    monkeypatch.chdir(tmp_path)
+    """Without --out: the store's figures/<profile>/, as the TUI writes them, printed as a
+    full path; nothing in the folder the command ran in (a checkout, issue 32)."""
+    here = tmp_path / "checkout"
+    here.mkdir()
+    monkeypatch.chdir(here)
     assert run_cli(store, "one-len", "--kind", "eval-sets", "--metric", "accuracy") == 0
-    assert capsys.readouterr().out.split()[0] == os.path.join("figures", "one-len", "one-len-accuracy-vs-dist.png")
+    first = capsys.readouterr().out.split()[0]
+    assert first == str(store.root.absolute() / "figures" / "one-len" / "one-len-accuracy-vs-dist.png")
+    assert os.path.isfile(first) and list(here.iterdir()) == []
 
 
 @pytest.mark.parametrize("argv, message", [

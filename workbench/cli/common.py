@@ -3,20 +3,43 @@ formatting, bringing the store up to date before reading it, the state colours."
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 from rich.console import Console
 
 from workbench.execute import executor
+from workbench.store import StoreError, default_store_dir
+from workbench.store.progress import command, no_store_at
 # one table of state colours for the CLI and the TUI
 from workbench.store.states import STATE_STYLES as STATE_STYLE
 
 
-def _store(args):
+class NoStore(StoreError):
+    """A reading command met a folder holding no store: it says so and creates nothing
+    (opening a Store would make the folder and an empty database)."""
+
+    exit_code = 1
+
+    def __init__(self, root: Path):
+        self.root = root
+        super().__init__(f"no store in {root} yet: nothing has run with it "
+                         f"(`{command(root)} run PROFILE.toml` creates it)")
+
+
+def store_root(args) -> Path:
+    """The folder of ``--store``, else the default (``$SSM_WORKBENCH_STORE``, ...)."""
+    return Path(args.store).expanduser() if getattr(args, "store", None) else default_store_dir()
+
+
+def _store(args, create: bool = True):
     """The store of ``--store`` (or the default). One that cannot be written here opens
     read-only, said once on stderr; one that cannot be opened at all raises StoreError,
-    which :func:`main` prints as one line."""
+    which :func:`main` prints as one line. ``create`` False (the reading commands): a
+    folder holding no store raises :class:`NoStore` instead of becoming one."""
     from workbench.store import Store
 
+    if not create and no_store_at(store_root(args)):
+        raise NoStore(store_root(args))
     store = Store(args.store) if args.store else Store()
     if store.readonly:
         print(f"store {store.root} is read-only ({store.readonly_reason}): showing it as it is",

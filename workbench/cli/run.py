@@ -2,6 +2,7 @@
 estimates, its launch and its progress bars."""
 from __future__ import annotations
 
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -12,6 +13,7 @@ from rich.table import Table
 from workbench.cli.common import STATE_STYLE, _console, _fmt, _store, refresh
 from workbench.cli.runs import _print_runs
 from workbench.execute.executor import ExecutorError, describe
+from workbench.store.progress import command
 
 
 def cmd_tui(args) -> int:
@@ -167,16 +169,25 @@ def cmd_run(args) -> int:
                     break
                 if store.disk_full:  # reap could not record a dead worker: waiting would never end
                     console.print(f"[red]{store.disk_full}[/red]\nthe runs go on if they can "
-                                  "(`ssm-workbench runs` to watch)", highlight=False)
+                                  f"(`{command(store.root)} runs` to watch)", highlight=False)
                     return 1
+                # a scheduler killed mid-sweep starts no more runs: this process spawned it
+                # and is the one waiting, so it starts it again (or says why it stops waiting)
+                revived = scheduler.revive(store)
+                if revived is not None:
+                    console.print(revived, style=None if revived.restarted else "red",
+                                  markup=False, highlight=False, soft_wrap=True)
+                    if not revived.restarted:
+                        return 1
                 time.sleep(0.5)
     except KeyboardInterrupt:
-        console.print("\ninterrupted: the runs go on in the background "
-                      "(`ssm-workbench runs` to watch, `ssm-workbench kill ID` to stop)")
+        cmd = command(store.root)
+        console.print(f"\ninterrupted: the runs go on in the background "
+                      f"(`{cmd} runs` to watch, `{cmd} kill ID` to stop)", markup=False, highlight=False)
         return 130
     runs = store.runs(ids=ids)
     bad = [r for r in runs if r.state != "finished"]
-    _print_runs(console, runs)
+    _print_runs(console, runs, store_root=store.root)
     if bad:
         console.print(f"[red]{len(bad)} of {len(runs)} run(s) did not finish:[/red]")
         for r in bad:
@@ -184,7 +195,9 @@ def cmd_run(args) -> int:
             console.print(f"  #{r.id} {r.label} L={r.seq_len} seed={r.seed}: {r.state}: "
                           f"{first[0] if first else ''}", markup=False, highlight=False)
         return 1
-    console.print(f"all {len(runs)} run(s) finished. Table: ssm-workbench export --profile {prof.name}")
+    # typed as this command was (./run.sh, the venv's path), so that it works when pasted
+    console.print(f"all {len(runs)} run(s) finished. Table: {command(store.root)} export --profile "
+                  f"{shlex.quote(prof.name)}", markup=False, highlight=False, soft_wrap=True)
     return 0
 
 

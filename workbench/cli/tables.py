@@ -2,19 +2,28 @@
 ``bench``: the registries, result tables and the machine's capabilities."""
 from __future__ import annotations
 
+import shlex
 import sys
 from pathlib import Path
 
 from rich.table import Table
 
-from workbench.cli.common import _console, _store
+from workbench.cli.common import NoStore, _console, _store, command
 
 
 def _write_out(text: str, output: str | None) -> int:
-    """``text`` into ``output`` (saying so), or onto stdout; exit code 0."""
+    """``text`` into ``output`` (saying so, with its full path), or onto stdout; exit code 0,
+    or 1 with one line when the file cannot be written (a full disk): then nothing is left
+    in its place (:func:`workbench.results.export.write_atomic`)."""
+    from workbench.results.export import CannotWrite, write_atomic
+
     if output:
-        Path(output).write_text(text)
-        print(f"wrote {output}")
+        try:
+            path = write_atomic(Path(output).expanduser(), text)
+        except CannotWrite as e:
+            print(f"ssm-workbench: {e}", file=sys.stderr)
+            return 1
+        print(f"wrote {path.absolute()}")
     else:
         sys.stdout.write(text)
     return 0
@@ -51,7 +60,9 @@ def cmd_report(args) -> int:
     from workbench.spec import profile as prof
     from workbench.results import report
 
-    store = _store(args)
+    from workbench.results.export import CannotWrite
+
+    store = _store(args, create=False)
     store.reap()
     try:
         text = report.render(store, args.profiles, args.digits)
@@ -59,7 +70,11 @@ def cmd_report(args) -> int:
         print(e, file=sys.stderr)
         return 2
     if args.into:
-        report.write_into(args.into, text)
+        try:
+            report.write_into(args.into, text)
+        except CannotWrite as e:  # a full disk: the file keeps its previous content
+            print(f"ssm-workbench: {e}", file=sys.stderr)
+            return 1
         print(f"wrote the report block of {args.into} ({len(args.profiles)} profile(s))")
     else:
         print(text, end="")
@@ -69,7 +84,7 @@ def cmd_report(args) -> int:
 def cmd_export(args) -> int:
     from workbench.results import export
 
-    store = _store(args)
+    store = _store(args, create=False)
     store.reap()
     states = ["finished"] if not args.include_unfinished else ["finished", "failed", "crashed", "killed",
                                                                  "preempted", "running"]
@@ -108,15 +123,22 @@ def cmd_score(args) -> int:
     from workbench.spec import profile as prof
     from workbench.results import score
 
-    expected, name = None, args.profile
+    expected, name, source = None, args.profile, None
     if args.profile.endswith(".toml") or Path(args.profile).is_file():
         try:
             p = prof.load(args.profile, check_registries=False)
         except prof.ProfileError as e:
             print(e, file=sys.stderr)
             return 2
-        name, expected = p.name, [s.fields for s in prof.expand(p)]
-    store = _store(args)
+        name, expected, source = p.name, [s.fields for s in prof.expand(p)], args.profile
+    try:
+        store = _store(args, create=False)  # reading: a missing store is said, not made
+    except NoStore as e:
+        if expected is None:
+            raise
+        print(f"nothing of profile {name!r} has run: no store in {e.root} yet (its "
+              f"{score.size_text(expected)})\n" + _run_hint(e.root, source), file=sys.stderr)
+        return 1
     store.reap()
     if expected is None and name not in store.profiles():
         print(f"no profile {name!r} in {store.root}; known: {', '.join(store.profiles()) or 'none'}",
@@ -126,7 +148,9 @@ def cmd_score(args) -> int:
     try:
         res = score.compute(store, name, expected, over, args.select_on)
     except score.ScoreError as e:
-        print(e, file=sys.stderr)
+        hint = "" if e.code != 1 else "\n" + (_run_hint(store.root, source) if not e.ran else
+                                              _wait_hint(store.root, name, source))
+        print(f"{e}{hint}", file=sys.stderr)
         return e.code
     if res["missing"] and not args.allow_partial:
         print(f"{len(res['missing'])} setting(s) of {name!r} have unfinished runs; no MAD score over "
@@ -135,6 +159,18 @@ def cmd_score(args) -> int:
         return 1
     text = score.render(res, args.format, args.digits)
     return _write_out(text, args.output)
+
+
+def _run_hint(root, source: str | None) -> str:
+    """What to type to run a profile's runs (its file when the user named one)."""
+    return f"run them: `{command(root)} run {shlex.quote(source) if source else 'PROFILE.toml'}`"
+
+
+def _wait_hint(root, name: str, source: str | None) -> str:
+    """Where a profile's unfinished runs are, and how to finish them."""
+    cmd = command(root)
+    return (f"see where they are: `{cmd} runs --profile {shlex.quote(name)}`; replaying the profile "
+            f"resumes unfinished ones: `{cmd} run {shlex.quote(source) if source else 'PROFILE.toml'}`")
 
 
 def cmd_doctor(args) -> int:

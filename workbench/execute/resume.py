@@ -1,4 +1,6 @@
 """``ssm-workbench resume ID...``: continue runs from their last checkpoint.
+(``resume --pending``: start the store's scheduler again for its pending runs, after it
+died: :func:`workbench.execute.scheduler.resume_pending`.)
 
 A run that ended without finishing (killed, crashed, preempted, failed) and has a
 checkpoint (workbench/train/checkpoint.py) is put back to ``pending`` with a resume marker in its
@@ -102,7 +104,10 @@ def resume_runs(store: Store, run_ids, jobs: int | None = None,
 def add_parser(sub) -> None:
     p = sub.add_parser("resume", help="continue unfinished runs (killed, crashed, preempted, failed) "
                                       "from their last checkpoint")
-    p.add_argument("ids", type=int, nargs="+")
+    p.add_argument("ids", type=int, nargs="*")
+    p.add_argument("--pending", action="store_true",
+                   help="start the store's scheduler again for its pending runs (after it was "
+                        "killed or died: `runs` says so)")
     p.add_argument("--restart", action="store_true",
                    help="train the runs from step 0 instead, discarding their checkpoints (e.g. a "
                         "damaged one); only unfinished runs, finished results are never touched")
@@ -114,7 +119,19 @@ def add_parser(sub) -> None:
 
 def cmd_resume(args) -> int:
     """Exit 0 when every run was requeued, 2 when any could not be (each says why)."""
+    if not args.ids and not getattr(args, "pending", False):
+        print("name the runs to resume (ids), or --pending to start the scheduler for the pending ones",
+              file=sys.stderr)
+        return 2
     store = Store(args.store) if getattr(args, "store", None) else Store()
+    if getattr(args, "pending", False):
+        from workbench.execute import scheduler
+
+        code, line = scheduler.resume_pending(store, getattr(args, "jobs", None),
+                                              getattr(args, "runs_per_gpu", None))
+        print(line, file=sys.stderr if code else sys.stdout)
+        if code or not args.ids:
+            return code
     restart = bool(getattr(args, "restart", False))
     done, errors = resume_runs(store, args.ids, getattr(args, "jobs", None),
                                getattr(args, "runs_per_gpu", None), restart=restart)

@@ -11,6 +11,15 @@ connection stops nothing; it exits once nothing is pending or running. A file lo
 sure only one scheduler per store hands out slots; a second one waits for the lock and then
 picks up whatever is still pending.
 
+A scheduler that dies (SIGKILL, the OOM killer, a crash) would strand the pending runs:
+nothing else starts them. So :func:`spawn` records the process it starts in the store
+folder (``scheduler.json``: pid, start time, host, slots), the scheduler removes that record
+only when it exits normally, and readers tell a dead one from a live one with
+:func:`workbench.store.progress.scheduler_state` (the record and the lock). The process that
+spawned a scheduler is the one waiting on it (``run``'s progress loop, the TUI that
+launched a sweep): :func:`revive` starts it again there; anyone else is told
+``ssm-workbench resume --pending`` (:func:`resume_pending`).
+
 :func:`submit` is idempotent: replaying a profile skips its finished runs and requeues the
 unfinished ones (resumed from their checkpoints, workbench/execute/resume.py) instead of adding
 them again. Resumed runs are ordinary pending runs here; the worker does the resuming.
@@ -30,6 +39,7 @@ from pathlib import Path
 from workbench.execute.executor import Executor, executor_for, executor_named
 from workbench.store import Store, StoreError, pid_alive, tail_log
 from workbench.store.layout import LOCAL, executor_name
+from workbench.store.progress import SCHEDULER_FILE, SCHEDULER_LOCK, read_scheduler_record, scheduler_state
 
 POLL_S = 0.5
 
@@ -152,13 +162,49 @@ class Scheduler:
 
 
 def _lock(store: Store):
-    f = open(store.root / "scheduler.lock", "w")
+    f = open(store.root / SCHEDULER_LOCK, "w")
     fcntl.flock(f, fcntl.LOCK_EX)  # blocks while another scheduler is active
     return f
 
 
+def _record(store: Store, pid: int, jobs: int | None, runs_per_gpu: int | None) -> None:
+    """Write the store's scheduler record (module doc) for process ``pid``; best effort
+    (a full disk: the scheduler still runs, only a death of it goes unnoticed)."""
+    import json
+    import socket
+
+    import psutil
+
+    try:
+        start = psutil.Process(pid).create_time()
+    except psutil.Error:
+        start = None
+    rec = {"pid": pid, "pid_start": start, "host": socket.gethostname(), "jobs": jobs,
+           "runs_per_gpu": runs_per_gpu, "started": time.time()}
+    path = store.root / SCHEDULER_FILE
+    tmp = path.with_name(f".{SCHEDULER_FILE}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(json.dumps(rec))
+        os.replace(tmp, path)  # whole or not at all: a reader never sees half a record
+    except OSError:
+        tmp.unlink(missing_ok=True)
+
+
+def _unrecord(store: Store) -> None:
+    """Remove the record on a normal exit, if it is still this process's (a scheduler
+    spawned meanwhile, waiting for the lock, has put its own there)."""
+    if read_scheduler_record(store.root).get("pid") == os.getpid():
+        (store.root / SCHEDULER_FILE).unlink(missing_ok=True)
+
+
+# store folders (resolved) this process spawned a scheduler for -> times it restarted one:
+# this process is the one waiting on those runs (run's progress loop, the TUI that launched)
+_SPAWNED: dict[str, int] = {}
+MAX_RESTARTS = 3  # a scheduler that dies again at once (a broken environment) is not respawned forever
+
+
 def spawn(store: Store, jobs: int | None = None, runs_per_gpu: int | None = None) -> subprocess.Popen:
-    """Start a detached scheduler process for ``store``."""
+    """Start a detached scheduler process for ``store`` and record it (module doc)."""
     cmd = [sys.executable, "-u", "-m", "workbench.execute.scheduler", "--store", str(store.root)]
     if jobs:
         cmd += ["--jobs", str(jobs)]
@@ -172,7 +218,71 @@ def spawn(store: Store, jobs: int | None = None, runs_per_gpu: int | None = None
     p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                          start_new_session=True, env=env, cwd=os.getcwd())
     log.close()
+    # recorded here, not only by the child once it runs: a reader in the second it takes to
+    # start must not take its pending runs for stranded
+    _record(store, p.pid, jobs, runs_per_gpu)
+    _SPAWNED.setdefault(str(store.root.resolve()), 0)
     return p
+
+
+def _pending_local(store: Store) -> int:
+    return sum(1 for r in store.runs(states=["pending"]) if executor_name(r) == LOCAL)
+
+
+class Revival(str):
+    """What :func:`revive` did, as a line to show; ``restarted`` False: it gave up."""
+
+    restarted: bool = True
+
+
+def revive(store: Store) -> Revival | None:
+    """Start the store's scheduler again when it died with local runs still pending, if
+    this process is the one waiting on them (it spawned one for this store). None when
+    nothing was to be done: another process is told by the readers instead
+    (:func:`workbench.store.progress.stranded_note`). Cheap when all is well (a small file and
+    a lock probe; the runs are only counted once the scheduler is found gone), so the
+    polls call it every time. After :data:`MAX_RESTARTS` it gives up (``restarted`` False,
+    said once; the readers' note stays)."""
+    root = str(store.root.resolve())
+    if root not in _SPAWNED:
+        return None
+    st = scheduler_state(store.root)
+    if st.state != "gone":
+        return None
+    n = _pending_local(store)
+    if not n:
+        return None
+    log = store.root / "logs" / "scheduler.log"
+    if _SPAWNED[root] > MAX_RESTARTS:
+        return None  # given up, and said so once
+    if _SPAWNED[root] == MAX_RESTARTS:
+        _SPAWNED[root] += 1
+        out = Revival(f"the scheduler (pid {st.pid}) died again, {MAX_RESTARTS} restarts already: "
+                      f"{n} pending run(s) wait; see {log}")
+        out.restarted = False
+        return out
+    _SPAWNED[root] += 1
+    p = spawn(store, st.jobs, st.runs_per_gpu)
+    return Revival(f"the scheduler (pid {st.pid}) had died with {n} run(s) pending: "
+                   f"started it again (pid {p.pid}; its log: {log})")
+
+
+def resume_pending(store: Store, jobs: int | None = None, runs_per_gpu: int | None = None) -> tuple[int, str]:
+    """``ssm-workbench resume --pending``: make sure a scheduler serves the store's pending
+    local runs (one whose scheduler died, or was never started). (exit code, line to print)."""
+    n = _pending_local(store)
+    if not n:
+        return 0, f"no pending runs in {store.root}: nothing to start"
+    st = scheduler_state(store.root)
+    if st.state == "running":
+        return 0, (f"a scheduler serves {store.root}" + (f" (pid {st.pid})" if st.pid else "") +
+                   f": its {n} pending run(s) start as slots free")
+    if st.state == "elsewhere":
+        return 2, (f"the scheduler of {store.root} was started on {st.host} (pid {st.pid}), which "
+                   f"cannot be checked from here: run `resume --pending` there")
+    p = spawn(store, jobs or st.jobs, runs_per_gpu or st.runs_per_gpu)
+    was = f"its scheduler (pid {st.pid}) had died" if st.state == "gone" else "no scheduler was running"
+    return 0, f"{was}: started one (pid {p.pid}) for {n} pending run(s)"
 
 
 class Submission(list):
@@ -323,7 +433,11 @@ def main(argv: list[str] | None = None) -> int:
         store = Store(a.store)
         lock = _lock(store)
         try:
+            # this process serves now (a scheduler started by hand, or one that waited for
+            # the lock while a record of another was written)
+            _record(store, os.getpid(), a.jobs, a.runs_per_gpu)
             Scheduler(store, a.jobs, a.runs_per_gpu).run_until_idle()
+            _unrecord(store)  # only a normal exit: a death leaves the record for readers to see
         finally:
             lock.close()
     except StoreError as e:  # a full or read-only store: one line in scheduler.log, not a traceback

@@ -18,6 +18,9 @@ values; the numbers come from :mod:`workbench.results` (catalogue and aggregatio
 - counts (parameters, steps, eval sequences) print as integers; a cell of one run shows
   "(n=1)" instead of a spread.
 
+Files are written whole or not at all (:func:`write_atomic`, also for figures and the
+report): a full disk gives one line (:class:`CannotWrite`), never a 0-byte file.
+
 Formats: Markdown, CSV (long format: one line per cell and metric with its fields, mean,
 std, n, ci95 and ``winner``, the same verdict as the Markdown's bold), LaTeX, JSON (one
 record per (row, column) group: the grouping fields and each metric as
@@ -28,9 +31,12 @@ from __future__ import annotations
 import csv
 import io
 import json
-from typing import Any
+import os
+from pathlib import Path
+from typing import Any, Callable
 
 from workbench.results import aggregate as agg
+from workbench.store import is_disk_full
 from workbench.results import catalogue
 from workbench.results.aggregate import (  # noqa: F401  (re-exported: older code imports them here)
     SelectionError, best_cells, fields_of, group, metrics_of, records, table,
@@ -279,3 +285,35 @@ def render(recs: list[dict], metric: str | list[str], rows: list[str], cols: lis
     if fmt == "csv":
         return _csv(b, rows, cols)
     return _latex(b, rows, cols, digits)
+
+
+# --------------------------------------------------------------------------- writing files
+class CannotWrite(Exception):
+    """A result file (table, figure, report) could not be written; the message is one line
+    naming the file and why (a full disk said as such), and nothing was left in its place."""
+
+
+def write_atomic(path: str | Path, data: str | Callable[[Path], None]) -> Path:
+    """Write ``path`` whole or not at all: ``data`` (text, or a function writing to the path
+    it is given, e.g. a figure's savefig) goes to a temporary file beside it that is then
+    renamed over it. On any OSError the temporary file is removed and :class:`CannotWrite`
+    raised: a full disk must not leave a 0-byte table or figure that looks like a result,
+    nor a half-written one over the previous good file."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        if isinstance(data, str):
+            tmp.write_text(data, encoding="utf-8")
+        else:
+            data(tmp)
+        os.replace(tmp, path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise CannotWrite(cannot_write_text(path, e)) from None
+    return path
+
+
+def cannot_write_text(path: str | Path, e: OSError) -> str:
+    """'cannot write FILE: disk full (No space left on device); nothing was written'."""
+    why = f"disk full ({e.strerror or e})" if is_disk_full(e) else (e.strerror or str(e))
+    return f"cannot write {path}: {why}; nothing was written"

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Iterable, Iterator, Sequence
 from workbench.results import catalogue
 from workbench.results.aggregate import records, summarize
 from workbench.results.curves import BANDS
+from workbench.results.export import CannotWrite, cannot_write_text, write_atomic
 from workbench.store import Run, Store
 
 if TYPE_CHECKING:  # for annotations only: importing matplotlib costs ~0.3 s
@@ -87,14 +88,20 @@ def safe_stem(text: str) -> str:
 
 
 def save(fig: "Figure", out_dir: str | Path, stem: str) -> list[Path]:
-    """Write ``<out_dir>/<stem>.png`` and ``.svg``; returns both paths."""
+    """Write ``<out_dir>/<stem>.png`` and ``.svg``, each whole or not at all
+    (:func:`workbench.results.export.write_atomic`: CannotWrite on a full disk); returns both
+    paths."""
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise CannotWrite(cannot_write_text(out, e)) from None
     stem = safe_stem(stem)
     paths = [out / f"{stem}.png", out / f"{stem}.svg"]
-    with _style():
-        fig.savefig(paths[0], dpi=DPI)
-        fig.savefig(paths[1], metadata={"Date": None})  # no timestamp: reproducible files
+    with _style():  # the format named: the temporary file's suffix is not the figure's
+        write_atomic(paths[0], lambda f: fig.savefig(f, format="png", dpi=DPI))
+        # no timestamp: reproducible files
+        write_atomic(paths[1], lambda f: fig.savefig(f, format="svg", metadata={"Date": None}))
     return paths
 
 

@@ -6,9 +6,11 @@ import sys
 from pathlib import Path
 
 from workbench.results.curves import BANDS, X_AXES
+from workbench.results.export import CannotWrite
 from workbench.results.figure_base import _id_ranges, safe_stem
 from workbench.results.plot import KINDS, plot_profile
-from workbench.store import STATES, Store
+from workbench.store import STATES, Store, default_store_dir
+from workbench.store.progress import no_store_at
 
 
 def parse_ids(text: str) -> list[int]:
@@ -52,7 +54,8 @@ def add_parser(sub) -> None:
     p.add_argument("--no-group", action="store_true", help="curves: one line per run instead of per seed group")
     p.add_argument("--include-unfinished", action="store_true",
                    help="also runs that are running, failed, crashed or killed (default finished only)")
-    p.add_argument("--out", help="output folder (default figures/<profile>, or figures/runs-<ids>)")
+    p.add_argument("--out", help="output folder (default <store>/figures/<profile>, or "
+                                 "<store>/figures/runs-<ids>, as the TUI writes them)")
     p.add_argument("--select-on", choices=["validation", "test"], default="validation",
                    help="mqar: split the best learning rate of each point is chosen on (validation, "
                         "the default; test is zoology's practice and is labelled so)")
@@ -60,8 +63,13 @@ def add_parser(sub) -> None:
 
 
 def cmd_plot(args) -> int:
-    """``ssm-workbench plot``: 0 when a figure was written, 2 on bad input or nothing to plot."""
-    store = Store(args.store) if getattr(args, "store", None) else Store()
+    """``ssm-workbench plot``: 0 when a figure was written, 2 on bad input or nothing to plot,
+    1 when a figure could not be written (a full disk; the ones written before are listed)."""
+    root = Path(args.store).expanduser() if getattr(args, "store", None) else default_store_dir()
+    if no_store_at(root):  # reading: say so, and make no store by looking
+        print(f"no store in {root} yet: nothing to plot", file=sys.stderr)
+        return 2
+    store = Store(root)
     store.reap()
     try:
         run_ids = parse_ids(args.runs) if args.runs else None
@@ -87,7 +95,10 @@ def cmd_plot(args) -> int:
             print("cannot plot run(s) " + ", ".join(b for b in bad if b), file=sys.stderr)
             return 2
     metrics = [m.strip() for ms in args.metric or [] for m in ms.split(",") if m.strip()] or None
-    out = Path(args.out) if args.out else Path("figures") / safe_stem(args.profile or f"runs-{_id_ranges(run_ids)}")
+    # the store's folder, as the TUI writes them: not the folder the command ran in (a
+    # checkout would fill with figures/); absolute, so the paths printed work from anywhere
+    out = (Path(args.out).expanduser() if args.out else
+           store.root / "figures" / safe_stem(args.profile or f"runs-{_id_ranges(run_ids)}")).absolute()
     kinds = KINDS if args.kind == "all" else (args.kind,)
     try:
         paths, notes = plot_profile(store, args.profile, out, kinds=kinds, metrics=metrics, run_ids=run_ids,
@@ -96,6 +107,9 @@ def cmd_plot(args) -> int:
     except ValueError as e:
         print(e, file=sys.stderr)
         return 2
+    except CannotWrite as e:  # a full disk: one line, and no partial file left behind
+        print(f"ssm-workbench: {e}", file=sys.stderr)
+        return 1
     for p in paths:
         print(p)
     for n in notes:

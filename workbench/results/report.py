@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from workbench.spec import profile as prof
-from workbench.results.export import fmt_cell
+from workbench.results.export import fmt_cell, write_atomic
 from workbench.results.aggregate import SPLIT_EVAL_SET, summarize
 from workbench.store import Store
 
@@ -179,6 +179,4 @@ def write_into(path: str | Path, block: str) -> None:
         text = head + block + tail
     else:
         text = text.rstrip("\n") + ("\n\n" if text else "") + block
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(path)
+    write_atomic(path, text)  # whole or not at all (CannotWrite): a full disk keeps the old file

@@ -48,11 +48,21 @@ SOURCE = "athms/mad-lab mad/analysis.py (best per setting over lr x wd, mean ove
 
 class ScoreError(ValueError):
     """The score cannot be computed from these runs (one line, for the CLI). ``code``: 2 for
-    bad input (a key, a selection), 1 for runs not there yet."""
+    bad input (a key, a selection), 1 for runs not there yet; then ``ran`` says how many of
+    the profile's runs the store holds (0: nothing ran, the CLI says how to run it)."""
 
-    def __init__(self, message: str, code: int = 2):
+    def __init__(self, message: str, code: int = 2, ran: int | None = None):
         super().__init__(message)
         self.code = code
+        self.ran = ran
+
+
+def size_text(expected: list[dict]) -> str:
+    """'48 run(s): 6 setting(s) x 2 model(s)': what the profile expands to, counted as
+    ``profile check`` counts (a setting is a task setting at one length, for every model)."""
+    settings = {setting_of(f)[1:] for f in expected}
+    models = {f.get("model") for f in expected}
+    return f"{len(expected)} run(s): {len(settings)} setting(s) x {len(models)} model(s)"
 
 
 def setting_of(fields: dict) -> tuple:
@@ -84,7 +94,10 @@ def compute(store, profile: str, expected: Iterable[dict] | None = None,
     runs = store.runs(profile=profile)
     expected = [r.fields for r in runs] if expected is None else list(expected)
     if not expected:
-        raise ScoreError(f"no runs of profile {profile!r} in {store.root}", 1)
+        raise ScoreError(f"no runs of profile {profile!r} in {store.root}", 1, ran=0)
+    if not runs:
+        raise ScoreError(f"nothing of profile {profile!r} has run in {store.root}: none of its "
+                         f"{size_text(expected)}", 1, ran=0)
     keys = {k for f in expected for k in f}
     if over is None:
         over = [k for k in MAD_OVER if k in keys]
@@ -155,8 +168,11 @@ def compute(store, profile: str, expected: Iterable[dict] | None = None,
         scores[m] = {"tasks": per_task, "mad_score": overall["mean"], "complete": complete_m}
     seeds = sorted({c["n"] for c in cells.values() if c and c["n"]})
     if not any(v["tasks"][t]["n"] for v in scores.values() for t in tasks):
-        raise ScoreError(f"no setting of profile {profile!r} has all its runs finished "
-                         f"({len(missing)} setting(s) waiting)", 1)
+        # counted in runs and as `profile check` counts settings (not per model, which
+        # read as twice the settings the profile has)
+        finished = sum(m["finished"] for m in missing)
+        raise ScoreError(f"no setting of profile {profile!r} has all its runs finished yet: "
+                         f"{finished} of its {size_text(expected)} finished", 1, ran=len(runs))
     return {"models": models, "tasks": tasks, "scores": scores, "missing": missing,
             "over": list(over), "select_on": select_on, "seeds": seeds}
 

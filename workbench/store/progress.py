@@ -3,18 +3,32 @@
 Shared by ``ssm-workbench runs`` (summary lines under the table) and the TUI's runs table
 (the lines under it), which both read the runs with :func:`table_runs`. Plain Python on
 :class:`~workbench.store.Run` rows: no Textual.
+
+Also the readers' half of a stranded sweep (issue 32): whether the local scheduler that
+should start a store's pending runs is still there (:func:`scheduler_state`, from the
+record ``workbench.execute.scheduler`` writes and its lock), which :func:`table_runs` puts
+on the pending rows so that every progress line says so, with the command that recovers
+(:func:`command`: typed as the user runs the workbench).
 """
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import json
+import os
+import shlex
+import shutil
+import socket
 import statistics
+import sys
 import time
 import weakref
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Iterable
 
-from workbench.store import TERMINAL, Run, Store
+from workbench.store import UNFINISHED, Run, Store, default_store_dir, pid_alive
+from workbench.store.layout import LOCAL, executor_name
 
 # every column of runs but the two a runs table never shows (a run's spec is ~1 kB of JSON:
 # decoding 5,000 of them took most of a poll), in the order of Run's fields
@@ -49,7 +63,129 @@ def table_runs(store: Store, profile: str | None = None, grid: bool = False) -> 
         extras = spec_extras(store, [r.id for r in out])
         for r in out:
             r.spec = extras.get(r.id, _EMPTY)
+    note_stranded(store.root, out)
     return out
+
+
+# --------------------------------------------------------------------------- the local scheduler
+SCHEDULER_FILE = "scheduler.json"  # who serves the store: written by workbench.execute.scheduler
+SCHEDULER_LOCK = "scheduler.lock"  # held (flock) by the scheduler that hands out slots
+WAITING = "waiting"  # a pending row's info key, set on read (never stored): why it does not start
+CMD_ENV = "SSM_WORKBENCH_CMD"  # how the user runs the workbench (run.sh sets it), for hints
+
+
+@dataclass
+class SchedulerState:
+    """``state``: ``running`` (its lock is held, or the process recorded last is alive),
+    ``gone`` (the process recorded last on this host has exited without removing its record,
+    as a normal exit does, and no scheduler holds the lock: it was killed or crashed),
+    ``none`` (no record: none was started, or the last one exited normally) or
+    ``elsewhere`` (recorded on another host: not checkable from here)."""
+    state: str
+    pid: int | None = None
+    host: str | None = None
+    jobs: int | None = None
+    runs_per_gpu: int | None = None
+
+
+def _lock_held(root: Path) -> bool:
+    """Does a scheduler hold ``root``'s scheduler lock? Probed with a shared, non-blocking
+    flock on a read-only descriptor (nothing is created, so a read-only store works)."""
+    try:
+        fd = os.open(root / SCHEDULER_LOCK, os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError:
+        return True
+    finally:
+        os.close(fd)  # also releases the probe's lock
+    return False
+
+
+def read_scheduler_record(root: str | Path) -> dict:
+    """The record of the scheduler started last for the store in ``root`` ({} if none)."""
+    try:
+        data = json.loads((Path(root) / SCHEDULER_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def scheduler_state(root: str | Path) -> SchedulerState:
+    """Whether a local scheduler serves the store in ``root`` (:class:`SchedulerState`).
+    A scheduler writes its record when it is spawned (so one still starting counts as
+    running) and removes it when it exits normally; only a record whose process is gone
+    while nobody holds the lock means one died."""
+    root = Path(root)
+    rec = read_scheduler_record(root)
+    st = SchedulerState("none", rec.get("pid"), rec.get("host"), rec.get("jobs"), rec.get("runs_per_gpu"))
+    if _lock_held(root):
+        st.state = "running"
+    elif rec.get("pid"):
+        if rec.get("host") not in (None, socket.gethostname()):
+            st.state = "elsewhere"
+        else:
+            st.state = "running" if pid_alive(int(rec["pid"]), rec.get("pid_start")) else "gone"
+    return st
+
+
+DB_FILE = "store.sqlite"  # what makes a folder a store (Store.path)
+
+
+def no_store_at(root: str | Path) -> bool:
+    """True when ``root`` holds no store and could hold one: a reading command then says so
+    instead of opening a Store, which would create the folder and an empty database. False
+    for a store, and for a path that cannot be a folder (a file on the way), which
+    :class:`Store` refuses in its own words without creating anything."""
+    root = Path(root).expanduser()
+    if (root / DB_FILE).is_file():
+        return False
+    p = root
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    return p.is_dir()
+
+
+def command(store_root: str | Path | None = None) -> str:
+    """The workbench's command as the user can type it, for hints: what ``run.sh`` put in
+    ``$SSM_WORKBENCH_CMD`` (``./run.sh``), else ``ssm-workbench`` when it is on the PATH, else
+    the full path of this environment's one; with ``--store DIR`` unless ``store_root`` is
+    the store the command finds by default."""
+    cmd = os.environ.get(CMD_ENV, "").strip()
+    if not cmd:
+        cmd = "ssm-workbench"
+        if shutil.which(cmd) is None:
+            beside = Path(sys.executable).with_name(cmd)  # the venv's script, not resolved
+            cmd = shlex.quote(str(beside.absolute())) if beside.is_file() else \
+                f"{shlex.quote(sys.executable)} -m workbench"
+    if store_root is not None and Path(store_root).expanduser().absolute() != \
+            default_store_dir().expanduser().absolute():
+        cmd += f" --store {shlex.quote(str(Path(store_root).expanduser().absolute()))}"
+    return cmd
+
+
+def stranded_note(root: str | Path, st: SchedulerState | None = None) -> str | None:
+    """Why the store's pending local runs do not start, with the command that starts them,
+    or None when a scheduler serves them (or it cannot be told from here)."""
+    st = scheduler_state(root) if st is None else st
+    if st.state != "gone":
+        return None
+    return (f"its scheduler (pid {st.pid}) is gone, pending runs will not start: "
+            f"`{command(root)} resume --pending` starts it again")
+
+
+def note_stranded(root: str | Path, runs: list[Run]) -> str | None:
+    """Put :func:`stranded_note` in the info (:data:`WAITING`) of the pending local rows of
+    ``runs`` when their scheduler is gone (in memory only: the rows a table shows); returns
+    the note. Cheap: the record is read only when a pending local run is there."""
+    pending = [r for r in runs if r.state == "pending" and executor_name(r) == LOCAL]
+    note = stranded_note(root) if pending else None
+    if note:
+        for r in pending:
+            r.info = {**(r.info or {}), WAITING: note}
+    return note
 
 
 _EMPTY: dict = {}
@@ -91,28 +227,40 @@ MIN_PROGRESS = 0.05
 class ProfileProgress:
     profile: str
     total: int
-    done: int          # runs in a terminal state (finished, failed, crashed, killed, preempted)
-    finished: int      # of those, finished with results
+    finished: int      # finished with results: the runs that are done
     running: int
     pending: int
     run_s: float | None  # the measured time of one run (see :func:`eta`)
     eta_s: float | None  # seconds until the last run ends, None when it cannot be said
+    # runs that ended without finishing, by state (failed, crashed, killed, preempted): not
+    # done (a killed run holds no results), so said apart
+    ended: dict[str, int] = dataclasses.field(default_factory=dict)
+    waiting: str | None = None  # why the pending runs do not start (:func:`stranded_note`)
+
+    @property
+    def done(self) -> int:
+        """Runs done: only finished ones."""
+        return self.finished
 
     @property
     def failed(self) -> int:
-        return self.done - self.finished
+        """Runs that ended without finishing, whatever the state."""
+        return sum(self.ended.values())
 
     def text(self) -> str:
-        """'grid: 37/500 done (2 failed), 4 running, 459 pending, ETA 1h 12m (run 3m 20s x 4 slots)'."""
-        parts = [f"{self.profile}: {self.done}/{self.total} done" +
-                 (f" ({self.failed} not finished)" if self.failed else "")]
+        """'grid: 37/500 done, 2 failed, 1 killed, 4 running, 459 pending, ETA 1h 12m (run
+        3m 20s x 4 slots)'."""
+        parts = [f"{self.profile}: {self.done}/{self.total} done"]
+        parts += [f"{self.ended[s]} {s}" for s in UNFINISHED if self.ended.get(s)]
         if self.running:
             parts.append(f"{self.running} running")
         if self.pending:
             parts.append(f"{self.pending} pending")
-        if self.done == self.total:
+        if not self.running and not self.pending:
             return ", ".join(parts)
-        if self.eta_s is not None:
+        if self.waiting and self.pending:
+            parts.append(self.waiting)
+        elif self.eta_s is not None:
             how = f"run {duration(self.run_s)} x {max(self.running, 1)} slot{'s' * (self.running > 1)}"
             parts.append(f"ETA {duration(self.eta_s)} ({how})")
         elif not self.running:
@@ -182,8 +330,11 @@ def by_profile(runs: Iterable[Run], now: float | None = None) -> list[ProfilePro
     out = []
     for name, rs in groups.items():
         eta_s, t = eta(rs, now)
+        ended = {s: n for s in UNFINISHED if (n := sum(r.state == s for r in rs))}
+        waiting = next((r.info[WAITING] for r in rs if r.state == "pending" and (r.info or {}).get(WAITING)),
+                       None)
         out.append(ProfileProgress(
-            profile=name, total=len(rs), done=sum(r.state in TERMINAL for r in rs),
-            finished=sum(r.state == "finished" for r in rs), running=sum(r.state == "running" for r in rs),
-            pending=sum(r.state == "pending" for r in rs), run_s=t, eta_s=eta_s))
+            profile=name, total=len(rs), finished=sum(r.state == "finished" for r in rs),
+            running=sum(r.state == "running" for r in rs), pending=sum(r.state == "pending" for r in rs),
+            run_s=t, eta_s=eta_s, ended=ended, waiting=waiting))
     return out

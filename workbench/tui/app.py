@@ -157,6 +157,10 @@ class WorkbenchApp(PollsStore, App):
     def read(self) -> list[Run]:  # PollsStore: in a thread worker
         with self.store_lock:
             self.store.reap()  # runs whose worker died become 'crashed'
+            from workbench.execute.scheduler import revive  # a scheduler this TUI spawned died: restart it
+            if revived := revive(self.store):
+                self.call_from_thread(self.notify, revived, markup=False,
+                                      severity="information" if revived.restarted else "error")
             runs = table_runs(self.store)
             try:  # Slurm runs: ingest their rows, read job states (throttled); never submits
                 if executor.sync(self.store, runs=runs):
