@@ -33,7 +33,7 @@ import torch
 from workbench.spec.run_spec import RunSpec, spec_key
 from workbench.store import HEARTBEAT_S, Store, StoreError, full_disk_detail, is_disk_full
 from workbench.store.runfile import RunFile
-from workbench.train import checkpoint, sysmon
+from workbench.train import checkpoint, sysmon, threads
 from workbench.train.stop import RunFailed, StopFlag, Stopped
 from workbench.train.summary import record_final, run_info
 from workbench.train.trainer import Trainer
@@ -90,6 +90,7 @@ def run(store_dir: str | None, run_id: int, run_file: str | None = None) -> int:
     t_start = time.time()
     stop = StopFlag()
     previous = {sig: signal.signal(sig, stop.handler) for sig in StopFlag.SIGNALS}
+    torch_threads = torch.get_num_threads()  # _set_cpu_threads may change it
     try:
         return _run(store, run_id, t_start, stop)
     except Stopped as e:  # before the run started: nothing to save
@@ -99,9 +100,10 @@ def run(store_dir: str | None, run_id: int, run_file: str | None = None) -> int:
         if not is_disk_full(e):
             raise
         return _disk_full(store, run_id, e)
-    finally:  # in-process callers (tests) get their handlers back
+    finally:  # in-process callers (tests) get their handlers and thread count back
         for sig, h in previous.items():
             signal.signal(sig, h)
+        torch.set_num_threads(torch_threads)
 
 
 def _run(store: Store, run_id: int, t_start: float, stop: StopFlag) -> int:
@@ -126,6 +128,8 @@ def _run(store: Store, run_id: int, t_start: float, stop: StopFlag) -> int:
         except ValueError as e:
             raise RunFailed(f"cannot read the run's spec: {e}") from None
         trainer = Trainer(store, run_id, spec, stop, key=spec_key(r.spec))
+        if trainer.device.type == "cpu":
+            _set_cpu_threads(spec)
         trainer.attempt_start = t_start
         trainer.background = bg
         resumed = None
@@ -187,6 +191,18 @@ def _run(store: Store, run_id: int, t_start: float, stop: StopFlag) -> int:
         return 1
     finally:
         bg.stop()
+
+
+def _set_cpu_threads(spec: RunSpec) -> None:
+    """One thread for a small CPU run (workbench/train/threads.py says why); recorded in the
+    run's info as ``torch_threads`` by run_info."""
+    try:
+        n, why = threads.cpu_threads(spec.train.batch_size, spec.seq_len, spec.d_model)
+    except ValueError as e:
+        raise RunFailed(str(e)) from None
+    if n is not None and n != torch.get_num_threads():
+        torch.set_num_threads(n)
+        print(f"[worker] {n} CPU thread(s): {why}", flush=True)
 
 
 def _say(text: str, err: bool = False) -> None:
