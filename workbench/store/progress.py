@@ -247,6 +247,12 @@ class ProfileProgress:
         """Runs that ended without finishing, whatever the state."""
         return sum(self.ended.values())
 
+    @property
+    def under_way(self) -> bool:
+        """Runs still to come (running or pending): a profile whose runs all ended, some
+        unfinished, is not done, but no longer under way either."""
+        return bool(self.running or self.pending)
+
     def text(self) -> str:
         """'grid: 37/500 done, 2 failed, 1 killed, 4 running, 459 pending, ETA 1h 12m (run
         3m 20s x 4 slots)'."""
