@@ -168,7 +168,7 @@ def test_score_without_the_profiles_runs_says_nothing_ran_and_creates_no_store(t
     err = capsys.readouterr().err
     assert "nothing of profile 'mad-benchmark-reduced' has run" in err
     # counted as `profile check` counts: 6 settings (not 12, one per model and setting)
-    assert "72 run(s): 6 setting(s) x 2 model(s)" in err and "waiting" not in err
+    assert "none of its 72 run(s) (6 setting(s) x 2 model(s))" in err and "waiting" not in err
     assert f"run them: `./run.sh --store {root} run {ROOT / profile}`" in err
     assert not (tmp_path / "nowhere").exists()
 
@@ -179,6 +179,32 @@ def test_score_without_the_profiles_runs_says_nothing_ran_and_creates_no_store(t
     err = capsys.readouterr().err
     assert f"nothing of profile 'mad-benchmark-reduced' has run in {store.root}" in err
     assert "run them: `./run.sh --store" in err
+
+
+def test_unfinished_settings_are_counted_as_profile_check_counts_them(tmp_path, capsys):
+    """Two models on one setting, one run unfinished each: one setting (for two models),
+    not 'two settings'; and with nothing complete, runs counted, with where to look."""
+    from tests.test_score import add
+
+    store = Store(tmp_path / "st")
+    for model in ("a", "b"):
+        add(store, model, "t1", "baseline", 0, 0.8)
+        add(store, model, "t1", "n=8", 0, 0.5)
+        add(store, model, "t1", "n=8", 1, None, state="pending")
+    assert cli.main(["--store", str(store.root), "score", "p"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("'p': 1 setting(s), for 2 model(s), have unfinished runs")
+    assert cli.main(["--store", str(store.root), "score", "p", "--allow-partial"]) == 0
+    assert "PARTIAL: 1 setting(s), for 2 model(s), not finished" in capsys.readouterr().out
+
+    other = Store(tmp_path / "other")
+    for model in ("a", "b"):
+        add(other, model, "t1", "baseline", 0, None, state="pending")
+    assert cli.main(["--store", str(other.root), "score", "p", "--allow-partial"]) == 1
+    err = capsys.readouterr().err
+    assert "no setting of profile 'p' has all its runs finished yet: 0 of its 2 run(s) (1 setting(s) x " \
+           "2 model(s)) finished" in err
+    assert f"runs --profile p`" in err
 
 
 @pytest.mark.parametrize("argv", [["runs"], ["show", "1"], ["kill", "1"], ["export", "--profile", "p"],

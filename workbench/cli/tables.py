@@ -136,8 +136,8 @@ def cmd_score(args) -> int:
     except NoStore as e:
         if expected is None:
             raise
-        print(f"nothing of profile {name!r} has run: no store in {e.root} yet (its "
-              f"{score.size_text(expected)})\n" + _run_hint(e.root, source), file=sys.stderr)
+        print(f"nothing of profile {name!r} has run: no store in {e.root} yet, none of its "
+              f"{score.size_text(expected)}\n" + _run_hint(e.root, source), file=sys.stderr)
         return 1
     store.reap()
     if expected is None and name not in store.profiles():
@@ -153,7 +153,7 @@ def cmd_score(args) -> int:
         print(f"{e}{hint}", file=sys.stderr)
         return e.code
     if res["missing"] and not args.allow_partial:
-        print(f"{len(res['missing'])} setting(s) of {name!r} have unfinished runs; no MAD score over "
+        print(f"{name!r}: {score.missing_count(res)} have unfinished runs; no MAD score over "
               f"fewer settings (--allow-partial shows one, marked partial):\n" + score.missing_text(res),
               file=sys.stderr)
         return 1

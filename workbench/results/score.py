@@ -58,11 +58,11 @@ class ScoreError(ValueError):
 
 
 def size_text(expected: list[dict]) -> str:
-    """'48 run(s): 6 setting(s) x 2 model(s)': what the profile expands to, counted as
+    """'48 run(s) (6 setting(s) x 2 model(s))': what the profile expands to, counted as
     ``profile check`` counts (a setting is a task setting at one length, for every model)."""
     settings = {setting_of(f)[1:] for f in expected}
     models = {f.get("model") for f in expected}
-    return f"{len(expected)} run(s): {len(settings)} setting(s) x {len(models)} model(s)"
+    return f"{len(expected)} run(s) ({len(settings)} setting(s) x {len(models)} model(s))"
 
 
 def setting_of(fields: dict) -> tuple:
@@ -178,6 +178,14 @@ def compute(store, profile: str, expected: Iterable[dict] | None = None,
 
 
 # --------------------------------------------------------------------------- formats
+def missing_count(res: dict) -> str:
+    """'3 setting(s), for 2 model(s)': the unscored settings counted as ``profile check``
+    counts settings (one per task setting and length), not once per model."""
+    settings = {(m["task"], m["task_setting"], m["seq_len"]) for m in res["missing"]}
+    models = {m["model"] for m in res["missing"]}
+    return f"{len(settings)} setting(s), for {len(models)} model(s),"
+
+
 def missing_text(res: dict, limit: int = 20) -> str:
     """One line per unscored setting: model, task, setting and runs finished of expected."""
     lines = [f"  {m['model']}: {m['task']} {_setting_label(m['task_setting'], m['seq_len'])}: "
@@ -201,7 +209,7 @@ def caption(res: dict) -> str:
             f"{seeds} seed(s); task = mean over its settings, MAD score = mean over tasks; "
             f"{_selection(res)}")
     if res["missing"]:
-        text += (f"; PARTIAL: {len(res['missing'])} setting(s) not finished, k/N = settings "
+        text += (f"; PARTIAL: {missing_count(res)} not finished, k/N = settings "
                  f"scored of the task's total")
     return text
 
