@@ -21,6 +21,7 @@ from tasks import (  # noqa: F401,E402
     char_lm,
     images,
     induction_heads,
+    lm,
     mad,
     mqar,
     selective_copying,

@@ -153,8 +153,9 @@ class Task:
         return dict(self._params)
 
     # -- hooks with defaults ----------------------------------------------------------
-    def extra_metrics(self, counts: AccuracyCounts) -> dict[str, float]:
-        """Task-specific numbers from summed eval counts (e.g. bits per char); default none."""
+    def extra_metrics(self, counts: AccuracyCounts, batch: "Batch | None" = None) -> dict[str, float]:
+        """Task-specific numbers from summed eval counts over ``batch`` (the evaluated set,
+        for what the counts alone lack, e.g. the bytes an LM's eval text covers); default none."""
         return {}
 
     def augment_batch(self, batch: Batch, step: int, seed: int) -> Batch:

@@ -92,7 +92,7 @@ class CharLM(Task):
     def decode(self, ids) -> str:
         return "".join(self.chars[int(i)] for i in ids)
 
-    def extra_metrics(self, counts: AccuracyCounts) -> dict[str, float]:
+    def extra_metrics(self, counts: AccuracyCounts, batch=None) -> dict[str, float]:
         return {"bits_per_char": counts.loss / math.log(2)}
 
     def _windows(self, data: np.ndarray, starts: np.ndarray):

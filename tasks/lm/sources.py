@@ -1,0 +1,297 @@
+"""Where an LM corpus comes from: documents streamed one at a time, never the whole corpus.
+
+A source is named by one string (``source`` of the ``lm`` task):
+
+- ``"stdlib"``: the running interpreter's standard library source, every ``.py`` file under
+  ``sysconfig.get_paths()["stdlib"]`` (site-packages / dist-packages left out); a corpus
+  every machine has (CPython 3.11: 1,790 files, 31.5 MB);
+- a local file, folder (every non-hidden file under it, recursively) or glob (``*``, ``?``,
+  ``[``; ``**`` recurses). Files ending ``.jsonl`` / ``.json`` are JSON lines and
+  ``.parquet`` files Parquet, one document per record's ``text_column``; any other file is
+  UTF-8 text (invalid bytes replaced), one document per file, per line or per paragraph
+  (``document = "file" | "line" | "paragraph"``);
+- ``"hf:REF"``: a Hugging Face dataset through the ``datasets`` library (the ``lm``
+  extra): REF is a hub id (``hf:wikitext``, with ``hf_config`` / ``hf_split``), a folder
+  written by ``save_to_disk``, or a local data file read by ``datasets``' own loaders
+  (``.jsonl``, ``.json``, ``.parquet``, ``.csv``, ``.txt``). The standard cache is used;
+  ``streaming = true`` reads a hub corpus without downloading it whole; offline mode
+  (``HF_DATASETS_OFFLINE=1`` / ``HF_HUB_OFFLINE=1``) is ``datasets``' own and so honoured.
+
+Each document is a :class:`Document`: ``key`` (the bytes the train/valid/test split hashes:
+the record's text, or a file's first 64 KiB and its size, so a file is split without reading
+it twice) and ``pieces()`` (its text in pieces of at most ~4 MiB, cut after a newline, so a
+file larger than memory is never read whole).
+"""
+from __future__ import annotations
+
+import glob
+import hashlib
+import json
+import os
+import sys
+import sysconfig
+from dataclasses import dataclass
+from typing import Callable, Iterable, Iterator
+
+PIECE_BYTES = 4 << 20      # a long text file is read and tokenised in pieces of about this size
+KEY_BYTES = 64 << 10       # a file's split key: its first 64 KiB and its size
+DOCUMENT_MODES = ("file", "line", "paragraph")
+RECORD_SUFFIXES = (".jsonl", ".json", ".parquet")
+HF_PREFIX = "hf:"
+LM_EXTRA = "pip install 'ssm-workbench[lm]'"
+
+
+@dataclass
+class Document:
+    key: bytes
+    pieces: Callable[[], Iterable[str]]
+
+
+def clean(text: str) -> str:
+    """Text every tokenizer can take: lone surrogates (JSON allows them; UTF-8 and the Rust
+    tokenizers do not) become U+FFFD. ASCII is checked first because it is nearly free."""
+    if text.isascii():
+        return text
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "replace").decode("utf-8")
+
+
+# -- local files ----------------------------------------------------------------------
+def stdlib_files() -> tuple[str, list[str]]:
+    root = sysconfig.get_paths()["stdlib"]
+    files = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        # installed packages are not the standard library (and differ between machines)
+        dirnames[:] = sorted(d for d in dirnames if d not in ("site-packages", "dist-packages",
+                                                              "__pycache__"))
+        files += [os.path.join(dirpath, f) for f in sorted(filenames) if f.endswith(".py")]
+    return root, files
+
+
+def local_files(spec: str) -> list[str]:
+    """The files a path, folder or glob names, sorted (so the corpus has one order)."""
+    path = os.path.expanduser(spec)
+    if any(c in path for c in "*?["):
+        files = [f for f in glob.glob(path, recursive=True) if os.path.isfile(f)]
+    elif os.path.isdir(path):
+        files = []
+        for dirpath, dirnames, filenames in os.walk(path):
+            dirnames[:] = [d for d in dirnames if not d.startswith(".")]
+            files += [os.path.join(dirpath, f) for f in filenames if not f.startswith(".")]
+    elif os.path.isfile(path):
+        files = [path]
+    else:
+        raise ValueError(f"lm: source {spec!r} is no file, folder or glob here (nor 'stdlib' or "
+                         "'hf:ID' for a Hugging Face dataset)")
+    if not files:
+        raise ValueError(f"lm: source {spec!r} names no files")
+    return sorted(files)
+
+
+def _file_pieces(path: str, mode: str) -> Iterator[str]:
+    """A text file's text, cut after newlines into pieces of about PIECE_BYTES (cut in bytes:
+    a newline byte is never inside a multi-byte UTF-8 character)."""
+    with open(path, "rb") as f:
+        rest = b""
+        while True:
+            block = f.read(PIECE_BYTES)
+            if not block:
+                break
+            block = rest + block
+            cut = block.rfind(b"\n") + 1
+            if cut == 0 and len(block) < 4 * PIECE_BYTES:  # a very long line: wait for its end
+                rest = block
+                continue
+            cut = cut or len(block)
+            rest = block[cut:]
+            yield block[:cut].decode("utf-8", "replace")
+        if rest:
+            yield rest.decode("utf-8", "replace")
+
+
+def _text_documents(path: str, mode: str) -> Iterator[Document]:
+    if mode == "file":
+        with open(path, "rb") as f:
+            head = f.read(KEY_BYTES)
+        key = head + str(os.path.getsize(path)).encode()
+        yield Document(key, lambda: _file_pieces(path, mode))
+        return
+    # line / paragraph: records of one file; the file is still read piece by piece
+    para: list[str] = []
+    for piece in _file_pieces(path, mode):
+        for line in piece.splitlines(keepends=True):
+            if mode == "line":
+                text = line.rstrip("\r\n")
+                if text.strip():
+                    yield _record(text)
+            elif line.strip():
+                para.append(line)
+            elif para:
+                yield _record("".join(para).rstrip("\r\n"))
+                para = []
+    if para:
+        yield _record("".join(para).rstrip("\r\n"))
+
+
+def _record(text: str) -> Document:
+    text = clean(text)
+    return Document(text.encode("utf-8"), lambda: (text,))
+
+
+def _jsonl_documents(path: str, column: str) -> Iterator[Document]:
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"lm: {path}:{n} is not a JSON line ({e.msg}); .jsonl/.json "
+                                 "sources hold one JSON object per line") from None
+            text = row.get(column) if isinstance(row, dict) else None
+            if not isinstance(text, str):
+                raise ValueError(f"lm: {path}:{n} has no text column {column!r} "
+                                 f"(keys: {', '.join(row) if isinstance(row, dict) else type(row).__name__})")
+            if text:
+                yield _record(text)
+
+
+def _parquet_documents(path: str, column: str) -> Iterator[Document]:
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise ImportError(f"lm: reading {path} needs pyarrow: {LM_EXTRA}") from None
+    pf = pq.ParquetFile(path)
+    if column not in pf.schema_arrow.names:
+        raise ValueError(f"lm: {path} has no text column {column!r} "
+                         f"(columns: {', '.join(pf.schema_arrow.names)})")
+    for batch in pf.iter_batches(columns=[column], batch_size=1024):
+        for text in batch.column(0).to_pylist():
+            if text:
+                yield _record(text)
+
+
+def file_documents(path: str, mode: str, column: str) -> Iterator[Document]:
+    lower = path.lower()
+    if lower.endswith((".jsonl", ".json")):
+        return _jsonl_documents(path, column)
+    if lower.endswith(".parquet"):
+        return _parquet_documents(path, column)
+    return _text_documents(path, mode)
+
+
+# -- Hugging Face datasets ------------------------------------------------------------------
+def _is_saved_dataset(path: str) -> bool:
+    return os.path.isdir(path) and any(
+        os.path.isfile(os.path.join(path, f)) for f in ("state.json", "dataset_dict.json"))
+
+
+_HF_BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv",
+                ".txt": "text"}
+
+
+def hf_dataset(ref: str, config: str | None, split: str, streaming: bool):
+    """The dataset ``ref`` names, loaded by the ``datasets`` library (imported here: it is
+    an optional extra and slow to import)."""
+    try:
+        import datasets
+    except ImportError:
+        raise ImportError(f"lm: source 'hf:{ref}' needs the datasets library: {LM_EXTRA}") from None
+    local = os.path.expanduser(ref)
+    if _is_saved_dataset(local):
+        ds = datasets.load_from_disk(local)
+        if isinstance(ds, datasets.DatasetDict):
+            if split not in ds:
+                raise ValueError(f"lm: dataset {ref!r} has no split {split!r} (splits: {', '.join(ds)})")
+            ds = ds[split]
+        return ds.to_iterable_dataset() if streaming else ds
+    suffix = os.path.splitext(local)[1].lower()
+    if os.path.isfile(local) and suffix in _HF_BUILDERS:
+        return datasets.load_dataset(_HF_BUILDERS[suffix], data_files=local, split="train",
+                                     streaming=streaming)
+    return datasets.load_dataset(ref, config, split=split, streaming=streaming)
+
+
+def hf_documents(ref: str, config: str | None, split: str, streaming: bool,
+                 column: str) -> Iterator[Document]:
+    ds = hf_dataset(ref, config, split, streaming)
+    names = list(ds.column_names or []) if ds.column_names is not None else None
+    if names is not None and column not in names:
+        raise ValueError(f"lm: dataset {ref!r} has no text column {column!r} (columns: {', '.join(names)})")
+    ds = ds.select_columns([column])
+    if streaming:
+        rows = (r[column] for r in ds)
+    else:  # batches of rows from the memory-mapped Arrow cache
+        rows = (t for b in ds.iter(batch_size=1000) for t in b[column])
+    for text in rows:
+        if text:
+            yield _record(text)
+
+
+# -- the source -------------------------------------------------------------------------------
+@dataclass
+class Source:
+    spec: str
+    text_column: str = "text"
+    document: str = "file"
+    hf_config: str | None = None
+    hf_split: str = "train"
+    streaming: bool = False
+    max_documents: int = 0
+
+    def __post_init__(self) -> None:
+        if self.document not in DOCUMENT_MODES:
+            raise ValueError(f"lm: document must be one of {', '.join(DOCUMENT_MODES)}, got {self.document!r}")
+        if not isinstance(self.spec, str) or not self.spec:
+            raise ValueError("lm needs source = a file, folder, glob, 'stdlib' or 'hf:ID'")
+        self.hf = self.spec.startswith(HF_PREFIX)
+        if self.hf:
+            self.ref = self.spec[len(HF_PREFIX):]
+            if not self.ref:
+                raise ValueError("lm: source 'hf:' needs a dataset id or folder after the colon")
+            self.files: list[str] = []
+        elif self.spec == "stdlib":
+            self.root, self.files = stdlib_files()
+        else:
+            self.files = local_files(self.spec)
+
+    def size_hint(self) -> int | None:
+        """Bytes to read, for the progress bar (local files; None for a dataset)."""
+        if self.hf or self.max_documents:
+            return None
+        return sum(os.path.getsize(f) for f in self.files)
+
+    def fingerprint(self) -> dict:
+        """What identifies the corpus in the cache key, without reading it: the files' paths,
+        sizes and modification times, or the dataset reference (a hub dataset is taken to
+        be what its id, config and split name; a local dataset folder adds its files')."""
+        fp = {"spec": self.spec, "document": self.document, "max_documents": self.max_documents}
+        files = self.files
+        if self.hf:
+            fp.update(config=self.hf_config, split=self.hf_split, column=self.text_column)
+            local = os.path.expanduser(self.ref)
+            files = local_files(local) if os.path.exists(local) else []
+        elif self.spec == "stdlib":
+            fp["python"] = sys.version
+        if any(f.lower().endswith(RECORD_SUFFIXES) for f in files):
+            fp["column"] = self.text_column
+        h = hashlib.sha256()
+        for f in files:
+            st = os.stat(f)
+            h.update(f"{os.path.abspath(f)}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+        fp["files"] = [len(files), h.hexdigest()]
+        return fp
+
+    def documents(self) -> Iterator[Document]:
+        """The documents in the corpus' order, streamed; at most ``max_documents``."""
+        if self.hf:
+            it = hf_documents(self.ref, self.hf_config, self.hf_split, self.streaming, self.text_column)
+        else:
+            it = (d for f in self.files for d in file_documents(f, self.document, self.text_column))
+        for n, doc in enumerate(it):
+            if self.max_documents and n >= self.max_documents:
+                return
+            yield doc

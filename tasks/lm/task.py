@@ -1,0 +1,203 @@
+"""The ``lm`` task: next-token prediction on a tokenised corpus.
+
+``tasks.build("lm", source="stdlib", tokenizer="bpe", vocab_size=4096, seq_len=256)``
+
+- data: the corpus (tasks/lm/sources.py), split by document into train / valid / test
+  (tasks/lm/split.py, ``valid_fraction`` / ``test_fraction`` of the documents), tokenised
+  once into cached token files (tasks/lm/tokenfile.py) by the tokenizer named
+  (tasks/lm/tokenizer.py: ``bytes``, ``char``, ``bpe`` with ``vocab_size``, or a
+  pretrained one). Building the task reads nothing; the corpus is tokenised the first time
+  data (or, for ``char`` and pretrained tokenizers, the vocabulary size) is asked for, so
+  ``profile check`` and the sweep form stay fast.
+- inputs: ``seq_len`` consecutive tokens; targets: the next token at every position
+  (documents are joined by the end-of-text id, which is predicted like any token).
+- training: fresh batches of windows at uniformly random offsets in the training tokens,
+  the offsets drawn from ``(seed, TRAIN, 2, step)``: a function of seed and step, so a
+  resumed run sees exactly the windows of an uninterrupted one. ``sample`` draws from
+  ``(seed, TRAIN, 1)``.
+- evaluation (``""``: the test split; ``valid_set``: the valid split): up to
+  ``num_test_examples`` / ``num_valid_examples`` fixed, non-overlapping windows of the
+  split, spread evenly over it (``0`` = every window); the same for every seed.
+
+Metrics: ``loss`` is the mean cross-entropy in nats per token; ``extra_metrics`` adds
+``perplexity`` = exp(loss) and ``bits_per_byte`` = total nats over the eval windows /
+ln 2 / the UTF-8 bytes of text their target tokens cover (counted per token at
+tokenisation time, so exact; end-of-text tokens cover none), the number that compares
+models across tokenizers. The worker records ``tokens_trained`` (steps x batch x seq_len).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from tasks.base import Batch, Task, check_bool, check_int
+from tasks.metrics import AccuracyCounts
+from tasks.registry import register
+from tasks.lm import tokenfile
+from tasks.lm import tokenizer as toks
+from tasks.lm.sources import Source
+from tasks.lm.split import SplitRule
+
+BPE_DEFAULT_VOCAB = 4096
+
+
+@dataclass
+class LMBatch(Batch):
+    target_bytes: int = 0   # UTF-8 bytes of text the targets cover (bits per byte)
+
+
+@register
+class LMTask(Task):
+    name = "lm"
+    description = ("Token-level language modelling on a corpus (files, folders, globs, JSONL/Parquet, "
+                   "'hf:ID' datasets, or 'stdlib'), bytes/char/BPE/pretrained tokenizers; loss, "
+                   "perplexity, bits per byte.")
+
+    def __init__(self, source: str = "stdlib", tokenizer: str = "bytes", vocab_size: int | None = None,
+                 seq_len: int = 256, document: str = "file", text_column: str = "text",
+                 valid_fraction: float = 0.02, test_fraction: float = 0.02,
+                 num_test_examples: int = 64, num_valid_examples: int | None = None,
+                 hf_config: str | None = None, hf_split: str = "train", streaming: bool = False,
+                 max_documents: int = 0):
+        self.seq_len = check_int("seq_len", seq_len, 1)
+        self.num_test_examples = check_int("num_test_examples", num_test_examples, 0)
+        self.num_valid_examples = (self.num_test_examples if num_valid_examples is None
+                                   else check_int("num_valid_examples", num_valid_examples, 0))
+        if not isinstance(tokenizer, str) or not tokenizer:
+            raise ValueError("lm: tokenizer must be 'bytes', 'char', 'bpe', or a tokenizer folder / hub id")
+        self.tokenizer_name = tokenizer
+        if tokenizer == "bpe":
+            self.bpe_vocab = check_int("vocab_size", BPE_DEFAULT_VOCAB if vocab_size is None else vocab_size,
+                                       258, 1 << 20)   # 256 bytes + end of text + a merge
+        elif vocab_size is not None:
+            raise ValueError(f"lm: vocab_size is the size of a trained BPE (tokenizer = 'bpe'); "
+                             f"tokenizer {tokenizer!r} has its own")
+        for name, v in (("text_column", text_column), ("hf_split", hf_split)):
+            if not isinstance(v, str) or not v:
+                raise ValueError(f"lm: {name} must be a non-empty string, got {v!r}")
+        if hf_config is not None and not isinstance(hf_config, str):
+            raise ValueError(f"lm: hf_config must be a string, got {hf_config!r}")
+        self.source = Source(source, text_column=text_column, document=document, hf_config=hf_config,
+                             hf_split=hf_split, streaming=check_bool("streaming", streaming),
+                             max_documents=check_int("max_documents", max_documents, 0))
+        self.split = SplitRule(valid_fraction, test_fraction)
+        self.fixed_train = False
+        self.num_train_examples = 0   # fresh windows every step: budgets are steps (or tokens)
+        self.tokens_per_example = self.seq_len   # a target at every position
+        self._tok: toks.LMTokenizer | None = None
+        self._data: tokenfile.Prepared | None = None
+        self._params = dict(source=source, tokenizer=tokenizer, vocab_size=vocab_size, seq_len=seq_len,
+                            document=document, text_column=text_column, valid_fraction=valid_fraction,
+                            test_fraction=test_fraction, num_test_examples=num_test_examples,
+                            num_valid_examples=num_valid_examples, hf_config=hf_config,
+                            hf_split=hf_split, streaming=streaming, max_documents=max_documents)
+
+    # -- tokenizer and data, made on first use --------------------------------------------
+    def _train_texts(self):
+        for doc in self.source.documents():
+            if self.split.of(doc.key) == "train":
+                yield from doc.pieces()
+
+    @property
+    def tokenizer(self) -> toks.LMTokenizer:
+        if self._tok is None:
+            kind = self.tokenizer_name
+            if kind == "bytes":
+                self._tok = toks.BytesTokenizer()
+            elif kind in ("char", "bpe"):
+                key = tokenfile.key_of({"fit": kind, "source": self.source.fingerprint(),
+                                        "split": self.split.identity(),
+                                        "bpe": [getattr(self, "bpe_vocab", None), toks.BPE_VERSION]})
+                fitted = tokenfile.cached_fit(tokenfile.cache_root(), f"{kind}-{key}",
+                                              lambda: toks.fit(kind, self._train_texts,
+                                                               getattr(self, "bpe_vocab", None)))
+                self._tok = toks.from_fitted(kind, fitted)
+            else:
+                self._tok = toks.load_pretrained(kind)
+        return self._tok
+
+    @property
+    def vocab_size(self) -> int:  # type: ignore[override]
+        # a BPE's size is its parameter (a tiny corpus may leave it a few merges short):
+        # known without training it, so checks and estimates stay cheap
+        if self.tokenizer_name == "bpe":
+            return self.bpe_vocab
+        return self.tokenizer.vocab_size
+
+    @property
+    def num_classes(self) -> int:  # type: ignore[override]
+        return self.vocab_size
+
+    @property
+    def data(self) -> tokenfile.Prepared:
+        if self._data is None:
+            tok = self.tokenizer
+            identity = {"source": self.source.fingerprint(), "split": self.split.identity(),
+                        "tokenizer": tok.identity()}
+            key = tokenfile.key_of(identity)
+            data = tokenfile.prepare(
+                tokenfile.cache_root(), f"{tok.kind}-{key}", self.source.documents, self.split,
+                lambda: tok, identity, total=self.source.size_hint(),
+                label=f"lm: tokenising {self.source.spec} ({tok.kind})")
+            if tok.vocab_size > self.vocab_size:
+                raise ValueError(f"lm: the tokenizer has {tok.vocab_size} ids, more than vocab_size "
+                                 f"{self.vocab_size}")
+            for split, f in data.tokens.items():
+                n = len(f)
+                if n < self.seq_len + 1:
+                    raise ValueError(
+                        f"lm: the {split} split of {self.source.spec!r} has {n} tokens, fewer than "
+                        f"seq_len + 1 = {self.seq_len + 1}; use a larger corpus or "
+                        f"{'larger' if split != 'train' else 'smaller'} valid_fraction / test_fraction")
+            self._data = data
+        return self._data
+
+    def split_tokens(self) -> dict[str, int]:
+        return {s: len(f) for s, f in self.data.tokens.items()}
+
+    def encode(self, text: str) -> np.ndarray:
+        return self.tokenizer.encode(text)
+
+    def decode(self, ids) -> str:
+        return self.tokenizer.decode(ids)
+
+    # -- batches -------------------------------------------------------------------------
+    def _generate(self, n, rng):
+        train = self.data.tokens["train"]
+        starts = rng.integers(0, len(train) - self.seq_len, size=n)
+        w = train.windows(starts, self.seq_len + 1)
+        return w[:, :-1], w[:, 1:]
+
+    def _avoid_test(self, n, rng, seed, max_rounds=0):
+        # the splits are disjoint by document: a training window holds no test text
+        return self._generate(n, rng)
+
+    def _fixed_windows(self, split: str, limit: int) -> LMBatch:
+        f = self.data.tokens[split]
+        avail = (len(f) - 1) // self.seq_len
+        n = avail if limit == 0 else min(avail, limit)
+        # evenly spread over the split (whole windows of the seq_len grid: never overlapping)
+        starts = (np.arange(n, dtype=np.int64) * avail // max(n, 1)) * self.seq_len
+        w = f.windows(starts, self.seq_len + 1)
+        nbytes = self.data.window_bytes(split, starts + 1, self.seq_len)
+        batch = self._to_batch(w[:, :-1], w[:, 1:])
+        return LMBatch(batch.inputs, batch.targets, target_bytes=nbytes)
+
+    def eval_sets(self, seed):
+        return {"": self._fixed_windows("test", self.num_test_examples)}
+
+    def valid_set(self, seed):
+        if self.num_valid_examples == 0:
+            return LMBatch(*self._to_batch(np.zeros((0, self.seq_len), np.int64),
+                                           np.zeros((0, self.seq_len), np.int64)))
+        return self._fixed_windows("valid", self.num_valid_examples)
+
+    # -- metrics -------------------------------------------------------------------------
+    def extra_metrics(self, counts: AccuracyCounts, batch: Batch | None = None) -> dict[str, float]:
+        out = {"perplexity": math.exp(min(counts.loss, 700.0)) if counts.token_total else float("nan")}
+        nbytes = getattr(batch, "target_bytes", 0)
+        if nbytes:
+            out["bits_per_byte"] = counts.loss_sum / math.log(2) / nbytes
+        return out
