@@ -37,6 +37,8 @@ Y_LABELS = {
     "wall_s": "wall time of the run (s)",
     "compile_s": "compile time (s)",
     "bits_per_char": "bits per character",
+    "bits_per_byte": "bits per byte",
+    "perplexity": "perplexity",
 }
 # metrics spanning orders of magnitude across lengths/models: log y
 LOG_Y = {"step_time_ms", "inference_ms", "peak_mem_mb", "gpu_mem_peak_mb", "tokens_per_s",

@@ -77,7 +77,7 @@ def record_final(store, run_id: int, trainer: Trainer, out: dict[str, Any], gpu_
             continue
         vals = {"accuracy": c.token_accuracy, "sequence_accuracy": c.sequence_accuracy,
                 "loss": c.loss, "eval_sequences": c.seq_total}
-        vals.update(trainer._extra(c))
+        vals.update(trainer._extra(c, batch))
         store.set_results(run_id, vals, eval_set=name)
     default_eval = out["eval_sets"].get("") or next(iter(out["eval_sets"].values()))
     step_ms = statistics.median(trainer.timed_steps()) * 1000
@@ -106,6 +106,8 @@ def record_final(store, run_id: int, trainer: Trainer, out: dict[str, Any], gpu_
         first = next(h for h in trainer.history if h["accuracy"] == best)
         summary["best_at_epoch"] = first["epoch"]
         summary["best_at_step"] = first["step"]
+    if trainer.tokens_trained(out["steps"]) is not None:
+        summary["tokens_trained"] = trainer.tokens_trained(out["steps"])
     if trainer.compile_s is not None:  # train.compile: the first step, compilation included
         summary["compile_s"] = trainer.compile_s
     store.set_results(run_id, summary, eval_set="")

@@ -230,9 +230,17 @@ class Trainer:
         self.model.train()
         return total
 
-    def _extra(self, counts: task_metrics.AccuracyCounts) -> dict[str, float]:
+    def _extra(self, counts: task_metrics.AccuracyCounts, batch=None) -> dict[str, float]:
+        """The task's own metrics from the counts over ``batch`` (an LM's bits per byte needs
+        the bytes the batch's text covers, which the counts do not hold)."""
         fn = getattr(self.task, "extra_metrics", None)
-        return dict(fn(counts)) if callable(fn) else {}
+        return dict(fn(counts, batch)) if callable(fn) else {}
+
+    def tokens_trained(self, step: int) -> int | None:
+        """Target tokens trained on after ``step`` steps, for tasks that count them (the LM
+        task: a target at each of its ``tokens_per_example`` positions); else None."""
+        per = getattr(self.task, "tokens_per_example", None)
+        return step * self.cfg.batch_size * per if per else None
 
     # -- the loop -----------------------------------------------------------------
     def _forward(self):
@@ -349,7 +357,9 @@ class Trainer:
                 ep = self._epoch_f(step, per_epoch)
                 rows = [(step, ep, "eval", "loss", c.loss), (step, ep, "eval", "accuracy", c.token_accuracy),
                         (step, ep, "eval", "sequence_accuracy", c.sequence_accuracy)]
-                rows += [(step, ep, "eval", k, v) for k, v in self._extra(c).items()]
+                rows += [(step, ep, "eval", k, v) for k, v in self._extra(c, default_eval).items()]
+                if self.tokens_trained(step) is not None:  # the x axis of LM curves
+                    rows.append((step, ep, "train", "tokens_trained", self.tokens_trained(step)))
                 self.store.add_metrics(self.run_id, rows)
                 self.store.heartbeat(self.run_id, step=step, progress=step / total,
                                      last_accuracy=c.token_accuracy, epoch=epoch)
