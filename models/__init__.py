@@ -4,7 +4,9 @@
 >>> m = models.build("mamba", d_model=64, n_layers=2)
 >>> y = m(x)            # x: float (batch, length, d_model) -> same shape, causal
 
-See ``models.registry`` for the contract every entry follows.
+See ``models.registry`` for the contract every entry follows. Compute accounting:
+``models.flops(name, seq_len=, d_model=, n_layers=, **options)`` -> training FLOPs per token
+and parameter counts (``models.compute``: the formulas and their conventions).
 """
 from models.registry import (  # noqa: F401  (public API)
     ModelEntry,
@@ -29,3 +31,11 @@ from models import catalog_s4  # noqa: F401,E402
 from models import catalog_pretrained  # noqa: F401,E402  checkpoints from local folders
 from models import catalog_mamba2  # noqa: F401,E402  Mamba-2 (SSD)
 from models import catalog_linear_rnn  # noqa: F401,E402  GLA, RetNet, linear attention, DeltaNet, Gated DeltaNet
+from models.compute import FlopCount, ParamCount, param_counts  # noqa: F401,E402  compute accounting
+from models.compute import flops as _flops  # noqa: E402
+
+
+def flops(name: str, seq_len: int, d_model: int = 64, n_layers: int = 2, **options) -> FlopCount:
+    """Training FLOPs per token (forward + backward) of entry ``name`` at ``seq_len``, with its
+    parameter counts (``.params``); see ``models.compute`` for the conventions."""
+    return _flops(name, seq_len, d_model=d_model, n_layers=n_layers, **options)
