@@ -402,6 +402,40 @@ def test_revive_only_where_this_process_waits(tmp_path, monkeypatch):
     assert said[-1] is None  # said once
 
 
+async def test_the_tui_says_a_scheduler_is_gone_and_restarts_the_one_it_spawned(tmp_path, monkeypatch):
+    """The TUI's status line says a store's scheduler is gone (with the command); where this
+    TUI spawned it (it launched the sweep: it is the one waiting), its poll starts it again."""
+    from textual.widgets import Static
+
+    from tests.test_tui import make_app, settle
+
+    store = Store(tmp_path / "store")
+    store.add_runs([spec(profile="p")])
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    (store.root / progress.SCHEDULER_FILE).write_text(json.dumps({"pid": dead.pid}))
+    spawned = []
+
+    def fake_spawn(st, jobs=None, runs_per_gpu=None):  # a live record, as spawn writes it
+        spawned.append(st.root)
+        (st.root / progress.SCHEDULER_FILE).write_text(json.dumps({"pid": os.getpid()}))
+        return type("P", (), {"pid": os.getpid()})()
+
+    monkeypatch.setattr(scheduler, "spawn", fake_spawn)
+    monkeypatch.setattr(scheduler, "_SPAWNED", {})
+    app = make_app(store, tmp_path)
+    async with app.run_test(size=(160, 48)) as pilot:
+        await settle(pilot)
+        status = str(app.query_one("#runs-summary", Static).render())
+        assert f"its scheduler (pid {dead.pid}) is gone" in status and "resume --pending" in status
+        assert spawned == []  # another process's sweep: said, not restarted
+        scheduler._SPAWNED[str(store.root.resolve())] = 0  # as if this TUI had launched it
+        await pilot.pause(1.2)  # the next polls
+        await settle(pilot)
+        assert spawned == [store.root]
+        assert "is gone" not in str(app.query_one("#runs-summary", Static).render())
+
+
 # --------------------------------------------------------------------------- full disk
 @pytest.fixture
 def results_store(tmp_path):
