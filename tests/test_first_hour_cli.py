@@ -430,7 +430,14 @@ async def test_the_tui_says_a_scheduler_is_gone_and_restarts_the_one_it_spawned(
         assert f"its scheduler (pid {dead.pid}) is gone" in status and "resume --pending" in status
         assert spawned == []  # another process's sweep: said, not restarted
         scheduler._SPAWNED[str(store.root.resolve())] = 0  # as if this TUI had launched it
-        await pilot.pause(1.2)  # the next polls
+        for _ in range(300):  # the next polls (bounded: a loaded machine may skip ticks)
+            if spawned:
+                break
+            await pilot.pause(0.1)
+        for _ in range(300):  # a poll after the restart redraws the status
+            if "is gone" not in str(app.query_one("#runs-summary", Static).render()):
+                break
+            await pilot.pause(0.1)
         await settle(pilot)
         assert spawned == [store.root]
         assert "is gone" not in str(app.query_one("#runs-summary", Static).render())
