@@ -26,6 +26,16 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 
+@pytest.fixture(scope="session", autouse=True)
+def lm_data_cache(tmp_path_factory):
+    """The LM task's token cache (tasks/lm; workers inherit it) in a folder of the session,
+    never the user's ~/.cache."""
+    mp = pytest.MonkeyPatch()
+    mp.setenv("SSM_WORKBENCH_DATA", str(tmp_path_factory.mktemp("lm-data")))
+    yield
+    mp.undo()
+
+
 @pytest.fixture
 def store_dir(tmp_path, monkeypatch):
     d = tmp_path / "store"

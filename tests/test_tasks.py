@@ -50,8 +50,8 @@ SYNTHETIC = sorted(SMALL)
 
 
 def test_every_synthetic_task_is_covered():
-    # tested in test_tasks_real_data.py and test_text_classification.py
-    real = {"char_lm", "sequential_image", "text_classification"}
+    # tested in test_tasks_real_data.py, test_text_classification.py and test_lm_task.py
+    real = {"char_lm", "lm", "sequential_image", "text_classification"}
     assert set(tasks.names()) == set(SYNTHETIC) | real
 
 

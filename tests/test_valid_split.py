@@ -77,6 +77,9 @@ def real(tmp_path_factory):
     root = tmp_path_factory.mktemp("real")
     text = root / "input.txt"
     text.write_text(TEXT, encoding="utf-8")
+    lm_text = root / "lm.txt"
+    lm_text.write_text("".join(hashlib.sha256(str(i).encode()).hexdigest() + "\n" for i in range(60)),
+                       encoding="utf-8")
     vocab = {"<unk>": 0, "<pad>": 1, **{w: i + 2 for i, w in enumerate(WORDS)},
              **{lab: 42 + i for i, lab in enumerate(["neg", "pos"])}}
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
@@ -113,6 +116,10 @@ def real(tmp_path_factory):
         "text_classification/folders": ("text_classification", dict(
             data_path=str(imdb), tokenizer=tok_file, seq_len=8, num_train_examples=20,
             num_test_examples=12)),
+        # one document per line, split by a hash of each line; windows of different lines
+        # are distinct (hex digests), as the checks below need
+        "lm": ("lm", dict(source=str(lm_text), document="line", seq_len=8, valid_fraction=0.2,
+                          test_fraction=0.2, num_test_examples=6)),
     }
 
 
@@ -171,6 +178,7 @@ FROZEN = {
     'sequential_image/cifar': ('5c4e58b5e56432bf', '5c4e58b5e56432bf'),
     'text_classification': ('ce3add3f44baab08', '49ffba985b6120e8'),
     'text_classification/folders': ('1f54c7b818621927', '0b1dadf0083af6e8'),
+    'lm': ('caaba4da6933c232', '61685912d7711797'),   # frozen when the task was added
 }
 
 # the documented default size of each case's validation set
@@ -183,6 +191,7 @@ DEFAULT_VALID = {
     "sequential_image/cifar": 0,         # idem (all 30 training images)
     "text_classification": 10,           # min(test 10, 50 rows - 30 training rows)
     "text_classification/folders": 12,   # min(test 12, 60 training files - 20)
+    "lm": 6,                             # the test set's size, from the valid split's documents
 }
 # cases whose validation set is asked for explicitly (the default is empty), and the cases
 # whose sequence space is so small that the de-duplication may leave fewer examples
@@ -191,7 +200,7 @@ EXPLICIT = {"char_lm": 3, "sequential_image/all": 100, "sequential_image/cifar":
 TINY = {"mad_memorization/tiny", "mad_compression/tiny", "induction_heads/tiny-fresh",
         "selective_copying/fixed", "induction_heads/fixed"}
 # the same validation windows for every seed (documented: the end of the training text)
-SEED_FREE = {"char_lm"}
+SEED_FREE = {"char_lm", "lm"}   # lm: fixed windows of the valid split, for every seed
 ALL = sorted(FROZEN)
 
 
