@@ -21,6 +21,7 @@ import os
 import re
 import shutil
 import signal
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -38,7 +39,7 @@ from workbench.cli import runs as cli_runs
 from workbench.execute import scheduler
 from workbench.spec.expand import expand
 from workbench.spec.profile import loads
-from workbench.store import Run, Store, progress
+from workbench.store import Run, Store, StoreError, progress
 
 ROOT = Path(__file__).resolve().parent.parent
 NOW = 1_700_000_000.0
@@ -313,12 +314,15 @@ def test_run_starts_a_killed_scheduler_again(tmp_path, monkeypatch):
 
     def kill_when_training():
         def first_running():
-            if not (root / "store.sqlite").is_file():
+            try:  # the store may not exist yet, or be in the middle of its creation
+                s = Store(root, readonly=True)
+            except StoreError:
                 return None
-            s = Store(root, readonly=True)
             try:
                 runs = s.runs()
                 return len(runs) == 2 and runs[0].state == "running" and record_pid(root)
+            except sqlite3.Error:
+                return None
             finally:
                 s.close()
         pid = wait_for(first_running, "the first run training")
