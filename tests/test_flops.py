@@ -200,3 +200,82 @@ def test_table_prints():
     rows = fl.table_rows(d_model=32, seq_len=64, check=False)
     text = fl.format_table(rows, 32, 64)
     assert "| transformer | 12 |" in text and "| mamba | 24 |" in text
+
+
+RUN_PROFILE = """
+schema_version = 1
+name = "flops"
+[task]
+name = "mad_selective_copying"
+vocab_size = 8
+num_tokens_to_copy = 2
+num_train_examples = 32
+num_test_examples = 16
+[sweep]
+models = ["gla"]
+seq_lens = [12]
+[model]
+d_model = 16
+n_layers = 1
+[train]
+steps = 6
+batch_size = 4
+lr = 3e-3
+warmup_steps = 1
+eval_every = 3
+log_every = 3
+device = "cpu"
+"""
+
+
+def test_a_run_records_flops_per_token_and_cumulative_flops(tmp_path):
+    """run info: flops_per_token (backbone + the head's matmuls) at the input length; the
+    metric train/flops at each log point = flops_per_token x step x batch x length; results:
+    flops_per_token and train_flops (catalogued)."""
+    import os
+
+    from workbench.results import catalogue
+    from workbench.spec.profile import expand, loads
+    from workbench.store import Store
+    from workbench.train import worker
+
+    store = Store(tmp_path / "st")
+    (rid,) = store.add_runs([expand(loads(RUN_PROFILE))[0].to_dict()])
+    store.mark_started(rid, os.getpid(), "cpu", "cpu0")
+    worker.run(str(store.root), rid)
+    run = store.get(rid)
+    info = run.info
+    L = info["flops_seq_len"]
+    task = __import__("tasks").build("mad_selective_copying", vocab_size=8, num_tokens_to_copy=2,
+                                     num_train_examples=32, num_test_examples=16, seq_len=12)
+    assert L == task.sample(1, seed=0).inputs.shape[1]
+    backbone = models.flops("gla", seq_len=L, d_model=16, n_layers=1).total
+    assert info["flops_per_token_backbone"] == pytest.approx(backbone)
+    head = 6 * 16 * task.num_classes                      # per-position head, no bias counted
+    assert info["flops_per_token"] == pytest.approx(backbone + head)
+    rows = store.metrics(rid, "train", "flops")
+    assert [r["step"] for r in rows] == [3, 6]
+    for r in rows:
+        assert r["value"] == pytest.approx(info["flops_per_token"] * r["step"] * 4 * L)
+    res = store.results([rid])[rid][""]
+    assert res["train_flops"] == pytest.approx(info["flops_per_token"] * 6 * 4 * L)
+    assert res["flops_per_token"] == pytest.approx(info["flops_per_token"])
+    assert catalogue.get("train_flops").run_level and catalogue.get("flops_per_token").run_level
+
+
+def test_cli_models_flops_prints_the_table(monkeypatch, capsys):
+    from workbench import cli
+
+    rows = [
+        {"model": "mamba", "n_layers": 24, "params": 10, "six_n": 60.0, "matmul": 54.0,
+         "extra": 9.0, "total": 63.0, "terms": {"selective_scan": 9.0}}]
+    seen = {}
+
+    def fake_rows(d_model, seq_len, check=True):
+        seen.update(d_model=d_model, seq_len=seq_len, check=check)
+        return rows
+    monkeypatch.setattr(fl, "table_rows", fake_rows)
+    assert cli.main(["models", "--flops", "--d-model", "16", "--seq-len", "32"]) == 0
+    out = capsys.readouterr().out
+    assert "d_model 16, L = 32" in out and "| mamba | 24 |" in out
+    assert seen == {"d_model": 16, "seq_len": 32, "check": False}

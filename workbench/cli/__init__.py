@@ -139,7 +139,13 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("ids", type=int, nargs="+")
     p.set_defaults(fn=cmd_kill)
 
-    sub.add_parser("models", help="list the model registry").set_defaults(fn=cmd_models)
+    p = sub.add_parser("models", help="list the model registry")
+    p.add_argument("--flops", action="store_true",
+                   help="each entry's parameters and training FLOPs per token instead (models.compute)")
+    p.add_argument("--seq-len", type=int, default=2048, help="with --flops: the sequence length")
+    p.add_argument("--d-model", type=int, default=768, help="with --flops: the width (12 layers for "
+                   "attention + MLP entries, 24 for one-mixer layers)")
+    p.set_defaults(fn=cmd_models)
     sub.add_parser("tasks", help="list the task registry").set_defaults(fn=cmd_tasks)
 
     p = sub.add_parser("profile", help="profile tools")

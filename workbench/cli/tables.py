@@ -32,6 +32,11 @@ def _write_out(text: str, output: str | None) -> int:
 def cmd_models(args) -> int:
     import models
 
+    if getattr(args, "flops", False):  # models.compute's table (no FlopCounterMode check)
+        from models.compute import format_table, table_rows
+        print(format_table(table_rows(args.d_model, args.seq_len, check=False), args.d_model,
+                           args.seq_len))
+        return 0
     t = Table("model", "family", "init", "description", "options")
     for n in models.names():
         e = models.entry(n)

@@ -68,6 +68,11 @@ CATALOGUE: dict[str, Metric] = {m.name: m for m in (
        "bits/byte", "min"),
     _M("tokens_trained", "training target tokens seen (steps x batch x seq_len)", "tokens",
        run_level=True, count=True),
+    # compute (models.compute, workbench.train.compute): training = forward + backward
+    _M("flops_per_token", "training FLOPs per input token (forward + backward, composed model)",
+       "FLOPs/token", run_level=True),
+    _M("train_flops", "training FLOPs spent: flops_per_token x steps x batch x input length",
+       "FLOPs", run_level=True),
 )}
 
 # derived views (the names older code imports from workbench.results.export)

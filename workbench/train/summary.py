@@ -20,7 +20,7 @@ import torch
 
 import models
 from workbench import __version__
-from workbench.train import sysmon
+from workbench.train import compute, sysmon
 from workbench.train.measure import peak_memory_mb
 from workbench.train.stop import RunFailed
 from workbench.train.trainer import Trainer
@@ -50,6 +50,7 @@ def run_info(trainer: Trainer) -> dict[str, Any]:
         "torch_threads": torch.get_num_threads(), "nvml": sysmon.nvml_status(),
         "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
         **model.init_choice,  # init scheme, std and tying as resolved for this run
+        **compute.run_compute(trainer),  # flops_per_token (+ backbone's), at flops_seq_len
     }
     reason = getattr(sys.modules.get("models.kernels.selective_scan"), "cuda_unavailable_reason", None)
     if callable(reason):
@@ -108,6 +109,9 @@ def record_final(store, run_id: int, trainer: Trainer, out: dict[str, Any], gpu_
         summary["best_at_step"] = first["step"]
     if trainer.tokens_trained(out["steps"]) is not None:
         summary["tokens_trained"] = trainer.tokens_trained(out["steps"])
+    if compute.train_flops(trainer, out["steps"]) is not None:  # models.compute's count
+        summary["flops_per_token"] = compute.run_compute(trainer)["flops_per_token"]
+        summary["train_flops"] = compute.train_flops(trainer, out["steps"])
     if trainer.compile_s is not None:  # train.compile: the first step, compilation included
         summary["compile_s"] = trainer.compile_s
     store.set_results(run_id, summary, eval_set="")

@@ -23,7 +23,7 @@ from workbench.results import catalogue
 from workbench.spec.run_spec import (ATTENTION_EVAL_MAX, EVAL_TOKENS_PER_BATCH, RESIDENT_MAX_BYTES, STREAM_ABOVE,
                                      STREAM_CHUNK, RunSpec, spec_key)
 from workbench.store.writer import RunWriter
-from workbench.train import checkpoint, optim
+from workbench.train import checkpoint, compute, optim
 from workbench.train.compose import build_model
 from workbench.train.measure import StepClock, median_ms, peak_memory_mb, pick_device, sync
 from workbench.train.stop import RunFailed, StopFlag, Stopped
@@ -360,6 +360,7 @@ class Trainer:
                 rows += [(step, ep, "eval", k, v) for k, v in self._extra(c, default_eval).items()]
                 if self.tokens_trained(step) is not None:  # the x axis of LM curves
                     rows.append((step, ep, "train", "tokens_trained", self.tokens_trained(step)))
+                rows += compute.flops_rows(self, step, ep)  # cumulative training FLOPs (train/flops)
                 self.store.add_metrics(self.run_id, rows)
                 self.store.heartbeat(self.run_id, step=step, progress=step / total,
                                      last_accuracy=c.token_accuracy, epoch=epoch)
