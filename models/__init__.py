@@ -31,11 +31,18 @@ from models import catalog_s4  # noqa: F401,E402
 from models import catalog_pretrained  # noqa: F401,E402  checkpoints from local folders
 from models import catalog_mamba2  # noqa: F401,E402  Mamba-2 (SSD)
 from models import catalog_linear_rnn  # noqa: F401,E402  GLA, RetNet, linear attention, DeltaNet, Gated DeltaNet
-from models.compute import FlopCount, ParamCount, param_counts  # noqa: F401,E402  compute accounting
-from models.compute import flops as _flops  # noqa: E402
 
 
-def flops(name: str, seq_len: int, d_model: int = 64, n_layers: int = 2, **options) -> FlopCount:
+def flops(name: str, seq_len: int, d_model: int = 64, n_layers: int = 2, **options):
     """Training FLOPs per token (forward + backward) of entry ``name`` at ``seq_len``, with its
-    parameter counts (``.params``); see ``models.compute`` for the conventions."""
+    parameter counts (``.params``): a ``models.compute.FlopCount``; see ``models.compute``
+    for the conventions. (Imported on use: ``python -m models.compute`` runs it as a script.)"""
+    from models.compute import flops as _flops
     return _flops(name, seq_len, d_model=d_model, n_layers=n_layers, **options)
+
+
+def __getattr__(name: str):
+    if name in ("FlopCount", "ParamCount", "param_counts"):
+        import models.compute
+        return getattr(models.compute, name)
+    raise AttributeError(f"module 'models' has no attribute {name!r}")
