@@ -279,3 +279,22 @@ def test_cli_models_flops_prints_the_table(monkeypatch, capsys):
     out = capsys.readouterr().out
     assert "d_model 16, L = 32" in out and "| mamba | 24 |" in out
     assert seen == {"d_model": 16, "seq_len": 32, "check": False}
+
+
+def test_composed_model_adds_encoder_and_head_matmuls():
+    """A continuous-input encoder (Linear) runs per token; a pooled head once per sequence."""
+    from types import SimpleNamespace
+
+    from workbench.train.compute import model_compute
+
+    d, seq = 16, 32
+    backbone = models.build("mamba", d_model=d, n_layers=1)
+    m = SimpleNamespace(backbone=backbone, encoder=torch.nn.Linear(3, d),
+                        head=torch.nn.Linear(d, 10))
+    bb = fl.count(backbone, seq).total
+    per_pos = model_compute(m, seq, per_position_head=True)
+    pooled = model_compute(m, seq, per_position_head=False)
+    assert per_pos["flops_per_token_backbone"] == bb
+    assert per_pos["flops_per_token"] == pytest.approx(bb + 6 * 3 * d + 6 * d * 10)
+    assert pooled["flops_per_token"] == pytest.approx(bb + 6 * 3 * d + 6 * d * 10 / seq)
+    assert per_pos["params_non_embedding"] == models.param_count(backbone)
