@@ -3,6 +3,7 @@ holds it in RAM, and training on a 10 GB token file runs at constant RSS").
 
     python -m tasks.lm.bench [--corpus-mb 1024] [--budget-mb 256] [--token-gb 10]
                              [--steps 2000] [--tokenizer bytes] [--dir DIR] [--keep]
+    python -m tasks.lm.bench --speed bytes,char,bpe [--source stdlib] [--bpe-vocab 4096]
 
 1. Tokenise: writes a generated corpus of ``--corpus-mb`` MB (text files of random words,
    written in blocks, so making it holds nothing either) and tokenises it through the
@@ -13,6 +14,9 @@ holds it in RAM, and training on a 10 GB token file runs at constant RSS").
    zeros) and draws ``--steps`` batches of random windows (64 x 1025 tokens) from it, as
    training does (TokenFile.windows: pread), printing RSS as it goes; then the same through
    a numpy memmap for comparison (touched pages of a mapping count in RSS).
+
+3. ``--speed``: tokenisation speed (MB/s) of a source, per tokenizer, each in a fresh cache,
+   the fit (char vocabulary, BPE training) timed apart.
 
 A benchmark prints numbers; nothing here is asserted by the test suite.
 """
@@ -58,21 +62,24 @@ class PeakRSS:
         self.peak = max(self.peak, rss_mb())
 
 
-def write_corpus(folder: Path, mb: int, files: int = 64, seed: int = 0) -> int:
+def write_corpus(folder: Path, mb: int, files: int = 512, seed: int = 0) -> int:
     """``mb`` MB of lines of random words in ``files`` files, written block by block."""
     rng = np.random.default_rng(seed)
     words = np.array(["".join(rng.choice(list("abcdefghijklmnopqrstuvwxyzé"), size=n))
                       for n in rng.integers(2, 10, size=5000)])
     folder.mkdir(parents=True, exist_ok=True)
+    # ~4 MB of random lines made once, then written from a random line onwards each time
+    # (generating every byte afresh in Python took minutes per GB on a loaded machine)
+    lines = [" ".join(words[rng.integers(0, len(words), size=12)]) + "\n" for _ in range(60000)]
     per_file, total = mb * 10**6 // files, 0
     for i in range(files):
-        with open(folder / f"part{i:03d}.txt", "w", encoding="utf-8") as f:
+        with open(folder / f"part{i:04d}.txt", "w", encoding="utf-8") as f:
             written = 0
             while written < per_file:
-                block = "\n".join(" ".join(words[rng.integers(0, len(words), size=12)])
-                                  for _ in range(2000)) + "\n"
-                f.write(block)
-                written += len(block.encode())
+                k = int(rng.integers(0, len(lines)))
+                block = "".join(lines[k:] + lines[:k]).encode()[:per_file - written]
+                f.write(block.decode("utf-8", "ignore"))
+                written += len(block)
             total += written
     return total
 
@@ -84,7 +91,9 @@ def bench_tokenise(args, work: Path) -> None:
     print(f"writing a {args.corpus_mb} MB corpus into {corpus} ...", flush=True)
     size = write_corpus(corpus, args.corpus_mb)
     os.environ["SSM_WORKBENCH_DATA"] = str(work / "cache")
+    # 5% of 512 files each for valid and test: about 25 documents in each
     t = tasks.build("lm", source=str(corpus), tokenizer=args.tokenizer, seq_len=1024,
+                    valid_fraction=0.05, test_fraction=0.05,
                     **({"vocab_size": 1024} if args.tokenizer == "bpe" else {}))
     start = rss_mb()
     t0 = time.perf_counter()
@@ -97,6 +106,27 @@ def bench_tokenise(args, work: Path) -> None:
     print(f"  RSS before {start:.0f} MiB, peak {peak.peak:.0f} MiB: grew {grew:.0f} MiB "
           f"({'within' if grew < args.budget_mb else 'OVER'} the {args.budget_mb} MiB budget; "
           f"the corpus is {size / 2**20:.0f} MiB)")
+
+
+def bench_speed(args, work: Path) -> None:
+    """Tokenisation speed on a named source, each tokenizer in a fresh cache: the fit
+    (char vocabulary, BPE training) timed apart from the tokenising pass."""
+    import tasks
+
+    for i, kind in enumerate(args.speed.split(",")):
+        os.environ["SSM_WORKBENCH_DATA"] = str(work / f"speed-{i}")
+        t = tasks.build("lm", source=args.source, tokenizer=kind,
+                        **({"vocab_size": args.bpe_vocab} if kind == "bpe" else {}))
+        t0 = time.perf_counter()
+        t.tokenizer
+        t1 = time.perf_counter()
+        data = t.data
+        t2 = time.perf_counter()
+        mb = sum(s["text_bytes"] for s in data.meta["splits"].values()) / 1e6
+        tokens = sum(s["tokens"] for s in data.meta["splits"].values())
+        print(f"speed {kind:5s} on {args.source}: {mb:.1f} MB -> {tokens:,} tokens; fit {t1 - t0:.1f} s, "
+              f"tokenise {t2 - t1:.1f} s = {mb / (t2 - t1):.2f} MB/s ({mb / (t2 - t0):.2f} MB/s with the fit)",
+              flush=True)
 
 
 def bench_sample(args, work: Path) -> None:
@@ -138,12 +168,19 @@ def main(argv=None) -> None:
     p.add_argument("--token-gb", type=float, default=10.0, help="size of the sparse token file (GB)")
     p.add_argument("--steps", type=int, default=2000, help="batches drawn from it")
     p.add_argument("--skip", choices=("tokenise", "sample"), action="append", default=[])
+    p.add_argument("--speed", metavar="TOKENIZERS",
+                   help="only measure tokenisation speed of --source with these (e.g. bytes,char,bpe)")
+    p.add_argument("--source", default="stdlib", help="the source --speed tokenises (default stdlib)")
+    p.add_argument("--bpe-vocab", type=int, default=4096, help="BPE vocabulary size for --speed")
     p.add_argument("--dir", help="working folder (default: a temporary one, removed after)")
     p.add_argument("--keep", action="store_true", help="keep the working folder")
     args = p.parse_args(argv)
     work = Path(args.dir or tempfile.mkdtemp(prefix="lm-bench-"))
     work.mkdir(parents=True, exist_ok=True)
     try:
+        if args.speed:
+            bench_speed(args, work)
+            return
         if "tokenise" not in args.skip:
             bench_tokenise(args, work)
         if "sample" not in args.skip:
