@@ -36,6 +36,29 @@ def lm_data_cache(tmp_path_factory):
     mp.undo()
 
 
+@pytest.fixture(scope="session")
+def shared_cache(tmp_path_factory):
+    """A cache folder for this test session (per xdist worker), shared by the tests that
+    ask for it: the estimate's probes are made once a session instead of once a test in a
+    fresh folder, and never come from the user's home folder."""
+    return tmp_path_factory.mktemp("xdg-cache")
+
+
+@pytest.fixture
+def cache_env(shared_cache, monkeypatch) -> dict[str, str]:
+    """XDG_CACHE_HOME = ``shared_cache`` for this test and the commands it starts (returned:
+    the variables to pass to them), the C kernels kept where they were: building them
+    takes ~15 s on a loaded machine, and their cache is keyed by source and compiler."""
+    from models.kernels import cpu_kernels
+    from workbench.spec import estimate
+
+    env = {"SSM_WORKBENCH_KERNEL_CACHE": str(cpu_kernels.cache_dir()), "XDG_CACHE_HOME": str(shared_cache)}
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setattr(estimate, "_DISK", None)  # read the probes from there, not an earlier folder
+    return env
+
+
 @pytest.fixture
 def store_dir(tmp_path, monkeypatch):
     d = tmp_path / "store"

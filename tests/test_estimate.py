@@ -3,11 +3,10 @@
 and the limit; --force overrides; and the method's parts (the measured comparison is `ssm-workbench bench --estimate`)."""
 from __future__ import annotations
 
+import contextlib
+import io
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -15,7 +14,6 @@ import torch
 from workbench.cli import bench
 from workbench.spec import estimate
 
-ROOT = Path(__file__).resolve().parent.parent
 
 PROFILE = """
 schema_version = 1
@@ -44,10 +42,21 @@ def write(tmp_path, name="big", model="transformer", L=200000, d=256, n=4, B=64,
     return p
 
 
-def cli(tmp_path, *args, timeout=300):
-    env = dict(os.environ, XDG_CACHE_HOME=str(tmp_path / "cache"))
-    return subprocess.run([sys.executable, "-m", "workbench.cli", "--store", str(tmp_path / "store"), *args],
-                          capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=env)
+@pytest.fixture(autouse=True)
+def probe_cache(cache_env):
+    """The estimate's probe cache in a folder of this test session (not the home folder),
+    shared by this module's tests: a probe (seconds on a loaded machine) is made once."""
+
+
+def cli(tmp_path, *args):
+    """The command in this process (as `ssm-workbench --store ST ...`; no interpreter and
+    torch import per call): its exit status and what it printed."""
+    from workbench import cli as workbench_cli
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        rc = workbench_cli.main(["--store", str(tmp_path / "store"), *args])
+    return SimpleNamespace(returncode=rc, stdout=out.getvalue(), stderr=err.getvalue())
 
 
 def test_a_run_that_cannot_fit_is_refused_with_its_numbers(tmp_path):
@@ -110,7 +119,6 @@ async def test_the_sweep_form_shows_the_estimate_and_refuses(tmp_path, monkeypat
 
     from workbench.store import Store
 
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     sched = FakeScheduler()
     app = make_app(Store(tmp_path / "store"), tmp_path, sched)
     async with app.run_test(size=SIZE) as pilot:
@@ -193,10 +201,9 @@ def test_bench_estimate_is_its_parts_and_grows_with_batch_and_length(model):
 def test_a_runs_estimate_adds_up_and_grows_with_batch_and_length(tmp_path, monkeypatch):
     """estimate_run's parts: weights, gradients and AdamW's two moments of the trainable
     parameters, the CPU runtime, the data; more batch or length never costs less."""
-    # probe afresh (no cached probe from the home folder or an earlier test)
+    # probe afresh (no cached probe from an earlier test)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     monkeypatch.setattr(estimate, "_PROBES", {})
-    monkeypatch.setattr(estimate, "_DISK", None)
     import models
     from workbench.spec import profile as P
     from workbench.spec.expand import expand

@@ -210,12 +210,11 @@ def test_schema1_dump_stays_schema1():
 
 
 def cli(tmp_path, *args, timeout=300):
-    env = dict(os.environ, XDG_CACHE_HOME=str(tmp_path / "cache"))
     return subprocess.run([sys.executable, "-m", "workbench.cli", "--store", str(tmp_path / "store"), *args],
-                          capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=env)
+                          capture_output=True, text=True, timeout=timeout, cwd=ROOT)
 
 
-def test_dry_run_json_has_grid_values_under_dotted_keys(tmp_path):
+def test_dry_run_json_has_grid_values_under_dotted_keys(tmp_path, cache_env):
     prof = tmp_path / "g.toml"
     prof.write_text(GRID)
     r = cli(tmp_path, "run", "--dry-run", "--format", "json", str(prof))

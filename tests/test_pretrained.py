@@ -286,6 +286,7 @@ def test_stitched_hybrid_errors(gptneo_dir, mamba_dir, mamba4_dir):
                      mamba_path=str(mamba4_dir))
 
 
+@pytest.mark.slow  # end to end (run -> scheduler -> worker, transformers imported in each): ~1 min
 @pytest.mark.parametrize("profile, sets", [
     ("imdb-mamba-frozen.toml", ["model.options.pretrained_mamba.path={mamba}", "task.tokenizer={mamba}"]),
     ("imdb-hybrid-frozen.toml", ["model.options.pretrained_hybrid.gptneo_path={neo}",

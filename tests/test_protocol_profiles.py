@@ -181,10 +181,12 @@ def test_mqar_grid_reduced_is_labelled_and_small():
 NEW = ["mad-benchmark", "mad-benchmark-reduced", "mqar-grid-gpu", "mqar-grid-reduced"]
 
 
+@pytest.mark.slow  # minutes on a cold probe cache: the estimate probes every model on every task
 def test_profile_check_passes():
     """`profile check --force` on all four at once (one start-up): on a CPU machine a GPU
     profile may exceed the RAM estimate (--force lets only that through); anything else
-    check refuses (a bad value, a task or model that does not build) fails here."""
+    check refuses (a bad value, a task or model that does not build) fails here. (What the
+    schema and registry checks say is checked in-process by the tests above, in the fast set.)"""
     r = subprocess.run([sys.executable, "-m", "workbench", "profile", "check", "--force",
                         *(str(PROFILES / f"{n}.toml") for n in NEW)],
                        capture_output=True, text=True, cwd=ROOT, timeout=600)

@@ -19,8 +19,10 @@ import pytest
 
 from slurm_cluster import MARK_CLUSTER, SlurmCluster, _marked_processes, unavailable_reason
 
-pytestmark = pytest.mark.skipif(unavailable_reason() is not None,
-                                reason=unavailable_reason() or "")
+# slow: the cluster takes seconds to start and its time-limit tests minutes; xdist_group:
+# one worker runs every Slurm test, one at a time, on the session's one cluster
+pytestmark = [pytest.mark.skipif(unavailable_reason() is not None, reason=unavailable_reason() or ""),
+              pytest.mark.slow, pytest.mark.xdist_group("slurm")]
 
 # A batch script that notes which signals its shell got (Slurm only signals the batch
 # shell itself with --signal=B:..., on cancel, requeue, preemption and the time limit) and

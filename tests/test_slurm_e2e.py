@@ -17,6 +17,10 @@ from workbench.execute import scheduler, slurm
 from workbench.spec import profile as profiles
 from workbench.store import Store
 
+# slow: real sbatch jobs, minutes; xdist_group: one worker runs every Slurm test, one at a
+# time, on the session's one cluster (tests/conftest.py's slurm_cluster)
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("slurm")]
+
 
 @pytest.fixture
 def slurm_env(slurm_cluster, monkeypatch):
