@@ -41,6 +41,14 @@ def rss_mb() -> float:
     return float("nan")
 
 
+def cpu_s() -> float:
+    """User + system CPU seconds of this process, all its threads (the Rust tokenizer's too)."""
+    import resource
+
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
 class PeakRSS:
     """The largest RSS seen by a sampling thread (VmHWM cannot be reset per phase)."""
 
@@ -119,13 +127,15 @@ def bench_speed(args, work: Path) -> None:
                         **({"vocab_size": args.bpe_vocab} if kind == "bpe" else {}))
         t0 = time.perf_counter()
         t.tokenizer
-        t1 = time.perf_counter()
+        t1, c1 = time.perf_counter(), cpu_s()
         data = t.data
-        t2 = time.perf_counter()
+        t2, c2 = time.perf_counter(), cpu_s()
         mb = sum(s["text_bytes"] for s in data.meta["splits"].values()) / 1e6
         tokens = sum(s["tokens"] for s in data.meta["splits"].values())
         print(f"speed {kind:5s} on {args.source}: {mb:.1f} MB -> {tokens:,} tokens; fit {t1 - t0:.1f} s, "
-              f"tokenise {t2 - t1:.1f} s = {mb / (t2 - t1):.2f} MB/s ({mb / (t2 - t0):.2f} MB/s with the fit)",
+              f"tokenise {t2 - t1:.1f} s = {mb / (t2 - t1):.2f} MB/s ({mb / (t2 - t0):.2f} MB/s with the fit); "
+              f"tokenising used {c2 - c1:.1f} CPU s (all threads; {mb / max(c2 - c1, 1e-9):.2f} MB per CPU s: "
+              "what a loaded machine's wall time hides)",
               flush=True)
 
 
