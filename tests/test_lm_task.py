@@ -298,6 +298,16 @@ def test_jsonl_parquet_and_globs(tmp_path):
     (tmp_path / "d.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows), "utf-8")
     t = build(tmp_path / "d.jsonl")
     assert sorted(sum((split_documents(t, s) for s in ("train", "valid", "test")), [])) == sorted(LINES)
+    # a glob over a folder tree: every matching file, records and text files alike
+    g = tmp_path / "g"
+    (g / "sub").mkdir(parents=True)
+    (g / "d.jsonl").write_bytes((tmp_path / "d.jsonl").read_bytes())
+    (g / "sub" / "a.txt").write_text("a text file\n", "utf-8")
+    (g / "sub" / "skip.md").write_text("not matched\n", "utf-8")
+    t = build(g / "**" / "*.[jt]*")
+    assert t.source.files == [str(g / "d.jsonl"), str(g / "sub" / "a.txt")]
+    assert sorted(sum((split_documents(t, s) for s in ("train", "valid", "test")), [])) == \
+        sorted(LINES + ["a text file\n"])
     pa = pytest.importorskip("pyarrow")
     import pyarrow.parquet as pq
 
