@@ -298,6 +298,8 @@ def test_jsonl_parquet_and_globs(tmp_path):
     (tmp_path / "d.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows), "utf-8")
     t = build(tmp_path / "d.jsonl")
     assert sorted(sum((split_documents(t, s) for s in ("train", "valid", "test")), [])) == sorted(LINES)
+    t = build(tmp_path / "d.jsonl", max_documents=50, valid_fraction=0.3, test_fraction=0.3)
+    assert sorted(sum((split_documents(t, s) for s in ("train", "valid", "test")), [])) == sorted(LINES[:50])
     # a glob over a folder tree: every matching file, records and text files alike
     g = tmp_path / "g"
     (g / "sub").mkdir(parents=True)
