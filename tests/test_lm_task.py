@@ -265,6 +265,38 @@ def test_cache_is_reused_and_a_partial_or_damaged_one_is_not(corpus, cache, monk
     assert len(calls) == 4
 
 
+def test_two_preparing_at_once_tokenise_once(corpus, monkeypatch):
+    # two runs of one profile start together: the second waits on the lock and reuses the
+    # first's files (flock conflicts between two opens, also within one process)
+    import threading
+
+    calls = []
+    real = tokenfile.build
+
+    def slow_build(*a, **k):
+        calls.append(1)
+        out = real(*a, **k)
+        threading.Event().wait(0.3)   # hold the lock a little while the other thread waits
+        return out
+
+    monkeypatch.setattr(tokenfile, "build", slow_build)
+    folders, errors = [], []
+
+    def prepare():
+        try:
+            folders.append(build(corpus).data.folder)
+        except Exception as e:  # shown by the assert below
+            errors.append(e)
+
+    threads = [threading.Thread(target=prepare) for _ in range(2)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert not errors and len(folders) == 2 and folders[0] == folders[1]
+    assert calls == [1]
+
+
 def test_leftover_temporary_folder_is_never_used(corpus, cache):
     t = build(corpus)
     folder = t.data.folder
