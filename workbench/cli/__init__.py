@@ -5,7 +5,7 @@
     ssm-workbench run --dry-run PROFILE   the runs it would launch, with parameters and memory
     ssm-workbench export               comparison table from the store
     ssm-workbench score PROFILE        MAD score: per setting best over lr x wd, mean per task, over tasks
-    ssm-workbench plot [PROFILE]       figures (PNG + SVG): curves, metric vs length, eval sets
+    ssm-workbench plot [PROFILE]       figures (PNG + SVG): curves, metric vs length, eval sets, scaling
     ssm-workbench serve                the TUI in a browser (127.0.0.1 by default)
     ssm-workbench runs | show ID | kill ID...
     ssm-workbench models | tasks
@@ -104,6 +104,19 @@ def parser() -> argparse.ArgumentParser:
                         "requested accuracy-like metric, else accuracy)")
     _table_output(p)
     p.add_argument("--include-unfinished", action="store_true")
+    p.add_argument("--scaling", action="store_true",
+                   help="the scaling table instead: per model the power-law fit of --metric (default "
+                        "loss) against training FLOPs, a, b ± se, (E), compute multiplier vs --reference")
+    p.add_argument("--kind", choices=["table", "scaling"], default="table",
+                   help="table (the default) or scaling (the same as --scaling)")
+    p.add_argument("--reference", metavar="MODEL",
+                   help="scaling: the model multipliers are against (default the profile's first)")
+    p.add_argument("--irreducible", action="store_true", help="scaling: fit L = E + a C^-b")
+    p.add_argument("--at", type=float, metavar="FLOPS",
+                   help="scaling: the compute C* the multipliers are read at (default the geometric "
+                        "mean of the smallest and largest measured compute)")
+    p.add_argument("--bootstrap", type=int, default=0, metavar="B",
+                   help="scaling: standard errors from B resamples of the points (default: the fit's covariance)")
     p.set_defaults(fn=cmd_export)
 
     p = sub.add_parser("score", help="MAD score (mad-lab's rule): per model, per task and over tasks")

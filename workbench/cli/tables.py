@@ -93,6 +93,8 @@ def cmd_export(args) -> int:
     store.reap()
     states = ["finished"] if not args.include_unfinished else ["finished", "failed", "crashed", "killed",
                                                                  "preempted", "running"]
+    if getattr(args, "scaling", False) or getattr(args, "kind", "table") == "scaling":
+        return _export_scaling(args, store, states)
     recs = export.records(store, profile=args.profile, states=states)
     if not recs:
         print("no finished runs" + (f" for profile {args.profile!r}" if args.profile else "")
@@ -116,6 +118,25 @@ def cmd_export(args) -> int:
         text = export.render(recs, metrics, rows, cols, args.format, args.digits, best_over=best_over,
                              select_on=args.select_on, select_metric=args.select_metric,
                              json_all=not args.metric)
+    except ValueError as e:
+        print(e, file=sys.stderr)
+        return 2
+    return _write_out(text, args.output)
+
+
+def _export_scaling(args, store, states) -> int:
+    """``export --scaling``: the fits of workbench/results/scaling.py as a table; 2 when a
+    model has too few points (one line each) or the input is bad."""
+    from workbench.results import scaling
+
+    metrics = [m.strip() for text in (args.metric or ["loss"]) for m in text.split(",") if m.strip()]
+    if len(metrics) != 1:
+        print(f"--scaling fits one metric; got {', '.join(metrics)}", file=sys.stderr)
+        return 2
+    try:
+        res = scaling.analyse(store, args.profile, metrics[0], "irreducible" if args.irreducible else "power",
+                              reference=args.reference, at=args.at, bootstrap=args.bootstrap, states=states)
+        text = scaling.render(res, args.format, args.digits)
     except ValueError as e:
         print(e, file=sys.stderr)
         return 2

@@ -16,6 +16,11 @@ Four kinds, each written as ``<stem>.png`` (150 dpi) and ``<stem>.svg``:
   learning rates (HazyResearch/zoology, Figure 2): the lr chosen per (model, length, pairs,
   width) by :func:`workbench.results.aggregate.best_over`, on the validation split by
   default (zoology takes the best of its held-out set: ``select_on="test"``).
+- **scaling**: eval loss (or perplexity, bits per byte) against training FLOPs on log-log
+  axes, one colour per model: the measured points (mean over seeds), the fitted power law
+  of :mod:`workbench.results.scaling` and a band of ± one standard error; the legend gives
+  each exponent b ± se (Kaplan et al. 2020's L(C) form; with ``irreducible`` Hoffmann et
+  al. 2022's E + a C^-b).
 
 Lengths double in every shipped sweep, so length axes are log2; time and memory grow over
 orders of magnitude, so those y axes are log. A model keeps its colour in every figure of a
@@ -45,7 +50,7 @@ from workbench.store import Run, Store, queries
 if TYPE_CHECKING:  # for annotations only: importing matplotlib costs ~0.3 s
     from matplotlib.figure import Figure
 
-KINDS = ("curves", "length", "eval-sets", "mqar")
+KINDS = ("curves", "length", "eval-sets", "mqar", "scaling")
 DEFAULT_CURVES = (("train", "loss"), ("eval", "loss"), ("eval", "accuracy"))
 DEFAULT_LENGTH_METRICS = ("accuracy", "step_time_ms", "peak_mem_mb")
 DEFAULT_EVAL_SET_METRICS = ("accuracy",)
@@ -346,15 +351,90 @@ def plot_mqar(store: Store, profile: str | None, out_dir: str | Path, band: str 
     return save(fig, out_dir, stem or f"{base}-mqar-{metric}-vs-width")
 
 
+# --------------------------------------------------------------------------- scaling
+def scaling_figure(store: Store, profile: str | None, metric: str = "loss", form: str = "power",
+                   bootstrap: int = 0, run_ids: Iterable[int] | None = None,
+                   states: Iterable[str] = ("finished",), title: str | None = None,
+                   colors: dict[str, str] | None = None, result: dict | None = None) -> "Figure":
+    """``metric`` against training FLOPs (log-log), one colour per model: the points, the
+    fit of :func:`workbench.results.scaling.analyse` over the model's measured range (dashed
+    beyond it, out to the figure's whole range) and its ± 1 se band; raises ValueError
+    (ScalingError) with too few points."""
+    import numpy as np
+
+    from workbench.results import scaling
+
+    res = result or scaling.analyse(store, profile, metric, form, bootstrap=bootstrap,
+                                    run_ids=run_ids, states=states)
+    fits = res["fits"]
+    runs = store.runs(profile=profile, states=tuple(states), ids=None if run_ids is None else list(run_ids))
+    colors = colors or profile_colors(store, profile, runs)
+    cs = [c for f in fits.values() for c, _, _ in f.points]
+    lo_all, hi_all = min(cs), max(cs)
+    with _style():
+        fig, ax = _new_figure()
+        for (model, f), (color, _ls, marker) in zip(fits.items(), _styles(list(fits), colors)):
+            lo, hi = f.compute_range
+            xs = np.geomspace(lo, hi, 64)
+            ax.plot([c for c, _, _ in f.points], [v for _, v, _ in f.points], linestyle="none",
+                    marker=marker, markersize=6, markerfacecolor="none", markeredgewidth=1.3,
+                    color=color, label=f"_{model} points")
+            se = f"{f.b:.3f} ± {f.b_se:.3f}" if f.b_se is not None else f"{f.b:.3f} (no se: {len(f.points)} points)"
+            ax.plot(xs, f.predict(xs), color=color, linewidth=1.5, label=f"{model}: b = {se}")
+            if (lo_all, hi_all) != (lo, hi):  # the fit extrapolated over the other models' range
+                for a, b in ((lo_all, lo), (hi, hi_all)):
+                    if b > a:
+                        ext = np.geomspace(a, b, 16)
+                        ax.plot(ext, f.predict(ext), color=color, linewidth=1.0, linestyle=":",
+                                label=f"_{model} extrapolated")
+            band = f.band(xs)
+            if band is not None:
+                ax.fill_between(xs, band[0], band[1], color=color, alpha=0.2, linewidth=0)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("training FLOPs (forward + backward)")
+        ax.set_ylabel(metric_label(metric))
+        law = "L = a·C^-b" if res["form"] == "power" else "L = E + a·C^-b"
+        how = sorted({f.se_method.split(" (")[0] for f in fits.values()})
+        band_text = "band 16–84th pct. of the fits" if bootstrap else "band ± 1 se"
+        head = (profile or "runs") + (f" — {res['task']}" if res.get("task") else "")
+        ax.set_title(title or f"{head}: {metric_title(metric)} against training compute\n"
+                              f"fit {law}; b ± se ({', '.join(how)}); {band_text}; points: mean over seeds")
+        ys = [v for f in fits.values() for _, v, _ in f.points]
+        if max(ys) / min(ys) < 10:  # under a decade: plain numbers, not 3x10^0
+            from matplotlib.ticker import FuncFormatter
+
+            plain = FuncFormatter(lambda v, _: f"{v:g}")
+            ax.yaxis.set_major_formatter(plain)
+            ax.yaxis.set_minor_formatter(plain)
+        _legend(fig, ax)
+    return fig
+
+
+def plot_scaling(store: Store, profile: str | None, out_dir: str | Path, metric: str = "loss",
+                 form: str = "power", bootstrap: int = 0, run_ids: Iterable[int] | None = None,
+                 states: Iterable[str] = ("finished",), stem: str | None = None,
+                 colors: dict[str, str] | None = None) -> list[Path]:
+    """Write the scaling figure; stem ``<profile>-scaling-<metric>`` (``-irreducible`` with E)."""
+    run_ids = None if run_ids is None else list(run_ids)
+    fig = scaling_figure(store, profile, metric, form, bootstrap, run_ids, states, colors=colors)
+    base = profile or f"runs-{_id_ranges(run_ids or [])}"
+    return save(fig, out_dir, stem or f"{base}-scaling-{metric}" + ("-irreducible" if form != "power" else ""))
+
+
 # --------------------------------------------------------------------------- all at once
 def plot_profile(store: Store, profile: str | None, out_dir: str | Path, *,
                  kinds: Iterable[str] = KINDS, metrics: Sequence[str] | None = None,
                  run_ids: Iterable[int] | None = None, axis: str = "step", band: str = "std",
                  by_seed: bool = True, states: Iterable[str] = ("finished",),
-                 select_on: str = "validation") -> tuple[list[Path], list[str]]:
+                 select_on: str = "validation", scaling_form: str = "power",
+                 bootstrap: int = 0) -> tuple[list[Path], list[str]]:
     """Every figure of ``kinds`` that applies to a profile's runs (or the runs ``run_ids``,
     or both): curves of train/eval loss and eval accuracy, accuracy/step time/peak memory
-    against length (two lengths or more), each metric on each ``prefix=N`` eval-set family.
+    against length (two lengths or more), each metric on each ``prefix=N`` eval-set family,
+    MQAR accuracy against width (MQAR runs), loss against training FLOPs with the fits of
+    ``scaling_form`` (``lm`` runs, or when ``kinds`` is just scaling; ``bootstrap`` resamples
+    for its standard errors).
     ``metrics`` replaces each kind's defaults (curve metrics as train.NAME/eval.NAME or a
     bare name). Returns (paths written, one note per figure skipped and why). Raises
     ValueError when there is no run to plot at all."""
@@ -414,4 +494,10 @@ def plot_profile(store: Store, profile: str | None, out_dir: str | Path, *,
         for m in metrics or DEFAULT_EVAL_SET_METRICS:
             attempt(f"mqar {m}", plot_mqar, store, profile, out_dir, band, ids, states, select_on, m,
                     stem=f"{base}-mqar-{m}-vs-width", colors=colors)
+    # scaling: for LM runs (or when asked for alone): loss against training FLOPs with fits
+    if "scaling" in kinds and (kinds == ["scaling"] or any(r.task == "lm" for r in runs)):
+        for m in metrics or ("loss",):
+            suffix = "-irreducible" if scaling_form != "power" else ""
+            attempt(f"scaling {m}", plot_scaling, store, profile, out_dir, m, scaling_form, bootstrap,
+                    ids, states, stem=f"{base}-scaling-{m}{suffix}", colors=colors)
     return paths, notes

@@ -33,7 +33,8 @@ def parse_ids(text: str) -> list[int]:
 def add_parser(sub) -> None:
     """Add the ``plot`` subcommand to an argparse subparsers object."""
     p = sub.add_parser(
-        "plot", help="write PNG and SVG figures (learning curves, metric vs length, eval sets, MQAR vs width)",
+        "plot", help="write PNG and SVG figures (learning curves, metric vs length, eval sets, MQAR vs width, "
+                     "scaling: loss vs training FLOPs with power-law fits)",
         description="Write matplotlib figures (PNG 150 dpi + SVG) of a profile's runs or of chosen "
                     "runs: learning curves grouped over seeds with bands, a metric against sequence "
                     "length per model, a metric against the len=N / dist=N eval sets. Each path "
@@ -47,7 +48,8 @@ def add_parser(sub) -> None:
                         "a bare name (loss = train and eval); for length and eval-sets a result metric "
                         "(accuracy, step_time_ms, peak_mem_mb, ...; see `export --help`). Default: "
                         "train/eval loss and eval accuracy curves; accuracy, step_time_ms, peak_mem_mb "
-                        "against length; accuracy on eval sets")
+                        "against length; accuracy on eval sets; loss against FLOPs for scaling "
+                        "(perplexity, bits_per_byte also fit)")
     p.add_argument("--x", dest="axis", choices=X_AXES, default="step", help="curves' x axis (default step)")
     p.add_argument("--band", choices=BANDS, default="std",
                    help="spread over seeds: mean ± std, min..max, or none (default std)")
@@ -59,6 +61,12 @@ def add_parser(sub) -> None:
     p.add_argument("--select-on", choices=["validation", "test"], default="validation",
                    help="mqar: split the best learning rate of each point is chosen on (validation, "
                         "the default; test is zoology's practice and is labelled so)")
+    p.add_argument("--irreducible", action="store_true",
+                   help="scaling: fit L = E + a C^-b (an irreducible loss E; 3+ points per model) "
+                        "instead of L = a C^-b")
+    p.add_argument("--bootstrap", type=int, default=0, metavar="B",
+                   help="scaling: the exponent's uncertainty from B resamples of the points "
+                        "(default 0: the fit's covariance)")
     p.set_defaults(fn=cmd_plot)
 
 
@@ -103,7 +111,9 @@ def cmd_plot(args) -> int:
     try:
         paths, notes = plot_profile(store, args.profile, out, kinds=kinds, metrics=metrics, run_ids=run_ids,
                                     axis=args.axis, band=args.band, by_seed=not args.no_group, states=states,
-                                    select_on=args.select_on)
+                                    select_on=args.select_on,
+                                    scaling_form="irreducible" if args.irreducible else "power",
+                                    bootstrap=args.bootstrap)
     except ValueError as e:
         print(e, file=sys.stderr)
         return 2
