@@ -217,3 +217,16 @@ def test_plot_scaling_writes_png_and_svg_with_fits_and_exponents(store, tmp_path
     assert printed == [str(out / "lm-scaling-scaling-loss.png"), str(out / "lm-scaling-scaling-loss.svg")]
     assert (out / "lm-scaling-scaling-loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     ET.parse(out / "lm-scaling-scaling-loss.svg")
+
+
+def test_without_scipy_the_irreducible_fit_falls_back_to_numpy(store, monkeypatch):
+    monkeypatch.setattr(scaling, "_scipy_curve_fit", lambda: None)
+    res = scaling.analyse(store, "lm-scaling", form="irreducible")
+    assert {f.fitter for f in res["fits"].values()} == {"numpy-lm"}
+    assert "fit: numpy-lm" in scaling.render(res, "md")
+
+
+def test_plot_all_draws_scaling_for_lm_runs(store, tmp_path):
+    paths, notes = plot.plot_profile(store, "lm-scaling", tmp_path / "all")
+    assert {p.name for p in paths} >= {"lm-scaling-scaling-loss.png", "lm-scaling-scaling-loss.svg"}
+    assert not [n for n in notes if n.startswith("scaling")]

@@ -399,6 +399,8 @@ def analyse(store, profile: str | None, metric: str = "loss", form: str = "power
     reference = reference or next(iter(fits))
     if reference not in fits:
         raise ScalingError(f"reference {reference!r} is not a model of {where}; models: {', '.join(fits)}")
+    if at is not None and not (at > 0 and math.isfinite(at)):
+        raise ScalingError(f"the compute to read multipliers at must be a positive number of FLOPs, not {at}")
     if at is None:
         cs = [c for f in fits.values() for c, _, _ in f.points]
         at = math.sqrt(min(cs) * max(cs))
