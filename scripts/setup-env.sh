@@ -11,7 +11,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-python3}"
 TORCH_SPEC="${TORCH_SPEC:-torch==2.13.0}"
-EXTRAS="${EXTRAS:-test,pretrained}"
+EXTRAS="${EXTRAS:-test,pretrained,lm}"
 stamp_of() { echo ".venv/.installed-$(cat pyproject.toml scripts/setup-env.sh | cksum | cut -d' ' -f1)-${TORCH_SPEC}-${EXTRAS}"; }
 if [ -x .venv/bin/python ] && [ -e "$(stamp_of)" ]; then
   exit 0   # set up already: say nothing, so `./run.sh` output is the command's own

@@ -34,3 +34,17 @@ def test_the_worker_trains_a_small_run_on_one_thread_and_records_it(tmp_path, mo
         assert torch.get_num_threads() == before   # an in-process caller gets its count back
     finally:
         torch.set_num_threads(before)
+
+
+def test_cpu_workers_wait_passively_unless_the_user_says_otherwise(monkeypatch):
+    from pathlib import Path
+
+    from workbench.execute.scheduler import worker_env
+
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    env = worker_env("cpu", "cpu0", 1)
+    assert env["OMP_WAIT_POLICY"] == "PASSIVE"
+    # the worker imports this copy of the project: the folder that holds workbench/
+    assert env["PYTHONPATH"].split(":")[0] == str(Path(__file__).resolve().parents[1])
+    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
+    assert worker_env("cpu", "cpu0", 1)["OMP_WAIT_POLICY"] == "ACTIVE"
