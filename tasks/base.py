@@ -76,6 +76,12 @@ def rng_for(seed: int, *stream: int) -> np.random.Generator:
 
 
 # -- parameter checks shared by all tasks -------------------------------------------
+# Every integer parameter ends up in numpy int64 arrays, torch long tensors or the store's
+# INTEGER columns: beyond 2^63 - 1 it overflows there (an OverflowError deep inside a model
+# build or a generator), so it is refused here, by name.
+INT64_MAX = 2**63 - 1
+
+
 def check_int(name: str, value, minimum: int | None = None, maximum: int | None = None) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         raise ValueError(f"{name} must be an integer, got {value!r}")
@@ -84,6 +90,8 @@ def check_int(name: str, value, minimum: int | None = None, maximum: int | None 
         raise ValueError(f"{name} must be >= {minimum}, got {value}")
     if maximum is not None and value > maximum:
         raise ValueError(f"{name} must be <= {maximum}, got {value}")
+    if abs(value) > INT64_MAX:
+        raise ValueError(f"{name} must fit a 64-bit integer (at most 2^63 - 1 = {INT64_MAX}), got {value}")
     return value
 
 

@@ -25,39 +25,115 @@ def cmd_tui(args) -> int:
 
 
 def cmd_profile_check(args) -> int:
-    from workbench.spec.profile import ProfileError, expand, load, summary
+    """Each file is valid (its runs' sizes and estimated peaks), invalid (each problem with
+    its file, key and line; or runs that cannot fit here), or needs data: a profile whose
+    [[needs]] (data sets, checkpoints the repository does not ship) are absent, with the
+    commands that fetch them; that is no failure. Then one line of counts. Exit 2 only when
+    some profile is invalid. While it works, a transient progress line on stderr (a
+    terminal's) names the file and counts its runs' estimates."""
+    from workbench.spec.profile import DataAbsent, ProfileError, expand, load, summary
 
     err = Console(stderr=True)
-    code = 0
-    for f in args.files:
-        try:
-            p = load(f, overrides=args.set)
-        except ProfileError as e:  # soft_wrap: a long path must not break the one-line error
-            err.print(str(e), markup=False, highlight=False, soft_wrap=True)
-            code = 2
-            continue
-        n = len(expand(p))
-        ests, why = _estimates(p)
-        if why:
-            print(f"{f}: {why}", file=sys.stderr)
-            code = 2
-            continue
-        print(f"{'✓' if all(e.fits for e in ests) else '✗'} {f}: profile '{p.name}', {summary(p, n)}",
-              flush=True)
-        _print_estimates(_console(), ests, per_run=False)
-        if _refuse_too_big(ests, args.force):
-            code = 2
-    return code
+    out = _console()
+    valid = invalid = too_big = absent = unknown = 0
+    with _Progress(len(args.files)) as progress:
+        for i, f in enumerate(args.files):
+            progress.file(i, f)
+            try:
+                p = load(f, overrides=args.set)
+            except DataAbsent as e:
+                absent += 1
+                out.print(f"↓ {f}: profile '{e.profile.name}', {summary(e.profile)}: needs data that is "
+                          f"absent (not shipped with the repository; not an error). Fetch it from the "
+                          f"directory you run ssm-workbench in, then check again:",
+                          markup=False, highlight=False, soft_wrap=True)
+                for n in e.needs:  # soft_wrap: a command must stay one line, to be pasted
+                    out.print(f"    {n.path}{f' ({n.what})' if n.what else ''}:", markup=False, highlight=False,
+                              soft_wrap=True)
+                    out.print(f"      {n.fetch}", markup=False, highlight=False, soft_wrap=True)
+                continue
+            except ProfileError as e:  # soft_wrap: a long path must not break the one-line error
+                err.print(str(e), markup=False, highlight=False, soft_wrap=True)
+                invalid += 1
+                continue
+            n = len(expand(p))
+            ests, why = _estimates(p, progress=progress)
+            if why:
+                print(f"{f}: {why}", file=sys.stderr)
+                invalid += 1
+                continue
+            fits = [e.fits for e in ests]
+            mark = "✗" if False in fits else "?" if None in fits else "✓"
+            out.print(f"{mark} {f}: profile '{p.name}', {summary(p, n)}", markup=False, highlight=False,
+                      soft_wrap=True)
+            _print_estimates(out, ests, per_run=False)
+            if _refuse_too_big(ests, args.force):
+                invalid += 1
+                too_big += 1
+            else:
+                valid += 1
+                unknown += None in fits
+    notes = [f"{too_big} of them with runs that cannot fit here"] if too_big else []
+    parts = [f"{valid} valid" + (f" ({unknown} without a full estimate: see its notes)" if unknown else ""),
+             f"{invalid} invalid" + (f" ({notes[0]})" if notes else ""),
+             f"{absent} need{'s' if absent == 1 else ''} data that is absent" + (" (the commands above fetch it)"
+                                                                               if absent else "")]
+    total = len(args.files)
+    out.print(f"{total} profile{'s' if total != 1 else ''}: {', '.join(parts)}", markup=False, highlight=False,
+              soft_wrap=True)
+    return 2 if invalid else 0
+
+
+class _Progress:
+    """A transient progress line on stderr while profiles are loaded and their runs
+    estimated: which file, and how many of its runs have an estimate (a model's first probe
+    takes up to a few seconds on a busy CPU; later ones come from the cache). Only where
+    stderr is a terminal: piped output gets the results alone."""
+
+    def __init__(self, files: int = 1):
+        self.files = files
+        self.bar = None
+
+    def __enter__(self) -> "_Progress":
+        if sys.stderr.isatty():
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self.bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                TimeElapsedColumn(), console=Console(stderr=True), transient=True)
+            self.bar.__enter__()
+            self.task = self.bar.add_task("", total=None)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.bar is not None:
+            self.bar.__exit__(*exc)
+
+    def file(self, i: int, path: str) -> None:
+        self.where = f"[{i + 1}/{self.files}] {path}" if self.files > 1 else str(path)
+        if self.bar is not None:
+            self.bar.update(self.task, description=f"{self.where}: checking", total=None, completed=0)
+
+    def runs(self, done: int, total: int) -> None:
+        if self.bar is not None:
+            self.bar.update(self.task, description=f"{self.where}: estimating runs", total=total,
+                            completed=done)
 
 
 # --------------------------------------------------------------------------- estimates
-def _estimates(prof, jobs: int | None = None, runs_per_gpu: int | None = None):
+def _estimates(prof, jobs: int | None = None, runs_per_gpu: int | None = None, label: str | None = None,
+               progress: _Progress | None = None):
     """(each run's RunEstimate, None), or ([], why) when the profile's device is not here
-    (train.device = "cuda" without a GPU); see workbench/spec/estimate.py."""
+    (train.device = "cuda" without a GPU); see workbench/spec/estimate.py. With ``label``
+    (the profile's file) and no ``progress``, it shows its own progress line."""
     from workbench.spec import estimate
 
+    if progress is None:
+        with _Progress() as own:
+            own.file(0, label or prof.name)
+            return _estimates(prof, jobs, runs_per_gpu, progress=own)
     try:
-        return estimate.estimate_profile(prof, estimate.share_of(prof, jobs, runs_per_gpu)), None
+        return estimate.estimate_profile(prof, estimate.share_of(prof, jobs, runs_per_gpu),
+                                         progress=progress.runs), None
     except estimate.EstimateError as e:
         return [], str(e)
 
@@ -65,7 +141,7 @@ def _estimates(prof, jobs: int | None = None, runs_per_gpu: int | None = None):
 def _print_estimates(console: Console, ests, per_run: bool) -> None:
     """Parameters and estimated peak memory: one row per run, or (per_run False) one per
     model and length, seeds listed (they change no size)."""
-    from workbench.spec.estimate import fmt_bytes, fmt_count
+    from workbench.spec.estimate import fmt_count
 
     rows: dict = {}
     for e in ests:
@@ -77,10 +153,8 @@ def _print_estimates(console: Console, ests, per_run: bool) -> None:
         t.add_column(c, justify="right" if c in ("L", "params", "est. peak") else "left")
     for group in rows.values():
         e = group[0]
-        fits = ("–" if e.limit is None else "yes" if e.fits else f"[red]no[/red] (> {fmt_bytes(e.limit)})")
         t.add_row(e.model, e.task, _fmt(e.seq_len), ",".join(dict.fromkeys(str(g.seed) for g in group)),
-                  fmt_count(e.params), fmt_bytes(e.peak) if e.error is None else "? (see below)",
-                  e.device, fits)
+                  fmt_count(e.params), e.peak_text(), e.device, e.fits_text())
     console.print(t)
     limits = {e.limit_what for e in ests if e.limit_what}
     notes = sorted({e.error for e in ests if e.error})
@@ -121,7 +195,7 @@ def cmd_run(args) -> int:
     if args.executor:
         prof = prof.model_copy(update={"executor": args.executor})
     # the resource estimate, before anything is queued (and before the store is opened)
-    ests, why = _estimates(prof, args.jobs, args.runs_per_gpu)
+    ests, why = _estimates(prof, args.jobs, args.runs_per_gpu, label=args.profile)
     if why:
         print(f"{args.profile}: {why}", file=sys.stderr)
         return 2
@@ -207,7 +281,7 @@ def _dry_run(prof, ests, args) -> int:
     import json
 
     from workbench.spec.profile import expand, summary
-    from workbench.spec.estimate import fmt_bytes, fmt_count
+    from workbench.spec.estimate import fmt_count
 
     specs = expand(prof)
     grid_keys = list(prof.sweep.grid)
@@ -230,10 +304,9 @@ def _dry_run(prof, ests, args) -> int:
     for c in cols:
         t.add_column(c, justify="right" if c in ("L", "seed", "params", "est. peak", *grid_keys) else "left")
     for spec, e in zip(specs, ests):
-        fits = ("–" if e.limit is None else "yes" if e.fits else f"[red]no[/red] (> {fmt_bytes(e.limit)})")
         t.add_row(e.model, e.task, *([spec.task_setting] if v2 else []), _fmt(e.seq_len), str(e.seed),
                   *(_fmt(spec.grid[k]) for k in grid_keys), fmt_count(e.params),
-                  fmt_bytes(e.peak) if e.error is None else "? (see below)", e.device, fits)
+                  e.peak_text(), e.device, e.fits_text())
     console.print(t)
     for what in sorted({e.limit_what for e in ests if e.limit_what}):
         console.print(f"  limit: {what}", markup=False, highlight=False)
@@ -241,5 +314,6 @@ def _dry_run(prof, ests, args) -> int:
         console.print(f"  {n}", markup=False, highlight=False)
     where = " as Slurm jobs" if prof.executor == "slurm" else ""
     console.print(f"profile {prof.name}: {len(ests)} run(s) would be launched{where} "
-                  f"({summary(prof, len(specs))}; dry run: nothing queued)", markup=False, highlight=False)
+                  f"({summary(prof, len(specs))}; dry run: nothing queued)", markup=False, highlight=False,
+                  soft_wrap=True)
     return 2 if refused else 0

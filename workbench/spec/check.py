@@ -17,22 +17,40 @@ from workbench.spec.schema import (ModelChoice, ModelSection, Profile, ProfileEr
                                    _json_key)
 from workbench.spec.where import _format_loc, _Where
 
+# The checkpoint each pretrained model's folder option expects, for the hint a missing
+# folder's message gives (`huggingface-cli download <this> --local-dir <folder>`): the
+# GPT-Neo folders must not be told to fetch the Mamba checkpoint.
+_CHECKPOINT_EXAMPLES = {("pretrained_causal_lm", "path"): "EleutherAI/gpt-neo-125m",
+                        ("pretrained_hybrid", "gptneo_path"): "EleutherAI/gpt-neo-125m",
+                        ("pretrained_hybrid", "mamba_path"): "state-spaces/mamba-130m-hf",
+                        ("pretrained_mamba", "path"): "state-spaces/mamba-130m-hf"}
+
+
+def _folder_options(options: dict[str, Any]) -> list[str]:
+    """A pretrained model's options that name a checkpoint folder."""
+    return [k for k in options if k == "path" or k.endswith("_path")]
+
+
+def _check_folders(name: str, options: dict[str, Any], skip=frozenset()) -> None:
+    """A pretrained model's checkpoint folders (config and weights present), without
+    building it (that would read the weights); values in ``skip`` (absent [[needs]]) are
+    not checked: the profile says how to fetch them."""
+    from models.pretrained import check_folder
+
+    for key in _folder_options(options):
+        if options[key] not in skip:
+            check_folder(options[key], _CHECKPOINT_EXAMPLES.get((name, key), "state-spaces/mamba-130m-hf"))
+
+
 def _build_on_meta(name: str, d_model: int, n_layers: int, options: dict[str, Any]) -> None:
     """Build the backbone without memory (meta device), so bad option values (d_inner = 0,
     n_heads not dividing d_model) are reported before any run; ValueError / TypeError
-    propagate, anything the meta device itself cannot do is ignored (the run will tell)."""
+    propagate, anything the meta device itself cannot do is ignored (the run will tell).
+    (Pretrained models are checked by :func:`_check_folders` instead.)"""
     import torch
 
     import models
 
-    if models.entry(name).family == "pretrained":
-        # building would read the weights: check the folders (config and weights present)
-        from models.pretrained import check_folder
-
-        for key, value in options.items():
-            if key == "path" or key.endswith("_path"):
-                check_folder(value)
-        return
     try:
         with torch.device("meta"):
             models.build(name, d_model=d_model, n_layers=n_layers, **options)
@@ -184,8 +202,16 @@ def _problems_text(path: str, problems: list[str], limit: int = 30) -> str:
 _META_BUILT: dict[str, Exception | None] = {}
 
 
-def _build_on_meta_once(name: str, d_model: int, n_layers: int, options: dict[str, Any]) -> None:
-    """:func:`_build_on_meta`, once per distinct model configuration (grids repeat them)."""
+def _build_on_meta_once(name: str, d_model: int, n_layers: int, options: dict[str, Any],
+                        skip=frozenset()) -> None:
+    """:func:`_build_on_meta`, once per distinct model configuration (grids repeat them).
+    Pretrained models' folders are looked at every time: a folder fetched since (the TUI
+    checks again in the same process) must be seen."""
+    import models
+
+    if models.entry(name).family == "pretrained":
+        _check_folders(name, options, skip)
+        return
     key = _json_key([name, d_model, n_layers, options])
     if key not in _META_BUILT:
         try:
@@ -207,6 +233,8 @@ def _check_registries(p: Profile, path: str, where: _Where) -> None:
 
     problems: list[str] = []
     sections = _Sections(p)
+    absent = absent_needs(p)
+    waiting = {v for v in _path_values(p) if any(_refers(v, n.path) for n in absent)}
     grid_task_keys = [k for k in p.sweep.grid if k.startswith("task.")]
     bad_tasks: set[tuple] = set()
     for loc, t in p.task_entries():
@@ -250,6 +278,8 @@ def _check_registries(p: Profile, path: str, where: _Where) -> None:
                 bad = [k for k in params if k not in tasks.parameters(name)]
                 problems.append(f"  {label}{w(*ts.loc, bad[0]) if bad else ''}: {e}")
                 break
+            if any(isinstance(v, str) and v in waiting for v in params.values()):
+                continue  # it reads data the profile says is not fetched yet (raised below)
             # build the task once per length: bad values (a missing data file, a length
             # too short for the tokens to copy) are caught here, before any run starts
             built = None
@@ -301,7 +331,7 @@ def _check_registries(p: Profile, path: str, where: _Where) -> None:
                 models.check_options(choice.name, backbone_opts)
                 check_compose_options(compose_opts)
                 _build_on_meta_once(choice.name, choice.d_model or msec.d_model,
-                                    choice.n_layers or msec.n_layers, backbone_opts)
+                                    choice.n_layers or msec.n_layers, backbone_opts, waiting)
             except models.OptionError as e:
                 at = _option_where(msec, i, choice, e.option, w)
                 problems.append(f"  model options for {choice.display!r}{at}: {e.option} = {e.value!r}: "
@@ -334,6 +364,83 @@ def _check_registries(p: Profile, path: str, where: _Where) -> None:
                         f"give each a distinct 'label'")
     if problems:
         raise ProfileError(_problems_text(path, problems))
+    if absent:
+        raise DataAbsent(path, p, absent)
+
+
+# ---------------------------------------------------------------------------------------
+# Data and checkpoints that are not in the repository ([[needs]])
+# ---------------------------------------------------------------------------------------
+
+class DataAbsent(ProfileError):
+    """A valid profile whose [[needs]] paths are absent: it cannot run until they are
+    fetched, but nothing in it is wrong. ``profile check`` reports it as "needs data" (not
+    invalid) with each ``fetch`` command; ``run`` refuses it with the same text. Everything
+    that does not read those paths was checked (names, options, other tasks)."""
+
+    def __init__(self, path: str, profile: Profile, needs: list):
+        self.path, self.profile, self.needs = path, profile, needs
+        lines = [f"{path}: needs data that is absent (not shipped with the repository); "
+                 f"fetch it from the directory you run ssm-workbench in:"]
+        for n in needs:
+            what = f" ({n.what})" if n.what else ""
+            lines.append(f"  {n.path}{what}: {n.fetch}")
+        super().__init__("\n".join(lines))
+
+
+def _norm(path: str) -> str:
+    import os
+
+    return os.path.normpath(os.path.expanduser(path))
+
+
+def _refers(value: str, need: str) -> bool:
+    """Whether a parameter's path ``value`` reads ``need``: the same path, a path inside it
+    (a tokenizer.json in a checkpoint folder), or a folder that holds it."""
+    import os
+
+    v, n = _norm(value), _norm(need)
+    return v == n or v.startswith(n + os.sep) or n.startswith(v + os.sep)
+
+
+def _path_values(p: Profile) -> set[str]:
+    """Every string a task parameter or a swept model's option of ``p`` can take (the
+    file's values, its variants and its grid's): the paths its runs read are among them.
+    (Options of models the sweep does not run, kept for a --set, read nothing.)"""
+    out: set[str] = set()
+
+    def add(v: Any) -> None:
+        if isinstance(v, str) and v:
+            out.add(v)
+        elif isinstance(v, list):
+            for x in v:
+                add(x)
+        elif isinstance(v, dict):
+            for x in v.values():
+                add(x)
+
+    for _, t in p.task_entries():
+        add(t.params())
+        add(t.variants)
+    swept = {c.name for c in p.sweep.model_choices()}
+    for c in p.sweep.model_choices():
+        add(c.options())
+    add({name: opts for name, opts in p.model.options.items() if name in swept})
+    for key, values in p.sweep.grid.items():
+        parts = key.split(".")
+        if parts[0] == "task" or (parts[:2] == ["model", "options"] and len(parts) > 2 and parts[2] in swept):
+            add(values)
+    return out
+
+
+def absent_needs(p: Profile) -> list:
+    """The profile's [[needs]] whose path is absent here and that a task parameter or model
+    option still reads (a path pointed elsewhere, e.g. by --set, needs nothing)."""
+    import os
+
+    values = _path_values(p)
+    return [n for n in p.needs
+            if not os.path.exists(_norm(n.path)) and any(_refers(v, n.path) for v in values)]
 
 
 # ---------------------------------------------------------------------------------------
@@ -379,6 +486,9 @@ def registry_problems(prof: Profile) -> list[tuple[tuple, str]]:
         try:
             _check_registries(prof, "form", where)
             return []
+        except DataAbsent as e:  # one line per absent path, with its command
+            return [((), f"{n.path}{f' ({n.what})' if n.what else ''} is absent (not shipped); "
+                         f"fetch it with: {n.fetch}") for n in e.needs]
         except ProfileError as e:
             text = str(e)
     out = []

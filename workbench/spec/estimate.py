@@ -27,10 +27,20 @@ keeps an (L, L) map: ``scaled_dot_product_attention`` on the CPU takes its flash
 (linear memory) unless dropout is on, and on CUDA the flash/memory-efficient kernels keep
 no map (with or without dropout), so for CUDA runs the probe turns attention dropout off;
 an eager attention (Hugging Face GPT-Neo) keeps its map on both and is measured so.
-Probes are cached per (model, options, width, depth, task parameters, device kind), in
-memory and on disk (``~/.cache/ssm-workbench/estimate-probes.json``, invalidated when
-torch or the code of models/, tasks/ or this module changes): a first profile check
-costs one probe per model (a few tenths of a second, S4 kernels longer), later ones none.
+Probes are cached per (model, options, width, depth, the task's model shape, device
+kind), in memory and on disk (``~/.cache/ssm-workbench/estimate-probes.json``, invalidated
+when torch or the code of models/, tasks/ or this module changes). The model shape is what
+of a task reaches the model (vocabulary or input width, readout, classes: ``model_shape``),
+so task settings that differ in data, sizes or noise share a probe: a first profile check
+costs one probe per model and shape (a few tenths of a second on one thread, S4 kernels
+longer), later ones none; `profile check profiles/*.toml` cold stays under 1 GB (measured:
+0.9 GB, most of it torch, scikit-learn and torch's meta-device registrations). A probe runs
+on one thread (``_one_thread``) and frees what its forward kept (``saved_bytes``). Before
+building a model for real the probe counts its weights on the meta device; a model over
+``PROBE_MAX_WEIGHT_BYTES`` is not built, and its estimate is a lower bound (weights,
+gradients, optimizer and data: ``RunEstimate.lower_bound``), which refuses it only when
+even that exceeds the limit. A run whose estimate fails or is only a lower bound within
+the limit has ``fits`` None ("?"), never a "yes".
 
 Known over- and under-estimates: the CPU probe runs the CPU kernels (e.g. the C
 selective scan keeps a state every 32 steps); CUDA's kernels (mamba-ssm, Triton) keep
@@ -43,6 +53,7 @@ probed at 2 and 4 layers and extrapolated linearly in depth.
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import json
@@ -61,6 +72,11 @@ CUDA_RUNTIME_BYTES = 600 * MiB  # CUDA context + cuBLAS/cuDNN workspaces, outsid
 # backward's temporaries: gradients of the saved tensors of the layer being differentiated,
 # a fraction of the activations of one layer. Measured against `bench` (tests/test_estimate.py).
 TRANSIENT_FACTOR = 2.0
+# The probe builds the real model (weights allocated and initialised) to measure what a
+# forward keeps. Its weights are first counted on the meta device (no memory); beyond this
+# the probe is not run, since building it could itself exhaust the machine (an embedding of
+# vocab_size = 2^26 at d_model 64 is 16 GiB), and the estimate is the weights' lower bound.
+PROBE_MAX_WEIGHT_BYTES = 1 * GiB
 
 
 class EstimateError(Exception):
@@ -216,6 +232,14 @@ def saved_bytes(model, inputs, targets) -> tuple[int, int]:
 
     own = {t.untyped_storage().data_ptr() for t in list(model.parameters()) + list(model.buffers())}
     seen: dict[Any, int] = {}
+    # The saved tensors are kept alive here, not by the graph: a pack hook that returned the
+    # tensor itself would make the graph hold its own outputs (an output saved by the node
+    # that made it), a cycle through C++ that Python's collector cannot see, so every
+    # probe's activations leaked (8.6 GB after `profile check profiles/*.toml`). Holding
+    # them in this list keeps each storage alive for the whole forward, as training would
+    # (no address is reused and counted twice), and frees them all on return; nothing ever
+    # unpacks, since the probe runs no backward.
+    kept: list[Any] = []
 
     def pack(t):
         try:
@@ -225,13 +249,18 @@ def saved_bytes(model, inputs, targets) -> tuple[int, int]:
             key, size = id(t), t.numel() * t.element_size()
         if key not in own:
             seen[key] = max(seen.get(key, 0), size)
-        return t
+        kept.append(t)
+        return len(kept) - 1
 
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+    def unpack(i):
+        return kept[i]
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
         if targets is None:  # a bare backbone, as `bench` trains it: mean(y^2)
             model(inputs).pow(2).mean()
         else:
             task_loss(model(inputs), targets)
+    kept.clear()
     return sum(seen.values()), max(seen.values(), default=0)
 
 
@@ -287,6 +316,76 @@ def _probe_depth(task, model: str, d_model: int, n_layers: int, options: dict[st
 _PROBES: dict[str, Profile] = {}
 
 
+class TooBigToProbe(Exception):
+    """The model's weights (counted on the meta device) exceed PROBE_MAX_WEIGHT_BYTES."""
+
+    def __init__(self, params: int, weight_bytes: int, trainable_bytes: int):
+        super().__init__(f"the model's weights alone are {fmt_bytes(weight_bytes)}")
+        self.params, self.weight_bytes, self.trainable_bytes = params, weight_bytes, trainable_bytes
+
+
+_TOO_BIG: dict[str, TooBigToProbe | None] = {}
+
+
+_BACKBONE_WEIGHTS: dict[str, tuple[int, int, int] | None] = {}
+
+
+def _sizes(net) -> tuple[int, int, int]:
+    """(parameters, bytes of parameters and buffers, bytes of trainable parameters)."""
+    ps = list(net.parameters())
+    return (sum(p.numel() for p in ps),
+            sum(p.numel() * p.element_size() for p in ps) + sum(b.numel() * b.element_size() for b in net.buffers()),
+            sum(p.numel() * p.element_size() for p in ps if p.requires_grad))
+
+
+def _weights_on_meta(task, model: str, d_model: int, n_layers: int, options: dict[str, Any]):
+    """(parameters, weight bytes, trainable bytes) of the composed model, counted on the
+    meta device (nothing allocated), or None where that cannot be done (a pretrained model
+    reads its checkpoint; a model the meta device cannot build). Decides whether to probe.
+    The backbone is built once per configuration (a meta build of a Transformer takes a
+    tenth of a second; the MAD benchmark asks for it with 17 task shapes), the task's
+    encoder and head (small) each time."""
+    import torch
+
+    import models
+    from tasks.heads import make_encoder, make_head
+    from workbench.spec.compose_options import split_options
+    from workbench.train.compose import resolve_init
+
+    if models.entry(model).family == "pretrained":
+        return None  # sized by its checkpoint on disk, and building would read it
+    backbone_opts, compose_opts = split_options(options)
+    key = json.dumps([model, d_model, n_layers, backbone_opts], sort_keys=True, default=str)
+    small = copy.copy(task)
+    small.seq_len = PROBE_LENS[-1]
+    try:
+        if key not in _BACKBONE_WEIGHTS:
+            with torch.device("meta"):
+                _BACKBONE_WEIGHTS[key] = _sizes(models.build(model, d_model=d_model, n_layers=n_layers,
+                                                             **backbone_opts))
+        with torch.device("meta"):
+            encoder, head = make_encoder(small, d_model), make_head(small, d_model)
+        tied = resolve_init(small, model, **compose_opts)["tie_embeddings"]
+    except Exception:  # the real probe will build it (or say why not)
+        _BACKBONE_WEIGHTS.setdefault(key, None)
+        return None
+    if _BACKBONE_WEIGHTS[key] is None:
+        return None
+    # a tied head is a bias-free Linear on the embedding's own matrix: nothing of its own
+    parts = [_BACKBONE_WEIGHTS[key], _sizes(encoder)] + ([] if tied else [_sizes(head)])
+    return tuple(sum(x) for x in zip(*parts))
+
+
+def _check_probe_size(key: str, task, spec) -> None:
+    """Raise TooBigToProbe when ``spec``'s model is too big to build for a probe (once per key)."""
+    if key not in _TOO_BIG:
+        sizes = _weights_on_meta(task, spec.model, spec.d_model, spec.n_layers, spec.model_options)
+        _TOO_BIG[key] = (TooBigToProbe(*sizes) if sizes is not None and sizes[1] > PROBE_MAX_WEIGHT_BYTES
+                         else None)
+    if _TOO_BIG[key] is not None:
+        raise _TOO_BIG[key]
+
+
 def _probe_task(task, model: str, d_model: int, n_layers: int, options: dict[str, Any],
                 cuda: bool) -> Profile:
     if n_layers <= DIRECT_LAYERS:
@@ -297,24 +396,57 @@ def _probe_task(task, model: str, d_model: int, n_layers: int, options: dict[str
     return Profile(*mixed, backend=two.backend, can_stream=two.can_stream)
 
 
-def probe(spec, cuda: bool) -> Profile:
+def model_shape(task) -> dict[str, Any]:
+    """What of a task its composed model (and the probe's synthetic batch) depends on: the
+    encoder's input (vocab_size or input_dim), the head's readout and classes. Nothing else
+    of a task reaches the model: its length is the probe's own, and its data, sizes,
+    noise and seeds change the data, not the model. So the MAD benchmark's 66 task
+    settings need a handful of probes per model, not 66."""
+    return {"readout": task.readout, "vocab_size": task.vocab_size,
+            "input_dim": getattr(task, "input_dim", None), "num_classes": task.num_classes,
+            "pooled": bool(task.pooled)}
+
+
+def probe_key(spec, task, cuda: bool) -> str:
+    """The probe cache's key: the model and its settings, and the task's model_shape."""
+    return json.dumps({"model": spec.model, "options": spec.model_options, "d_model": spec.d_model,
+                       "n_layers": spec.n_layers, "task": model_shape(task), "cuda": cuda},
+                      sort_keys=True, default=str)
+
+
+@contextlib.contextmanager
+def _one_thread():
+    """Probe on one intra-op thread: its tensors are tiny (batch 1 and 2, L <= 256), so
+    splitting an operator costs more than it saves, and on a machine whose cores are busy
+    the threads' spin-waits made a probe 30x slower (S4: 0.6 s on one thread, 19.9 s on
+    two, at load 10 on 2 cores). What a forward saves does not depend on the threads."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def probe(spec, cuda: bool, task=None) -> Profile:
     """The (cached) cost profile of ``spec``'s composed model. The task is built with the
-    run's parameters and probed at small lengths: its parameters, not its length, decide
-    the encoder and head, so one probe (keyed without the length) serves every length and
-    seed of a sweep."""
-    params = {k: v for k, v in spec.task_params.items() if k != "seq_len"}
-    key = json.dumps({"model": spec.model, "options": spec.model_options, "d_model": spec.d_model,
-                      "n_layers": spec.n_layers, "task": spec.task, "task_params": params,
-                      "cuda": cuda}, sort_keys=True, default=str)
+    run's parameters and probed at small lengths: its :func:`model_shape`, not its length
+    or data, decides the encoder and head, so one probe serves every length, seed, grid
+    point outside the model, and task setting of the same shape."""
+    if task is None:
+        task = _task(spec.task, json.dumps(spec.task_params, sort_keys=True, default=str))
+    key = probe_key(spec, task, cuda)
     if key not in _PROBES:
         disk = _disk_cache()
         if key in disk:
             _PROBES[key] = Profile.from_dict(disk[key])
         else:
-            # built at the run's own length: a task may need it >= another parameter
-            task = _task(spec.task, json.dumps(spec.task_params, sort_keys=True, default=str))
-            _PROBES[key] = _probe_task(task, spec.model, spec.d_model, spec.n_layers,
-                                       spec.model_options, cuda)
+            _check_probe_size(key, task, spec)
+            with _one_thread():
+                _PROBES[key] = _probe_task(task, spec.model, spec.d_model, spec.n_layers,
+                                           spec.model_options, cuda)
             disk[key] = _PROBES[key].to_dict()
             _save_disk_cache(disk)
     return _PROBES[key]
@@ -391,16 +523,38 @@ class RunEstimate:
     parts: dict[str, float] = field(default_factory=dict)  # bytes by component
     limit: int | None = None
     limit_what: str = ""
-    error: str | None = None    # why there is no estimate (the run may still work)
+    error: str | None = None    # why there is no estimate, or only a lower bound (the run may still work)
+    lower_bound: bool = False   # parts hold what is certain (weights, optimizer, data), not activations
 
     @property
     def peak(self) -> float | None:
         return sum(self.parts.values()) if self.parts else None
 
     @property
-    def fits(self) -> bool:
-        """False only when there is an estimate, a limit, and the estimate exceeds it."""
-        return self.peak is None or self.limit is None or self.peak <= self.limit
+    def fits(self) -> bool | None:
+        """True when the estimate is within the limit (or nothing is checked: no limit),
+        False when it exceeds it (a lower bound that exceeds it too), None when it cannot
+        be told: no estimate, or a lower bound within the limit. Never True for a run the
+        estimate failed on: "fits" must not read as "checked"."""
+        if self.limit is None:
+            return True
+        if self.peak is None:
+            return None
+        if self.peak > self.limit:
+            return False
+        return None if self.lower_bound else True
+
+    def fits_text(self) -> str:
+        """The table's "fits" cell (rich markup)."""
+        if self.limit is None:
+            return "–"
+        return {True: "yes", False: f"[red]no[/red] (> {fmt_bytes(self.limit)})", None: "[yellow]?[/yellow]"}[self.fits]
+
+    def peak_text(self) -> str:
+        """The table's "est. peak" cell: the number, a lower bound, or why there is none."""
+        if self.peak is None:
+            return "? (see below)"
+        return f">= {fmt_bytes(self.peak)}" if self.lower_bound else fmt_bytes(self.peak)
 
     def breakdown(self) -> str:
         big = sorted(self.parts.items(), key=lambda kv: -kv[1])
@@ -408,8 +562,9 @@ class RunEstimate:
 
     def refusal(self) -> str:
         """The one-line reason this run cannot fit (only when not ``fits``)."""
+        at_least = "at least " if self.lower_bound else ""
         return (f"{self.model} on {self.task} L={self.seq_len} seed={self.seed}: estimated peak "
-                f"{fmt_bytes(self.peak)} on {self.device} ({self.breakdown()}) exceeds the limit "
+                f"{at_least}{fmt_bytes(self.peak)} on {self.device} ({self.breakdown()}) exceeds the limit "
                 f"{fmt_bytes(self.limit)} ({self.limit_what})")
 
     def to_dict(self) -> dict[str, Any]:
@@ -418,6 +573,7 @@ class RunEstimate:
                 "est_peak_mb": None if self.peak is None else round(self.peak / MiB, 1),
                 "limit_mb": None if self.limit is None else round(self.limit / MiB, 1),
                 "fits": self.fits, "parts_mb": {k: round(v / MiB, 1) for k, v in self.parts.items()},
+                **({"lower_bound": True} if self.lower_bound else {}),
                 **({"error": self.error} if self.error else {})}
 
 
@@ -442,7 +598,16 @@ def estimate_run(spec, limit: Limit) -> RunEstimate:
     cuda = limit.device == "cuda"
     try:
         task = _task(spec.task, json.dumps(spec.task_params, sort_keys=True, default=str))
-        prof = probe(spec, cuda)
+        prof = probe(spec, cuda, task)
+    except TooBigToProbe as e:  # what is certain: the weights, their gradients and moments, the data
+        L = est.seq_len = spec.seq_len or task.seq_len
+        est.params, est.lower_bound = e.params, True
+        est.parts = {"runtime": CUDA_RUNTIME_BYTES if cuda else CPU_RUNTIME_BYTES, "weights": e.weight_bytes,
+                     "grads": e.trainable_bytes, "optimizer": 2 * e.trainable_bytes,
+                     "data": _data_bytes(task, L, spec.train, cuda)}
+        est.error = (f"activations not measured for {spec.label}: {e} (the probe builds models of at most "
+                     f"{fmt_bytes(PROBE_MAX_WEIGHT_BYTES)}), so its peak is a lower bound")
+        return est
     except Exception as e:  # the run itself will report what is wrong; say why we cannot tell
         est.error = f"no estimate: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
         return est
@@ -455,21 +620,14 @@ def estimate_run(spec, limit: Limit) -> RunEstimate:
     acts = prof.saved(L, B)
     # eval: no grad; the worker caps an eval batch at EVAL_TOKENS_PER_BATCH tokens; a forward
     # without grad holds a few of its largest tensors at a time
-    eval_bs = max(1, min(cfg.eval_batch_size or B, EVAL_TOKENS_PER_BATCH // max(1, L)))
+    eval_bs = _eval_batch(cfg, L)
     if L > STREAM_ABOVE and prof.can_stream:
         L_eval = STREAM_CHUNK
     else:
         L_eval = L
     eval_tmp = 2 * TRANSIENT_FACTOR * eval_bs * prof.largest(L_eval)
     train_tmp = TRANSIENT_FACTOR * B * prof.largest(L)
-    example = _example_bytes(task, L)
-    train_set = task.num_train_examples * example if task.fixed_train else 0
-    eval_set = (task.num_test_examples or 0) * example
-    if cuda:
-        resident = train_set if (train_set <= RESIDENT_MAX_BYTES and not _augments(task)) else 0
-        data = resident + (B + eval_bs) * example
-    else:
-        data = train_set + eval_set + (B + eval_bs) * example
+    data = _data_bytes(task, L, cfg, cuda)
     est.parts = {
         "runtime": CUDA_RUNTIME_BYTES if cuda else CPU_RUNTIME_BYTES,
         "weights": prof.weight_bytes(L),
@@ -484,6 +642,23 @@ def estimate_run(spec, limit: Limit) -> RunEstimate:
     return est
 
 
+def _eval_batch(cfg, L: int) -> int:
+    """The worker's eval batch: eval_batch_size (else batch_size), at most EVAL_TOKENS_PER_BATCH tokens."""
+    return max(1, min(cfg.eval_batch_size or cfg.batch_size, EVAL_TOKENS_PER_BATCH // max(1, L)))
+
+
+def _data_bytes(task, L: int, cfg, cuda: bool) -> float:
+    """The data a run holds on its device: the training set where the worker keeps it there
+    (CPU: always; CUDA: up to RESIDENT_MAX_BYTES, not augmented), the eval set (CPU), and
+    the batches in flight."""
+    example = _example_bytes(task, L)
+    in_flight = (cfg.batch_size + _eval_batch(cfg, L)) * example
+    train_set = task.num_train_examples * example if task.fixed_train else 0
+    if cuda:
+        return (train_set if (train_set <= RESIDENT_MAX_BYTES and not _augments(task)) else 0) + in_flight
+    return train_set + (task.num_test_examples or 0) * example + in_flight
+
+
 @functools.lru_cache(maxsize=64)
 def _task(name: str, params_json: str):
     import tasks
@@ -491,15 +666,23 @@ def _task(name: str, params_json: str):
     return tasks.build(name, **json.loads(params_json))
 
 
-def estimate_profile(prof, share: int = 1) -> list[RunEstimate]:
+def estimate_profile(prof, share: int = 1, progress=None) -> list[RunEstimate]:
     """Estimates for every run of ``prof`` (workbench.spec.profile.Profile), in expand() order.
 
-    Raises EstimateError when the profile's device does not exist here (local executor).
+    ``progress(done, total)``: called after each run's estimate (a probe, where one is
+    needed, is what takes time; the rest are cached). Raises EstimateError when the
+    profile's device does not exist here (local executor).
     """
     from workbench.spec.expand import expand
 
     limit = device_limit(prof.train.device, prof.executor, share)
-    return [estimate_run(s, limit) for s in expand(prof)]
+    specs = expand(prof)
+    out = []
+    for s in specs:
+        out.append(estimate_run(s, limit))
+        if progress is not None:
+            progress(len(out), len(specs))
+    return out
 
 
 def share_of(prof, jobs: int | None = None, runs_per_gpu: int | None = None) -> int:
@@ -514,7 +697,8 @@ def share_of(prof, jobs: int | None = None, runs_per_gpu: int | None = None) -> 
 
 
 def too_big(estimates: list[RunEstimate]) -> list[RunEstimate]:
-    return [e for e in estimates if not e.fits]
+    """The runs that certainly cannot fit (not those that cannot be told: fits is None)."""
+    return [e for e in estimates if e.fits is False]
 
 
 # --------------------------------------------------------------------------- bench twin

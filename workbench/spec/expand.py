@@ -13,7 +13,8 @@ import tomli_w
 from pydantic import ValidationError
 
 from workbench.spec.run_spec import RunSpec
-from workbench.spec.schema import ModelChoice, ModelSection, Profile, ProfileError, TaskSection, TrainSection, _json_key
+from workbench.spec.schema import (FROM_FILE, ModelChoice, ModelSection, Profile, ProfileError, TaskSection,
+                                   TrainSection, _json_key)
 
 # --------------------------------------------------------------------------- grid and task settings
 GRID_SECTIONS = ("train", "model", "task")
@@ -105,7 +106,10 @@ class _Sections:
             data = copy.deepcopy(self.base[section])
             for k, v in vals.items():
                 _set_path(data, k.split(".")[1:], v)
-            self.cache[key] = (TrainSection if section == "train" else ModelSection).model_validate(data)
+            # FROM_FILE: a grid value is a TOML literal (the file's, or the form's parsed
+            # one), so a quoted number is refused here as in its own table
+            self.cache[key] = (TrainSection if section == "train" else ModelSection).model_validate(
+                data, context=FROM_FILE)
         return self.cache[key]
 
 

@@ -26,17 +26,18 @@ from typing import Any
 import tomli_w
 from pydantic import ValidationError
 
-__all__ = ["SCHEMA_VERSION", "SCHEMA_VERSIONS", "ModelChoice", "ModelSection", "Profile", "ProfileError",
+__all__ = ["SCHEMA_VERSION", "SCHEMA_VERSIONS", "DataAbsent", "ModelChoice", "ModelSection", "Need", "Profile",
+           "ProfileError",
            "PublishedValue", "RunSpec", "SweepSection", "TaskSection", "TaskSetting", "TrainSection",
            "apply_overrides", "dumps", "expand", "grid_points", "load", "loads", "save", "summary",
            "task_settings", "to_dict"]
 
-from workbench.spec.check import _check_grid, _check_registries, _problems_text
+from workbench.spec.check import DataAbsent, _check_grid, _check_registries, _problems_text, absent_needs  # noqa: F401
 from workbench.spec.expand import TaskSetting, _set_path, expand, grid_points, summary, task_settings  # noqa: F401
 from workbench.spec.run_spec import RunSpec  # noqa: F401
-from workbench.spec.schema import (SCHEMA_VERSION, SCHEMA_VERSIONS, ModelChoice, ModelSection,  # noqa: F401
-                                   Profile, ProfileError, PublishedValue, SweepSection, TaskSection,
-                                   TrainSection)
+from workbench.spec.schema import (FROM_FILE, SCHEMA_VERSION, SCHEMA_VERSIONS, ModelChoice,  # noqa: F401
+                                   ModelSection, Need, Profile, ProfileError, PublishedValue, SweepSection,
+                                   TaskSection, TrainSection)
 from workbench.spec.where import _validation_message, _Where
 
 def loads(text: str, path: str = "<string>", check_registries: bool = True,
@@ -53,7 +54,7 @@ def loads(text: str, path: str = "<string>", check_registries: bool = True,
         origins[("name",)] = "from the file name"
     where = _Where(text, origins)
     try:
-        prof = Profile.model_validate(data)
+        prof = Profile.model_validate(data, context=FROM_FILE)  # typed values: "12" is no number
     except ValidationError as e:
         raise ProfileError(_validation_message(e, path, where)) from None
     problems = _check_grid(prof, where)
@@ -138,8 +139,9 @@ def to_dict(p: Profile) -> dict[str, Any]:
         del d["sweep"]["seq_lens"]
     if not d["sweep"].get("grid"):
         d["sweep"].pop("grid", None)
-    if not d.get("published"):
-        d.pop("published", None)
+    for key in ("published", "needs"):
+        if not d.get(key):
+            d.pop(key, None)
     return d
 
 

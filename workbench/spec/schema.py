@@ -12,7 +12,7 @@ import re
 from typing import Annotated, Any, Literal, Union
 
 from annotated_types import Le
-from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, StrictBool,
+from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, ValidationInfo,
                       field_validator, model_validator)
 
 from workbench.spec.slurm_settings import SlurmSettings
@@ -30,20 +30,38 @@ class ProfileError(Exception):
 INT64_MAX = 2**63 - 1
 
 
-def _int_input(v: Any) -> Any:
+# The validation context of data read from a profile file (or a --set): TOML has typed
+# values, so a quoted number there ("12") is a mistake, refused like a word. Without it
+# (the TUI form, whose inputs are text) numeric text goes on to pydantic's lax parsing.
+FROM_FILE = {"from_file": True}
+
+
+def _from_file(info: ValidationInfo | None) -> bool:
+    return bool(info is not None and isinstance(info.context, dict) and info.context.get("from_file"))
+
+
+def _int_input(v: Any, info: ValidationInfo) -> Any:
     # pydantic's lax int reads true as 1: a boolean in a number field is a mistake (a
     # shifted line, a key mixed up), never a count. Integral floats (TOML reads 1e5 as a
-    # float) and numeric text (the TUI form's inputs) go on to pydantic, which refuses
-    # fractions ("1.5") and words ("five").
+    # float) go on to pydantic, which refuses fractions; so does numeric text from the TUI
+    # form's inputs ("1.5" and "five" refused there).
     if isinstance(v, bool):
         raise ValueError(f"expected an integer, got {str(v).lower()}")
+    if isinstance(v, str) and _from_file(info):
+        raise ValueError(f"expected an integer, got the string {_short(v)}: write numbers without quotes")
     return v
 
 
-def _float_input(v: Any) -> Any:
+def _float_input(v: Any, info: ValidationInfo) -> Any:
     if isinstance(v, bool):
         raise ValueError(f"expected a number, got {str(v).lower()}")
+    if isinstance(v, str) and _from_file(info):
+        raise ValueError(f"expected a number, got the string {_short(v)}: write numbers without quotes")
     return v
+
+
+def _short(v: str, n: int = 40) -> str:
+    return repr(v) if len(v) <= n else repr(v[:n]) + f"... ({len(v)} characters)"
 
 
 Int = Annotated[int, BeforeValidator(_int_input), Le(INT64_MAX)]
@@ -275,6 +293,25 @@ class PublishedValue(_Strict):
         return self
 
 
+class Need(_Strict):
+    """A file or folder a profile reads that the repository does not ship (a data set, a
+    checkpoint), with the command that fetches it. ``profile check`` reports a profile
+    whose needed paths are absent as "needs data", not invalid, and prints ``fetch``;
+    ``run`` refuses it with the same commands. A need counts only while a task parameter
+    or model option of the profile names its path (or a path inside it, or a folder that
+    holds it): pointing the profile elsewhere (``--set task.data_path=...``) drops it."""
+
+    path: str = Field(min_length=1)   # relative to where ssm-workbench runs, as the profile's own paths
+    fetch: str = Field(min_length=1)  # a shell command, run from that directory, that creates path
+    what: str = ""                    # what it is, in a few words
+
+
+# A profile's name becomes file and folder names (<store>/figures/<name>/<name>-curves-...
+# .png, export's tables): 255 bytes is the usual limit of a file name, and the longest
+# suffix the workbench adds is about 60 characters, so 100 leaves room.
+MAX_NAME = 100
+
+
 class Profile(_Strict):
     schema_version: Int
     name: str = Field(min_length=1)
@@ -289,6 +326,7 @@ class Profile(_Strict):
     # where the runs execute: this machine's scheduler, or one Slurm job per run
     executor: Literal["local", "slurm"] = "local"
     slurm: SlurmSettings = Field(default_factory=SlurmSettings)  # the #SBATCH settings
+    needs: list[Need] = Field(default_factory=list)  # data and checkpoints not in the repository
 
     @field_validator("schema_version")
     @classmethod
@@ -328,8 +366,12 @@ class Profile(_Strict):
     @field_validator("name")
     @classmethod
     def _name(cls, v: str) -> str:
+        if len(v) > MAX_NAME:
+            raise ValueError(f"a profile name is at most {MAX_NAME} characters (it names the "
+                             f"figure and table files); got {len(v)} characters")
         if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", v):
-            raise ValueError("profile names use letters, digits, '.', '_' and '-'")
+            raise ValueError(f"profile names start with a letter or digit and use letters, digits, "
+                             f"'.', '_' and '-' (they name files and folders); got {_short(v)}")
         return v
 
 
