@@ -22,7 +22,7 @@ from textual import on, work
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.widget import Widget
-from textual.widgets import Footer, Header, Static, TabbedContent, TabPane
+from textual.widgets import Header, Static, TabbedContent, TabPane
 
 from workbench.execute import executor
 from workbench.spec.schema import Profile
@@ -31,7 +31,8 @@ from workbench.tui import paths
 from workbench.tui.background import PollsStore
 from workbench.tui.commands import WorkbenchCommands
 from workbench.tui.dialogs import ConfirmScreen
-from workbench.tui.help_screen import HelpScreen, sections_for
+from workbench.tui.help_screen import HelpScreen, KeysFooter, sections_for
+from workbench.tui.marked_actions import RESUMABLE
 from workbench.tui.formatting import set_text
 from workbench.tui.compare_view import CompareScreen
 from workbench.tui.messages import CompareRuns, KillRequested, OpenRun, ResumeRequested
@@ -84,14 +85,17 @@ class WorkbenchApp(PollsStore, App):
     # compare view's legend beside the plots need 100 columns
     HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (100, "-wide")]
     COMMANDS = App.COMMANDS | {WorkbenchCommands}
+    # The footer shows short words and only the keys a screen is about (120 columns hold
+    # them all, ? and q included); `?` lists every key with its tooltip, hidden ones too.
     BINDINGS = [
-        Binding("q", "quit_key", "Quit (runs go on)"),
+        Binding("question_mark", "help", "Keys", key_display="?", tooltip="Every key of this screen"),
+        Binding("q", "quit_key", "Quit", tooltip="Quit (runs go on)"),
         # not a priority binding (as Textual's default is), so the form's footer can show it
-        Binding("ctrl+q", "quit", "Quit", show=False),
-        Binding("f1", "show_tab('runs')", "Runs"),
-        Binding("f2", "show_tab('sweep')", "New sweep"),
-        Binding("f3", "show_tab('results')", "Results"),
-        Binding("question_mark", "help", "Keys", key_display="?"),
+        Binding("ctrl+q", "quit", "Quit", show=False, tooltip="Quit (runs go on)"),
+        # the tabs' titles name these keys: no room taken in the footer
+        Binding("f1", "show_tab('runs')", "Runs", show=False),
+        Binding("f2", "show_tab('sweep')", "New sweep", show=False),
+        Binding("f3", "show_tab('results')", "Results", show=False),
     ]
 
     def __init__(self, store: Store, profiles_dir: Path = Path("profiles"),
@@ -128,7 +132,7 @@ class WorkbenchApp(PollsStore, App):
                 yield SweepForm(self.profiles_dir, state_dir=self.store.root, id="sweep-form")
             with TabPane("Results (F3)", id="results"):
                 yield ResultsView(self.store, self.store_lock, self.figures_dir, id="results-view")
-        yield Footer()
+        yield KeysFooter()
 
     def on_mount(self) -> None:
         self.sub_title = str(self.store.root) + (
@@ -141,7 +145,9 @@ class WorkbenchApp(PollsStore, App):
         while len(self.screen_stack) > 1:  # from the run view (or a dialog) back to the tabs
             self.pop_screen()
         self.query_one(TabbedContent).active = tab
-        target = {"runs": RunsTable, "sweep": "#name", "results": "#results-table"}[tab]
+        # the form opens on its model list: typing there filters, space picks, ? is help
+        # (on the profile name, with its text selected, ? or a filter replaced the name)
+        target = {"runs": RunsTable, "sweep": "#models", "results": "#results-table"}[tab]
         self.query_one(target).focus()
         if tab == "results":  # read now, not at the next 2 s tick (once the tab is drawn)
             self.call_after_refresh(self.query_one(ResultsView).refresh_data)
@@ -253,7 +259,23 @@ class WorkbenchApp(PollsStore, App):
                                             f"seed {run.seed}), now {run.state}?")), answer)
 
     def on_resume_requested(self, message: ResumeRequested) -> None:
-        self.resume_run(message.run_id)
+        """`r` on one run (nothing marked) or in the run view: confirmed first, as the README
+        says of `k` / `r` (resuming starts a worker; a stray key must not)."""
+        with self.store_lock:
+            run = self.store.get(message.run_id)
+        if run is None:
+            return
+        if run.state not in RESUMABLE:
+            self.notify(f"run {run.id} is {run.state}: only killed, crashed, preempted or failed runs resume",
+                        severity="warning", markup=False)
+            return
+
+        def answer(yes: bool | None) -> None:
+            if yes:
+                self.resume_run(run.id)
+
+        self.push_screen(ConfirmScreen(Text(f"Resume run {run.id} ({run.label}, {run.task}, seed {run.seed}), "
+                                            f"now {run.state}, from its checkpoint?")), answer)
 
     @work(thread=True, group="scheduler")
     def resume_run(self, run_id: int) -> None:

@@ -23,13 +23,14 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.screen import Screen
-from textual.widgets import DataTable, Footer, Header, Static
+from textual.widgets import DataTable, Header, Static
 
 from workbench.results import curves as cv
 from workbench.store import Run, Store
 from workbench.tui import paths
 from workbench.tui.background import PollsStore, write_in_thread
-from workbench.tui.formatting import number, set_text, state_text
+from workbench.tui.formatting import accuracy, number, set_text, state_text
+from workbench.tui.help_screen import KeysFooter
 from workbench.tui.plots import COLOURS, CurvePlot
 
 POLL_S = 0.5
@@ -96,7 +97,7 @@ class CompareScreen(PollsStore, Screen):
                 yield CurvePlot("loss", id="compare-loss")
                 yield CurvePlot("accuracy", id="compare-acc")  # auto range: differences near 1 show
             yield DataTable(id="compare-legend", cursor_type="none", zebra_stripes=True)
-        yield Footer()
+        yield KeysFooter()
 
     def on_mount(self) -> None:
         self.title = f"compare {self.what}"
@@ -144,12 +145,22 @@ class CompareScreen(PollsStore, Screen):
         for plot, metric, cs in ((self.query_one("#compare-loss", CurvePlot), self.loss_metric, loss),
                                  (self.query_one("#compare-acc", CurvePlot), self.acc_metric, acc)):
             plot.colours = [colour_of.get(c.label, COLOURS[0]) for c in cs]
-            plot.empty_text = (f"no {cv.CURVE_METRICS[metric]} yet" if live else
-                               f"no {cv.CURVE_METRICS[metric]}: these runs ended without logging it")
+            plot.empty_text = self.empty_text(metric, live)
             plot.show(cv.CURVE_METRICS[metric], cs, xlabel)
         self._show_legend(order, labels, colour_of, loss, acc)
         set_text(self.query_one("#compare-title", Static),
                  title_text(self.what, len(self.runs), len(order), self.axis, self.band, self.by_seed))
+
+    def empty_text(self, metric: tuple[str, str], live: bool) -> str:
+        """Why a plot is empty: the runs logged the metric but not against this x axis (runs
+        on fresh batches have no epochs; runs not started no wall time), nothing logged
+        yet, or nothing at all."""
+        name = cv.CURVE_METRICS[metric]
+        if self.logged([metric]):
+            why = ("they draw fresh batches, so they have no epochs" if self.axis == "epoch"
+                   else f"it has no {cv.X_LABELS[self.axis]}")
+            return f"no {name} against {cv.X_LABELS[self.axis]}: these runs logged it, but {why} (x: another axis)"
+        return f"no {name} yet" if live else f"no {name}: these runs ended without logging it"
 
     def _show_legend(self, order, labels, colour_of, loss, acc) -> None:
         table = self.query_one("#compare-legend", DataTable)
@@ -164,7 +175,7 @@ class CompareScreen(PollsStore, Screen):
                 label, ",".join(str(r.id) for r in rs),
                 state_text(states[0]) if len(states) == 1 else Text("/".join(states)),
                 Text(number(last[0].get(label)), justify="right"),
-                Text(number(last[1].get(label), 3), justify="right"))
+                Text(accuracy(last[1].get(label)), justify="right"))
 
     # ------------------------------------------------------------------ actions
     def _changed(self) -> None:

@@ -14,6 +14,7 @@ from typing import Any
 import tasks
 
 EVALS_PER_RUN = 20  # the default "evaluate every" gives about this many evaluations a run
+DEFAULT_BUDGET = "200"  # steps, for tasks not in TASK_TRAIN_DEFAULTS
 
 # Training fields edited as plain inputs: (field id, label, profile section, default text;
 # eval_every's default follows the budget: default_eval_every).
@@ -31,6 +32,28 @@ TRAIN_INPUTS = [
 # what a number in these fields counts (eval_every's says steps or epochs, as the budget)
 UNITS = {"batch_size": "sequences a step", "lr": "peak (after warm-up)", "eval_every": "steps",
          "warmup_steps": "steps", "betas": "2 numbers in [0, 1)", "grad_clip": "max norm; 0 = off"}
+
+
+# The form's starting values for a task, where the registry's defaults (a paper's sizes, for
+# a GPU) or the form's generic budget would leave every model at chance on a 2-core CPU:
+# with these, a Transformer at the form's size learns each task well above chance within
+# the budget (tests/test_first_hour_tui.py trains every task from the form's defaults).
+# Parameters go into the task's inputs (and so into the profile, where they differ from
+# the registry); training values replace the budget and learning rate the form put there
+# itself, until the user types their own (SweepForm._apply_task_training).
+TASK_PARAM_DEFAULTS: dict[str, dict[str, Any]] = {}
+TASK_TRAIN_DEFAULTS: dict[str, dict[str, str]] = {}
+
+
+def task_param_defaults(task: str) -> dict[str, Any]:
+    """The values the form's parameter inputs start with for ``task`` (others: the registry's)."""
+    return dict(TASK_PARAM_DEFAULTS.get(task, {}))
+
+
+def task_train_defaults(task: str) -> dict[str, str]:
+    """The budget (steps) and learning rate the form starts ``task`` with."""
+    generic = {"budget": DEFAULT_BUDGET, "lr": next(d for f, _, _, d in TRAIN_INPUTS if f == "lr")}
+    return generic | TASK_TRAIN_DEFAULTS.get(task, {})
 
 
 def default_eval_every(kind: str, budget: str) -> str | None:

@@ -160,19 +160,29 @@ class FormProfile:
 
     # ------------------------------------------------------------------ filling the form
     async def fill(self, prof: Profile) -> None:
-        """Show a loaded profile in the form (settings the form has no field for are kept)."""
+        """Show a loaded profile in the form (settings the form has no field for are kept).
+
+        All in one screen update (``App.batch_update``): the task's parameter inputs are
+        rebuilt with awaits in between, and a repaint there showed a mixed form (the old
+        task beside the new task's description, no parameters, the old lengths) for
+        seconds on a loaded machine."""
         if prof.task is None:
             raise ProfileError(f"profile {prof.name!r} has {len(prof.tasks)} tasks ([[tasks]]): the form edits "
                                f"profiles with one [task]; run it with `ssm-workbench run`")
+        with self.app.batch_update():
+            await self._fill(prof)
+
+    async def _fill(self, prof: Profile) -> None:
         d = profiles.to_dict(prof)
         self._base = d
+        self._auto = {}  # the profile's budget and learning rate stay when the task changes
         self._loaded_models = list(d["sweep"]["models"])
+        await self._show_task(prof.task.name, prof.task.params())
+        self.query_one("#task", Select).value = prof.task.name
         self.query_one("#name", Input).value = prof.name
         self.query_one("#description", Input).value = prof.description
         self.query_one("#models", ModelPicker).set_picked(_model_name(m) for m in self._loaded_models)
         self.query_one("#model_options", Input).value = format_model_options(prof.model.options)
-        await self._show_task(prof.task.name, prof.task.params())
-        self.query_one("#task", Select).value = prof.task.name
         self.query_one("#seq_lens", Input).value = _fmt(prof.sweep.seq_lens)
         self.query_one("#seeds", Input).value = _fmt(prof.sweep.seeds)
         grid = dict(prof.sweep.grid)
@@ -199,3 +209,6 @@ class FormProfile:
         self.query_one("#executor", Select).value = prof.executor
         self.query_one("#slurm", Input).value = format_settings(prof.slurm.model_dump(exclude_defaults=True))
         self._show_errors({}, [], focus=False)
+        # what the fields' Changed handlers would show once the batch is over, shown with it
+        self._show_run_count()
+        self._show_eval_unit()

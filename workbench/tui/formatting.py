@@ -32,6 +32,12 @@ def number(v: float | None, digits: int = 4) -> str:
     return f"{v:.{digits}g}"
 
 
+def accuracy(v: float | None) -> str:
+    """An accuracy with three decimals always: '1.000' beside '0.997' and '0.094' (with
+    significant digits, 1.0 printed as '1' and 0.09375 as '0.0938' in one column)."""
+    return "" if v is None else f"{v:.3f}"
+
+
 def percent(v: float | None) -> str:
     return "" if v is None else f"{100 * v:.0f}%"
 

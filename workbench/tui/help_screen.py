@@ -17,6 +17,7 @@ from textual.dom import DOMNode
 from textual.keys import key_to_character
 from textual.screen import ModalScreen, Screen
 from textual.widgets import Footer, Static
+from textual.widgets._footer import FooterKey
 
 # section titles of the workbench's screens and widgets (a class not named here is titled
 # by the first line of its docstring)
@@ -28,6 +29,13 @@ TITLES = {
     "ResultsView": "Results (F3)",
     "RunScreen": "Run view",
     "CompareScreen": "Compare view",
+}
+# keys a widget handles itself rather than through BINDINGS (listed in its section)
+OWN_KEYS = {
+    "ModelPicker": [("letters", "filter the list (the focus stays in the list); after a pick a new filter"),
+                    ("space / enter", "pick or unpick the highlighted model"),
+                    ("backspace", "erase the filter's last letter"),
+                    ("↑ on the first model", "into the filter box (several words, each must match)")],
 }
 # Textual's own keys that every screen has (not in any workbench BINDINGS)
 GENERAL = [("tab / shift+tab", "move the focus to the next / previous control"),
@@ -65,15 +73,17 @@ def section_of(cls: type) -> Section | None:
     """One section for a class's bindings: keys of one action are joined ('esc / backspace')."""
     rows: dict[tuple[str, str], list[str]] = {}
     for b in own_bindings(cls):
-        what = b.description or b.action.replace("_", " ")
+        # the tooltip is the longer wording of the footer's short description
+        what = b.tooltip or b.description or b.action.replace("_", " ")
         keys = [key_name(k.strip()) for k in b.key.split(",") if k.strip()]
         if b.key_display:
             keys = [b.key_display]
         rows.setdefault((b.action, what), []).extend(keys)
-    if not rows:
+    own = OWN_KEYS.get(cls.__name__, [])
+    if not rows and not own:
         return None
     title = TITLES.get(cls.__name__) or (cls.__doc__ or cls.__name__).strip().splitlines()[0]
-    return Section(title, [(" / ".join(dict.fromkeys(keys)), what) for (_, what), keys in rows.items()])
+    return Section(title, own + [(" / ".join(dict.fromkeys(keys)), what) for (_, what), keys in rows.items()])
 
 
 def shown(node: DOMNode) -> bool:
@@ -102,6 +112,16 @@ def help_text(sections: list[Section]) -> Text:
             out.append(f"  {keys:<{width}}", style="bold cyan")
             out.append(f"{what}\n")
     return out
+
+
+class KeysFooter(Footer):
+    """Textual's footer with ``?`` (this help) first: the app's keys come after the focused
+    widget's, and an 80-column footer is cut after the first few keys."""
+
+    def compose(self):
+        widgets = list(super().compose())
+        first = [w for w in widgets if isinstance(w, FooterKey) and w.action in ("help", "app.help")]
+        yield from first + [w for w in widgets if w not in first]
 
 
 class HelpScreen(ModalScreen[None]):

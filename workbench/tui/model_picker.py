@@ -6,12 +6,15 @@ changes; family headers are disabled entries (the cursor skips them, space and e
 toggle them) drawn without a check box. Picks live beside the list, so a model picked and
 then filtered out stays picked.
 
-Keys: type to filter (several words: each must match the name, family or description),
-in the filter or in the list (a letter typed in the list starts a new filter); down or
-enter goes from the filter into the list; up from the list's first model goes back to the
-filter; space or enter toggles a model; escape clears the filter. After each change of
-the filter the cursor is on the best match (:func:`rank`): a model named exactly as typed,
-then names starting with it, then names containing it, then the rest in list order.
+Keys: the list has the focus (F2 puts it there) and typing in it filters while the focus
+stays in the list, so space picks the highlighted model right after a filter was typed and
+``?`` is the help key; the first letter after a pick (or after the list got the focus)
+starts a new filter, the next ones extend it, backspace erases; escape clears the filter.
+Space or enter toggles a model. Several words (each must match the name, family or
+description) are typed in the filter box itself: up from the list's first model goes
+there, down or enter back into the list. After each change of the filter the cursor is
+on the best match (:func:`rank`): a model named exactly as typed, then names starting with
+it, then names containing it, then the rest in list order.
 """
 from __future__ import annotations
 
@@ -79,17 +82,19 @@ class _PickList(SelectionList):
 
     class Typed(Message):
         """A printable key (not space, which picks, nor ?, the help key) was typed in the
-        list: it is filter text."""
+        list: it is filter text. ``character`` None: backspace (erase the last one)."""
 
-        def __init__(self, character: str) -> None:
+        def __init__(self, character: str | None) -> None:
             super().__init__()
             self.character = character
 
     def on_key(self, event) -> None:
-        if event.character and event.is_printable and event.character not in " ?":
+        # handled here, before any binding: the letters are the filter's even where an
+        # ancestor binds them (the app's q), and the focus stays in the list
+        if event.key == "backspace" or (event.character and event.is_printable and event.character not in " ?"):
             event.stop()
             event.prevent_default()
-            self.post_message(self.Typed(event.character))
+            self.post_message(self.Typed(None if event.key == "backspace" else event.character))
 
     def render_line(self, y: int) -> Strip:
         # SelectionList maps screen line to option index one to one (so prompts never wrap:
@@ -139,11 +144,14 @@ class ModelPicker(Vertical):
         # own check boxes are what counts (see `picked`)
         self._picked: set[str] = set()
         self._shown: set[str] = set()
-        self._handing_over = False  # keys typed in the list go to the filter (see _typed_in_list)
+        # the next letter typed in the list starts a new filter (after a pick, or when the
+        # list got the focus) instead of extending the one shown
+        self._fresh = True
+        self._had_focus = None  # which of the picker's widgets had the focus last
 
     # ------------------------------------------------------------------ layout
     def compose(self) -> ComposeResult:
-        # no select-all on focus: letters typed in the list land at the end of the filter
+        # no select-all on focus: up from the list continues the filter typed there
         yield Input(placeholder="type to filter: name, family or description (esc clears)",
                     id="models-filter", compact=True, select_on_focus=False)
         yield _PickList(*self._options(""), id="models-list", compact=True)
@@ -199,8 +207,9 @@ class ModelPicker(Vertical):
         return [o.value for o in self._list.options if not o.disabled]
 
     def focus(self, scroll_visible: bool = True) -> ModelPicker:
-        """Focus the list (where space picks), or the filter when it hides every model."""
-        (self._list if self._shown else self.filter_input).focus(scroll_visible)
+        """Focus the list: typing there filters, space picks, ? is help (even when the
+        filter hides every model: the letters still reach the filter)."""
+        self._list.focus(scroll_visible)
         return self
 
     # ------------------------------------------------------------------ behaviour
@@ -239,6 +248,7 @@ class ModelPicker(Vertical):
     @on(SelectionList.SelectedChanged, "#models-list")
     def _list_changed(self, event: SelectionList.SelectedChanged) -> None:
         event.stop()
+        self._fresh = True  # that filter found what it was for: the next letter starts anew
         self._picks_changed()
 
     @on(_PickList.UpFromTop)
@@ -248,21 +258,23 @@ class ModelPicker(Vertical):
 
     @on(_PickList.Typed)
     def _typed_in_list(self, event: _PickList.Typed) -> None:
-        """A letter typed in the list starts a new filter there (the old one found what it
-        was for); the keys that follow before the focus has moved are appended in order."""
+        """Filter text typed in the list: the focus stays there (space then picks the best
+        match); a letter after a pick starts a new filter, the next ones extend it."""
         event.stop()
         box = self.filter_input
-        if self._handing_over:
-            box.value += event.character
-        else:
+        if event.character is None:
+            box.value = box.value[:-1]
+        elif self._fresh:
             box.value = event.character
-            self._handing_over = True
-            box.focus()
+        else:
+            box.value += event.character
+        self._fresh = False
         box.cursor_position = len(box.value)
 
     def on_descendant_focus(self, event: events.DescendantFocus) -> None:
-        if event.widget is self.filter_input:
-            self._handing_over = False  # the filter types for itself now
+        if event.widget is self._list and event.widget is not self._had_focus:
+            self._fresh = True  # back in the list from elsewhere: a new filter
+        self._had_focus = event.widget
 
     def action_into_list(self) -> None:
         if self._shown:

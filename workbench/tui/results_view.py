@@ -37,7 +37,7 @@ from workbench.results import export
 from workbench.results import aggregate as agg
 from workbench.results import catalogue
 from workbench.results.figure_base import safe_stem  # matplotlib itself is imported only to draw
-from workbench.store import Store, queries
+from workbench.store import Store, progress, queries
 from workbench.tui.background import PollsStore, write_in_thread
 from workbench.tui.formatting import set_text
 
@@ -70,11 +70,11 @@ class ResultsView(PollsStore, Vertical):
         Binding("m", "cycle('metric')", "Metric"),
         Binding("r", "cycle('rows')", "Rows"),
         Binding("o", "cycle('cols')", "Columns"),
-        Binding("n", "cycle('profile')", "Next profile"),
-        Binding("b", "cycle('over')", "Best over"),
-        Binding("v", "cycle('select_on')", "Select on val/test"),
-        Binding("w", "write_table", "Write md/tex/csv"),
-        Binding("f", "figures", "Figures"),
+        Binding("n", "cycle('profile')", "Profile", tooltip="Next profile"),
+        Binding("b", "cycle('over')", "Best over", tooltip="Grid keys to take the best over"),
+        Binding("v", "cycle('select_on')", "Val/test", tooltip="Select the grid point on validation or test"),
+        Binding("w", "write_table", "Write", tooltip="Write the table as .md, .tex and .csv"),
+        Binding("f", "figures", "Figures", tooltip="Write every figure of the profile"),
     ]
 
     def __init__(self, store: Store, lock: threading.Lock | None = None,
@@ -89,6 +89,7 @@ class ResultsView(PollsStore, Vertical):
         self._shown: tuple | None = None  # what the table was last built from
         self.built: dict | None = None  # export.build's result for the table shown
         self._keys: tuple[list, list] = ([], [])  # the row and column keys shown, in order
+        self.under_way: dict[str, int] = {}  # the profile's runs running and pending, by state
 
     def compose(self) -> ComposeResult:
         with Horizontal(id="results-choices", classes="choices"):
@@ -128,17 +129,24 @@ class ResultsView(PollsStore, Vertical):
         self._reading = self._value("profile")  # read on the UI thread, used by read()
         super().poll()
 
-    def read(self) -> tuple[list[str], str | None, list[dict]]:
+    def read(self) -> tuple[list[str], str | None, list[dict], dict[str, int]]:
         profile = self._reading
         with self.lock:
             profiles = self.store.profiles()
             if profile is None and profiles:  # the first time: the newest profile
                 profile = queries.newest_profile(self.store) or profiles[0]
             recs = agg.records(self.store, None if profile == ALL else profile)
-        return profiles, profile, recs
+            # runs still to come (the caption says so rather than "F2 launches a sweep"):
+            # the table's light read, no spec JSON decoded
+            under_way: dict[str, int] = {}
+            if not recs and profiles:
+                for r in progress.table_runs(self.store, None if profile == ALL else profile):
+                    if r.state in ("running", "pending"):
+                        under_way[r.state] = under_way.get(r.state, 0) + 1
+        return profiles, profile, recs, under_way
 
-    def apply(self, got: tuple[list[str], str | None, list[dict]]) -> None:
-        profiles, profile, recs = got
+    def apply(self, got: tuple[list[str], str | None, list[dict], dict[str, int]]) -> None:
+        profiles, profile, recs, self.under_way = got
         if "profile" in self.chosen and self._value("profile") not in (None, profile):
             self.call_later(self.poll)  # the user picked another profile during the read
             return
@@ -214,7 +222,8 @@ class ResultsView(PollsStore, Vertical):
         profile, metric, rows, cols = self.current()
         over, select_on = self.selection()
         key = (profile, metric, rows, cols, tuple(over), select_on,
-               tuple((r["run_id"], r["eval_set"], r.get(metric)) for r in self.recs))
+               tuple((r["run_id"], r["eval_set"], r.get(metric)) for r in self.recs),
+               tuple(sorted(self.under_way.items())))
         if key == self._shown:
             return
         self._shown = key
@@ -225,8 +234,13 @@ class ResultsView(PollsStore, Vertical):
         caption = self.query_one("#results-caption", Static)
         set_text(self.query_one("#results-cell", Static), "")
         if not self.recs or not metric or not rows or not cols:
-            set_text(caption, Text(f"no finished runs{f' in profile {profile}' if profile and profile != ALL else ''}"
-                                   " yet: F2 launches a sweep", style="dim"))
+            where = f" in profile {profile}" if profile and profile != ALL else ""
+            if self.under_way:  # a sweep runs: the way on is to wait, not to launch one
+                counts = ", ".join(f"{n} {s}" for s, n in sorted(self.under_way.items(), reverse=True))
+                hint = f"{counts}; the table fills in as they finish (F1: the runs)"
+            else:
+                hint = "F2 launches a sweep"
+            set_text(caption, Text(f"no finished runs{where} yet: {hint}", style="dim"))
             return
         try:
             b = export.build(self.recs, [metric], [rows], [cols], best_over=over, select_on=select_on)

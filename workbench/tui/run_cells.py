@@ -13,7 +13,7 @@ from rich.text import Text
 from workbench.execute import executor
 from workbench.results.aggregate import sort_key
 from workbench.store import STATES, Run, Store, progress
-from workbench.tui.formatting import duration, number, percent, state_text
+from workbench.tui.formatting import accuracy, duration, number, percent, state_text
 
 
 def table_runs(store: Store, profile: str | None = None) -> list[Run]:
@@ -22,24 +22,31 @@ def table_runs(store: Store, profile: str | None = None) -> list[Run]:
     return progress.table_runs(store, profile, grid=True)
 
 
-# (column key, header, fixed width or None = fit the content). Fixed widths for the
-# columns that change while a run trains: a cell update then never re-lays out the table;
-# each leaves room for the sort mark (" ▲") after its header.
+# (column key, header, fixed content width or None = measured from the cells). The columns
+# that change while a run trains have a fixed width, the widest their format prints
+# (state: 'preempted'; progress: '100%'; loss: 4 significant digits, '1.235e-05';
+# accuracy: '1.000'; elapsed: '59m59s'), so a cell update never re-lays out the table.
+# A column is never narrower than its header, plus the sort mark (" ▲") on the sort column.
 COLUMNS = [
     ("mark", "", 1), ("id", "id", None), ("profile", "profile", None), ("model", "model", None),
     ("task", "task", None), ("seq_len", "seq_len", None), ("grid", "grid", None), ("seed", "seed", None),
-    ("state", "state", 9), ("progress", "progress", 10), ("loss", "loss", 8),
-    ("accuracy", "accuracy", 10), ("elapsed", "elapsed", 9), ("device", "device", None),
+    ("state", "state", 9), ("progress", "progress", 4), ("loss", "loss", 9),
+    ("accuracy", "accuracy", 5), ("elapsed", "elapsed", 6), ("device", "device", None),
 ]
 HEADERS = {k: label for k, label, _ in COLUMNS}
 WIDTHS = {k: w for k, _, w in COLUMNS}
 FIXED = {k for k, _, w in COLUMNS if w}
 SORTABLE = [k for k, *_ in COLUMNS if k != "mark"]
 ALWAYS = ("mark", "id", "state", "progress", "accuracy")  # never dropped, however narrow
-KEEP = ("model", "task", "grid", "profile", "elapsed", "loss", "seq_len", "seed", "device")
+# What tells runs apart (a sweep's axes), in the order they are kept when they vary
+# between the rows shown: two runs of a length sweep must not read the same at 80x24.
+AXES = ("model", "seq_len", "task", "grid", "seed", "profile")
+KEEP = AXES + ("loss", "elapsed", "device")  # the columns shown while they fit
 MEASURED = KEEP + ("id",)  # widths (of those not FIXED) and variety measured
-TRUNCATE = {"model": 8, "task": 10, "grid": 10, "profile": 8}  # least width when truncated
+# least width when truncated (…): never the key columns id, model, seq_len, state, accuracy
+TRUNCATE = {"task": 10, "grid": 10, "profile": 8}
 PAD = 1  # DataTable's cell padding, each side
+SORT_MARK = 2  # " ▲" after the sort column's header
 STATE_ORDER = {s: i for i, s in enumerate(("running", "pending") + tuple(s for s in STATES
                                                                         if s not in ("running", "pending")))}
 MARK = Text("●", style="bold yellow")
@@ -124,7 +131,7 @@ def row_cells(run: Run, marked: bool = False, labels: dict[str, str] | None = No
         "state": state_text(run.state),
         "progress": _t(percent(run.progress), "right"),
         "loss": _t(number(run.last_loss), "right"),
-        "accuracy": _t(number(run.last_accuracy, 3), "right"),
+        "accuracy": _t(accuracy(run.last_accuracy), "right"),
         "elapsed": _t(duration(run.elapsed), "right"),
         # which GPU, when there are several: the scheduler's slot is the CUDA index; Slurm
         # runs: the job id and Slurm's state (PENDING with its reason, TIMEOUT, NODE_FAIL...)
@@ -165,23 +172,52 @@ def order(runs: list[Run], column: str = "id", reverse: bool = False,
 
 
 # --------------------------------------------------------------------------- layout
-def layout(avail: int, natural: dict[str, int], varies: set[str],
-           empty: set[str] = frozenset()) -> dict[str, int | None]:
-    """The columns to show in ``avail`` cells of width, by key: None = its natural width,
-    a number = truncated to that width. :data:`ALWAYS` first; then :data:`KEEP` in order,
-    columns whose value varies between rows before those that do not, and those empty on
-    every row last; a column that does not fit is truncated if it may be
-    (:data:`TRUNCATE`) and its least width fits, else left out. ``natural``: each column's
-    widest cell or header."""
-    out: dict[str, int | None] = {k: None for k in ALWAYS}
-    used = sum(natural[k] + 2 * PAD for k in ALWAYS)
-    for k in sorted(KEEP, key=lambda k: (k not in varies, k in empty)):  # stable: KEEP order within
-        need = natural[k] + 2 * PAD
-        if used + need <= avail:
-            out[k] = None
-            used += need
-        elif k in TRUNCATE and avail - used - 2 * PAD >= TRUNCATE[k]:
-            out[k] = avail - used - 2 * PAD
-            used = avail
-    return {k: out[k] for k, *_ in COLUMNS if k in out}
+def column_width(key: str, content: int, sort_column: str | None = None) -> int:
+    """A column's width: its widest cell (``content``; a fixed column's format width), never
+    narrower than its header and, on the sort column, the sort mark."""
+    return max(content, WIDTHS[key] or 0, len(HEADERS[key]) + (SORT_MARK if key == sort_column else 0), 1)
 
+
+def rank(key: str, varies: set[str], empty: set[str]) -> int:
+    """Which columns a narrow table keeps first (lower first): the axes whose value differs
+    between the rows shown (a length sweep's seq_len, a model comparison's model); the
+    model (a key column) even when it is the same on every row; the loss and elapsed time;
+    axes that are the same on every row (they tell no row from another); the device;
+    columns empty on every row."""
+    if key in empty:
+        return 6
+    if key in AXES and key in varies:
+        return 1
+    if key == "model":
+        return 2
+    if key in ("loss", "elapsed"):
+        return 3
+    if key in AXES:
+        return 4
+    return 5
+
+
+def layout(avail: int, natural: dict[str, int], varies: set[str], empty: set[str] = frozenset(),
+           sort_column: str | None = "id") -> dict[str, int]:
+    """The columns to show in ``avail`` cells of width: key -> the column's width (its
+    :func:`column_width`, or less for a truncated column). :data:`ALWAYS` first, then
+    :data:`KEEP` by :func:`rank` (KEEP order within a rank). A column that does not fit is
+    truncated if it may be (:data:`TRUNCATE`, never a key column) and its least width
+    fits beside the room kept for the varying axes after it that cannot be truncated, else
+    left out. ``natural``: each column's widest cell (headers are added here)."""
+    width = {k: column_width(k, natural.get(k, 0), sort_column) for k, *_ in COLUMNS}
+    out = {k: width[k] for k in ALWAYS}
+    used = sum(width[k] + 2 * PAD for k in ALWAYS)
+    ranked = sorted(KEEP, key=lambda k: rank(k, varies, empty))  # stable: KEEP order within
+    for i, k in enumerate(ranked):
+        need = width[k] + 2 * PAD
+        # a truncatable column leaves room for the later varying axes that cannot shrink
+        later = 0 if k not in TRUNCATE else sum(
+            width[j] + 2 * PAD for j in ranked[i + 1:] if rank(j, varies, empty) <= 2 and j not in TRUNCATE)
+        if used + need + later <= avail:
+            out[k] = width[k]
+            used += need
+        elif k in TRUNCATE and avail - used - later - 2 * PAD >= TRUNCATE[k]:
+            out[k] = avail - used - later - 2 * PAD
+            used += out[k] + 2 * PAD
+    return {k: out[k] for k, *_ in COLUMNS if k in out}

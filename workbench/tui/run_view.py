@@ -20,11 +20,12 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import Screen
-from textual.widgets import Footer, Header, Static
+from textual.widgets import Header, Static
 
 from workbench.store import Run, Store
 from workbench.tui.background import PollsStore
-from workbench.tui.formatting import duration, number, percent, set_text, state_text
+from workbench.tui.formatting import accuracy, duration, number, percent, set_text, state_text
+from workbench.tui.help_screen import KeysFooter
 from workbench.tui.messages import KillRequested
 from workbench.tui.plots import MetricPlot
 from workbench.tui.system_panel import SystemPanel
@@ -100,7 +101,7 @@ class RunScreen(PollsStore, Screen):
                 yield Static("none yet", id="run-results")
                 yield Static("Config", classes="panel-title")
                 yield Static("", id="run-config")
-        yield Footer()
+        yield KeysFooter()
 
     def on_mount(self) -> None:
         self.title = f"run {self.run_id}"
@@ -180,7 +181,7 @@ class RunScreen(PollsStore, Screen):
         if run.last_loss is not None:
             t.append(f"  loss {number(run.last_loss)}")
         if run.last_accuracy is not None:
-            t.append(f"  acc {number(run.last_accuracy, 3)}")
+            t.append(f"  acc {accuracy(run.last_accuracy)}")
         return t
 
     def _show_side(self, run: Run, results: dict[str, dict[str, float | None]]) -> None:
@@ -202,7 +203,9 @@ class RunScreen(PollsStore, Screen):
                 for name, value in values.items():
                     if value is None:  # not measured here (e.g. GPU figures on a CPU run)
                         continue
-                    out.append(f"  {name:<24} {number(value, 5):>10}\n")
+                    # accuracies with three decimals (1.000 beside 0.997), other figures 5 digits
+                    shown = accuracy(value) if "accuracy" in name else number(value, 5)
+                    out.append(f"  {name:<24} {shown:>10}\n")
             set_text(res, out)
         else:
             set_text(res, Text("none yet" if not run.finished else "none recorded", style="dim"))

@@ -13,10 +13,14 @@ the cursor down (to mark a list with repeated presses); ``k`` kills and ``r`` re
 marked run after one confirmation naming how many (with nothing marked, the run under the
 cursor); ``c`` compares the marked runs, ``p`` the profile of the run under the cursor.
 
-Narrow terminals: the mark, id, state, progress and accuracy columns always stay; the
-others are shown in :data:`KEEP` order while they fit, columns whose value is the same on
-every row shown go last, and model, task, grid and profile are truncated (…) rather than
-dropped when a part of them fits (:func:`layout`).
+Narrow terminals: the mark, id, state, progress and accuracy columns always stay; then the
+sweep's axes whose value differs between the rows shown (model, seq_len, task setting, grid
+point, seed, profile), so two runs of a sweep never read the same at 80x24; then the model,
+loss and elapsed time; columns whose value is the same on every row go last. Task, grid
+and profile may be truncated (…) when a part of them fits; the key columns (id, model,
+seq_len, state, accuracy) never are (:func:`layout`). Every column has an explicit width
+(:func:`column_width`), so rows added or changed later never leave the header and the
+rows misaligned.
 
 Sweeps of thousands of runs: the poll reads the runs without their spec and fields JSON
 (:func:`table_runs`: only each run's grid point and task setting, read once per run), a
@@ -35,8 +39,8 @@ from textual.widgets import DataTable
 from workbench.store import Run
 from workbench.tui.marked_actions import MarkedRunActions
 from workbench.tui.messages import OpenRun
-from workbench.tui.run_cells import (COLUMNS, FIXED, HEADERS, KEEP, MEASURED, SORTABLE, WIDTHS, grid_labels, layout,
-                                     order, row_cells, row_key)
+from workbench.tui.run_cells import (COLUMNS, FIXED, HEADERS, KEEP, MEASURED, SORTABLE, WIDTHS, column_width,
+                                     grid_labels, layout, order, row_cells, row_key)
 from workbench.tui.run_filter import FilterScreen, RunFilter
 
 REBUILD_AT = 20  # rows leaving at once from which the table is rebuilt, not pruned
@@ -50,17 +54,20 @@ class RunsTable(MarkedRunActions, DataTable):
     (``f``, ``/``) keeps some rows; :attr:`all_runs` holds every run of the last poll.
     """
 
+    # short footer words (the tooltip is what `?` lists), so that / s f ? q fit at 120 columns
     BINDINGS = [
-        Binding("enter", "open_run", "Open run"),
-        Binding("k", "kill_run", "Kill marked/this"),
-        Binding("r", "resume_run", "Resume marked/this"),
-        Binding("space", "toggle_mark", "Mark + down"),
-        Binding("c", "compare", "Compare marked"),
-        Binding("p", "compare_profile", "Compare profile"),
-        Binding("f", "filter_profile", "Only this profile / all"),
-        Binding("slash", "filter_dialog", "Filter"),
-        Binding("s", "sort_next", "Sort column"),
-        Binding("S", "sort_reverse", "Sort order", show=False),
+        Binding("enter", "open_run", "Open", tooltip="Open the run: curves, settings, results"),
+        Binding("space", "toggle_mark", "Mark+down", tooltip="Mark or unmark the run, then move down"),
+        Binding("k", "kill_run", "Kill", tooltip="Kill the marked runs (or this one), after a confirmation"),
+        Binding("r", "resume_run", "Resume",
+                tooltip="Resume the marked runs (or this one) from their checkpoints, after a confirmation"),
+        Binding("c", "compare", "Compare", tooltip="Compare the marked runs' curves"),
+        Binding("p", "compare_profile", "Compare profile", show=False,
+                tooltip="Compare every run of this run's profile"),
+        Binding("f", "filter_profile", "This profile", tooltip="Only this run's profile / all runs"),
+        Binding("slash", "filter_dialog", "Filter", tooltip="Filter: profile:, model:, state:, task:, words"),
+        Binding("s", "sort_next", "Sort", tooltip="Sort by the next column"),
+        Binding("S", "sort_reverse", "Sort order", show=False, tooltip="Reverse the sort order"),
         Binding("u", "unmark", "Unmark all", show=False),
     ]
 
@@ -87,8 +94,10 @@ class RunsTable(MarkedRunActions, DataTable):
         self._labels: dict[str, str] = {}  # grid key -> short label
         self._grid_keys: list[str] = []
         self._grid_sig: tuple = ()
-        self._columns: dict[str, int | None] = {k: None for k, *_ in COLUMNS}  # shown: width
-        self._natural: dict[str, int] = {k: len(h) + 2 for k, h, _ in COLUMNS} | {k: WIDTHS[k] for k in FIXED}
+        self._natural: dict[str, int] = self._no_cells()
+        # the columns shown, key -> width: before the first layout every column at its header
+        self._columns: dict[str, int] = {k: column_width(k, self._natural[k], self.sort_column)
+                                         for k, *_ in COLUMNS}
         self._first: dict[str, str] = {}  # each measured column's first value
         self._varies: set[str] = set()  # the measured columns whose value differs between rows
 
@@ -103,9 +112,16 @@ class RunsTable(MarkedRunActions, DataTable):
         self._add_columns()
 
     def _add_columns(self) -> None:
+        # explicit widths only: a content-sized column is widened by DataTable lazily, and
+        # until its next full repaint the header and the rows not repainted kept the old
+        # width (misaligned, cut cells for seconds after a launch)
         for key, width in self._columns.items():
-            w = WIDTHS[key] if key in FIXED else width
-            self.add_column(self._header(key), key=key, width=w)
+            self.add_column(self._header(key), key=key, width=width)
+
+    @staticmethod
+    def _no_cells() -> dict[str, int]:
+        """The content widths before any row: 0, the format's width for fixed columns."""
+        return {k: WIDTHS[k] if k in FIXED else 0 for k, *_ in COLUMNS}
 
     def _avail(self) -> int:
         return self.size.width - self.styles.scrollbar_size_vertical
@@ -117,7 +133,7 @@ class RunsTable(MarkedRunActions, DataTable):
         if self.size.width <= 0:
             return False
         empty = {k for k in KEEP if k not in self._varies and not self._first.get(k)}
-        want = layout(self._avail(), self._natural, self._varies, empty)
+        want = layout(self._avail(), self._natural, self._varies, empty, self.sort_column)
         if want == self._columns:
             return False
         rid = self.current_run_id
@@ -140,7 +156,7 @@ class RunsTable(MarkedRunActions, DataTable):
     def _measure(self, shown: list[Run]) -> None:
         """Each column's widest cell (never narrower than its header and sort mark) and
         which columns differ between the rows shown, from scratch (rows came or went)."""
-        self._natural = {k: len(h) + 2 for k, h, _ in COLUMNS} | {k: WIDTHS[k] for k in FIXED}
+        self._natural = self._no_cells()
         self._first: dict[str, str] = {}
         self._varies = set()
         for run in shown:
@@ -240,9 +256,9 @@ class RunsTable(MarkedRunActions, DataTable):
                 key = str(rid)
                 for k in shown:
                     if old[k] != cells[k]:
-                        # content-sized columns may need to grow (then the virtual size
-                        # changes and DataTable repaints all by itself)
-                        self.update_cell(key, k, cells[k], update_width=k not in FIXED and shown[k] is None)
+                        # (a wider cell than its column changed the natural widths: the
+                        # table was laid out anew above, so widths never change here)
+                        self.update_cell(key, k, cells[k])
                         repaint.append(key)
         finally:
             self._batch = False
@@ -280,6 +296,8 @@ class RunsTable(MarkedRunActions, DataTable):
             raise ValueError(f"sort: unknown column {column!r}; columns: {', '.join(SORTABLE)}")
         old = self.sort_column
         self.sort_column, self.sort_reverse = column, reverse
+        if self._relayout():  # the sort column's header needs room for its mark
+            return
         for key in {old, column}:
             if key in self.columns:
                 self.columns[key].label = self._header(key)

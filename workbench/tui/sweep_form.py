@@ -37,13 +37,13 @@ from workbench.spec import profile as profiles
 from workbench.spec.profile import Profile, ProfileError
 from workbench.tui import paths
 from workbench.tui.form_checks import estimate_text, plain_message, registry_problems, run_count_text
-from workbench.tui.form_fields import (ALIASES, EXAMPLES, LABELS, TRAIN_INPUTS, UNITS, _fmt, default_eval_every,
-                                       field_for, required_params, split_list)
+from workbench.tui.form_fields import (ALIASES, DEFAULT_BUDGET, EXAMPLES, LABELS, TRAIN_INPUTS, UNITS, _fmt,
+                                       default_eval_every, field_for, required_params, split_list,
+                                       task_param_defaults, task_train_defaults)
 from workbench.tui.form_profile import FormProfile
 from workbench.tui.formatting import set_text
 from workbench.tui.model_picker import ModelPicker
 
-DEFAULT_BUDGET = "200"  # steps
 RECHECK_S = 0.25  # after a failed save/launch, the form is checked again this long after typing stops
 
 
@@ -74,10 +74,10 @@ class SweepForm(FormProfile, Vertical):
     problems of the last save/launch stays at the bottom either way."""
 
     BINDINGS = [
-        Binding("ctrl+s", "save", "Save profile"),
-        Binding("ctrl+o", "load", "Load profile"),
-        Binding("ctrl+r", "launch", "Launch sweep"),
-        Binding("ctrl+q", "app.quit", "Quit (runs go on)"),
+        Binding("ctrl+s", "save", "Save", tooltip="Save the profile (TOML)"),
+        Binding("ctrl+o", "load", "Load", tooltip="Load a profile into the form"),
+        Binding("ctrl+r", "launch", "Launch", tooltip="Launch the sweep"),
+        Binding("ctrl+q", "app.quit", "Quit", tooltip="Quit (runs go on)"),
     ]
 
     class Launch(Message):
@@ -99,6 +99,9 @@ class SweepForm(FormProfile, Vertical):
         self._errors_shown = False  # a save/launch found problems: re-check as fields change
         self._recheck_timer: Timer | None = None
         self._eval_auto = default_eval_every("steps", DEFAULT_BUDGET)
+        # fields the form filled itself (budget, learning rate: the task's defaults) and
+        # what it put there: they follow the task until the user types a value of their own
+        self._auto: dict[str, str] = task_train_defaults("")
         self._built: dict[tuple, str | None] = {}  # (task, params, length) -> build error
         saved = paths.load_state(state_dir).get("profile_path") if state_dir is not None else None
         self.last_path: Path | None = Path(saved) if saved else None
@@ -176,6 +179,7 @@ class SweepForm(FormProfile, Vertical):
 
     async def on_mount(self) -> None:
         await self._show_task(self.query_one("#task", Select).value)
+        self._apply_task_training(str(self.query_one("#task", Select).value))
         self._show_run_count()
         self._show_eval_unit()
         self.set_status("")
@@ -301,16 +305,30 @@ class SweepForm(FormProfile, Vertical):
     async def _task_changed(self, event: Select.Changed) -> None:
         if event.value != self._params_task and event.value is not Select.NULL:
             await self._show_task(str(event.value))
+            self._apply_task_training(str(event.value))
             self._show_run_count()
             self._recheck()
 
+    def _apply_task_training(self, name: str) -> None:
+        """The task's budget and learning rate (:func:`task_train_defaults`) into the fields
+        that still hold what the form put there itself; a value the user typed stays."""
+        for fid, value in task_train_defaults(name).items():
+            if fid == "budget" and self._select("budget_kind") != "steps":
+                continue
+            field = self.query_one(f"#{fid}", Input)
+            if fid in self._auto and field.value.strip() == self._auto[fid]:
+                field.value = value
+                self._auto[fid] = value
+
     async def _show_task(self, name: str, values: dict[str, Any] | None = None) -> None:
-        """Generate one input per task parameter (seq_len comes from the sweep's lengths)."""
+        """Generate one input per task parameter (seq_len comes from the sweep's lengths),
+        holding ``values`` (a loaded profile's) or else the form's starting values for the
+        task (:func:`task_param_defaults`), the registry's for the others."""
         self._params_task = name
         self.query_one("#task-desc", Static).update(Text(tasks.describe(name)))
         box = self.query_one("#task-params", Vertical)
         await box.remove_children()
-        values = values or {}
+        values = task_param_defaults(name) if values is None else values
         required = required_params(name)
         rows = []
         for p, default in tasks.parameters(name).items():
