@@ -259,8 +259,8 @@ class WorkbenchApp(PollsStore, App):
                                             f"seed {run.seed}), now {run.state}?")), answer)
 
     def on_resume_requested(self, message: ResumeRequested) -> None:
-        """`r` on one run (nothing marked) or in the run view: confirmed first, as the README
-        says of `k` / `r` (resuming starts a worker; a stray key must not)."""
+        """`r` on one run (nothing marked): confirmed first, as the README says of `k` / `r`
+        (resuming starts a worker; a stray key must not)."""
         with self.store_lock:
             run = self.store.get(message.run_id)
         if run is None:
