@@ -83,3 +83,35 @@ def test_system_samples_keep_the_runs_own_gpu_memory_and_old_stores_upgrade(tmp_
     assert s.system(rid)[-1]["gpu_proc_mem_mb"] == 700.0
     assert s.system(1)[0]["cpu_percent"] == 50.0 and s.system(1)[0]["gpu_proc_mem_mb"] is None
     Store(tmp_path)  # opening again is a no-op
+
+
+def test_a_second_store_of_the_same_folder_keeps_the_first_ones_reads_current(tmp_path):
+    """Opening the store again in one process (``resume`` or ``run`` called where the TUI
+    or a test holds it open) must not drop the first connection's locks on the database
+    file: then another process closing its connection took itself for the last one and
+    deleted the -wal and -shm files, and this process read an old snapshot for good (a
+    resumed run stayed "pending" to a waiting test for 5 minutes after it finished)."""
+    first = Store(tmp_path)
+    (rid,) = first.add_runs([spec()])
+    Store(tmp_path).close()  # a second Store here, opened and closed
+
+    def writer(state, hold):
+        code = ("import sys\nfrom workbench.store import Store\n"
+                f"s = Store({str(tmp_path)!r})\n"
+                f"with s.tx() as c:\n    c.execute(\"UPDATE runs SET state='{state}' WHERE id={rid}\")\n"
+                "print('written', flush=True)\n"
+                + ("sys.stdin.read()\n" if hold else "") + "s.close()\n")
+        return subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, text=True)
+
+    p = writer("running", hold=False)
+    assert p.communicate(timeout=120)[0].strip() == "written"
+    # this process's connection is still open: the closing writer was not the last one
+    assert (tmp_path / "store.sqlite-wal").exists()
+    p = writer("finished", hold=True)  # commits, then keeps its connection open
+    try:
+        assert p.stdout.readline().strip() == "written"
+        assert first.get(rid).state == "finished"
+        assert Store(tmp_path).get(rid).state == "finished"
+    finally:
+        p.communicate("", timeout=120)

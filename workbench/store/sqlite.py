@@ -18,6 +18,7 @@ limit) and saved a checkpoint if it could. Runs that did not finish can be put b
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import os
@@ -37,6 +38,24 @@ from workbench.store.run import (FINAL_RESULT, TERMINAL, UNFINISHED, Run, defaul
 from workbench.store.schema import SCHEMA, SCHEMA_VERSION, TABLES
 
 LOCK_FILE = "store.lock"       # serialises creating and upgrading the database (Store._open_writable)
+
+
+def _check_writable(path: Path) -> None:
+    """Raise OSError (EROFS, EACCES) when ``path`` cannot be opened for writing. Without
+    opening it: closing any descriptor of the database file drops every POSIX lock this
+    process holds on it, those of its open SQLite connections too. Another process then
+    takes itself for the last connection and deletes the -wal and -shm files under them,
+    and they read a stale snapshot from then on (a second Store of the same folder in one
+    process, e.g. `resume` called where the store is already open, left a run "pending" to
+    its first Store for good; SQLite's "How To Corrupt", section 2.2)."""
+    if os.access(path, os.W_OK, effective_ids=os.access in os.supports_effective_ids):
+        return
+    try:
+        read_only_fs = bool(os.statvfs(path).f_flag & os.ST_RDONLY)
+    except OSError:
+        read_only_fs = False
+    code = errno.EROFS if read_only_fs else errno.EACCES
+    raise OSError(code, os.strerror(code), str(path))
 
 
 class Store:
@@ -94,9 +113,8 @@ class Store:
             fcntl.flock(lock, fcntl.LOCK_EX)
             if self.path.exists():
                 # SQLite opens a database file it may not write read-only without a word (and
-                # even takes its write lock): open it for writing as SQLite would, which
-                # writes nothing and fails as the file system says (EROFS, EACCES)
-                os.close(os.open(self.path, os.O_RDWR))
+                # even takes its write lock): ask the file system first (EROFS, EACCES)
+                _check_writable(self.path)
             c = self.conn
             if self._needs_setup(c):
                 if c.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
