@@ -11,7 +11,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from workbench.spec.expand import (GRID_SECTIONS, TaskSetting, _combos, _model_options, _Sections, _show,
+from workbench.spec.expand import (GRID_SECTIONS, TaskSetting, _combos, _Sections, _show, resolve_model,
                                    task_settings)
 from workbench.spec.schema import (ModelChoice, ModelSection, Profile, ProfileError, TrainSection, _FieldError,
                                    _json_key)
@@ -325,13 +325,13 @@ def _check_registries(p: Profile, path: str, where: _Where) -> None:
         for mc in _combos(p, "model"):
             msec = sections.get("model", mc)
             w = _point_where(p, where, mc)
-            options = _model_options(msec, choice)
+            res = resolve_model(p, choice, msec, p.train)  # its size and recipe
+            options = res.options
             backbone_opts, compose_opts = split_options(options)
             try:
                 models.check_options(choice.name, backbone_opts)
                 check_compose_options(compose_opts)
-                _build_on_meta_once(choice.name, choice.d_model or msec.d_model,
-                                    choice.n_layers or msec.n_layers, backbone_opts, waiting)
+                _build_on_meta_once(choice.name, res.d_model, res.n_layers, backbone_opts, waiting)
             except models.OptionError as e:
                 at = _option_where(msec, i, choice, e.option, w)
                 problems.append(f"  model options for {choice.display!r}{at}: {e.option} = {e.value!r}: "

@@ -12,6 +12,8 @@ from typing import Any
 import tomli_w
 from pydantic import ValidationError
 
+from workbench.spec import recipes
+from workbench.spec.budget import run_budget
 from workbench.spec.run_spec import RunSpec
 from workbench.spec.schema import (FROM_FILE, ModelChoice, ModelSection, Profile, ProfileError, TaskSection,
                                    TrainSection, _json_key)
@@ -94,7 +96,9 @@ class _Sections:
 
     def __init__(self, p: Profile):
         self.p = p
-        self.base = {s: getattr(p, s).model_dump(mode="json", exclude_none=True) for s in ("train", "model")}
+        # only the keys written (exclude_unset): the sections at a point then know which keys
+        # the profile wrote (model_fields_set), which a size or recipe must not change
+        self.base = {s: getattr(p, s).model_dump(mode="json", exclude_unset=True) for s in ("train", "model")}
         self.cache: dict[tuple, Any] = {}
 
     def get(self, section: str, point: dict[str, Any]):
@@ -133,10 +137,17 @@ def expand(p: Profile) -> list[RunSpec]:
         for choice in p.sweep.model_choices():
             for L in ts.seq_lens:
                 for point, train, msec in at_point:
-                    opts = _model_options(msec, choice)
-                    d_model = choice.d_model or msec.d_model
-                    n_layers = choice.n_layers or msec.n_layers
+                    res = resolve_model(p, choice, msec, train)
+                    opts, d_model, n_layers = res.options, res.d_model, res.n_layers
+                    train_r = res.train_section if res.train_section is not None else train
                     params = {**ts.params, **{k[5:]: v for k, v in point.items() if k.startswith("task.")}}
+                    bparams = dict(params, **({"seq_len": L} if L is not None else {}))
+                    try:
+                        budget = run_budget(train_r, model=choice.name, d_model=d_model, n_layers=n_layers,
+                                            options=opts, task=ts.task.name, task_params=bparams)
+                    except ProfileError as e:
+                        raise ProfileError(f"{p.name}: model {choice.display!r}, task {ts.task.name!r}"
+                                           f"{f' at seq_len {L}' if L is not None else ''}: {e}") from None
                     for seed in p.sweep.seeds:
                         task_params = dict(params)
                         if L is not None:
@@ -147,14 +158,19 @@ def expand(p: Profile) -> list[RunSpec]:
                             **{f"task.{k}": v for k, v in params.items() if _scalar(v)},
                             **{f"opt.{k}": v for k, v in opts.items() if _scalar(v)},
                         }
+                        if res.size is not None:
+                            fields["size"] = res.size
+                        if res.recipe is not None:
+                            fields["recipe"] = res.recipe["name"]
                         if v2:
                             fields.update(point)
                             fields["task_setting"] = ts.setting
                         specs.append(RunSpec(
                             profile=p.name, model=choice.name, label=choice.display, model_options=opts,
                             d_model=d_model, n_layers=n_layers, task=ts.task.name, task_params=task_params,
-                            seq_len=L, seed=seed, train=train, index=len(specs), fields=fields,
+                            seq_len=L, seed=seed, train=train_r, index=len(specs), fields=fields,
                             grid=dict(point) if v2 else None, task_setting=ts.setting if v2 else None,
+                            budget=budget, size=res.size, recipe=res.recipe,
                         ))
     return specs
 
@@ -173,6 +189,34 @@ def summary(p: Profile, n_runs: int | None = None) -> str:
         lens = ""
     grid = f" x {len(grid_points(p))} grid point(s)" if p.sweep.grid else ""
     return (f"{head}{len(p.sweep.models)} model(s) x {lens}{len(p.sweep.seeds)} seed(s){grid} = {n} run(s)")
+
+
+_RESOLVED: dict[str, Any] = {}
+
+
+def resolve_model(p: Profile, choice: ModelChoice, msec: ModelSection, train: TrainSection) -> recipes.Resolved:
+    """One model's width, depth, options and train section at a grid point (``msec`` and
+    ``train``: the sections there) after its size and recipe (workbench.spec.recipes); keys
+    the profile writes win. ``.train_section`` is None where neither applies (the section
+    as written, so a profile without them expands to the same specs as before)."""
+    written_train = {k: getattr(train, k) for k in train.model_fields_set}
+    written = lambda k: getattr(choice, k) or (getattr(msec, k) if k in msec.model_fields_set else None)  # noqa: E731
+    res = recipes.resolve(choice.name, recipe=choice.recipe or p.recipe, size=choice.size or msec.size,
+                          written_train=written_train, d_model=written("d_model"), n_layers=written("n_layers"),
+                          default_d_model=msec.d_model, default_n_layers=msec.n_layers,
+                          options=_model_options(msec, choice))
+    res.train_section = None
+    if res.train is not None:
+        key = _json_key({k: (v.model_dump() if hasattr(v, "model_dump") else v) for k, v in res.train.items()})
+        if key not in _RESOLVED:
+            try:
+                _RESOLVED[key] = TrainSection.model_validate(res.train)
+            except ValidationError as e:
+                what = " and ".join(x for x in (res.recipe and f"recipe {res.recipe['name']!r}",
+                                                res.size and f"size {res.size!r}") if x)
+                raise ProfileError(f"{p.name}: model {choice.display!r} with {what}: {e}") from None
+        res.train_section = _RESOLVED[key].model_copy(deep=True)
+    return res
 
 
 def _model_options(msec: ModelSection, choice: ModelChoice) -> dict[str, Any]:

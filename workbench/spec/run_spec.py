@@ -32,6 +32,10 @@ RESIDENT_MAX_BYTES = 1 << 30  # fixed training sets up to this size are moved to
 
 # train settings that change when a checkpoint is written, never what is computed
 NEUTRAL_TRAIN_KEYS = ("checkpoint_every", "checkpoint_minutes")
+# spec and train keys written only when set (added after stores existed: a spec without
+# them keeps its spec_key)
+OPTIONAL_KEYS = ("grid", "task_setting", "budget", "size", "recipe")
+OPTIONAL_TRAIN_KEYS = ("tokens", "flops", "tokens_per_param")
 
 
 @dataclass
@@ -57,11 +61,19 @@ class RunSpec:
     # task_setting as "baseline" and a missing grid as {}
     grid: dict[str, Any] | None = None
     task_setting: str | None = None
+    # only where a profile uses them (absent otherwise, so other specs and their spec_key
+    # stay as they were): a budget in tokens / FLOPs / tokens per parameter and the steps it
+    # became (workbench.spec.budget), the size preset's name, the recipe's name and the keys
+    # it set ({"name", "keys": {dotted key: value}}; workbench.spec.recipes)
+    budget: dict[str, Any] | None = None
+    size: str | None = None
+    recipe: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        """The dict the store keeps (JSON types; schema 1 specs without grid/task_setting)."""
-        d = {k: v for k, v in self.__dict__.items() if v is not None or k not in ("grid", "task_setting")}
-        d["train"] = self.train.model_dump(mode="json")
+        """The dict the store keeps (JSON types; without the optional keys that are None)."""
+        d = {k: v for k, v in self.__dict__.items() if v is not None or k not in OPTIONAL_KEYS}
+        d["train"] = {k: v for k, v in self.train.model_dump(mode="json").items()
+                      if v is not None or k not in OPTIONAL_TRAIN_KEYS}
         return d
 
     @classmethod

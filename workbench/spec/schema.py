@@ -15,7 +15,11 @@ from annotated_types import Le
 from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, ValidationInfo,
                       field_validator, model_validator)
 
+from workbench.spec.recipes import RECIPE_NAMES, SIZE_NAMES
 from workbench.spec.slurm_settings import SlurmSettings
+
+SizeName = Literal[SIZE_NAMES]      # workbench.spec.recipes.SIZES
+RecipeName = Literal[RECIPE_NAMES]  # workbench.spec.recipes.RECIPES
 
 SCHEMA_VERSION = 2  # the version this tool writes; it reads SCHEMA_VERSIONS
 SCHEMA_VERSIONS = (1, 2)  # 2 adds [sweep.grid], [[tasks]] and task variants
@@ -100,6 +104,8 @@ class ModelChoice(_Strict):
     label: str | None = None
     d_model: Int | None = Field(default=None, gt=0)
     n_layers: Int | None = Field(default=None, gt=0)
+    size: SizeName | None = None      # this model's size preset (wins over [model] size)
+    recipe: RecipeName | None = None  # this model's recipe (wins over the profile's)
 
     def options(self) -> dict[str, Any]:
         return dict(self.model_extra or {})
@@ -195,6 +201,9 @@ class SweepSection(_Strict):
 class ModelSection(_Strict):
     d_model: Int = Field(default=64, gt=0)
     n_layers: Int = Field(default=2, gt=0)
+    # a size preset (workbench.spec.recipes): d_model, n_layers (2x for one-mixer models) and
+    # the lr, each unless written; a grid axis as "model.size"
+    size: SizeName | None = None
     # Composition options for every model of the sweep (a model's own options win); unset,
     # each model gets its reference implementation's init (`ssm-workbench models`).
     init_scheme: Literal["torch", "mamba", "hf"] | None = None
@@ -218,9 +227,19 @@ class EarlyStopping(_Strict):
     target: Float | None = Field(default=None, gt=0, le=1)
 
 
+BUDGET_KEYS = ("epochs", "steps", "tokens", "flops", "tokens_per_param")
+# budgets turned into steps when a profile expands (workbench.spec.budget); a RunSpec keeps
+# the one asked and records the steps in its ``budget``
+STEP_BUDGETS = ("tokens", "flops", "tokens_per_param")
+
+
 class TrainSection(_Strict):
     epochs: Int | None = Field(default=None, gt=0)
     steps: Int | None = Field(default=None, gt=0)
+    tokens: Int | None = Field(default=None, gt=0)      # batch_size x seq_len tokens a step
+    flops: Float | None = Field(default=None, gt=0)     # training FLOPs (models.flops' count)
+    # x the backbone's non-embedding parameters (Chinchilla's rule: about 20)
+    tokens_per_param: Float | None = Field(default=None, gt=0)
     batch_size: Int = Field(default=32, gt=0)
     eval_batch_size: Int | None = Field(default=None, gt=0)
     # lr <= 1: both optimizers are Adam, whose step moves each weight by about lr, so a
@@ -259,8 +278,11 @@ class TrainSection(_Strict):
 
     @model_validator(mode="after")
     def _one_budget(self):
-        if (self.epochs is None) == (self.steps is None):
-            raise ValueError("give exactly one of train.epochs or train.steps")
+        given = [k for k in BUDGET_KEYS if getattr(self, k) is not None]
+        if len(given) != 1:
+            got = f"got {', '.join('train.' + k for k in given)}" if given else "got none"
+            raise ValueError("give exactly one of train.epochs or train.steps, or a budget in "
+                             f"train.tokens, train.flops or train.tokens_per_param ({got})")
         # (in epochs mode the total is known only with the task: _check_budget)
         if self.steps is not None and self.warmup_steps > self.steps:
             raise _FieldError("warmup_steps", f"warmup_steps = {self.warmup_steps} is longer than the "
@@ -327,6 +349,9 @@ class Profile(_Strict):
     executor: Literal["local", "slurm"] = "local"
     slurm: SlurmSettings = Field(default_factory=SlurmSettings)  # the #SBATCH settings
     needs: list[Need] = Field(default_factory=list)  # data and checkpoints not in the repository
+    # a named preset of train keys and model options (workbench.spec.recipes); keys the
+    # profile writes win; a sweep entry's own recipe wins over this one
+    recipe: RecipeName | None = None
 
     @field_validator("schema_version")
     @classmethod

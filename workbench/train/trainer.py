@@ -150,6 +150,10 @@ class Trainer:
             if not per_epoch:
                 raise RunFailed(f"task {self.task.name} draws fresh batches: give train.steps, not epochs")
             return self.cfg.epochs * per_epoch, per_epoch
+        if self.cfg.steps is None:  # train.tokens / flops / tokens_per_param: steps from expand
+            if not self.spec.budget:
+                raise RunFailed("the run's spec has a token or FLOP budget but no steps (spec.budget)")
+            return self.spec.budget["steps"], per_epoch
         return self.cfg.steps, per_epoch
 
     def _resident_train(self) -> Batch | None:
