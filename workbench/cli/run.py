@@ -275,6 +275,26 @@ def cmd_run(args) -> int:
     return 0
 
 
+def _budget_lines(specs) -> list[str]:
+    """One line per distinct run (seeds aside) whose budget is in tokens, FLOPs or tokens
+    per parameter: the budget asked, the steps it became, the tokens and FLOPs they train."""
+    from workbench.spec.estimate import fmt_count
+
+    out: dict[str, None] = {}
+    for s in specs:
+        b = s.budget
+        if not b:
+            continue
+        (kind, asked), = b["asked"].items()
+        point = "".join(f" {k.removeprefix('model.')}={v}" for k, v in (s.grid or {}).items())
+        flops = f", {b['flops']:.3g} FLOPs" if b.get("flops") is not None else ""
+        params = (f", N {fmt_count(b['params_non_embedding'])}" if b.get("params_non_embedding") is not None
+                  else "")
+        out[f"  {s.label} L={b['seq_len']}{point}: {kind} {asked:,} -> {b['steps']:,} steps x "
+            f"{b['tokens_per_step']:,} = {b['tokens']:,} tokens{flops}{params}"] = None
+    return list(out)
+
+
 def _dry_run(prof, ests, args) -> int:
     """What `run` would launch: one row (or JSON object) per run, with its task setting and
     each grid value under its dotted key, and the count; no store is touched."""
@@ -294,6 +314,8 @@ def _dry_run(prof, ests, args) -> int:
             if v2:
                 row["task_setting"] = spec.task_setting
                 row.update(spec.grid or {})
+            if spec.budget:  # train.tokens / flops / tokens_per_param and the steps it became
+                row["budget"] = spec.budget
             rows.append(row)
         print(json.dumps(rows, indent=1))
         return 2 if refused else 0
@@ -308,6 +330,8 @@ def _dry_run(prof, ests, args) -> int:
                   *(_fmt(spec.grid[k]) for k in grid_keys), fmt_count(e.params),
                   e.peak_text(), e.device, e.fits_text())
     console.print(t)
+    for line in _budget_lines(specs):
+        console.print(line, markup=False, highlight=False, soft_wrap=True)
     for what in sorted({e.limit_what for e in ests if e.limit_what}):
         console.print(f"  limit: {what}", markup=False, highlight=False)
     for n in sorted({e.error for e in ests if e.error}):
