@@ -222,3 +222,14 @@ def test_dry_run_lines_show_steps_tokens_and_flops():
     assert f"flops {float(FPT_HAND * 512 * 7):,}" in line and "-> 7 steps x 512 = 3,584 tokens" in line
     assert f"{FPT_HAND * 512 * 7:.3g} FLOPs" in line
     assert _budget_lines(specs(train="steps = 5")) == []
+
+
+def test_a_saved_profile_keeps_its_recipe_and_size_in_force():
+    from workbench.spec.profile import dumps
+
+    text = BASE.format(top='recipe = "transformer++"', models='"transformer", "mamba"', grid="",
+                       model='size = "tiny-1m"', train="tokens = 5120")
+    before = [s.to_dict() for s in expand(loads(text))]
+    again = dumps(loads(text))
+    assert "lr" not in again and "d_model" not in again     # defaults are not written back
+    assert [s.to_dict() for s in expand(loads(again))] == before

@@ -125,6 +125,11 @@ def to_dict(p: Profile) -> dict[str, Any]:
     """The profile as TOML data (what :func:`dumps` writes): sections it does not use
     (a schema 1 profile's grid and [[tasks]]) are left out, so it loads back the same."""
     d = p.model_dump(mode="json", exclude_none=True)
+    if uses_presets(p):
+        # a size or recipe fills the keys the profile does not write: write only the keys
+        # written, or the defaults would come back as written keys and win over the presets
+        for sec in ("train", "model"):
+            d[sec] = getattr(p, sec).model_dump(mode="json", exclude_none=True, exclude_unset=True)
     d.pop("task", None)
     d.pop("tasks", None)
     if p.task is not None:
@@ -143,6 +148,12 @@ def to_dict(p: Profile) -> dict[str, Any]:
         if not d.get(key):
             d.pop(key, None)
     return d
+
+
+def uses_presets(p: Profile) -> bool:
+    """Whether a size or a recipe (workbench.spec.recipes) applies anywhere in ``p``."""
+    return bool(p.recipe or p.model.size or "model.size" in p.sweep.grid
+                or any(c.recipe or c.size for c in p.sweep.model_choices()))
 
 
 def dumps(p: Profile) -> str:
