@@ -90,8 +90,9 @@ def test_exactly_one_budget(train, got):
 
 
 def test_a_warmup_longer_than_the_budget_is_refused():
-    with pytest.raises(ProfileError, match="warmup_steps = 20 is longer than the whole run"):
+    with pytest.raises(ProfileError, match="warmup_steps = 20 is longer than the whole run") as e:
         specs(train="tokens = 5120\nwarmup_steps = 20")
+    assert "train.tokens (line " in str(e.value)   # a problem of the profile, at its line
 
 
 # ----------------------------------------------------------------------------- recipes
@@ -140,6 +141,12 @@ def test_size_presets_give_width_depth_and_lr_and_mamba_twice_the_layers():
                  model='size = "350m"', train="steps = 5")
     assert (p.d_model, p.n_layers, p.train.lr) == (32, 24, 1.5e-3)
     assert p.model_options == {"pos": "rope", "norm": "rms"}
+
+
+def test_a_size_grid_is_refused_where_a_model_sets_its_own_size():
+    with pytest.raises(ProfileError, match="sets its own size"):
+        specs(models_='{name = "mamba", size = "tiny-1m"}', train="steps = 5", model="",
+              grid='[sweep.grid]\n"model.size" = ["tiny-1m", "tiny-3m"]')
 
 
 def test_size_is_a_grid_axis():

@@ -98,7 +98,7 @@ def run_budget(train, *, model: str, d_model: int, n_layers: int, options: dict[
     steps = max(1, math.ceil(tokens / per_step - 1e-9))
     if train.warmup_steps > steps:
         raise ProfileError(f"train.warmup_steps = {train.warmup_steps} is longer than the whole run: "
-                           f"train.{kind} = {asked:g} is {steps} step(s) of {per_step:,} tokens for "
+                           f"train.{kind} = {asked:,} is {steps} step(s) of {per_step:,} tokens for "
                            f"{model} (d_model {d_model}, {n_layers} layers)")
     return {"asked": {kind: asked}, "steps": steps, "tokens_per_step": per_step, "seq_len": L,
             "tokens": steps * per_step, "flops_per_token": fpt,

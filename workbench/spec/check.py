@@ -312,7 +312,7 @@ def _check_registries(p: Profile, path: str, where: _Where) -> None:
             problems.append(f"  sweep.grid '{key}'{_grid_at(where, key)}: {target!r} is not a model of the "
                             f"sweep ({', '.join(sorted(swept))}), so every value would repeat the same runs")
         for i, c in enumerate(choices):
-            own = opt in c.options() or (opt in ("d_model", "n_layers") and getattr(c, opt) is not None)
+            own = opt in c.options() or (opt in ("d_model", "n_layers", "size") and getattr(c, opt) is not None)
             if (target is None or c.name == target) and own:
                 problems.append(f"  sweep.grid '{key}'{_grid_at(where, key)}: model {c.display!r} sets its own "
                                 f"{opt}{where('sweep', 'models', i, opt)}, which wins over the grid")
@@ -362,10 +362,29 @@ def _check_registries(p: Profile, path: str, where: _Where) -> None:
     if dupes:
         problems.append(f"  sweep.models{where('sweep', 'models')}: duplicate model label(s) {', '.join(dupes)}; "
                         f"give each a distinct 'label'")
+    if not problems and not absent:
+        problems += _check_budgets(p, where)
     if problems:
         raise ProfileError(_problems_text(path, problems))
     if absent:
         raise DataAbsent(path, p, absent)
+
+
+def _check_budgets(p: Profile, where: _Where) -> list[str]:
+    """Budgets in tokens, FLOPs or tokens per parameter become steps per run
+    (workbench.spec.budget) when the profile expands: expand it here, so a budget that
+    cannot be counted, or a warm-up longer than it, is a problem of the profile."""
+    from workbench.spec.expand import expand
+    from workbench.spec.schema import STEP_BUDGETS
+
+    kinds = [k for k in STEP_BUDGETS if getattr(p.train, k) is not None or f"train.{k}" in p.sweep.grid]
+    if not kinds:
+        return []
+    try:
+        expand(p)
+    except ProfileError as e:
+        return [f"  train.{kinds[0]}{where('train', kinds[0])}: {str(e).removeprefix(p.name + ': ')}"]
+    return []
 
 
 # ---------------------------------------------------------------------------------------
