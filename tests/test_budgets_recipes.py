@@ -240,3 +240,9 @@ def test_a_saved_profile_keeps_its_recipe_and_size_in_force():
     again = dumps(loads(text))
     assert "lr" not in again and "d_model" not in again     # defaults are not written back
     assert [s.to_dict() for s in expand(loads(again))] == before
+
+
+def test_a_budget_given_with_set_replaces_the_files():
+    text = BASE.format(top="", models='"gated_mlp"', grid="", model="d_model = 16\nn_layers = 2", train="steps = 5")
+    (s,) = expand(loads(text, overrides=["train.tokens=5120"]))
+    assert s.train.steps is None and s.budget["steps"] == 10

@@ -35,7 +35,7 @@ __all__ = ["SCHEMA_VERSION", "SCHEMA_VERSIONS", "DataAbsent", "ModelChoice", "Mo
 from workbench.spec.check import DataAbsent, _check_grid, _check_registries, _problems_text, absent_needs  # noqa: F401
 from workbench.spec.expand import TaskSetting, _set_path, expand, grid_points, summary, task_settings  # noqa: F401
 from workbench.spec.run_spec import RunSpec  # noqa: F401
-from workbench.spec.schema import (FROM_FILE, SCHEMA_VERSION, SCHEMA_VERSIONS, ModelChoice,  # noqa: F401
+from workbench.spec.schema import (BUDGET_KEYS, FROM_FILE, SCHEMA_VERSION, SCHEMA_VERSIONS, ModelChoice,  # noqa: F401
                                    ModelSection, Need, Profile, ProfileError, PublishedValue, SweepSection,
                                    TaskSection, TrainSection)
 from workbench.spec.where import _validation_message, _Where
@@ -113,6 +113,12 @@ def apply_overrides(data: dict[str, Any], overrides: list[str], path: str = "<st
             _set_path(data, parts, value)
         except ValueError as e:
             raise ProfileError(f"--set {item!r}: {e} in {path}") from None
+        if len(parts) == 2 and parts[0] == "train" and parts[1] in BUDGET_KEYS:
+            # a budget given on the command line replaces the file's (train.steps ->
+            # train.tokens), since a profile has exactly one
+            for k in BUDGET_KEYS:
+                if k != parts[1]:
+                    data["train"].pop(k, None)
         origins[tuple(parts)] = f"from --set {item}"
     return origins
 
