@@ -246,3 +246,11 @@ def test_a_budget_given_with_set_replaces_the_files():
     text = BASE.format(top="", models='"gated_mlp"', grid="", model="d_model = 16\nn_layers = 2", train="steps = 5")
     (s,) = expand(loads(text, overrides=["train.tokens=5120"]))
     assert s.train.steps is None and s.budget["steps"] == 10
+
+
+def test_the_layers_that_are_not_doubled_are_models_computes():
+    from models.compute import TABLE_MLP_ENTRIES
+    from workbench.spec.recipes import MIXER_AND_MLP, doubles_depth
+
+    assert MIXER_AND_MLP == TABLE_MLP_ENTRIES
+    assert doubles_depth("mamba2", {}) and not doubles_depth("mamba2", {"channel_mixer": "swiglu"})

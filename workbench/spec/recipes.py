@@ -28,9 +28,11 @@ d_model token embedding too, and with it these are 124M, 354M, 757M and 1.31B (a
 1.2%). Mamba at 2x depth: 90.5M, 320M, 716M, 1.27B; with the GPT-NeoX embedding (50,280
 rows) 129M, 372M, 793M and 1.37B, the Mamba paper's 130M, 370M, 790M and 1.4B within 2.1%.
 
-The tiny sizes are ours (no paper's), chosen so a 2-core CPU trains them in minutes at
-context 256; their learning rate is GPT-3's smallest size's (6e-4: GPT-3's table stops at
-125M). Non-embedding parameters of the backbone (Transformer / Mamba at 2x depth):
+The tiny sizes are ours (no paper's), for CPUs; their learning rate is GPT-3's smallest
+size's (6e-4: GPT-3's table stops at 125M). A training step of 16 x 256 tokens with a
+4,096-token embedding and head, measured on the 2-core box at a load of 8-9 from other jobs
+(so noisy), Transformer / Mamba: tiny-1m 2.1 / 3.1 s, tiny-3m 3.5 / 13.8 s, tiny-10m
+11.8 / 10.5 s; a budget of 1M tokens (245 such steps) takes 9 to 55 minutes there. Non-embedding parameters of the backbone (Transformer / Mamba at 2x depth):
 tiny-1m 0.79M / 0.93M (4 / 8 x 128), tiny-3m 2.66M / 3.02M (6 / 12 x 192), tiny-10m
 9.85M / 10.8M (8 / 16 x 320) (``python -m workbench.spec.recipes`` prints them).
 
