@@ -290,7 +290,8 @@ def _budget_lines(specs) -> list[str]:
         flops = f", {b['flops']:.3g} FLOPs" if b.get("flops") is not None else ""
         params = (f", N {fmt_count(b['params_non_embedding'])}" if b.get("params_non_embedding") is not None
                   else "")
-        out[f"  {s.label} L={b['seq_len']}{point}: {kind} {asked:,} -> {b['steps']:,} steps x "
+        asked = f"{asked:,}" if isinstance(asked, int) else f"{asked:.4g}"
+        out[f"  {s.label} L={b['seq_len']}{point}: {kind} {asked} -> {b['steps']:,} steps x "
             f"{b['tokens_per_step']:,} = {b['tokens']:,} tokens{flops}{params}"] = None
     return list(out)
 
