@@ -60,6 +60,21 @@ def cache_env(shared_cache, monkeypatch) -> dict[str, str]:
 
 
 @pytest.fixture
+def bench_in_process(monkeypatch):
+    """``bench`` measures each config in this process instead of a fresh one: for tests of
+    what bench plans and tabulates at toy sizes, where a process per config (an interpreter
+    and torch imported, seconds of CPU each) costs more than the measuring. The config
+    still goes through JSON both ways, as it does to and from ``--one``. A test of the
+    fresh process itself must not use this."""
+    import json
+
+    from workbench.cli import bench
+
+    monkeypatch.setattr(bench, "_run_subprocess",
+                        lambda spec, timeout: json.loads(json.dumps(bench.measure(json.loads(json.dumps(spec))))))
+
+
+@pytest.fixture
 def store_dir(tmp_path, monkeypatch):
     d = tmp_path / "store"
     monkeypatch.setenv("SSM_WORKBENCH_STORE", str(d))
@@ -80,3 +95,24 @@ def slurm_cluster(tmp_path_factory):
         pytest.skip(reason)
     with SlurmCluster(tmp_path_factory.mktemp("slurm")) as cluster:
         yield cluster
+
+
+# SSM_WORKBENCH_TEST_CPU=FILE: one line per test (CPU seconds of this process, of the child
+# processes it waited for, and wall seconds), appended to FILE. On a loaded machine wall
+# times (--durations) mostly measure the load; CPU time says which tests cost the most.
+_CPU_LOG = os.environ.get("SSM_WORKBENCH_TEST_CPU")
+if _CPU_LOG:
+    import resource
+    import time as _time
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_protocol(item, nextitem):
+        def cpu(who):
+            r = resource.getrusage(who)
+            return r.ru_utime + r.ru_stime
+
+        before = cpu(resource.RUSAGE_SELF), cpu(resource.RUSAGE_CHILDREN), _time.perf_counter()
+        yield
+        after = cpu(resource.RUSAGE_SELF), cpu(resource.RUSAGE_CHILDREN), _time.perf_counter()
+        with open(_CPU_LOG, "a") as f:
+            f.write("%.2f %.2f %.2f %s\n" % (*(b - a for a, b in zip(before, after)), item.nodeid))

@@ -20,6 +20,7 @@ def parse_md(text: str) -> list[dict[str, str]]:
 
 
 def test_main_markdown_table_compares_scan_backends(capsys):
+    # measured in fresh processes (`--one`), as the command does: the one test of that path here
     rc = bench.main(["--models", "mamba", "--backend", "ref,torch", *TINY])
     out = capsys.readouterr().out
     assert rc == 0, out
@@ -35,7 +36,7 @@ def test_main_markdown_table_compares_scan_backends(capsys):
     assert rows[0]["params"] == rows[1]["params"]
 
 
-def test_main_json_stream_only(capsys):
+def test_main_json_stream_only(capsys, bench_in_process):
     rc = bench.main(["--stream-tokens", "300", "--stream-chunk", "64", "--d-model", "8",
                      "--format", "json"])
     doc = json.loads(capsys.readouterr().out)
@@ -47,7 +48,7 @@ def test_main_json_stream_only(capsys):
     assert row["seconds"] > 0 and row["peak_rss_mib"] > 0
 
 
-def test_main_scan_kernel_table_only(capsys):
+def test_main_scan_kernel_table_only(capsys, bench_in_process):
     """--scan-backends alone: one row per (backend, length), speed-up over the first backend."""
     rc = bench.main(["--scan-backends", "ref,torch", "--seq-lens", "16,24", "--batch", "1",
                      "--d-model", "4", "--repeats", "1", "--warmup", "0", "--format", "json"])
@@ -130,7 +131,7 @@ def test_a_childs_peak_memory_is_its_own_not_its_parents():
     assert out[1] == "True"
 
 
-def test_main_ops_table_compares_each_backend_with_ref(capsys):
+def test_main_ops_table_compares_each_backend_with_ref(capsys, bench_in_process):
     """--ops: one row per (op, length, backend); x_ref is ref's time over the row's; the
     ref is skipped above --ref-max-len (no x_ref there)."""
     rc = bench.main(["--ops", "delta_rule,gla", "--seq-lens", "16,24", "--batch", "1",

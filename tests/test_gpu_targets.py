@@ -88,10 +88,9 @@ def test_main_reads_the_folder_and_exits_by_verdict(tmp_path, capsys):
     assert gt.main([str(tmp_path / "nope")]) == 2
 
 
-def test_bench_json_has_the_keys_the_targets_read(capsys):
+def test_bench_json_has_the_keys_the_targets_read(capsys, bench_in_process):
     """The evaluator reads bench's "runs", "scan" and "stream" lists: bench must still write
-    them (a cheap CPU bench of a tiny LSTM; bench's main in this process, which measures in
-    a child as the command does)."""
+    them (a cheap CPU bench of a tiny LSTM, measured in this process)."""
     from workbench.cli import bench
 
     assert bench.main(["--models", "lstm", "--seq-lens", "8", "--batch", "1", "--repeats", "1",

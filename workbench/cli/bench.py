@@ -335,6 +335,12 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def measure(spec: dict[str, Any]) -> dict[str, Any]:
+    """One config measured in this process (what ``--one SPEC`` runs and prints)."""
+    fn = {"stream": measure_stream, "scan": measure_scan, "op": measure_op}.get(spec["kind"], measure_one)
+    return fn(spec)
+
+
 def _run_subprocess(spec: dict[str, Any], timeout: float) -> dict[str, Any]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_REPO_ROOT), env.get("PYTHONPATH")]))
@@ -517,10 +523,7 @@ def main(argv: list[str] | None = None) -> int:
         if spec.get("threads"):
             import torch
             torch.set_num_threads(spec["threads"])
-        measure = {"stream": measure_stream, "scan": measure_scan,
-                   "op": measure_op}.get(spec["kind"], measure_one)
-        result = measure(spec)
-        print(json.dumps(result), flush=True)
+        print(json.dumps(measure(spec)), flush=True)
         return 0
     if args.warmup < 0:
         raise SystemExit("--warmup must be >= 0")
