@@ -10,6 +10,9 @@ from models.kernels import triton_kernels as tk
 
 WHY = ta.unavailable_reason()
 needs_compiler = pytest.mark.skipif(bool(WHY), reason=WHY or "")
+# Triton's compiler and ptxas for sm_90, many kernels and sizes: tens of seconds of CPU;
+# in the slow group (./test.sh --slow, CI) with the other builds
+slow = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
@@ -19,6 +22,7 @@ def launch_rows():
 
 
 @needs_compiler
+@slow
 def test_every_kernel_builds_for_sm90_without_spills(launch_rows):
     assert len(launch_rows) == 2 * (2 * 2 + 3)
     assert {r["kernel"] for r in launch_rows} == {
@@ -32,6 +36,7 @@ def test_every_kernel_builds_for_sm90_without_spills(launch_rows):
 
 
 @needs_compiler
+@slow
 def test_the_report_sees_spills_and_build_errors():
     """The conv backward's old launch (64 x 32 at 4 warps) spilled on sm_90: the report must
     say so, or the no-spill test above proves nothing; a kernel that cannot build (a channel
@@ -46,6 +51,7 @@ def test_the_report_sees_spills_and_build_errors():
 
 
 @needs_compiler
+@slow
 def test_the_gpu_test_suites_float64_cases_build():
     """On a GPU, tests/test_triton_kernels.py runs these kernels compiled in float64, with
     state sizes 3 (padded to 4) and 40 (64) and a width-1 conv: they must build (spills
