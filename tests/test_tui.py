@@ -298,7 +298,7 @@ async def test_launch_fills_runs_table_in_place(store, tmp_path):
         assert table.row_count == 8 and table.cursor_row == 6
         row = dict(zip([c.key.value for c in table.columns.values()], table.get_row(str(ids[1]))))
         assert str(row["state"]) == "running" and str(row["progress"]) == "50%"
-        assert str(row["loss"]) == "1.5" and str(row["accuracy"]) == "0.25" and str(row["device"]) == "cpu"
+        assert str(row["loss"]) == "1.5" and str(row["accuracy"]) == "0.250" and str(row["device"]) == "cpu"
         assert str(table.get_cell(str(ids[2]), "state")) == "failed"
         assert "1 running" in str(app.query_one("#runs-summary", Static).render())
 

@@ -183,7 +183,8 @@ def rank(key: str, varies: set[str], empty: set[str]) -> int:
     between the rows shown (a length sweep's seq_len, a model comparison's model); the
     model (a key column) even when it is the same on every row; the loss and elapsed time;
     axes that are the same on every row (they tell no row from another); the device;
-    columns empty on every row."""
+    columns empty on every row (shown where there is room all the same: when their values
+    come, a loss as runs start, the columns then stay as they are instead of moving)."""
     if key in empty:
         return 6
     if key in AXES and key in varies:
