@@ -209,9 +209,10 @@ def test_schema1_dump_stays_schema1():
     assert P.expand(P.loads(P.dumps(p), "mad-in-context-recall.toml")) == P.expand(p)
 
 
-def cli(tmp_path, *args, timeout=300):
+def cli(tmp_path, *args, timeout=300, columns=None):
+    env = dict(os.environ, **({"COLUMNS": str(columns)} if columns else {}))
     return subprocess.run([sys.executable, "-m", "workbench.cli", "--store", str(tmp_path / "store"), *args],
-                          capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+                          capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=env)
 
 
 def test_dry_run_json_has_grid_values_under_dotted_keys(tmp_path, cache_env):
@@ -226,8 +227,16 @@ def test_dry_run_json_has_grid_values_under_dotted_keys(tmp_path, cache_env):
         for s in (0, 1)}
     assert all(x["task_setting"] == "baseline" and x["seq_len"] == 12 for x in rows)
     assert not (tmp_path / "store").exists()
-    r = cli(tmp_path, "run", "--dry-run", str(prof))
-    assert r.returncode == 0 and "train.weight_decay" in r.stdout and "24 run(s) would be launched" in r.stdout
+    # at 80 columns the grid's axes stay whole (issue 32: they read 'train…'); the constant
+    # columns that no longer fit are named under the table
+    r = cli(tmp_path, "run", "--dry-run", str(prof), columns=80)
+    assert r.returncode == 0 and "24 run(s) would be launched" in r.stdout
+    header = r.stdout.splitlines()[0].split()
+    assert header[:5] == ["model", "L", "seed", "train.lr", "train.weight_decay"], header
+    assert "…" not in r.stdout
+    assert "left out at 80 columns: task, setting, device" in r.stdout
+    r = cli(tmp_path, "run", "--dry-run", str(prof), columns=160)
+    assert r.stdout.splitlines()[0].split()[:3] == ["model", "task", "setting"] and "left out" not in r.stdout
 
 
 class FakePopen:

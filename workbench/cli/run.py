@@ -320,17 +320,41 @@ def _dry_run(prof, ests, args) -> int:
             rows.append(row)
         print(json.dumps(rows, indent=1))
         return 2 if refused else 0
+    from workbench.cli.runs import fit_columns
+
     console = _console()
-    t = Table(box=None, pad_edge=False, show_edge=False)
     cols = ["model", "task", *(["setting"] if v2 else []), "L", "seed", *grid_keys, "params", "est. peak",
             "device", "fits"]
-    for c in cols:
-        t.add_column(c, justify="right" if c in ("L", "seed", "params", "est. peak", *grid_keys) else "left")
+    right = {"L", "seed", "params", "est. peak", *grid_keys}
+    rows = []
     for spec, e in zip(specs, ests):
-        t.add_row(e.model, e.task, *([spec.task_setting] if v2 else []), _fmt(e.seq_len), str(e.seed),
-                  *(_fmt(spec.grid[k]) for k in grid_keys), fmt_count(e.params),
-                  e.peak_text(), e.device, e.fits_text())
+        rows.append([e.model, e.task, *([spec.task_setting] if v2 else []), _fmt(e.seq_len), str(e.seed),
+                     *(_fmt(spec.grid[k]) for k in grid_keys), fmt_count(e.params),
+                     e.peak_text(), e.device, e.fits_text()])
+    # Columns chosen for the terminal's width as `runs` does (issue 32: at 80 columns every
+    # cell read 'transf…', 'train…'): these whole, always; then the sweep's axes that vary,
+    # then the rest while they fit; a column is shown whole or left out (and named below).
+    key = ("model", "L", "params", "est. peak", "fits")
+    natural = {c: max([len(c)] + [len(row[i]) for row in rows]) for i, c in enumerate(cols)}
+    varies = {c for i, c in enumerate(cols) if len({row[i] for row in rows}) > 1}
+    show = fit_columns(console.width, natural, varies, 2, key=key,
+                       optional=("seed", *grid_keys, "setting", "task", "device"),
+                       axes={"seed", "setting", "task", *grid_keys}) or set(key)
+    keep = [i for i, c in enumerate(cols) if c in show]
+    t = Table(box=None, pad_edge=False, show_edge=False)
+    for i in keep:
+        t.add_column(cols[i], justify="right" if cols[i] in right else "left", no_wrap=True,
+                     min_width=natural[cols[i]])
+    for row in rows:
+        t.add_row(*(row[i] for i in keep))
     console.print(t)
+    left_out = [c for c in cols if c not in show]
+    if left_out:
+        same = [f"{c} {rows[0][cols.index(c)]}" for c in left_out if c not in varies]
+        console.print(f"  (left out at {console.width} columns: {', '.join(left_out)}"
+                      + (f"; the same on every row: {', '.join(same)}" if same else "")
+                      + "; a wider terminal or --format json shows them)", markup=False, highlight=False,
+                      soft_wrap=True)
     for line in _budget_lines(specs):
         console.print(line, markup=False, highlight=False, soft_wrap=True)
     for what in sorted({e.limit_what for e in ests if e.limit_what}):
