@@ -45,7 +45,7 @@ def test_main_json_stream_only(capsys, bench_in_process):
     (row,) = doc["stream"]
     assert set(bench.STREAM_COLUMNS) <= set(row)
     assert row["tokens"] == 300 and row["mode"] == "chunked" and row["finite"]
-    assert row["seconds"] > 0 and row["peak_rss_mib"] > 0
+    assert row["seconds"] >= 0 and row["peak_rss_mib"] > 0  # 300 tokens can take under 5 ms (0.0 s)
 
 
 def test_main_scan_kernel_table_only(capsys, bench_in_process):
