@@ -27,6 +27,18 @@ if str(ROOT) not in sys.path:
 
 
 @pytest.fixture(scope="session", autouse=True)
+def wide_console():
+    """Commands' tables at the width a piped console gets (160: workbench/cli/common.py),
+    whoever runs the tests: pytest-xdist's workers inherit COLUMNS=80, which left columns
+    out that tests of wide output look for. Tests of a narrow terminal set COLUMNS
+    themselves."""
+    mp = pytest.MonkeyPatch()
+    mp.setenv("COLUMNS", "160")
+    yield
+    mp.undo()
+
+
+@pytest.fixture(scope="session", autouse=True)
 def lm_data_cache(tmp_path_factory):
     """The LM task's token cache (tasks/lm; workers inherit it) in a folder of the session,
     never the user's ~/.cache."""

@@ -237,7 +237,7 @@ def measure_stream(spec: dict[str, Any]) -> dict[str, Any]:
         "mode": spec["mode"],
         "chunk_len": chunk if spec["mode"] == "chunked" else 1,
         "backend": models.backend(model),
-        "seconds": round(seconds, 2),
+        "seconds": float(f"{seconds:.3g}"),  # 3 significant digits: a short stream is not 0.0 s
         "tok_s": round(tokens / seconds),
         "peak_rss_mib": round(peak, 1),
         "extra_mib": round(peak - rss.rss_before, 1),
