@@ -224,11 +224,14 @@ async def test_resume_key_requeues_a_run_with_a_checkpoint(store, tmp_path, monk
     app = make_app(store, tmp_path)
     async with app.run_test(size=SIZE) as pilot:
         await poll(pilot)
-        await pilot.press("r")  # run a: has a checkpoint
+        await pilot.press("r")  # run a: has a checkpoint; r asks first (the README's one confirmation)
+        await settle(pilot)
+        assert store.get(a).state == "preempted" and not spawned  # nothing before the answer
+        await pilot.press("y")
         await settle(pilot)
         assert store.get(a).state == "pending" and store.get(a).info["resume"]["checkpoint"] == str(path)
         assert len(spawned) == 1
-        await pilot.press("down", "r")  # run b: none
+        await pilot.press("down", "r", "y")  # run b: none
         await settle(pilot)
         assert store.get(b).state == "preempted" and len(spawned) == 1
 
