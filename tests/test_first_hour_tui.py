@@ -407,3 +407,126 @@ async def test_r_on_one_run_asks_before_it_resumes(store, tmp_path, monkeypatch)
         await pilot.press("r")
         await pilot.pause()
         assert not isinstance(app.screen, ConfirmScreen)
+
+
+# ---------------------------------------------------------------------------- item 7
+async def test_the_form_starts_each_task_where_it_learns_on_a_cpu(store, tmp_path):
+    from textual.widgets import Select
+
+    app = make_app(store, tmp_path)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.press("f2")
+        await pilot.pause()
+        form = app.query_one(SweepForm)
+        form.query_one("#models", ModelPicker).set_picked(["transformer"])
+
+        def value(fid: str) -> str:
+            return form.query_one(f"#{fid}", Input).value
+
+        async def task(name: str) -> None:
+            form.query_one("#task", Select).value = name
+            await settle(pilot)
+
+        assert (value("budget"), value("lr"), value("seq_lens")) == ("200", "0.001", "64")
+        await task("mqar")  # not the paper's vocabulary 8192 and 16 pairs: at chance on a CPU
+        assert (value("param-vocab_size"), value("param-num_kv_pairs")) == ("128", "4")
+        assert (value("budget"), value("lr"), value("model_options")) == ("600", "0.003", "transformer.n_heads=1")
+        assert value("eval_every") == "30"  # follows the budget
+        prof = form.build_profile(focus=False)
+        assert prof is not None and prof.task.params()["vocab_size"] == 128 and prof.train.steps == 600
+        assert not form.query_one("#task-note", Static).display
+        await task("mad_compression")  # back to the generic budget; this one says it will not learn
+        assert (value("budget"), value("lr"), value("model_options")) == ("200", "0.001", "")
+        note = form.query_one("#task-note", Static)
+        assert note.display and "CPU" in str(note.render())
+        await task("sequential_image")  # a task with its own length: no length to refuse
+        assert value("seq_lens") == "" and form.build_profile(focus=False) is not None
+        await task("mqar")
+        assert value("seq_lens") == "64"
+        # what the user typed stays when the task changes
+        form.query_one("#lr", Input).value = "0.0005"
+        await task("induction_heads")
+        assert value("lr") == "0.0005" and value("budget") == "600" and value("param-eval_lens") == "64, 256"
+        # a loaded profile's settings are its own: they stay too
+        await form.fill(profiles.loads(tomli_w.dumps({
+            "schema_version": 1, "name": "mine", "task": {"name": "copying"},
+            "sweep": {"models": ["lstm"], "seq_lens": [32], "seeds": [0]}, "train": {"steps": 50, "lr": 0.002}})))
+        await settle(pilot)
+        await task("mqar")
+        assert (value("budget"), value("lr"), value("seq_lens")) == ("50", "0.002", "32")
+
+
+def chance(task_name: str, params: dict, seq_len: int | None) -> float:
+    """The accuracy of always answering the test set's most common target: what a model
+    that learned nothing of the inputs can reach."""
+    import numpy as np
+    import tasks
+    from tasks.metrics import IGNORE
+
+    if seq_len is not None and "seq_len" in tasks.parameters(task_name):
+        params = {**params, "seq_len": seq_len}
+    test = tasks.build(task_name, **params).eval_sets(0)[""]
+    y = np.asarray(test.targets).ravel()
+    y = y[y != IGNORE]
+    return float(np.unique(y, return_counts=True)[1].max() / len(y))
+
+
+def learns(acc: float | None, base: float) -> bool:
+    """Well above chance: at least twice the chance accuracy and 0.15 over it."""
+    return acc is not None and acc >= max(2 * base, base + 0.15)
+
+
+@pytest.mark.slow
+async def test_every_tasks_form_defaults_learn_on_a_cpu_or_the_form_says_not(tmp_path):
+    """Each task as the form starts it (parameters, lengths, budget, learning rate, size),
+    with a Transformer: trained here on the CPU, it ends well above chance, or the form
+    says under the task that it will not (or asks for data it needs). Evaluated once, at
+    the end (evaluations change nothing in training; 20 of them cost more than it)."""
+    import tasks
+    from textual.widgets import Select
+
+    from workbench.train import worker
+
+    store = Store(tmp_path / "store")
+    app = make_app(store, tmp_path)
+    made: dict[str, profiles.Profile] = {}
+    says: dict[str, str] = {}
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.press("f2")
+        await pilot.pause()
+        form = app.query_one(SweepForm)
+        form.query_one("#models", ModelPicker).set_picked(["transformer"])
+        for name in tasks.names():
+            form.query_one("#task", Select).value = name
+            await settle(pilot)
+            assert form._params_task == name
+            prof = form.build_profile(focus=False)
+            note = str(form.query_one("#task-note", Static).render()).strip()
+            status = str(form.query_one("#form-status", Static).render())
+            if prof is None:
+                says[name] = status
+            else:
+                made[name] = prof
+                if note:
+                    says[name] = note
+    # tasks that need data the form cannot default: it says what they need
+    for name in ("char_lm", "text_classification"):
+        assert name not in made and re.search(r"required|needs", says[name]), (name, says.get(name))
+    failures = []
+    for name, prof in made.items():
+        if name in says:  # the form says it will not learn here: nothing to check by training
+            assert "CPU" in says[name], (name, says[name])
+            continue
+        prof = prof.model_copy(update={"train": prof.train.model_copy(update={"eval_every": prof.train.steps})})
+        (spec,) = [s.to_dict() for s in profiles.expand(prof)]
+        run_store = Store(tmp_path / name)
+        (rid,) = run_store.add_runs([spec])
+        run_store.mark_started(rid, os.getpid(), "cpu", None)
+        worker.run(str(run_store.root), rid)
+        run = run_store.get(rid)
+        base = chance(name, prof.task.params(), prof.sweep.seq_lens[0] if prof.sweep.seq_lens else None)
+        if run.state != "finished" or not learns(run.last_accuracy, base):
+            failures.append(f"{name}: {run.state} {run.error or ''} accuracy {run.last_accuracy} "
+                            f"after {prof.train.steps} steps, chance {base:.3f}")
+        run_store.close()
+    assert not failures, "\n".join(failures)

@@ -208,7 +208,9 @@ class ModelPicker(Vertical):
 
     def focus(self, scroll_visible: bool = True) -> ModelPicker:
         """Focus the list: typing there filters, space picks, ? is help (even when the
-        filter hides every model: the letters still reach the filter)."""
+        filter hides every model: the letters still reach the filter). The next letter
+        starts a new filter (F2 again: the old one found what it was for)."""
+        self._fresh = True
         self._list.focus(scroll_visible)
         return self
 

@@ -37,9 +37,9 @@ from workbench.spec import profile as profiles
 from workbench.spec.profile import Profile, ProfileError
 from workbench.tui import paths
 from workbench.tui.form_checks import estimate_text, plain_message, registry_problems, run_count_text
-from workbench.tui.form_fields import (ALIASES, DEFAULT_BUDGET, EXAMPLES, LABELS, TRAIN_INPUTS, UNITS, _fmt,
+from workbench.tui.form_fields import (ALIASES, DEFAULT_BUDGET, DEFAULT_LENGTHS, EXAMPLES, LABELS, TRAIN_INPUTS, UNITS, _fmt,
                                        default_eval_every, field_for, required_params, split_list,
-                                       task_param_defaults, task_train_defaults)
+                                       task_cpu_note, task_param_defaults, task_train_defaults)
 from workbench.tui.form_profile import FormProfile
 from workbench.tui.formatting import set_text
 from workbench.tui.model_picker import ModelPicker
@@ -99,8 +99,8 @@ class SweepForm(FormProfile, Vertical):
         self._errors_shown = False  # a save/launch found problems: re-check as fields change
         self._recheck_timer: Timer | None = None
         self._eval_auto = default_eval_every("steps", DEFAULT_BUDGET)
-        # fields the form filled itself (budget, learning rate: the task's defaults) and
-        # what it put there: they follow the task until the user types a value of their own
+        # fields the form filled itself (budget, learning rate, model options: the task's
+        # defaults) and what it put there: they follow the task until the user types their own
         self._auto: dict[str, str] = task_train_defaults("")
         self._built: dict[tuple, str | None] = {}  # (task, params, length) -> build error
         saved = paths.load_state(state_dir).get("profile_path") if state_dir is not None else None
@@ -129,9 +129,10 @@ class SweepForm(FormProfile, Vertical):
                 yield FieldRow("task", Select([(n, n) for n in task_names], id="task", allow_blank=False,
                                               value=first, compact=True), "task")
                 yield Static("", id="task-desc", classes="hint")
+                yield Static("", id="task-note", classes="hint")
                 yield Vertical(id="task-params")
                 yield Static("Sweep", classes="section")
-                yield FieldRow("sequence lengths", Input("64", id="seq_lens", compact=True,
+                yield FieldRow("sequence lengths", Input(DEFAULT_LENGTHS, id="seq_lens", compact=True,
                                                          placeholder="e.g. 64, 256"), "seq_lens",
                                unit="tokens")
                 yield FieldRow("seeds", Input("0", id="seeds", compact=True, placeholder="e.g. 0, 1, 2"),
@@ -310,8 +311,9 @@ class SweepForm(FormProfile, Vertical):
             self._recheck()
 
     def _apply_task_training(self, name: str) -> None:
-        """The task's budget and learning rate (:func:`task_train_defaults`) into the fields
-        that still hold what the form put there itself; a value the user typed stays."""
+        """The task's budget, learning rate, model options and lengths
+        (:func:`task_train_defaults`) into the fields that still hold what the form put
+        there itself; a value the user typed stays."""
         for fid, value in task_train_defaults(name).items():
             if fid == "budget" and self._select("budget_kind") != "steps":
                 continue
@@ -326,6 +328,9 @@ class SweepForm(FormProfile, Vertical):
         task (:func:`task_param_defaults`), the registry's for the others."""
         self._params_task = name
         self.query_one("#task-desc", Static).update(Text(tasks.describe(name)))
+        note = self.query_one("#task-note", Static)  # defaults that will not learn on a CPU say so
+        note.update(Text(task_cpu_note(name)))
+        note.display = bool(task_cpu_note(name))
         box = self.query_one("#task-params", Vertical)
         await box.remove_children()
         values = task_param_defaults(name) if values is None else values
