@@ -4,6 +4,12 @@ from pathlib import Path
 
 import pytest
 
+# OpenMP threads that wait passively (unless set): every process the tests start (commands,
+# bench's measuring children, schedulers) inherits it, as the scheduler gives it to its
+# workers. Two spinning threads per process on a 2-core machine that runs two test workers
+# and their children burned the CPU the other processes were waiting for.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 # Without a GPU the Triton kernels are tested on CPU tensors through Triton's interpreter.
 # The switch is read when the kernels are decorated, so it must be set before anything
 # imports them; on a CUDA machine the same tests run the compiled kernels on the GPU.
