@@ -54,6 +54,40 @@ def run_count_text(sweep: dict[str, Any], task: str) -> tuple[str, bool]:
             f"{_plural(len(prof.sweep.seeds), 'seed')}{grid}"), True
 
 
+def budget_steps_text(specs: list) -> tuple[str, bool, list[int] | None]:
+    """('= N steps a run of B x L tokens (...)', ok, each run's steps) for the runs of a
+    profile with a budget in tokens, FLOPs or tokens per parameter (RunSpec.budget, from
+    workbench/spec/budget.py); per model when the models' steps differ (FLOPs and tokens per
+    parameter depend on the model)."""
+    budgets = [(s.label, s.budget) for s in specs if s.budget]
+    if not budgets:
+        return "", True, None
+    steps = [b["steps"] for _, b in budgets]
+    lo, hi = min(steps), max(steps)
+    per_step = sorted({b["tokens_per_step"] for _, b in budgets})
+    shape = f"{per_step[0]:,}" if len(per_step) == 1 else f"{per_step[0]:,}..{per_step[-1]:,}"
+    head = (f"= {lo:,} step{'' if lo == 1 else 's'}" if lo == hi else f"= {lo:,}..{hi:,} steps") + \
+        f" a run ({shape} tokens a step)"
+    by_model: dict[str, list[dict]] = {}
+    for label, b in budgets:
+        by_model.setdefault(label, []).append(b)
+
+    def one(bs: list[dict]) -> str:
+        st = sorted({b["steps"] for b in bs})
+        fl = [b["flops"] for b in bs if b.get("flops")]
+        tok = sorted({b["tokens"] for b in bs})
+        return ((f"{st[0]:,}" if len(st) == 1 else f"{st[0]:,}..{st[-1]:,}") + " steps, "
+                + (f"{tok[0]:.3g}" if len(tok) == 1 else f"{tok[0]:.3g}..{tok[-1]:.3g}") + " tokens"
+                + (f", {min(fl):.3g} FLOPs" if fl and min(fl) == max(fl) else
+                   f", {min(fl):.3g}..{max(fl):.3g} FLOPs" if fl else ""))
+
+    if len(by_model) == 1:
+        detail = one(next(iter(by_model.values())))
+    else:
+        detail = "; ".join(f"{label} {one(bs)}" for label, bs in by_model.items())
+    return f"{head}: {detail}", True, steps
+
+
 def estimate_text(prof: Profile) -> tuple[str, str | None]:
     """('largest est. peak ...' for beside the run count, the refusal or None).
 

@@ -12,10 +12,12 @@ from textual.widgets import Input, Select, Switch
 import tasks
 from workbench.spec import profile as profiles
 from workbench.spec.profile import Profile, ProfileError
-from workbench.tui.form_fields import (GRID_INPUTS, LABELS, TRAIN_INPUTS, _default_value, _fmt, _model_name,
-                                       default_eval_every, format_grid_values, format_model_options,
-                                       format_settings, parse_grid_axes, parse_grid_values, parse_model_options,
-                                       parse_param, parse_settings, required_params, split_list)
+from workbench.spec.schema import BUDGET_KEYS
+from workbench.tui.form_fields import (GRID_INPUTS, LABELS, STEP_KINDS, TRAIN_INPUTS, _default_value, _fmt,
+                                       _model_name, default_eval_every, format_budget, format_grid_values,
+                                       format_model_options, format_settings, parse_budget, parse_grid_axes,
+                                       parse_grid_values, parse_model_options, parse_param, parse_settings,
+                                       required_params, split_list)
 from workbench.tui.model_picker import ModelPicker
 
 
@@ -76,7 +78,8 @@ class FormProfile:
         opts = self._parsed(parse_model_options, "model_options", errors)
         if opts:
             model["options"] = opts
-        train = {k: v for k, v in base.get("train", {}).items() if k not in ("epochs", "steps")}
+        # the form's budget replaces a loaded one of any kind (one budget key in a profile)
+        train = {k: v for k, v in base.get("train", {}).items() if k not in BUDGET_KEYS}
         es = dict(train.get("early_stopping", {}))
         for fid, _, section, _ in TRAIN_INPUTS:
             text = self._text(fid)
@@ -89,7 +92,11 @@ class FormProfile:
                 target[fid] = text
         budget = self._text("budget")
         if budget:
-            train[str(self._select("budget_kind"))] = budget
+            kind = str(self._select("budget_kind"))
+            try:
+                train[kind] = parse_budget(budget, kind)
+            except ValueError as e:
+                errors["budget"] = f"{LABELS['budget']}: {e}"
         train["schedule"] = self._select("schedule")
         train["amp"] = self.query_one("#amp", Switch).value
         train["device"] = self._select("device")
@@ -191,8 +198,11 @@ class FormProfile:
         self.query_one("#grid_axes", Input).value = "; ".join(
             f"{k} = {format_grid_values(v)}" for k, v in grid.items())
         t = prof.train
-        kind = "epochs" if t.epochs is not None else "steps"
-        budget = str(t.epochs if kind == "epochs" else t.steps)
+        # the profile's budget in its own unit (a token, FLOP or tokens-per-parameter
+        # budget too: reading t.steps showed "None" for those)
+        kind = next((k for k in BUDGET_KEYS if getattr(t, k) is not None), "steps")
+        value = getattr(t, kind)
+        budget = str(value) if kind in STEP_KINDS else format_budget(value, kind)
         self.query_one("#budget_kind", Select).value = kind
         self.query_one("#budget", Input).value = budget
         # the profile's own eval_every stays: only a value equal to the budget's default

@@ -36,10 +36,12 @@ import tasks
 from workbench.spec import profile as profiles
 from workbench.spec.profile import Profile, ProfileError
 from workbench.tui import paths
-from workbench.tui.form_checks import estimate_text, plain_message, registry_problems, run_count_text
-from workbench.tui.form_fields import (ALIASES, DEFAULT_BUDGET, DEFAULT_LENGTHS, EXAMPLES, LABELS, TRAIN_INPUTS, UNITS, _fmt,
-                                       default_eval_every, field_for, required_params, split_list,
-                                       task_cpu_note, task_param_defaults, task_train_defaults)
+from workbench.tui.form_checks import (budget_steps_text, estimate_text, plain_message, registry_problems,
+                                       run_count_text)
+from workbench.tui.form_fields import (ALIASES, BUDGET_KINDS, DEFAULT_BUDGET, DEFAULT_LENGTHS, EXAMPLES, LABELS,
+                                       STEP_KINDS, TRAIN_INPUTS, UNITS, _fmt, default_eval_every, field_for,
+                                       required_params, split_list, task_cpu_note, task_param_defaults,
+                                       task_train_defaults)
 from workbench.tui.form_profile import FormProfile
 from workbench.tui.formatting import set_text
 from workbench.tui.model_picker import ModelPicker
@@ -98,6 +100,10 @@ class SweepForm(FormProfile, Vertical):
         self._loaded_models: list[Any] = []
         self._errors_shown = False  # a save/launch found problems: re-check as fields change
         self._recheck_timer: Timer | None = None
+        # a token / FLOP budget's steps per run (None: a step or epoch budget, or not known)
+        self._budget_steps: list[int] | None = None
+        self._budget_timer: Timer | None = None
+        self._budget_seq = 0  # counts run in threads: only the latest one's answer is shown
         self._eval_auto = default_eval_every("steps", DEFAULT_BUDGET)
         # fields the form filled itself (budget, learning rate, model options: the task's
         # defaults) and what it put there: they follow the task until the user types their own
@@ -140,8 +146,10 @@ class SweepForm(FormProfile, Vertical):
                 yield Static("", id="run-count")
                 yield Static("Training", classes="section")
                 yield FieldRow("train for", Input(DEFAULT_BUDGET, id="budget", compact=True), "budget",
-                               unit=Select([("steps", "steps"), ("epochs", "epochs")], id="budget_kind",
-                                           allow_blank=False, value="steps", compact=True))
+                               unit=Select(BUDGET_KINDS, id="budget_kind", allow_blank=False, value="steps",
+                                           compact=True))
+                # a token / FLOP / tokens-per-parameter budget: the steps it becomes per run
+                yield Static("", id="budget-steps", classes="hint")
                 for fid, label, _, default in TRAIN_INPUTS:
                     if fid == "eval_every":
                         default = self._eval_auto
@@ -181,6 +189,7 @@ class SweepForm(FormProfile, Vertical):
     async def on_mount(self) -> None:
         await self._show_task(self.query_one("#task", Select).value)
         self._apply_task_training(str(self.query_one("#task", Select).value))
+        self.query_one("#budget-steps", Static).display = False
         self._show_run_count()
         self._show_eval_unit()
         self.set_status("")
@@ -256,28 +265,105 @@ class SweepForm(FormProfile, Vertical):
     @on(Select.Changed, "#budget_kind")
     def _budget_changed(self) -> None:
         """'evaluate every' follows the budget (about EVALS_PER_RUN evaluations a run)
-        until the user types a value of their own."""
-        auto = default_eval_every(str(self._select("budget_kind")), self._text("budget"))
+        until the user types a value of their own. A budget in tokens, FLOPs or tokens per
+        parameter is followed once its steps are known (:meth:`_show_budget_steps`)."""
+        self._follow_eval(default_eval_every(str(self._select("budget_kind")), self._text("budget")))
+        self._show_eval_unit()
+
+    def _follow_eval(self, auto: str | None) -> None:
         field = self.query_one("#eval_every", Input)
         if auto is not None and field.value.strip() in ("", self._eval_auto):
             field.value = auto
         if auto is not None:
             self._eval_auto = auto
-        self._show_eval_unit()
 
     @on(Input.Changed, "#eval_every")
     def _show_eval_unit(self) -> None:
+        """'steps, N evals' (or epochs) beside "evaluate every"; with a token or FLOP budget
+        the count is of the shortest run's steps, once known."""
         kind = str(self._select("budget_kind"))
-        text = kind
+        unit = "epochs" if kind == "epochs" else "steps"
+        steps: int | None = None
+        if kind in STEP_KINDS:
+            try:
+                steps = int(self._text("budget"))
+            except ValueError:
+                pass
+        elif self._budget_steps:
+            steps = min(self._budget_steps)
+        text = unit
         try:
-            every, budget = int(self._text("eval_every")), int(self._text("budget"))
+            every = int(self._text("eval_every"))
         except ValueError:
-            pass
-        else:
-            if every > 0 and budget > 0:
-                n = budget // every
-                text = f"{kind}, {n} eval{'' if n == 1 else 's'}"
+            every = 0
+        if every > 0 and steps is not None and steps > 0:
+            n = steps // every
+            shortest = " (shortest run)" if kind not in STEP_KINDS and len(set(self._budget_steps)) > 1 else ""
+            text = f"{unit}, {n} eval{'' if n == 1 else 's'}{shortest}"
         self.query_one("#unit-eval_every", Static).update(text)
+
+    # ------------------------------------------------------------------ token and FLOP budgets
+    def _schedule_budget_steps(self) -> None:
+        """Work out the steps of a token / FLOP / tokens-per-parameter budget once typing
+        pauses (it depends on the models, sizes, lengths, batch size and task)."""
+        if str(self._select("budget_kind")) in STEP_KINDS and not self.query_one("#budget-steps").display:
+            return
+        if self._budget_timer is not None:
+            self._budget_timer.stop()
+        self._budget_timer = self.set_timer(RECHECK_S, self._budget_steps_now)
+
+    def _budget_steps_now(self) -> None:
+        self._budget_timer = None
+        hint = self.query_one("#budget-steps", Static)
+        self._budget_seq += 1
+        if str(self._select("budget_kind")) in STEP_KINDS:
+            self._show_budget_steps(self._budget_seq, "", True, None)
+            return
+        if self._select("task") != self._params_task:  # its parameter inputs are being rebuilt
+            self._schedule_budget_steps()
+            return
+        data, errors = self.form_data()
+        if "budget" in errors or not self._text("budget"):
+            self._show_budget_steps(self._budget_seq, errors.get("budget", ""), False, None)
+            return
+        if not hint.display:  # at once, not only after the count (a FLOP count may take a second)
+            self._show_budget_steps(self._budget_seq, "counting the steps...", True, self._budget_steps)
+        seq = self._budget_seq
+        self.run_worker(lambda: self._count_budget(data, seq), thread=True, group="budget-steps",
+                        exit_on_error=False)
+
+    def _count_budget(self, data: dict[str, Any], seq: int) -> None:
+        """(thread) The steps each run's budget becomes: the profile's own expansion."""
+        try:
+            text, ok, steps = budget_steps_text(profiles.expand(Profile.model_validate(data)))
+        except ValidationError as e:
+            errs = e.errors()
+            budget = [err for err in errs if field_for(tuple(err["loc"])) == "budget"]
+            first = budget[0] if budget else errs[0]
+            fid = field_for(tuple(first["loc"]))
+            why = plain_message(first, self._label(fid, tuple(first["loc"])), EXAMPLES.get(fid))
+            text = why if budget else f"the steps show once the form is valid ({why})"
+            ok, steps = not budget, None
+        except (ProfileError, ValueError) as e:
+            text, ok, steps = str(e).splitlines()[0], False, None
+        try:
+            self.app.call_from_thread(self._show_budget_steps, seq, text, ok, steps)
+        except RuntimeError:  # the app closed meanwhile
+            pass
+
+    def _show_budget_steps(self, seq: int, text: str, ok: bool, steps: list[int] | None) -> None:
+        if seq != self._budget_seq:  # an older count than the form shows now
+            return
+        hint = self.query_one("#budget-steps", Static)
+        hint.set_class(not ok, "bad")
+        set_text(hint, Text(text))
+        if hint.display != bool(text):
+            hint.display = bool(text)
+        if steps != self._budget_steps:
+            self._budget_steps = steps
+            if steps:
+                self._follow_eval(default_eval_every("steps", str(min(steps))))
+            self._show_eval_unit()
 
     # ------------------------------------------------------------------ live re-checking
     @on(Input.Changed)
@@ -290,6 +376,8 @@ class SweepForm(FormProfile, Vertical):
         task parameter may also change which sequence lengths fit."""
         if isinstance(event, Input.Changed) and (event.input.id or "").startswith("param-"):
             self._show_run_count()
+        if not (isinstance(event, Input.Changed) and event.input.id in ("name", "description", "eval_every")):
+            self._schedule_budget_steps()
         if self._errors_shown:
             # once typing pauses: a full check (the registry's too) takes 50-200 ms
             if self._recheck_timer is not None:
@@ -420,6 +508,10 @@ class SweepForm(FormProfile, Vertical):
             first = next((w for w in self.query("Input, Select, ModelPicker") if w.id in errors), None)
             if focus and first is not None:
                 first.focus()
+                # focus scrolls the control into view; its message is on the lines below
+                row = next((a for a in first.ancestors if isinstance(a, FieldRow)), None)
+                if row is not None:
+                    self.call_after_refresh(row.scroll_visible, animate=False)
         else:
             self.set_status("")
 

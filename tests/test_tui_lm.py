@@ -1,0 +1,152 @@
+"""Pilot tests of the TUI's language-modelling pieces (issue 33 item 5): the ``lm`` task and
+a budget in tokens, FLOPs or tokens per parameter in the sweep form (save -> reload gives
+the same profile; a loaded token budget is shown, not "None"; the steps it becomes), FLOPs
+and tokens as the compare view's x axis, the run view's perplexity and tokens seen, and the
+Results tab's scaling fits. Stores are filled through the store's API (no training)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from textual.widgets import Input, Select, Static
+
+from test_tui import SIZE, make_app, settle, store, type_into  # noqa: F401
+from workbench.spec import profile as profiles
+from workbench.tui.dialogs import PathScreen
+from workbench.tui.model_picker import ModelPicker
+from workbench.tui.sweep_form import SweepForm
+
+LM_PROFILE = """\
+schema_version = 2
+name = "lm-tokens"
+[task]
+name = "lm"
+source = "{source}"
+tokenizer = "bpe"
+vocab_size = 300
+[sweep]
+models = ["transformer", "mamba"]
+seq_lens = [32]
+seeds = [0]
+[model]
+d_model = 16
+n_layers = 1
+[train]
+tokens = 20000
+batch_size = 4
+device = "cpu"
+"""
+
+
+def corpus(tmp_path: Path) -> Path:
+    folder = tmp_path / "corpus"
+    folder.mkdir()
+    for i in range(6):
+        (folder / f"doc{i}.txt").write_text(f"the quick brown fox {i} jumps over the lazy dog\n" * 20)
+    return folder
+
+
+def text(widget) -> str:
+    return str(widget.render())
+
+
+async def wait_budget_steps(pilot, form: SweepForm) -> str:
+    """The budget's steps line once its count (a thread worker after a pause) is shown."""
+    for _ in range(40):
+        await pilot.pause(0.1)
+        await settle(pilot)
+        shown = text(form.query_one("#budget-steps", Static))
+        if form._budget_timer is None and "counting" not in shown:
+            return shown
+    raise AssertionError("the budget's steps never showed")
+
+
+async def test_lm_task_with_a_token_budget_saves_and_reloads_the_same_profile(store, tmp_path):
+    app = make_app(store, tmp_path)
+    src = corpus(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("f2")
+        form = app.query_one(SweepForm)
+        await type_into(pilot, "#name", "lm-form")
+        app.query_one("#models", ModelPicker).set_picked(["transformer"])
+        app.query_one("#task", Select).value = "lm"
+        await settle(pilot)
+        # the task's own options are inputs of the form
+        for p in ("source", "tokenizer", "vocab_size", "text_column"):
+            assert app.query(f"#param-{p}"), p
+        app.query_one("#param-source", Input).value = str(src)
+        app.query_one("#param-tokenizer", Input).value = "bpe"
+        app.query_one("#param-vocab_size", Input).value = "300"
+        app.query_one("#seq_lens", Input).value = "32"
+        app.query_one("#batch_size", Input).value = "4"
+        app.query_one("#budget_kind", Select).value = "tokens"
+        await type_into(pilot, "#budget", "20k")
+        shown = await wait_budget_steps(pilot, form)
+        # 20,000 tokens of 4 x 32 a step: ceil(156.25) = 157 steps
+        assert shown.startswith("= 157 steps a run (128 tokens a step)"), shown
+        # evaluate every follows the steps the budget became (about 20 evaluations)
+        assert app.query_one("#eval_every", Input).value == "8"
+        assert "steps, 19 evals" in text(form.query_one("#unit-eval_every", Static))
+
+        await pilot.press("ctrl+s")
+        await pilot.pause()
+        assert isinstance(app.screen, PathScreen), text(form.query_one("#form-status", Static))
+        await pilot.press("enter")
+        await settle(pilot)
+        path = tmp_path / "profiles" / "lm-form.toml"
+        assert path.exists(), text(form.query_one("#form-status", Static))
+        saved = path.read_text()
+        # the keys a hand-written profile has: a whole number of tokens, no steps
+        train = saved.split("[train]\n")[1].split("\n[")[0].splitlines()
+        assert "tokens = 20000" in train and not [x for x in train if x.startswith("steps")], saved
+        p = profiles.load(path)
+        assert p.task.name == "lm" and p.task.params()["tokenizer"] == "bpe"
+        assert p.task.params()["vocab_size"] == 300 and p.task.params()["source"] == str(src)
+        assert p.train.tokens == 20000 and p.train.steps is None
+
+        # reload: the budget shows in its own unit, and building gives the same profile
+        await form.fill(p)
+        await settle(pilot)
+        assert app.query_one("#budget_kind", Select).value == "tokens"
+        assert app.query_one("#budget", Input).value == "20000"
+        assert form.build_profile() == p
+
+
+async def test_a_loaded_flops_or_tokens_per_param_budget_is_shown_and_kept(store, tmp_path):
+    src = corpus(tmp_path)
+    app = make_app(store, tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        form = app.query_one(SweepForm)
+        for key, value, shown in (("flops", "3e12", "3e+12"), ("tokens_per_param", "20", "20")):
+            p = profiles.loads(LM_PROFILE.format(source=src).replace("tokens = 20000", f"{key} = {value}"))
+            await form.fill(p)
+            await settle(pilot)
+            assert app.query_one("#budget_kind", Select).value == key
+            assert app.query_one("#budget", Input).value == shown  # not "None"
+            assert form.build_profile() == p
+            steps = await wait_budget_steps(pilot, form)
+            # the models' steps differ (their FLOPs and parameters do): one part per model
+            assert "transformer " in steps and "; mamba " in steps, steps
+            expected = sorted({s.budget["steps"] for s in profiles.expand(p)})
+            assert steps.startswith(f"= {expected[0]:,}..{expected[-1]:,} steps"), (steps, expected)
+
+
+async def test_a_bad_token_budget_is_refused_under_the_budget(store, tmp_path):
+    src = corpus(tmp_path)
+    app = make_app(store, tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        form = app.query_one(SweepForm)
+        await form.fill(profiles.loads(LM_PROFILE.format(source=src)))
+        await settle(pilot)
+        await type_into(pilot, "#budget", "1.5k2")
+        assert "not a number of tokens" in await wait_budget_steps(pilot, form)
+        assert form.build_profile() is None
+        assert "train for: '1.5k2' is not a number of tokens" in text(form.query_one("#err-budget", Static))
+        await type_into(pilot, "#budget", "1e6")
+        await wait_budget_steps(pilot, form)
+        assert form.build_profile().train.tokens == 1_000_000
+        # back to steps: the steps line goes
+        app.query_one("#budget_kind", Select).value = "steps"
+        await type_into(pilot, "#budget", "50")
+        assert await wait_budget_steps(pilot, form) == ""
+        assert not form.query_one("#budget-steps", Static).display
+        assert form.build_profile().train.steps == 50
