@@ -95,7 +95,7 @@ async def test_mark_and_compare_groups_seeds_live(store, tmp_path):
         assert loss.xlabel == "epoch" and loss.curves[0].x[:3] == [0.0, 0.1, 0.2]
         await pilot.press("x")
         assert loss.xlabel == "wall time (s)"
-        await pilot.press("x", "b")  # back to steps; band min..max
+        await pilot.press("x", "x", "x", "b")  # (training tokens, FLOPs) back to steps; band min..max
         assert loss.curves[0].lo[:3] == [2.0, 1.0, 0.0] and loss.curves[0].hi[:3] == [4.0, 3.0, 2.0]
         await pilot.press("g")
         assert [c.label for c in loss.curves] == ["lstm seed 0", "lstm seed 1", "transformer seed 0"]

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from textual.widgets import Input, Select, Static
 
 from test_tui import SIZE, make_app, settle, store, type_into  # noqa: F401
@@ -150,3 +152,69 @@ async def test_a_bad_token_budget_is_refused_under_the_budget(store, tmp_path):
         assert await wait_budget_steps(pilot, form) == ""
         assert not form.query_one("#budget-steps", Static).display
         assert form.build_profile().train.steps == 50
+
+
+# --------------------------------------------------------------------------- compare: x axis
+def lm_runs(store, models=("lstm", "transformer"), seeds=(0,)) -> list[int]:
+    """Runs (of a small profile; the task does not matter here) that record what an LM
+    run records: tokens a step and FLOPs per token in their info, eval loss, perplexity and
+    bits per byte at steps 2 and 4, train/flops and tokens_trained beside them."""
+    import os
+
+    from test_curves import sweep
+
+    ids = sweep(store, models=models, seeds=seeds)
+    for i, rid in enumerate(ids):
+        store.mark_started(rid, os.getpid(), "cpu", None)
+        fpt = 1e6 * (i + 1)  # each model its own FLOPs per token
+        store.set_info(rid, {"tokens_per_step": 128, "flops_per_token": fpt})
+        rows = []
+        for step, loss in ((2, 3.0 - i / 10), (4, 2.0 - i / 10)):
+            rows += [(step, None, "eval", "loss", loss), (step, None, "eval", "perplexity", 2.718 ** loss),
+                     (step, None, "eval", "bits_per_byte", loss / 0.693 / 3),
+                     (step, None, "train", "tokens_trained", 128 * step),
+                     (step, None, "train", "flops", fpt * 128 * step)]
+        store.add_metrics(rid, rows)
+    return ids
+
+
+async def test_compare_puts_training_tokens_or_flops_on_the_x_axis(store, tmp_path):
+    from test_tui_compare import view_poll
+    from workbench.tui.compare_view import CompareScreen
+    from workbench.tui.plots import CurvePlot
+
+    ids = lm_runs(store)
+    bare = lm_runs(store, models=("lstm",))[0]
+    store.set_info(bare, {"tokens_per_step": None, "flops_per_token": None})  # counted nothing
+    app = make_app(store, tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = CompareScreen(store, ids)
+        app.push_screen(screen)
+        await view_poll(pilot, screen)
+        loss = screen.query_one("#compare-loss", CurvePlot)
+        await pilot.press("l")  # train loss -> eval loss (what these runs logged)
+        assert screen.loss_metric == ("eval", "loss") and loss.curves
+        await pilot.press("l")  # -> perplexity: LM runs offer it
+        assert screen.loss_metric == ("eval", "perplexity")
+        assert loss.curves[0].mean == [pytest.approx(2.718 ** 3.0), pytest.approx(2.718 ** 2.0)]
+        axes = []
+        for _ in range(5):
+            await pilot.press("x")
+            axes.append(screen.axis)
+        assert axes == ["epoch", "wall", "tokens", "flops", "step"]
+        await pilot.press("x", "x", "x")  # tokens: step x tokens a step
+        assert loss.xlabel == "training tokens"
+        assert [c.x for c in loss.curves] == [[256.0, 512.0], [256.0, 512.0]]
+        await pilot.press("x")  # FLOPs: x each run's FLOPs per token
+        assert loss.xlabel == "training FLOPs"
+        assert [c.x for c in loss.curves] == [[256e6, 512e6], [512e6, 1024e6]]
+        assert "x: flops" in text(screen.query_one("#compare-title", Static))
+        await pilot.press("escape")
+
+        # a run without a count has no point against FLOPs, and the plot says why
+        screen = CompareScreen(store, [bare])
+        app.push_screen(screen)
+        await view_poll(pilot, screen)
+        await pilot.press("l", "x", "x", "x", "x")
+        assert screen.axis == "flops" and not screen.query_one("#compare-loss", CurvePlot).curves
+        assert "record no token or FLOP count" in screen.query_one("#compare-loss", CurvePlot).empty_text

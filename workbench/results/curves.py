@@ -8,7 +8,11 @@ is interpolated linearly onto a common grid, never extrapolated: at an x where o
 runs have data the mean is over those, and ``n`` says how many.
 
 x axes: ``step`` (optimizer steps), ``epoch`` (the worker's fractional epoch of the
-logged step), ``wall`` (seconds since the run started).
+logged step), ``wall`` (seconds since the run started), ``tokens`` (training tokens
+processed: step x the run's ``tokens_per_step``, batch x input length) and ``flops``
+(training FLOPs: that x the run's ``flops_per_token``; both from the run's info, written
+by workbench/train/compute.py, so every row of the run has them, not only the evaluations
+that log ``train/flops``; runs without a count have no point on these axes).
 """
 from __future__ import annotations
 
@@ -19,8 +23,9 @@ from typing import Iterable, Sequence
 from workbench.results.aggregate import summarize
 from workbench.store import Run, Store, queries
 
-X_AXES = ("step", "epoch", "wall")
-X_LABELS = {"step": "optimizer step", "epoch": "epoch", "wall": "wall time (s)"}
+X_AXES = ("step", "epoch", "wall", "tokens", "flops")
+X_LABELS = {"step": "optimizer step", "epoch": "epoch", "wall": "wall time (s)",
+            "tokens": "training tokens", "flops": "training FLOPs"}
 BANDS = ("std", "minmax", "none")
 # the metrics a curve can follow: (split, name) -> legend/axis text
 CURVE_METRICS = {
@@ -29,6 +34,8 @@ CURVE_METRICS = {
     ("train", "accuracy"): "train accuracy",
     ("eval", "accuracy"): "eval accuracy",
     ("eval", "sequence_accuracy"): "eval sequence accuracy",
+    ("eval", "perplexity"): "eval perplexity",        # language modelling (tasks/lm)
+    ("eval", "bits_per_byte"): "eval bits per byte",
 }
 
 
@@ -120,6 +127,13 @@ def x_of(row, run: Run, axis: str) -> float | None:
         return None if row["epoch"] is None else float(row["epoch"])
     if axis == "wall":
         return None if run.started is None else max(0.0, row["t"] - run.started)
+    if axis in ("tokens", "flops"):
+        info = run.info or {}
+        per_step = info.get("tokens_per_step")
+        per_token = 1.0 if axis == "tokens" else info.get("flops_per_token")
+        if per_step is None or per_token is None:
+            return None
+        return float(row["step"]) * per_step * per_token
     raise ValueError(f"unknown x axis {axis!r}; expected one of {', '.join(X_AXES)}")
 
 

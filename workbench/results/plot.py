@@ -56,7 +56,8 @@ DEFAULT_LENGTH_METRICS = ("accuracy", "step_time_ms", "peak_mem_mb")
 DEFAULT_EVAL_SET_METRICS = ("accuracy",)
 EVAL_SET_AXES = {"len": "test sequence length (tokens)",
                  "dist": "distance from first trigger to end (tokens)"}
-AXIS_WORDS = {"step": "optimizer step", "epoch": "epoch", "wall": "wall time"}
+AXIS_WORDS = {"step": "optimizer step", "epoch": "epoch", "wall": "wall time",
+              "tokens": "training tokens", "flops": "training FLOPs"}
 CURVE_POINTS = 1000  # thin very long series (curves.combine's budget): the figure is ~1000 px wide
 _EVAL_SET = re.compile(r"^([A-Za-z_]\w*)=(-?\d+(?:\.\d+)?)$")
 
@@ -144,6 +145,9 @@ def _no_curve_reason(store: Store, runs: Sequence[Run], split: str, name: str, a
                 + (f"; they logged {', '.join(have)}" if have else "; they logged nothing yet"))
     if axis == "epoch":
         return f"the runs logged {split}.{name} without epoch numbers (trained by steps); use the step or wall axis"
+    if axis in ("tokens", "flops"):
+        return (f"the runs logged {split}.{name} but record no {'FLOP' if axis == 'flops' else 'token'} "
+                f"count (info tokens_per_step / flops_per_token: runs from before those were recorded)")
     return f"the runs logged {split}.{name} but have no {axis} values (never started?)"
 
 

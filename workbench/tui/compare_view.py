@@ -5,8 +5,10 @@ Like the run view it polls the store at ~2 Hz in a thread worker, reads only met
 newer than the last one seen, and redraws only when rows arrived or a setting changed, so
 runs that are still training update live at the run view's rate.
 
-Keys: ``x`` step / epoch / wall time, ``b`` band std / min..max / none, ``g`` group seeds
-or show every run, ``l`` / ``a`` which loss / accuracy metric (only those the runs logged),
+Keys: ``x`` step / epoch / wall time / training tokens / training FLOPs (the last two from
+each run's recorded tokens per step and FLOPs per token: compute-matched comparisons of
+language models), ``b`` band std / min..max / none, ``g`` group seeds
+or show every run, ``l`` / ``a`` which loss (train or eval loss, eval perplexity or bits per byte) / accuracy metric (only those the runs logged),
 ``f`` write the figures (PNG + SVG, matplotlib) of what is shown into the profile's folder
 (:mod:`workbench.tui.paths`). Under 100 columns the legend goes under the plots, so the
 group names are not cut.
@@ -34,7 +36,7 @@ from workbench.tui.help_screen import KeysFooter
 from workbench.tui.plots import COLOURS, CurvePlot
 
 POLL_S = 0.5
-LOSS_METRICS = [("train", "loss"), ("eval", "loss")]
+LOSS_METRICS = [("train", "loss"), ("eval", "loss"), ("eval", "perplexity"), ("eval", "bits_per_byte")]
 ACC_METRICS = [("eval", "accuracy"), ("eval", "sequence_accuracy"), ("train", "accuracy")]
 
 
@@ -158,6 +160,7 @@ class CompareScreen(PollsStore, Screen):
         name = cv.CURVE_METRICS[metric]
         if self.logged([metric]):
             why = ("they draw fresh batches, so they have no epochs" if self.axis == "epoch"
+                   else "they record no token or FLOP count" if self.axis in ("tokens", "flops")
                    else f"it has no {cv.X_LABELS[self.axis]}")
             return f"no {name} against {cv.X_LABELS[self.axis]}: these runs logged it, but {why} (x: another axis)"
         return f"no {name} yet" if live else f"no {name}: these runs ended without logging it"
