@@ -1,5 +1,5 @@
-"""Registry entries for the linear-RNN family (issue 21): GLA, RetNet, linear attention,
-DeltaNet and Gated DeltaNet mixers (``models.linear_mixers``, ``models.delta_mixers``) in a
+"""Registry entries for the linear-RNN family (issues 21, 35): GLA, RetNet, linear attention,
+DeltaNet, Gated DeltaNet and Gated DeltaProduct mixers (``models.linear_mixers``, ``models.delta_mixers``) in a
 pre-norm residual ``RecurrentStack``.
 
 Every entry takes ``n_heads``, ``backend`` ("auto" | "torch" | "ref" | "fla" | "cpu"), ``chunk_size``
@@ -75,33 +75,62 @@ def build_linear_attention(d_model: int, n_layers: int, n_heads: int = 4,
 
 
 @register("deltanet", "DeltaNet (Schlag et al. 2021; chunked, Yang et al. 2024): delta rule, short "
-                      "conv, L2 q/k, sigmoid beta; fla layers/delta_net.py",
+                      "conv, L2 q/k, sigmoid beta (allow_neg_eigval: 2 sigmoid, Grazzi et al. "
+                      "2025), num_v_heads; fla layers/delta_net.py",
           family="linear-rnn", init="torch")
 def build_deltanet(d_model: int, n_layers: int, n_heads: int = 4, expand_k: float = 1.0,
                    expand_v: float = 1.0, use_short_conv: bool = True, conv_size: int = 4,
                    chunk_size: int | None = None, backend: str = "auto", channel_mixer: str = "none",
-                   mlp_mult: float = 2.0, norm: str = "rms",
-                   dropout: float = 0.0) -> RecurrentStack:
+                   mlp_mult: float = 2.0, norm: str = "rms", dropout: float = 0.0,
+                   num_v_heads: int | None = None,
+                   allow_neg_eigval: bool = False) -> RecurrentStack:
     from models.linear_mixers import DeltaNet
 
     return _stack(d_model, n_layers, lambda i: DeltaNet(
         d_model, n_heads=n_heads, expand_k=expand_k, expand_v=expand_v,
         use_short_conv=use_short_conv, conv_size=conv_size, backend=backend,
-        chunk_size=chunk_size), norm, dropout, channel_mixer, mlp_mult)
+        chunk_size=chunk_size, num_v_heads=num_v_heads, allow_neg_eigval=allow_neg_eigval),
+        norm, dropout, channel_mixer, mlp_mult)
 
 
 @register("gated_deltanet", "Gated DeltaNet (Yang, Kautz & Hatamizadeh 2025): delta rule + Mamba-2 "
-                            "decay, short conv, gated RMS norm; fla layers/gated_deltanet.py",
+                            "decay, short conv, gated RMS norm, allow_neg_eigval, num_v_heads "
+                            "(Qwen3-Next GVA); fla layers/gated_deltanet.py",
           family="linear-rnn", init="torch")
 def build_gated_deltanet(d_model: int, n_layers: int, n_heads: int = 4,
                          expand_k: float = 0.75, expand_v: float = 1.5,
                          use_short_conv: bool = True, conv_size: int = 4,
                          chunk_size: int | None = None, backend: str = "auto",
                          channel_mixer: str = "none", mlp_mult: float = 2.0,
-                         norm: str = "rms", dropout: float = 0.0) -> RecurrentStack:
+                         norm: str = "rms", dropout: float = 0.0,
+                         num_v_heads: int | None = None,
+                         allow_neg_eigval: bool = False) -> RecurrentStack:
     from models.linear_mixers import GatedDeltaNet
 
     return _stack(d_model, n_layers, lambda i: GatedDeltaNet(
         d_model, n_heads=n_heads, expand_k=expand_k, expand_v=expand_v,
+        use_short_conv=use_short_conv, conv_size=conv_size, backend=backend,
+        chunk_size=chunk_size, num_v_heads=num_v_heads, allow_neg_eigval=allow_neg_eigval),
+        norm, dropout, channel_mixer, mlp_mult)
+
+
+@register("gated_deltaproduct", "Gated DeltaProduct (Siems et al. 2025): num_householder delta-rule "
+                                "(Householder) steps per token + Mamba-2 decay, allow_neg_eigval, "
+                                "num_v_heads; fla layers/gated_deltaproduct.py",
+          family="linear-rnn", init="torch")
+def build_gated_deltaproduct(d_model: int, n_layers: int, n_heads: int = 4,
+                             expand_k: float = 0.75, expand_v: float = 1.5,
+                             num_householder: int = 2, use_forget_gate: bool = True,
+                             allow_neg_eigval: bool = False, num_v_heads: int | None = None,
+                             use_short_conv: bool = True, conv_size: int = 4,
+                             chunk_size: int | None = None, backend: str = "auto",
+                             channel_mixer: str = "none", mlp_mult: float = 2.0,
+                             norm: str = "rms", dropout: float = 0.0) -> RecurrentStack:
+    from models.linear_mixers import GatedDeltaProduct
+
+    return _stack(d_model, n_layers, lambda i: GatedDeltaProduct(
+        d_model, n_heads=n_heads, expand_k=expand_k, expand_v=expand_v,
+        num_householder=num_householder, use_forget_gate=use_forget_gate,
+        allow_neg_eigval=allow_neg_eigval, num_v_heads=num_v_heads,
         use_short_conv=use_short_conv, conv_size=conv_size, backend=backend,
         chunk_size=chunk_size), norm, dropout, channel_mixer, mlp_mult)

@@ -151,14 +151,20 @@ def selective_scan_fwd(d_inner: int, d_state: int) -> float:
 #: plus an intra-chunk quadratic part of O(chunk x (d_k + d_v)) per token; the count is the
 #: recurrent form's, which every backend computes the same function of (Yang et al. 2024,
 #: GLA section 3; Yang et al. 2024, DeltaNet section 3).
+#: Gated DeltaProduct (n Householder steps per token): decay 1 + n x (delta 2 + update 2)
+#: + read-out 2 = 3 + 4 n (n = 1: the gated delta rule's 7).
 STATE_UPDATE_UNITS = {"linear_attention": 4, "simple_gla": 5, "gla": 5, "delta_rule": 6,
-                      "gated_delta_rule": 7}
+                      "gated_delta_rule": 7, "gated_delta_product": 7}
 
 
-def state_update_fwd(op_name: str, n_heads: int, d_k: int, d_v: int) -> float:
+def state_update_fwd(op_name: str, n_heads: int, d_k: int, d_v: int,
+                     num_householder: int = 1) -> float:
     """Linear-attention-style recurrence, forward FLOPs per token per layer:
-    units(op) x n_heads x d_k x d_v (see ``STATE_UPDATE_UNITS``)."""
-    return float(STATE_UPDATE_UNITS[op_name] * n_heads * d_k * d_v)
+    units(op) x n_heads (the state's: value heads) x d_k x d_v (see ``STATE_UPDATE_UNITS``;
+    gated_delta_product: 3 + 4 num_householder units)."""
+    units = (3 + 4 * num_householder if op_name == "gated_delta_product"
+             else STATE_UPDATE_UNITS[op_name])
+    return float(units * n_heads * d_k * d_v)
 
 
 def fft_len(seq_len: int) -> int:
@@ -212,7 +218,8 @@ def _family_terms() -> list[tuple[type, str, Callable[[Any, int], float]]]:
          lambda m, L: state_update_fwd("simple_gla", m.nheads, m.d_state, m.headdim)),
         # state_v_dim: LinearAttention's normaliser widens the value by one column
         (LinearRNNMixer, "state_update",
-         lambda m, L: state_update_fwd(m.op_name, m.n_heads, m.head_k_dim, m.state_v_dim)),
+         lambda m, L: state_update_fwd(m.op_name, m.state_heads, m.head_k_dim, m.state_v_dim,
+                                       getattr(m, "num_householder", 1))),
         # Based: linear attention over Taylor features (1 + f + f^2 per head) with the
         # normaliser as one more value column
         (BasedLinearAttention, "state_update",

@@ -1,9 +1,10 @@
-"""Delta-rule mixers: :class:`DeltaNet` and :class:`GatedDeltaNet` (also importable from
-``models.linear_mixers``, whose module docstring gives the shared contract: forward,
-init_state, forward_with_state, step, state_size, backend, chunk_size).
+"""Delta-rule mixers: :class:`DeltaNet`, :class:`GatedDeltaNet` and :class:`GatedDeltaProduct`
+(also importable from ``models.linear_mixers``, whose module docstring gives the shared
+contract: forward, init_state, forward_with_state, step, state_size, backend, chunk_size).
 
-Both follow the structure of flash-linear-attention's layers (``fla/layers/delta_net.py``,
-``fla/layers/gated_deltanet.py``, github.com/fla-org/flash-linear-attention); code written
+All follow the structure of flash-linear-attention's layers (``fla/layers/delta_net.py``,
+``fla/layers/gated_deltanet.py``, ``fla/layers/gated_deltaproduct.py``,
+github.com/fla-org/flash-linear-attention); code written
 here. One difference in form, not in function: fla runs three ``ShortConvolution``s (q, k,
 v); here one depthwise conv runs over the concatenated [q | k | v] channels (the same
 per-channel filters; one kernel call instead of three). Its parameters and cache live in a
@@ -12,8 +13,9 @@ per-channel filters; one kernel call instead of three). Its parameters and cache
 (``models.common.recomputed_in_slices``), as does the output norm + gate + o_proj: autograd
 keeps x, the operator's inputs and output, and the per-head gates.
 
-State: (S (batch, heads, head_k_dim, head_v_dim), conv cache (batch, 2 key_dim +
-value_dim, conv_size - 1)), or (S,) with ``use_short_conv=False``.
+State: (S (batch, num_v_heads, head_k_dim, head_v_dim), conv cache (batch, key_dim (1 + n) +
+value_dim n, conv_size - 1)), or (S,) with ``use_short_conv=False``; n = num_householder
+(1 but for Gated DeltaProduct), num_v_heads = n_heads unless grouped value heads are asked.
 """
 from __future__ import annotations
 
@@ -27,30 +29,66 @@ from models.common import causal_conv, conv_cache, recomputed_in_slices, rms_nor
 from models.linear_mixers import GatedHeadRMSNorm, HeadRMSNorm, LinearRNNMixer, _dims
 from models.short_conv import ShortConvolution
 
-__all__ = ["DeltaNet", "GatedDeltaNet"]
+__all__ = ["DeltaNet", "GatedDeltaNet", "GatedDeltaProduct"]
+
+
+def _int_option(name: str, value, low: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ValueError(f"{name} must be an integer >= {low}; got {value!r}")
+    return value
 
 
 class _DeltaBase(LinearRNNMixer):
     """q, k, v projections, the short conv + SiLU (or SiLU alone), L2-normalised q and k
-    (inside the operator: ``use_qk_l2norm_in_kernel``), beta = sigmoid(x W_b) per head."""
+    (inside the operator: ``use_qk_l2norm_in_kernel``), beta = sigmoid(x W_b) per value
+    head, or 2 sigmoid(x W_b) with ``allow_neg_eigval``.
+
+    Options shared by the delta-rule layers:
+
+    - ``allow_neg_eigval`` (Grazzi, Siems, Zela, Franke, Hutter & Pontil, "Unlocking
+      State-Tracking in Linear RNNs Through Negative Eigenvalues", ICLR 2025; code
+      adankow/unlocking_state_tracking, and fla's layers' option of this name): beta =
+      2 sigmoid(.) in (0, 2), so the transition I - beta k k^T (|k| = 1) has the eigenvalue
+      1 - beta in (-1, 1) along k (a reflection at beta = 2) instead of [0, 1). What lets
+      the delta rule learn parity and modular counting. Default off.
+    - ``num_v_heads`` (grouped value heads, "GVA": Qwen3-Next's Gated DeltaNet, fla's
+      ``num_v_heads``): value_dim splits into num_v_heads heads, a multiple of n_heads (the
+      q/k heads); value head h reads q/k head h // (num_v_heads / n_heads); beta, the decay
+      and the state are per value head. None: num_v_heads = n_heads.
+    - ``num_householder`` (n, DeltaProduct): k, v and beta get n rows per token, written in
+      n delta-rule steps (fla's layout: channels ordered (n, heads, dim), token t's j-th row
+      at time t n + j of the operator's k, v, beta).
+    """
 
     def _init_delta(self, d_model, n_heads, expand_k, expand_v, use_short_conv, conv_size,
-                    conv_bias, backend, chunk_size):
+                    conv_bias, backend, chunk_size, num_v_heads=None, allow_neg_eigval=False,
+                    num_householder=1):
         self._init_common(backend, chunk_size)
         if not isinstance(use_short_conv, bool):
             raise ValueError(f"use_short_conv must be true or false; got {use_short_conv!r}")
+        if not isinstance(allow_neg_eigval, bool):
+            raise ValueError(f"allow_neg_eigval must be true or false; got {allow_neg_eigval!r}")
         self.d_model, self.n_heads = d_model, n_heads
         self.key_dim, self.value_dim = _dims(d_model, n_heads, expand_k, expand_v)
-        self.head_k_dim, self.head_v_dim = self.key_dim // n_heads, self.value_dim // n_heads
+        hv = n_heads if num_v_heads is None else _int_option("num_v_heads", num_v_heads)
+        if hv % n_heads or self.value_dim % hv:
+            raise ValueError(f"num_v_heads = {hv} must be a multiple of n_heads = {n_heads} "
+                             f"and split value_dim = d_model * expand_v = {self.value_dim}")
+        self.num_v_heads = hv
+        self.num_householder = _int_option("num_householder", num_householder)
+        self.allow_neg_eigval = allow_neg_eigval
+        self.head_k_dim, self.head_v_dim = self.key_dim // n_heads, self.value_dim // hv
         self.use_short_conv = use_short_conv
+        n = self.num_householder
         self.q_proj = nn.Linear(d_model, self.key_dim, bias=False)
-        self.k_proj = nn.Linear(d_model, self.key_dim, bias=False)
-        self.v_proj = nn.Linear(d_model, self.value_dim, bias=False)
-        self.b_proj = nn.Linear(d_model, n_heads, bias=False)
+        self.k_proj = nn.Linear(d_model, self.key_dim * n, bias=False)
+        self.v_proj = nn.Linear(d_model, self.value_dim * n, bias=False)
+        self.b_proj = nn.Linear(d_model, hv * n, bias=False)
+        self._split = [self.key_dim, self.key_dim * n, self.value_dim * n]
         # the short conv gives the keys a local n-gram view before the delta rule writes
         # them (fla warns that turning it off costs quality)
-        self.qkv_conv1d = (ShortConvolution(2 * self.key_dim + self.value_dim, conv_size,
-                                            bias=conv_bias, activation="silu")
+        self.qkv_conv1d = (ShortConvolution(sum(self._split), conv_size, bias=conv_bias,
+                                            activation="silu")
                            if use_short_conv else None)
 
     def _init_extras(self, batch):
@@ -59,14 +97,24 @@ class _DeltaBase(LinearRNNMixer):
     def _extras_size(self):
         return 0 if self.qkv_conv1d is None else self.qkv_conv1d.state_size()
 
+    def _vheads(self, t: torch.Tensor) -> torch.Tensor:
+        """(batch, T, num_v_heads * d) -> (batch, T, num_v_heads, d)."""
+        return t.unflatten(-1, (self.num_v_heads, -1))
+
+    def _rows(self, t: torch.Tensor, heads: int) -> torch.Tensor:
+        """(batch, T, n * heads * d) -> (batch, T n, heads, d): the n Householder rows of
+        each token in a row (fla's '... t (n h d) -> ... (t n) h d'); a view for n = 1."""
+        return t.unflatten(-1, (self.num_householder, heads, -1)).flatten(1, 2)
+
     def _qkv_beta(self, x, extras):
-        """x (batch, T, d_model) -> q, k (batch, T, heads, head_k_dim), v (.., head_v_dim),
-        beta (batch, T, heads) in (0, 1), next extras.
+        """x (batch, T, d_model) -> q (batch, T, heads, head_k_dim), k (batch, T n, heads,
+        head_k_dim), v (batch, T n, num_v_heads, head_v_dim), beta (batch, T n,
+        num_v_heads) in (0, 1) (in (0, 2) with allow_neg_eigval), next extras.
 
         q, k, v come from one piece recomputed from x in the backward, a slice at a time
         (the conv with conv_size - 1 steps of context): the projections and the conv's
         pre-activation are not kept, and the piece's output, time-major, is the operator's
-        input as it is (views, no copies). The conv is ``qkv_conv1d``'s maths and
+        input as it is (views, no copies, for n = 1). The conv is ``qkv_conv1d``'s maths and
         parameters run by :func:`models.common.causal_conv` (the C kernel on CPU)."""
         w = torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight])
         conv = self.qkv_conv1d
@@ -81,14 +129,18 @@ class _DeltaBase(LinearRNNMixer):
             nxt = (conv_cache(cache, F.linear(x[:, x.shape[1] - min(k1, x.shape[1]):], w)),)
         else:
             qkv, nxt = recomputed_in_slices(self._qkv, 1, 0, x, w, None, None, None), ()
-        q, k, v = (self._heads(t) for t in
-                   qkv.split([self.key_dim, self.key_dim, self.value_dim], dim=-1))
-        return q, k, v, self.b_proj(x).sigmoid(), nxt
+        q, k, v = qkv.split(self._split, dim=-1)
+        beta = self.b_proj(x).sigmoid()
+        if self.allow_neg_eigval:          # eigenvalue 1 - beta of I - beta k k^T in (-1, 1)
+            beta = beta * 2.0
+        beta = beta.unflatten(-1, (self.num_householder, self.num_v_heads)).flatten(1, 2)
+        return (self._heads(q), self._rows(k, self.n_heads), self._rows(v, self.num_v_heads),
+                beta, nxt)
 
     def _qkv(self, h, x, w, conv_w, conv_b, left):
         """silu(shortconv(x W^T)) (silu(x W^T) without the conv): x (batch, T, d_model) ->
-        (batch, T - h, 2 key_dim + value_dim), time-major; the first h steps of x are the
-        conv's context (h = 0: ``left``, the cache, is)."""
+        (batch, T - h, key_dim (1 + n) + value_dim n), time-major; the first h steps of x
+        are the conv's context (h = 0: ``left``, the cache, is)."""
         y = F.linear(x, w)
         if conv_w is None:
             return F.silu(y)
@@ -102,9 +154,11 @@ class DeltaNet(_DeltaBase):
     of 4 + SiLU on q, k, v, L2 q/k norm, sigmoid beta, per-head RMS output norm, no gate).
 
         q, k, v = silu(shortconv([x W_q | x W_k | x W_v]));  q, k <- q/|q|, k/|k|
-        beta    = sigmoid(x W_b)                         (batch, T, heads)
+        beta    = sigmoid(x W_b)   (2 sigmoid with allow_neg_eigval)   (batch, T, v heads)
         S_t = S_{t-1} + beta_t k_t (v_t - S_{t-1}^T k_t)^T,  o_t = head_k^-0.5 S_t^T q_t
         y   = W_o [ rmsnorm_head(o) ]                                   (``delta_rule``)
+
+    ``allow_neg_eigval`` and ``num_v_heads``: see :class:`_DeltaBase`.
     """
 
     op_name = "delta_rule"
@@ -112,10 +166,11 @@ class DeltaNet(_DeltaBase):
     def __init__(self, d_model: int, n_heads: int = 4, expand_k: float = 1.0,
                  expand_v: float = 1.0, use_short_conv: bool = True, conv_size: int = 4,
                  conv_bias: bool = False, norm_eps: float = 1e-5, backend: str = "auto",
-                 chunk_size: int | None = None):
+                 chunk_size: int | None = None, num_v_heads: int | None = None,
+                 allow_neg_eigval: bool = False):
         super().__init__()
         self._init_delta(d_model, n_heads, expand_k, expand_v, use_short_conv, conv_size,
-                         conv_bias, backend, chunk_size)
+                         conv_bias, backend, chunk_size, num_v_heads, allow_neg_eigval)
         self.o_norm = HeadRMSNorm(self.head_v_dim, eps=norm_eps)
         self.o_proj = nn.Linear(self.value_dim, d_model, bias=False)
 
@@ -129,51 +184,43 @@ class DeltaNet(_DeltaBase):
                                     self.o_proj.weight)
 
     def _normed_out(self, h, o, norm_w, w_o):
-        """W_o [rmsnorm_head(o)]: o (batch, T, heads, head_v_dim) -> (batch, T, d_model)."""
+        """W_o [rmsnorm_head(o)]: o (batch, T, v heads, head_v_dim) -> (batch, T, d_model)."""
         return F.linear(rms_norm(o, norm_w, self.o_norm.eps).flatten(-2), w_o)
 
 
-class GatedDeltaNet(_DeltaBase):
-    """Gated DeltaNet (Yang, Kautz & Hatamizadeh, "Gated Delta Networks: Improving Mamba2
-    with Delta Rule", ICLR 2025); structure of fla's ``fla/layers/gated_deltanet.py``
-    (``GatedDeltaNet`` with use_gate=True: key_dim 0.75 d and value_dim 1.5 d, fla's
-    "6 d^2 parameters" split; short conv of 4; Mamba-2 style decay; gated RMS norm).
+class _GatedBase(_DeltaBase):
+    """The gated layers' parts: the Mamba-2 style decay per value head (optional), the
+    swish output gate fused with a per-head RMS norm, o_proj."""
 
-        q, k, v, beta as in :class:`DeltaNet`
-        g     = -exp(A_log) * softplus(x W_a + dt_bias)     (batch, T, heads), log space <= 0
-        S_t = exp(g_t) S_{t-1} + beta_t k_t (v_t - exp(g_t) S_{t-1}^T k_t)^T
-        o_t = head_k^-0.5 S_t^T q_t                                  (``gated_delta_rule``)
-        y   = W_o [ rmsnorm_head(o) * silu(x W_g) ]
-
-    A_log and dt_bias are initialised as fla's (and Mamba-2's): A ~ U(0, 16) per head,
-    softplus(dt_bias) = dt log-uniform in [0.001, 0.1] (floored at 1e-4); neither gets
-    weight decay (``_no_weight_decay``, read by the worker's optimiser groups).
-    """
-
-    op_name = "gated_delta_rule"
-
-    def __init__(self, d_model: int, n_heads: int = 4, expand_k: float = 0.75,
-                 expand_v: float = 1.5, use_short_conv: bool = True, conv_size: int = 4,
-                 conv_bias: bool = False, norm_eps: float = 1e-5, backend: str = "auto",
-                 chunk_size: int | None = None):
-        super().__init__()
+    def _init_gated(self, d_model, n_heads, expand_k, expand_v, use_short_conv, conv_size,
+                    conv_bias, norm_eps, backend, chunk_size, num_v_heads, allow_neg_eigval,
+                    num_householder=1, use_forget_gate=True):
         self._init_delta(d_model, n_heads, expand_k, expand_v, use_short_conv, conv_size,
-                         conv_bias, backend, chunk_size)
-        self.a_proj = nn.Linear(d_model, n_heads, bias=False)
-        A = torch.empty(n_heads).uniform_(0, 16)
-        self.A_log = nn.Parameter(torch.log(A))
-        self.A_log._no_weight_decay = True
-        dt_min, dt_max, dt_floor = 0.001, 0.1, 1e-4
-        dt = torch.exp(torch.rand(n_heads) * (math.log(dt_max) - math.log(dt_min))
-                       + math.log(dt_min)).clamp(min=dt_floor)
-        self.dt_bias = nn.Parameter(dt + torch.log(-torch.expm1(-dt)))   # softplus^-1(dt)
-        self.dt_bias._no_weight_decay = True
+                         conv_bias, backend, chunk_size, num_v_heads, allow_neg_eigval,
+                         num_householder)
+        if not isinstance(use_forget_gate, bool):
+            raise ValueError(f"use_forget_gate must be true or false; got {use_forget_gate!r}")
+        self.use_forget_gate = use_forget_gate
+        hv = self.num_v_heads
+        if use_forget_gate:
+            self.a_proj = nn.Linear(d_model, hv, bias=False)
+            A = torch.empty(hv).uniform_(0, 16)
+            self.A_log = nn.Parameter(torch.log(A))
+            self.A_log._no_weight_decay = True
+            dt_min, dt_max, dt_floor = 0.001, 0.1, 1e-4
+            dt = torch.exp(torch.rand(hv) * (math.log(dt_max) - math.log(dt_min))
+                           + math.log(dt_min)).clamp(min=dt_floor)
+            self.dt_bias = nn.Parameter(dt + torch.log(-torch.expm1(-dt)))  # softplus^-1(dt)
+            self.dt_bias._no_weight_decay = True
         self.g_proj = nn.Linear(d_model, self.value_dim, bias=False)
         self.o_norm = GatedHeadRMSNorm(self.head_v_dim, eps=norm_eps)
         self.o_proj = nn.Linear(self.value_dim, d_model, bias=False)
 
-    def log_gate(self, x: torch.Tensor) -> torch.Tensor:
-        """x (batch, T, d_model) -> g (batch, T, heads) <= 0: the per-step log decay."""
+    def log_gate(self, x: torch.Tensor) -> torch.Tensor | None:
+        """x (batch, T, d_model) -> g (batch, T, v heads) <= 0: the per-step log decay (None
+        without the forget gate)."""
+        if not self.use_forget_gate:
+            return None
         return -self.A_log.exp() * F.softplus(self.a_proj(x) + self.dt_bias)
 
     def _inputs(self, x, extras):
@@ -187,7 +234,74 @@ class GatedDeltaNet(_DeltaBase):
                                     self.o_norm.weight, self.o_proj.weight)
 
     def _gated_out(self, h, o, x, w_g, norm_w, w_o):
-        """W_o [rmsnorm_head(o) * silu(x W_g)]: o (batch, T, heads, head_v_dim), x (batch,
+        """W_o [rmsnorm_head(o) * silu(x W_g)]: o (batch, T, v heads, head_v_dim), x (batch,
         T, d_model) -> (batch, T, d_model) (h = 0: position-wise)."""
-        gate = self._heads(F.linear(x, w_g))
+        gate = self._vheads(F.linear(x, w_g))
         return F.linear((rms_norm(o, norm_w, self.o_norm.eps) * F.silu(gate)).flatten(-2), w_o)
+
+
+class GatedDeltaNet(_GatedBase):
+    """Gated DeltaNet (Yang, Kautz & Hatamizadeh, "Gated Delta Networks: Improving Mamba2
+    with Delta Rule", ICLR 2025); structure of fla's ``fla/layers/gated_deltanet.py``
+    (``GatedDeltaNet`` with use_gate=True: key_dim 0.75 d and value_dim 1.5 d, fla's
+    "6 d^2 parameters" split; short conv of 4; Mamba-2 style decay; gated RMS norm).
+
+        q, k, v, beta as in :class:`DeltaNet`
+        g     = -exp(A_log) * softplus(x W_a + dt_bias)   (batch, T, v heads), log space <= 0
+        S_t = exp(g_t) S_{t-1} + beta_t k_t (v_t - exp(g_t) S_{t-1}^T k_t)^T
+        o_t = head_k^-0.5 S_t^T q_t                                  (``gated_delta_rule``)
+        y   = W_o [ rmsnorm_head(o) * silu(x W_g) ]
+
+    A_log and dt_bias are initialised as fla's (and Mamba-2's): A ~ U(0, 16) per head,
+    softplus(dt_bias) = dt log-uniform in [0.001, 0.1] (floored at 1e-4); neither gets
+    weight decay (``_no_weight_decay``, read by the worker's optimiser groups).
+    ``allow_neg_eigval`` and ``num_v_heads`` (Qwen3-Next's grouped value heads): see
+    :class:`_DeltaBase`.
+    """
+
+    op_name = "gated_delta_rule"
+
+    def __init__(self, d_model: int, n_heads: int = 4, expand_k: float = 0.75,
+                 expand_v: float = 1.5, use_short_conv: bool = True, conv_size: int = 4,
+                 conv_bias: bool = False, norm_eps: float = 1e-5, backend: str = "auto",
+                 chunk_size: int | None = None, num_v_heads: int | None = None,
+                 allow_neg_eigval: bool = False):
+        super().__init__()
+        self._init_gated(d_model, n_heads, expand_k, expand_v, use_short_conv, conv_size,
+                         conv_bias, norm_eps, backend, chunk_size, num_v_heads,
+                         allow_neg_eigval)
+
+
+class GatedDeltaProduct(_GatedBase):
+    """Gated DeltaProduct (Siems, Carstensen, Zela, Hutter, Pontil & Grazzi, "DeltaProduct:
+    Improving State-Tracking in Linear RNNs via Householder Products", 2025); structure of
+    fla's ``fla/layers/gated_deltaproduct.py`` (``GatedDeltaProduct``: Gated DeltaNet whose
+    k, v and beta projections are n = num_householder times wider, so each token writes n
+    delta-rule steps; the decay once per token, before them).
+
+        q = x W_q;  k_j, v_j = x W_k^(j), x W_v^(j)  (j = 0..n-1), all through the short conv
+        beta_j = sigmoid(x W_b^(j))   (2 sigmoid with allow_neg_eigval)
+        S_t = (prod_{j = n-1..0} (I - beta_tj k_tj k_tj^T)) exp(g_t) S_{t-1} + (write terms)
+        o_t = head_k^-0.5 S_t^T q_t,  y = W_o [ rmsnorm_head(o) * silu(x W_g) ]
+                                                              (``gated_delta_product``)
+
+    Each factor is a generalised Householder matrix (a reflection at beta = 2), so the
+    transition is a product of n of them: n = 1 is Gated DeltaNet; n >= 2 with
+    allow_neg_eigval reaches rotations, what the paper's state-tracking results (S3, S4,
+    A5, S5) need. fla's layer defaults to allow_neg_eigval=True and n = 2; here n = 2 and
+    allow_neg_eigval off (as on every layer of this workbench: a profile turns it on).
+    ``use_forget_gate=False`` drops the decay (DeltaProduct). ``num_v_heads``: see
+    :class:`_DeltaBase`.
+    """
+
+    op_name = "gated_delta_product"
+
+    def __init__(self, d_model: int, n_heads: int = 4, expand_k: float = 0.75,
+                 expand_v: float = 1.5, num_householder: int = 2, use_forget_gate: bool = True,
+                 use_short_conv: bool = True, conv_size: int = 4, conv_bias: bool = False,
+                 norm_eps: float = 1e-5, backend: str = "auto", chunk_size: int | None = None,
+                 num_v_heads: int | None = None, allow_neg_eigval: bool = False):
+        super().__init__()
+        self._init_gated(d_model, n_heads, expand_k, expand_v, use_short_conv, conv_size,
+                         conv_bias, norm_eps, backend, chunk_size, num_v_heads,
+                         allow_neg_eigval, num_householder, use_forget_gate)

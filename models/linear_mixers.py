@@ -4,8 +4,8 @@
 - :class:`MultiScaleRetention`  (RetNet, Sun et al. 2023): a fixed decay per head, rotary;
 - :class:`LinearAttention`      (Katharopoulos et al. 2020): no decay, a feature map and
   (optionally) the normaliser q . sum k;
-- ``DeltaNet`` and ``GatedDeltaNet`` live in ``models.delta_mixers`` and are importable from
-  here too (``from models.linear_mixers import DeltaNet``).
+- ``DeltaNet``, ``GatedDeltaNet`` and ``GatedDeltaProduct`` live in ``models.delta_mixers``
+  and are importable from here too (``from models.linear_mixers import DeltaNet``).
 
 Each follows the structure of its flash-linear-attention layer (``fla/layers/*.py``,
 github.com/fla-org/flash-linear-attention); the code is this project's own.
@@ -48,7 +48,7 @@ from models.kernels.linear_rnn_backends import (BackendError, check_backend, fla
                                                 get_op, resolve)
 
 __all__ = ["GatedLinearAttention", "MultiScaleRetention", "LinearAttention", "DeltaNet",
-           "GatedDeltaNet", "HeadRMSNorm", "GatedHeadRMSNorm", "LinearRNNMixer"]
+           "GatedDeltaNet", "GatedDeltaProduct", "HeadRMSNorm", "GatedHeadRMSNorm", "LinearRNNMixer"]
 
 
 def _compute_dtype(x: torch.Tensor) -> torch.dtype:
@@ -121,6 +121,12 @@ class LinearRNNMixer(nn.Module):
         return self.head_v_dim
 
     @property
+    def state_heads(self) -> int:
+        """Heads of S: the value heads (``num_v_heads`` of the delta rules' grouped value
+        heads; n_heads elsewhere)."""
+        return getattr(self, "num_v_heads", self.n_heads)
+
+    @property
     def backend(self) -> str:
         """The backend of the last forward; before any, what runs on the parameters' device."""
         if self._last_backend is not None:
@@ -133,7 +139,7 @@ class LinearRNNMixer(nn.Module):
     # -- the operator ----------------------------------------------------------------
     def _apply_op(self, args, kwargs, S0, final: bool, recurrent: bool):
         if recurrent:                            # step: the reference recurrence
-            op = linear_rnn.OPS[self.op_name][1]
+            op = linear_rnn.ALL_OPS[self.op_name][1]
         else:
             op, resolved = get_op(self.op_name, self.backend_choice, args[0].device.type)
             self._last_backend = resolved
@@ -163,14 +169,14 @@ class LinearRNNMixer(nn.Module):
         return y[:, 0], state
 
     def init_state(self, batch: int) -> tuple:
-        """(S zeros (batch, n_heads, head_k_dim, state_v_dim), *extras)."""
+        """(S zeros (batch, state_heads, head_k_dim, state_v_dim), *extras)."""
         p = next(self.parameters())
-        S = torch.zeros(batch, self.n_heads, self.head_k_dim, self.state_v_dim,
+        S = torch.zeros(batch, self.state_heads, self.head_k_dim, self.state_v_dim,
                         device=p.device, dtype=p.dtype)
         return (S, *self._init_extras(batch))
 
     def state_size(self) -> int:
-        return self.n_heads * self.head_k_dim * self.state_v_dim + self._extras_size()
+        return self.state_heads * self.head_k_dim * self.state_v_dim + self._extras_size()
 
     def _init_extras(self, batch: int) -> tuple:
         return ()
@@ -450,7 +456,7 @@ class LinearAttention(LinearRNNMixer):
 def __getattr__(name: str):
     # The delta rules live in models/delta_mixers.py (which imports this module's base
     # class), re-exported lazily so either module can be imported first.
-    if name in ("DeltaNet", "GatedDeltaNet"):
+    if name in ("DeltaNet", "GatedDeltaNet", "GatedDeltaProduct"):
         from models import delta_mixers
 
         return getattr(delta_mixers, name)

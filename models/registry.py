@@ -100,7 +100,8 @@ class OptionError(ValueError):
 # a message about some internal tensor or, worse, builds a model that trains wrongly.
 _POSITIVE_INT = {"d_state", "d_conv", "expand", "n_heads", "max_len", "l_max",
                  "emb_dim", "filter_width", "short_width", "order", "lora_r", "freq_chunk",
-                 "d_inner", "dt_rank", "mamba_per_block", "shift_size"}
+                 "d_inner", "dt_rank", "mamba_per_block", "shift_size", "num_householder",
+                 "num_v_heads"}
 _PROBABILITY = {"dropout", "lora_dropout"}  # [0, 1): a dropout of 1 zeroes every activation
 # mlp_mult is an int for some entries (transformer) and a float for others (the SwiGLU
 # channel mixer): its annotation picks the type, this set the range

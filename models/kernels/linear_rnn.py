@@ -84,7 +84,8 @@ __all__ = [
     "gla", "gla_ref",
     "delta_rule", "delta_rule_ref",
     "gated_delta_rule", "gated_delta_rule_ref",
-    "OPS",
+    "gated_delta_product", "gated_delta_product_ref",
+    "OPS", "PRODUCT_OPS", "ALL_OPS",
 ]
 
 DEFAULT_CHUNK_SIZE = 64
@@ -102,14 +103,16 @@ GLA_FACTORISED = True   # allow the one-matmul form of gla's chunk when the gate
 # ---------------------------------------------------------------------------------------
 
 def _check(q, k, v, g=None, beta=None, initial_state=None, vector_gate=False):
+    """Shapes checked; returns (B, T, H, K, V) with H the VALUE heads (the state's heads):
+    v may have more heads than q and k (grouped value heads, a multiple of them)."""
     if q.dim() != 4 or k.shape != q.shape:
         raise ValueError(f"q, k must be (batch, time, heads, key_dim) of one shape; got "
                          f"{tuple(q.shape)}, {tuple(k.shape)}")
-    B, T, H, K = q.shape
-    if v.dim() != 4 or v.shape[:3] != (B, T, H):
-        raise ValueError(f"v must be (batch, time, heads, value_dim) = ({B}, {T}, {H}, V); "
-                         f"got {tuple(v.shape)}")
-    V = v.shape[-1]
+    B, T, Hq, K = q.shape
+    if v.dim() != 4 or v.shape[:2] != (B, T) or v.shape[2] < Hq or v.shape[2] % Hq:
+        raise ValueError(f"v must be (batch, time, value_heads, value_dim) = ({B}, {T}, "
+                         f"a multiple of {Hq}, V); got {tuple(v.shape)}")
+    H, V = v.shape[2], v.shape[-1]
     if g is not None:
         want = (B, T, H, K) if vector_gate else (B, T, H)
         if tuple(g.shape) != want:
@@ -142,27 +145,36 @@ def _l2norm(x):
 
 def _recurrent_ref(q, k, v, g, beta, scale, initial_state, output_final_state,
                    vector_gate=False):
-    """The five recurrences as one loop. q, k (B, T, H, K); v (B, T, H, V); g None or
-    (B, T, H) or (B, T, H, K) (vector_gate); beta None (no delta rule) or (B, T, H)."""
+    """The five recurrences as one loop. q, k (B, T, Hq, K); v (B, T, H, V) with H a
+    multiple G of Hq (grouped value heads: value head h reads q/k head h // G); g None or
+    (B, T, H) or (B, T, H, K) (vector_gate); beta None (no delta rule) or (B, T, H).
+
+    The state is held as (B, Hq, G, K, V) and each q/k head is contracted with its G value
+    heads directly (no repeated copies of q and k: the chunked and C forms repeat them, so
+    this loop checks that they repeat them the right way)."""
     B, T, H, K, V = _check(q, k, v, g, beta, initial_state, vector_gate)
+    Hq = q.shape[2]
+    G = H // Hq
     dt = _compute_dtype(q)
     scale = K ** -0.5 if scale is None else scale
-    S = _state0(initial_state, B, H, K, V, dt, q.device)
-    steps = [x.to(dt).unbind(1) for x in (q, k, v)]
-    gs = g.to(dt).unbind(1) if g is not None else [None] * T
-    bs = beta.to(dt).unbind(1) if beta is not None else [None] * T
+    S = _state0(initial_state, B, H, K, V, dt, q.device).reshape(B, Hq, G, K, V)
+    qs, ks = (x.to(dt).unbind(1) for x in (q, k))                       # (B, Hq, K)
+    vs = v.to(dt).reshape(B, T, Hq, G, V).unbind(1)                     # (B, Hq, G, V)
+    gs = (g.to(dt).reshape(B, T, Hq, G, *g.shape[3:]).unbind(1) if g is not None
+          else [None] * T)
+    bs = beta.to(dt).reshape(B, T, Hq, G).unbind(1) if beta is not None else [None] * T
     outs = []
-    for q_t, k_t, v_t, g_t, b_t in zip(*steps, gs, bs):      # q_t (B, H, K)
+    for q_t, k_t, v_t, g_t, b_t in zip(qs, ks, vs, gs, bs):
         if g_t is not None:
             decay = g_t.exp()
             S = S * (decay[..., :, None] if vector_gate else decay[..., None, None])
         if b_t is not None:                                  # delta rule
-            kS = torch.einsum("bhk,bhkv->bhv", k_t, S)
+            kS = torch.einsum("bhk,bhgkv->bhgv", k_t, S)
             v_t = b_t[..., None] * (v_t - kS)
-        S = S + k_t[..., :, None] * v_t[..., None, :]
-        outs.append(scale * torch.einsum("bhk,bhkv->bhv", q_t, S))
+        S = S + k_t[:, :, None, :, None] * v_t[..., None, :]
+        outs.append(scale * torch.einsum("bhk,bhgkv->bhgv", q_t, S).reshape(B, H, V))
     o = torch.stack(outs, 1) if outs else v.new_zeros(B, 0, H, V, dtype=dt)
-    return o.to(v.dtype), (S if output_final_state else None)
+    return o.to(v.dtype), (S.reshape(B, H, K, V) if output_final_state else None)
 
 
 def linear_attention_ref(q, k, v, scale=None, initial_state=None, output_final_state=False):
@@ -486,8 +498,23 @@ def gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None,
                   segment_len, use_qk_l2norm_in_kernel)
 
 
+def expand_heads(q, k, v):
+    """Grouped value heads: q, k (B, T, Hq, K) repeated to v's H heads (H = G Hq), each
+    q/k head G times in a row (value head h reads q/k head h // G, as fla's layers'
+    ``repeat(x, '... h d -> ... (h g) d')`` and Qwen3-Next's ``repeat_interleave``).
+    Unchanged when the head counts agree; a ValueError when H is not a multiple of Hq."""
+    if q.dim() != 4 or v.dim() != 4 or v.shape[2] == q.shape[2]:
+        return q, k
+    Hq, H = q.shape[2], v.shape[2]
+    if H < Hq or H % Hq:
+        raise ValueError(f"v's heads ({H}) must be a multiple of q and k's heads ({Hq})")
+    return q.repeat_interleave(H // Hq, dim=2), k.repeat_interleave(H // Hq, dim=2)
+
+
 def _gated(q, k, v, g, scale, initial_state, output_final_state, chunk_size, vector_gate,
            segment_len):
+    q, k = expand_heads(q, k, v)
+
     def core(q, k, v, g, beta, S):
         return _chunk_gated(q, k, v, g, scale, S, True, chunk_size, vector_gate)
     return _maybe_segmented(core, q, k, v, g, None, scale, initial_state, output_final_state,
@@ -496,12 +523,122 @@ def _gated(q, k, v, g, scale, initial_state, output_final_state, chunk_size, vec
 
 def _delta(q, k, v, g, beta, scale, initial_state, output_final_state, chunk_size,
            segment_len, l2norm_qk=False):
+    q, k = expand_heads(q, k, v)
+
     def core(q, k, v, g, beta, S):
         if l2norm_qk:
             q, k = _l2norm(q), _l2norm(k)
         return _chunk_delta(q, k, v, g, beta, scale, S, True, chunk_size)
     return _maybe_segmented(core, q, k, v, g, beta, scale, initial_state, output_final_state,
                             segment_len)
+
+
+# ---------------------------------------------------------------------------------------
+# Gated DeltaProduct: several Householder (delta-rule) steps per token
+# ---------------------------------------------------------------------------------------
+
+def _householder_steps(q, k, v, beta, num_householder):
+    """n, the number of delta-rule steps per token, from the shapes (fla's layout: k, v and
+    beta carry n rows per token, token t's j-th at time t * n + j), checked against
+    ``num_householder`` when it is given."""
+    if q.dim() != 4 or k.dim() != 4:
+        raise ValueError(f"q, k must be 4-D (batch, time, heads, key_dim); got "
+                         f"{tuple(q.shape)}, {tuple(k.shape)}")
+    T, Tn = q.shape[1], k.shape[1]
+    n = num_householder if num_householder is not None else (Tn // T if T else 1)
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"num_householder must be an integer >= 1; got {n!r}")
+    for name, x in (("k", k), ("v", v), ("beta", beta)):
+        if x.shape[1] != T * n:
+            raise ValueError(f"{name} must have time = {T} * num_householder = {T * n} "
+                             f"(q's time {T}, n = {n}); got {tuple(x.shape)}")
+    return n
+
+
+def gated_delta_product_ref(q, k, v, g, beta, num_householder=None, scale=None,
+                            initial_state=None, output_final_state=False,
+                            use_qk_l2norm_in_kernel=False):
+    """Gated DeltaProduct (Siems, Carstensen, Zela, Hutter, Pontil & Grazzi, "DeltaProduct:
+    Improving State-Tracking in Linear RNNs via Householder Products", 2025; fla's
+    ``fla/ops/gated_delta_product``), step by step: per token t, with n = num_householder,
+
+        S <- exp(g_t) S;   for j = 0..n-1:  S <- S + beta_tj k_tj (v_tj - S^T k_tj)^T
+        o_t = scale S^T q_t
+
+    i.e. S_t = (prod_j (I - beta_tj k_tj k_tj^T)) exp(g_t) S_{t-1} + ..., a product of n
+    generalised Householder matrices per token (each reflects when beta_tj = 2).
+
+    Shapes (fla's): q (B, T, Hq, K); k (B, T n, Hq, K); v (B, T n, H, V); beta (B, T n, H);
+    g (B, T, H) log-gate or None (no decay); H a multiple of Hq (grouped value heads);
+    initial_state (B, H, K, V). num_householder None: read from k's time. Returns
+    (o (B, T, H, V), final state or None)."""
+    n = _householder_steps(q, k, v, beta, num_householder)
+    if use_qk_l2norm_in_kernel:
+        q, k = _l2norm(q), _l2norm(k)
+    B, T, Hq, K = q.shape
+    # the per-token shapes for the shared checks: one Householder row stands in for k
+    _check(q, k[:, ::n], v[:, ::n], g, beta[:, ::n], initial_state)
+    H, V = v.shape[2], v.shape[-1]
+    G = H // Hq
+    dt = _compute_dtype(q)
+    scale = K ** -0.5 if scale is None else scale
+    S = _state0(initial_state, B, H, K, V, dt, q.device).reshape(B, Hq, G, K, V)
+    ks = k.to(dt).reshape(B, T, n, Hq, K).unbind(1)                     # (B, n, Hq, K)
+    vs = v.to(dt).reshape(B, T, n, Hq, G, V).unbind(1)
+    bs = beta.to(dt).reshape(B, T, n, Hq, G).unbind(1)
+    gs = g.to(dt).reshape(B, T, Hq, G).unbind(1) if g is not None else [None] * T
+    outs = []
+    for q_t, k_t, v_t, b_t, g_t in zip(q.to(dt).unbind(1), ks, vs, bs, gs):
+        if g_t is not None:
+            S = S * g_t.exp()[..., None, None]
+        for k_j, v_j, b_j in zip(k_t.unbind(1), v_t.unbind(1), b_t.unbind(1)):
+            kS = torch.einsum("bhk,bhgkv->bhgv", k_j, S)
+            S = S + k_j[:, :, None, :, None] * (b_j[..., None] * (v_j - kS))[..., None, :]
+        outs.append(scale * torch.einsum("bhk,bhgkv->bhgv", q_t, S).reshape(B, H, V))
+    o = torch.stack(outs, 1) if outs else v.new_zeros(B, 0, H, V, dtype=dt)
+    return o.to(v.dtype), (S.reshape(B, H, K, V) if output_final_state else None)
+
+
+def delta_product_via(delta_op, gated_op, q, k, v, g, beta, num_householder=None,
+                      scale=None, initial_state=None, output_final_state=False, **kw):
+    """Gated DeltaProduct as one delta-rule call on the interleaved sequence of T n steps
+    (how fla runs it): step t n + j writes (k_tj, v_tj, beta_tj); the decay exp(g_t) sits
+    on step t n (log-gate 0 on the others) and q_t on step t n + n - 1 (zeros before it),
+    whose output is o_t. ``gated_op`` (``delta_op`` when g is None) is any operator of
+    fla's convention: the chunked form here, the C kernels, fla's. Shapes: as
+    :func:`gated_delta_product_ref`; ``kw`` goes to the operator."""
+    n = _householder_steps(q, k, v, beta, num_householder)
+    B, T, Hq, K = q.shape
+    if n == 1:
+        qi, gi = q, g
+    else:
+        qi = torch.cat([q.new_zeros(B, T, n - 1, Hq, K), q[:, :, None]], 2).flatten(1, 2)
+        if g is not None:
+            gi = torch.cat([g[:, :, None], g.new_zeros(B, T, n - 1, *g.shape[2:])], 2)
+            gi = gi.flatten(1, 2)
+    if g is None:
+        o, S = delta_op(qi, k, v, beta, scale=scale, initial_state=initial_state,
+                        output_final_state=output_final_state, **kw)
+    else:
+        o, S = gated_op(qi, k, v, gi, beta, scale=scale, initial_state=initial_state,
+                        output_final_state=output_final_state, **kw)
+    if n > 1:
+        o = o.unflatten(1, (T, n))[:, :, -1]
+    return o, S
+
+
+def gated_delta_product(q, k, v, g, beta, num_householder=None, scale=None,
+                        initial_state=None, output_final_state=False, chunk_size=None,
+                        use_qk_l2norm_in_kernel=False, segment_len=None):
+    """Gated DeltaProduct (see :func:`gated_delta_product_ref`), chunked: the chunked
+    gated delta rule (WY form) on the interleaved sequence of T n steps
+    (:func:`delta_product_via`); g None runs the delta rule (DeltaProduct without decay).
+    Arguments in fla's ``chunk_gated_delta_product`` order (num_householder after beta;
+    None reads it from k's time)."""
+    return delta_product_via(delta_rule, gated_delta_rule, q, k, v, g, beta, num_householder,
+                             scale, initial_state, output_final_state, chunk_size=chunk_size,
+                             use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+                             segment_len=segment_len)
 
 
 # name -> (chunked, ref, needs g ("scalar" | "vector" | None), needs beta)
@@ -514,24 +651,40 @@ OPS = {
 }
 
 
+# Operators whose k, v and beta carry several rows per token (fla's layout; ``OPS``' generic
+# tests slice every argument by the same time range, so these are kept apart).
+# name -> (chunked, ref, gate, needs beta) as in OPS
+PRODUCT_OPS = {
+    "gated_delta_product": (gated_delta_product, gated_delta_product_ref, "scalar", True),
+}
+ALL_OPS = {**OPS, **PRODUCT_OPS}
+
+
 def make_inputs(name, batch=2, time=37, heads=2, key_dim=8, value_dim=8, dtype=torch.float64,
-                gate_range=(-1.0, 0.0), seed=0, device="cpu", requires_grad=True):
+                gate_range=(-1.0, 0.0), seed=0, device="cpu", requires_grad=True,
+                num_householder=2, value_heads=None, beta_range=(0.0, 1.0)):
     """Random positional arguments for op ``name``: (q, k, v[, g][, beta]), keys
-    L2-normalised for the delta rules, g uniform in gate_range, beta uniform in (0, 1)."""
+    L2-normalised for the delta rules, g uniform in gate_range, beta uniform in beta_range
+    ((0, 2) reaches negative eigenvalues). Product ops: k, v, beta with time *
+    num_householder rows. value_heads (default heads): v, g, beta's heads (grouped value
+    heads when more)."""
     gen = torch.Generator().manual_seed(seed)
-    _, _, gate, needs_beta = OPS[name]
+    _, _, gate, needs_beta = ALL_OPS[name]
     B, T, H, K, V = batch, time, heads, key_dim, value_dim
+    HV = heads if value_heads is None else value_heads
+    Tn = T * num_householder if name in PRODUCT_OPS else T
     q = torch.randn(B, T, H, K, generator=gen, dtype=dtype)
-    k = torch.randn(B, T, H, K, generator=gen, dtype=dtype)
+    k = torch.randn(B, Tn, H, K, generator=gen, dtype=dtype)
     if needs_beta:
         k = _l2norm(k)
-    args = [q, k, torch.randn(B, T, H, V, generator=gen, dtype=dtype)]
+    args = [q, k, torch.randn(B, Tn, HV, V, generator=gen, dtype=dtype)]
     if gate is not None:
-        shape = (B, T, H, K) if gate == "vector" else (B, T, H)
+        shape = (B, T, HV, K) if gate == "vector" else (B, T, HV)
         lo, hi = gate_range
         args.append(lo + (hi - lo) * torch.rand(*shape, generator=gen, dtype=dtype))
     if needs_beta:
-        args.append(torch.rand(B, T, H, generator=gen, dtype=dtype))
+        lo, hi = beta_range
+        args.append(lo + (hi - lo) * torch.rand(B, Tn, HV, generator=gen, dtype=dtype))
     return [a.to(device).requires_grad_(requires_grad) for a in args]
 
 

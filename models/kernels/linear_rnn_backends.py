@@ -1,8 +1,10 @@
 """Which implementation of a linear-RNN operator runs: ``auto | torch | ref | fla | cpu``.
 
 The operators are those of :mod:`models.kernels.linear_rnn` (``linear_attention``,
-``simple_gla``, ``gla``, ``delta_rule``, ``gated_delta_rule``), all with fla's argument
-convention, so one call site serves every backend:
+``simple_gla``, ``gla``, ``delta_rule``, ``gated_delta_rule``, ``gated_delta_product``), all
+with fla's argument convention, so one call site serves every backend. Grouped value heads
+(v with a multiple of q/k's heads) run on every backend: the chunked and C forms and the
+fla wrappers repeat q and k to v's heads.
 
 - ``torch``: the chunkwise-parallel PyTorch form (CPU and GPU).
 - ``cpu``:   the recurrence in C with a hand-written backward (:mod:`models.kernels.linear_rnn_cpu`,
@@ -27,6 +29,8 @@ from __future__ import annotations
 import functools
 from typing import Callable
 
+import torch
+
 from models.kernels import linear_rnn
 
 BACKENDS = ("auto", "torch", "ref", "fla", "cpu")
@@ -38,6 +42,7 @@ _FLA_NAMES = {
     "gla": ("fla.ops.gla", "chunk_gla"),
     "delta_rule": ("fla.ops.delta_rule", "chunk_delta_rule"),
     "gated_delta_rule": ("fla.ops.gated_delta_rule", "chunk_gated_delta_rule"),
+    "gated_delta_product": ("fla.ops.gated_delta_product", "chunk_gated_delta_product"),
 }
 
 
@@ -109,15 +114,39 @@ def _fla_op(name: str) -> Callable:
     if name == "linear_attention":
         # fla normalises by default (q^T sum k); ours is the un-normalised form
         return functools.partial(fn, normalize=False)
-    return fn
+    if name == "gated_delta_product":
+        return functools.partial(_fla_delta_product, fn, _fla_op("delta_rule"),
+                                 _fla_op("gated_delta_rule"))
+    return _with_value_groups(fn)
+
+
+def _with_value_groups(fn: Callable) -> Callable:
+    """fla's op with q, k repeated to v's heads first (grouped value heads: not every fla
+    release's kernels take more value heads than q/k heads)."""
+    @functools.wraps(fn)
+    def run(q, k, v, *args, **kwargs):
+        q, k = linear_rnn.expand_heads(q, k, v)
+        return fn(q, k, v, *args, **kwargs)
+    return run
+
+
+def _fla_delta_product(product_fn, delta_fn, gated_fn, q, k, v, g, beta, num_householder=None,
+                       **kwargs):
+    """fla's ``chunk_gated_delta_product`` where it runs (half / bfloat16 inputs, a decay g,
+    one head count: it asserts all three), else fla's delta-rule kernels on the interleaved
+    sequence (``linear_rnn.delta_product_via``), which is what its forward does."""
+    n = linear_rnn._householder_steps(q, k, v, beta, num_householder)
+    if g is not None and q.dtype in (torch.float16, torch.bfloat16) and v.shape[2] == q.shape[2]:
+        return product_fn(q, k, v, g, beta, n, **kwargs)
+    return linear_rnn.delta_product_via(delta_fn, gated_fn, q, k, v, g, beta, n, **kwargs)
 
 
 def get_op(name: str, backend: str, device_type: str = "cpu") -> tuple[Callable, str]:
     """(operator, resolved backend name) for op ``name`` on ``device_type``."""
-    if name not in linear_rnn.OPS:
-        raise KeyError(f"unknown linear-RNN op {name!r}; known: {', '.join(linear_rnn.OPS)}")
+    if name not in linear_rnn.ALL_OPS:
+        raise KeyError(f"unknown linear-RNN op {name!r}; known: {', '.join(linear_rnn.ALL_OPS)}")
     chosen = resolve(backend, device_type)
-    chunked, ref = linear_rnn.OPS[name][:2]
+    chunked, ref = linear_rnn.ALL_OPS[name][:2]
     if chosen == "fla":
         return _fla_op(name), chosen
     if chosen == "cpu":

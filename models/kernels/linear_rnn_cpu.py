@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 
 from models.kernels import cpu_kernels
-from models.kernels.linear_rnn import _check, _compute_dtype
+from models.kernels.linear_rnn import _check, _compute_dtype, delta_product_via, expand_heads
 
 CHUNK_LEN = 64          # steps between stored states; the backward recomputes one chunk
 TILE = 16               # the C kernel's LRNN_LT: checkpoint rows are padded to a multiple
@@ -112,6 +112,7 @@ class LinearRNNCPU(torch.autograd.Function):
 def _run(q, k, v, g, beta, scale, initial_state, output_final_state, vector_gate=False,
          chunk_len=None, l2norm=False):
     _check(q, k, v, g, beta, initial_state, vector_gate)
+    q, k = expand_heads(q, k, v)         # grouped value heads: the kernel takes one count
     dt = _compute_dtype(q)
     K = q.shape[-1]
     scale = K ** -0.5 if scale is None else float(scale)
@@ -161,5 +162,18 @@ def gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None,
                 chunk_len=chunk_len, l2norm=use_qk_l2norm_in_kernel)
 
 
+def gated_delta_product(q, k, v, g, beta, num_householder=None, scale=None,
+                        initial_state=None, output_final_state=False,
+                        use_qk_l2norm_in_kernel=False, chunk_len=None):
+    """Gated DeltaProduct (``linear_rnn.gated_delta_product_ref``): the C gated delta rule
+    (the delta rule when g is None) on the interleaved sequence of T num_householder steps
+    (``linear_rnn.delta_product_via``). fla's layout: k, v, beta carry n rows per token."""
+    return delta_product_via(delta_rule, gated_delta_rule, q, k, v, g, beta, num_householder,
+                             scale, initial_state, output_final_state,
+                             use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+                             chunk_len=chunk_len)
+
+
 OPS = {"linear_attention": linear_attention, "simple_gla": simple_gla, "gla": gla,
-       "delta_rule": delta_rule, "gated_delta_rule": gated_delta_rule}
+       "delta_rule": delta_rule, "gated_delta_rule": gated_delta_rule,
+       "gated_delta_product": gated_delta_product}
