@@ -23,8 +23,11 @@ from tasks import (  # noqa: F401,E402
     induction_heads,
     lm,
     mad,
+    modular_arithmetic,
     mqar,
+    permutation_composition,
     selective_copying,
+    state_tracking,
     text_classification,
 )
 from tasks import heads  # noqa: F401,E402
