@@ -16,7 +16,7 @@ import tomli_w
 from textual.widgets import Input, Static
 
 from test_curves import sweep
-from test_tui import FakeScheduler, make_app, poll, settle
+from test_tui import FakeScheduler, make_app, poll, settle, type_into
 from workbench.spec import profile as profiles
 from workbench.store import Store
 from workbench.tui.compare_view import CompareScreen
@@ -208,6 +208,56 @@ async def test_footer_shows_the_help_key_at_80_columns(store, tmp_path):
     async with app.run_test(size=(80, 24)) as pilot:
         await poll(pilot)
         assert footer_line(app).lstrip().startswith("? Keys")
+
+
+def drawn_words(app, widget) -> str:
+    """What the screen shows inside ``widget``'s region, its lines joined by spaces (what a
+    user reads there, whatever is drawn over it)."""
+    r = widget.region
+    return " ".join(" ".join(line[r.x:r.right].split()) for line in screen_lines(app)[r.y:r.bottom])
+
+
+# ---------------------------------------------------------------------------- item 8
+async def test_a_length_error_is_read_whole_at_80x24_beside_the_problems_box(store, tmp_path):
+    app = make_app(store, tmp_path)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press("f2")
+        await pilot.pause()
+        form = app.query_one(SweepForm)
+        form.query_one("#models", ModelPicker).set_picked(["lstm"])
+        await type_into(pilot, "#seq_lens", "64, 12")
+        await pilot.press("ctrl+r")  # the problems box opens below the form; focus: the lengths
+        await pilot.pause(0.2)
+        err, status = form.query_one("#err-seq_lens", Static), form.query_one("#form-status", Static)
+        msg = " ".join(str(err.render()).split())
+        assert msg.startswith("sequence lengths: 12 does not fit") and msg.endswith("positions must fit)")
+        assert err.region.height >= 3  # wrapped at 80 columns, not cut
+        assert drawn_words(app, err) == msg  # every line of it on screen, none under the box
+        assert status.display and drawn_words(app, status).count("12 does not fit") == 1
+        # the form's last lines scroll into view above the box, not under it
+        form.query_one("#form-columns").scroll_end(animate=False)
+        await pilot.pause(0.2)
+        hint = form.query(".hint").last()
+        assert "setup=[...]" in drawn_words(app, hint)
+
+
+async def test_a_length_error_typed_on_the_last_line_scrolls_into_view_at_80x24(store, tmp_path):
+    app = make_app(store, tmp_path)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press("f2")
+        await pilot.pause()
+        form = app.query_one(SweepForm)
+        await type_into(pilot, "#seq_lens", "64")
+        cols, seq = form.query_one("#form-columns"), form.query_one("#seq_lens", Input)
+        # the lengths on the form's last visible line, as after scrolling with the mouse
+        cols.scroll_to(y=cols.scroll_y + seq.region.y - (cols.region.bottom - 1), animate=False)
+        await pilot.pause(0.2)
+        assert seq.region.y == cols.region.bottom - 1
+        await pilot.press("backspace", "backspace", *"12")
+        await pilot.pause(0.2)
+        err = form.query_one("#err-seq_lens", Static)
+        assert drawn_words(app, err) == " ".join(str(err.render()).split())
+        assert drawn_words(app, err).endswith("positions must fit)")
 
 
 # ---------------------------------------------------------------------------- item 6

@@ -487,7 +487,12 @@ class SweepForm(FormProfile, Vertical):
     def _set_error(self, fid: str, msg: str) -> None:
         hits = self.query(f"#err-{fid}")
         if hits:
-            self._error_text(hits.first(Static), msg)
+            w = hits.first(Static)
+            shown = w.display
+            self._error_text(w, msg)
+            # a message appearing under the field being typed in: onto the screen with it
+            if msg and not shown and isinstance(w.parent, FieldRow) and w.parent.has_focus_within:
+                self.call_after_refresh(w.parent.scroll_visible, animate=False)
 
     @staticmethod
     def _error_text(w: Static, msg: str) -> None:
