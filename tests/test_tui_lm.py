@@ -218,3 +218,24 @@ async def test_compare_puts_training_tokens_or_flops_on_the_x_axis(store, tmp_pa
         await pilot.press("l", "x", "x", "x", "x")
         assert screen.axis == "flops" and not screen.query_one("#compare-loss", CurvePlot).curves
         assert "record no token or FLOP count" in screen.query_one("#compare-loss", CurvePlot).empty_text
+
+
+# --------------------------------------------------------------------------- run view
+async def test_run_view_shows_perplexity_bits_per_byte_and_tokens_seen(store, tmp_path):
+    from test_tui import poll_view
+    from workbench.tui.run_view import RunScreen
+
+    rid = lm_runs(store)[1]  # FLOPs per token 2e6; eval loss 1.9 at step 4
+    store.heartbeat(rid, step=3)
+    app = make_app(store, tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = RunScreen(store, rid)
+        app.push_screen(screen)
+        await poll_view(pilot, screen)
+        title = text(screen.query_one("#run-title", Static))
+        assert f"ppl {2.718 ** 1.9:.4g}" in title and f"bpb {1.9 / 0.693 / 3:.4g}" in title, title
+        # tokens seen follow the step (3 x 128), not only the last evaluation's count
+        assert "384 tokens (7.68e+08 FLOPs)" in title, title
+        store.heartbeat(rid, step=4000)
+        await poll_view(pilot, screen)
+        assert "512k tokens (1.02e+12 FLOPs)" in text(screen.query_one("#run-title", Static))

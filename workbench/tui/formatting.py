@@ -32,6 +32,16 @@ def number(v: float | None, digits: int = 4) -> str:
     return f"{v:.{digits}g}"
 
 
+def count(v: float | None) -> str:
+    """A large count in SI units, 3 significant digits: 2,007,040 -> '2.01M', 950 -> '950'."""
+    if v is None:
+        return ""
+    for unit, scale in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(v) >= scale:
+            return f"{v / scale:.3g}{unit}"
+    return f"{v:.3g}"
+
+
 def accuracy(v: float | None) -> str:
     """An accuracy with three decimals always: '1.000' beside '0.997' and '0.094' (with
     significant digits, 1.0 printed as '1' and 0.09375 as '0.0938' in one column)."""

@@ -1,6 +1,11 @@
 """The run view: loss and accuracy curves streaming from the store, the run's config,
 final results, error text and a system panel.
 
+Language-model runs (those that log perplexity or tokens trained) show in the title their
+latest eval perplexity and bits per byte and the tokens (and training FLOPs) seen so far:
+the run's step x its recorded tokens a step (and FLOPs per token), so the count moves with
+every heartbeat, not only at evaluations.
+
 The screen polls at ~2 Hz in a thread worker. Metrics are fetched incrementally (rows after
 the last rowid seen) and the plots are redrawn only when rows arrived, so an idle or
 finished run costs nothing to display, even over a slow SSH link. An empty plot says why
@@ -24,7 +29,7 @@ from textual.widgets import Header, Static
 
 from workbench.store import Run, Store
 from workbench.tui.background import PollsStore
-from workbench.tui.formatting import accuracy, duration, number, percent, set_text, state_text
+from workbench.tui.formatting import accuracy, count, duration, number, percent, set_text, state_text
 from workbench.tui.help_screen import KeysFooter
 from workbench.tui.messages import KillRequested
 from workbench.tui.plots import MetricPlot
@@ -36,6 +41,9 @@ SYSTEM_SAMPLES = 60
 LOSS_SERIES = {("train", "loss"): "train loss", ("eval", "loss"): "eval loss"}
 ACC_SERIES = {("train", "accuracy"): "train acc", ("eval", "accuracy"): "eval acc",
               ("eval", "sequence_accuracy"): "eval seq acc"}
+# a language model's latest figures, shown in the title (tasks/lm logs them at evaluations)
+LM_FIGURES = {("eval", "perplexity"): "ppl", ("eval", "bits_per_byte"): "bpb",
+              ("train", "tokens_trained"): "tokens"}
 
 
 @dataclass
@@ -86,6 +94,7 @@ class RunScreen(PollsStore, Screen):
         self.run: Run | None = None
         self._nvml_checked = False
         self._shown: tuple | None = None  # what the side panels last showed
+        self.lm: dict[str, float] = {}  # LM_FIGURES' latest values, by their short name
 
     def compose(self) -> ComposeResult:
         yield Header()
@@ -142,7 +151,7 @@ class RunScreen(PollsStore, Screen):
                 if not plot.series:
                     plot.redraw()
         self._apply_metrics(snap.metrics)
-        set_text(self.query_one("#run-title", Static), self._title(snap.run))
+        set_text(self.query_one("#run-title", Static), self._title(snap.run, self.lm))
         self.query_one(SystemPanel).show(snap.system, snap.run)
         shown = (snap.run.state, snap.run.error, json.dumps(snap.results, sort_keys=True),
                  json.dumps(snap.run.info, sort_keys=True, default=str))
@@ -164,12 +173,14 @@ class RunScreen(PollsStore, Screen):
             elif key in ACC_SERIES:
                 acc.append(ACC_SERIES[key], r["step"], r["value"])
                 touched.add(acc)
+            elif key in LM_FIGURES and r["value"] is not None:
+                self.lm[LM_FIGURES[key]] = r["value"]
         for plot in touched:
             plot.redraw()
 
     # ------------------------------------------------------------------ rendering
     @staticmethod
-    def _title(run: Run) -> Text:
+    def _title(run: Run, lm: dict[str, float] | None = None) -> Text:
         t = Text.assemble(
             (f"run {run.id}  ", "bold"), (run.label, "bold cyan"), f"  {run.task}",
             f"  L={run.seq_len}" if run.seq_len is not None else "", f"  seed {run.seed}  ",
@@ -182,6 +193,17 @@ class RunScreen(PollsStore, Screen):
             t.append(f"  loss {number(run.last_loss)}")
         if run.last_accuracy is not None:
             t.append(f"  acc {accuracy(run.last_accuracy)}")
+        lm = lm or {}
+        for name in ("ppl", "bpb"):
+            if name in lm:
+                t.append(f"  {name} {number(lm[name])}")
+        if lm or run.task == "lm":  # tokens seen: live from the step where the run counts them
+            per_step, fpt = (run.info or {}).get("tokens_per_step"), (run.info or {}).get("flops_per_token")
+            tokens = run.step * per_step if per_step else lm.get("tokens")
+            if tokens is not None:
+                t.append(f"  {count(tokens)} tokens")
+                if fpt:
+                    t.append(f" ({tokens * fpt:.3g} FLOPs)")
         return t
 
     def _show_side(self, run: Run, results: dict[str, dict[str, float | None]]) -> None:
