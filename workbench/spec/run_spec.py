@@ -31,11 +31,11 @@ EVAL_TOKENS_PER_BATCH = 1 << 16
 RESIDENT_MAX_BYTES = 1 << 30  # fixed training sets up to this size are moved to the device once
 
 # train settings that change when a checkpoint is written, never what is computed
-NEUTRAL_TRAIN_KEYS = ("checkpoint_every", "checkpoint_minutes")
+NEUTRAL_TRAIN_KEYS = ("checkpoint_every", "checkpoint_minutes", "devices")
 # spec and train keys written only when set (added after stores existed: a spec without
 # them keeps its spec_key)
 OPTIONAL_KEYS = ("grid", "task_setting", "budget", "size", "recipe")
-OPTIONAL_TRAIN_KEYS = ("tokens", "flops", "tokens_per_param")
+OPTIONAL_TRAIN_KEYS = ("tokens", "flops", "tokens_per_param", "devices")
 
 
 @dataclass

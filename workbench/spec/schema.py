@@ -262,6 +262,10 @@ class TrainSection(_Strict):
     log_every: Int = Field(default=10, gt=0)  # steps between train-loss records
     early_stopping: EarlyStopping = Field(default_factory=EarlyStopping)
     device: Literal["auto", "cpu", "cuda"] = "auto"
+    # Data parallelism (workbench/train/distributed.py): the run trains as this many ranks,
+    # one device each (a GPU, or a CPU slot), batch_size being the global batch split
+    # between them; results equal one process's to float round-off. None: one process.
+    devices: Int | None = Field(default=None, gt=0)
     # Checkpoints for resuming (docs/ARCHITECTURE.md, "Checkpoints and resume"): every N
     # optimizer steps (0 = off) and every M minutes of training (0 = off); always on
     # SIGTERM / SIGUSR1. Ten minutes bounds what a crash loses on long runs and never fires
@@ -287,6 +291,9 @@ class TrainSection(_Strict):
         if self.steps is not None and self.warmup_steps > self.steps:
             raise _FieldError("warmup_steps", f"warmup_steps = {self.warmup_steps} is longer than the "
                               f"whole run (steps = {self.steps}): the learning rate would never reach lr")
+        if self.devices and self.batch_size % self.devices:
+            raise _FieldError("devices", f"batch_size = {self.batch_size} is not divisible by devices = "
+                              f"{self.devices}: the global batch is split evenly between the ranks")
         if self.optimizer == "adamw" and self.lr * self.weight_decay >= 1:
             raise _FieldError("weight_decay", f"lr * weight_decay = {self.lr * self.weight_decay:g} >= 1: "
                               f"adamw multiplies every weight by 1 - lr * weight_decay each step")

@@ -11,6 +11,7 @@ deferred inside the loop ends it after a whole step with a checkpoint.
 from __future__ import annotations
 
 import math
+import signal
 import time
 from typing import Any
 
@@ -23,7 +24,7 @@ from workbench.results import catalogue
 from workbench.spec.run_spec import (ATTENTION_EVAL_MAX, EVAL_TOKENS_PER_BATCH, RESIDENT_MAX_BYTES, STREAM_ABOVE,
                                      STREAM_CHUNK, RunSpec, spec_key)
 from workbench.store.writer import RunWriter
-from workbench.train import checkpoint, compute, optim
+from workbench.train import checkpoint, compute, distributed, optim
 from workbench.train.compose import build_model
 from workbench.train.measure import StepClock, median_ms, peak_memory_mb, pick_device, sync
 from workbench.train.stop import RunFailed, StopFlag, Stopped
@@ -81,6 +82,38 @@ class LossTracker:
         self.count = int(st["count"])
 
 
+class RankLossTracker(LossTracker):
+    """The loss tracker of a run on several ranks. Each rank adds its shard's share of the
+    step's loss (its targets' summed loss over the global batch's targets), so the step's
+    loss is the sum over ranks; every read first combines the ranks (:meth:`merge`, a
+    collective: all ranks read at the same steps), leaving the window's sum on rank 0."""
+
+    def __init__(self, device: torch.device, group: "distributed.Group"):
+        super().__init__(device)
+        self.group = group
+
+    def merge(self) -> None:
+        """Rank 0's sum := the ranks' sum (others 0); the first non-finite step of any rank
+        (and its value) on every rank, so every rank fails at the same read."""
+        rows = torch.stack(self.group.gather(torch.stack([self.sum, self.bad_step, self.bad_value]))).tolist()
+        bad = min(((s, v) for _, s, v in rows if s), default=(0.0, 0.0))
+        self.sum.fill_(sum(r[0] for r in rows) if self.group.rank == 0 else 0.0)
+        self.bad_step.fill_(bad[0])
+        self.bad_value.fill_(bad[1])
+
+    def check(self) -> None:
+        self.merge()
+        super().check()
+
+    def flush(self) -> float:
+        self.merge()
+        return super().flush()
+
+    def load(self, st: dict[str, float | int]) -> None:
+        # a checkpoint holds the merged window (rank 0's); the others start theirs at 0
+        super().load(st if self.group.rank == 0 else {**st, "sum": 0.0})
+
+
 def _is_compile_error(e: BaseException) -> bool:
     return type(e).__module__.startswith(("torch._dynamo", "torch._inductor"))
 
@@ -96,7 +129,7 @@ class Trainer:
     a run queued by an older version lacks keys ``spec`` has defaults for)."""
 
     def __init__(self, store: RunWriter, run_id: int, spec: RunSpec, stop: StopFlag | None = None,
-                 key: str | None = None):
+                 key: str | None = None, ranks: distributed.Ranks | None = None):
         self.store, self.run_id, self.spec = store, run_id, spec
         self.key = key if key is not None else spec_key(spec.to_dict())
         self.stop = stop or StopFlag()
@@ -105,11 +138,25 @@ class Trainer:
             self.device = pick_device(self.cfg.device, "train.device")
         except ValueError as e:
             raise RunFailed(str(e)) from None
-        torch.manual_seed(spec.seed)
+        # several ranks (workbench/train/distributed.py): one device each, the group joined
+        # before anything is built, so a rank that cannot start fails every rank's start
+        self.ranks, self.group = ranks, None
+        self.rank_rngs: list | None = None  # every rank's RNGs, gathered at a checkpoint
+        if ranks is not None:
+            if self.device.type == "cuda":
+                if ranks.local_rank >= torch.cuda.device_count():
+                    raise RunFailed(f"rank {ranks.rank} needs GPU {ranks.local_rank}, but this node shows "
+                                    f"{torch.cuda.device_count()} (train.devices = {ranks.world})")
+                torch.cuda.set_device(ranks.local_rank)
+                self.device = torch.device("cuda", ranks.local_rank)
+            self.group = distributed.Group(ranks, self.device)
+        torch.manual_seed(spec.seed)  # every rank: the same initial weights
         self.task = tasks.build(spec.task, **spec.task_params)
         self.model = build_model(
             self.task, spec.model, d_model=spec.d_model, n_layers=spec.n_layers, **spec.model_options,
         ).to(self.device)
+        if ranks is not None and ranks.rank:  # rank 0 keeps one process's stream; the others' dropout differs
+            torch.manual_seed(spec.seed + 7919 * ranks.rank)
         self.amp = self.cfg.amp and self.device.type == "cuda"
         self.clock = StepClock(self.device)
         self.step_times: list[float] = self.clock.times  # filled at log points and at the end
@@ -247,13 +294,31 @@ class Trainer:
         return step * self.cfg.batch_size * per if per else None
 
     # -- the loop -----------------------------------------------------------------
+    @property
+    def leader(self) -> bool:
+        """Whether this process writes and evaluates: the only one, or rank 0."""
+        return self.group is None or self.group.rank == 0
+
+    def _shard(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, float]:
+        """This rank's shard of the global batch (x, y), the global batch's number of targets
+        (the loss's divisor, so the ranks' losses sum to the global mean) and the shard's
+        weight: 1, or 0 when an epoch's last batch has fewer examples than there are ranks
+        (the rank then trains on one example with weight 0: DDP needs every rank's backward)."""
+        n_all = (y != task_metrics.IGNORE).sum()
+        a, b = distributed.shard_bounds(x.shape[0], self.group.world, self.group.rank)
+        if a == b:
+            return x[:1], y[:1], n_all, 0.0
+        return x[a:b], y[a:b], n_all, 1.0
+
     def _forward(self):
         """The callable for the training forward: the model, or torch.compile(model) with
-        train.compile (evaluation, streaming and inference always use the module itself)."""
+        train.compile (evaluation, streaming and inference always use the module itself);
+        on several ranks under DDP (gradients summed across ranks: distributed.wrap)."""
+        model = self.model if self.group is None else distributed.wrap(self.model, self.device)
         if not self.cfg.compile:
-            return self.model
+            return model
         try:
-            return torch.compile(self.model)
+            return torch.compile(model)
         except Exception as e:
             raise RunFailed(f"torch.compile failed: {type(e).__name__}: {e}") from e
 
@@ -271,7 +336,7 @@ class Trainer:
         opt, sched = self.opt, self.sched = optim.build(self.model, cfg, total, dev)
         eval_set = self.task.eval_sets(self.spec.seed)
         default_eval = eval_set.get("") or next(iter(eval_set.values()))
-        losses = self.losses = LossTracker(dev)
+        losses = self.losses = LossTracker(dev) if self.group is None else RankLossTracker(dev, self.group)
         stop_reason, step, done = "", 0, False
         ck, self.resume_state = self.resume_state, None
         if ck:
@@ -301,20 +366,24 @@ class Trainer:
         """Steps start+1 ... until the budget or early stopping; returns (last step, stop
         reason). Signals are deferred to the end of a step, then a checkpoint is saved and
         :class:`Stopped` raised; periodic checkpoints follow train.checkpoint_every/_minutes."""
-        cfg, dev = self.cfg, self.device
+        cfg, dev, group, lead = self.cfg, self.device, self.group, self.leader
         forward = self._forward()
-        compiling = forward is not self.model
+        compiling = cfg.compile
         seed = self.spec.seed
         every, minutes = cfg.checkpoint_every, cfg.checkpoint_minutes
         data = self.batches(per_epoch, ck["data"] if ck else None)
         if ck:  # last, so nothing between here and the first step draws from them
-            checkpoint.set_rng_state(ck["rng"])
+            self._set_rngs(ck, start)
         last_save = time.monotonic()
         step = start
         self.stop.defer = True
         for step, (epoch, x, y) in enumerate(data, start=start + 1):
             aug = self.task.augment_batch(Batch(x, y), step, seed)  # identity for most tasks
-            x, y = self.to_device(aug.inputs), self.to_device(aug.targets)
+            if group is None:
+                x, y = self.to_device(aug.inputs), self.to_device(aug.targets)
+            else:  # every rank drew the global batch; it trains on its shard
+                x, y, n_all, weight = self._shard(aug.inputs, aug.targets)
+                x, y, n_all = self.to_device(x), self.to_device(y), self.to_device(n_all)
             first_compiled = compiling and step == start + 1
             if first_compiled:  # compilation happens here: timed on its own, synchronised
                 sync(dev)
@@ -323,7 +392,10 @@ class Trainer:
             try:
                 with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=self.amp):
                     logits = forward(x)
-                loss = task_metrics.loss(logits.float(), y)
+                if group is None:
+                    loss = task_metrics.loss(logits.float(), y)
+                else:
+                    loss = distributed.shard_loss(logits.float(), y, n_all, weight)
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
             except Exception as e:
@@ -357,6 +429,7 @@ class Trainer:
             at_eval = at_eval or step == total
             if at_eval:
                 losses.check()
+            if at_eval and lead:  # rank 0 evaluates; the others wait for it at the agreement below
                 c = self.evaluate(default_eval)
                 ep = self._epoch_f(step, per_epoch)
                 rows = [(step, ep, "eval", "loss", c.loss), (step, ep, "eval", "accuracy", c.token_accuracy),
@@ -375,15 +448,36 @@ class Trainer:
             # periodic checkpoints only while steps remain: at the end the run finishes
             due = not done and ((every and step % every == 0) or
                                 (minutes and time.monotonic() - last_save >= 60 * minutes))
+            if group is not None:  # every rank stops, saves and ends at the same step
+                done, signalled, due = group.agree(done, signalled, due)
+                due = due and not done
+                if signalled or due:
+                    losses.merge()  # the open window, whole, on rank 0
+                    self.rank_rngs = group.gather_objects(checkpoint.rng_state())
             if signalled or due:
-                self.save_checkpoint(step, stop_reason, done)
+                if lead:
+                    self.save_checkpoint(step, stop_reason, done)
+                self.rank_rngs = None
                 last_save = time.monotonic()
             if signalled:
-                raise Stopped(self.stop.signum)
+                raise Stopped(self.stop.signum or signal.SIGTERM)
             if done:
                 break
         losses.check()
         return step, stop_reason
+
+    def _set_rngs(self, ck: dict, step: int) -> None:
+        """A resumed run's RNGs: rank 0's as saved (one process's); rank r's own where the
+        checkpoint has them (saved by as many ranks or more), else a stream of its own."""
+        rank = self.group.rank if self.group is not None else 0
+        saved = ck.get("rng_ranks") or []
+        if rank == 0:
+            checkpoint.set_rng_state(ck["rng"])
+        elif rank < len(saved):
+            checkpoint.set_rng_state(saved[rank])
+        else:
+            checkpoint.set_rng_state(ck["rng"])
+            torch.manual_seed(self.spec.seed + 7919 * rank + 104729 * step)
 
     # -- checkpoints -----------------------------------------------------------------
     def checkpoint_state(self, step: int, stop_reason: str, done: bool) -> dict[str, Any]:
@@ -408,6 +502,8 @@ class Trainer:
             "wall_s": self.before["wall_s"] + time.time() - self.attempt_start,
             "peak_mem_mb": max(self.before["peak_mem_mb"], peak_memory_mb(self.device)),
             "gpu_util": gpu_util, "gpu_mem": gpu_mem, "saved_at": time.time(),
+            # several ranks: how many, and each one's RNGs (None after training: none is drawn then)
+            **({"ranks": self.group.world, "rng_ranks": self.rank_rngs} if self.group is not None else {}),
         }
 
     def save_checkpoint(self, step: int, stop_reason: str, done: bool) -> None:

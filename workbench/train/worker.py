@@ -33,7 +33,7 @@ import torch
 from workbench.spec.run_spec import RunSpec, spec_key
 from workbench.store import HEARTBEAT_S, Store, StoreError, full_disk_detail, is_disk_full
 from workbench.store.runfile import RunFile
-from workbench.train import checkpoint, sysmon, threads
+from workbench.train import checkpoint, distributed, sysmon, threads
 from workbench.train.stop import RunFailed, StopFlag, Stopped
 from workbench.train.summary import record_final, run_info
 from workbench.train.trainer import Trainer
@@ -78,7 +78,12 @@ def start_sampler(store, run_id: int, interval: float = 1.0) -> sysmon.Sampler:
 
 def run(store_dir: str | None, run_id: int, run_file: str | None = None) -> int:
     """Run ``run_id`` of the store in ``store_dir``, or, with ``run_file`` (a Slurm job on
-    another node), of the run file in that shared folder (workbench/store/runfile.py)."""
+    another node), of the run file in that shared folder (workbench/store/runfile.py).
+    A process started as rank >= 1 of a run on several devices trains without writing
+    (:func:`run_peer`); rank 0, or a plain worker, goes on here."""
+    ranks = distributed.from_env()
+    if ranks is not None and not ranks.leader:
+        return run_peer(store_dir, run_id, run_file, ranks)
     try:
         store = RunFile(run_file, run_id) if run_file else Store(store_dir)
     except (StoreError, OSError) as e:  # nothing can be recorded: the scheduler's check says crashed
@@ -91,8 +96,9 @@ def run(store_dir: str | None, run_id: int, run_file: str | None = None) -> int:
     stop = StopFlag()
     previous = {sig: signal.signal(sig, stop.handler) for sig in StopFlag.SIGNALS}
     torch_threads = torch.get_num_threads()  # _set_cpu_threads may change it
+    argv = ["--run-file", run_file] if run_file else ["--store", str(store_dir)]
     try:
-        return _run(store, run_id, t_start, stop)
+        return _run(store, run_id, t_start, stop, argv + ["--run-id", str(run_id)])
     except Stopped as e:  # before the run started: nothing to save
         store.finish(run_id, "preempted", f"preempted ({signal.Signals(e.signum).name}) before it started")
         return 128 + e.signum
@@ -106,7 +112,56 @@ def run(store_dir: str | None, run_id: int, run_file: str | None = None) -> int:
         torch.set_num_threads(torch_threads)
 
 
-def _run(store: Store, run_id: int, t_start: float, stop: StopFlag) -> int:
+def run_devices(r) -> int:
+    """How many ranks run ``r``: ``resume --devices N``'s choice (in its info), else the
+    spec's ``train.devices`` (1 when not set)."""
+    n = (r.info or {}).get("devices") or (r.spec.get("train") or {}).get("devices") or 1
+    return int(n)
+
+
+def _start_ranks(store, run_id: int, r, argv: list[str]) -> tuple[distributed.Ranks | None,
+                                                                  distributed.Launcher | None]:
+    """This process's rank (None: one process), and the launcher when it starts the others
+    itself (workbench/train/distributed.py). Under torchrun or srun the ranks are given."""
+    world = run_devices(r)
+    ranks = distributed.from_env()
+    if ranks is not None:
+        if ranks.world != world:
+            raise RunFailed(f"started as {ranks.world} ranks ({ranks.launcher}), but the run asks for "
+                            f"{world} (train.devices)")
+        return ranks, None
+    if world == 1:
+        return None, None
+    root = store.root
+
+    def on_stuck(line: str) -> None:  # the watcher thread: rank 0 is stuck waiting for a dead rank
+        try:
+            writer = Store(root) if isinstance(store, Store) else store
+            writer.finish(run_id, "failed", line)
+            _say(f"[worker] run {run_id} failed: {line}")
+        finally:
+            for p in launcher.children.values():
+                if p.poll() is None:
+                    p.kill()
+            os._exit(1)
+
+    resume = "1" if (r.info or {}).get("resume") else "0"
+    launcher = distributed.Launcher(world, argv, {**os.environ, "SSMWB_RESUME": resume}, on_stuck=on_stuck)
+    print(f"[worker] run {run_id}: {world} ranks on this machine (rank 0 here, pid {os.getpid()}; "
+          f"ranks 1-{world - 1}: pids {', '.join(str(p.pid) for p in launcher.children.values())})", flush=True)
+    return launcher.rank0(), launcher
+
+
+def _rank_failure(trainer, launcher, e: BaseException) -> str | None:
+    """A peer rank's failure behind rank 0's error ``e``, as the run's one line, if any."""
+    line = launcher.wait_failure() if launcher is not None else None
+    said = trainer.group.failure() if trainer is not None and trainer.group is not None else None
+    if said and line:
+        return f"{line}: {said.split(': ', 1)[-1]}"
+    return line or said
+
+
+def _run(store: Store, run_id: int, t_start: float, stop: StopFlag, argv: list[str] | None = None) -> int:
     # The scheduler records our pid right after starting us; wait for it so the first
     # heartbeat cannot race with the pending -> running transition.
     for _ in range(100):
@@ -121,18 +176,22 @@ def _run(store: Store, run_id: int, t_start: float, stop: StopFlag) -> int:
         print(f"run {run_id} is {r.state}; nothing to do", file=sys.stderr)
         return 0
     bg = start_sampler(store, run_id)
-    trainer = None
+    trainer = launcher = None
     try:
         try:
             spec = RunSpec.from_dict(r.spec)
         except ValueError as e:
             raise RunFailed(f"cannot read the run's spec: {e}") from None
-        trainer = Trainer(store, run_id, spec, stop, key=spec_key(r.spec))
+        ranks, launcher = _start_ranks(store, run_id, r, argv or [])  # several devices: rank 0's side
+        trainer = Trainer(store, run_id, spec, stop, key=spec_key(r.spec), ranks=ranks)
         if trainer.device.type == "cpu":
-            _set_cpu_threads(spec)
+            _set_cpu_threads(spec, ranks.world if ranks else 1)
         trainer.attempt_start = t_start
         trainer.background = bg
         resumed = None
+        if ranks is not None:
+            store.set_info(run_id, {"ranks": {"world": ranks.world, "launcher": ranks.launcher,
+                                              "backend": trainer.group.backend}})
         if r.info.get("resume"):
             try:  # verified again here (resume did once): the file may have changed since
                 ck = checkpoint.load_for_run(store.root, run_id, r.spec)
@@ -143,7 +202,8 @@ def _run(store: Store, run_id: int, t_start: float, stop: StopFlag) -> int:
             trainer.restore(ck)
             dropped = store.trim_after(run_id, ck["step"])  # the interrupted attempt's later rows
             resumed = {"step": ck["step"], "from_device": ck["device"], "metrics_dropped": dropped,
-                       "time": time.time(), "check": check}
+                       "time": time.time(), "check": check, "from_ranks": ck.get("ranks", 1),
+                       "ranks": ranks.world if ranks else 1}
             print(f"[worker] run {run_id}: resuming from the checkpoint at step {ck['step']} "
                   f"({check}; {dropped} later metric rows dropped)", flush=True)
         dev = trainer.device
@@ -187,17 +247,26 @@ def _run(store: Store, run_id: int, t_start: float, stop: StopFlag) -> int:
             raise  # run() records it, with the space it frees first
         tb = traceback.format_exc()
         print(tb, file=sys.stderr, flush=True)
+        peer = _rank_failure(trainer, launcher, e) if (launcher or (trainer and trainer.group)) else None
+        if peer:  # a collective broke because another rank died: that rank's failure is the run's
+            store.finish(run_id, "failed", peer)
+            print(f"[worker] run {run_id} failed: {peer}", flush=True)
+            return 1
         store.finish(run_id, "failed", f"{type(e).__name__}: {e}\n{tb[-4000:]}")
         return 1
     finally:
         bg.stop()
+        if launcher is not None:
+            launcher.stop(grace_s=2.0 if stop.signum is None and trainer is None else 10.0)
+        if trainer is not None and trainer.group is not None:
+            trainer.group.close()
 
 
-def _set_cpu_threads(spec: RunSpec) -> None:
+def _set_cpu_threads(spec: RunSpec, world: int = 1) -> None:
     """One thread for a small CPU run (workbench/train/threads.py says why); recorded in the
-    run's info as ``torch_threads`` by run_info."""
+    run's info as ``torch_threads`` by run_info. On several ranks each judges its shard."""
     try:
-        n, why = threads.cpu_threads(spec.train.batch_size, spec.seq_len, spec.d_model)
+        n, why = threads.cpu_threads(max(1, spec.train.batch_size // world), spec.seq_len, spec.d_model)
     except ValueError as e:
         raise RunFailed(str(e)) from None
     if n is not None and n != torch.get_num_threads():
@@ -274,6 +343,48 @@ def _stopped(store: Store, run_id: int, trainer: Trainer | None, stop: StopFlag,
             f"; checkpoint at step {ck['step']}" if ck else "")
     print(f"[worker] run {run_id}: {msg}", flush=True)
     return 128 + signum
+
+
+def run_peer(store_dir: str | None, run_id: int, run_file: str | None, ranks: distributed.Ranks) -> int:
+    """Rank >= 1 of a run on several devices: read the run (never write it), train its shard
+    in step with rank 0, and exit. Its errors go to the log and, in one line, to the group
+    (rank 0 records the run's end). 0 when the run ended with rank 0 (finished, stopped)."""
+    tag = f"rank {ranks.rank} of {ranks.world}"
+    try:
+        reader = RunFile(run_file, run_id) if run_file else Store(store_dir, readonly=True)
+        r = reader.get(run_id)
+        if r is None:
+            raise RunFailed(f"run {run_id} does not exist")
+        spec = RunSpec.from_dict(r.spec)
+    except Exception as e:  # before the group: rank 0's launcher sees the exit code
+        _say(f"[{tag}] run {run_id}: cannot read the run: {type(e).__name__}: {e}", err=True)
+        return 1
+    stop = StopFlag()
+    for sig in StopFlag.SIGNALS:
+        signal.signal(sig, stop.handler)
+    trainer = None
+    try:
+        trainer = Trainer(distributed.NullWriter(reader.root), run_id, spec, stop, key=spec_key(r.spec), ranks=ranks)
+        if trainer.device.type == "cpu":
+            _set_cpu_threads(spec, ranks.world)
+        resume = os.environ.get("SSMWB_RESUME")
+        if resume == "1" or (resume is None and r.info.get("resume")):
+            ck = checkpoint.load_for_run(reader.root, run_id, r.spec)
+            ck.pop("_file", None)
+            trainer.restore(ck)
+        trainer.train()
+        return 0
+    except Stopped:  # the ranks agreed to stop (rank 0 saved the checkpoint)
+        return 0
+    except BaseException as e:
+        line = f"{tag}: {type(e).__name__}: {e}".splitlines()[0][:500]
+        _say(f"[{tag}] run {run_id}: {traceback.format_exc()}", err=True)
+        if trainer is not None and trainer.group is not None:
+            trainer.group.say_failed(line)
+        return 1
+    finally:
+        if trainer is not None and trainer.group is not None:
+            trainer.group.close()
 
 
 def main(argv: list[str] | None = None) -> int:
