@@ -45,6 +45,10 @@ SMALL = {
                              num_test_examples=16),
     "mad_compression": dict(seq_len=16, vocab_size=8, num_train_examples=64,
                             num_test_examples=16),
+    "parity": dict(seq_len=16, min_len=4, eval_lens=[16, 32], num_test_examples=16),
+    "cycle_navigation": dict(seq_len=16, min_len=4, eval_lens=[16, 32], num_test_examples=16),
+    "modular_arithmetic": dict(seq_len=15, min_len=3, eval_lens=[15, 31], num_test_examples=16),
+    "permutation_composition": dict(seq_len=8, eval_lens=[8, 16], num_test_examples=16),
 }
 SYNTHETIC = sorted(SMALL)
 
@@ -130,8 +134,9 @@ def test_unknown_and_bad_parameters(name):
         tasks.build(name, not_a_param=1)
     with pytest.raises(TypeError, match="not_a_param"):
         tasks.check_params(name, {"not_a_param": 1})
-    with pytest.raises(ValueError):
-        build(name, vocab_size=2)
+    if "vocab_size" in tasks.parameters(name):   # state-tracking tasks fix their vocabulary
+        with pytest.raises(ValueError):
+            build(name, vocab_size=2)
     with pytest.raises(ValueError):
         build(name, seq_len=-1)
     with pytest.raises(ValueError):
@@ -172,6 +177,17 @@ CHANGES = {
                              num_test_examples=12),
     "mad_compression": dict(seq_len=20, vocab_size=12, num_train_examples=40,
                             num_test_examples=12),
+    "parity": dict(seq_len=12, min_len=6, labels="running", eval_lens=[12, 20],
+                   num_train_examples=40, num_test_examples=12),
+    "cycle_navigation": dict(seq_len=12, min_len=6, cycle_length=3, labels="running",
+                             eval_lens=[12, 20], num_train_examples=40, num_test_examples=12),
+    "modular_arithmetic": dict(seq_len=13, min_len=5, modulus=7, brackets=True, operators="+",
+                               labels="running", eval_lens=[13, 21], num_train_examples=40,
+                               num_test_examples=12),
+    "permutation_composition": dict(seq_len=10, min_len=4, group="A4",
+                                    generators=[[1, 0, 2], [0, 2, 1]], tokens="generators",
+                                    labels="final", eval_lens=[10, 20], num_train_examples=40,
+                                    num_test_examples=12),
 }
 
 

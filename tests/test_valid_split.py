@@ -41,6 +41,12 @@ SYNTHETIC = {
                              num_test_examples=16),
     "mad_compression": dict(seq_len=16, vocab_size=8, num_train_examples=64,
                             num_test_examples=16),
+    "parity": dict(seq_len=16, min_len=4, eval_lens=[16, 32], num_test_examples=16),
+    "cycle_navigation": dict(seq_len=16, min_len=4, eval_lens=[16, 32], num_test_examples=16),
+    "modular_arithmetic": dict(seq_len=15, min_len=3, brackets=True, eval_lens=[15, 31],
+                               num_test_examples=16),
+    "permutation_composition": dict(seq_len=8, group="A5", eval_lens=[8, 16],
+                                    num_test_examples=16),
 }
 # fixed training sets for the fresh-batch tasks, and small sequence spaces where the
 # training, test and validation draws collide often (the de-duplication must work)
@@ -179,6 +185,11 @@ FROZEN = {
     'text_classification': ('ce3add3f44baab08', '49ffba985b6120e8'),
     'text_classification/folders': ('1f54c7b818621927', '0b1dadf0083af6e8'),
     'lm': ('caaba4da6933c232', '61685912d7711797'),   # frozen when the task was added
+    # frozen when the tasks were added (issue 35)
+    'parity': ('c60bb4f357f62ba8', '2eb9845144464a03'),
+    'cycle_navigation': ('28383d3c1e05d873', 'ee2a4e661de6d9b1'),
+    'modular_arithmetic': ('569454fa70c2621d', '74998d51b1cd9114'),
+    'permutation_composition': ('dc98feeca67f0185', 'd197c9eb4f591b55'),
 }
 
 # the documented default size of each case's validation set
@@ -198,7 +209,9 @@ DEFAULT_VALID = {
 EXPLICIT = {"char_lm": 3, "sequential_image/all": 100, "sequential_image/cifar": 5,
             "text_classification": 25}
 TINY = {"mad_memorization/tiny", "mad_compression/tiny", "induction_heads/tiny-fresh",
-        "selective_copying/fixed", "induction_heads/fixed"}
+        "selective_copying/fixed", "induction_heads/fixed",
+        # state tracking trains from length 3 or 4: few distinct short sequences
+        "parity", "cycle_navigation", "modular_arithmetic"}
 # the same validation windows for every seed (documented: the end of the training text)
 SEED_FREE = {"char_lm", "lm"}   # lm: fixed windows of the valid split, for every seed
 ALL = sorted(FROZEN)
