@@ -239,3 +239,83 @@ async def test_run_view_shows_perplexity_bits_per_byte_and_tokens_seen(store, tm
         store.heartbeat(rid, step=4000)
         await poll_view(pilot, screen)
         assert "512k tokens (1.02e+12 FLOPs)" in text(screen.query_one("#run-title", Static))
+
+
+# --------------------------------------------------------------------------- results: fits
+def scaling_grid(store) -> list[int]:
+    """Finished runs of lstm and transformer at three compute budgets each (the lengths
+    stand in for sizes), loss = a C^-b with b 0.1 and 0.2 exactly, and two seeds."""
+    import os
+
+    from test_curves import sweep
+
+    ids = sweep(store, seq_lens=(16, 32, 64))  # lstm/transformer x 3 lengths x seeds 0/1
+    runs = {r.id: r for r in store.runs(ids=ids)}
+    for rid in ids:
+        r = runs[rid]
+        b = 0.1 if r.model == "lstm" else 0.2
+        C = 1e12 * r.seq_len
+        store.mark_started(rid, os.getpid(), "cpu", None)
+        store.set_results(rid, {"loss": 50.0 * C ** -b, "accuracy": 0.5, "train_flops": C,
+                                "tokens_trained": 1000.0 * r.seq_len, "flops_per_token": 1e9})
+        store.finish(rid, "finished")
+    return ids
+
+
+async def test_results_tab_carries_the_scaling_fits_of_a_grid(store, tmp_path):
+    from textual.widgets import DataTable
+
+    from workbench.results import scaling
+    from workbench.tui.results_view import ResultsView
+    from workbench.tui.scaling_panel import ScalingPanel
+
+    scaling_grid(store)
+    app = make_app(store, tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("f3")
+        await settle(pilot)
+        view = app.query_one(ResultsView)
+        panel = view.query_one(ScalingPanel)
+        assert view.current()[1] == "accuracy" and panel.display  # not loss-like: the fits of loss
+        table = panel.query_one("#scaling-table", DataTable)
+        rows = [[str(c) for c in table.get_row_at(i)] for i in range(table.row_count)]
+        header, body = scaling.rows(scaling.analyse(store, "cmp", "loss"))
+        assert rows == body  # what export --scaling prints
+        assert [str(c.label) for c in table.columns.values()] == header == [
+            "model", "points", "FLOPs range", "a", "b", "multiplier vs lstm"]
+        assert [r[0] for r in rows] == ["lstm", "transformer"]
+        assert rows[0][4].startswith("0.100") and rows[1][4].startswith("0.200")  # the exponents
+        assert rows[0][5] == "1" and float(rows[1][5].rstrip("*")) > 1  # b 0.2 gets there sooner
+        assert "loss against training FLOPs" in text(panel.query_one("#scaling-title", Static))
+        # the plot: FLOPs, then tokens on x (x in the Results tab)
+        assert panel.plotted()["lstm"] == [16e12, 32e12, 64e12]
+        await pilot.press("x")
+        assert panel.axis == "tokens" and panel.plotted()["lstm"] == [16000.0, 32000.0, 64000.0]
+        await pilot.press("x")
+        assert panel.axis == "flops"
+
+
+async def test_results_tab_has_no_fits_without_a_compute_and_says_why_with_too_few(store, tmp_path):
+    from test_curves import sweep
+    from workbench.tui.results_view import ResultsView
+    from workbench.tui.scaling_panel import ScalingPanel
+
+    import os
+    ids = sweep(store, seq_lens=(16,))  # one budget per model: no law to fit
+    for rid in ids:
+        store.mark_started(rid, os.getpid(), "cpu", None)
+        store.set_results(rid, {"loss": 1.0, "train_flops": 1e12})
+        store.finish(rid, "finished")
+    app = make_app(store, tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("f3")
+        await settle(pilot)
+        panel = app.query_one(ResultsView).query_one(ScalingPanel)
+        assert panel.display and "none yet" in text(panel.query_one("#scaling-title", Static))
+        assert "lstm" in text(panel.query_one("#scaling-title", Static))
+        store.set_results(ids[0], {"train_flops": None})  # (a run without a compute)
+        for rid in ids:
+            store.set_results(rid, {"train_flops": None})
+        app.query_one(ResultsView).poll()
+        await settle(pilot)
+        assert not panel.display  # no compute anywhere: not a scaling grid, no panel

@@ -40,6 +40,7 @@ from workbench.results.figure_base import safe_stem  # matplotlib itself is impo
 from workbench.store import Store, progress, queries
 from workbench.tui.background import PollsStore, write_in_thread
 from workbench.tui.formatting import set_text
+from workbench.tui.scaling_panel import ScalingPanel, analyse_all
 
 POLL_S = 2.0  # results change only when a run finishes
 ALL = "(all profiles)"
@@ -74,6 +75,7 @@ class ResultsView(PollsStore, Vertical):
         Binding("b", "cycle('over')", "Best over", tooltip="Grid keys to take the best over"),
         Binding("v", "cycle('select_on')", "Val/test", tooltip="Select the grid point on validation or test"),
         Binding("w", "write_table", "Write", tooltip="Write the table as .md, .tex and .csv"),
+        Binding("x", "scaling_axis", "Fits' x", tooltip="Scaling fits' plot: training FLOPs or tokens"),
         Binding("f", "figures", "Figures", tooltip="Write every figure of the profile"),
     ]
 
@@ -90,6 +92,7 @@ class ResultsView(PollsStore, Vertical):
         self.built: dict | None = None  # export.build's result for the table shown
         self._keys: tuple[list, list] = ([], [])  # the row and column keys shown, in order
         self.under_way: dict[str, int] = {}  # the profile's runs running and pending, by state
+        self.fits: dict = {}  # scaling_panel.analyse_all's fits of the profile (none: not a grid)
 
     def compose(self) -> ComposeResult:
         with Horizontal(id="results-choices", classes="choices"):
@@ -107,6 +110,7 @@ class ResultsView(PollsStore, Vertical):
         yield DataTable(id="results-table", zebra_stripes=True, cursor_type="cell")
         yield Static("", id="results-caption")
         yield Static("", id="results-cell")
+        yield ScalingPanel(id="results-scaling")  # a scaling grid's fits (export --scaling)
 
     def on_mount(self) -> None:
         self.options["select_on"] = list(SPLITS)
@@ -129,7 +133,7 @@ class ResultsView(PollsStore, Vertical):
         self._reading = self._value("profile")  # read on the UI thread, used by read()
         super().poll()
 
-    def read(self) -> tuple[list[str], str | None, list[dict], dict[str, int]]:
+    def read(self) -> tuple[list[str], str | None, list[dict], dict[str, int], dict]:
         profile = self._reading
         with self.lock:
             profiles = self.store.profiles()
@@ -143,10 +147,12 @@ class ResultsView(PollsStore, Vertical):
                 for r in progress.table_runs(self.store, None if profile == ALL else profile):
                     if r.state in ("running", "pending"):
                         under_way[r.state] = under_way.get(r.state, 0) + 1
-        return profiles, profile, recs, under_way
+            # the scaling fits of a grid whose runs record their training compute
+            fits = analyse_all(self.store, profile, recs) if profile and profile != ALL else {}
+        return profiles, profile, recs, under_way, fits
 
-    def apply(self, got: tuple[list[str], str | None, list[dict], dict[str, int]]) -> None:
-        profiles, profile, recs, self.under_way = got
+    def apply(self, got: tuple[list[str], str | None, list[dict], dict[str, int], dict]) -> None:
+        profiles, profile, recs, self.under_way, self.fits = got
         if "profile" in self.chosen and self._value("profile") not in (None, profile):
             self.call_later(self.poll)  # the user picked another profile during the read
             return
@@ -220,6 +226,7 @@ class ResultsView(PollsStore, Vertical):
 
     def rebuild(self) -> None:
         profile, metric, rows, cols = self.current()
+        self.query_one(ScalingPanel).show(self.fits, metric, self.recs)
         over, select_on = self.selection()
         key = (profile, metric, rows, cols, tuple(over), select_on,
                tuple((r["run_id"], r["eval_set"], r.get(metric)) for r in self.recs),
@@ -326,6 +333,13 @@ class ResultsView(PollsStore, Vertical):
             if nxt == other:
                 nxt = options[(options.index(nxt) + 1) % len(options)]
         sel.value = nxt  # posts Changed: rebuilds (or re-reads, for the profile)
+
+    def action_scaling_axis(self) -> None:
+        panel = self.query_one(ScalingPanel)
+        if not isinstance(panel.result, dict):
+            self.notify("no scaling fits here: x puts training tokens or FLOPs on their plot", markup=False)
+            return
+        panel.toggle_axis()
 
     def action_write_table(self) -> None:
         profile, metric, rows, cols = self.current()

@@ -1,0 +1,161 @@
+"""The Results tab's scaling fits: for a profile whose runs form a scaling grid (each model
+trained at two or more compute budgets), each model's power law L(C) = a·C^-b of a loss-like
+metric against training FLOPs, its exponent b and its compute multiplier against the first
+model: :func:`workbench.results.scaling.analyse`, the table ``export --scaling`` prints.
+
+Beside the table (wide terminals) a log-log plot of the points, one colour per model, with
+the fitted lines; ``x`` in the Results tab puts training tokens on its x axis instead of
+FLOPs (the points only: the laws are fitted in FLOPs). The fits are made off the UI thread
+(:meth:`ResultsView.read`); this widget only shows them.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.containers import Horizontal, Vertical
+from textual.widgets import DataTable, Static
+from textual_plotext import PlotextPlot
+
+from workbench.results import scaling
+from workbench.tui.formatting import set_text
+from workbench.tui.plots import COLOURS
+
+LOSS_LIKE = ("loss", "perplexity", "bits_per_byte")  # what a scaling law is fitted to
+X_AXES = {"flops": "training FLOPs", "tokens": "training tokens"}
+FIT_POINTS = 40  # points along each fitted line
+
+
+def fit_metric(metric: str | None) -> str:
+    """The metric the fits are shown for: the table's when it is loss-like, else loss."""
+    return metric if metric in LOSS_LIKE else "loss"
+
+
+def analyse_all(store, profile: str, recs: list[dict]) -> dict[str, Any]:
+    """{metric: analyse()'s result, or the ScalingError's text} for the loss-like metrics
+    the records hold; {} when the profile is no scaling grid (no run with a compute)."""
+    if not any(scaling.run_compute(r) for r in recs):
+        return {}
+    have = {m for r in recs for m in r.get("__metrics__", ())}
+    out: dict[str, Any] = {}
+    for metric in LOSS_LIKE:
+        if metric not in have:
+            continue
+        try:
+            out[metric] = scaling.analyse(store, profile, metric)
+        except scaling.ScalingError as e:
+            out[metric] = str(e)
+    return out
+
+
+def token_points(recs: list[dict], metric: str) -> dict[str, list[tuple[float, float, int]]]:
+    """{model: [(training tokens, metric, seeds)]}: the fits' points with tokens trained
+    in place of the compute (grouped over seeds the same way)."""
+    swapped = [{**r, "train_flops": r.get("tokens_trained"), "flops_per_token": None} for r in recs]
+    return scaling.points_by_model(swapped, metric)[0]
+
+
+class ScalingPanel(Vertical):
+    """The fits table, its caption and (wide terminals) the log-log plot."""
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.result: dict | str | None = None  # analyse()'s result, its error text, or none
+        self.recs: list[dict] = []
+        self.axis = "flops"
+        self._shown: tuple | None = None
+
+    def compose(self) -> ComposeResult:
+        yield Static("", id="scaling-title")
+        with Horizontal(id="scaling-body"):
+            yield DataTable(id="scaling-table", cursor_type="none", zebra_stripes=True)
+            yield PlotextPlot(id="scaling-plot")
+        yield Static("", id="scaling-caption")
+
+    def on_mount(self) -> None:
+        self.display = False
+
+    def show(self, fits: dict[str, Any], metric: str | None, recs: list[dict]) -> None:
+        """Show the fits of the table's metric (loss when it is not loss-like); hidden when
+        the profile has no runs with a training compute."""
+        m = fit_metric(metric)
+        res = fits.get(m) if fits else None
+        if fits and res is None:
+            res = f"no finished run has {m}"
+        key = (m, self.axis, res if not isinstance(res, dict) else
+               (res["reference"], tuple((name, tuple(f.points)) for name, f in res["fits"].items())))
+        if key == self._shown:
+            return
+        self._shown = key
+        self.result, self.recs = res, recs
+        self.display = res is not None
+        if res is None:
+            return
+        title = self.query_one("#scaling-title", Static)
+        table = self.query_one("#scaling-table", DataTable)
+        table.clear(columns=True)
+        if isinstance(res, str):  # not (yet) a grid with enough points per model
+            set_text(title, Text.assemble(("Scaling fits", "bold"), f" of {m} against training FLOPs: ",
+                                          ("none yet: ", "yellow"), res.replace("\n", "; ")))
+            set_text(self.query_one("#scaling-caption", Static), "")
+            self.query_one("#scaling-body").display = False
+            return
+        self.query_one("#scaling-body").display = True
+        header, body = scaling.rows(res)
+        for i, h in enumerate(header):
+            table.add_column(h, key=str(i))
+        for row in body:
+            table.add_row(row[0], *(Text(c, justify="right") for c in row[1:]))
+        law = "L(C) = a·C^-b" if res["form"] == "power" else "L(C) = E + a·C^-b"
+        set_text(title, Text.assemble(
+            ("Scaling fits", "bold"), f" (export --scaling): {m} against training FLOPs C, {law}; ",
+            ("x: plot against ", "dim"), (X_AXES["tokens" if self.axis == "flops" else "flops"], "dim")))
+        set_text(self.query_one("#scaling-caption", Static), Text(scaling.caption(res), style="dim"))
+        self.redraw()
+
+    def redraw(self) -> None:
+        res = self.result
+        plot = self.query_one("#scaling-plot", PlotextPlot)
+        plt = plot.plt
+        plt.clear_data()
+        plt.clear_figure()
+        if not isinstance(res, dict):
+            plot.refresh()
+            return
+        metric = res["metric"]
+        plt.title(f"{metric} vs {X_AXES[self.axis]} (log-log)")
+        plt.xlabel(X_AXES[self.axis])
+        plt.xscale("log")
+        plt.yscale("log")
+        pts = ({m: f.points for m, f in res["fits"].items()} if self.axis == "flops"
+               else token_points(self.recs, metric))
+        for i, (model, fit) in enumerate(res["fits"].items()):
+            colour = COLOURS[i % len(COLOURS)]
+            p = pts.get(model) or []
+            if p:
+                plt.scatter([c for c, _, _ in p], [v for _, v, _ in p], color=colour, marker="●", label=model)
+            if self.axis == "flops":  # the law is in FLOPs: its line only there
+                lo, hi = fit.compute_range
+                xs = [lo * (hi / lo) ** (k / (FIT_POINTS - 1)) for k in range(FIT_POINTS)] if hi > lo else [lo]
+                ys = [float(y) for y in fit.predict(xs)]
+                if all(math.isfinite(y) and y > 0 for y in ys):
+                    plt.plot(xs, ys, color=colour, marker="braille")
+        plot.refresh()
+
+    def toggle_axis(self) -> str:
+        self.axis = "tokens" if self.axis == "flops" else "flops"
+        self._shown = None
+        if isinstance(self.result, dict):
+            self.show({self.result["metric"]: self.result}, self.result["metric"], self.recs)
+        return self.axis
+
+    def plotted(self) -> dict[str, list[float]]:
+        """{model: the x values of its points} as the plot draws them now (tests)."""
+        res = self.result
+        if not isinstance(res, dict):
+            return {}
+        pts = ({m: f.points for m, f in res["fits"].items()} if self.axis == "flops"
+               else token_points(self.recs, res["metric"]))
+        return {m: [c for c, _, _ in p] for m, p in pts.items()}
