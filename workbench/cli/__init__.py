@@ -4,6 +4,7 @@
     ssm-workbench run PROFILE.toml     replay a profile headlessly (progress bars)
     ssm-workbench run --dry-run PROFILE   the runs it would launch, with parameters and memory
     ssm-workbench export               comparison table from the store
+    ssm-workbench export --format tensorboard [-o DIR]   runs as TensorBoard event files
     ssm-workbench score PROFILE        MAD score: per setting best over lr x wd, mean per task, over tasks
     ssm-workbench plot [PROFILE]       figures (PNG + SVG): curves, metric vs length, eval sets, scaling
     ssm-workbench serve                the TUI in a browser (127.0.0.1 by default)
@@ -39,9 +40,11 @@ def _positive_int(text: str) -> int:
     return v
 
 
-def _table_output(p: argparse.ArgumentParser) -> None:
-    """A table command's output options (export, score)."""
-    p.add_argument("--format", choices=["md", "csv", "latex", "json"], default="md")
+def _table_output(p: argparse.ArgumentParser, tensorboard: bool = False) -> None:
+    """A table command's output options (export, score); export also writes TensorBoard
+    event files (a folder per run under --output, default <store>/tensorboard)."""
+    p.add_argument("--format", choices=["md", "csv", "latex", "json"] + ["tensorboard"] * tensorboard,
+                   default="md")
     p.add_argument("--digits", type=int, default=3)
     p.add_argument("--output", "-o")
 
@@ -87,7 +90,7 @@ def parser() -> argparse.ArgumentParser:
                    help="launch runs whose estimated peak memory exceeds the device's")
     p.set_defaults(fn=cmd_run)
 
-    p = sub.add_parser("export", help="print a comparison table")
+    p = sub.add_parser("export", help="print a comparison table, or write runs as TensorBoard event files")
     p.add_argument("--profile")
     p.add_argument("--metric", action="append", metavar="NAME[,NAME...]",
                    help="metric(s) to show, comma-separated and/or repeated: one table per metric "
@@ -102,8 +105,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--select-metric", metavar="NAME",
                    help="metric the --best-over choice maximises/minimises (default: the first "
                         "requested accuracy-like metric, else accuracy)")
-    _table_output(p)
+    _table_output(p, tensorboard=True)
     p.add_argument("--include-unfinished", action="store_true")
+    p.add_argument("--run", type=int, action="append", metavar="ID",
+                   help="--format tensorboard: only these runs (repeatable; default every run of --profile)")
     p.add_argument("--scaling", action="store_true",
                    help="the scaling table instead: per model the power-law fit of --metric (default "
                         "loss) against training FLOPs, a, b ± se, (E), compute multiplier vs --reference")

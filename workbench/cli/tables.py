@@ -95,6 +95,8 @@ def cmd_export(args) -> int:
                                                                  "preempted", "running"]
     if getattr(args, "scaling", False) or getattr(args, "kind", "table") == "scaling":
         return _export_scaling(args, store, states)
+    if args.format == "tensorboard":
+        return _export_tensorboard(args, store, states)
     recs = export.records(store, profile=args.profile, states=states)
     if not recs:
         print("no finished runs" + (f" for profile {args.profile!r}" if args.profile else "")
@@ -122,6 +124,33 @@ def cmd_export(args) -> int:
         print(e, file=sys.stderr)
         return 2
     return _write_out(text, args.output)
+
+
+def _export_tensorboard(args, store, states) -> int:
+    """``export --format tensorboard``: one TensorBoard folder per run (curves, results,
+    hparams; workbench/results/tensorboard.py) under --output (default <store>/tensorboard)."""
+    from workbench.results import tensorboard as tb
+
+    runs = store.runs(profile=args.profile, states=states, ids=args.run)
+    if not runs:
+        print("no finished runs" + (f" for profile {args.profile!r}" if args.profile else "")
+              + (f" among run(s) {', '.join(map(str, args.run))}" if args.run else "")
+              + f" in {store.root}", file=sys.stderr)
+        return 1
+    root = Path(args.output).expanduser() if args.output else tb.default_root(store.root)
+    try:
+        folders = tb.export_runs(store, runs, root)
+    except tb.TensorBoardMissing as e:
+        print(f"ssm-workbench: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:
+        from workbench.results.export import cannot_write_text
+
+        print(f"ssm-workbench: {cannot_write_text(root, e)}", file=sys.stderr)
+        return 1
+    print(f"wrote {len(folders)} run folder(s) of TensorBoard events under {root.absolute()}; "
+          f"view them: tensorboard --logdir {shlex.quote(str(root.absolute()))}")
+    return 0
 
 
 def _export_scaling(args, store, states) -> int:

@@ -364,10 +364,22 @@ def _check_registries(p: Profile, path: str, where: _Where) -> None:
                         f"give each a distinct 'label'")
     if not problems and not absent:
         problems += _check_budgets(p, where)
+    problems += _check_tensorboard(p, where)
     if problems:
         raise ProfileError(_problems_text(path, problems))
     if absent:
         raise DataAbsent(path, p, absent)
+
+
+def _check_tensorboard(p: Profile, where: _Where) -> list[str]:
+    """train.tensorboard = true needs tensorboardX where the runs start (said before they do)."""
+    import importlib.util
+
+    asked = p.train.tensorboard or True in p.sweep.grid.get("train.tensorboard", [])
+    if not asked or importlib.util.find_spec("tensorboardX") is not None:
+        return []
+    return [f"  train.tensorboard{where('train', 'tensorboard')}: TensorBoard event files need "
+            f"tensorboardX: pip install 'ssm-workbench[tensorboard]'"]
 
 
 def _check_budgets(p: Profile, where: _Where) -> list[str]:

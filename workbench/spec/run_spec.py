@@ -30,8 +30,9 @@ ATTENTION_EVAL_MAX = 16384  # longer sequences are skipped for models without re
 EVAL_TOKENS_PER_BATCH = 1 << 16
 RESIDENT_MAX_BYTES = 1 << 30  # fixed training sets up to this size are moved to the device once
 
-# train settings that change when a checkpoint is written, never what is computed
-NEUTRAL_TRAIN_KEYS = ("checkpoint_every", "checkpoint_minutes", "devices")
+# train settings that change when a checkpoint (or TensorBoard's copy of the curves) is
+# written, never what is computed
+NEUTRAL_TRAIN_KEYS = ("checkpoint_every", "checkpoint_minutes", "tensorboard", "devices")
 # spec and train keys written only when set (added after stores existed: a spec without
 # them keeps its spec_key)
 OPTIONAL_KEYS = ("grid", "task_setting", "budget", "size", "recipe")

@@ -272,6 +272,11 @@ class TrainSection(_Strict):
     # on short ones; neither setting changes what a run computes.
     checkpoint_every: Int = Field(default=0, ge=0)
     checkpoint_minutes: Float = Field(default=10.0, ge=0)
+    # Also write the run's curves and results as TensorBoard event files while it trains
+    # (<store>/tensorboard/<profile>/<run>/, workbench/results/tensorboard.py; the
+    # `tensorboard` extra). Like the checkpoint keys it changes what is written, never what
+    # is computed (a neutral key of spec_key).
+    tensorboard: Bool = False
 
     @field_validator("betas")
     @classmethod

@@ -176,14 +176,17 @@ def _run(store: Store, run_id: int, t_start: float, stop: StopFlag, argv: list[s
         print(f"run {run_id} is {r.state}; nothing to do", file=sys.stderr)
         return 0
     bg = start_sampler(store, run_id)
-    trainer = launcher = None
+    trainer = events = launcher = None
     try:
         try:
             spec = RunSpec.from_dict(r.spec)
         except ValueError as e:
             raise RunFailed(f"cannot read the run's spec: {e}") from None
         ranks, launcher = _start_ranks(store, run_id, r, argv or [])  # several devices: rank 0's side
-        trainer = Trainer(store, run_id, spec, stop, key=spec_key(r.spec), ranks=ranks)
+        # with train.tensorboard the rows also go to TensorBoard event files, live
+        events = _live_events(store, run_id, r.spec) if spec.train.tensorboard else None
+        writer = events or store  # what training and the final results write through
+        trainer = Trainer(writer, run_id, spec, stop, key=spec_key(r.spec), ranks=ranks)
         if trainer.device.type == "cpu":
             _set_cpu_threads(spec, ranks.world if ranks else 1)
         trainer.attempt_start = t_start
@@ -200,7 +203,7 @@ def _run(store: Store, run_id: int, t_start: float, stop: StopFlag, argv: list[s
                                 f"trains the run from step 0") from None
             check = ck.pop("_file", {}).get("check")
             trainer.restore(ck)
-            dropped = store.trim_after(run_id, ck["step"])  # the interrupted attempt's later rows
+            dropped = writer.trim_after(run_id, ck["step"])  # the interrupted attempt's later rows
             resumed = {"step": ck["step"], "from_device": ck["device"], "metrics_dropped": dropped,
                        "time": time.time(), "check": check, "from_ranks": ck.get("ranks", 1),
                        "ranks": ranks.world if ranks else 1}
@@ -220,7 +223,7 @@ def _run(store: Store, run_id: int, t_start: float, stop: StopFlag, argv: list[s
               f"{' tied' if trainer.model.init_choice['tie_embeddings'] else ''}", flush=True)
 
         out = trainer.train()
-        summary = record_final(store, run_id, trainer, out, trainer.gpu_util + bg.gpu_util,
+        summary = record_final(writer, run_id, trainer, out, trainer.gpu_util + bg.gpu_util,
                                trainer.gpu_mem + bg.gpu_mem, t_start)
         stop.defer = True  # all measured: a signal from here on changes nothing
         if not store.finish(run_id, "finished"):
@@ -260,6 +263,21 @@ def _run(store: Store, run_id: int, t_start: float, stop: StopFlag, argv: list[s
             launcher.stop(grace_s=2.0 if stop.signum is None and trainer is None else 10.0)
         if trainer is not None and trainer.group is not None:
             trainer.group.close()
+        if events is not None:  # closed with the hparams once the run's results are all in
+            events.close(with_hparams=trainer is not None and trainer.out is not None)
+
+
+def _live_events(store, run_id: int, spec: dict):
+    """The writer wrapped so that metric rows and results also become TensorBoard events
+    (workbench/results/tensorboard.py); without tensorboardX the run fails in one line."""
+    from workbench.results.tensorboard import LiveEvents, TensorBoardMissing
+
+    try:
+        live = LiveEvents(store, run_id, spec)
+    except TensorBoardMissing as e:
+        raise RunFailed(f"train.tensorboard = true: {e}") from None
+    print(f"[worker] run {run_id}: TensorBoard events in {live.events_dir}", flush=True)
+    return live
 
 
 def _set_cpu_threads(spec: RunSpec, world: int = 1) -> None:
