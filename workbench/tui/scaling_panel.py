@@ -57,6 +57,18 @@ def token_points(recs: list[dict], metric: str) -> dict[str, list[tuple[float, f
     return scaling.points_by_model(swapped, metric)[0]
 
 
+def short(cell: str) -> str:
+    """A table cell with exponents written short: '1.60e+13..6.40e+13' -> '1.60e13..6.40e13'."""
+    return cell.replace("e+", "e")
+
+
+def log_ticks(lo: float, hi: float, n: int = 4) -> list[float]:
+    """About ``n`` x ticks from lo to hi, evenly spaced on a log axis (lo alone when lo == hi)."""
+    if not (lo > 0 and hi > lo):
+        return [lo]
+    return [lo * (hi / lo) ** (k / (n - 1)) for k in range(n)]
+
+
 class ScalingPanel(Vertical):
     """The fits table, its caption and (wide terminals) the log-log plot."""
 
@@ -106,8 +118,11 @@ class ScalingPanel(Vertical):
         header, body = scaling.rows(res)
         for i, h in enumerate(header):
             table.add_column(h, key=str(i))
-        for row in body:
-            table.add_row(row[0], *(Text(c, justify="right") for c in row[1:]))
+        for i, row in enumerate(body):  # the model in its colour on the plot: the legend
+            colour = COLOURS[i % len(COLOURS)].replace("orange", "dark_orange")
+            # 1.6e13, not 1.6e+13: the multiplier column still fits 80 columns
+            table.add_row(Text(row[0], style=f"bold {colour}"),
+                          *(Text(short(c), justify="right") for c in row[1:]))
         law = "L(C) = a·C^-b" if res["form"] == "power" else "L(C) = E + a·C^-b"
         set_text(title, Text.assemble(
             ("Scaling fits", "bold"), f" (export --scaling): {m} against training FLOPs C, {law}; ",
@@ -131,11 +146,16 @@ class ScalingPanel(Vertical):
         plt.yscale("log")
         pts = ({m: f.points for m, f in res["fits"].items()} if self.axis == "flops"
                else token_points(self.recs, metric))
+        xs_all = [c for p in pts.values() for c, _, _ in p]
+        if xs_all:  # plotext writes 16000000000000.0 on a log axis: short labels instead
+            ticks = log_ticks(min(xs_all), max(xs_all))
+            plt.xticks(ticks, [short(f"{t:.2g}") for t in ticks])
         for i, (model, fit) in enumerate(res["fits"].items()):
             colour = COLOURS[i % len(COLOURS)]
             p = pts.get(model) or []
             if p:
-                plt.scatter([c for c, _, _ in p], [v for _, v, _ in p], color=colour, marker="●", label=model)
+                # no legend inside the plot (it hid the points): the table's names are in these colours
+                plt.scatter([c for c, _, _ in p], [v for _, v, _ in p], color=colour, marker="●")
             if self.axis == "flops":  # the law is in FLOPs: its line only there
                 lo, hi = fit.compute_range
                 xs = [lo * (hi / lo) ** (k / (FIT_POINTS - 1)) for k in range(FIT_POINTS)] if hi > lo else [lo]
