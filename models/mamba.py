@@ -7,6 +7,10 @@ Mamba(x), for x: (batch, length, d_model), with d_inner = expand * d_model (or g
     y     = S6(x)  gated by silu(z)       selective scan (models.s6 / models.kernels)
     out   = out_proj(y)                  (batch, length, d_model)
 
+``allow_neg_eigval`` (Grazzi et al., ICLR 2025, adankow/unlocking_state_tracking): the
+scan's transition 2 exp(delta A) - 1 in (-1, 1) instead of exp(delta A) in (0, 1), what lets
+Mamba learn parity; the ``torch`` scan (or ``ref``) runs it (``models.kernels.selective_scan``).
+
 No norm or residual inside: the backbone (``RecurrentStack``) adds pre-norm residuals.
 Parameter names match mamba-ssm's ``Mamba`` (in_proj, conv1d, x_proj, dt_proj, A_log, D,
 out_proj) so official checkpoints load with ``load_state_dict``.
@@ -40,7 +44,7 @@ class Mamba(SelectiveSSM):
         self, d_model: int, d_state: int = 16, d_conv: int = 4, expand: int = 2,
         dt_rank="auto", dt_min: float = 0.001, dt_max: float = 0.1,
         dt_init_floor: float = 1e-4, bias: bool = False, conv_bias: bool = True,
-        backend: str = "auto", d_inner: int | None = None,
+        backend: str = "auto", d_inner: int | None = None, allow_neg_eigval: bool = False,
     ):
         super().__init__()
         if d_conv < 1 or expand < 1:
@@ -58,7 +62,7 @@ class Mamba(SelectiveSSM):
                                 padding=d_conv - 1, bias=conv_bias)
         # mamba-ssm sets dt_rank from d_model, not d_inner
         self._init_ssm(d_inner, d_state, resolve_dt_rank(dt_rank, d_model), dt_min, dt_max,
-                       dt_init_floor, backend)
+                       dt_init_floor, backend, allow_neg_eigval=allow_neg_eigval)
         self.out_proj = nn.Linear(d_inner, d_model, bias=bias)
 
     # -- full sequence -----------------------------------------------------------------

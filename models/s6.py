@@ -41,11 +41,19 @@ class SelectiveSSM(nn.Module):
     def _init_ssm(
         self, d_inner: int, d_state: int, dt_rank: int, dt_min: float, dt_max: float,
         dt_init_floor: float, backend: str, dt_scale: float = 1.0,
+        allow_neg_eigval: bool = False,
     ) -> None:
         if backend not in ss.BACKENDS:
             raise ValueError(f"unknown backend {backend!r}; expected one of {ss.BACKENDS}")
         if backend == "cuda" and not ss.cuda_available():  # fail at build time, saying why
             raise RuntimeError(f"backend 'cuda' unavailable: {ss.cuda_unavailable_reason()}")
+        if not isinstance(allow_neg_eigval, bool):
+            raise ValueError(f"allow_neg_eigval must be true or false; got {allow_neg_eigval!r}")
+        # the transition 2 exp(delta A) - 1 in (-1, 1) (models.kernels.selective_scan's doc)
+        self.allow_neg_eigval = allow_neg_eigval
+        if allow_neg_eigval and backend not in ("auto", "torch", "ref"):
+            raise ValueError(f"backend {backend!r} has no negative-eigenvalue transition "
+                             "(allow_neg_eigval); use 'auto', 'torch' or 'ref'")
         if not 0 < dt_min <= dt_max:
             raise ValueError(f"need 0 < dt_min <= dt_max, got {dt_min}, {dt_max}")
         self.d_inner, self.d_state, self.dt_rank = d_inner, d_state, dt_rank
@@ -75,7 +83,8 @@ class SelectiveSSM(nn.Module):
     @property
     def backend(self) -> str:
         """The scan backend that runs for this module's current device."""
-        return ss.choose_backend(self.backend_request, ss._device_of(self.A_log))
+        return ss.choose_backend(self.backend_request, ss._device_of(self.A_log),
+                                 neg_eigval=getattr(self, "allow_neg_eigval", False))
 
     # -- full sequence -----------------------------------------------------------------
     def _ssm_params(self, x_bld: torch.Tensor):
@@ -100,7 +109,7 @@ class SelectiveSSM(nn.Module):
             x_bld, delta, A, B, C, _atleast_f32(self.D), z=z_bld,
             delta_bias=_atleast_f32(self.dt_proj.bias), delta_softplus=True,
             return_last_state=return_last_state, backend=self.backend_request,
-            initial_state=initial_state,
+            initial_state=initial_state, neg_eigval=self.allow_neg_eigval,
         )
 
     # -- one step ----------------------------------------------------------------------
@@ -110,6 +119,8 @@ class SelectiveSSM(nn.Module):
         delta = F.softplus(self.dt_proj(dt))                           # (b, d_inner)
         A = -torch.exp(_atleast_f32(self.A_log))
         deltaA = torch.exp(delta[:, :, None] * A)                       # ZOH
+        if self.allow_neg_eigval:
+            deltaA = 2 * deltaA - 1                                     # in (-1, 1)
         deltaB_x = delta[:, :, None] * B[:, None, :] * x_t[:, :, None]  # Euler
         h = deltaA * h + deltaB_x
         y = torch.einsum("bdn,bn->bd", h, C) + self.D * x_t

@@ -51,6 +51,13 @@ Backends (``backend=``):
 - ``"auto"``:  on CUDA tensors cuda if importable, else triton, else torch; on CPU tensors
   cpu when the C kernel builds, else torch. :func:`cuda_unavailable_reason` says why not cuda.
 
+Negative eigenvalues (``neg_eigval=True``; Grazzi, Siems, Zela, Franke, Hutter & Pontil,
+"Unlocking State-Tracking in Linear RNNs Through Negative Eigenvalues", ICLR 2025, code
+adankow/unlocking_state_tracking: ``deltaA = deltaA * 2 - 1`` in its Mamba's selective scan,
+``PositiveNegativeMambaBlock``): the transition becomes 2 exp(delta_t A) - 1 in (-1, 1),
+B-bar = delta B unchanged. Only ``ref`` and ``torch`` (running products, so a negative
+transition is no harder) compute it; ``auto`` picks ``torch`` then.
+
 Extension beyond mamba-ssm: ``initial_state`` (batch, dim, state) starts the recurrence
 from a given h_{-1} (used to stream very long sequences chunk by chunk). The CUDA kernel
 has no such input, so ``auto`` uses the triton backend (else torch) whenever an initial
@@ -138,9 +145,13 @@ def triton_unavailable_reason(device: torch.device | str | None = "cuda") -> str
     return triton_kernels.unavailable_reason(device)
 
 
-def choose_backend(backend: str, device: torch.device | str, initial_state: bool = False) -> str:
+def choose_backend(backend: str, device: torch.device | str, initial_state: bool = False,
+                   neg_eigval: bool = False) -> str:
     """Resolve ``backend`` for tensors on ``device`` to one of "cuda", "triton", "cpu",
     "torch", "compiled", "ref".
+
+    ``neg_eigval`` (the transition 2 exp(delta A) - 1, see the module doc): only "torch" and
+    "ref" compute it; "auto" resolves to "torch", any other forced backend is an error.
 
     ``auto``: on CUDA tensors mamba-ssm's kernel when importable (and no initial state is
     given: it takes none), else the Triton kernels, else torch; on CPU tensors the C
@@ -151,6 +162,11 @@ def choose_backend(backend: str, device: torch.device | str, initial_state: bool
     """
     if backend not in BACKENDS:
         raise ValueError(f"unknown selective-scan backend {backend!r}; expected one of {BACKENDS}")
+    if neg_eigval:
+        if backend in ("auto", "torch", "ref"):
+            return "torch" if backend == "auto" else backend
+        raise ValueError(f"selective-scan backend {backend!r} has no negative-eigenvalue "
+                         "transition (allow_neg_eigval); use 'auto', 'torch' or 'ref'")
     kind = torch.device(device).type
     on_cuda = kind == "cuda"
     if backend == "auto":
@@ -225,9 +241,10 @@ def _finish(y, u, D, z, dtype_in):
 
 def selective_scan_ref(
     u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_softplus=False,
-    return_last_state=False, initial_state=None,
+    return_last_state=False, initial_state=None, neg_eigval=False,
 ):
-    """Sequential reference scan. Shapes: see the module docstring.
+    """Sequential reference scan. Shapes: see the module docstring. ``neg_eigval``: the
+    transition 2 exp(delta A) - 1 in (-1, 1) (Grazzi et al. 2025) instead of exp(delta A).
 
     Loops with ``unbind`` over time: indexing step by step under autograd would make
     backward quadratic in length (every select's backward allocates a full-size grad).
@@ -241,6 +258,8 @@ def selective_scan_ref(
     for u_t, delta_t, B_t, C_t in zip(u.unbind(-1), delta.unbind(-1), B.unbind(-1), C.unbind(-1)):
         # u_t, delta_t: (batch, dim); B_t, C_t: (batch, state); h: (batch, dim, state)
         deltaA = torch.exp(delta_t[:, :, None] * A)                       # ZOH
+        if neg_eigval:
+            deltaA = 2 * deltaA - 1
         deltaB_u = delta_t[:, :, None] * B_t[:, None, :] * u_t[:, :, None]  # Euler
         h = deltaA * h + deltaB_u
         ys.append(torch.einsum("bdn,bn->bd", h, C_t))
@@ -253,8 +272,9 @@ def selective_scan_ref(
 # Fast pure-PyTorch scan: blockwise, custom backward that recomputes states per block
 # ---------------------------------------------------------------------------------------
 
-def _block_inputs(d, du, At, B, deltaA, deltaB_u):
-    """Fill deltaA = exp(delta A) and deltaB_u = delta u B for one block, in place.
+def _block_inputs(d, du, At, B, deltaA, deltaB_u, neg=False):
+    """Fill deltaA = exp(delta A) (2 exp(delta A) - 1 when neg) and deltaB_u = delta u B for
+    one block, in place.
 
     d: (T, batch, dim) delta; du: (T, batch, dim) delta * u; At: (N, dim); B: (T, batch, N);
     deltaA, deltaB_u: (T, batch, N, dim) workspace slices, overwritten. Writing into reused
@@ -263,6 +283,8 @@ def _block_inputs(d, du, At, B, deltaA, deltaB_u):
     """
     torch.mul(d[:, :, None, :], At, out=deltaA)
     deltaA.exp_()                                                  # ZOH:   exp(delta A)
+    if neg:
+        deltaA.mul_(2).sub_(1)                                     # in (-1, 1)
     torch.mul(du[:, :, None, :], B[..., None], out=deltaB_u)       # Euler: delta B u
 
 
@@ -293,7 +315,7 @@ class SelectiveScanTorch(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, u, delta, A, B, C, h0, block_len):
+    def forward(ctx, u, delta, A, B, C, h0, block_len, neg=False):
         batch, dim, L = u.shape
         N = A.shape[1]
         uT, deltaT, At, BT, CT = _time_major(u, delta, A, B, C)
@@ -308,11 +330,11 @@ class SelectiveScanTorch(torch.autograd.Function):
             e = min(s + block_len, L)
             block_h0[k] = h
             dA, hs = ws_dA[: e - s], ws_h[: e - s]
-            _block_inputs(deltaT[s:e], duT[s:e], At, BT[s:e], dA, hs)
+            _block_inputs(deltaT[s:e], duT[s:e], At, BT[s:e], dA, hs, neg)
             h = _run_block(dA, hs, h).clone()                          # hs is overwritten next
             torch.sum(hs.mul_(CT[s:e, :, :, None]), dim=2, out=yT[s:e])  # y_t = C_t . h_t
         ctx.save_for_backward(u, delta, A, B, C, block_h0)
-        ctx.block_len = block_len
+        ctx.block_len, ctx.neg = block_len, neg
         ctx.has_h0 = h0 is not None
         return yT.permute(1, 2, 0), h.transpose(1, 2)
 
@@ -344,7 +366,7 @@ class SelectiveScanTorch(torch.autograd.Function):
             T = e - s
             h_start = block_h0[k]
             dA, hs, gs, tmp, gB_b = ws_dA[:T], ws_h[:T], ws_g[:T], ws_tmp[:T], gB[:T]
-            _block_inputs(deltaT[s:e], duT[s:e], At, BT[s:e], dA, hs)
+            _block_inputs(deltaT[s:e], duT[s:e], At, BT[s:e], dA, hs, ctx.neg)
             _run_block(dA, hs, h_start)                                # recompute this block's states
             d_blk, u_blk, dy_blk = deltaT[s:e], uT[s:e], dyT[s:e, :, None, :]
 
@@ -362,34 +384,41 @@ class SelectiveScanTorch(torch.autograd.Function):
             torch.sum(torch.mul(gs, BT[s:e, :, :, None], out=tmp), dim=2, out=gB_b)  # sum_n g B
             torch.mul(gB_b, d_blk, out=du[s:e])
             torch.sum(torch.mul(gs, duT[s:e, :, None, :], out=tmp), dim=-1, out=dB[s:e])
-            # deltaA_t = exp(delta_t A): dL/d(delta_t A) = g_t h_{t-1} deltaA_t  (in place in gs)
+            # deltaA_t = exp(delta_t A): dL/d(delta_t A) = g_t h_{t-1} deltaA_t  (in place in gs);
+            # neg: deltaA_t = 2 exp(delta_t A) - 1, whose derivative 2 exp(.) is deltaA_t + 1
             gs[1:].mul_(hs[:-1])
             gs[0].mul_(h_start)
-            gs.mul_(dA)
+            gs.mul_(dA.add_(1) if ctx.neg else dA)
             torch.sum(torch.mul(gs, At, out=tmp), dim=2, out=ddelta[s:e])
             ddelta[s:e].addcmul_(gB_b, u_blk)
             torch.sum(torch.mul(gs, d_blk[:, :, None, :], out=tmp), dim=(0, 1), out=dAt_k)
             dAt += dAt_k
         dh0 = carry.transpose(1, 2) if ctx.has_h0 else None
         return (du.permute(1, 2, 0), ddelta.permute(1, 2, 0), dAt.t(),
-                dB.permute(1, 2, 0), dC.permute(1, 2, 0), dh0, None)
+                dB.permute(1, 2, 0), dC.permute(1, 2, 0), dh0, None, None)
 
 
 def selective_scan_torch(
     u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_softplus=False,
     return_last_state=False, initial_state=None, block_len: int = DEFAULT_BLOCK_LEN,
-    compiled: bool = False,
+    compiled: bool = False, neg_eigval: bool = False,
 ):
     """Fast pure-PyTorch scan (any device). Same contract as :func:`selective_scan_ref`.
 
-    ``compiled=True`` runs the blocks through ``torch.compile``d kernels (backend "compiled").
+    ``compiled=True`` runs the blocks through ``torch.compile``d kernels (backend "compiled";
+    not with ``neg_eigval``).
     """
     if block_len < 1:
         raise ValueError("block_len must be >= 1")
     dtype_in = u.dtype
     u, delta, A, B, C = _prepare(u, delta, A, B, C, delta_bias, delta_softplus)
-    fn = SelectiveScanCompiled if compiled else SelectiveScanTorch
-    y, last = fn.apply(u, delta, A, B, C, initial_state, block_len)
+    if compiled and neg_eigval:
+        raise ValueError("the compiled scan has no negative-eigenvalue transition")
+    if compiled:
+        y, last = SelectiveScanCompiled.apply(u, delta, A, B, C, initial_state, block_len)
+    else:
+        y, last = SelectiveScanTorch.apply(u, delta, A, B, C, initial_state, block_len,
+                                           neg_eigval)
     out = _finish(y, u, D, z, dtype_in)
     return (out, last) if return_last_state else out
 
@@ -447,22 +476,24 @@ def _device_of(t: torch.Tensor) -> torch.device:
 
 def selective_scan_fn(
     u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_softplus=False,
-    return_last_state=False, backend: str = "auto", initial_state=None,
+    return_last_state=False, backend: str = "auto", initial_state=None, neg_eigval=False,
 ):
     """mamba-ssm-compatible selective scan; ``backend`` in auto | cuda | triton | cpu | torch |
     compiled | ref.
 
     u, delta, z: (batch, dim, length); A: (dim, state); B, C: (batch, state, length);
-    D, delta_bias: (dim,); initial_state: (batch, dim, state) or None.
+    D, delta_bias: (dim,); initial_state: (batch, dim, state) or None; neg_eigval: the
+    transition 2 exp(delta A) - 1 (torch and ref only, see :func:`choose_backend`).
     Returns out (batch, dim, length) [, last_state (batch, dim, state)].
     """
-    chosen = choose_backend(backend, _device_of(u), initial_state is not None)
+    chosen = choose_backend(backend, _device_of(u), initial_state is not None, neg_eigval)
     if chosen == "cuda":
         fn = _load_cuda_scan()[0]
         return fn(u, delta, A, B, C, D, z, delta_bias, delta_softplus, return_last_state)
     if chosen == "ref":
         return selective_scan_ref(u, delta, A, B, C, D, z, delta_bias, delta_softplus,
-                                  return_last_state, initial_state=initial_state)
+                                  return_last_state, initial_state=initial_state,
+                                  neg_eigval=neg_eigval)
     if chosen in ("cpu", "triton"):
         B, C = _check_bc(A, B, C)
         fused = selective_scan_cpu_tm if chosen == "cpu" else selective_scan_triton_tm
@@ -472,12 +503,12 @@ def selective_scan_fn(
             return_last_state, initial_state, channel_major=True), return_last_state)
     return selective_scan_torch(u, delta, A, B, C, D, z, delta_bias, delta_softplus,
                                 return_last_state, initial_state=initial_state,
-                                compiled=chosen == "compiled")
+                                compiled=chosen == "compiled", neg_eigval=neg_eigval)
 
 
 def selective_scan_tm(
     u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_softplus=False,
-    return_last_state=False, backend: str = "auto", initial_state=None,
+    return_last_state=False, backend: str = "auto", initial_state=None, neg_eigval=False,
 ):
     """:func:`selective_scan_fn` for time-major tensors, the layout the Mamba block makes:
     u, delta, z: (batch, L, dim); B, C: (batch, L, N); returns out (batch, L, dim).
@@ -485,7 +516,7 @@ def selective_scan_tm(
     The "cpu" and "triton" backends read these directly (strided views are fine); the others get
     transposed views and their output is transposed back.
     """
-    chosen = choose_backend(backend, _device_of(u), initial_state is not None)
+    chosen = choose_backend(backend, _device_of(u), initial_state is not None, neg_eigval)
     if chosen in ("cpu", "triton"):
         fused = selective_scan_cpu_tm if chosen == "cpu" else selective_scan_triton_tm
         return fused(u, delta, A, B, C, D, z, delta_bias, delta_softplus, return_last_state,
@@ -493,7 +524,8 @@ def selective_scan_tm(
     return _swap_time_and_channels(selective_scan_fn(
         u.transpose(1, 2), delta.transpose(1, 2), A, B.transpose(1, 2), C.transpose(1, 2), D,
         None if z is None else z.transpose(1, 2), delta_bias, delta_softplus,
-        return_last_state, backend=chosen, initial_state=initial_state), return_last_state)
+        return_last_state, backend=chosen, initial_state=initial_state, neg_eigval=neg_eigval),
+        return_last_state)
 
 
 def _swap_time_and_channels(res, return_last_state: bool):
