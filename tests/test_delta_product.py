@@ -378,3 +378,18 @@ def test_gated_delta_product_matches_fla_naive():
                                   output_final_state=True)
     torch.testing.assert_close(o, o_fla.to(F64), atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(s, s_fla.to(F64), atol=1e-5, rtol=1e-5)
+
+
+def test_bench_ops_measures_the_product_against_its_ref(capsys, bench_in_process):
+    import json
+
+    from workbench.cli import bench
+
+    rc = bench.main(["--ops", "gated_delta_product", "--seq-lens", "9", "--batch", "1",
+                     "--heads", "1", "--head-dim", "4", "--repeats", "1", "--warmup", "0",
+                     "--householder", "3", "--op-backends", "ref,torch", "--format", "json"])
+    rows = json.loads(capsys.readouterr().out)["ops"]
+    assert rc == 0
+    assert [(r["op"], r["backend"], r["householder"]) for r in rows] == [
+        ("gated_delta_product", "ref", 3), ("gated_delta_product", "torch", 3)]
+    assert rows[0]["x_ref"] == 1.0 and rows[1]["x_ref"] > 0

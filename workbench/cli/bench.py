@@ -31,7 +31,8 @@ memory, and the speed-up over the first backend listed (``x_first``).
 ``cpu`` for the C kernels on a CPU, ``fla`` on a GPU with flash-linear-attention):
 q, k: (batch, L, ``--heads``, ``--head-dim``), v likewise, log-gates uniform in (-0.5, 0), a random initial state in and the final state
 out; forward + backward, forward, peak memory and the speed-up over ``ref`` (``x_ref``).
-``--ref-max-len`` skips the (step-by-step, slow) ``ref`` above a length.
+``gated_delta_product`` runs ``--householder`` (default 2) delta-rule steps per token: its
+k, v and beta carry that many rows per token (fla's layout). ``--ref-max-len`` skips the (step-by-step, slow) ``ref`` above a length.
 
 ``--triton-compile 90`` compiles the Triton kernels for that compute capability (90: H100)
 without a GPU, at the launcher's tile sizes, and reports what each costs an SM: registers,
@@ -171,9 +172,10 @@ def measure_op(spec: dict[str, Any]) -> dict[str, Any]:
     device = pick_device(spec["device"], "--device")
     batch, L, H, D = spec["batch"], spec["seq_len"], spec["heads"], spec["head_dim"]
     fn, backend = linear_rnn_backends.get_op(spec["op"], spec["backend"], device.type)
+    n = spec.get("householder", 2)
     args = linear_rnn.make_inputs(spec["op"], batch, L, H, D, D, torch.float32,
                                   gate_range=(-0.5, 0.0), seed=spec.get("seed", 0),
-                                  device=device)
+                                  device=device, num_householder=n)
     S0 = torch.randn(batch, H, D, D, device=device, requires_grad=True)
     leaves = [*args, S0]
 
@@ -189,7 +191,8 @@ def measure_op(spec: dict[str, Any]) -> dict[str, Any]:
     return {"op": spec["op"], "seq_len": L, "backend": backend,
             "fwd_bwd_ms": round(train_ms, 2), "fwd_ms": round(fwd_ms, 2),
             "peak_mib": round(peak, 1), "device": str(device), "batch": batch, "heads": H,
-            "head_dim": D, "threads": torch.get_num_threads()}
+            "head_dim": D, "threads": torch.get_num_threads(),
+            **({"householder": n} if spec["op"] in linear_rnn.PRODUCT_OPS else {})}
 
 
 def measure_stream(spec: dict[str, Any]) -> dict[str, Any]:
@@ -308,12 +311,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="measure the selective scan alone with these backends (e.g. ref,torch,cpu)")
     p.add_argument("--ops", type=_csv_list, default=None,
                    help="measure linear-RNN operators alone: comma list of "
-                        "linear_attention,simple_gla,gla,delta_rule,gated_delta_rule, or all")
+                        "linear_attention,simple_gla,gla,delta_rule,gated_delta_rule,"
+                        "gated_delta_product, or all")
     p.add_argument("--op-backends", type=_csv_list, default=["ref", "torch"],
                    help="operator backends for --ops (ref, torch, cpu, fla, auto); x_ref "
                         "compares with ref")
     p.add_argument("--heads", type=_positive, default=4, help="--ops: heads")
     p.add_argument("--head-dim", type=_positive, default=32, help="--ops: key and value dim per head")
+    p.add_argument("--householder", type=_positive, default=2,
+                   help="--ops gated_delta_product: delta-rule steps per token")
     p.add_argument("--ref-max-len", type=_positive, default=None,
                    help="--ops: skip the step-by-step ref backend above this length")
     p.add_argument("--triton-compile", type=int, default=None, metavar="ARCH",
@@ -426,7 +432,7 @@ def _measure_ops(args: argparse.Namespace) -> list[dict[str, Any]]:
     """--ops: every (op, length, backend) in a fresh process; x_ref against ref's time."""
     if not args.ops:
         return []
-    from models.kernels.linear_rnn import OPS
+    from models.kernels.linear_rnn import ALL_OPS as OPS
     from models.kernels.linear_rnn_backends import BACKENDS
 
     ops = list(OPS) if args.ops == ["all"] else args.ops
@@ -445,6 +451,7 @@ def _measure_ops(args: argparse.Namespace) -> list[dict[str, Any]]:
                     continue
                 spec = dict(kind="op", op=op, backend=backend, seq_len=L, batch=args.batch,
                             heads=args.heads, head_dim=args.head_dim,
+                            householder=args.householder,
                             repeats=min(args.repeats, 2) if backend == "ref" else args.repeats,
                             warmup=min(args.warmup, 1) if backend == "ref" else args.warmup,
                             device=args.device, threads=args.threads)
