@@ -83,13 +83,25 @@ def requeue(store: Store, run_id: int, require_checkpoint: bool = True, restart:
 
 
 def resume_runs(store: Store, run_ids, jobs: int | None = None,
-                runs_per_gpu: int | None = None, restart: bool = False) -> tuple[list[int], list[str]]:
+                runs_per_gpu: int | None = None, restart: bool = False,
+                devices: int | None = None) -> tuple[list[int], list[str]]:
     """Requeue each run from its checkpoint (``restart``: from step 0, its checkpoint
     discarded) and hand the requeued ones to their executors (a local scheduler, a Slurm
-    job each); returns (requeued ids, error messages)."""
+    job each); returns (requeued ids, error messages). ``devices``: train on that many
+    ranks from here on (recorded in the run's info, where the scheduler and the worker
+    read it; a checkpoint resumes on any number of ranks)."""
     store.reap()  # a 'running' run whose worker is gone is crashed, hence resumable
     done, errors = [], []
     for rid in run_ids:
+        if devices:
+            r = store.get(rid)
+            bs = ((r.spec.get("train") or {}).get("batch_size") if r else None) or 0
+            if r is not None and r.state in UNFINISHED and bs % devices:
+                errors.append(f"run {rid}: batch_size = {bs} is not divisible by --devices {devices}: "
+                              f"the global batch is split evenly between the ranks")
+                continue
+            if r is not None and r.state in UNFINISHED:  # before it is pending: a scheduler may take it at once
+                store.set_info(rid, {"devices": devices})
         try:
             requeue(store, rid, require_checkpoint=True, restart=restart)
         except ResumeError as e:
@@ -111,6 +123,9 @@ def add_parser(sub) -> None:
     p.add_argument("--restart", action="store_true",
                    help="train the runs from step 0 instead, discarding their checkpoints (e.g. a "
                         "damaged one); only unfinished runs, finished results are never touched")
+    p.add_argument("--devices", type=int, metavar="N",
+                   help="go on as N data-parallel ranks (train.devices; a checkpoint resumes on any "
+                        "number, to the same curve within float round-off)")
     p.add_argument("--jobs", type=int, help="concurrent CPU runs, if a scheduler has to be started")
     p.add_argument("--runs-per-gpu", type=int, metavar="N",
                    help="concurrent runs per visible GPU, if a scheduler has to be started")
@@ -133,8 +148,12 @@ def cmd_resume(args) -> int:
         if code or not args.ids:
             return code
     restart = bool(getattr(args, "restart", False))
+    devices = getattr(args, "devices", None)
+    if devices is not None and devices < 1:
+        print(f"--devices {devices}: give 1 or more", file=sys.stderr)
+        return 2
     done, errors = resume_runs(store, args.ids, getattr(args, "jobs", None),
-                               getattr(args, "runs_per_gpu", None), restart=restart)
+                               getattr(args, "runs_per_gpu", None), restart=restart, devices=devices)
     for rid in done:
         marker = store.get(rid).info.get("resume") or {}
         if restart:

@@ -5,7 +5,12 @@ Slots: ``runs_per_gpu`` (default 1) per visible GPU when CUDA is there: with G G
 are G*N slots and slot i is pinned to GPU i // N with ``CUDA_VISIBLE_DEVICES`` (the run's
 ``slot`` column records that GPU's id); otherwise ``cpu`` slots, one unless ``--jobs N``
 (``runs_per_gpu`` has no effect without a GPU). Pending runs wait for a free slot (oldest
-first) and go to the least busy GPU. The scheduler itself runs detached
+first) and go to the least busy GPU. A run on several devices (``train.devices = N``,
+workbench/train/distributed.py) reserves N slots of distinct ids at once (N GPUs, or N
+CPU slots; its ``slot`` column lists them, "0,1"); it waits, holding back the runs queued
+after it, until that many are free. A CPU run asking for more slots than the scheduler
+has runs alone once every slot is free (its ranks are processes sharing the cores); a
+GPU run asking for more GPUs than are visible fails at once in one line. The scheduler itself runs detached
 (``python -m workbench.execute.scheduler --store DIR``) so that quitting the TUI or losing the SSH
 connection stops nothing; it exits once nothing is pending or running. A file lock makes
 sure only one scheduler per store hands out slots; a second one waits for the lock and then
@@ -37,6 +42,7 @@ from collections import Counter
 from pathlib import Path
 
 from workbench.execute.executor import Executor, executor_for, executor_named
+from workbench.spec.run_spec import run_devices
 from workbench.store import Store, StoreError, pid_alive, tail_log
 from workbench.store.layout import LOCAL, executor_name
 from workbench.store.progress import SCHEDULER_FILE, SCHEDULER_LOCK, read_scheduler_record, scheduler_state
@@ -72,15 +78,17 @@ def _visible_gpus() -> list[str]:
     return [str(i) for i in range(sysmon.gpu_count())]
 
 
-def worker_env(device: str, slot: str | None, n_cpu_jobs: int) -> dict[str, str]:
+def worker_env(device: str, slot: str | None, n_cpu_jobs: int, ranks: int = 1) -> dict[str, str]:
+    """The worker's environment: its GPU(s) (``slot``: "0" or "0,1"), or, on CPU, its share
+    of the cores (``ranks`` processes of one run share them like concurrent runs)."""
     env = dict(os.environ)
     env["PYTHONUNBUFFERED"] = "1"  # live log lines, not at exit
     if device == "cuda":
         env["CUDA_VISIBLE_DEVICES"] = str(slot)
     else:
         env["CUDA_VISIBLE_DEVICES"] = ""  # a CPU slot must not grab a GPU
-        if n_cpu_jobs > 1:  # share the cores between concurrent CPU runs
-            threads = max(1, (os.cpu_count() or 1) // n_cpu_jobs)
+        if max(n_cpu_jobs, ranks) > 1:  # share the cores between concurrent CPU runs / ranks
+            threads = max(1, (os.cpu_count() or 1) // max(n_cpu_jobs, ranks))
             env.setdefault("OMP_NUM_THREADS", str(threads))
         # OpenMP threads that spin while waiting for a sibling the OS has descheduled make a
         # step on a busy machine many times slower; sleeping ones cost a wake-up. Measured on
@@ -103,8 +111,34 @@ class Scheduler:
         self.children: dict[int, subprocess.Popen] = {}  # run_id -> worker we started
 
     def busy_slots(self) -> Counter[str]:
-        """Running runs per slot id."""
-        return Counter(r.slot for r in self.store.runs(states=["running"]) if r.slot)
+        """Running runs per slot id (a run on several devices counts on each of them)."""
+        return Counter(s for r in self.store.runs(states=["running"]) if r.slot for s in r.slot.split(","))
+
+    def free_slots(self, busy: Counter[str], n: int) -> tuple[str, list[str]] | None:
+        """(device, n slot ids) with the most room (first listed on ties), or None while
+        fewer than n are free. A CPU run wanting more slots than there are gets them all
+        once none is busy (see the module doc)."""
+        rooms = []
+        for i, (device, slot) in enumerate(dict.fromkeys(self.slots)):
+            left = self.capacity[slot] - busy[slot]
+            if left > 0:
+                rooms.append((-left, i, device, slot))
+        rooms.sort()
+        if len(rooms) >= n:
+            return rooms[0][2], [slot for *_, slot in rooms[:n]]
+        ids = list(dict.fromkeys(s for _, s in self.slots))
+        if n > len(ids) and self.slots[0][0] == "cpu" and not any(busy.values()):
+            return "cpu", ids
+        return None
+
+    def refuse(self, run) -> str | None:
+        """Why ``run`` can never start here (more GPUs than visible), or None."""
+        n = run_devices(run.spec, run.info)
+        gpus = list(dict.fromkeys(s for d, s in self.slots if d == "cuda"))
+        if gpus and n > len(gpus):
+            return (f"train.devices = {n}, but this machine shows {len(gpus)} GPU(s) "
+                    f"({', '.join(gpus)}): one rank per GPU")
+        return None
 
     def free_slot(self, busy: Counter[str]) -> tuple[str, str] | None:
         """The (device, slot) with the most room left (first listed on ties), or None."""
@@ -115,13 +149,15 @@ class Scheduler:
                 best, room = (device, slot), left
         return best
 
-    def launch(self, run_id: int, device: str, slot: str) -> None:
+    def launch(self, run_id: int, device: str, slot: str, ranks: int = 1) -> None:
+        """Start run ``run_id``'s worker on ``slot`` (its ids joined by commas when the run
+        has several ranks: the worker starts the others, workbench/train/distributed.py)."""
         log = open(self.store.log_path(run_id), "ab")
         cmd = [sys.executable, "-u", "-m", "workbench.train.worker", "--store", str(self.store.root),
                "--run-id", str(run_id)]
         n_cpu = sum(1 for d, _ in self.slots if d == "cpu")
         p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                             env=worker_env(device, slot, n_cpu), start_new_session=True,
+                             env=worker_env(device, slot, n_cpu, ranks), start_new_session=True,
                              cwd=os.getcwd())
         log.close()
         if not self.store.mark_started(run_id, p.pid, device, slot):
@@ -152,6 +188,22 @@ class Scheduler:
         # other executors' runs (Slurm) are submitted by their executor, not started here
         pending = [r for r in self.store.runs(states=["pending"]) if executor_name(r) == LOCAL]
         while pending:
+            run = pending[0]
+            n = run_devices(run.spec, run.info)
+            if n > 1:
+                why = self.refuse(run)
+                if why:
+                    pending.pop(0)
+                    self.store.finish(run.id, "failed", why)
+                    continue
+                got = self.free_slots(busy, n)
+                if got is None:
+                    break  # it waits for n slots; later runs wait behind it (none is starved)
+                device, slots = got
+                pending.pop(0)
+                self.launch(run.id, device, ",".join(slots), n)
+                busy.update(slots)
+                continue
             free = self.free_slot(busy)
             if free is None:
                 break

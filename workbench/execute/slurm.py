@@ -106,12 +106,27 @@ def shared_dir(store: Store, settings: SlurmSettings) -> Path:
     return Path(settings.shared_dir).expanduser() if settings.shared_dir else store.root
 
 
-def job_script(run_id: int, settings: SlurmSettings, folder: Path, shared: Path, name: str) -> str:
-    """The batch script of one run."""
-    sb = [f"--job-name={name}", f"--output={folder}/slurm-%j.out", "--open-mode=append",
-          "--ntasks=1", f"--cpus-per-task={settings.cpus_per_run}"]
-    if settings.gpus_per_run:
-        sb.append(f"--gpus={settings.gpus_per_run}")
+def job_script(run_id: int, settings: SlurmSettings, folder: Path, shared: Path, name: str,
+               devices: int = 1) -> str:
+    """The batch script of one run. A run on several devices (``devices`` ranks) asks for
+    ``nodes`` nodes with ``devices / nodes`` tasks each and starts the ranks with ``srun``;
+    each task is a worker that reads its rank from Slurm's variables
+    (workbench/train/distributed.py) and finds rank 0 at ``MASTER_ADDR``, the job's first
+    node, on a port derived from the job id."""
+    ranks = devices > 1
+    sb = [f"--job-name={name}", f"--output={folder}/slurm-%j.out", "--open-mode=append"]
+    if ranks:
+        per_node = devices // settings.nodes
+        gpn = settings.gpus_per_node if settings.gpus_per_node is not None else (
+            per_node if settings.gpus_per_run else 0)
+        sb += [f"--nodes={settings.nodes}", f"--ntasks-per-node={per_node}",
+               f"--cpus-per-task={settings.cpus_per_run}"]
+        if gpn:
+            sb.append(f"--gpus-per-node={gpn}")
+    else:
+        sb += ["--ntasks=1", f"--cpus-per-task={settings.cpus_per_run}"]
+        if settings.gpus_per_run:
+            sb.append(f"--gpus={settings.gpus_per_run}")
     for flag, value in (("partition", settings.partition), ("account", settings.account),
                         ("qos", settings.qos), ("time", settings.time), ("mem", settings.mem)):
         if value:
@@ -128,10 +143,19 @@ def job_script(run_id: int, settings: SlurmSettings, folder: Path, shared: Path,
              "export PYTHONUNBUFFERED=1",
              *(["export SSMWB_REQUEUE_AT_TIME_LIMIT=1"] if settings.requeue and settings.requeue_at_time_limit
                and settings.signal_s and settings.time else []),
-             # exec: the worker is the batch shell, so Slurm's signals reach it directly
-             f"exec {shlex.quote(python)} -u -m workbench.train.worker --run-file {shlex.quote(str(shared))} "
-             f"--run-id {run_id}"]
+             *(_rank_lines() if ranks else []),
+             # exec: the worker (or srun, which passes signals on to every rank) is the batch
+             # shell, so Slurm's signals reach it directly
+             f"exec {'srun ' if ranks else ''}{shlex.quote(python)} -u -m workbench.train.worker "
+             f"--run-file {shlex.quote(str(shared))} --run-id {run_id}"]
     return "\n".join(lines) + "\n"
+
+
+def _rank_lines() -> list[str]:
+    """Where rank 0 listens: the job's first node, a port from the job id (two jobs on one
+    node get different ports)."""
+    return ['export MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"',
+            "export MASTER_PORT=$((20000 + SLURM_JOB_ID % 20000))"]
 
 
 def submit_job(store: Store, run_id: int, settings: SlurmSettings) -> str:
@@ -145,7 +169,10 @@ def submit_job(store: Store, run_id: int, settings: SlurmSettings) -> str:
     store.set_info(run_id, {"runfile_offset": events.stat().st_size if events.exists() else 0})
     runfile.write_snapshot(store, run_id, folder)
     script = folder / "job.sh"
-    script.write_text(job_script(run_id, settings, folder, shared, f"ssmwb-{run.profile}-{run_id}"[:60]))
+    from workbench.spec.run_spec import run_devices
+
+    script.write_text(job_script(run_id, settings, folder, shared, f"ssmwb-{run.profile}-{run_id}"[:60],
+                                 run_devices(run.spec, run.info)))
     out = _run(["sbatch", "--parsable", str(script)])
     job = out.strip().split(";")[0]
     if not job.isdigit():

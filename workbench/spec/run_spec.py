@@ -31,7 +31,8 @@ EVAL_TOKENS_PER_BATCH = 1 << 16
 RESIDENT_MAX_BYTES = 1 << 30  # fixed training sets up to this size are moved to the device once
 
 # train settings that change when a checkpoint (or TensorBoard's copy of the curves) is
-# written, never what is computed
+# written, or on how many devices the run trains (the same computation to float round-off:
+# workbench/train/distributed.py), never what is computed
 NEUTRAL_TRAIN_KEYS = ("checkpoint_every", "checkpoint_minutes", "tensorboard", "devices")
 # spec and train keys written only when set (added after stores existed: a spec without
 # them keeps its spec_key)
@@ -125,6 +126,14 @@ def _settings(model: "type[BaseModel]", values: Any, where: str) -> "BaseModel":
             v = tuple(v)
         out[name] = v
     return model.model_construct(**out)
+
+
+def run_devices(spec: dict, info: dict | None = None) -> int:
+    """How many devices (ranks) a stored run trains on: ``resume --devices N``'s choice in
+    its info, else its spec's ``train.devices``, else 1 (read by the scheduler, which
+    reserves them, and by the worker, which starts that many ranks)."""
+    n = (info or {}).get("devices") or (spec.get("train") or {}).get("devices") or 1
+    return int(n)
 
 
 def spec_key(spec: dict) -> str:

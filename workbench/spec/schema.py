@@ -394,6 +394,24 @@ class Profile(_Strict):
                               f"and its changes as variants")
         return self
 
+    @model_validator(mode="after")
+    def _devices_on_slurm(self):
+        """Slurm's nodes and GPUs add up to train.devices (one rank per device)."""
+        n, sl = self.train.devices or 1, self.slurm
+        if self.executor != "slurm":
+            return self
+        if sl.nodes > 1 and n == 1:
+            raise _FieldError(("slurm", "nodes"), f"nodes = {sl.nodes} needs a run on several devices: "
+                              f"set train.devices (ranks in all)")
+        if n % sl.nodes:
+            raise _FieldError(("slurm", "nodes"), f"train.devices = {n} cannot be split evenly over "
+                              f"nodes = {sl.nodes}")
+        if n > 1 and sl.gpus_per_node and sl.nodes * sl.gpus_per_node != n:
+            raise _FieldError(("slurm", "gpus_per_node"), f"nodes * gpus_per_node = {sl.nodes} * "
+                              f"{sl.gpus_per_node} = {sl.nodes * sl.gpus_per_node}, but train.devices = "
+                              f"{n}: one rank per GPU")
+        return self
+
     def task_entries(self) -> list[tuple[tuple, TaskSection]]:
         """Each task with its path in the file: ``(("task",), t)`` or ``(("tasks", i), t)``."""
         if self.task is not None:

@@ -27,6 +27,11 @@ class SlurmSettings(BaseModel):
     qos: str | None = None
     time: str | None = Field(None, description="time limit per run: MM, HH:MM:SS or D-HH:MM:SS")
     gpus_per_run: StrictInt = Field(1, ge=0)
+    # a run on several devices (train.devices = N > 1): N ranks started by srun, spread over
+    # `nodes` nodes (N / nodes each), with `gpus_per_node` GPUs each (default: one per rank
+    # when gpus_per_run > 0, none otherwise); cpus_per_run is then per rank
+    nodes: StrictInt = Field(1, ge=1)
+    gpus_per_node: StrictInt | None = Field(None, ge=0)
     cpus_per_run: StrictInt = Field(4, ge=1)
     mem: str | None = Field(None, description="memory per run, e.g. 32G")
     extra: list[str] = Field(default_factory=list, description="more sbatch flags, e.g. ['--constraint=a100']")

@@ -204,7 +204,12 @@ def wrap(model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     ids = [device.index] if device.type == "cuda" else None
-    ddp = DDP(model, device_ids=ids, broadcast_buffers=False)
+    # buffers are the same on every rank (same init, no batch statistics in the registry's
+    # models): no broadcast before each forward
+    try:
+        ddp = DDP(model, device_ids=ids, forward_sync_buffers=False)
+    except TypeError:  # torch before forward_sync_buffers
+        ddp = DDP(model, device_ids=ids, broadcast_buffers=False)
     ddp.register_comm_hook(None, sum_gradients)
     return ddp
 

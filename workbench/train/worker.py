@@ -30,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-from workbench.spec.run_spec import RunSpec, spec_key
+from workbench.spec.run_spec import RunSpec, run_devices, spec_key
 from workbench.store import HEARTBEAT_S, Store, StoreError, full_disk_detail, is_disk_full
 from workbench.store.runfile import RunFile
 from workbench.train import checkpoint, distributed, sysmon, threads
@@ -112,18 +112,11 @@ def run(store_dir: str | None, run_id: int, run_file: str | None = None) -> int:
         torch.set_num_threads(torch_threads)
 
 
-def run_devices(r) -> int:
-    """How many ranks run ``r``: ``resume --devices N``'s choice (in its info), else the
-    spec's ``train.devices`` (1 when not set)."""
-    n = (r.info or {}).get("devices") or (r.spec.get("train") or {}).get("devices") or 1
-    return int(n)
-
-
 def _start_ranks(store, run_id: int, r, argv: list[str]) -> tuple[distributed.Ranks | None,
                                                                   distributed.Launcher | None]:
     """This process's rank (None: one process), and the launcher when it starts the others
     itself (workbench/train/distributed.py). Under torchrun or srun the ranks are given."""
-    world = run_devices(r)
+    world = run_devices(r.spec, r.info)
     ranks = distributed.from_env()
     if ranks is not None:
         if ranks.world != world:
