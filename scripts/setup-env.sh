@@ -11,7 +11,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-python3}"
 TORCH_SPEC="${TORCH_SPEC:-torch==2.13.0}"
-EXTRAS="${EXTRAS:-test,pretrained,lm}"
+# eval: lm-evaluation-harness for `ssm-workbench eval` and its tests (pip install took 16 s on top of the others)
+EXTRAS="${EXTRAS:-test,pretrained,lm,eval}"
 stamp_of() { echo ".venv/.installed-$(cat pyproject.toml scripts/setup-env.sh | cksum | cut -d' ' -f1)-${TORCH_SPEC}-${EXTRAS}"; }
 if [ -x .venv/bin/python ] && [ -e "$(stamp_of)" ]; then
   exit 0   # set up already: say nothing, so `./run.sh` output is the command's own

@@ -59,6 +59,11 @@ def requeue(store: Store, run_id: int, require_checkpoint: bool = True, restart:
     if r.pid and r.host == socket.gethostname() and pid_alive(r.pid, r.pid_start):
         # e.g. just killed and still writing its checkpoint: two workers must never share a run
         raise ResumeError(f"run {run_id}: its worker (pid {r.pid}) has not exited yet; try again shortly")
+    if r.spec.get("kind") == "eval" and not restart:
+        # an evaluation keeps each task's results as it ends: it goes on at the next task
+        if not store.requeue(run_id, {"eval": "next task", "requested": time.time()}):
+            raise ResumeError(f"run {run_id} changed state meanwhile")
+        return "resumed"
     root = files_root(store, r)  # a Slurm run's: the shared folder its jobs write to
     path = checkpoint.path_for(root, run_id)
     if path.is_file() and not restart:

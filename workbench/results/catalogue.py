@@ -68,6 +68,16 @@ CATALOGUE: dict[str, Metric] = {m.name: m for m in (
        "bits/byte", "min"),
     _M("tokens_trained", "training target tokens seen (steps x batch x seq_len)", "tokens",
        run_level=True, count=True),
+    # lm-evaluation-harness tasks (workbench/train/eval_run.py: eval set = the task's name)
+    _M("acc", "lm-eval accuracy", "fraction", "max"),
+    _M("acc_norm", "lm-eval accuracy, log-likelihood normalised by continuation length in bytes",
+       "fraction", "max"),
+    _M("word_perplexity", "lm-eval perplexity per word", "per word", "min"),
+    _M("byte_perplexity", "lm-eval perplexity per UTF-8 byte", "per byte", "min"),
+    _M("acc_stderr", "standard error of acc (lm-eval)", "fraction"),
+    _M("acc_norm_stderr", "standard error of acc_norm (lm-eval)", "fraction"),
+    _M("perplexity_stderr", "standard error of perplexity (lm-eval, bootstrap)", "per token"),
+    _M("samples", "documents an lm-eval task scored", count=True),
     # compute (models.compute, workbench.train.compute): training = forward + backward
     _M("flops_per_token", "training FLOPs per input token (forward + backward, composed model)",
        "FLOPs/token", run_level=True),

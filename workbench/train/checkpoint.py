@@ -306,6 +306,20 @@ def load_for_run(store_root: str | Path, run_id: int, spec: dict) -> dict[str, A
     return load(path_for(store_root, run_id), run_id, spec)
 
 
+WEIGHTS_FILE = "weights.pt"  # a finished lm run's final weights, for `ssm-workbench eval run:N`
+
+
+def weights_path(store_root: str | Path, run_id: int) -> Path:
+    return folder(store_root, run_id) / WEIGHTS_FILE
+
+
+def save_weights(store_root: str | Path, run_id: int, key: str, step: int, model_state: dict) -> int:
+    """Keep a finished run's final weights (no optimizer, no RNGs), in the checkpoint's
+    file format so :func:`load` checks them the same way. Returns the size in bytes."""
+    return save({"format": FORMAT, "run_id": run_id, "spec_key": key, "step": step,
+                 "weights_only": True, "model": model_state}, weights_path(store_root, run_id))
+
+
 def remove(store_root: str | Path, run_id: int) -> None:
     """Delete a run's checkpoint folder (a finished run needs none)."""
     d = folder(store_root, run_id)

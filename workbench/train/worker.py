@@ -168,6 +168,8 @@ def _run(store: Store, run_id: int, t_start: float, stop: StopFlag, argv: list[s
     if r.state != "running":
         print(f"run {run_id} is {r.state}; nothing to do", file=sys.stderr)
         return 0
+    if r.spec.get("kind") == "eval":  # an lm-eval run (workbench/train/eval_run.py)
+        return _run_eval(store, run_id, r.spec, stop)
     bg = start_sampler(store, run_id)
     trainer = events = launcher = None
     try:
@@ -230,6 +232,15 @@ def _run(store: Store, run_id: int, t_start: float, stop: StopFlag, argv: list[s
         if trainer.saved:  # a finished run needs no checkpoint (weights + optimizer: often GBs)
             checkpoint.remove(store.root, run_id)
             store.set_info(run_id, {"checkpoint": None})
+        if spec.task == "lm" and not isinstance(store, RunFile):
+            # a language model is worth evaluating later (`ssm-workbench eval run:N`): keep its weights
+            try:
+                size = checkpoint.save_weights(store.root, run_id, trainer.key, out["steps"],
+                                               trainer.model.state_dict())
+                store.set_info(run_id, {"weights": {"path": str(checkpoint.weights_path(store.root, run_id)),
+                                                    "bytes": size}})
+            except Exception as e:  # the run is finished and recorded; only its later evaluation is lost
+                _say(f"[worker] run {run_id}: its weights could not be kept: {e}", err=True)
         print(f"[worker] run {run_id} finished: {summary}", flush=True)
         return 0
     except Stopped as e:
@@ -271,6 +282,39 @@ def _live_events(store, run_id: int, spec: dict):
         raise RunFailed(f"train.tensorboard = true: {e}") from None
     print(f"[worker] run {run_id}: TensorBoard events in {live.events_dir}", flush=True)
     return live
+
+
+def _run_eval(store, run_id: int, spec: dict, stop: StopFlag) -> int:
+    """An evaluation run: its tasks one by one, each one's results kept as it ends, so a
+    stopped run resumes at the first task it has not finished."""
+    from workbench.train.eval_run import run_eval
+
+    bg = start_sampler(store, run_id)
+    try:
+        summary = run_eval(store, run_id, spec, stop)
+        stop.defer = True
+        store.finish(run_id, "finished")
+        print(f"[worker] run {run_id} finished: {summary}", flush=True)
+        return 0
+    except Stopped as e:
+        name = signal.Signals(e.signum).name
+        done = (store.get(run_id).info or {}).get("eval_done") or []
+        store.finish(run_id, "preempted", f"preempted ({name}) after {len(done)} task(s); "
+                                          f"`ssm-workbench resume {run_id}` goes on from the next")
+        return 128 + e.signum
+    except RunFailed as e:
+        store.finish(run_id, "failed", str(e))
+        print(f"[worker] run {run_id} failed: {e}", flush=True)
+        return 1
+    except Exception as e:
+        if is_disk_full(e):
+            raise
+        tb = traceback.format_exc()
+        print(tb, file=sys.stderr, flush=True)
+        store.finish(run_id, "failed", f"{type(e).__name__}: {e}\n{tb[-4000:]}")
+        return 1
+    finally:
+        bg.stop()
 
 
 def _set_cpu_threads(spec: RunSpec, world: int = 1) -> None:

@@ -1,0 +1,229 @@
+"""``ssm-workbench eval MODEL... --tasks T1,T2``: lm-evaluation-harness tasks on models, as
+runs of the store (workbench/train/eval_run.py).
+
+MODEL: a Hugging Face causal LM (a local folder or a hub id such as
+``state-spaces/mamba-130m-hf``), or ``run:N``, a finished ``lm`` run of the store. Tasks:
+lm-eval's own names (``lambada_openai``, ``hellaswag``, ...) and the tasks of the folders
+given with ``--include`` (lm-eval YAML files with local data files). One run per model, queued
+on the local scheduler like a training run; the command waits with a progress bar per run
+(``--detach``: it returns at once; Ctrl-C leaves the runs going). ``--inline`` runs them in
+this process instead, one after the other. Asking again for the same evaluation (same
+model, tasks and settings, in the same ``--profile``) does not evaluate twice: a finished run
+is shown again, an unfinished one goes on at its next task (``--fresh``: a new run).
+Results: ``export --profile eval --metric acc,acc_norm,perplexity --cols eval_set``.
+"""
+from __future__ import annotations
+
+import importlib.util
+import shlex
+import sys
+import time
+
+INSTALL_HINT = ("evaluation needs lm-evaluation-harness, an optional extra: "
+                "pip install 'ssm-workbench[eval]' (or pip install 'lm-eval>=0.4')")
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("eval", help="lm-evaluation-harness tasks on HF models or workbench LM runs "
+                                    "(runs in the store)")
+    p.add_argument("models", nargs="+", metavar="MODEL",
+                   help="a Hugging Face folder or hub id (owner/name), or run:N (a finished lm run)")
+    p.add_argument("--tasks", required=True, action="append", metavar="T1,T2",
+                   help="lm-eval task names, comma-separated (repeatable)")
+    p.add_argument("--include", action="append", default=[], metavar="DIR",
+                   help="a folder of lm-eval task YAML files (with local data files) whose tasks "
+                        "--tasks may name (repeatable)")
+    p.add_argument("--limit", type=float, help="at most this many documents per task (a fraction "
+                   "if < 1): for a quick look, not for reported numbers")
+    p.add_argument("--num-fewshot", type=int, help="few-shot examples (default: the task's, mostly 0)")
+    p.add_argument("--batch-size", type=int, default=8, help="sequences per forward (default 8)")
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32",
+                   help="weights' dtype for Hugging Face models (default float32)")
+    p.add_argument("--max-length", type=int, help="context length in tokens (default: the model "
+                   "config's, else 2048 as lm-eval's hf model; a run's: its training seq_len)")
+    p.add_argument("--bootstrap-iters", type=int, default=100000,
+                   help="bootstrap resamples for standard errors of non-mean metrics such as "
+                        "perplexity (lm-eval's default 100000; 0 = none)")
+    p.add_argument("--profile", default="eval", help="the store's profile name for these runs "
+                   "(default 'eval'): what export/report --profile selects")
+    p.add_argument("--label", action="append", default=[],
+                   help="a display label per MODEL, in order (default: the model reference)")
+    p.add_argument("--fresh", action="store_true", help="evaluate again even when the store holds "
+                   "this evaluation")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--detach", action="store_true", help="queue the runs and return")
+    mode.add_argument("--inline", action="store_true", help="run them in this process, no scheduler")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.set_defaults(fn=cmd_eval)
+
+
+def specs_of(args) -> list[dict]:
+    from workbench.train.eval_run import eval_spec
+
+    tasks = [t.strip() for arg in args.tasks for t in arg.split(",") if t.strip()]
+    if args.label and len(args.label) != len(args.models):
+        raise ValueError(f"--label given {len(args.label)} time(s) for {len(args.models)} model(s)")
+    from pathlib import Path
+    include = []
+    for d in args.include:
+        if not Path(d).is_dir():
+            raise ValueError(f"--include {d}: no such folder")
+        include.append(str(Path(d).resolve()))
+    out = []
+    for i, model in enumerate(args.models):
+        # a local folder is stored by its absolute path: the worker runs elsewhere
+        ref = str(Path(model).resolve()) if Path(model).expanduser().is_dir() else model
+        out.append(eval_spec(ref, tasks, profile=args.profile,
+                             label=args.label[i] if args.label else model,
+                             include=include, limit=args.limit, num_fewshot=args.num_fewshot,
+                             batch_size=args.batch_size, device=args.device, dtype=args.dtype,
+                             max_length=args.max_length, bootstrap_iters=args.bootstrap_iters))
+    return out
+
+
+def cmd_eval(args) -> int:
+    from workbench.cli.common import _console, _store
+    from workbench.store.progress import command
+
+    if importlib.util.find_spec("lm_eval") is None:
+        print(INSTALL_HINT, file=sys.stderr)
+        return 2
+    try:
+        specs = specs_of(args)
+    except ValueError as e:
+        print(f"eval: {e}", file=sys.stderr)
+        return 2
+    console = _console()
+    store = _store(args)
+    ids, notes = _submit(store, specs, args.fresh)
+    for line in notes:
+        console.print(line, markup=False, highlight=False)
+    if args.inline:
+        _run_inline(store, ids)
+    elif args.detach:
+        _start_scheduler(store, ids)
+        console.print(f"queued run(s) {', '.join(map(str, ids))}; `{command(store.root)} runs` to watch",
+                      markup=False, highlight=False)
+        return 0
+    else:
+        _start_scheduler(store, ids)
+        code = _wait(store, ids, console, args.quiet)
+        if code is not None:
+            return code
+    return _summary(store, ids, console, args.profile)
+
+
+def _submit(store, specs: list[dict], fresh: bool) -> tuple[list[int], list[str]]:
+    """Runs for ``specs``: the store's own where it has them (finished: shown again;
+    unfinished: requeued to go on at the next task), else new ones."""
+    from workbench.spec.run_spec import spec_key
+    from workbench.store.run import UNFINISHED
+
+    ids, notes = [], []
+    for s in specs:
+        have = [] if fresh else [r for r in store.runs(profile=s["profile"])
+                                 if r.spec.get("kind") == "eval" and spec_key(r.spec) == spec_key(s)]
+        done = next((r for r in have if r.state == "finished"), None)
+        going = next((r for r in have if r.state in ("pending", "running")), None)
+        again = next((r for r in have if r.state in UNFINISHED), None)
+        if done is not None:
+            ids.append(done.id)
+            notes.append(f"run {done.id}: {s['label']} was evaluated on these tasks already (--fresh to "
+                         f"evaluate again)")
+        elif going is not None:
+            ids.append(going.id)
+            notes.append(f"run {going.id}: {s['label']} is {going.state}; watching it")
+        elif again is not None and store.requeue(again.id, {"eval": "next task", "requested": time.time()}):
+            ids.append(again.id)
+            notes.append(f"run {again.id}: {s['label']} was {again.state}; it goes on at its next task")
+        else:
+            (rid,) = store.add_runs([s])
+            ids.append(rid)
+            notes.append(f"run {rid}: {s['label']} on {', '.join(s['eval']['tasks'])}")
+    return ids, notes
+
+
+def _start_scheduler(store, ids: list[int]) -> None:
+    from workbench.execute import scheduler
+
+    if any(r.state == "pending" for r in store.runs(ids=ids)):
+        scheduler.LocalExecutor().submit(store, ids)
+
+
+def _run_inline(store, ids: list[int]) -> None:
+    import os
+
+    from workbench.train import worker
+
+    for r in store.runs(ids=ids):
+        if r.state == "pending" and store.mark_started(r.id, os.getpid(), "local", None):
+            worker.run(str(store.root), r.id)
+
+
+def _wait(store, ids: list[int], console, quiet: bool) -> int | None:
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from workbench.cli.common import STATE_STYLE, refresh
+    from workbench.execute import scheduler
+    from workbench.store.progress import command
+
+    try:
+        with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[status]}"),
+                      TimeElapsedColumn(), console=console, disable=quiet) as progress:
+            bars = {r.id: progress.add_task(f"#{r.id} {r.label}", total=1.0, status=r.state)
+                    for r in store.runs(ids=ids)}
+            while True:
+                refresh(store)
+                runs = store.runs(ids=ids)
+                for r in runs:
+                    status = f"[{STATE_STYLE[r.state]}]{r.state}[/]"
+                    if r.total_steps:
+                        status += f" {r.step}/{r.total_steps} task(s)"
+                    progress.update(bars[r.id], completed=r.progress, status=status)
+                if all(r.finished for r in runs):
+                    return None
+                revived = scheduler.revive(store)
+                if revived is not None and not revived.restarted:
+                    console.print(revived, style="red", markup=False, highlight=False)
+                    return 1
+                time.sleep(0.5)
+    except KeyboardInterrupt:
+        cmd = command(store.root)
+        console.print(f"\ninterrupted: the evaluations go on in the background (`{cmd} runs` to "
+                      f"watch, `{cmd} kill ID` to stop)", markup=False, highlight=False)
+        return 130
+
+
+def _summary(store, ids: list[int], console, profile: str) -> int:
+    """Each run's numbers per task (acc, acc_norm, perplexity with standard errors); 1 if
+    any run did not finish."""
+    from rich.table import Table
+
+    from workbench.store.progress import command
+
+    runs = store.runs(ids=ids)
+    res = store.results(ids)
+    table = Table(title="lm-eval results", show_lines=False)
+    for col in ("run", "model", "task", "acc", "acc_norm", "perplexity", "other"):
+        table.add_column(col)
+    for r in runs:
+        for task, vals in sorted(res.get(r.id, {}).items()):
+            if not task:
+                continue
+            cell = lambda m: (f"{vals[m]:.4f}" + (f" ± {vals[m + '_stderr']:.4f}"
+                              if vals.get(m + "_stderr") is not None else "")) if vals.get(m) is not None else ""
+            other = ", ".join(f"{k} {v:.4g}" for k, v in vals.items()
+                              if v is not None and k not in ("acc", "acc_norm", "perplexity", "samples")
+                              and not k.endswith("_stderr"))
+            table.add_row(str(r.id), r.label, task, cell("acc"), cell("acc_norm"), cell("perplexity"), other)
+    console.print(table)
+    bad = [r for r in runs if r.state != "finished"]
+    for r in bad:
+        first = (r.error or "").strip().splitlines()
+        console.print(f"#{r.id} {r.label}: {r.state}: {first[0] if first else ''}", markup=False, highlight=False)
+    if not bad:
+        console.print(f"Table: {command(store.root)} export --profile {shlex.quote(profile)} "
+                      f"--metric acc,acc_norm,perplexity --cols eval_set", markup=False, highlight=False,
+                      soft_wrap=True)
+    return 1 if bad else 0

@@ -1,0 +1,234 @@
+"""The models ``ssm-workbench eval`` scores, as :class:`LoadedLM` (lm_eval_adapter.py).
+
+A model reference is one of
+
+- ``run:N``: run N of the store, an ``lm``-task run: its spec rebuilds the composed model
+  (workbench/train/compose.py) and the task's own tokenizer (tasks/lm), its weights come
+  from ``checkpoints/N/weights.pt`` (what a finished ``lm`` run keeps) or, for a run that
+  stopped before its end, its resumable checkpoint ``last.pt``;
+- a Hugging Face causal LM: a local folder (``save_pretrained``'s files) or a hub id
+  (``owner/name``, fetched into the standard Hugging Face cache by ``huggingface_hub``,
+  which honours ``HF_HUB_OFFLINE`` and ``HF_HOME``). Mamba checkpoints (``model_type =
+  "mamba"``) run on the workbench's own Mamba (models/pretrained.py; it matches
+  ``transformers``' to 5e-7) and generate from its recurrent state; any other runs through
+  ``transformers``' ``AutoModelForCausalLM`` and generates from its KV cache. The tokenizer
+  is the folder's, through ``transformers``' ``AutoTokenizer``, called as the harness's
+  ``hf`` model calls it.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from workbench.train.lm_eval_adapter import LoadedLM
+
+DEFAULT_MAX_LENGTH = 2048  # the harness's hf default where neither config nor tokenizer says
+
+
+class ModelRefError(ValueError):
+    """A model reference that cannot be loaded; the message is one line saying why."""
+
+
+def load(ref: str, device: torch.device, *, store_root: str | Path | None = None,
+         dtype: str = "float32", max_length: int | None = None, backend: str = "auto") -> LoadedLM:
+    """The model ``ref`` names (module doc) on ``device``, in eval mode."""
+    if ref.startswith("run:"):
+        try:
+            run_id = int(ref[4:])
+        except ValueError:
+            raise ModelRefError(f"model {ref!r}: expected run:N with N a run id") from None
+        if store_root is None:
+            raise ModelRefError(f"model {ref!r} needs a store")
+        return load_run(store_root, run_id, device, max_length=max_length)
+    return load_hf(ref, device, dtype=dtype, max_length=max_length, backend=backend)
+
+
+# ------------------------------------------------------------------ Hugging Face models
+def resolve_folder(ref: str) -> Path:
+    """A local folder as it is; else a hub id fetched into (or found in) the HF cache."""
+    path = Path(ref).expanduser()
+    if path.is_dir():
+        return path
+    if ref.count("/") != 1 or ref.startswith((".", "/", "~")):
+        raise ModelRefError(f"model {ref!r}: no such folder, and not a hub id (owner/name) nor run:N")
+    try:
+        from huggingface_hub import snapshot_download
+    except ImportError:
+        raise ModelRefError(f"model {ref!r} from the hub needs huggingface_hub: "
+                            "pip install 'ssm-workbench[pretrained]'") from None
+    try:
+        return Path(snapshot_download(ref, allow_patterns=["*.json", "*.safetensors", "*.txt", "*.model",
+                                                           "tokenizer*", "*.bin"]))
+    except Exception as e:  # offline without a cached copy, no such repository, no network
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        raise ModelRefError(f"model {ref!r}: cannot get it from the Hugging Face hub or its cache "
+                            f"({type(e).__name__}: {first[:200]}); offline, download it on a connected "
+                            f"machine (`huggingface-cli download {ref}`) and pass the folder") from None
+
+
+def _hf_tokenizer(folder: Path):
+    from transformers import AutoTokenizer
+    try:
+        return AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+    except Exception as e:
+        raise ModelRefError(f"{folder}: no usable tokenizer ({type(e).__name__}: "
+                            f"{str(e).splitlines()[0][:200] if str(e) else ''})") from None
+
+
+def _hf_text(tok) -> tuple:
+    """encode / decode / eot / prefix as the harness's hf model uses a tokenizer."""
+    from lm_eval.models.utils import has_bos_prefix
+
+    if tok.eos_token_id is None:
+        raise ModelRefError("the tokenizer has no end-of-text token (eos_token), which lm-eval's "
+                            "rolling log-likelihood and empty contexts need")
+    eot = int(tok.eos_token_id)
+    prefix = int(tok.bos_token_id) if tok.bos_token_id is not None else eot
+    bos_text = tok.decode(prefix)
+
+    def encode(text: str, add_special_tokens: bool | None = None) -> list[int]:
+        kw = {} if add_special_tokens is None else {"add_special_tokens": add_special_tokens}
+        if add_special_tokens is None and has_bos_prefix(text, bos_text):
+            kw["add_special_tokens"] = False  # the text brings its BOS already
+        return tok.encode(text, **kw)
+
+    def decode(ids: list[int], skip_special: bool = True) -> str:
+        return tok.decode(ids, skip_special_tokens=skip_special)
+
+    return encode, decode, eot, prefix
+
+
+def _max_length(cfg, tok, max_length: int | None) -> int:
+    if max_length:
+        return int(max_length)
+    from lm_eval.models.utils import resolve_max_length
+    return int(resolve_max_length(cfg, tok, default=DEFAULT_MAX_LENGTH))
+
+
+def load_hf(ref: str, device: torch.device, *, dtype: str = "float32", max_length: int | None = None,
+            backend: str = "auto") -> LoadedLM:
+    try:
+        import transformers  # noqa: F401
+    except ImportError:
+        raise ModelRefError("Hugging Face models need transformers: pip install 'ssm-workbench[pretrained]'") from None
+    from transformers import AutoConfig
+
+    folder = resolve_folder(ref)
+    torch_dtype = getattr(torch, dtype, None)
+    if not isinstance(torch_dtype, torch.dtype):
+        raise ModelRefError(f"dtype {dtype!r}: expected float32, bfloat16 or float16")
+    cfg = AutoConfig.from_pretrained(str(folder), local_files_only=True)
+    tok = _hf_tokenizer(folder)
+    encode, decode, eot, prefix = _hf_text(tok)
+    common = dict(name=ref, encode=encode, decode=decode, eot_id=eot, prefix_id=prefix,
+                  max_length=_max_length(cfg, tok, max_length), device=device)
+    if getattr(cfg, "model_type", None) == "mamba":
+        return _workbench_mamba(folder, device, torch_dtype, backend, common)
+    from transformers import AutoModelForCausalLM
+    model = AutoModelForCausalLM.from_pretrained(str(folder), local_files_only=True, dtype=torch_dtype)
+    model.to(device).eval()
+
+    def logits(ids: torch.Tensor) -> torch.Tensor:
+        return model(ids).logits
+
+    def start(ids: torch.Tensor):
+        out = model(ids, use_cache=True)
+        return out.logits[:, -1], out.past_key_values
+
+    def step(tok_t: torch.Tensor, cache):
+        out = model(tok_t[:, None], past_key_values=cache, use_cache=True)
+        return out.logits[:, -1], out.past_key_values
+
+    return LoadedLM(logits=logits, start=start, step=step, **common,
+                    info={"kind": "transformers", "model_type": cfg.model_type, "folder": str(folder),
+                          "params": sum(p.numel() for p in model.parameters())})
+
+
+def _workbench_mamba(folder: Path, device, torch_dtype, backend: str, common: dict) -> LoadedLM:
+    """A Mamba -hf checkpoint on the workbench's Mamba (models/pretrained.py), head = lm_head
+    (tied to the embedding in the published checkpoints)."""
+    from models.pretrained import load_state_dict, mamba_from_checkpoint
+
+    stack = mamba_from_checkpoint(folder, backend=backend)
+    sd = load_state_dict(folder)
+    emb = stack.token_embedding
+    stack.to(device=device, dtype=torch_dtype).eval()
+    own = sd.get("lm_head.weight")  # absent or equal to the embedding: tied
+    weight = own.to(device=device, dtype=torch_dtype) if own is not None else None
+
+    def head_of(y: torch.Tensor) -> torch.Tensor:
+        return F.linear(y, weight if weight is not None else emb.weight)
+
+    def logits(ids):
+        return head_of(stack(emb(ids)))
+
+    def start(ids):
+        y, state = stack.forward_with_state(emb(ids), stack.init_state(ids.shape[0]))
+        return head_of(y[:, -1]), state
+
+    def step(tok_t, state):
+        y, state = stack.step(emb(tok_t), state)
+        return head_of(y), state
+
+    return LoadedLM(logits=logits, start=start, step=step, **common,
+                    info={"kind": "workbench-mamba", "backend": getattr(stack.layers[0].mixer, "backend", backend),
+                          "folder": str(folder), "params": sum(p.numel() for p in stack.parameters())})
+
+
+# ------------------------------------------------------------------ workbench runs
+def load_run(store_root: str | Path, run_id: int, device: torch.device, *,
+             max_length: int | None = None) -> LoadedLM:
+    import tasks
+    from workbench.spec.run_spec import RunSpec
+    from workbench.store import Store
+    from workbench.train import checkpoint
+    from workbench.train.compose import build_model
+
+    store = Store(store_root, readonly=True)
+    try:
+        r = store.get(run_id)
+    finally:
+        store.close()
+    if r is None:
+        raise ModelRefError(f"model run:{run_id}: no such run in {store_root}")
+    if r.spec.get("kind") == "eval" or r.task != "lm":
+        raise ModelRefError(f"model run:{run_id}: a {r.spec.get('kind', r.task)!r} run; only runs of the "
+                            "lm task are language models lm-eval can score")
+    spec = RunSpec.from_dict(r.spec)
+    weights, last = checkpoint.weights_path(store_root, run_id), checkpoint.path_for(store_root, run_id)
+    path = weights if weights.is_file() else last if last.is_file() else None
+    if path is None:
+        raise ModelRefError(f"model run:{run_id} ({r.state}) has no weights in the store: a finished lm "
+                            f"run keeps {weights}; runs finished before this version kept none")
+    try:
+        state = checkpoint.load(path, run_id, r.spec)
+    except checkpoint.CheckpointError as e:
+        raise ModelRefError(f"model run:{run_id}: {e}") from None
+    task = tasks.build(spec.task, **spec.task_params)
+    model = build_model(task, spec.model, d_model=spec.d_model, n_layers=spec.n_layers, **spec.model_options)
+    model.load_state_dict(state["model"])
+    model.to(device).eval()
+    tok = task.tokenizer
+    bb = model.backbone
+    streams = all(hasattr(bb, m) for m in ("init_state", "forward_with_state", "step"))
+
+    def start(ids):
+        y, st = bb.forward_with_state(model.encoder(ids), bb.init_state(ids.shape[0]))
+        return model.head(y[:, -1:])[:, -1], st
+
+    def step(tok_t, st):
+        y, st = bb.step(model.encoder(tok_t[:, None])[:, 0], st)
+        return model.head(y[:, None])[:, 0], st
+
+    return LoadedLM(
+        name=f"run:{run_id}", logits=lambda ids: model(ids),
+        encode=lambda text, add_special_tokens=None: [int(i) for i in tok.encode(text)],
+        decode=lambda ids, skip_special=True: tok.decode(ids),
+        eot_id=int(tok.eot_id), prefix_id=int(tok.eot_id),
+        max_length=int(max_length or spec.seq_len or DEFAULT_MAX_LENGTH), device=device,
+        start=start if streams else None, step=step if streams else None,
+        info={"kind": "workbench-run", "run_id": run_id, "model": spec.model, "label": r.label,
+              "weights": str(path), "step": state.get("step"), "tokenizer": tok.kind,
+              "params": sum(p.numel() for p in model.parameters())})

@@ -1,0 +1,192 @@
+"""An evaluation run: lm-evaluation-harness tasks on one model, as a run of the store.
+
+``ssm-workbench eval`` adds a run whose spec has ``kind = "eval"`` (:func:`eval_spec`); the
+local scheduler starts the usual worker for it, which hands it to :func:`run_eval`, so an
+evaluation is queued, shown, killed and resumed like a training run. The run
+
+- loads the model (workbench/train/eval_models.py) and wraps it in the adapter
+  (workbench/train/lm_eval_adapter.py);
+- runs the tasks one at a time through ``lm_eval.simple_evaluate``, with a
+  ``TaskManager`` that also knows the task folders given (lm-eval YAML + local data files,
+  its ``include_path``);
+- after each task, stores that task's numbers as results under eval set = the task's name
+  (a group stores one eval set per member task): lm-eval's metric names (``acc``,
+  ``acc_norm``, ``perplexity``, ``word_perplexity``, ``bits_per_byte``, ...) with their
+  standard errors as ``<metric>_stderr``, and ``samples`` (documents scored); a filter other
+  than ``none`` is appended as ``<metric>/<filter>``;
+- records each finished task and the eval sets it wrote in its info (``eval_done``,
+  ``eval_sets``) and its progress as step = tasks done of total_steps = tasks: a run stopped
+  (killed, preempted) and resumed goes on at the first task whose results it does not hold;
+- at the end stores run-level ``wall_s`` and ``params`` under eval set ``""`` and finishes.
+
+So ``export --metric acc``, ``report`` (a profile's ``[[published]]`` with ``eval_set`` =
+the task) and the Results tab read these numbers like any others.
+"""
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+from workbench.train.stop import RunFailed
+
+KIND = "eval"
+TASK = "lm-eval"  # the runs table's task column for an evaluation run
+DEFAULTS: dict[str, Any] = {
+    "tasks": [], "include": [], "limit": None, "num_fewshot": None, "batch_size": 8,
+    "device": "auto", "dtype": "float32", "max_length": None, "backend": "auto",
+    "max_gen_toks": 256, "bootstrap_iters": 100000, "seed": 0,
+}
+
+
+def eval_spec(model: str, tasks: list[str], *, profile: str = "eval", label: str | None = None,
+              store_root: str | None = None, **options: Any) -> dict:
+    """The stored spec of an evaluation of ``model`` (a hub id, a folder, or ``run:N``) on
+    ``tasks``; ``options`` are :data:`DEFAULTS`' keys (unknown ones are an error)."""
+    bad = sorted(set(options) - set(DEFAULTS))
+    if bad:
+        raise ValueError(f"eval: unknown option(s) {', '.join(bad)}; known: {', '.join(DEFAULTS)}")
+    if not tasks:
+        raise ValueError("eval: no tasks given")
+    cfg = {**DEFAULTS, **options, "tasks": list(tasks)}
+    cfg["include"] = [str(p) for p in cfg["include"]]
+    if cfg["limit"] is not None and not cfg["limit"] > 0:
+        raise ValueError(f"eval: limit must be > 0, not {cfg['limit']}")
+    if int(cfg["batch_size"]) < 1:
+        raise ValueError(f"eval: batch_size must be >= 1, not {cfg['batch_size']}")
+    label = label or model
+    return {"kind": KIND, "profile": profile, "model": model, "label": label, "task": TASK,
+            "seq_len": None, "seed": int(cfg["seed"]), "index": 0, "eval": cfg,
+            "fields": {"model": label, "task": TASK, "seed": int(cfg["seed"]), "checkpoint": model}}
+
+
+def metrics_of(values: dict[str, Any]) -> dict[str, float | None]:
+    """lm-eval's ``{"acc,none": v, "acc_stderr,none": se, "alias": ...}`` -> ``{"acc": v,
+    "acc_stderr": se}`` (a filter other than ``none`` kept as ``acc/<filter>``); "N/A" -> None."""
+    out: dict[str, float | None] = {}
+    for key, v in values.items():
+        if "," not in key:
+            continue  # alias, sample counts
+        metric, _, filt = key.partition(",")
+        name = metric if filt == "none" else f"{metric}/{filt}"
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            out[name] = float(v) if math.isfinite(v) else None
+        elif v is None or v == "N/A":  # a standard error lm-eval could not compute
+            out[name] = None
+    return out
+
+
+def _stop_in_this_process_only(stop) -> dict:
+    """SIGTERM/SIGUSR1 handlers that stop this process and leave forked helpers alone:
+    lm-eval bootstraps standard errors in a ``multiprocessing`` pool whose workers inherit
+    the handlers, and the pool ends them with SIGTERM; a Stopped raised there hung the pool.
+    Returns the previous handlers."""
+    import os
+    import signal
+
+    owner = os.getpid()
+
+    def handler(signum, frame):
+        if os.getpid() != owner:  # a forked helper: die as by default
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+            return
+        stop.handler(signum, frame)
+
+    return {sig: signal.signal(sig, handler) for sig in stop.SIGNALS}
+
+
+def run_eval(store, run_id: int, spec: dict, stop) -> str:
+    """Evaluate the run's model on its tasks (module doc); returns a one-line summary.
+    ``stop`` (a StopFlag) raises Stopped when a signal arrives; the tasks done stay done."""
+    import signal
+
+    previous = _stop_in_this_process_only(stop)
+    try:
+        return _run_eval(store, run_id, spec, stop)
+    finally:
+        for sig, h in previous.items():
+            signal.signal(sig, h)
+
+
+def _run_eval(store, run_id: int, spec: dict, stop) -> str:
+    import torch
+
+    try:
+        import lm_eval
+        from lm_eval.tasks import TaskManager
+    except ImportError:
+        raise RunFailed("evaluation needs lm-evaluation-harness: pip install 'ssm-workbench[eval]'") from None
+    from workbench.train import eval_models
+    from workbench.train.lm_eval_adapter import WorkbenchLM
+    from workbench.train.measure import pick_device
+
+    t0 = time.time()
+    cfg = {**DEFAULTS, **(spec.get("eval") or {})}
+    try:
+        device = pick_device(cfg["device"], "eval.device")
+    except ValueError as e:
+        raise RunFailed(str(e)) from None
+    for folder in cfg["include"]:
+        from pathlib import Path
+        if not Path(folder).is_dir():
+            raise RunFailed(f"task folder {folder} does not exist")
+    try:
+        lm = eval_models.load(spec["model"], device, store_root=getattr(store, "root", None),
+                              dtype=cfg["dtype"], max_length=cfg["max_length"], backend=cfg["backend"])
+    except eval_models.ModelRefError as e:
+        raise RunFailed(str(e)) from None
+    adapter = WorkbenchLM(lm, batch_size=int(cfg["batch_size"]), max_gen_toks=int(cfg["max_gen_toks"]))
+    manager = TaskManager(include_path=cfg["include"] or None)
+    unknown = [t for t in cfg["tasks"] if t not in manager.all_tasks]
+    if unknown:
+        raise RunFailed(f"unknown lm-eval task(s) {', '.join(unknown)}"
+                        f"{' (not in lm-eval nor in ' + ', '.join(cfg['include']) + ')' if cfg['include'] else ''}")
+    info = (store.get(run_id).info or {}) if hasattr(store, "get") else {}
+    # a task is done when every eval set it wrote still holds results (a restart from
+    # scratch deletes them; then it runs again)
+    have = store.results([run_id]).get(run_id, {})
+    sets_of: dict[str, list[str]] = dict(info.get("eval_sets") or {})
+    done = [t for t in cfg["tasks"] if sets_of.get(t) and all(es in have for es in sets_of[t])]
+    store.set_info(run_id, {"eval_model": lm.info, "lm_eval_version": getattr(lm_eval, "__version__", "?"),
+                            "max_length": lm.max_length})
+    tasks = cfg["tasks"]
+    store.heartbeat(run_id, progress=len(done) / len(tasks), step=len(done), total_steps=len(tasks),
+                    backend=lm.info.get("backend") or lm.info.get("kind"), device=str(device))
+    print(f"[eval] run {run_id}: {lm.name} ({lm.info.get('kind')}, {lm.info.get('params', 0):,} parameters, "
+          f"max length {lm.max_length}) on {', '.join(tasks)}"
+          f"{f'; {len(done)} done before' if done else ''}", flush=True)
+    for task in tasks:
+        if task in done:
+            continue
+        stop.raise_if_set()
+        t = time.time()
+        with torch.no_grad():
+            res = lm_eval.simple_evaluate(
+                model=adapter, tasks=[task], task_manager=manager, limit=cfg["limit"],
+                num_fewshot=cfg["num_fewshot"], bootstrap_iters=int(cfg["bootstrap_iters"]),
+                log_samples=False, random_seed=cfg["seed"], numpy_random_seed=1234 + cfg["seed"],
+                torch_random_seed=1234 + cfg["seed"], fewshot_random_seed=1234 + cfg["seed"])
+        if res is None:
+            raise RunFailed(f"lm-eval returned no results for {task}")
+        counts = res.get("n-samples", {})
+        sets_of[task] = []
+        for name, values in res["results"].items():
+            m = metrics_of(values)
+            if name in counts:
+                m["samples"] = float(counts[name].get("effective", counts[name].get("original", 0)))
+            if len(m) > ("samples" in m):
+                store.set_results(run_id, m, eval_set=name)
+                sets_of[task].append(name)
+                shown = ", ".join(f"{k} {v:.4g}" for k, v in m.items() if v is not None and "stderr" not in k)
+                print(f"[eval] run {run_id}: {name}: {shown}", flush=True)
+        if not sets_of[task]:
+            raise RunFailed(f"lm-eval gave no metrics for {task}")
+        done.append(task)
+        store.set_info(run_id, {"eval_done": done, "eval_sets": sets_of})
+        store.heartbeat(run_id, progress=len(done) / len(tasks), step=len(done), total_steps=len(tasks))
+        print(f"[eval] run {run_id}: {task} done in {time.time() - t:.1f} s", flush=True)
+    store.set_info(run_id, {"generation": adapter.generation})
+    store.set_results(run_id, {"wall_s": time.time() - t0,
+                               "params": float(lm.info.get("params", 0))}, eval_set="")
+    return f"{lm.name}: {len(tasks)} task(s) in {time.time() - t0:.1f} s"

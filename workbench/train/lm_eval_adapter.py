@@ -1,0 +1,189 @@
+"""The workbench's causal LMs as an lm-evaluation-harness model (issue 34 item 1).
+
+``WorkbenchLM`` is an ``lm_eval.api.model.TemplateLM`` (a subclass of ``LM``): the
+harness's own base class turns (context, continuation) text into tokens the way its ``hf``
+model does (trailing spaces of the context move to the continuation; the pair is encoded
+whole and split at the context's length; an empty context is the prefix token), so the
+adapter only scores tokens. Its three requests:
+
+- ``loglikelihood``: the continuation's summed log-probability and whether greedy
+  decoding would produce it, from one forward of context + continuation (right-padded
+  batches, longest first; the left is truncated to ``max_length`` as ``hf`` does).
+- ``loglikelihood_rolling``: a document's log-likelihood over the harness's disjoint
+  rolling windows (``lm_eval.utils.get_rolling_token_windows``, one token of context).
+- ``generate_until``: greedy decoding, one request at a time, until a stop string or
+  ``max_gen_toks``. A model that can carry state (``LoadedLM.start`` / ``step``: the
+  recurrent state of Mamba-like backbones, the KV cache of ``transformers`` models) reads
+  the context once and then costs one token per step; any other is run again over the
+  whole sequence for every new token.
+
+The model side is a :class:`LoadedLM` (workbench/train/eval_models.py builds them from a
+Hugging Face folder or hub id, or from a workbench run's checkpoint).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+
+try:  # the optional extra `eval`; importing this module without it is an error naming it
+    from lm_eval import utils as lm_utils
+    from lm_eval.api.model import TemplateLM
+    from lm_eval.models.utils import handle_stop_sequences, normalize_gen_kwargs
+except ImportError as e:  # pragma: no cover - exercised where lm-eval is absent
+    raise ImportError("evaluation needs lm-evaluation-harness: pip install 'ssm-workbench[eval]' "
+                      f"(or pip install 'lm-eval>=0.4'); {e}") from None
+
+
+@dataclass
+class LoadedLM:
+    """A causal LM and its tokenizer, as the adapter needs them.
+
+    ``logits(ids)``: ids long (batch, length) -> logits float (batch, length, vocab).
+    ``start(ids)`` -> (logits of the last position (batch, vocab), state) and
+    ``step(tok, state)``: tok long (batch,) -> (logits (batch, vocab), next state): the
+    streaming pair, None where the model has no state to carry.
+    ``encode(text, add_special_tokens)`` -> ids, ``decode(ids, skip_special)`` -> text.
+    """
+    name: str
+    logits: Callable[[torch.Tensor], torch.Tensor]
+    encode: Callable[[str, bool | None], list[int]]
+    decode: Callable[[list[int], bool], str]
+    eot_id: int
+    prefix_id: int
+    max_length: int
+    device: torch.device
+    start: Callable[[torch.Tensor], tuple[torch.Tensor, Any]] | None = None
+    step: Callable[[torch.Tensor, Any], tuple[torch.Tensor, Any]] | None = None
+    info: dict = field(default_factory=dict)  # what was loaded (kind, backend, parameters)
+
+
+class WorkbenchLM(TemplateLM):
+    """lm-eval's ``LM`` over a :class:`LoadedLM` (module doc). ``batch_size``: sequences per
+    forward in the log-likelihood requests; ``max_gen_toks``: the default generation
+    budget (the harness's ``hf`` model uses 256)."""
+
+    def __init__(self, lm: LoadedLM, batch_size: int = 8, max_gen_toks: int = 256):
+        super().__init__()
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, not {batch_size}")
+        self.lm, self.batch_size, self.max_gen_toks = lm, int(batch_size), int(max_gen_toks)
+        self.generation = {"streamed": 0, "recomputed": 0}  # how generate_until ran (tests read it)
+
+    # -- what TemplateLM asks for -------------------------------------------------------
+    @property
+    def eot_token_id(self) -> int:
+        return self.lm.eot_id
+
+    @property
+    def prefix_token_id(self) -> int:
+        return self.lm.prefix_id
+
+    @property
+    def max_length(self) -> int:
+        return self.lm.max_length
+
+    def tok_encode(self, string: str, add_special_tokens: bool | None = None, **kwargs) -> list[int]:
+        return list(self.lm.encode(string, add_special_tokens))
+
+    def tok_decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return self.lm.decode(list(ids), skip_special_tokens)
+
+    # -- log-likelihoods ----------------------------------------------------------------
+    @torch.no_grad()
+    def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, **kwargs) -> list[tuple[float, bool]]:
+        """requests: [(key, context_enc, continuation_enc)] -> [(log p(continuation), greedy)]."""
+        out: list[tuple[float, bool] | None] = [None] * len(requests)
+        # longest first, so a batch pads little (the order of the answers is restored)
+        order = sorted(range(len(requests)), key=lambda i: -(len(requests[i][1]) + len(requests[i][2])))
+        for b in range(0, len(order), self.batch_size):
+            idx = order[b:b + self.batch_size]
+            inputs, conts = [], []
+            for i in idx:
+                _, ctx, cont = requests[i]
+                if not cont:
+                    raise ValueError("lm-eval asked for the log-likelihood of an empty continuation")
+                # the last max_length tokens of context + continuation, minus the final one
+                # (nothing predicts from it): what the harness's hf model feeds
+                inputs.append((list(ctx) + list(cont))[-(self.max_length + 1):][:-1])
+                conts.append(list(cont))
+            width = max(len(x) for x in inputs)
+            ids = torch.zeros(len(inputs), width, dtype=torch.long)
+            for r, x in enumerate(inputs):
+                ids[r, :len(x)] = torch.tensor(x)  # right padding: causal, so the real positions are unaffected
+            logp = F.log_softmax(self.lm.logits(ids.to(self.lm.device)).float(), dim=-1)  # (b, width, vocab)
+            for r, i in enumerate(idx):
+                n, cont = len(inputs[r]), conts[r]
+                lp = logp[r, n - len(cont):n]                             # (len(cont), vocab)
+                target = torch.tensor(cont, device=lp.device)
+                greedy = bool((lp.argmax(-1) == target).all())
+                out[i] = (float(lp.gather(-1, target[:, None]).sum()), greedy)
+                self.cache_hook.add_partial("loglikelihood", requests[i][0], out[i])
+        return out  # type: ignore[return-value]
+
+    def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
+        """Each document's log-likelihood over disjoint windows of at most max_length tokens,
+        the first conditioned on the prefix token (the harness's rolling scheme)."""
+        windows, owner = [], []
+        for n, (text,) in enumerate(req.args for req in requests):
+            for ctx, cont in map(lm_utils.make_disjoint_window, lm_utils.get_rolling_token_windows(
+                    token_list=self.tok_encode(text), prefix_token=self.prefix_token_id,
+                    max_seq_len=self.max_length, context_len=1)):
+                windows.append((None, ctx, cont))
+                owner.append(n)
+        scores = self._loglikelihood_tokens(windows) if windows else []
+        totals = [0.0] * len(requests)
+        for n, (lp, _) in zip(owner, scores):
+            totals[n] += lp
+        for req, total in zip(requests, totals):
+            self.cache_hook.add_partial("loglikelihood_rolling", req.args, total)
+        return totals
+
+    # -- generation ---------------------------------------------------------------------
+    @torch.no_grad()
+    def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
+        eos = self.tok_decode([self.eot_token_id], skip_special_tokens=False)
+        out = []
+        for req in requests:
+            context, gen_kwargs = req.args
+            kw = normalize_gen_kwargs(dict(gen_kwargs), self.max_gen_toks)
+            if kw.get("do_sample"):
+                raise ValueError("the workbench's lm-eval adapter decodes greedily only; the task asks "
+                                 "for sampling (do_sample = true)")
+            until = handle_stop_sequences(kw.get("until"), eos=eos)
+            budget = int(kw["max_gen_toks"])
+            ctx = self.tok_encode(context)[-max(self.max_length - budget, 1):]
+            text = self._greedy(ctx, budget, until)
+            self.cache_hook.add_partial("generate_until", (context, gen_kwargs), text)
+            out.append(text)
+        return out
+
+    def _greedy(self, ctx: list[int], budget: int, until: list[str]) -> str:
+        """Greedy tokens after ``ctx`` until a stop string appears or ``budget`` tokens; the
+        text before the first stop string."""
+        dev, new = self.lm.device, []
+        ids = torch.tensor([ctx], dtype=torch.long, device=dev)
+        stream = self.lm.start is not None and self.lm.step is not None
+        self.generation["streamed" if stream else "recomputed"] += 1
+        if stream:
+            logits, state = self.lm.start(ids)                          # (1, vocab)
+        else:
+            logits = self.lm.logits(ids)[:, -1]
+        text = ""
+        for _ in range(budget):
+            tok = logits.argmax(-1)                                       # (1,)
+            new.append(int(tok))
+            text = self.tok_decode(new)
+            if any(s and s in text for s in until):
+                break
+            if stream:
+                logits, state = self.lm.step(tok, state)
+            else:
+                ids = torch.cat([ids, tok[:, None]], dim=1)[:, -self.max_length:]
+                logits = self.lm.logits(ids)[:, -1]
+        for s in until:  # cut at the first stop string, as the harness's models do
+            if s:
+                text = text.split(s)[0]
+        return text
