@@ -12,7 +12,7 @@ profile = pytest.importorskip("workbench.spec.profile")
 ROOT = Path(__file__).resolve().parents[1] / "profiles"
 MINE = ["selective-copying-paper", "mamba-table1-grid", "induction-heads",
         "induction-heads-attention", "mad-in-context-recall", "char-lm-shakespeare",
-        "digits-image"]
+        "digits-image", "state-tracking-reduced"]
 
 
 @pytest.mark.parametrize("name", MINE)
