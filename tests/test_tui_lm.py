@@ -319,3 +319,83 @@ async def test_results_tab_has_no_fits_without_a_compute_and_says_why_with_too_f
         app.query_one(ResultsView).poll()
         await settle(pilot)
         assert not panel.display  # no compute anywhere: not a scaling grid, no panel
+
+
+# --------------------------------------------------------------------------- recipe and size
+PRESET_PROFILE = """\
+schema_version = 2
+name = "lm-presets"
+recipe = "transformer++"
+[task]
+name = "lm"
+source = "{source}"
+[sweep]
+models = ["transformer", {{ name = "mamba", recipe = "mamba" }}]
+seq_lens = [32]
+[model]
+size = "tiny-1m"
+[train]
+tokens_per_param = 20
+batch_size = 4
+warmup_steps = 2
+"""
+
+
+async def test_a_profile_with_a_recipe_and_size_loads_and_saves_the_keys_it_wrote(store, tmp_path):
+    src = corpus(tmp_path)
+    path = tmp_path / "presets.toml"
+    path.write_text(PRESET_PROFILE.format(source=src))
+    p = profiles.load(path)
+    app = make_app(store, tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        form = app.query_one(SweepForm)
+        await form.fill(p)
+        await settle(pilot)
+        assert app.query_one("#recipe", Select).value == "transformer++"
+        assert app.query_one("#size", Select).value == "tiny-1m"
+        # what the presets fill is empty, its placeholder says from where
+        for fid in ("d_model", "n_layers", "lr", "betas", "weight_decay"):
+            assert app.query_one(f"#{fid}", Input).value == "", fid
+        assert app.query_one("#d_model", Input).placeholder == "size tiny-1m: 128"
+        assert app.query_one("#betas", Input).placeholder == "recipe transformer++: 0.9, 0.95"
+        assert app.query_one("#lr", Input).placeholder.startswith("size tiny-1m: 0.003 (5x")
+        assert app.query_one("#budget", Input).value == "20"
+        built = form.build_profile()
+        assert profiles.to_dict(built) == profiles.to_dict(p)  # the keys the file wrote, no more
+        assert [s.to_dict() for s in profiles.expand(built)] == [s.to_dict() for s in profiles.expand(p)]
+        # a typed value wins over the recipe's, as in a hand-written profile
+        app.query_one("#weight_decay", Input).value = "0.05"
+        await settle(pilot)
+        assert form.build_profile().train.weight_decay == 0.05
+        assert profiles.to_dict(form.build_profile())["train"]["weight_decay"] == 0.05
+
+
+async def test_picking_a_recipe_and_size_in_the_form_empties_what_they_fill(store, tmp_path):
+    src = corpus(tmp_path)
+    app = make_app(store, tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        form = app.query_one(SweepForm)
+        await form.fill(profiles.loads(LM_PROFILE.format(source=src)))
+        await settle(pilot)
+        assert app.query_one("#recipe", Select).value == "none"
+        assert app.query_one("#betas", Input).value == "0.9, 0.999" and app.query_one("#d_model", Input).value == "16"
+        app.query_one("#weight_decay", Input).value = "0.2"  # typed: stays
+        app.query_one("#recipe", Select).value = "gpt3"
+        app.query_one("#size", Select).value = "tiny-3m"
+        await settle(pilot)
+        assert app.query_one("#betas", Input).value == "" and app.query_one("#grad_clip", Input).value == ""
+        assert app.query_one("#weight_decay", Input).value == "0.2"
+        # d_model 16 came from the loaded profile, not the form: it stays, and wins over the size
+        assert app.query_one("#d_model", Input).value == "16" and app.query_one("#n_layers", Input).value == "1"
+        prof = form.build_profile()
+        assert prof.recipe == "gpt3" and prof.model.size == "tiny-3m"
+        spec = profiles.expand(prof)[0].to_dict()
+        assert spec["train"]["betas"] == [0.9, 0.95] and spec["train"]["weight_decay"] == 0.2
+        assert spec["d_model"] == 16 and spec["train"]["lr"] == 0.0006  # the size's lr: nobody wrote one
+        # back to none: the emptied fields get the form's values again
+        app.query_one("#recipe", Select).value = "none"
+        app.query_one("#size", Select).value = "none"
+        await settle(pilot)
+        assert app.query_one("#betas", Input).value == "0.9, 0.999"
+        prof = form.build_profile()
+        assert prof.recipe is None and prof.model.size is None

@@ -127,6 +127,7 @@ class FormProfile:
         published = [e for e in base.get("published", []) if e.get("model") in labels]
         if published:
             data["published"] = published
+        self.presets_data(data)  # the recipe and size, and the keys a loaded profile left to them
         return data, errors
 
     def _sweep_data(self) -> dict[str, Any]:
@@ -218,6 +219,7 @@ class FormProfile:
         self.query_one("#device", Select).value = t.device
         self.query_one("#executor", Select).value = prof.executor
         self.query_one("#slurm", Input).value = format_settings(prof.slurm.model_dump(exclude_defaults=True))
+        self.fill_presets(prof, d)  # its recipe and size; what they fill shown empty
         self._show_errors({}, [], focus=False)
         # what the fields' Changed handlers would show once the batch is over, shown with it
         self._show_run_count()

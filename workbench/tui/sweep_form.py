@@ -42,6 +42,7 @@ from workbench.tui.form_fields import (ALIASES, BUDGET_KINDS, DEFAULT_BUDGET, DE
                                        STEP_KINDS, TRAIN_INPUTS, UNITS, _fmt, default_eval_every, field_for,
                                        required_params, split_list, task_cpu_note, task_param_defaults,
                                        task_train_defaults)
+from workbench.tui.form_presets import RECIPE_OPTIONS, SIZE_OPTIONS, FormPresets
 from workbench.tui.form_profile import FormProfile
 from workbench.tui.formatting import set_text
 from workbench.tui.model_picker import ModelPicker
@@ -68,7 +69,7 @@ class FieldRow(Vertical):
         yield Static("", id=f"err-{self.field_id}", classes="field-error")
 
 
-class SweepForm(FormProfile, Vertical):
+class SweepForm(FormPresets, FormProfile, Vertical):
     """The sweep form. Posts :class:`Launch` with a validated profile; saves/loads itself.
 
     Wide terminals show two columns (models on the left; task, sweep and training settings
@@ -100,6 +101,7 @@ class SweepForm(FormProfile, Vertical):
         self._loaded_models: list[Any] = []
         self._errors_shown = False  # a save/launch found problems: re-check as fields change
         self._recheck_timer: Timer | None = None
+        self._preset_init()
         # a token / FLOP budget's steps per run (None: a step or epoch budget, or not known)
         self._budget_steps: list[int] | None = None
         self._budget_timer: Timer | None = None
@@ -150,6 +152,11 @@ class SweepForm(FormProfile, Vertical):
                                            compact=True))
                 # a token / FLOP / tokens-per-parameter budget: the steps it becomes per run
                 yield Static("", id="budget-steps", classes="hint")
+                # presets (workbench/spec/recipes.py): they fill the fields left empty
+                yield FieldRow("size preset", Select(SIZE_OPTIONS, id="size", allow_blank=False, value="none",
+                                                     compact=True), "size", unit="d_model, layers, lr")
+                yield FieldRow("recipe", Select(RECIPE_OPTIONS, id="recipe", allow_blank=False, value="none",
+                                                compact=True), "recipe", unit="optimizer settings")
                 for fid, label, _, default in TRAIN_INPUTS:
                     if fid == "eval_every":
                         default = self._eval_auto
@@ -301,6 +308,11 @@ class SweepForm(FormProfile, Vertical):
             shortest = " (shortest run)" if kind not in STEP_KINDS and len(set(self._budget_steps)) > 1 else ""
             text = f"{unit}, {n} eval{'' if n == 1 else 's'}{shortest}"
         self.query_one("#unit-eval_every", Static).update(text)
+
+    @on(Select.Changed, "#recipe")
+    @on(Select.Changed, "#size")
+    def _presets_changed(self) -> None:
+        self.preset_changed()  # (FormPresets: a plain mixin, whose @on handlers Textual would not see)
 
     # ------------------------------------------------------------------ token and FLOP budgets
     def _schedule_budget_steps(self) -> None:
