@@ -400,16 +400,38 @@ def _stopped(store: Store, run_id: int, trainer: Trainer | None, stop: StopFlag,
     return 128 + signum
 
 
+def _peer_view(store_dir: str | None, run_file: str | None, run_id: int):
+    """(the run, the folder its checkpoint lies under, whether it resumes) as rank 0 sees
+    them, read without writing anything: the store read-only, or a Slurm job's snapshot
+    (a RunFile would log a start event). A Slurm job restarted by Slurm resumes when its
+    checkpoint is there, as RunFile decides for rank 0; a self-started rank is told by its
+    launcher (SSMWB_RESUME), which read the run before anything changed it."""
+    import json
+
+    from workbench.store import Run
+    from workbench.store.runfile import SNAPSHOT, job_dir
+
+    if run_file:
+        r = Run(**json.loads((job_dir(run_file, run_id) / SNAPSHOT).read_text()))
+        root = Path(run_file)
+        resume = bool(r.info.get("resume")) or checkpoint.path_for(root, run_id).is_file()
+    else:
+        store = Store(store_dir, readonly=True)
+        r = store.get(run_id)
+        if r is None:
+            raise RunFailed(f"run {run_id} does not exist")
+        root, resume = store.root, bool(r.info.get("resume"))
+    told = os.environ.get("SSMWB_RESUME")
+    return r, root, (told == "1") if told is not None else resume
+
+
 def run_peer(store_dir: str | None, run_id: int, run_file: str | None, ranks: distributed.Ranks) -> int:
     """Rank >= 1 of a run on several devices: read the run (never write it), train its shard
     in step with rank 0, and exit. Its errors go to the log and, in one line, to the group
     (rank 0 records the run's end). 0 when the run ended with rank 0 (finished, stopped)."""
     tag = f"rank {ranks.rank} of {ranks.world}"
     try:
-        reader = RunFile(run_file, run_id) if run_file else Store(store_dir, readonly=True)
-        r = reader.get(run_id)
-        if r is None:
-            raise RunFailed(f"run {run_id} does not exist")
+        r, root, resume = _peer_view(store_dir, run_file, run_id)
         spec = RunSpec.from_dict(r.spec)
     except Exception as e:  # before the group: rank 0's launcher sees the exit code
         _say(f"[{tag}] run {run_id}: cannot read the run: {type(e).__name__}: {e}", err=True)
@@ -419,12 +441,11 @@ def run_peer(store_dir: str | None, run_id: int, run_file: str | None, ranks: di
         signal.signal(sig, stop.handler)
     trainer = None
     try:
-        trainer = Trainer(distributed.NullWriter(reader.root), run_id, spec, stop, key=spec_key(r.spec), ranks=ranks)
+        trainer = Trainer(distributed.NullWriter(root), run_id, spec, stop, key=spec_key(r.spec), ranks=ranks)
         if trainer.device.type == "cpu":
             _set_cpu_threads(spec, ranks.world)
-        resume = os.environ.get("SSMWB_RESUME")
-        if resume == "1" or (resume is None and r.info.get("resume")):
-            ck = checkpoint.load_for_run(reader.root, run_id, r.spec)
+        if resume:
+            ck = checkpoint.load_for_run(root, run_id, r.spec)
             ck.pop("_file", None)
             trainer.restore(ck)
         trainer.train()
