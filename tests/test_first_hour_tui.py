@@ -20,7 +20,7 @@ from test_tui import FakeScheduler, make_app, poll, settle, type_into
 from workbench.spec import profile as profiles
 from workbench.store import Store
 from workbench.tui.compare_view import CompareScreen
-from workbench.tui.dialogs import ConfirmScreen
+from workbench.tui.dialogs import ConfirmScreen, PathScreen
 from workbench.tui.help_screen import HelpScreen
 from workbench.tui.model_picker import ModelPicker
 from workbench.tui.plots import CurvePlot
@@ -28,6 +28,9 @@ from workbench.tui.results_view import ResultsView
 from workbench.tui.run_cells import layout
 from workbench.tui.runs_table import RunsTable
 from workbench.tui.sweep_form import SweepForm
+
+
+PROFILES = Path(__file__).resolve().parents[1] / "profiles"
 
 
 @pytest.fixture
@@ -239,6 +242,59 @@ async def test_a_length_error_is_read_whole_at_80x24_beside_the_problems_box(sto
         await pilot.pause(0.2)
         hint = form.query(".hint").last()
         assert "setup=[...]" in drawn_words(app, hint)
+
+
+async def load_and_save(pilot, form, src: Path, dest: Path) -> str:
+    """ctrl+o ``src``, ctrl+s to ``dest`` through the path dialogs; the status after the load."""
+    app = pilot.app
+    await pilot.press("ctrl+o")
+    await pilot.pause()
+    app.screen.query_one("#path", Input).value = str(src)
+    await pilot.press("enter")
+    await settle(pilot)
+    loaded = str(form.query_one("#form-status", Static).render())
+    await pilot.press("ctrl+s")
+    await pilot.pause()
+    assert isinstance(app.screen, PathScreen), str(form.query_one("#form-status", Static).render())
+    app.screen.query_one("#path", Input).value = str(dest)
+    await pilot.press("enter")
+    await pilot.pause()
+    return loaded
+
+
+async def test_a_shipped_profile_keeps_its_needs_and_runs_through_the_form(store, tmp_path, monkeypatch):
+    """Loaded (its data absent, as on a fresh clone) and saved from the form: the [[needs]]
+    tables stay, the runs are the same; a launch refuses it with the fetch commands. A length
+    given as task.seq_len (as mqar-grid-reduced's) stays that length."""
+    monkeypatch.chdir(tmp_path)  # the profiles' data paths are relative: absent here
+    own_length = tmp_path / "own-length.toml"
+    own_length.write_text(tomli_w.dumps({
+        "schema_version": 2, "name": "own-length", "sweep": {"models": ["lstm"], "seeds": [0]},
+        "task": {"name": "mqar", "seq_len": 48, "vocab_size": 64, "num_kv_pairs": 4},
+        "model": {"d_model": 8, "n_layers": 1}, "train": {"steps": 4, "batch_size": 4}}))
+    app = make_app(store, tmp_path)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.press("f2")
+        await pilot.pause()
+        form = app.query_one(SweepForm)
+        for src in (PROFILES / "imdb-hybrid-frozen.toml", own_length):
+            dest = tmp_path / "saved" / src.name
+            absent = []
+            try:
+                shipped = profiles.load(src)
+            except profiles.DataAbsent as e:
+                shipped, absent = e.profile, e.needs
+            loaded = await load_and_save(pilot, form, src, dest)
+            back = profiles.load(dest, check_registries=False)
+            assert back.needs == shipped.needs and len(back.needs) == (3 if absent else 0)
+            assert profiles.expand(back) == profiles.expand(shipped), src.stem
+            if absent:
+                assert "needs data that is absent" in loaded and all(n.fetch in loaded for n in absent)
+                await pilot.press("ctrl+r")
+                await pilot.pause()
+                status = str(form.query_one("#form-status", Static).render())
+                assert "Cannot use this profile" in status and all(n.fetch in status for n in absent)
+                assert app.scheduler.submitted == []
 
 
 async def test_a_length_error_typed_on_the_last_line_scrolls_into_view_at_80x24(store, tmp_path):

@@ -501,13 +501,16 @@ class _PathNumbers(dict):
         return dict.__getitem__(self, loc)
 
 
-def registry_problems(prof: Profile) -> list[tuple[tuple, str]]:
+def registry_problems(prof: Profile, need_data: bool = True) -> list[tuple[tuple, str]]:
     """What the profile loader checks beyond the schema (grid values in their sections;
     model and task names, options and builds at every grid point) for a validated
     profile, as (key path, message) pairs; the key path is () where a problem names no key
     (a grid point's, a variant's). The checks place each key they name through a
     :class:`_Where`; given :class:`_PathNumbers` instead of a text's lines, the path comes
-    back as the check named it, with no TOML written and read again."""
+    back as the check named it, with no TOML written and read again.
+
+    ``need_data``: whether absent [[needs]] paths are problems (a launch reads them; a
+    save does not, and nothing in such a profile is wrong)."""
     where = _Where("")
     where.lines = numbers = _PathNumbers()
     problems = _check_grid(prof, where)
@@ -518,6 +521,8 @@ def registry_problems(prof: Profile) -> list[tuple[tuple, str]]:
             _check_registries(prof, "form", where)
             return []
         except DataAbsent as e:  # one line per absent path, with its command
+            if not need_data:
+                return []
             return [((), f"{n.path}{f' ({n.what})' if n.what else ''} is absent (not shipped); "
                          f"fetch it with: {n.fetch}") for n in e.needs]
         except ProfileError as e:

@@ -120,8 +120,11 @@ class FormProfile:
         slurm_settings = self._parsed(parse_settings, "slurm", errors)
         if slurm_settings:
             data["slurm"] = slurm_settings
-        if base.get("runs_per_gpu"):  # no field in the form: keep a loaded profile's
-            data["runs_per_gpu"] = base["runs_per_gpu"]
+        # no field in the form: keep a loaded profile's (a need counts only while a task
+        # parameter or model option reads its path, so one the edits left unread is harmless)
+        for key in ("runs_per_gpu", "needs"):
+            if base.get(key):
+                data[key] = base[key]
         # a loaded profile's published numbers, for the models still picked
         labels = {m if isinstance(m, str) else m.get("label") or m.get("name") for m in chosen}
         published = [e for e in base.get("published", []) if e.get("model") in labels]
@@ -191,7 +194,11 @@ class FormProfile:
         self.query_one("#description", Input).value = prof.description
         self.query_one("#models", ModelPicker).set_picked(_model_name(m) for m in self._loaded_models)
         self.query_one("#model_options", Input).value = format_model_options(prof.model.options)
-        self.query_one("#seq_lens", Input).value = _fmt(prof.sweep.seq_lens)
+        # a length given as task.seq_len (no sweep lengths) shows as the one length: the form
+        # has no seq_len parameter input, and an empty field would mean the task's default
+        own = prof.task.params().get("seq_len")
+        lens = prof.sweep.seq_lens or ([own] if own is not None else [])
+        self.query_one("#seq_lens", Input).value = _fmt(lens)
         self.query_one("#seeds", Input).value = _fmt(prof.sweep.seeds)
         grid = dict(prof.sweep.grid)
         for fid, key in GRID_INPUTS.items():

@@ -34,7 +34,7 @@ from textual.widgets import Input, Label, Select, Static, Switch
 
 import tasks
 from workbench.spec import profile as profiles
-from workbench.spec.profile import Profile, ProfileError
+from workbench.spec.profile import DataAbsent, Profile, ProfileError
 from workbench.tui import paths
 from workbench.tui.form_checks import (budget_steps_text, estimate_text, plain_message, registry_problems,
                                        run_count_text)
@@ -100,6 +100,7 @@ class SweepForm(FormPresets, FormProfile, Vertical):
         self._base: dict[str, Any] = {}
         self._loaded_models: list[Any] = []
         self._errors_shown = False  # a save/launch found problems: re-check as fields change
+        self._need_data = True  # the last check was a launch's (absent data is a problem)
         self._recheck_timer: Timer | None = None
         self._preset_init()
         # a token / FLOP budget's steps per run (None: a step or epoch budget, or not known)
@@ -446,10 +447,15 @@ class SweepForm(FormPresets, FormProfile, Vertical):
                                                  placeholder=hint), f"param-{p}"))
         await box.mount_all(rows)
 
-    def build_profile(self, focus: bool = True) -> Profile | None:
+    def build_profile(self, focus: bool = True, need_data: bool | None = None) -> Profile | None:
         """Validate the form; show every problem next to its field (and all of them in
         the status box) and return None, or return the profile. ``focus``: take the user
-        to the first field that needs fixing (not while re-checking as they type)."""
+        to the first field that needs fixing (not while re-checking as they type).
+        ``need_data``: whether absent [[needs]] paths are problems (launch: yes; save: no;
+        None: as the last save or launch, for the re-checks as the user types)."""
+        if need_data is None:
+            need_data = self._need_data
+        self._need_data = need_data
         if self._select("task") != self._params_task:
             return None  # the new task's parameter inputs are being built (_task_changed)
         data, errors = self.form_data()
@@ -480,7 +486,7 @@ class SweepForm(FormPresets, FormProfile, Vertical):
                 add(fid, plain_message(err, self._label(fid, loc), EXAMPLES.get(fid)))
         if prof is not None and not errors and not general:
             # the registry checks (model/task names, options) the loader applies
-            problems = registry_problems(prof)
+            problems = registry_problems(prof, need_data)
             for loc, msg in problems:
                 add(field_for(loc) if loc else None, msg)
             if problems:
@@ -557,7 +563,7 @@ class SweepForm(FormPresets, FormProfile, Vertical):
     def action_save(self) -> None:
         from workbench.tui.dialogs import PathScreen
 
-        prof = self.build_profile()
+        prof = self.build_profile(need_data=False)  # data fetched later still runs it
         if prof is None:
             return
 
@@ -581,22 +587,27 @@ class SweepForm(FormPresets, FormProfile, Vertical):
         async def done(path: Path | None) -> None:
             if path is None:
                 return
+            absent = ""
             try:
-                prof = profiles.load(path)
+                try:
+                    prof = profiles.load(path)
+                except DataAbsent as e:  # valid, and editable: only a launch needs the data
+                    prof, absent = e.profile, str(e).split("\n", 1)[1]
                 await self.fill(prof)
             except ProfileError as e:
                 self.set_status(str(e), bad=True)
                 self.notify(str(e), title="cannot load profile", severity="error", markup=False)
                 return
             self._remember(path)
-            self.set_status(f"loaded {Path(path).resolve()}")
+            self.set_status(f"loaded {Path(path).resolve()}" + (
+                f"; it needs data that is absent here (fetch it before a launch):\n{absent}" if absent else ""))
 
         folder = self.last_path.parent if self.last_path is not None else \
             self.profiles_dir.expanduser().resolve()
         self.app.push_screen(PathScreen("Load profile from", str(folder) + "/", browse=folder), done)
 
     def action_launch(self) -> None:
-        prof = self.build_profile()
+        prof = self.build_profile(need_data=True)  # the runs read the [[needs]] paths
         if prof is not None:
             text, _ = run_count_text(self._sweep_data(), prof.task.name)
             peak, refusal = estimate_text(prof)
