@@ -399,3 +399,24 @@ async def test_picking_a_recipe_and_size_in_the_form_empties_what_they_fill(stor
         assert app.query_one("#betas", Input).value == "0.9, 0.999"
         prof = form.build_profile()
         assert prof.recipe is None and prof.model.size is None
+
+
+async def test_the_lm_options_say_what_they_take_and_a_bad_pair_is_shown_as_typed(store, tmp_path):
+    src = corpus(tmp_path)
+    app = make_app(store, tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        form = app.query_one(SweepForm)
+        await form.fill(profiles.loads(LM_PROFILE.format(source=src)))
+        await settle(pilot)
+        assert "bytes, char, bpe" in text(form.query_one("#unit-param-tokenizer", Static))
+        assert form.query_one("#param-tokenizer", Input).suggester is not None
+        # vocab_size is a BPE's: with the bytes tokenizer the task refuses it, under vocab_size
+        await type_into(pilot, "#param-tokenizer", "bytes")
+        await settle(pilot)
+        err = text(form.query_one("#err-param-vocab_size", Static))
+        assert "vocab_size is the size of a trained BPE" in err, err
+        assert form.query_one("#err-param-vocab_size", Static).display
+        await type_into(pilot, "#param-tokenizer", "bpe")
+        await settle(pilot)
+        assert text(form.query_one("#err-param-vocab_size", Static)) == ""
+        assert form.build_profile() is not None

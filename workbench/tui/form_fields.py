@@ -80,6 +80,26 @@ TASK_CPU_NOTES: dict[str, str] = {
 }
 
 
+# What a task parameter's input takes, beside it (task, parameter) -> unit, and the values
+# offered as the user types (completed with the right arrow key).
+PARAM_UNITS: dict[tuple[str, str], str] = {
+    ("lm", "source"): "file, folder, glob, .jsonl/.parquet, hf:ID, stdlib",
+    ("lm", "tokenizer"): "bytes, char, bpe, or a tokenizer.json folder / hub id",
+    ("lm", "vocab_size"): "bpe only (empty: 4096)",
+    ("lm", "document"): "file, line or paragraph",
+    ("lm", "text_column"): ".jsonl/.parquet/hf: the text's column",
+    ("lm", "hf_config"): "hf: sources",
+    ("lm", "hf_split"): "hf: sources",
+    ("lm", "streaming"): "hf: sources",
+    ("lm", "max_documents"): "0 = all",
+}
+PARAM_SUGGESTIONS: dict[tuple[str, str], list[str]] = {
+    ("lm", "tokenizer"): ["bytes", "char", "bpe", "EleutherAI/gpt-neox-20b"],  # (Mamba's and Pythia's)
+    ("lm", "document"): ["file", "line", "paragraph"],
+    ("lm", "source"): ["stdlib", "hf:"],
+}
+
+
 def task_cpu_note(task: str) -> str:
     """What the form says about ``task`` at its defaults on a CPU ('' when they learn)."""
     return TASK_CPU_NOTES.get(task, "")

@@ -29,6 +29,7 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.css.query import NoMatches
 from textual.message import Message
 from textual.timer import Timer
+from textual.suggester import SuggestFromList
 from textual.widget import Widget
 from textual.widgets import Input, Label, Select, Static, Switch
 
@@ -42,6 +43,7 @@ from workbench.tui.form_fields import (ALIASES, BUDGET_KINDS, DEFAULT_BUDGET, DE
                                        STEP_KINDS, TRAIN_INPUTS, UNITS, _fmt, default_eval_every, field_for,
                                        required_params, split_list, task_cpu_note, task_param_defaults,
                                        task_train_defaults)
+from workbench.tui.form_fields import PARAM_SUGGESTIONS, PARAM_UNITS
 from workbench.tui.form_presets import RECIPE_OPTIONS, SIZE_OPTIONS, FormPresets
 from workbench.tui.form_profile import FormProfile
 from workbench.tui.formatting import set_text
@@ -103,6 +105,7 @@ class SweepForm(FormPresets, FormProfile, Vertical):
         self._need_data = True  # the last check was a launch's (absent data is a problem)
         self._recheck_timer: Timer | None = None
         self._preset_init()
+        self._param_error: str | None = None  # the parameter field showing the task's build error
         # a token / FLOP budget's steps per run (None: a step or epoch budget, or not known)
         self._budget_steps: list[int] | None = None
         self._budget_timer: Timer | None = None
@@ -224,6 +227,46 @@ class SweepForm(FormPresets, FormProfile, Vertical):
         set_text(count, Text(text))  # (only when it changed: each update is a repaint)
         if not self._errors_shown:  # (else the full check below shows every field's problem)
             self._set_error("seq_lens", lengths)
+            self._show_param_problem()
+
+    def _show_param_problem(self) -> None:
+        """A task that its parameters cannot build (e.g. lm's vocab_size with a tokenizer
+        other than bpe) says why under the parameter its message names, as they are typed."""
+        fid, msg = self._param_problem()
+        if self._param_error not in (None, fid):
+            self._set_error(self._param_error, "")
+        if fid is not None:
+            self._set_error(fid, msg)
+        self._param_error = fid
+
+    def _param_problem(self) -> tuple[str | None, str]:
+        """(the parameter field at fault, the task's message), or (None, '') when the task
+        builds, when its parameters do not parse yet, or when only a length is at fault."""
+        name = str(self._select("task"))
+        if name != self._params_task:
+            return None, ""
+        try:
+            params, errors = self._task_params(name)
+        except NoMatches:  # the parameter inputs are being rebuilt
+            return None, ""
+        if errors:
+            return None, ""
+        lens = []
+        for text in split_list(self._text("seq_lens")):
+            try:
+                lens.append(int(text))
+            except ValueError:
+                pass
+        if "seq_len" not in tasks.parameters(name):
+            return None, ""  # (building some of those reads their data: checked on save)
+        default = tasks.parameters(name)["seq_len"]
+        errs = [self._build_error(name, params, L) for L in dict.fromkeys(lens + [default]) if L is not None]
+        if not errs or not all(errs):
+            return None, ""  # builds at some length: _length_problems says which do not
+        msg = errs[0]
+        named = sorted((msg.find(p), p) for p in params if p in msg) or \
+            sorted((msg.find(p), p) for p in tasks.parameters(name) if p in msg and p != "seq_len")
+        return (f"param-{named[0][1]}" if named else "task"), f"task {name}: {msg}"
 
     def _length_problems(self) -> str:
         """Why some sequence lengths do not fit the task as its parameters stand ('' when
@@ -443,8 +486,11 @@ class SweepForm(FormPresets, FormProfile, Vertical):
             text = _fmt(values.get(p, default))
             hint = ("required" if p in required else "not set" if default is None
                     else f"default {_fmt(default)}")
-            rows.append(FieldRow(f"  {p}", Input(text, id=f"param-{p}", compact=True,
-                                                 placeholder=hint), f"param-{p}"))
+            offered = PARAM_SUGGESTIONS.get((name, p))
+            suggester = SuggestFromList(offered, case_sensitive=False) if offered else None
+            rows.append(FieldRow(f"  {p}", Input(text, id=f"param-{p}", compact=True, placeholder=hint,
+                                                 suggester=suggester),
+                                 f"param-{p}", unit=PARAM_UNITS.get((name, p))))
         await box.mount_all(rows)
 
     def build_profile(self, focus: bool = True, need_data: bool | None = None) -> Profile | None:
