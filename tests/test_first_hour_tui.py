@@ -461,6 +461,24 @@ async def test_notifications_leave_the_status_lines_in_view(store, tmp_path):
         assert status.height and all(not t.region.overlaps(status) for t in app.screen.query(Toast))
 
 
+async def test_the_status_lines_leave_out_a_profile_whose_runs_all_ended(store, tmp_path):
+    """A profile whose runs ended, some killed, is not done (2/4) but no longer under way:
+    the lines under the runs table show the profiles still running or pending, as ``runs``
+    says which (ProfileProgress.under_way)."""
+    ended = sweep(store)  # profile cmp: 2 finished, 2 killed
+    for rid in ended[:2]:
+        finish(store, rid, 0.9)
+    for rid in ended[2:]:
+        store.finish(rid, "killed", "killed by user")
+    grid_sweep(store)  # pending
+    app = make_app(store, tmp_path)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await poll(pilot)
+        summary = str(app.query_one("#runs-summary", Static).render())
+        assert "a-grid-sweep-with-a-long-name: 0/4 done" in summary
+        assert "cmp:" not in summary, summary
+
+
 async def test_results_tab_says_a_sweep_is_under_way(store, tmp_path):
     ids = sweep(store)
     store.mark_started(ids[0], os.getpid(), "cpu", None)

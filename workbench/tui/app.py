@@ -209,8 +209,8 @@ class WorkbenchApp(PollsStore, App):
         if table.filter:
             summary.append(f"{table.filter_label} (f: all {len(runs)} runs)", style="bold")
         lines = progress.by_profile(shown)
-        if table.profile_filter is None:
-            lines = [p for p in lines if p.done < p.total]
+        if table.profile_filter is None:  # (a profile whose runs all ended, some killed: not under way)
+            lines = [p for p in lines if p.under_way]
         for p in lines[:MAX_PROGRESS_LINES]:
             summary.append("\n" + p.text())
         if len(lines) > MAX_PROGRESS_LINES:
