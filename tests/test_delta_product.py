@@ -393,3 +393,33 @@ def test_bench_ops_measures_the_product_against_its_ref(capsys, bench_in_process
     assert [(r["op"], r["backend"], r["householder"]) for r in rows] == [
         ("gated_delta_product", "ref", 3), ("gated_delta_product", "torch", 3)]
     assert rows[0]["x_ref"] == 1.0 and rows[1]["x_ref"] > 0
+
+
+def test_fla_product_wrapper_calls_fla_product_only_where_it_runs():
+    """fla's chunk_gated_delta_product asserts half precision, a decay and one head count;
+    elsewhere the wrapper runs fla's delta-rule kernels on the interleaved sequence (here
+    stood in for by the chunked forms, so the result is checked too)."""
+    from models.kernels import linear_rnn_backends as lb
+
+    calls = []
+
+    def product(q, k, v, g, beta, n, **kw):
+        calls.append(("product", q.dtype, n))
+        return lr.gated_delta_product(q.double(), k.double(), v.double(), g.double(),
+                                      beta.double(), n, **kw)
+
+    def run(args):
+        return lb._fla_delta_product(product, lr.delta_rule, lr.gated_delta_rule, *args,
+                                     output_final_state=True)
+
+    args = [a.detach() for a in lr.make_inputs("gated_delta_product", time=7)]
+    o, S = run(args)                                             # float64: interleaved
+    o_ref, S_ref = lr.gated_delta_product_ref(*args, output_final_state=True)
+    torch.testing.assert_close(o, o_ref)
+    torch.testing.assert_close(S, S_ref)
+    assert calls == []
+    run([a.to(torch.bfloat16) for a in args])
+    assert calls == [("product", torch.bfloat16, 2)]
+    run([a.to(torch.bfloat16) if a is not None else None for a in args[:3]] + [None]
+        + [args[4].to(torch.bfloat16)])                          # no decay: interleaved
+    assert len(calls) == 1
