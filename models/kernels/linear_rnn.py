@@ -13,6 +13,10 @@ Per batch element and head the state S_t is a (key_dim, value_dim) matrix; with 
     gated_delta_rule  (Gated DeltaNet, Yang, Kautz & Hatamizadeh 2025)
                       S_t = exp(g_t) S_{t-1} + beta_t k_t (v_t - exp(g_t) S_{t-1}^T k_t)^T
 
+    gated_delta_product (Gated DeltaProduct, Siems et al. 2025): n delta-rule steps per
+                      token, S <- exp(g_t) S, then for j < n:
+                      S <- S + beta_tj k_tj (v_tj - S^T k_tj)^T   (``PRODUCT_OPS``)
+
     output            o_t = scale * S_t^T q_t
 
 Argument convention is flash-linear-attention's (fla), so outside code can call these:
@@ -26,6 +30,10 @@ Argument convention is flash-linear-attention's (fla), so outside code can call 
     initial_state:  (batch, heads, key_dim, value_dim) or None (zeros)
     output_final_state: return S_{T-1} as the second result (else None)
     returns         (o, final_state), o: (batch, time, heads, value_dim)
+
+Grouped value heads: v, g, beta and the state may have G times q and k's heads (value head h
+reads q/k head h // G, fla's and Qwen3-Next's layout); "heads" above is then v's. The
+product op's k, v and beta carry n rows per token (batch, time * n, ...), q and g one.
 
 Each operator has two forms:
 
