@@ -106,6 +106,39 @@ async def test_results_tab_best_over_and_select_on(store, tmp_path):
         assert sorted(cells(table)) == ["0.01", "0.1"]
 
 
+async def test_results_tab_w_on_a_full_disk_leaves_no_file_and_says_so(store, tmp_path, monkeypatch):
+    """``w`` writes each table whole or not at all (export.write_atomic): a full disk leaves no
+    0-byte or half file that looks like a result, and says so in one line (no traceback)."""
+    import errno
+    from pathlib import Path
+
+    grid_runs(store)
+    app = make_app(store, tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        view = app.query_one(ResultsView)
+        view.out_dir = tmp_path / "out"
+        await pilot.press("f3")
+        await settle(pilot)
+        real = Path.write_text
+
+        def full(self, data, *args, **kwargs):  # a few bytes fit, then the disk is full
+            real(self, data[:3], *args, **kwargs)
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        monkeypatch.setattr(Path, "write_text", full)
+        await pilot.press("w")
+        await settle(pilot)
+        monkeypatch.undo()
+        assert app.is_running
+        assert [p for p in (tmp_path / "out").rglob("*") if p.is_file()] == []
+        [note] = [n for n in app._notifications if n.severity == "error"]
+        assert "disk full" in note.message and "nothing was written" in note.message
+        assert "\n" not in note.message and "Traceback" not in note.message
+        await pilot.press("w")  # room again: all three formats
+        await settle(pilot)
+        assert sorted(p.suffix for p in (tmp_path / "out").rglob("*") if p.is_file()) == [".csv", ".md", ".tex"]
+
+
 async def test_results_tab_without_validation_results_says_so(store, tmp_path):
     for lr in (0.1, 0.01):
         for seed in (0, 1):

@@ -349,19 +349,28 @@ class ResultsView(PollsStore, Vertical):
         from workbench.tui.paths import profile_dir  # the profile's own folder, absolute
 
         out = profile_dir(self.out_dir, None if profile == ALL else profile)
-        out.mkdir(parents=True, exist_ok=True)
         over, select_on = self.selection()
         sel = f"-best-over-{'-'.join(over)}-on-{select_on}" if over else ""
         stem = out / safe_stem(f"{profile}-{metric}-by-{rows}-{cols}{sel}")
-        written = []
-        try:
-            for fmt, ext in (("md", ".md"), ("latex", ".tex"), ("csv", ".csv")):
-                path = stem.parent / (stem.name + ext)  # not with_suffix: keys have dots
-                path.write_text(export.render(self.recs, metric, [rows], [cols], fmt, best_over=over,
-                                              select_on=select_on))
-                written.append(path)
+        try:  # every format rendered before any file is written
+            texts = {stem.parent / (stem.name + ext): export.render(  # not with_suffix: keys have dots
+                self.recs, metric, [rows], [cols], fmt, best_over=over, select_on=select_on)
+                for fmt, ext in (("md", ".md"), ("latex", ".tex"), ("csv", ".csv"))}
         except agg.SelectionError as e:
             self.notify(f"no table to write: {e}", severity="warning", markup=False)
+            return
+        written = []
+        try:
+            try:
+                out.mkdir(parents=True, exist_ok=True)
+            except OSError as e:
+                raise export.CannotWrite(export.cannot_write_text(out, e)) from None
+            for path, text in texts.items():
+                # whole or not at all: a full disk leaves no 0-byte table that looks like a result
+                written.append(export.write_atomic(path, text))
+        except export.CannotWrite as e:
+            done = f" (wrote {', '.join(p.name for p in written)})" if written else ""
+            self.notify(f"{e}{done}", title="cannot write the table", severity="error", markup=False)
             return
         self.notify("wrote " + ", ".join(map(str, written)), markup=False)
 
