@@ -356,9 +356,9 @@ async def test_a_profile_with_a_recipe_and_size_loads_and_saves_the_keys_it_wrot
         # what the presets fill is empty, its placeholder says from where
         for fid in ("d_model", "n_layers", "lr", "betas", "weight_decay"):
             assert app.query_one(f"#{fid}", Input).value == "", fid
-        assert app.query_one("#d_model", Input).placeholder == "size tiny-1m: 128"
-        assert app.query_one("#betas", Input).placeholder == "recipe transformer++: 0.9, 0.95"
-        assert app.query_one("#lr", Input).placeholder.startswith("size tiny-1m: 0.003 (5x")
+        assert app.query_one("#d_model", Input).placeholder == "128 (size tiny-1m)"
+        assert app.query_one("#betas", Input).placeholder == "0.9, 0.95 (recipe)"
+        assert app.query_one("#lr", Input).placeholder == "0.003 (size x recipe 5)"  # 6e-4 x 5
         assert app.query_one("#budget", Input).value == "20"
         built = form.build_profile()
         assert profiles.to_dict(built) == profiles.to_dict(p)  # the keys the file wrote, no more
@@ -408,7 +408,7 @@ async def test_the_lm_options_say_what_they_take_and_a_bad_pair_is_shown_as_type
         form = app.query_one(SweepForm)
         await form.fill(profiles.loads(LM_PROFILE.format(source=src)))
         await settle(pilot)
-        assert "bytes, char, bpe" in text(form.query_one("#unit-param-tokenizer", Static))
+        assert "bytes char bpe or id" in text(form.query_one("#unit-param-tokenizer", Static))
         assert form.query_one("#param-tokenizer", Input).suggester is not None
         # vocab_size is a BPE's: with the bytes tokenizer the task refuses it, under vocab_size
         await type_into(pilot, "#param-tokenizer", "bytes")

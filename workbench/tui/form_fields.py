@@ -104,11 +104,11 @@ TASK_CPU_NOTES: dict[str, str] = {
 # What a task parameter's input takes, beside it (task, parameter) -> unit, and the values
 # offered as the user types (completed with the right arrow key).
 PARAM_UNITS: dict[tuple[str, str], str] = {
-    ("lm", "source"): "file, folder, glob, .jsonl/.parquet, hf:ID, stdlib",
-    ("lm", "tokenizer"): "bytes, char, bpe, or a tokenizer.json folder / hub id",
-    ("lm", "vocab_size"): "bpe only (empty: 4096)",
-    ("lm", "document"): "file, line or paragraph",
-    ("lm", "text_column"): ".jsonl/.parquet/hf: the text's column",
+    ("lm", "source"): "file/dir/glob/hf:ID",  # (20 columns at most: what 120 columns show)
+    ("lm", "tokenizer"): "bytes char bpe or id",  # or a tokenizer.json folder / hub id
+    ("lm", "vocab_size"): "bpe only (4096)",
+    ("lm", "document"): "file/line/paragraph",
+    ("lm", "text_column"): "jsonl/parquet/hf",
     ("lm", "hf_config"): "hf: sources",
     ("lm", "hf_split"): "hf: sources",
     ("lm", "streaming"): "hf: sources",

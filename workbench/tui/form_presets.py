@@ -31,7 +31,6 @@ RECIPE_OPTIONS = [(NONE, NONE)] + [(n, n) for n in RECIPE_NAMES]
 SIZE_OPTIONS = [(NONE, NONE)] + [(f"{n} ({s.n_layers} x {s.d_model})", n) for n, s in SIZES.items()]
 # the form's inputs a size fills (section, key) and those any recipe may fill
 SIZE_FIELDS = {"d_model": "model", "n_layers": "model", "lr": "train"}
-RECIPE_FIELDS = {k for r in RECIPES.values() for k in r.train} | {"lr"}
 # controls other than TRAIN_INPUTS and their profile key paths
 CONTROL_KEYS: dict[str, tuple[str, ...]] = {
     "schedule": ("train", "schedule"), "amp": ("train", "amp"), "device": ("train", "device"),
@@ -52,17 +51,18 @@ def preset_fields(recipe: str | None, size: str | None) -> set[str]:
 
 
 def placeholder(fid: str, recipe: str | None, size: str | None) -> str:
-    """Where an empty preset field's value comes from, e.g. 'size tiny-3m: 192'."""
+    """Where an empty preset field's value comes from, short enough for its input (28
+    columns): '128 (size tiny-1m)', '0.9, 0.95 (recipe)', '0.003 (size x recipe 5)'."""
     if size and fid in SIZE_FIELDS:
         s = SIZES[size]
         if fid == "lr":
             scale = RECIPES[recipe].lr_scale if recipe else 1.0
-            return f"size {size}: {s.lr * scale:.6g}" + (f" ({scale:g}x, recipe {recipe})" if scale != 1 else "")
-        return f"size {size}: {getattr(s, fid)}" + (" (2x for one-mixer models)" if fid == "n_layers" else "")
+            return f"{s.lr * scale:.6g} (size" + (f" x recipe {scale:g})" if scale != 1 else f" {size})")
+        return f"{getattr(s, fid)} (size {size}" + (", 2x: 1 mixer)" if fid == "n_layers" else ")")
     if recipe and fid in RECIPES[recipe].train:
         v = RECIPES[recipe].train[fid]
         shown = ", ".join(map(str, v)) if isinstance(v, (list, tuple)) else str(v)
-        return f"recipe {recipe}: {shown}"
+        return f"{shown} (recipe)"
     return ""
 
 
