@@ -2,8 +2,10 @@
 
 A checkpoint folder is what ``save_pretrained`` writes: ``config.json`` plus
 ``model.safetensors`` (or ``pytorch_model.bin``), and for text tasks the tokenizer files.
-The workbench never downloads: a missing or incomplete folder is an error that says what
-was expected and how to get it on a connected machine.
+Where a folder is asked for, a Hugging Face Hub id (``state-spaces/mamba-130m-hf``) works
+too: ``models.hub`` fetches its snapshot into the standard cache (offline mode honoured)
+and the same code reads that folder. A missing or incomplete folder is an error that says
+what was expected and how to get it.
 
 - **Mamba** (``model_type = "mamba"``, the ``state-spaces/mamba-*-hf`` checkpoints) is
   loaded into the workbench's own Mamba (``models.mamba``): its parameter names are the
@@ -39,9 +41,9 @@ class CheckpointError(ValueError):
 
 def _how_to_get(path: Path, example: str) -> str:
     return (f"expected a Hugging Face checkpoint folder at {path} (config.json and "
-            f"{' or '.join(WEIGHT_FILES)}, as save_pretrained writes it). The workbench does "
-            f"not download; on a connected machine run e.g. `huggingface-cli download "
-            f"{example} --local-dir {path}` and copy the folder here")
+            f"{' or '.join(WEIGHT_FILES)}, as save_pretrained writes it), or a Hub id such as "
+            f"{example} (fetched into the Hugging Face cache); to copy one here run e.g. "
+            f"`hf download {example} --local-dir {path}`")
 
 
 def read_config(path: str | Path, example: str = "state-spaces/mamba-130m-hf") -> dict[str, Any]:
@@ -59,7 +61,18 @@ def read_config(path: str | Path, example: str = "state-spaces/mamba-130m-hf") -
 
 def check_folder(path: str | Path, example: str = "state-spaces/mamba-130m-hf") -> dict[str, Any]:
     """The config of a usable checkpoint folder (config.json and weights present), without
-    reading the weights: what ``profile check`` verifies before any run starts."""
+    reading the weights: what ``profile check`` verifies before any run starts. A Hub id
+    is checked in the cache only (nothing is fetched): not there, it is fine online (the run
+    fetches it; ``{}``) and a :class:`models.hub.HubError` offline."""
+    from models import hub
+
+    if hub.is_hub_id(str(path)):
+        snap = hub.cached(hub.parse(str(path)))
+        if snap is None:
+            if hub.offline():
+                hub.snapshot(str(path), "checkpoint")  # raises the one-line error
+            return {}
+        path = snap
     cfg = read_config(path, example)
     path = Path(path).expanduser()
     if not any((path / f).is_file() for f in WEIGHT_FILES) and not any(path.glob("model-*.safetensors")):
@@ -126,9 +139,11 @@ def _first_line(e: Exception) -> str:
 # ------------------------------------------------------------------------------- Mamba
 def mamba_from_checkpoint(path: str | Path, backend: str = "auto"):
     """The workbench's Mamba stack with a ``-hf`` checkpoint's weights (see module doc)."""
+    from models import hub
     from models.common import RMSNorm
     from models.mamba import Mamba, RecurrentStack
 
+    given, path = path, hub.checkpoint_folder(str(path), "Mamba checkpoint")
     cfg = read_config(path)
     if cfg.get("model_type") != "mamba":
         raise CheckpointError(f"{path}: config.json has model_type {cfg.get('model_type')!r}; "
@@ -165,7 +180,7 @@ def mamba_from_checkpoint(path: str | Path, backend: str = "auto"):
     if missing or unexpected:
         raise CheckpointError(f"{path}: the weights do not fit the config: missing {missing[:5]}, "
                               f"unexpected {unexpected[:5]}")
-    stack.checkpoint = str(path)
+    stack.checkpoint = str(given)  # the folder or Hub id the profile gave
     return stack
 
 
@@ -181,13 +196,16 @@ class HFCausalLMBackbone(nn.Module):
             from transformers import AutoModel
         except ImportError:
             raise CheckpointError(f"pretrained_causal_lm needs transformers: {EXTRA_HINT}") from None
+        from models import hub
+
+        given, path = path, hub.checkpoint_folder(str(path))
         cfg = read_config(path, example="EleutherAI/gpt-neo-125m")
         load_state_dict(path)  # a clear error for a folder without weights, before transformers'
         self.model = AutoModel.from_pretrained(str(path), local_files_only=True)
         self.d_model = int(self.model.config.hidden_size)
         self.model_type = cfg.get("model_type", "?")
         self.token_embedding = self.model.get_input_embeddings()
-        self.checkpoint = str(path)
+        self.checkpoint = str(given)  # the folder or Hub id the profile gave
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.model(inputs_embeds=x).last_hidden_state

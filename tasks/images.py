@@ -8,7 +8,10 @@
   image's are dropped (the digits set holds a few exact duplicates), so the test set may be
   a few images smaller than asked.
 - CIFAR-10 (``path`` = a directory in the standard python-pickle layout: ``data_batch_1`` ..
-  ``data_batch_5``, ``test_batch``): the official 50 000 / 10 000 split. Pixels are scaled to
+  ``data_batch_5``, ``test_batch``; or a Hugging Face Hub dataset id such as
+  ``uoft-cs/cifar10``, read with ``datasets`` through the standard cache, tasks/hub_data.py:
+  its ``train`` / ``test`` splits, an ``img`` or ``image`` column of 32x32 RGB images and a
+  ``label`` column): the official 50 000 / 10 000 split. Pixels are scaled to
   [0, 1] and normalised per channel with the usual CIFAR-10 mean / std; an image becomes 64
   non-overlapping 4x4 patches in row-major patch order, each flattened (row, column,
   channel) into 48 values: ``input_dim = 48``. ``augment = true`` applies, per training
@@ -40,6 +43,8 @@ import pickle
 import numpy as np
 import torch
 
+from models import hub
+from tasks import hub_data
 from tasks.base import TRAIN_STREAM, Batch, Task, check_bool, check_int, rng_for
 from tasks.registry import register
 
@@ -80,6 +85,26 @@ def load_cifar10(path: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndar
     return (np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]), tx, ty)
 
 
+def load_cifar10_hub(value: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(train_x, train_y, test_x, test_y) of a Hub dataset laid out as CIFAR-10; x uint8
+    (n, 32, 32, 3)."""
+    what = "CIFAR-10 dataset"
+    ds = hub_data.load(value, what=what)
+    out = []
+    for split in ("train", "test"):
+        part = hub_data.split_of(ds, (split,), value, what)
+        column = next((c for c in ("img", "image") if c in part.column_names), None)
+        if column is None or "label" not in part.column_names:
+            raise ValueError(f"sequential_image: {value} needs an 'img' or 'image' column and a 'label' "
+                             f"column (columns: {', '.join(part.column_names)})")
+        x = np.stack([np.asarray(im.convert("RGB"), np.uint8) for im in part[column]])
+        if x.shape[1:] != (32, 32, 3):
+            raise ValueError(f"sequential_image: {value} holds {x.shape[1]}x{x.shape[2]} images; "
+                             "CIFAR-10 is 32x32")
+        out += [x, np.asarray(part["label"], np.int64)]
+    return out[0], out[1], out[2], out[3]
+
+
 @register
 class SequentialImage(Task):
     name = "sequential_image"
@@ -111,9 +136,13 @@ class SequentialImage(Task):
                 1, len(self._y) - 1)
             self.seq_len, self.input_dim = 64, 1
         else:
-            if not isinstance(path, str) or not os.path.isdir(path):
-                raise ValueError(f"sequential_image: path {path!r} is not a directory")
-            tx, ty, vx, vy = load_cifar10(path)
+            if hub.is_hub_id(path):
+                tx, ty, vx, vy = load_cifar10_hub(path)
+            elif not isinstance(path, str) or not os.path.isdir(path):
+                raise ValueError(f"sequential_image: path {path!r} is not a directory (nor a "
+                                 "Hugging Face Hub dataset id)")
+            else:
+                tx, ty, vx, vy = load_cifar10(path)
             self._cifar = (tx, ty, vx, vy)
             self.num_test_examples = check_int(
                 "num_test_examples", len(vy) if num_test_examples is None else num_test_examples,

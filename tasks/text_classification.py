@@ -1,6 +1,6 @@
 """Text classification on a local dataset, tokenised with a pretrained backbone's tokenizer.
 
-``data_path`` is one of three layouts (nothing is ever downloaded):
+``data_path`` is one of four layouts:
 
 - an aclImdb-style folder: ``train/<label>/*.txt`` and ``test/<label>/*.txt``, one text per
   file (read as UTF-8, unchanged: IMDB's ``<br />`` tags stay, as in the published runs).
@@ -10,7 +10,11 @@
   label column (``text_column``, ``label_column``). Train and test come from the same
   file: for each seed, a seeded permutation of the rows gives ``num_test_examples`` test
   rows and, from the rest, ``num_train_examples`` training rows (never the same row);
-- a folder holding ``train.csv`` / ``train.jsonl`` and ``test.csv`` / ``test.jsonl``.
+- a folder holding ``train.csv`` / ``train.jsonl`` and ``test.csv`` / ``test.jsonl``;
+- a Hugging Face Hub dataset id (``stanfordnlp/imdb``; ``hf:owner/name`` forces the Hub
+  over a local path of that name), read with ``datasets`` through the standard cache
+  (tasks/hub_data.py; offline mode honoured): its ``train`` split and its ``test`` split
+  (else ``validation``), with ``text_column`` / ``label_column`` as in a file.
 
 Labels (folder names, or the label column's values, strings or integers) are mapped to
 class ids 0..C-1 in sorted order (integer-valued labels sort as numbers);
@@ -32,7 +36,8 @@ fewer (``num_train_examples`` then holds the count used). Validation examples wh
 equal a training or test example's are dropped, so it may be a few smaller.
 
 Tokens: ``tokenizer`` is a tokenizer saved by Hugging Face (a directory with
-``tokenizer.json``, as ``save_pretrained`` writes, or that file itself), loaded with the
+``tokenizer.json``, as ``save_pretrained`` writes, or that file itself, or a Hub model id
+whose snapshot in the Hugging Face cache holds one: models/hub.py), loaded with the
 ``tokenizers`` library with its own special-token settings. A text longer than
 ``seq_len`` tokens keeps its FIRST ``seq_len`` tokens. Every example is right-padded to
 exactly ``seq_len`` tokens with the pad id: the tokenizer's padding token if it has one
@@ -59,6 +64,8 @@ import re
 
 import numpy as np
 
+from models import hub
+from tasks import hub_data
 from tasks.base import TEST_STREAM, TRAIN_STREAM, Task, check_int, rng_for
 from tasks.metrics import IGNORE
 from tasks.registry import register
@@ -78,7 +85,9 @@ def load_tokenizer(path: str):
     """(tokenizers.Tokenizer without its own padding/truncation, pad id)."""
     if not path or not isinstance(path, str):
         raise ValueError("text_classification needs tokenizer = a tokenizer directory saved by "
-                         "Hugging Face (with tokenizer.json) or a tokenizer.json file")
+                         "Hugging Face (with tokenizer.json), a tokenizer.json file or a Hub model id")
+    if hub.is_hub_id(path):  # the repository's tokenizer files, through the Hugging Face cache
+        path = str(hub.snapshot(path, "tokenizer", patterns=hub.TOKENIZER_FILES))
     file = os.path.join(path, "tokenizer.json") if os.path.isdir(path) else path
     if not os.path.isfile(file):
         raise ValueError(
@@ -224,6 +233,24 @@ def _split_files(path: str) -> tuple[str, str] | None:
     return (found["train"], found["test"]) if found else None
 
 
+def _hub_rows(value: str, text_column: str, label_column: str) -> tuple[tuple[list, list], tuple[list, list]]:
+    """((texts, labels) of the train split, the same of the test split) of a Hub dataset."""
+    what = "text_classification dataset"
+    ds = hub_data.load(value, what=what)
+    out = []
+    for names in (("train",), ("test", "validation")):
+        part = hub_data.split_of(ds, names, value, what)
+        for column in (text_column, label_column):
+            if column not in part.column_names:
+                raise ValueError(f"text_classification: {value} has no column {column!r} (columns: "
+                                 f"{', '.join(part.column_names)}); set text_column / label_column")
+        texts, labels = list(part[text_column]), list(part[label_column])
+        if any(not isinstance(t, str) or not t for t in texts):
+            raise ValueError(f"text_classification: {value} has an empty or non-text {text_column!r}")
+        out.append((texts, labels))
+    return out[0], out[1]
+
+
 def _flatten(files_per_class: list[list[str]]) -> tuple[list[str], np.ndarray]:
     """(all files, class id of each) from one file list per class."""
     files = [f for fs in files_per_class for f in fs]
@@ -279,6 +306,17 @@ class TextClassification(Task):
             self._rows = (texts, labels)
             self.num_test_examples = min(wanted_test, len(texts) - 1)
             pool = len(texts) - self.num_test_examples
+        elif hub.is_hub_id(data_path):
+            self.layout = "hub"
+            train, test = _hub_rows(data_path, text_column, label_column)
+            self.label_names = sorted_labels(train[1], data_path, label_column)
+            unknown = sorted(set(test[1]) - set(train[1]), key=str)
+            if unknown:
+                raise ValueError(f"text_classification: {data_path}'s test split has label(s) "
+                                 f"{', '.join(map(repr, unknown))} that its train split lacks")
+            self._rows = (train, test)
+            pool = len(train[0])
+            self.num_test_examples = min(wanted_test, len(test[0]))
         elif os.path.isdir(data_path):
             pair = _split_files(data_path)
             if pair is not None:

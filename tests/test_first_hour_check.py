@@ -139,6 +139,7 @@ def test_the_form_lists_each_absent_path_with_its_command(tmp_path, monkeypatch)
 
 def test_a_missing_checkpoint_folder_names_its_own_checkpoint(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
+    (tmp_path / "ckpt").mkdir()  # without it, "ckpt/neo" would name a Hub repository (models/hub.py)
     base = SMALL.replace('models = ["transformer"]', 'models = ["{model}"]')
     cases = [("pretrained_causal_lm", 'path = "ckpt/neo"', ["EleutherAI/gpt-neo-125m --local-dir ckpt/neo"]),
              ("pretrained_hybrid", 'gptneo_path = "ckpt/neo"\nmamba_path = "ckpt/mamba"',

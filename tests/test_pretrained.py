@@ -140,7 +140,7 @@ def test_bad_checkpoint_folders_say_what_was_expected(tmp_path, gptneo_dir, layo
         models.build("pretrained_mamba", d_model=1, n_layers=1, path=str(path))
     assert str(path) in str(e.value)
     if layout != "gptneo":
-        assert "does not download" in str(e.value) and "huggingface-cli download" in str(e.value)
+        assert "or a Hub id such as" in str(e.value) and "`hf download state-spaces/mamba-130m-hf --local-dir" in str(e.value)
 
 
 def test_task_vocabulary_must_fit_the_checkpoint(mamba_dir):

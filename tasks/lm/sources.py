@@ -15,7 +15,9 @@ A source is named by one string (``source`` of the ``lm`` task):
   written by ``save_to_disk``, or a local data file read by ``datasets``' own loaders
   (``.jsonl``, ``.json``, ``.parquet``, ``.csv``, ``.txt``). The standard cache is used;
   ``streaming = true`` reads a hub corpus without downloading it whole; offline mode
-  (``HF_DATASETS_OFFLINE=1`` / ``HF_HUB_OFFLINE=1``) is ``datasets``' own and so honoured.
+  (``HF_DATASETS_OFFLINE=1`` / ``HF_HUB_OFFLINE=1``) is honoured as tasks/hub_data.py
+  says (a snapshot in the Hub cache, else ``datasets``' prepared tables), and a corpus
+  that cannot be had is one line saying how to fetch it.
 
 Each document is a :class:`Document`: ``key`` (the bytes the train/valid/test split hashes:
 the record's text, or a file's first 64 KiB and its size, so a file is split without reading
@@ -212,6 +214,11 @@ def hf_dataset(ref: str, config: str | None, split: str, streaming: bool):
     if os.path.isfile(local) and suffix in _HF_BUILDERS:
         return datasets.load_dataset(_HF_BUILDERS[suffix], data_files=local, split="train",
                                      streaming=streaming)
+    from models import hub
+    from tasks import hub_data
+
+    if hub.is_hub_id(ref):  # the standard caches, offline mode, one line on failure
+        return hub_data.load(ref, config, split=split, streaming=streaming, what="lm corpus")
     return datasets.load_dataset(ref, config, split=split, streaming=streaming)
 
 

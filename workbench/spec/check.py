@@ -235,6 +235,8 @@ def _check_registries(p: Profile, path: str, where: _Where) -> None:
     sections = _Sections(p)
     absent = absent_needs(p)
     waiting = {v for v in _path_values(p) if any(_refers(v, n.path) for n in absent)}
+    # a Hub id not in the cache is fetched by the run, not by the check (nor read here)
+    waiting |= {v for v in _path_values(p) if _hub_id(v) and not _hub_cached(v)}
     grid_task_keys = [k for k in p.sweep.grid if k.startswith("task.")]
     bad_tasks: set[tuple] = set()
     for loc, t in p.task_entries():
@@ -466,12 +468,67 @@ def _path_values(p: Profile) -> set[str]:
 
 def absent_needs(p: Profile) -> list:
     """The profile's [[needs]] whose path is absent here and that a task parameter or model
-    option still reads (a path pointed elsewhere, e.g. by --set, needs nothing)."""
+    option still reads (a path pointed elsewhere, e.g. by --set, needs nothing). A Hugging
+    Face Hub id (models/hub.py), as a need's path (written ``hf:owner/name``) or as a value
+    the profile reads, is absent only where it cannot be had: offline and not in the Hugging
+    Face cache (online, the run fetches it into the cache); such a value with no [[needs]]
+    entry gets one here, whose fetch is the `hf download` command."""
     import os
 
+    from workbench.spec.schema import Need
+
     values = _path_values(p)
-    return [n for n in p.needs
-            if not os.path.exists(_norm(n.path)) and any(_refers(v, n.path) for v in values)]
+    # a need's path is a Hub id only when written so (hf:owner/name): data/x.txt is a path
+    out = [n for n in p.needs
+           if (_hub_missing(n.path) if n.path.startswith("hf:") else not os.path.exists(_norm(n.path)))
+           and any(_refers(v, n.path) or _refers("hf:" + v, n.path) for v in values)]
+    from models import hub
+
+    datasets = _task_values(p)
+    for v in sorted(values):
+        if _hub_id(v) and not any(_refers(v, n.path) or _refers("hf:" + v, n.path) for n in p.needs) \
+                and _hub_missing(v):
+            kind = "dataset" if v in datasets else "model"
+            out.append(Need(path=v, fetch=hub.download_command(hub.parse(v), kind),
+                            what=f"a Hugging Face Hub {kind}, not in the cache {hub.cache_dir()} (offline mode)"))
+    return out
+
+
+def _hub_id(value: str) -> bool:
+    """A value that names a Hub repository (no local path of that name exists)."""
+    from models import hub
+
+    return hub.is_hub_id(value)
+
+
+def _hub_cached(value: str) -> bool:
+    """Whether a Hub id's snapshot (a model's or a dataset's) is in the cache; no network."""
+    from models import hub
+
+    ref = hub.parse(value)
+    try:
+        return ref is not None and any(hub.cached(ref, kind) is not None for kind in ("model", "dataset"))
+    except hub.HubError:  # no huggingface_hub: nothing is cached
+        return False
+
+
+def _hub_missing(value: str) -> bool:
+    from models import hub
+
+    return hub.offline(datasets=True) and not _hub_cached(value)
+
+
+def _task_values(p: Profile) -> set[str]:
+    """The strings task parameters other than ``tokenizer`` take: a Hub id among them is a dataset."""
+    out: set[str] = set()
+    for _, t in p.task_entries():
+        for k, v in list(t.params().items()) + list(t.variants.items()):
+            if k != "tokenizer":
+                out.update(x for x in (v if isinstance(v, list) else [v]) if isinstance(x, str))
+    for key, values in p.sweep.grid.items():
+        if key.startswith("task.") and key != "task.tokenizer":
+            out.update(x for x in values if isinstance(x, str))
+    return out
 
 
 # ---------------------------------------------------------------------------------------
