@@ -27,6 +27,7 @@ from pathlib import Path
 # owner/name[@revision]: the Hub's own rules (letters, digits, '-', '_', '.'; no '--' or
 # '..'), checked loosely here; the Hub says the rest
 _ID = re.compile(r"(?P<repo>[A-Za-z0-9][\w.-]*/[\w.-]+)(?:@(?P<rev>[\w./-]+))?")
+_NAME = re.compile(r"(?P<repo>[A-Za-z0-9][\w.-]*)(?:@(?P<rev>[\w./-]+))?")
 PREFIX = "hf:"
 HUB_EXTRA = "pip install huggingface_hub (it comes with the 'pretrained' and 'lm' extras)"
 # what a checkpoint folder needs (models.pretrained): config, weights (safetensors first;
@@ -91,7 +92,7 @@ def parse(value: str) -> HubId | None:
     if not forced and (text.startswith((".", "/", "~")) or os.path.exists(os.path.expanduser(text))
                        or os.path.isdir(text.split("/", 1)[0])):
         return None
-    m = _ID.fullmatch(text)
+    m = _ID.fullmatch(text) or (_NAME.fullmatch(text) if forced else None)  # hf:gpt2: no owner
     if m is None or "--" in m["repo"] or ".." in m["repo"]:
         return None
     return HubId(m["repo"], m["rev"])

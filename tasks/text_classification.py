@@ -89,6 +89,8 @@ def load_tokenizer(path: str):
     if hub.is_hub_id(path):  # the repository's tokenizer files, through the Hugging Face cache
         path = str(hub.snapshot(path, "tokenizer", patterns=hub.TOKENIZER_FILES))
     file = os.path.join(path, "tokenizer.json") if os.path.isdir(path) else path
+    if os.path.isdir(path) and not os.path.isfile(file) and _slow_files(path):
+        return _converted(path)
     if not os.path.isfile(file):
         raise ValueError(
             f"text_classification: no tokenizer file {file!r}; expected a directory saved by "
@@ -107,6 +109,32 @@ def load_tokenizer(path: str):
     pad_id = _pad_id(tok, os.path.dirname(file))
     # the examples are truncated and padded here, to seq_len; the file's own settings would
     # pad or cut at other lengths
+    tok.no_padding()
+    tok.no_truncation()
+    return tok, pad_id
+
+
+def _slow_files(folder: str) -> bool:
+    """A tokenizer saved without tokenizer.json (GPT-2 style vocab.json + merges.txt, as
+    EleutherAI/gpt-neo-125m's repository has), which transformers converts to a fast one."""
+    return os.path.isfile(os.path.join(folder, "vocab.json")) and os.path.isfile(os.path.join(folder, "merges.txt"))
+
+
+def _converted(folder: str):
+    """(tokenizers.Tokenizer, pad id) of such a folder, converted in memory by transformers'
+    fast tokenizer (what AutoTokenizer.from_pretrained(...).save_pretrained(...) would write
+    as tokenizer.json); the folder (maybe the Hub cache) is not written to."""
+    try:
+        from transformers import AutoTokenizer
+    except ImportError:
+        raise ValueError(f"text_classification: {folder!r} has vocab.json and merges.txt but no "
+                         f"tokenizer.json; converting them needs transformers: {PRETRAINED_EXTRA}") from None
+    try:
+        tok = AutoTokenizer.from_pretrained(folder, use_fast=True, local_files_only=True).backend_tokenizer
+    except Exception as e:
+        raise ValueError(f"text_classification: cannot convert the tokenizer in {folder!r} "
+                         f"({type(e).__name__}: {e})") from None
+    pad_id = _pad_id(tok, folder)
     tok.no_padding()
     tok.no_truncation()
     return tok, pad_id

@@ -265,3 +265,40 @@ def test_profile_check_counts_cached_hub_ids_as_present(hf_home, checkpoints, tm
     assert code == 0 and "needs data" in text  # not invalid: fetched, it runs (`run` refuses it until then)
     assert "hf download stanfordnlp/imdb --repo-type dataset" in text
     assert "hf download state-spaces/mamba-130m-hf" in text
+
+
+def test_a_tokenizer_without_tokenizer_json_is_converted_like_autotokenizer(hf_home, tmp_path):
+    """EleutherAI/gpt-neo-125m's repository holds vocab.json + merges.txt, no tokenizer.json:
+    by Hub id it tokenises as the same tokenizer saved as tokenizer.json does."""
+    from tokenizers import Tokenizer, decoders, models as tok_models, pre_tokenizers, trainers
+
+    from tasks.text_classification import load_tokenizer
+
+    tok = Tokenizer(tok_models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(SENTENCES, trainers.BpeTrainer(
+        vocab_size=300, special_tokens=["<|endoftext|>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    fast, slow = tmp_path / "fast", tmp_path / "slow"
+    fast.mkdir(), slow.mkdir()
+    tok.save(str(fast / "tokenizer.json"))
+    tok.model.save(str(slow))  # vocab.json + merges.txt
+    config = json.dumps({"tokenizer_class": "GPT2Tokenizer", "eos_token": "<|endoftext|>",
+                         "bos_token": "<|endoftext|>", "unk_token": "<|endoftext|>"})
+    for folder in (fast, slow):
+        (folder / "tokenizer_config.json").write_text(config)
+    put(hf_home, "org/slow-tok", slow)
+    want, want_pad = load_tokenizer(str(fast))
+    got, pad = load_tokenizer("org/slow-tok")
+    assert pad == want_pad == 0  # <|endoftext|>
+    for text in SENTENCES + ["an unseen wörd, with punctuation!"]:
+        assert got.encode(text).ids == want.encode(text).ids, text
+
+
+def test_the_lm_task_takes_a_pretrained_tokenizer_by_hub_id(hf_home, checkpoints):
+    from tasks.lm.tokenizer import pretrained_file
+
+    snap = put(hf_home, "org/tiny-neo", checkpoints[0])
+    assert pretrained_file("org/tiny-neo") == str(snap / "tokenizer.json")
+    with pytest.raises(hub.HubError, match=r"^lm tokenizer org/absent is not in the Hugging Face cache"):
+        pretrained_file("org/absent")

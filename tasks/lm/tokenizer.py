@@ -9,7 +9,7 @@
   in its alphabet, so any text round-trips.
 - anything else: a pretrained tokenizer: a folder holding ``tokenizer.json`` (as
   ``save_pretrained`` writes it), such a file, or a hub id whose ``tokenizer.json`` comes
-  through huggingface_hub's cache (offline mode honoured). End of text is its EOS token
+  through huggingface_hub's cache (models/hub.py: offline mode honoured, one-line errors). End of text is its EOS token
   (``tokenizer_config.json``'s ``eos_token``, else ``<|endoftext|>``, ``</s>``, ...), one is
   added when it has none.
 
@@ -191,16 +191,15 @@ def pretrained_file(ref: str) -> str:
     if ref.count("/") > 1 or ref.startswith((".", "/", "~")):
         raise ValueError(f"lm: tokenizer {ref!r} is none of {', '.join(BUILTIN)}, no folder or "
                          "file here, and no hub id (owner/name)")
-    try:
-        from huggingface_hub import hf_hub_download
-    except ImportError:
-        raise ImportError(f"lm: tokenizer {ref!r} from the hub needs huggingface_hub: "
-                          f"{TOKENIZERS_EXTRA}") from None
-    try:
-        return hf_hub_download(ref, "tokenizer.json")
-    except Exception as e:  # offline without a cached copy, no such repository, ...
-        raise ValueError(f"lm: cannot get tokenizer.json of {ref!r} from the hub or its cache "
-                         f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from None
+    from models import hub  # the standard cache, offline mode, one line on failure
+
+    folder = hub.snapshot(ref if hub.is_hub_id(ref) else hub.PREFIX + ref, "lm tokenizer",
+                          patterns=hub.TOKENIZER_FILES)
+    file = os.path.join(folder, "tokenizer.json")
+    if not os.path.isfile(file):
+        raise ValueError(f"lm: the Hub repository {ref} has no tokenizer.json (a fast tokenizer's "
+                         "save_pretrained writes one); give a folder holding one")
+    return file
 
 
 def _eos_name(file: str, tok) -> str | None:
