@@ -263,10 +263,12 @@ def _run(store: Store, run_id: int, t_start: float, stop: StopFlag, argv: list[s
         return 1
     finally:
         bg.stop()
-        if launcher is not None:
-            launcher.stop(grace_s=2.0 if stop.signum is None and trainer is None else 10.0)
+        # the group first: ranks still waiting in a collective (rank 0 failed alone) then
+        # fail at once instead of at the launcher's deadline
         if trainer is not None and trainer.group is not None:
             trainer.group.close()
+        if launcher is not None:
+            launcher.stop(grace_s=10.0)
         if events is not None:  # closed with the hparams once the run's results are all in
             events.close(with_hparams=trainer is not None and trainer.out is not None)
 
