@@ -20,6 +20,7 @@ from workbench.train import checkpoint
 from workbench import cli
 from workbench.execute import resume, scheduler
 from workbench.spec.run_spec import spec_key
+from workbench.store.progress import command
 
 UNSAFE = "weights_only=False"
 
@@ -54,7 +55,7 @@ def refused(capsys, store, rid, before):
     assert UNSAFE not in out.err and UNSAFE not in out.out
     r = store.get(rid)
     assert (r.state, r.error, r.info.get("resume")) == (before.state, before.error, before.info.get("resume"))
-    assert f"`ssm-workbench resume --restart {rid}`" in out.err
+    assert f"`{command(store.root)} resume --restart {rid}`" in out.err
     return out.err
 
 
@@ -151,7 +152,7 @@ def test_a_file_torch_would_refuse_never_brings_the_unsafe_advice(tmp_path, monk
     r = store.get(rid)
     assert r.state == "failed" and r.error.startswith(f"cannot resume: checkpoint {path}")
     assert UNSAFE not in r.error and "weights_only" not in r.error
-    assert f"`ssm-workbench resume --restart {rid}`" in r.error
+    assert f"`{command(store.root)} resume --restart {rid}`" in r.error
 
 
 def test_the_worker_checks_again_and_fails_clearly(tmp_path, monkeypatch, no_live_worker, spawned, capsys):
@@ -164,7 +165,7 @@ def test_the_worker_checks_again_and_fails_clearly(tmp_path, monkeypatch, no_liv
     r = store.get(rid)
     assert r.state == "failed" and r.error.startswith(f"cannot resume: checkpoint {path} is damaged: "
                                                       f"checksum mismatch")
-    assert UNSAFE not in r.error and f"`ssm-workbench resume --restart {rid}`" in r.error
+    assert UNSAFE not in r.error and f"`{command(store.root)} resume --restart {rid}`" in r.error
     assert metric_rows(store, rid)  # the first attempt's rows are still there
 
 

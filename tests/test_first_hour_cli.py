@@ -236,6 +236,50 @@ def test_hints_name_the_command_as_typed(tmp_path, monkeypatch):
     assert progress.command() == (str(beside.absolute()) if beside.is_file() else f"{sys.executable} -m workbench")
 
 
+COMMAND_HINT = re.compile(r"ssm-workbench (?:--store \S+ )?(?:resume|run|show|kill|runs|export|plot|score|"
+                          r"report|profile|doctor|eval|bench|models|tasks)\b")
+# generated documents (report's tables) name the installed command, not this machine's path
+HINTS_AS_DOCUMENTS = {"workbench/results/report.py"}
+
+
+def test_no_message_hard_codes_the_command():
+    """A hint the user types (`resume 3`, `show 3`, `run --fresh`) names the command as they
+    run it, through progress.command ($SSM_WORKBENCH_CMD: ./run.sh), not `ssm-workbench`,
+    which is not on the PATH after ./run.sh. Docstrings and comments may name it."""
+    import ast
+
+    found = []
+    for path in sorted((ROOT / "workbench").rglob("*.py")):
+        rel = str(path.relative_to(ROOT))
+        if rel in HINTS_AS_DOCUMENTS:
+            continue
+        tree = ast.parse(path.read_text())
+        docs = {id(n.body[0].value) for n in ast.walk(tree)
+                if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+                and n.body and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+        found += [f"{rel}:{n.lineno}: {n.value.strip()[:80]}" for n in ast.walk(tree)
+                  if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docs
+                  and COMMAND_HINT.search(n.value)
+                  and not re.fullmatch(r"ssm-workbench \w+", n.value)]  # a title, a prog name
+    assert not found, "\n".join(found)
+
+
+def test_resume_hints_name_the_command_as_typed(tmp_path, monkeypatch, capsys):
+    from workbench.execute import resume
+
+    monkeypatch.setenv("SSM_WORKBENCH_CMD", "./run.sh")
+    store = Store(tmp_path / "st")
+    rid = add_run(store, "p", "lstm", 16, 0, state="pending")
+    gone = subprocess.Popen(["true"])
+    gone.wait()  # its worker exited
+    store.mark_started(rid, gone.pid, "cpu", "cpu0")
+    assert store.finish(rid, "killed", "killed by user")
+    with pytest.raises(resume.ResumeError) as e:  # no checkpoint: restart is the way
+        resume.requeue(store, rid)
+    assert f"`./run.sh --store {store.root} resume --restart {rid}`" in str(e.value)
+    assert "ssm-workbench" not in str(e.value)
+
+
 def test_run_sh_tells_the_workbench_how_it_was_invoked(tmp_path):
     """run.sh puts its own name, as typed, in $SSM_WORKBENCH_CMD (a stand-in set-up script and
     workbench print what they get)."""

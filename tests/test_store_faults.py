@@ -31,6 +31,7 @@ from workbench import cli
 from workbench.execute import resume
 from workbench.spec.profile import expand, loads
 from workbench.store import RESERVE_FILE, Store, StoreError, StoreFull, StoreReadOnly, is_disk_full
+from workbench.store.progress import command
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -351,7 +352,7 @@ def test_full_database_fails_the_run_as_disk_full_and_it_resumes_when_space_retu
     assert worker.run(str(store.root), rid) == 1
     r = store.get(rid)
     assert r.state == "failed" and r.error.startswith("disk full"), r.error
-    assert f"ssm-workbench resume {rid}" in r.error
+    assert f"{command(store.root)} resume {rid}" in r.error
     assert 10 < r.step < 150 and r.progress < 1
     assert "the store's database" in r.error and "database or disk is full" in r.error
     ck = r.info["checkpoint"]
@@ -374,6 +375,7 @@ def test_full_database_fails_the_run_as_disk_full_and_it_resumes_when_space_retu
 
 
 def test_enospc_writing_a_checkpoint_fails_the_run_as_disk_full(tmp_path, monkeypatch):
+    monkeypatch.setenv("SSM_WORKBENCH_CMD", "./run.sh")  # as run.sh sets it for the workers too
     store = Store(tmp_path / "st")
     (rid,) = store.add_runs([spec(steps=30, checkpoint_every=10)])
     store.mark_started(rid, os.getpid(), "cpu", "cpu0")
@@ -386,6 +388,7 @@ def test_enospc_writing_a_checkpoint_fails_the_run_as_disk_full(tmp_path, monkey
     r = store.get(rid)
     assert r.state == "failed" and r.error.startswith("disk full: No space left on device writing ")
     assert "Traceback" not in r.error
+    assert f"`./run.sh --store {store.root} resume {rid}` goes on" in r.error  # typed as it says
 
 
 def test_recording_a_full_disk_frees_the_reserve_first(tmp_path, monkeypatch):

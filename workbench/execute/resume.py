@@ -28,6 +28,7 @@ import time
 
 from workbench.execute.executor import by_executor, files_root
 from workbench.store import UNFINISHED, Store, pid_alive
+from workbench.store.progress import command
 
 
 class ResumeError(Exception):
@@ -55,7 +56,7 @@ def requeue(store: Store, run_id: int, require_checkpoint: bool = True, restart:
             raise ResumeError(f"run {run_id} was crashed but holds all its final results: "
                               f"it is marked finished now; nothing to resume")
         raise ResumeError(f"run {run_id} is {r.state} but holds all its final results "
-                          f"(`ssm-workbench show {run_id}`); nothing to resume, and they are not deleted")
+                          f"(`{command(store.root)} show {run_id}`); nothing to resume, and they are not deleted")
     if r.pid and r.host == socket.gethostname() and pid_alive(r.pid, r.pid_start):
         # e.g. just killed and still writing its checkpoint: two workers must never share a run
         raise ResumeError(f"run {run_id}: its worker (pid {r.pid}) has not exited yet; try again shortly")
@@ -70,7 +71,7 @@ def requeue(store: Store, run_id: int, require_checkpoint: bool = True, restart:
         try:
             head = checkpoint.verify(path, run_id, r.spec)
         except checkpoint.CheckpointError as e:
-            raise ResumeError(f"run {run_id}: cannot resume: {e}; `ssm-workbench resume --restart {run_id}` "
+            raise ResumeError(f"run {run_id}: cannot resume: {e}; `{command(store.root)} resume --restart {run_id}` "
                               f"discards it and trains the run from step 0") from None
         step = head.step if head.step is not None else (r.info.get("checkpoint") or {}).get("step")
         marker = {"checkpoint": str(path), "step": step, "requested": time.time(), "check": head.note}
@@ -79,7 +80,7 @@ def requeue(store: Store, run_id: int, require_checkpoint: bool = True, restart:
         return "resumed"
     if require_checkpoint and not restart:
         raise ResumeError(f"run {run_id} ({r.state}) has no checkpoint to resume from "
-                          f"(expected {path}); `ssm-workbench resume --restart {run_id}` (or replaying its "
+                          f"(expected {path}); `{command(store.root)} resume --restart {run_id}` (or replaying its "
                           f"profile) trains it from step 0")
     checkpoint.remove(root, run_id)
     if not store.requeue(run_id, None):
@@ -170,5 +171,5 @@ def cmd_resume(args) -> int:
     for e in errors:
         print(e, file=sys.stderr)
     if done:
-        print("watch with `ssm-workbench runs` or the TUI")
+        print(f"watch with `{command(store.root)} runs` or the TUI")
     return 2 if errors else 0

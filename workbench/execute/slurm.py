@@ -302,7 +302,9 @@ def _map_state(store: Store, r: Run, job: str, js: JobState) -> bool:
         state, why = ENDED[js.state]
         ck = (r.info or {}).get("checkpoint")
         if ck:
-            why += f"; checkpoint at step {ck.get('step')} kept (ssm-workbench resume {r.id})"
+            from workbench.store.progress import command
+
+            why += f"; checkpoint at step {ck.get('step')} kept (`{command(store.root)} resume {r.id}`)"
         store.finish(r.id, state, f"Slurm job {job}: {why}")
     return changed
 

@@ -39,7 +39,7 @@ def add_parser(sub) -> None:
                     "runs: learning curves grouped over seeds with bands, a metric against sequence "
                     "length per model, a metric against the len=N / dist=N eval sets. Each path "
                     "written is printed; figures that do not apply are listed as skipped.")
-    p.add_argument("profile", nargs="?", help="profile name (`ssm-workbench runs` lists them)")
+    p.add_argument("profile", nargs="?", help="profile name (the runs command lists them)")
     p.add_argument("--runs", help="run ids, e.g. 1,2,5-8 (with a profile: only those of it)")
     p.add_argument("--kind", choices=("all",) + KINDS, default="all",
                    help="which figures (default all that apply to the data)")

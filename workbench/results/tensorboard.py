@@ -231,8 +231,10 @@ class LiveEvents:
     def _fail(self, e: Exception) -> None:
         self._broken = True
         try:
+            from workbench.store.progress import command
+
             print(f"[worker] TensorBoard events stopped ({self.events_dir}): {type(e).__name__}: {e}; "
-                  "the store keeps every measurement (`ssm-workbench export --format tensorboard` "
+                  f"the store keeps every measurement (`{command()} export --format tensorboard` "
                   "writes them later)", file=sys.stderr, flush=True)
         except OSError:
             pass

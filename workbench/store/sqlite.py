@@ -171,7 +171,7 @@ class Store:
     def _refusal(self) -> StoreError:
         if self.readonly_reason == "disk full":
             return StoreFull(f"store {self.root}: disk full; free some space there (unfinished runs "
-                             f"can be resumed then: ssm-workbench resume ID)")
+                             f"can be resumed then: {_command(self.root)} resume ID)")
         return StoreReadOnly(f"store {self.root} is read-only ({self.readonly_reason}): it can be "
                              f"read (runs, show, export) but not changed; copy the folder somewhere "
                              f"writable to run or resume there")
@@ -180,7 +180,7 @@ class Store:
         """A failed write in words: a full disk or a store that cannot be written."""
         if is_disk_full(e):
             return StoreFull(f"store {self.root}: disk full ({e}); free some space there (unfinished "
-                             f"runs can be resumed then: ssm-workbench resume ID)")
+                             f"runs can be resumed then: {_command(self.root)} resume ID)")
         why = _cannot_write(e)
         if why is not None:
             return StoreReadOnly(f"store {self.root} cannot be written ({why})")
@@ -583,6 +583,14 @@ class Store:
 
 
 _FINAL_SQL = f"SELECT 1 FROM results WHERE run_id=? AND eval_set='' AND name='{FINAL_RESULT}'"
+
+
+def _command(root: Path) -> str:
+    """The workbench's command for this store as the user types it (progress.command:
+    ./run.sh when run.sh started it; imported here, as progress reads stores itself)."""
+    from workbench.store.progress import command
+
+    return command(root)
 
 
 def _own(row: sqlite3.Row, pid: int | None, host: str | None) -> bool:

@@ -76,6 +76,16 @@ def start_sampler(store, run_id: int, interval: float = 1.0) -> sysmon.Sampler:
     return sampler
 
 
+def _command(store) -> str:
+    """The workbench's command in the hints a run's messages hold, as the user types it
+    (``progress.command``: ``./run.sh`` when run.sh started the sweep, ``--store DIR`` for a
+    store found elsewhere); a Slurm run's RunFile is in the shared folder, not the store,
+    so it names no store."""
+    from workbench.store.progress import command
+
+    return command(store.root if isinstance(store, Store) else None)
+
+
 def run(store_dir: str | None, run_id: int, run_file: str | None = None) -> int:
     """Run ``run_id`` of the store in ``store_dir``, or, with ``run_file`` (a Slurm job on
     another node), of the run file in that shared folder (workbench/store/runfile.py).
@@ -194,7 +204,7 @@ def _run(store: Store, run_id: int, t_start: float, stop: StopFlag, argv: list[s
             try:  # verified again here (resume did once): the file may have changed since
                 ck = checkpoint.load_for_run(store.root, run_id, r.spec)
             except checkpoint.CheckpointError as e:
-                raise RunFailed(f"cannot resume: {e}; `ssm-workbench resume --restart {run_id}` "
+                raise RunFailed(f"cannot resume: {e}; `{_command(store)} resume --restart {run_id}` "
                                 f"trains the run from step 0") from None
             check = ck.pop("_file", {}).get("check")
             trainer.restore(ck)
@@ -302,7 +312,7 @@ def _run_eval(store, run_id: int, spec: dict, stop: StopFlag) -> int:
         name = signal.Signals(e.signum).name
         done = (store.get(run_id).info or {}).get("eval_done") or []
         store.finish(run_id, "preempted", f"preempted ({name}) after {len(done)} task(s); "
-                                          f"`ssm-workbench resume {run_id}` goes on from the next")
+                                          f"`{_command(store)} resume {run_id}` goes on from the next")
         return 128 + e.signum
     except RunFailed as e:
         store.finish(run_id, "failed", str(e))
@@ -355,7 +365,7 @@ def _disk_full(store: Store, run_id: int, e: BaseException) -> int:
         ck = {}
     where = f"from its checkpoint at step {ck['step']}" if ck.get("step") is not None else "from the start"
     detail = full_disk_detail(e, store.root)
-    msg = f"disk full: {detail}; free space there, then `ssm-workbench resume {run_id}` goes on {where}"
+    msg = f"disk full: {detail}; free space there, then `{_command(store)} resume {run_id}` goes on {where}"
     store.release_reserve()
     for text in (msg, "disk full"):
         try:
@@ -384,7 +394,7 @@ def _stopped(store: Store, run_id: int, trainer: Trainer | None, stop: StopFlag,
             print(f"[worker] run {run_id}: final checkpoint failed: {e}", file=sys.stderr, flush=True)
     ck = (store.get(run_id).info or {}).get("checkpoint")
     if ck and Path(ck["path"]).is_file():
-        msg = f"preempted ({name}): checkpoint at step {ck['step']}; `ssm-workbench resume {run_id}` continues"
+        msg = f"preempted ({name}): checkpoint at step {ck['step']}; `{_command(store)} resume {run_id}` continues"
     else:
         msg = f"preempted ({name}) before its first checkpoint"
     job = os.environ.get("SLURM_JOB_ID")

@@ -57,10 +57,11 @@ def id_ranges(ids: list[int]) -> str:
     return ", ".join(str(a) if a == b else f"{a}..{b}" for a, b in out)
 
 
-def launch_summary(name: str, ids: Any) -> str:
+def launch_summary(name: str, ids: Any, cmd: str = "ssm-workbench") -> str:
     """What submitting a sweep did, from :class:`workbench.execute.scheduler.Submission` (a plain
     list of ids counts as all queued): new runs queued, and the runs the store already
-    held (skipped as finished, still pending or running, resumed, restarted, refused)."""
+    held (skipped as finished, still pending or running, resumed, restarted, refused).
+    ``cmd``: the workbench's command as the user types it (:func:`progress.command`)."""
     queued = list(getattr(ids, "queued", ids))
     text = f"sweep {name}: {len(queued)} run{'' if len(queued) == 1 else 's'} queued"
     if queued:
@@ -74,7 +75,7 @@ def launch_summary(name: str, ids: Any) -> str:
         parts = ", ".join(f"{len(v)} {words[k]}" for k, v in held if v)
         text += f"; {n_held} already in the store: {parts}"
         if not queued and len(getattr(ids, "skipped", [])) == n_held:
-            text += " (`ssm-workbench run --fresh` trains them anew)"
+            text += f" (`{cmd} run --fresh` trains them anew)"
     return text
 
 
@@ -328,7 +329,7 @@ class WorkbenchApp(PollsStore, App):
         self.call_from_thread(self._launched, profile, ids)
 
     def _launched(self, profile: Profile, ids: list[int]) -> None:
-        text = launch_summary(profile.name, ids)
+        text = launch_summary(profile.name, ids, progress.command(self.store.root))
         self.notify(text, markup=False, timeout=8)
         self.query_one(SweepForm).set_status(text)
         # the cursor goes to the first run that will train now (else the sweep's first)

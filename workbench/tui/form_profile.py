@@ -178,8 +178,10 @@ class FormProfile:
         task beside the new task's description, no parameters, the old lengths) for
         seconds on a loaded machine."""
         if prof.task is None:
+            from workbench.store.progress import command
+
             raise ProfileError(f"profile {prof.name!r} has {len(prof.tasks)} tasks ([[tasks]]): the form edits "
-                               f"profiles with one [task]; run it with `ssm-workbench run`")
+                               f"profiles with one [task]; run it with `{command(self.state_dir)} run`")
         with self.app.batch_update():
             await self._fill(prof)
 
