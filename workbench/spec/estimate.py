@@ -47,8 +47,9 @@ selective scan keeps a state every 32 steps); CUDA's kernels (mamba-ssm, Triton)
 about as much or less, so CUDA estimates err high. ``amp`` (bf16) is estimated as fp32
 (high by up to 2x on activations). FFT convolutions (Hyena, and S4-family kernels at long
 lengths) are estimated low: their backward's complex temporaries are larger than the
-transient term allows (Hyena at b8, L = 1024: 82 MiB estimated, 137-144 MiB measured by
-`bench`, so 0.6; tests/test_estimate.py). Deep models (more than ``DIRECT_LAYERS`` layers) are
+transient term allows (Hyena at b8, L = 1024: 82 MiB estimated, 137-161 MiB measured by
+`bench`, 0.5-0.6; ``ssm-workbench bench --estimate`` prints the two side by side, one model
+per family, and docs/RESULTS.md holds its table). Deep models (more than ``DIRECT_LAYERS`` layers) are
 probed at 2 and 4 layers and extrapolated linearly in depth.
 """
 from __future__ import annotations
@@ -70,7 +71,8 @@ DIRECT_LAYERS = 4               # deeper models are probed at 2 and 4 layers, th
 CPU_RUNTIME_BYTES = 300 * MiB   # RSS of a worker process with torch imported, before its model
 CUDA_RUNTIME_BYTES = 600 * MiB  # CUDA context + cuBLAS/cuDNN workspaces, outside the allocator
 # backward's temporaries: gradients of the saved tensors of the layer being differentiated,
-# a fraction of the activations of one layer. Measured against `bench` (tests/test_estimate.py).
+# a fraction of the activations of one layer. Compared with `bench`'s measurement by
+# `ssm-workbench bench --estimate` (a benchmark: docs/RESULTS.md), not by a test.
 TRANSIENT_FACTOR = 2.0
 # The probe builds the real model (weights allocated and initialised) to measure what a
 # forward keeps. Its weights are first counted on the meta device (no memory); beyond this
