@@ -333,7 +333,10 @@ class Need(_Strict):
     whose needed paths are absent as "needs data", not invalid, and prints ``fetch``;
     ``run`` refuses it with the same commands. A need counts only while a task parameter
     or model option of the profile names its path (or a path inside it, or a folder that
-    holds it): pointing the profile elsewhere (``--set task.data_path=...``) drops it."""
+    holds it): pointing the profile elsewhere (``--set task.data_path=...``) drops it.
+    A path written ``hf:owner/name`` is a Hugging Face Hub id (models/hub.py): present when
+    its snapshot is in the Hugging Face cache, or while not offline (the run fetches it); a
+    Hub id the profile reads without such an entry is treated the same way (spec/check.py)."""
 
     path: str = Field(min_length=1)   # relative to where ssm-workbench runs, as the profile's own paths
     fetch: str = Field(min_length=1)  # a shell command, run from that directory, that creates path
