@@ -12,6 +12,7 @@ from pydantic import ValidationError
 from workbench.spec import profile as profiles
 from workbench.spec.check import registry_problems  # noqa: F401  (the form's checks beyond the schema)
 from workbench.spec.profile import Profile, ProfileError
+from workbench.tui.formatting import count
 
 
 def _plural(n: int, word: str) -> str:
@@ -63,29 +64,28 @@ def budget_steps_text(specs: list) -> tuple[str, bool, list[int] | None]:
     if not budgets:
         return "", True, None
     steps = [b["steps"] for _, b in budgets]
-    lo, hi = min(steps), max(steps)
     per_step = sorted({b["tokens_per_step"] for _, b in budgets})
-    shape = f"{per_step[0]:,}" if len(per_step) == 1 else f"{per_step[0]:,}..{per_step[-1]:,}"
-    head = (f"= {lo:,} step{'' if lo == 1 else 's'}" if lo == hi else f"= {lo:,}..{hi:,} steps") + \
-        f" a run ({shape} tokens a step)"
-    by_model: dict[str, list[dict]] = {}
+    tokens = [b["tokens"] for _, b in budgets]
+    flops = [b["flops"] for _, b in budgets if b.get("flops")]
+    head = (f"= {_span(steps, lambda v: f'{v:,}')} step{'' if max(steps) == 1 else 's'} a run "
+            f"({_span(per_step, lambda v: f'{v:,}')} tokens a step): {_span(tokens, count)} tokens"
+            + (f", {_span(flops, _e)} FLOPs" if flops else ""))
+    by_model: dict[str, list[int]] = {}
     for label, b in budgets:
-        by_model.setdefault(label, []).append(b)
+        by_model.setdefault(label, []).append(b["steps"])
+    if len(by_model) > 1 and min(steps) != max(steps):  # FLOPs and parameters differ by model
+        head += "; steps: " + ", ".join(f"{label} {_span(st, lambda v: f'{v:,}')}"
+                                        for label, st in by_model.items())
+    return head, True, steps
 
-    def one(bs: list[dict]) -> str:
-        st = sorted({b["steps"] for b in bs})
-        fl = [b["flops"] for b in bs if b.get("flops")]
-        tok = sorted({b["tokens"] for b in bs})
-        return ((f"{st[0]:,}" if len(st) == 1 else f"{st[0]:,}..{st[-1]:,}") + " steps, "
-                + (f"{tok[0]:.3g}" if len(tok) == 1 else f"{tok[0]:.3g}..{tok[-1]:.3g}") + " tokens"
-                + (f", {min(fl):.3g} FLOPs" if fl and min(fl) == max(fl) else
-                   f", {min(fl):.3g}..{max(fl):.3g} FLOPs" if fl else ""))
 
-    if len(by_model) == 1:
-        detail = one(next(iter(by_model.values())))
-    else:
-        detail = "; ".join(f"{label} {one(bs)}" for label, bs in by_model.items())
-    return f"{head}: {detail}", True, steps
+def _span(values: list, fmt) -> str:
+    lo, hi = min(values), max(values)
+    return fmt(lo) if lo == hi else f"{fmt(lo)}..{fmt(hi)}"
+
+
+def _e(v: float) -> str:
+    return f"{v:.3g}".replace("e+", "e")
 
 
 def estimate_text(prof: Profile) -> tuple[str, str | None]:

@@ -402,6 +402,8 @@ class SweepForm(FormPresets, FormProfile, Vertical):
             ok, steps = not budget, None
         except (ProfileError, ValueError) as e:
             text, ok, steps = str(e).splitlines()[0], False, None
+        except Exception as e:  # a hint never takes the form down, and never stays "counting"
+            text, ok, steps = f"no step count: {type(e).__name__}: {e}", False, None
         try:
             self.app.call_from_thread(self._show_budget_steps, seq, text, ok, steps)
         except RuntimeError:  # the app closed meanwhile
