@@ -41,6 +41,17 @@ def flat_range(values) -> tuple[float, float] | None:
     return 0.0, 1.0
 
 
+def short_ticks(plt, xs: list[float], n: int = 5) -> None:
+    """Tick labels like 2.6e8 (FLOPs) or 512k (tokens) where plotext would write every digit
+    (256000000): x values of a million or more get ``n`` evenly spaced ticks, labelled with
+    3 significant digits."""
+    if not xs or max(abs(x) for x in xs) < 1e6:
+        return
+    lo, hi = min(xs), max(xs)
+    ticks = [lo + (hi - lo) * k / (n - 1) for k in range(n)] if hi > lo else [lo]
+    plt.xticks(ticks, [f"{t:.3g}".replace("e+0", "e").replace("e+", "e") for t in ticks])
+
+
 class MetricPlot(PlotextPlot):
     """Plot several (step, value) series. Appending data does not redraw; :meth:`redraw`
     does, so the caller decides the rate (the run view redraws only when rows arrived)."""
@@ -125,6 +136,7 @@ class CurvePlot(PlotextPlot):
             plt.ylim(*self.ylim)
         elif flat is not None:
             plt.ylim(*flat)
+        short_ticks(plt, [x for c in self.curves for x in c.x])
         for i, c in enumerate(self.curves):
             colour = self.colours[i] if i < len(self.colours) else COLOURS[i % len(COLOURS)]
             if c.lo != c.mean:  # a band to show (several seeds, or min/max)
