@@ -394,3 +394,29 @@ def test_bad_references_fail_in_one_line(made, tmp_path):
         assert run.state == "failed" and words in run.error and "\n" not in run.error
     with pytest.raises(ValueError, match="unknown option"):
         eval_spec("x/y", ["t"], batchsize=3)
+
+
+@needs_lm_eval
+def test_a_hub_id_is_read_from_the_hugging_face_cache_offline(made, tmp_path, monkeypatch):
+    """`eval owner/name` loads the snapshot of the standard cache (offline: nothing fetched)
+    and scores it as the folder it came from."""
+    from tests.test_hub import put
+
+    home = tmp_path / "hf"
+    monkeypatch.setenv("HF_HOME", str(home))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    for var in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE"):
+        monkeypatch.delenv(var, raising=False)
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    snap = put(home, "tiny-org/tiny-neox", made["neox"])
+    by_id = adapter("tiny-org/tiny-neox")
+    assert by_id.lm.info["folder"] == str(snap)
+    a = numbers(evaluate(by_id, made["tasks"], ["tiny_mc"]))
+    b = numbers(evaluate(adapter(made["neox"]), made["tasks"], ["tiny_mc"]))
+    assert a == b
+    from workbench.train.eval_models import ModelRefError
+
+    with pytest.raises(ModelRefError, match="HF_HUB_OFFLINE"):
+        adapter("tiny-org/absent")

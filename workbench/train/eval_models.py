@@ -7,8 +7,8 @@ A model reference is one of
   from ``checkpoints/N/weights.pt`` (what a finished ``lm`` run keeps) or, for a run that
   stopped before its end, its resumable checkpoint ``last.pt``;
 - a Hugging Face causal LM: a local folder (``save_pretrained``'s files) or a hub id
-  (``owner/name``, fetched into the standard Hugging Face cache by ``huggingface_hub``,
-  which honours ``HF_HUB_OFFLINE`` and ``HF_HOME``). Mamba checkpoints (``model_type =
+  (``owner/name[@revision]``, fetched into the standard Hugging Face cache by
+  models/hub.py, which honours ``HF_HUB_OFFLINE`` and ``HF_HOME``). Mamba checkpoints (``model_type =
   "mamba"``) run on the workbench's own Mamba (models/pretrained.py; it matches
   ``transformers``' to 5e-7) and generate from its recurrent state; any other runs through
   ``transformers``' ``AutoModelForCausalLM`` and generates from its KV cache. The tokenizer
@@ -47,25 +47,19 @@ def load(ref: str, device: torch.device, *, store_root: str | Path | None = None
 
 # ------------------------------------------------------------------ Hugging Face models
 def resolve_folder(ref: str) -> Path:
-    """A local folder as it is; else a hub id fetched into (or found in) the HF cache."""
+    """A local folder as it is; else a Hub id fetched into (or found in) the standard
+    Hugging Face cache by models/hub.py (offline mode, one-line errors)."""
+    from models.hub import HubError, checkpoint_folder, parse
+
     path = Path(ref).expanduser()
     if path.is_dir():
         return path
-    if ref.count("/") != 1 or ref.startswith((".", "/", "~")):
+    if parse(ref) is None:
         raise ModelRefError(f"model {ref!r}: no such folder, and not a hub id (owner/name) nor run:N")
     try:
-        from huggingface_hub import snapshot_download
-    except ImportError:
-        raise ModelRefError(f"model {ref!r} from the hub needs huggingface_hub: "
-                            "pip install 'ssm-workbench[pretrained]'") from None
-    try:
-        return Path(snapshot_download(ref, allow_patterns=["*.json", "*.safetensors", "*.txt", "*.model",
-                                                           "tokenizer*", "*.bin"]))
-    except Exception as e:  # offline without a cached copy, no such repository, no network
-        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
-        raise ModelRefError(f"model {ref!r}: cannot get it from the Hugging Face hub or its cache "
-                            f"({type(e).__name__}: {first[:200]}); offline, download it on a connected "
-                            f"machine (`huggingface-cli download {ref}`) and pass the folder") from None
+        return checkpoint_folder(ref, "model")
+    except HubError as e:
+        raise ModelRefError(str(e)) from None
 
 
 def _hf_tokenizer(folder: Path):
