@@ -164,6 +164,27 @@ def test_a_killed_rank_fails_the_run_in_one_line(tmp_path, launched, monkeypatch
     assert r.error == f"rank 1 of 2 (pid {pid}) was killed by SIGKILL"
 
 
+@pytest.mark.slow  # ~15 s quiet, 40 s at load 13 (rank 1 starts cold)
+def test_a_failing_rank_names_itself_and_its_error(tmp_path, launched, monkeypatch):
+    # rank 1's process fails inside its training loop: a sitecustomize on its path (the
+    # launcher passes this environment on) makes Trainer._loop raise there, on rank 1 only
+    (tmp_path / "hook").mkdir()
+    (tmp_path / "hook" / "sitecustomize.py").write_text(
+        "import os\n"
+        "if os.environ.get('RANK') == '1':\n"
+        "    from workbench.train import trainer\n"
+        "    def _loop(self, *a, **k):\n"
+        "        raise ValueError('injected on rank 1')\n"
+        "    trainer.Trainer._loop = _loop\n")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(tmp_path / "hook"), os.getcwd(),
+                                                                   os.environ.get("PYTHONPATH")])))
+    store, rid = train(tmp_path / "st", spec(devices=2, steps=40))
+    r = store.get(rid)
+    pid = launched[0].children[1].pid
+    assert r.state == "failed"
+    assert r.error == f"rank 1 of 2 (pid {pid}) exited with code 1: ValueError: injected on rank 1"
+
+
 @pytest.mark.slow  # three runs of two processes: ~30 s on a loaded 2-core box
 @pytest.mark.parametrize("ranks_after", [2, 1])
 def test_a_stopped_run_resumes_on_as_many_or_fewer_ranks_and_continues_the_curve(

@@ -50,6 +50,7 @@ FAILED_KEY = "ssmwb/failed/"  # + rank: a rank's one-line error, in the group's 
 # a collective waits this long for a peer (rank 0 evaluates while the others wait at the
 # step's agreement, so it must outlast the longest evaluation)
 TIMEOUT = dt.timedelta(hours=2)
+JOIN_TIMEOUT = dt.timedelta(minutes=10)  # for every rank to reach the rendezvous
 NOTICE_S = 15.0  # a dead child not noticed by rank 0's main thread in this time: the launcher ends the run
 
 
@@ -117,11 +118,15 @@ class Group:
 
         self.ranks, self.device, self.dist = ranks, device, dist
         self.backend = "nccl" if device.type == "cuda" else "gloo"
-        dist.init_process_group(self.backend, init_method=f"tcp://{ranks.addr}:{ranks.port}",
-                                rank=ranks.rank, world_size=ranks.world, timeout=TIMEOUT)
+        # the rendezvous has its own, shorter limit: a rank whose peers never come (rank 0
+        # found nothing to do, a rank died before joining under srun) fails in minutes
+        rendezvous = dist.TCPStore(ranks.addr, ranks.port, ranks.world, is_master=ranks.rank == 0,
+                                   timeout=JOIN_TIMEOUT)
+        dist.init_process_group(self.backend, store=rendezvous, rank=ranks.rank, world_size=ranks.world,
+                                timeout=TIMEOUT)
         # flags and Python objects go through gloo on the CPU (no device sync on a GPU run)
         self.control = dist.new_group(backend="gloo", timeout=TIMEOUT) if self.backend != "gloo" else None
-        self.kv = dist.distributed_c10d._get_default_store()
+        self.kv = rendezvous  # where a failing rank leaves its line (FAILED_KEY)
 
     @property
     def rank(self) -> int:
