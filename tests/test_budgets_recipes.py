@@ -228,7 +228,8 @@ def test_dry_run_lines_show_steps_tokens_and_flops():
     (line,) = _budget_lines(out + out)           # one line per distinct run
     assert f"flops {FPT_HAND * 512 * 7:.4g} -> 7 steps x 512 = 3,584 tokens" in line
     assert f"{FPT_HAND * 512 * 7:.3g} FLOPs" in line
-    assert _budget_lines(specs(train="steps = 5")) == []
+    (line,) = _budget_lines(specs(models_='"gated_mlp"', train="steps = 5"))   # steps: FLOPs too
+    assert f"steps 5 x 512 = 2,560 tokens, {FPT_HAND:.3g} FLOPs/token, {FPT_HAND * 2560:.3g} FLOPs" in line
 
 
 def test_a_saved_profile_keeps_its_recipe_and_size_in_force():

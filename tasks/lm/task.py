@@ -6,9 +6,10 @@
   (tasks/lm/split.py, ``valid_fraction`` / ``test_fraction`` of the documents), tokenised
   once into cached token files (tasks/lm/tokenfile.py) by the tokenizer named
   (tasks/lm/tokenizer.py: ``bytes``, ``char``, ``bpe`` with ``vocab_size``, or a
-  pretrained one). Building the task reads nothing; the corpus is tokenised the first time
-  data (or, for ``char`` and pretrained tokenizers, the vocabulary size) is asked for, so
-  ``profile check`` and the sweep form stay fast.
+  pretrained one, whose ``vocab_size`` may give the embedding rows, padded as Mamba pads
+  GPT-NeoX's 50,277 ids to 50,280). Building the task reads nothing; the corpus is tokenised
+  the first time data (or, for ``char`` and pretrained tokenizers without ``vocab_size``,
+  the vocabulary size) is asked for, so ``profile check`` and the sweep form stay fast.
 - inputs: ``seq_len`` consecutive tokens; targets: the next token at every position
   (documents are joined by the end-of-text id, which is predicted like any token).
 - training: fresh batches of windows at uniformly random offsets in the training tokens,
@@ -68,12 +69,18 @@ class LMTask(Task):
         if not isinstance(tokenizer, str) or not tokenizer:
             raise ValueError("lm: tokenizer must be 'bytes', 'char', 'bpe', or a tokenizer folder / hub id")
         self.tokenizer_name = tokenizer
+        self.rows: int | None = None   # a pretrained tokenizer's embedding rows, when given
         if tokenizer == "bpe":
             self.bpe_vocab = check_int("vocab_size", BPE_DEFAULT_VOCAB if vocab_size is None else vocab_size,
                                        258, 1 << 20)   # 256 bytes + end of text + a merge
+        elif vocab_size is not None and tokenizer in toks.BUILTIN:
+            raise ValueError(f"lm: vocab_size is the size of a trained BPE (tokenizer = 'bpe') or a "
+                             f"pretrained tokenizer's embedding rows; tokenizer {tokenizer!r} has its own")
         elif vocab_size is not None:
-            raise ValueError(f"lm: vocab_size is the size of a trained BPE (tokenizer = 'bpe'); "
-                             f"tokenizer {tokenizer!r} has its own")
+            # a pretrained tokenizer's rows of the embedding and head, at least its ids: Mamba
+            # pads GPT-NeoX-20B's 50,277 ids to 50,280 (a multiple of 8). Known without the
+            # tokenizer, so a dry run sizes the model offline; checked when the data is made.
+            self.rows = check_int("vocab_size", vocab_size, 1, 1 << 31)
         for name, v in (("text_column", text_column), ("hf_split", hf_split)):
             if not isinstance(v, str) or not v:
                 raise ValueError(f"lm: {name} must be a non-empty string, got {v!r}")
@@ -124,6 +131,8 @@ class LMTask(Task):
         # known without training it, so checks and estimates stay cheap
         if self.tokenizer_name == "bpe":
             return self.bpe_vocab
+        if self.rows is not None:  # a pretrained tokenizer's embedding rows, as given
+            return self.rows
         return self.tokenizer.vocab_size
 
     @property
@@ -143,7 +152,8 @@ class LMTask(Task):
                 label=f"lm: tokenising {self.source.spec} ({tok.kind})")
             if tok.vocab_size > self.vocab_size:
                 raise ValueError(f"lm: the tokenizer has {tok.vocab_size} ids, more than vocab_size "
-                                 f"{self.vocab_size}")
+                                 f"{self.vocab_size} (the embedding rows): give vocab_size >= "
+                                 f"{tok.vocab_size}, or leave it out")
             for split, f in data.tokens.items():
                 n = len(f)
                 if n < self.seq_len + 1:

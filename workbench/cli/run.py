@@ -276,23 +276,31 @@ def cmd_run(args) -> int:
 
 
 def _budget_lines(specs) -> list[str]:
-    """One line per distinct run (seeds aside) whose budget is in tokens, FLOPs or tokens
-    per parameter: the budget asked, the steps it became, the tokens and FLOPs they train."""
+    """One line per distinct run (seeds aside): the budget asked (tokens, FLOPs, tokens per
+    parameter, steps; epochs give FLOPs per token only), the steps it became, the tokens,
+    the training FLOPs per token and in all (workbench.spec.budget.run_compute)."""
+    from workbench.spec.budget import run_compute
     from workbench.spec.estimate import fmt_count
 
     out: dict[str, None] = {}
     for s in specs:
-        b = s.budget
+        b = run_compute(s)
         if not b:
             continue
         (kind, asked), = b["asked"].items()
         point = "".join(f" {k.removeprefix('model.')}={v}" for k, v in (s.grid or {}).items())
+        fpt = b.get("flops_per_token")
+        per_token = f"{fpt:.3g} FLOPs/token" if fpt is not None else f"FLOPs not counted ({b.get('why', '?')})"
         flops = f", {b['flops']:.3g} FLOPs" if b.get("flops") is not None else ""
         params = (f", N {fmt_count(b['params_non_embedding'])}" if b.get("params_non_embedding") is not None
                   else "")
         asked = f"{asked:,}" if isinstance(asked, int) else f"{asked:.4g}"
-        out[f"  {s.label} L={b['seq_len']}{point}: {kind} {asked} -> {b['steps']:,} steps x "
-            f"{b['tokens_per_step']:,} = {b['tokens']:,} tokens{flops}{params}"] = None
+        if "steps" not in b:  # epochs
+            out[f"  {s.label} L={b['seq_len']}{point}: {kind} {asked}: {per_token}{params}"] = None
+            continue
+        became = f" -> {b['steps']:,} steps" if kind != "steps" else ""
+        out[f"  {s.label} L={b['seq_len']}{point}: {kind} {asked}{became} x "
+            f"{b['tokens_per_step']:,} = {b['tokens']:,} tokens, {per_token}{flops}{params}"] = None
     return list(out)
 
 
@@ -303,6 +311,8 @@ def _dry_run(prof, ests, args) -> int:
 
     from workbench.spec.profile import expand, summary
     from workbench.spec.estimate import fmt_count
+
+    from workbench.spec.budget import run_compute
 
     specs = expand(prof)
     grid_keys = list(prof.sweep.grid)
@@ -317,6 +327,9 @@ def _dry_run(prof, ests, args) -> int:
                 row.update(spec.grid or {})
             if spec.budget:  # train.tokens / flops / tokens_per_param and the steps it became
                 row["budget"] = spec.budget
+            compute = run_compute(spec)   # any budget: tokens, FLOPs per token and in all
+            if compute:
+                row["compute"] = compute
             rows.append(row)
         print(json.dumps(rows, indent=1))
         return 2 if refused else 0

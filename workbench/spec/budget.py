@@ -59,8 +59,11 @@ def _count(model: str, seq_len: int, d_model: int, n_layers: int, options_json: 
     except Exception as e:  # e.g. a pretrained entry whose folder is not here
         return None, None, f"{type(e).__name__}: {e}"
     task = _task(task_name, task_json)
-    with torch.device("meta"):
-        ends = [make_encoder(task, d_model), make_head(task, d_model)]
+    try:  # the ends need the vocabulary: a pretrained tokenizer absent here (offline) has none
+        with torch.device("meta"):
+            ends = [make_encoder(task, d_model), make_head(task, d_model)]
+    except (ValueError, OSError, ImportError) as e:
+        return None, c.params.non_embedding, str(e).splitlines()[0]
     w = [sum(m.in_features * m.out_features for m in e.modules() if isinstance(m, nn.Linear)) for e in ends]
     head = TRAIN_FACTOR * 2.0 * w[1]
     if getattr(task, "readout", "per_position") != "per_position":
@@ -103,3 +106,32 @@ def run_budget(train, *, model: str, d_model: int, n_layers: int, options: dict[
     return {"asked": {kind: asked}, "steps": steps, "tokens_per_step": per_step, "seq_len": L,
             "tokens": steps * per_step, "flops_per_token": fpt,
             "flops": None if fpt is None else fpt * steps * per_step, "params_non_embedding": params}
+
+
+def run_compute(spec) -> dict[str, Any] | None:
+    """What one run (a RunSpec) trains, whatever its budget, for ``run --dry-run``: its
+    ``budget`` record when it has one; for ``train.steps`` the same keys (``asked`` is
+    ``{"steps": n}``); for ``train.epochs`` only ``flops_per_token`` (and ``seq_len``,
+    ``params_non_embedding``): the tokens of an epoch are known once the data is. None
+    when the run has no sequence length to count tokens by. ``flops_per_token`` is None
+    (``why`` says why) where the model or the task's ends cannot be counted here (a
+    pretrained checkpoint or tokenizer that is absent)."""
+    if spec.budget:
+        return spec.budget
+    tp = json.dumps(spec.task_params, sort_keys=True)
+    L = spec.seq_len if spec.seq_len is not None else getattr(_task(spec.task, tp), "seq_len", None)
+    if not isinstance(L, int):
+        return None
+    fpt, params, why = _count(spec.model, L, spec.d_model, spec.n_layers,
+                              json.dumps(spec.model_options, sort_keys=True), spec.task, tp)
+    out: dict[str, Any] = {"seq_len": L, "flops_per_token": fpt, "params_non_embedding": params}
+    if why:
+        out["why"] = why
+    steps = spec.train.steps
+    if steps is None:
+        out["asked"] = {"epochs": spec.train.epochs}
+        return out
+    per_step = spec.train.batch_size * L
+    out.update({"asked": {"steps": steps}, "steps": steps, "tokens_per_step": per_step,
+                "tokens": steps * per_step, "flops": None if fpt is None else fpt * steps * per_step})
+    return out
