@@ -1,0 +1,184 @@
+"""Issue 35 item 1: RWKV-7's generalised delta rule and Kimi Delta Attention
+(``models.kernels.generalized_delta``): the chunked forms against their step-by-step
+``*_ref`` in float64 (outputs, final state and gradients, with an initial state, at odd
+lengths, both forms of the decay products), streaming in pieces, the identities with the
+existing operators, and our transcriptions of fla's naive references."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from models.kernels import generalized_delta as gd
+from models.kernels import linear_rnn as lr
+
+F64 = torch.float64
+
+
+def _state(args, seed=1):
+    q, v = args[0], args[2]
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randn(q.shape[0], v.shape[2], q.shape[-1], v.shape[-1], generator=gen,
+                       dtype=q.dtype).requires_grad_()
+
+
+def _run(fn, args, S0, **kw):
+    """o, final state and the gradients of a random functional of both w.r.t. args + S0."""
+    o, s = fn(*args, initial_state=S0, output_final_state=True, **kw)
+    gen = torch.Generator().manual_seed(7)
+    loss = (o * torch.randn(o.shape, generator=gen, dtype=o.dtype)).sum() + \
+        (s * torch.randn(s.shape, generator=gen, dtype=s.dtype)).sum()
+    leaves = [a for a in [*args, S0] if a is not None]
+    return [o, s, *torch.autograd.grad(loss, leaves)]
+
+
+def _close(got, want, atol=1e-10, rtol=1e-8):
+    assert len(got) == len(want)
+    for i, (a, b) in enumerate(zip(got, want)):
+        torch.testing.assert_close(a, b, atol=atol, rtol=rtol, msg=lambda m: f"result {i}: {m}")
+
+
+@pytest.mark.parametrize("name", list(gd.OPS))
+@pytest.mark.parametrize("time, chunk_size", [(37, 8), (13, None), (1, 16)])
+@pytest.mark.parametrize("factorised", [True, False])
+def test_chunked_equals_ref(name, time, chunk_size, factorised, monkeypatch):
+    monkeypatch.setattr(gd, "FACTORISED", factorised)
+    args = gd.make_inputs(name, time=time, gate_range=(-2.0, 0.0))
+    fast, ref = gd.OPS[name]
+    _close(_run(fast, args, _state(args), chunk_size=chunk_size),
+           _run(ref, args, _state(args)))
+
+
+@pytest.mark.parametrize("name, kw", [("rwkv7", {"a_lr_range": (1.0, 2.0)}),
+                                      ("kda", {"beta_range": (0.0, 2.0), "value_heads": 4}),
+                                      ("kda", {"gate_range": (-12.0, -6.0)})])
+def test_chunked_equals_ref_at_the_extremes(name, kw):
+    # in-context learning rate / beta up to 2 (negative eigenvalues), grouped value heads,
+    # strong decays (float64: still the factorised form at chunk 16)
+    args = gd.make_inputs(name, time=29, **kw)
+    fast, ref = gd.OPS[name]
+    _close(_run(fast, args, _state(args), chunk_size=16), _run(ref, args, _state(args)))
+
+
+def test_strong_float32_decays_take_the_masked_form_and_stay_finite():
+    args = gd.make_inputs("kda", time=64, dtype=torch.float32, gate_range=(-20.0, -10.0),
+                          requires_grad=False)
+    o, s = gd.kda(*args, output_final_state=True, chunk_size=32)
+    o_ref, s_ref = gd.kda_ref(*args, output_final_state=True)
+    assert torch.isfinite(o).all() and torch.isfinite(s).all()
+    torch.testing.assert_close(o, o_ref, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("name", list(gd.OPS))
+def test_l2norm_in_kernel_and_segments_equal_ref(name):
+    args = gd.make_inputs(name, time=21)
+    fast, ref = gd.OPS[name]
+    kw = {"use_qk_l2norm_in_kernel": True} if name == "kda" else {}
+    if name == "kda":
+        args[1] = (args[1].detach() * 3).requires_grad_()      # un-normalised keys
+    _close(_run(fast, args, _state(args), chunk_size=8, segment_len=10, **kw),
+           _run(ref, args, _state(args), **kw))
+
+
+@pytest.mark.parametrize("name", list(gd.OPS))
+def test_streaming_in_pieces_equals_one_pass(name):
+    args = gd.make_inputs(name, time=31, requires_grad=False)
+    fast, ref = gd.OPS[name]
+    S = _state(args).detach()
+    o_full, s_full = fast(*args, initial_state=S, output_final_state=True)
+    outs = []
+    for a, b in ((0, 1), (1, 12), (12, 13), (13, 31)):       # one step, a chunk, odd pieces
+        o, S = fast(*(x[:, a:b] for x in args), initial_state=S, output_final_state=True)
+        outs.append(o)
+    torch.testing.assert_close(torch.cat(outs, 1), o_full, atol=1e-12, rtol=1e-10)
+    torch.testing.assert_close(S, s_full, atol=1e-12, rtol=1e-10)
+
+
+def test_kda_with_one_decay_per_head_is_the_gated_delta_rule():
+    q, k, v, g, beta = gd.make_inputs("kda", time=23, value_heads=4, requires_grad=False)
+    g1 = g[..., 0]                                              # one log-gate per head
+    S0 = _state([q, k, v]).detach()
+    want = lr.gated_delta_rule_ref(q, k, v, g1, beta, initial_state=S0, output_final_state=True)
+    for fn in gd.OPS["kda"]:
+        got = fn(q, k, v, g1[..., None].expand_as(g).contiguous(), beta, initial_state=S0,
+                 output_final_state=True)
+        _close(got, want)
+
+
+def test_rwkv7_with_k_equal_minus_a_is_kda():
+    # a = -k_hat... with b = -beta k, a = k exp(g), k -> beta k the dplr rule is kda
+    q, k, v, g, beta = gd.make_inputs("kda", time=19, requires_grad=False)
+    S0 = _state([q, k, v]).detach()
+    kb = k * beta[..., None]
+    got = gd.rwkv7(q, kb, v, k * g.exp(), -kb, g, scale=None, initial_state=S0,
+                   output_final_state=True)
+    _close(got, gd.kda_ref(q, k, v, g, beta, initial_state=S0, output_final_state=True))
+
+
+def test_bad_shapes_are_refused():
+    q, k, v, a, b, gk = gd.make_inputs("rwkv7", time=5, requires_grad=False)
+    with pytest.raises(ValueError, match="gk must be"):
+        gd.rwkv7(q, k, v, a, b, gk[..., :3])
+    with pytest.raises(ValueError, match="v must have q's heads"):
+        gd.rwkv7(q, k, torch.cat([v, v], 2), a, b, gk)
+    q, k, v, g, beta = gd.make_inputs("kda", time=5, requires_grad=False)
+    with pytest.raises(ValueError, match="g must be"):
+        gd.kda(q, k, v, g[..., 0], beta)
+
+
+# ---------------------------------------------------------------------------------------
+# fla's naive references, transcribed (fla-org/flash-linear-attention:
+# fla/ops/rwkv7/recurrent_naive.py ``naive_recurrent_rwkv7``: state in (value, key) layout,
+# decay exp(-exp(w)); fla/ops/kda/naive.py ``naive_recurrent_kda``)
+# ---------------------------------------------------------------------------------------
+
+def _fla_naive_rwkv7(q, k, v, w, a, b, scale, h0):
+    """(B, H, T, D) inputs, w the raw decay (log-decay -exp(w)), state (B, H, V, K)."""
+    state = h0.clone()
+    o = torch.zeros_like(v)
+    for t in range(q.shape[2]):
+        sab = torch.einsum("bhik,bhk,bhj->bhij", state, a[:, :, t], b[:, :, t])
+        state = (state * torch.exp(-torch.exp(w[:, :, t, None, :])) + sab
+                 + torch.einsum("bhj,bhi->bhij", k[:, :, t], v[:, :, t]))
+        o[:, :, t] = torch.einsum("bhj,bhij->bhi", q[:, :, t] * scale, state)
+    return o, state
+
+
+def _fla_naive_kda(q, k, v, g, beta, scale, h0):
+    S = h0.clone()
+    o = torch.zeros_like(v)
+    for i in range(q.shape[1]):
+        S = S * g[:, i][..., None].exp()
+        upd = v[:, i] - (k[:, i][..., None] * S).sum(-2)
+        S = S + torch.einsum("bhk,bhv->bhkv", beta[:, i][..., None] * k[:, i], upd)
+        o[:, i] = torch.einsum("bhk,bhkv->bhv", q[:, i] * scale, S)
+    return o, S
+
+
+LARGEST = {}
+
+
+def test_rwkv7_matches_fla_naive():
+    q, k, v, a, b, gk = gd.make_inputs("rwkv7", time=33, requires_grad=False)
+    S0 = _state([q, k, v]).detach()
+    w = torch.log(-gk)                                          # gk = -exp(w)
+    o_n, s_n = _fla_naive_rwkv7(*(x.transpose(1, 2) for x in (q, k, v, w, a, b)), 1.0,
+                                S0.transpose(-1, -2))
+    for fn in gd.OPS["rwkv7"]:
+        o, s = fn(q, k, v, a, b, gk, initial_state=S0, output_final_state=True)
+        torch.testing.assert_close(o, o_n.transpose(1, 2), atol=1e-12, rtol=1e-10)
+        torch.testing.assert_close(s, s_n.transpose(-1, -2), atol=1e-12, rtol=1e-10)
+        LARGEST[("rwkv7", fn.__name__)] = max((o - o_n.transpose(1, 2)).abs().max().item(),
+                                              (s - s_n.transpose(-1, -2)).abs().max().item())
+
+
+def test_kda_matches_fla_naive():
+    q, k, v, g, beta = gd.make_inputs("kda", time=33, requires_grad=False)
+    S0 = _state([q, k, v]).detach()
+    o_n, s_n = _fla_naive_kda(q, k, v, g, beta, q.shape[-1] ** -0.5, S0)
+    for fn in gd.OPS["kda"]:
+        o, s = fn(q, k, v, g, beta, initial_state=S0, output_final_state=True)
+        torch.testing.assert_close(o, o_n, atol=1e-12, rtol=1e-10)
+        torch.testing.assert_close(s, s_n, atol=1e-12, rtol=1e-10)
+        LARGEST[("kda", fn.__name__)] = max((o - o_n).abs().max().item(),
+                                            (s - s_n).abs().max().item())
