@@ -75,7 +75,9 @@ class ResultsView(PollsStore, Vertical):
         Binding("b", "cycle('over')", "Best over", tooltip="Grid keys to take the best over"),
         Binding("v", "cycle('select_on')", "Val/test", tooltip="Select the grid point on validation or test"),
         Binding("w", "write_table", "Write", tooltip="Write the table as .md, .tex and .csv"),
-        Binding("x", "scaling_axis", "Fits' x", tooltip="Scaling fits' plot: training FLOPs or tokens"),
+        # (not in the footer, which is full: the fits' title says x, and ? lists it)
+        Binding("x", "scaling_axis", "Fits' x", show=False,
+                tooltip="Scaling fits' plot: training FLOPs or tokens on x"),
         Binding("f", "figures", "Figures", tooltip="Write every figure of the profile"),
     ]
 
