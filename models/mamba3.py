@@ -1,0 +1,258 @@
+"""The Mamba-3 mixer, SISO (Lahoti, Li, Chen, Wang, Bick, Kolter, Dao, Gu, "Mamba-3:
+Improved Sequence Modeling using State Space Principles", ICLR 2026), structured as
+state-spaces/mamba's ``mamba_ssm/modules/mamba3.py`` ``Mamba3`` (written here from the paper
+and that module's structure; no code copied). The recurrence: ``models.kernels.mamba3_scan``.
+
+Mamba3(u), u: (batch, L, d_model), d_inner = expand * d_model, nheads = d_inner // headdim,
+R = rotation angles (num_rope_angles = floor(d_state * rope_fraction / 2); 0 when
+complex_state is False):
+
+    z, x, B, C, dd_dt, dd_A, trap, angle = in_proj(u)   (no conv, unlike Mamba-2)
+    B, C  = RMSNorm(B), RMSNorm(C) over d_state, per group; broadcast to heads; + B_bias, C_bias
+    A     = -heavy_tail(dd_A) clamped to <= -A_floor     (data-dependent, per head and step)
+    dt    = softplus(dd_dt + dt_bias);  lam = sigmoid(trap);  omega = tanh(angle) * pi
+    y     = mamba3 scan(q=C, k=B, v=x, adt=A dt, dt, lam, omega) + D x
+    y     = y * silu(z)   (or RMSNorm(y) * silu(z) per head when outproj_norm)
+    out   = out_proj(y)
+
+Parameter names and shapes follow mamba-ssm's Mamba3 (is_mimo=False): in_proj, dt_bias,
+B_bias, C_bias (nheads, 1, d_state), B_norm.weight, C_norm.weight, D, norm.weight (with
+outproj_norm), out_proj; in_proj's output order [z, x, B, C, dd_dt, dd_A, trap, angle].
+``complex_state=False`` (no angles: a real state) is the paper's ablation, not a mamba-ssm
+option. MIMO (mimo_rank > 1) is not built here.
+
+Backends: ``torch`` / ``cpu`` (the chunked scan on the workbench's SSD), ``ref`` (step by
+step), ``mamba_ssm`` (mamba-ssm's Triton ``mamba3_siso_combined``, CUDA only, when it
+imports) and ``auto`` (mamba_ssm on CUDA when it imports, else the SSD's auto choice).
+
+Recurrent state: (theta (b, nheads, R), S (b, nheads, d_state, headdim), kr_prev (b,
+nheads, d_state), x_prev (b, nheads, headdim)), float32 or float64.
+"""
+from __future__ import annotations
+
+import functools
+import math
+from typing import Callable
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from models.kernels import linear_rnn_backends as lrb
+from models.kernels import mamba3_scan
+
+BACKENDS = ("auto", "torch", "cpu", "fla", "ref", "mamba_ssm")
+
+
+@functools.lru_cache(maxsize=None)
+def mamba_ssm_status() -> tuple[Callable | None, str]:
+    """(mamba3_siso_combined or None, why). Any exception at import is 'unavailable'."""
+    if not torch.cuda.is_available():
+        return None, "no CUDA GPU (mamba-ssm's Mamba-3 kernels are Triton GPU kernels)"
+    try:
+        from mamba_ssm.ops.triton.mamba3.mamba3_siso_combined import mamba3_siso_combined
+    except Exception as exc:
+        return None, f"mamba_ssm Mamba-3 not importable ({type(exc).__name__}: {exc})".split("\n")[0]
+    return mamba3_siso_combined, "mamba_ssm.ops.triton.mamba3.mamba3_siso_combined"
+
+
+def resolve_backend(backend: str, device_type: str) -> str:
+    if backend not in BACKENDS:
+        raise lrb.BackendError(f"backend {backend!r} unknown for Mamba3; expected one of "
+                               f"{', '.join(BACKENDS)}")
+    if backend == "mamba_ssm":
+        fn, why = mamba_ssm_status()
+        if device_type != "cuda" or fn is None:
+            raise lrb.BackendError(f"backend 'mamba_ssm' unavailable for {device_type!r} tensors: "
+                                   f"{why}; use 'auto' or 'torch'")
+        return "mamba_ssm"
+    if backend == "auto" and device_type == "cuda" and mamba_ssm_status()[0] is not None:
+        return "mamba_ssm"
+    if backend == "ref":
+        return "ref"
+    return lrb.resolve(backend, device_type)   # the SSD's choice: cpu C kernel, fla, torch
+
+
+def heavy_tail(x: torch.Tensor) -> torch.Tensor:
+    """1 + x for x >= 0, 1 / (1 - x) for x < 0: positive, continuous (mamba-ssm's
+    heavy_tail_activation for the data-dependent A)."""
+    return x.clamp_min(0) + torch.reciprocal(1 - x.clamp_max(0))
+
+
+class RMSNorm(nn.Module):
+    """x * rsqrt(mean(x^2) + eps) * weight over the last dim (mamba-ssm's RMSNormGated, no z)."""
+
+    def __init__(self, d: int, eps: float = 1e-5):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(d))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+
+
+def _positive_int(name, value):
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"Mamba3: {name} must be a positive int, got {value!r}")
+
+
+class Mamba3(nn.Module):
+    """Mamba-3 SISO mixer: (batch, L, d_model) -> (batch, L, d_model), causal.
+
+    Options (mamba-ssm's defaults in brackets where they differ): d_state 64 [128],
+    expand 2, headdim 32 [64], ngroups 1, rope_fraction 0.5 (0.5 or 1.0), complex_state
+    True, dt_min 0.001, dt_max 0.1, dt_init_floor 1e-4, A_floor 1e-4, outproj_norm False,
+    chunk_size None (the SSD's tuned size), backend "auto".
+    """
+
+    def __init__(self, d_model: int, d_state: int = 64, expand: int = 2, headdim: int = 32,
+                 ngroups: int = 1, rope_fraction: float = 0.5, complex_state: bool = True,
+                 dt_min: float = 0.001, dt_max: float = 0.1, dt_init_floor: float = 1e-4,
+                 A_floor: float = 1e-4, outproj_norm: bool = False,
+                 chunk_size: int | None = None, backend: str = "auto"):
+        super().__init__()
+        for name, value in (("d_model", d_model), ("d_state", d_state), ("expand", expand),
+                            ("headdim", headdim), ("ngroups", ngroups)):
+            _positive_int(name, value)
+        if backend not in BACKENDS:
+            raise lrb.BackendError(f"backend {backend!r} unknown for Mamba3; expected one of "
+                                   f"{', '.join(BACKENDS)}")
+        if rope_fraction not in (0.5, 1.0):
+            raise ValueError(f"Mamba3: rope_fraction must be 0.5 or 1.0, got {rope_fraction!r}")
+        d_inner = expand * d_model
+        if d_inner % headdim:
+            raise ValueError(f"Mamba3: headdim {headdim} does not divide d_inner {d_inner}")
+        nheads = d_inner // headdim
+        if nheads % ngroups:
+            raise ValueError(f"Mamba3: ngroups {ngroups} does not divide nheads {nheads}")
+        if not 0 < dt_min <= dt_max:
+            raise ValueError(f"Mamba3: need 0 < dt_min <= dt_max, got {dt_min}, {dt_max}")
+        n_rot = int(d_state * rope_fraction) // 2 * 2
+        self.num_angles = n_rot // 2 if complex_state else 0
+        if complex_state and self.num_angles == 0:
+            raise ValueError(f"Mamba3: d_state {d_state} too small for a rotation; "
+                             "use complex_state=False")
+        self.d_model, self.d_state, self.expand, self.headdim = d_model, d_state, expand, headdim
+        self.d_inner, self.nheads, self.ngroups = d_inner, nheads, ngroups
+        self.A_floor, self.chunk_size, self.backend_choice = A_floor, chunk_size, backend
+        self.outproj_norm = outproj_norm
+        self._last_backend: str | None = None
+        gn = ngroups * d_state
+        self.in_proj = nn.Linear(d_model, 2 * d_inner + 2 * gn + 3 * nheads + self.num_angles,
+                                 bias=False)
+        dt = torch.exp(torch.rand(nheads) * (math.log(dt_max) - math.log(dt_min)) + math.log(dt_min))
+        dt = dt.clamp(min=dt_init_floor)
+        self.dt_bias = nn.Parameter(dt + torch.log(-torch.expm1(-dt)))   # softplus^{-1}(dt)
+        self.B_bias = nn.Parameter(torch.ones(nheads, 1, d_state))
+        self.C_bias = nn.Parameter(torch.ones(nheads, 1, d_state))
+        self.B_norm, self.C_norm = RMSNorm(d_state), RMSNorm(d_state)
+        self.D = nn.Parameter(torch.ones(nheads))
+        for p in (self.dt_bias, self.D):
+            p._no_weight_decay = True
+        if outproj_norm:
+            self.norm = RMSNorm(headdim)
+            self.norm.weight = nn.Parameter(torch.ones(d_inner))
+        self.out_proj = nn.Linear(d_inner, d_model, bias=False)
+
+    @property
+    def backend(self) -> str:
+        if self._last_backend is not None:
+            return self._last_backend
+        try:
+            return resolve_backend(self.backend_choice, self.D.device.type)
+        except lrb.BackendError:
+            return self.backend_choice
+
+    # -- pieces --------------------------------------------------------------------------
+    def _inputs(self, u: torch.Tensor):
+        """u (b, L, d_model) -> dict of the scan's inputs (module doc), heads broadcast."""
+        di, gn, h = self.d_inner, self.ngroups * self.d_state, self.nheads
+        z, x, B, C, dd_dt, dd_A, trap, ang = torch.split(
+            self.in_proj(u), [di, di, gn, gn, h, h, h, self.num_angles], dim=-1)
+        f = torch.float64 if u.dtype == torch.float64 else torch.float32
+        def grp(t):   # (..., ngroups * N) -> (..., nheads, N): head i reads group i // (h / g)
+            return t.unflatten(-1, (self.ngroups, self.d_state)).to(f).repeat_interleave(
+                h // self.ngroups, dim=-2)
+        B = self.B_norm(grp(B)) + self.B_bias[:, 0].to(f)
+        C = self.C_norm(grp(C)) + self.C_bias[:, 0].to(f)
+        A = -heavy_tail(dd_A.to(f)).clamp(max=-self.A_floor)
+        dt = F.softplus(dd_dt.to(f) + self.dt_bias.to(f))
+        omega = None
+        if self.num_angles:
+            omega = (torch.tanh(ang.to(f)) * math.pi)[..., None, :].expand(*ang.shape[:-1], h,
+                                                                            self.num_angles)
+        return dict(z=z, x=x.unflatten(-1, (h, self.headdim)), raw=(B, C, dd_dt, trap, ang),
+                    q=C, k=B, adt=A * dt, dt=dt, lam=torch.sigmoid(trap.to(f)), omega=omega)
+
+    def _out(self, y: torch.Tensor, p: dict) -> torch.Tensor:
+        """D skip, gate and out_proj: y (b, L, h, P) -> (b, L, d_model)."""
+        x = p["x"].to(y.dtype)
+        y = (y + self.D.to(y.dtype)[:, None] * x).flatten(-2)
+        z = p["z"].to(y.dtype)
+        if self.outproj_norm:   # norm before gate, per head (mamba-ssm: group_size=headdim)
+            g = y.unflatten(-1, (self.nheads, self.headdim))
+            g = g * torch.rsqrt(g.pow(2).mean(-1, keepdim=True) + self.norm.eps)
+            y = g.flatten(-2) * self.norm.weight
+        y = y * F.silu(z)
+        return self.out_proj(y.to(p["z"].dtype))
+
+    def _mix(self, u, state, want_state: bool):
+        resolved = resolve_backend(self.backend_choice, u.device.type)
+        self._last_backend = resolved
+        p = self._inputs(u)
+        if resolved == "mamba_ssm":
+            return self._mix_mamba_ssm(u, p, state, want_state)
+        backend = "ref" if resolved == "ref" else resolved
+        y, S = mamba3_scan.mamba3(p["q"], p["k"], p["x"], p["adt"], p["dt"], p["lam"],
+                                  p["omega"], state, want_state, backend=backend,
+                                  chunk_size=self.chunk_size)
+        return self._out(y, p), S
+
+    def _mix_mamba_ssm(self, u, p, state, want_state):
+        """mamba-ssm's fused SISO kernel; its state layout S (b, h, P, N) is transposed."""
+        fn = mamba_ssm_status()[0]
+        h = self.nheads
+        B, C = (self.B_norm(t.unflatten(-1, (self.ngroups, self.d_state)).float())
+                for t in (p["raw"][0], p["raw"][1]))
+        _, _, dd_dt, trap, ang = p["raw"]
+        angles = ang.float()[..., None, :].expand(*ang.shape[:-1], h, self.num_angles)
+        S0 = None if state is None else (state[0], state[1].transpose(-1, -2).contiguous(),
+                                         state[2], state[3].to(u.dtype))
+        out = fn(Q=C, K=B, V=p["x"], ADT=p["adt"].transpose(1, 2).contiguous(),
+                 DT=p["dt"].transpose(1, 2).contiguous(), Trap=trap.transpose(1, 2).contiguous(),
+                 Q_bias=self.C_bias[:, 0], K_bias=self.B_bias[:, 0], Angles=angles, D=None,
+                 Z=None, chunk_size=self.chunk_size or 64, Input_States=S0,
+                 return_final_states=want_state)
+        y, S = (out[0], (out[1], out[2].transpose(-1, -2), out[3], out[4])) if want_state else (out, None)
+        return self._out(y.float(), p), S
+
+    # -- public --------------------------------------------------------------------------
+    def forward(self, u: torch.Tensor) -> torch.Tensor:
+        """u: (batch, L, d_model) -> (batch, L, d_model)."""
+        return self._mix(u, None, False)[0]
+
+    def forward_with_state(self, u: torch.Tensor, state):
+        """A chunk u (batch, L, d_model) from ``state`` -> (out, next state); chaining chunks
+        equals one forward over their concatenation."""
+        return self._mix(u, state, True)
+
+    def init_state(self, batch: int):
+        """Zeros: (theta (b, h, R), S (b, h, N, P), kr_prev (b, h, N), x_prev (b, h, P))."""
+        p = self.D
+        f = torch.float64 if p.dtype == torch.float64 else torch.float32
+        z = lambda *s: torch.zeros(batch, self.nheads, *s, device=p.device, dtype=f)  # noqa: E731
+        return z(self.num_angles), z(self.d_state, self.headdim), z(self.d_state), z(self.headdim)
+
+    def step(self, u_t: torch.Tensor, state):
+        """One token: u_t (batch, d_model) -> (out_t (batch, d_model), next state), the
+        recurrence itself (``mamba3_ref`` over one step)."""
+        p = self._inputs(u_t[:, None])
+        y, S = mamba3_scan.mamba3_ref(p["q"], p["k"], p["x"], p["adt"], p["dt"], p["lam"],
+                                      p["omega"], state, True)
+        return self._out(y, p)[:, 0], S
+
+    def state_size(self) -> int:
+        """Floats of recurrent state per sequence: S, the previous rotated B and x (the
+        trapezoid's), and the angles."""
+        h = self.nheads
+        return h * (self.d_state * self.headdim + self.d_state + self.headdim + self.num_angles)

@@ -1,0 +1,184 @@
+"""Mamba-3 (models/kernels/mamba3_scan.py, models/mamba3.py): the chunked scan equals the
+step-by-step oracle (outputs, final state, gradients; initial state, odd lengths), the
+Euler end without rotation is Mamba-2's SSD, the scan agrees with a transcription of
+mamba-ssm's step reference, and the mixer streams exactly."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import models
+from models.kernels import linear_rnn, linear_rnn_backends as lrb
+from models.kernels.mamba3_scan import mamba3, mamba3_ref, rotate
+from models.mamba3 import Mamba3
+
+D64 = torch.float64
+CHUNKED = ["torch"] + (["cpu"] if lrb.cpu_status()[0] else [])
+
+
+def _inputs(b=2, L=37, h=3, N=8, P=5, R=2, seed=0, state=True):
+    g = torch.Generator().manual_seed(seed)
+    r = lambda *s: torch.randn(*s, generator=g, dtype=D64)  # noqa: E731
+    u = lambda *s: torch.rand(*s, generator=g, dtype=D64)  # noqa: E731
+    dt = u(b, L, h) * 0.5 + 0.05
+    x = dict(q=r(b, L, h, N), k=r(b, L, h, N), v=r(b, L, h, P), adt=-u(b, L, h) * dt * 2, dt=dt,
+             lam=u(b, L, h), omega=r(b, L, h, R) * 2 if R else None)
+    s0 = (u(b, h, R) * 6, r(b, h, N, P), r(b, h, N), r(b, h, P)) if state else None
+    return x, s0
+
+
+def test_rotate_turns_pairs_and_keeps_the_rest():
+    x = torch.tensor([1.0, 0.0, 0.0, 2.0, 5.0], dtype=D64)
+    y = rotate(x, torch.tensor([math.pi / 2, math.pi / 2], dtype=D64))
+    torch.testing.assert_close(y, torch.tensor([0.0, 1.0, -2.0, 0.0, 5.0], dtype=D64))
+
+
+@pytest.mark.parametrize("backend", CHUNKED)
+@pytest.mark.parametrize("R", [2, 0])
+@pytest.mark.parametrize("L", [1, 37])
+def test_chunked_equals_ref_outputs_state_and_gradients(backend, R, L):
+    x, s0 = _inputs(L=L, R=R)
+    leaves = [t.requires_grad_() for t in x.values() if t is not None]
+    leaves += [t.requires_grad_() for t in s0]
+    o1, s1 = mamba3_ref(**x, initial_state=s0, output_final_state=True)
+    kw = {"chunk_size": 8} if backend == "torch" else {}
+    o2, s2 = mamba3(**x, initial_state=s0, output_final_state=True, backend=backend, **kw)
+    torch.testing.assert_close(o2, o1, rtol=1e-10, atol=1e-10)
+    for a, b in zip(s2, s1):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
+    w = torch.randn_like(o1)
+    ws = [torch.randn_like(t) for t in s1]
+    loss = lambda o, s: (o * w).sum() + sum((a * c).sum() for a, c in zip(s, ws))  # noqa: E731
+    g1 = torch.autograd.grad(loss(o1, s1), leaves, allow_unused=True)
+    g2 = torch.autograd.grad(loss(o2, s2), leaves, allow_unused=True)
+    for a, b in zip(g2, g1):
+        if b is None:
+            assert a is None or a.abs().max() == 0
+        else:
+            torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-9)
+
+
+def test_state_carry_chains_exactly():
+    x, s0 = _inputs(L=29)
+    o, s = mamba3(**x, initial_state=s0, output_final_state=True, backend="torch")
+    cut = 11
+    first = {k: v[:, :cut] for k, v in x.items()}
+    second = {k: v[:, cut:] for k, v in x.items()}
+    oa, sa = mamba3(**first, initial_state=s0, output_final_state=True, backend="torch")
+    ob, sb = mamba3(**second, initial_state=sa, output_final_state=True, backend="torch")
+    torch.testing.assert_close(torch.cat([oa, ob], 1), o, rtol=1e-11, atol=1e-11)
+    torch.testing.assert_close(sb[1], s[1], rtol=1e-11, atol=1e-11)
+
+
+def test_euler_end_without_rotation_is_mamba2_ssd():
+    """lam = 1, no angles: S_t = exp(A dt) S_{t-1} + dt B x^T, the SSD simple_gla computes."""
+    x, _ = _inputs(L=23, R=0, state=False)
+    x["lam"] = torch.ones_like(x["lam"])
+    o, s = mamba3(**x, output_final_state=True, backend="torch")
+    o2, s2 = linear_rnn.simple_gla_ref(x["q"], x["k"], x["v"] * x["dt"][..., None], x["adt"],
+                                       scale=1.0, output_final_state=True)
+    torch.testing.assert_close(o, o2, rtol=1e-11, atol=1e-11)
+    torch.testing.assert_close(s[1], s2, rtol=1e-11, atol=1e-11)
+    x["lam"] = torch.full_like(x["lam"], 0.5)          # the trapezoid is not the Euler step
+    assert (mamba3(**x, backend="torch")[0] - o).abs().max() > 1e-3
+
+
+def _mamba_ssm_step_ref(Q, K, V, ADT, DT, Trap, Q_bias, K_bias, Angles, D, Z):
+    """Transcription (own code) of state-spaces/mamba tests/ops/triton/test_mamba3_siso.py
+    ``mamba3_siso_step_ref``, in its layouts: Q, K (b, L, h, N), V, Z (b, L, h, P), ADT, DT,
+    Trap (b, h, L) (Trap before its sigmoid), Angles (b, L, h, R) before tanh * pi, state S
+    (b, h, P, N). Returns y (b, L, h, P)."""
+    b, L, h, N = Q.shape
+    P, R = V.shape[-1], Angles.shape[-1]
+    ang = torch.tanh(Angles) * math.pi
+    theta = torch.zeros(b, h, R, dtype=Q.dtype)
+    S = torch.zeros(b, h, P, N, dtype=Q.dtype)
+    k_prev, v_prev = torch.zeros(b, h, N, dtype=Q.dtype), torch.zeros(b, h, P, dtype=Q.dtype)
+
+    def rot(t, th):   # pairs (2i, 2i+1), angles padded with cos 1, sin 0
+        t0, t1 = t[..., 0::2], t[..., 1::2]
+        c = F.pad(torch.cos(th), (0, t0.shape[-1] - R), value=1.0)
+        s = F.pad(torch.sin(th), (0, t0.shape[-1] - R), value=0.0)
+        return torch.stack([t0 * c - t1 * s, t0 * s + t1 * c], -1).reshape(t.shape)
+
+    ys = []
+    for i in range(L):
+        dt, adt = DT[:, :, i], ADT[:, :, i]
+        theta = theta + ang[:, i] * dt[..., None]
+        theta = theta - 2 * math.pi * torch.floor(theta / (2 * math.pi))
+        q, k = rot(Q[:, i] + Q_bias, theta), rot(K[:, i] + K_bias, theta)
+        tr = torch.sigmoid(Trap[:, :, i])
+        a = torch.exp(adt)
+        S = (a[..., None, None] * S
+             + ((1 - tr) * dt * a)[..., None, None] * v_prev[..., :, None] * k_prev[..., None, :]
+             + (tr * dt)[..., None, None] * V[:, i, :, :, None] * k[..., None, :])
+        y = torch.einsum("bhpn,bhn->bhp", S, q) + D[None, :, None] * V[:, i]
+        ys.append(y * F.silu(Z[:, i]))
+        k_prev, v_prev = k, V[:, i]
+    return torch.stack(ys, 1)
+
+
+def test_agrees_with_mamba_ssm_step_reference():
+    g = torch.Generator().manual_seed(3)
+    b, L, h, N, P, R = 2, 19, 2, 8, 4, 2
+    r = lambda *s: torch.randn(*s, generator=g, dtype=D64)  # noqa: E731
+    Q, K, V, Z, Angles = r(b, L, h, N), r(b, L, h, N), r(b, L, h, P), r(b, L, h, P), r(b, L, h, R)
+    DT = F.softplus(r(b, h, L)) * 0.3
+    ADT, Trap, Qb, Kb, D = -DT * torch.rand(b, h, L, generator=g, dtype=D64), r(b, h, L), r(h, N), r(h, N), r(h)
+    want = _mamba_ssm_step_ref(Q, K, V, ADT, DT, Trap, Qb, Kb, Angles, D, Z)
+    t = lambda x: x.transpose(1, 2)  # noqa: E731
+    y, _ = mamba3(Q + Qb, K + Kb, V, t(ADT), t(DT), torch.sigmoid(t(Trap)),
+                  torch.tanh(Angles) * math.pi, backend="torch", chunk_size=8)
+    got = (y + D[:, None] * V) * F.silu(Z)
+    assert (got - want).abs().max() < 1e-11
+
+
+def _mixer(**kw):
+    torch.manual_seed(0)
+    return Mamba3(16, d_state=8, headdim=8, **kw).double()
+
+
+@pytest.mark.parametrize("kw", [{}, {"complex_state": False}, {"ngroups": 2, "outproj_norm": True,
+                                                                "rope_fraction": 1.0}])
+def test_mixer_streaming_equals_forward_and_ref(kw):
+    m = _mixer(**kw)
+    u = torch.randn(2, 13, 16, dtype=D64)
+    y = m(u)
+    m.backend_choice = "ref"
+    torch.testing.assert_close(m(u), y, rtol=1e-10, atol=1e-10)
+    m.backend_choice = "torch"
+    s = m.init_state(2)
+    ya, s = m.forward_with_state(u[:, :6], s)
+    yb, s = m.forward_with_state(u[:, 6:], s)
+    torch.testing.assert_close(torch.cat([ya, yb], 1), y, rtol=1e-10, atol=1e-10)
+    s, steps = m.init_state(2), []
+    for t in range(u.shape[1]):
+        o, s = m.step(u[:, t], s)
+        steps.append(o)
+    torch.testing.assert_close(torch.stack(steps, 1), y, rtol=1e-10, atol=1e-10)
+    assert m.state_size() == sum(t[0].numel() for t in s)
+
+
+def test_registry_entry_builds_counts_and_is_causal():
+    assert "mamba3" in models.names() and "ICLR 2026" in models.describe("mamba3")
+    net = models.build("mamba3", d_model=32, n_layers=2).double()
+    x = torch.randn(1, 20, 32, dtype=D64)
+    y = net(x)
+    x2 = x.clone()
+    x2[:, 12:] += 1.0
+    torch.testing.assert_close(net(x2)[:, :12], y[:, :12])
+    mix = net.layers[0].mixer
+    # in_proj: z, x (2 * 64), B, C (2 * 64), dt, A, trap (3 * 2 heads), angles (16)
+    assert mix.in_proj.weight.shape == (2 * 64 + 2 * 64 + 3 * 2 + 16, 32)
+    assert models.state_size(net) == 2 * 2 * (64 * 32 + 64 + 32 + 16)
+    assert models.param_count(net) == sum(p.numel() for p in net.parameters())
+
+
+def test_bad_options_are_one_line_errors():
+    with pytest.raises(ValueError, match="rope_fraction"):
+        Mamba3(16, rope_fraction=0.3)
+    with pytest.raises(ValueError, match="backend"):
+        Mamba3(16, backend="nope")
