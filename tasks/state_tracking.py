@@ -28,7 +28,8 @@ The frame every state-tracking task shares (:class:`StateTrackingTask`):
   test stream) and one set per length N in ``eval_lens``, keyed ``"len=N"``, whose every
   example has real length exactly N (Deletang et al. evaluate each length separately), with
   ``num_test_examples`` examples and its own test seed stream. Train and test never share
-  a seed stream (tasks/base.py); training rows that equal a ``""`` test row are redrawn.
+  a seed stream (tasks/base.py); training rows that equal a test row of the training
+  width (``""``, and ``len=seq_len``) are redrawn.
 
 Subclasses implement ``_symbols(n, length, rng) -> (tokens, states, mask)``: tokens
 (n, length) in [0, n_symbols), the state after each prefix (n, length), and where the state
@@ -109,9 +110,6 @@ class StateTrackingTask(Task):
     def _generate(self, n, rng):
         lengths = rng.integers(self.min_len, self.seq_len + 1, size=n)
         return self._examples(n, lengths, self.seq_len, rng)
-
-    def _hash_sets(self, seed):
-        return [super().eval_sets(seed)[""]]   # only the training distribution can collide
 
     def eval_sets(self, seed):
         sets = super().eval_sets(seed)         # "" = the training distribution

@@ -194,6 +194,17 @@ def test_deterministic_by_seed_and_streams_apart(name):
     assert not torch.equal(ea[""].inputs, a.eval_sets(1)[""].inputs)
 
 
+def test_training_avoids_every_test_row_of_its_width():
+    # 64 strings of length 6; the len=6 set holds about half of them: full-length training
+    # strings must avoid them as well as the "" set's
+    t = tasks.build("parity", seq_len=6, min_len=2, eval_lens=[6, 12], num_test_examples=32)
+    sets = t.eval_sets(0)
+    test = {tuple(r) for k in ("", "len=6") for r in sets[k].inputs.tolist()}
+    train = [tuple(r) for s in range(20) for r in t.train_batch(32, s, 0).inputs.tolist()]
+    assert sum(1 for r in train if t.pad not in r) > 20     # full-length rows were drawn
+    assert not test & set(train)
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_eval_sets_at_longer_lengths(name):
     t = tasks.build(name, seq_len=12, min_len=4, eval_lens=[12, 24, 48], num_test_examples=16,
