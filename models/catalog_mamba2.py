@@ -36,15 +36,16 @@ def build_mamba2(
     return stack
 
 
-@register("mamba3", "Mamba-3 SISO (Lahoti et al., ICLR 2026, state-spaces/mamba Mamba3): "
-          "exponential-trapezoidal SSD, data-dependent rotary (complex) state, no conv",
+@register("mamba3", "Mamba-3 (Lahoti et al., ICLR 2026, state-spaces/mamba Mamba3): "
+          "exponential-trapezoidal SSD, data-dependent rotary (complex) state, SISO or MIMO "
+          "(mimo_rank), no conv",
           family="ssm", init="mamba")
 def build_mamba3(
     d_model: int, n_layers: int, d_state: int = 64, expand: int = 2, headdim: int = 32,
     ngroups: int = 1, rope_fraction: float = 0.5, complex_state: bool = True,
     dt_min: float = 0.001, dt_max: float = 0.1, dt_init_floor: float = 1e-4,
-    A_floor: float = 1e-4, outproj_norm: bool = False, chunk_size: int | None = None,
-    backend: str = "auto", norm: str = "rms", dropout: float = 0.0,
+    A_floor: float = 1e-4, outproj_norm: bool = False, mimo_rank: int = 1,
+    chunk_size: int | None = None, backend: str = "auto", norm: str = "rms", dropout: float = 0.0,
     channel_mixer: str = "none", mlp_mult: float = 2.0,
 ) -> RecurrentStack:
     """headdim 32, d_state 64 (mamba-ssm: 64, 128) so that d_model 64 gives 4 heads."""
@@ -56,7 +57,8 @@ def build_mamba3(
                          ngroups=ngroups, rope_fraction=rope_fraction,
                          complex_state=complex_state, dt_min=dt_min, dt_max=dt_max,
                          dt_init_floor=dt_init_floor, A_floor=A_floor,
-                         outproj_norm=outproj_norm, chunk_size=chunk_size, backend=backend),
+                         outproj_norm=outproj_norm, mimo_rank=mimo_rank, chunk_size=chunk_size,
+                         backend=backend),
         norm=norm, dropout=dropout, channel_mixer=channel_mixer, mlp_mult=mlp_mult,
     )
     with torch.no_grad():   # as mamba2: out_proj shrunk by 1/sqrt(n_layers)

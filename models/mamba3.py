@@ -17,16 +17,26 @@ complex_state is False):
 
 Parameter names and shapes follow mamba-ssm's Mamba3 (is_mimo=False): in_proj, dt_bias,
 B_bias, C_bias (nheads, 1, d_state), B_norm.weight, C_norm.weight, D, norm.weight (with
-outproj_norm), out_proj; in_proj's output order [z, x, B, C, dd_dt, dd_A, trap, angle].
+outproj_norm), out_proj, and with mimo_rank > 1 (MIMO, is_mimo=True) B_bias, C_bias
+(nheads, rank, d_state), mimo_x, mimo_z, mimo_o (nheads, rank, headdim); in_proj's output
+order [z, x, B, C, dd_dt, dd_A, trap, angle], B and C laid out (rank, ngroups, d_state).
 ``complex_state=False`` (no angles: a real state) is the paper's ablation, not a mamba-ssm
-option. MIMO (mimo_rank > 1) is not built here.
+option.
+
+MIMO (mimo_rank r > 1): x_r = x * mimo_x[:, r] feeds r outer products per step into the one
+state, r queries C_r read it; y_r = S^T C_r + D x_r, gated by silu(z * mimo_z[:, r]) (after
+the per-head norm with outproj_norm), and y = sum_r y_r * mimo_o[:, r] (the paper's
+rank-r inputs and outputs; mamba-ssm's ``mamba3_MIMO_step_ref``). It runs as the PyTorch
+chunked ``mamba3_scan.mamba3_mimo`` (or the ref); mamba-ssm's TileLang MIMO kernel is not
+wired in.
 
 Backends: ``torch`` / ``cpu`` (the chunked scan on the workbench's SSD), ``ref`` (step by
 step), ``mamba_ssm`` (mamba-ssm's Triton ``mamba3_siso_combined``, CUDA only, when it
 imports) and ``auto`` (mamba_ssm on CUDA when it imports, else the SSD's auto choice).
 
 Recurrent state: (theta (b, nheads, R), S (b, nheads, d_state, headdim), kr_prev (b,
-nheads, d_state), x_prev (b, nheads, headdim)), float32 or float64.
+nheads, d_state), x_prev (b, nheads, headdim)), float32 or float64; MIMO: kr_prev
+(b, rank, nheads, d_state), x_prev (b, rank, nheads, headdim).
 """
 from __future__ import annotations
 
@@ -97,22 +107,22 @@ def _positive_int(name, value):
 
 
 class Mamba3(nn.Module):
-    """Mamba-3 SISO mixer: (batch, L, d_model) -> (batch, L, d_model), causal.
+    """Mamba-3 mixer (SISO, or MIMO with mimo_rank > 1): (batch, L, d_model) -> same, causal.
 
     Options (mamba-ssm's defaults in brackets where they differ): d_state 64 [128],
     expand 2, headdim 32 [64], ngroups 1, rope_fraction 0.5 (0.5 or 1.0), complex_state
     True, dt_min 0.001, dt_max 0.1, dt_init_floor 1e-4, A_floor 1e-4, outproj_norm False,
-    chunk_size None (the SSD's tuned size), backend "auto".
+    mimo_rank 1 [4 with is_mimo], chunk_size None (the SSD's tuned size), backend "auto".
     """
 
     def __init__(self, d_model: int, d_state: int = 64, expand: int = 2, headdim: int = 32,
                  ngroups: int = 1, rope_fraction: float = 0.5, complex_state: bool = True,
                  dt_min: float = 0.001, dt_max: float = 0.1, dt_init_floor: float = 1e-4,
-                 A_floor: float = 1e-4, outproj_norm: bool = False,
+                 A_floor: float = 1e-4, outproj_norm: bool = False, mimo_rank: int = 1,
                  chunk_size: int | None = None, backend: str = "auto"):
         super().__init__()
         for name, value in (("d_model", d_model), ("d_state", d_state), ("expand", expand),
-                            ("headdim", headdim), ("ngroups", ngroups)):
+                            ("headdim", headdim), ("ngroups", ngroups), ("mimo_rank", mimo_rank)):
             _positive_int(name, value)
         if backend not in BACKENDS:
             raise lrb.BackendError(f"backend {backend!r} unknown for Mamba3; expected one of "
@@ -135,16 +145,20 @@ class Mamba3(nn.Module):
         self.d_model, self.d_state, self.expand, self.headdim = d_model, d_state, expand, headdim
         self.d_inner, self.nheads, self.ngroups = d_inner, nheads, ngroups
         self.A_floor, self.chunk_size, self.backend_choice = A_floor, chunk_size, backend
-        self.outproj_norm = outproj_norm
+        self.outproj_norm, self.mimo_rank = outproj_norm, mimo_rank
         self._last_backend: str | None = None
-        gn = ngroups * d_state
+        gn = ngroups * d_state * mimo_rank
         self.in_proj = nn.Linear(d_model, 2 * d_inner + 2 * gn + 3 * nheads + self.num_angles,
                                  bias=False)
         dt = torch.exp(torch.rand(nheads) * (math.log(dt_max) - math.log(dt_min)) + math.log(dt_min))
         dt = dt.clamp(min=dt_init_floor)
         self.dt_bias = nn.Parameter(dt + torch.log(-torch.expm1(-dt)))   # softplus^{-1}(dt)
-        self.B_bias = nn.Parameter(torch.ones(nheads, 1, d_state))
-        self.C_bias = nn.Parameter(torch.ones(nheads, 1, d_state))
+        self.B_bias = nn.Parameter(torch.ones(nheads, mimo_rank, d_state))
+        self.C_bias = nn.Parameter(torch.ones(nheads, mimo_rank, d_state))
+        if mimo_rank > 1:   # mamba-ssm's init: x and out averaged over the ranks, z copied
+            self.mimo_x = nn.Parameter(torch.full((nheads, mimo_rank, headdim), 1.0 / mimo_rank))
+            self.mimo_z = nn.Parameter(torch.ones(nheads, mimo_rank, headdim))
+            self.mimo_o = nn.Parameter(torch.full((nheads, mimo_rank, headdim), 1.0 / mimo_rank))
         self.B_norm, self.C_norm = RMSNorm(d_state), RMSNorm(d_state)
         self.D = nn.Parameter(torch.ones(nheads))
         for p in (self.dt_bias, self.D):
@@ -166,40 +180,57 @@ class Mamba3(nn.Module):
     # -- pieces --------------------------------------------------------------------------
     def _inputs(self, u: torch.Tensor):
         """u (b, L, d_model) -> dict of the scan's inputs (module doc), heads broadcast."""
-        di, gn, h = self.d_inner, self.ngroups * self.d_state, self.nheads
-        z, x, B, C, dd_dt, dd_A, trap, ang = torch.split(
+        di, h, r = self.d_inner, self.nheads, self.mimo_rank
+        gn = self.ngroups * self.d_state * r
+        z, x, Braw, Craw, dd_dt, dd_A, trap, ang = torch.split(
             self.in_proj(u), [di, di, gn, gn, h, h, h, self.num_angles], dim=-1)
         f = torch.float64 if u.dtype == torch.float64 else torch.float32
-        def grp(t):   # (..., ngroups * N) -> (..., nheads, N): head i reads group i // (h / g)
-            return t.unflatten(-1, (self.ngroups, self.d_state)).to(f).repeat_interleave(
+        def grp(t):   # (..., r * ngroups * N) -> (..., r, nheads, N): head i reads group i // (h / g)
+            return t.unflatten(-1, (r, self.ngroups, self.d_state)).to(f).repeat_interleave(
                 h // self.ngroups, dim=-2)
-        B = self.B_norm(grp(B)) + self.B_bias[:, 0].to(f)
-        C = self.C_norm(grp(C)) + self.C_bias[:, 0].to(f)
+        B = self.B_norm(grp(Braw)) + self.B_bias.transpose(0, 1).to(f)   # (b, L, r, h, N)
+        C = self.C_norm(grp(Craw)) + self.C_bias.transpose(0, 1).to(f)
+        xh = x.unflatten(-1, (h, self.headdim))
+        v = xh.to(f)[..., None, :, :] * self.mimo_x.transpose(0, 1).to(f) if r > 1 else xh
+        if r == 1:
+            B, C = B[..., 0, :, :], C[..., 0, :, :]
         A = -heavy_tail(dd_A.to(f)).clamp(max=-self.A_floor)
         dt = F.softplus(dd_dt.to(f) + self.dt_bias.to(f))
         omega = None
         if self.num_angles:
             omega = (torch.tanh(ang.to(f)) * math.pi)[..., None, :].expand(*ang.shape[:-1], h,
                                                                             self.num_angles)
-        return dict(z=z, x=x.unflatten(-1, (h, self.headdim)), raw=(B, C, dd_dt, trap, ang),
-                    q=C, k=B, adt=A * dt, dt=dt, lam=torch.sigmoid(trap.to(f)), omega=omega)
+        return dict(z=z, x=v, raw=(Braw, Craw, dd_dt, trap, ang), q=C, k=B, adt=A * dt, dt=dt, lam=torch.sigmoid(trap.to(f)), omega=omega)
 
     def _out(self, y: torch.Tensor, p: dict) -> torch.Tensor:
-        """D skip, gate and out_proj: y (b, L, h, P) -> (b, L, d_model)."""
+        """D skip, gate and out_proj: y (b, L, h, P), MIMO (b, L, r, h, P) -> (b, L, d_model)."""
         x = p["x"].to(y.dtype)
-        y = (y + self.D.to(y.dtype)[:, None] * x).flatten(-2)
-        z = p["z"].to(y.dtype)
+        y = y + self.D.to(y.dtype)[:, None] * x
+        z = p["z"].to(y.dtype).unflatten(-1, (self.nheads, self.headdim))
+        if self.mimo_rank > 1:
+            z = z[..., None, :, :] * self.mimo_z.transpose(0, 1).to(y.dtype)  # (b, L, r, h, P)
         if self.outproj_norm:   # norm before gate, per head (mamba-ssm: group_size=headdim)
-            g = y.unflatten(-1, (self.nheads, self.headdim))
-            g = g * torch.rsqrt(g.pow(2).mean(-1, keepdim=True) + self.norm.eps)
-            y = g.flatten(-2) * self.norm.weight
+            y = y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + self.norm.eps)
+            y = y * self.norm.weight.to(y.dtype).unflatten(-1, (self.nheads, self.headdim))
         y = y * F.silu(z)
-        return self.out_proj(y.to(p["z"].dtype))
+        if self.mimo_rank > 1:
+            y = (y * self.mimo_o.transpose(0, 1).to(y.dtype)).sum(-3)        # (b, L, h, P)
+        return self.out_proj(y.flatten(-2).to(p["z"].dtype))
 
     def _mix(self, u, state, want_state: bool):
         resolved = resolve_backend(self.backend_choice, u.device.type)
+        if resolved == "mamba_ssm" and not self.num_angles:
+            resolved = "torch"      # mamba-ssm's kernel always rotates: a real state runs here
+        if self.mimo_rank > 1 and resolved != "ref":
+            resolved = "torch"      # MIMO: the PyTorch chunked form (module doc)
         self._last_backend = resolved
         p = self._inputs(u)
+        if self.mimo_rank > 1:
+            fn = mamba3_scan.mamba3_mimo_ref if resolved == "ref" else functools.partial(
+                mamba3_scan.mamba3_mimo, chunk_size=self.chunk_size or 64)
+            y, S = fn(p["q"], p["k"], p["x"], p["adt"], p["dt"], p["lam"], p["omega"], state,
+                      want_state)
+            return self._out(y, p), S
         if resolved == "mamba_ssm":
             return self._mix_mamba_ssm(u, p, state, want_state)
         backend = "ref" if resolved == "ref" else resolved
@@ -240,14 +271,20 @@ class Mamba3(nn.Module):
         """Zeros: (theta (b, h, R), S (b, h, N, P), kr_prev (b, h, N), x_prev (b, h, P))."""
         p = self.D
         f = torch.float64 if p.dtype == torch.float64 else torch.float32
-        z = lambda *s: torch.zeros(batch, self.nheads, *s, device=p.device, dtype=f)  # noqa: E731
-        return z(self.num_angles), z(self.d_state, self.headdim), z(self.d_state), z(self.headdim)
+        z = lambda *s: torch.zeros(batch, *s, device=p.device, dtype=f)  # noqa: E731
+        h, r = self.nheads, self.mimo_rank
+        if r > 1:
+            return (z(h, self.num_angles), z(h, self.d_state, self.headdim),
+                    z(r, h, self.d_state), z(r, h, self.headdim))
+        return (z(h, self.num_angles), z(h, self.d_state, self.headdim), z(h, self.d_state),
+                z(h, self.headdim))
 
     def step(self, u_t: torch.Tensor, state):
         """One token: u_t (batch, d_model) -> (out_t (batch, d_model), next state), the
         recurrence itself (``mamba3_ref`` over one step)."""
         p = self._inputs(u_t[:, None])
-        y, S = mamba3_scan.mamba3_ref(p["q"], p["k"], p["x"], p["adt"], p["dt"], p["lam"],
+        ref = mamba3_scan.mamba3_mimo_ref if self.mimo_rank > 1 else mamba3_scan.mamba3_ref
+        y, S = ref(p["q"], p["k"], p["x"], p["adt"], p["dt"], p["lam"],
                                       p["omega"], state, True)
         return self._out(y, p)[:, 0], S
 
@@ -255,4 +292,6 @@ class Mamba3(nn.Module):
         """Floats of recurrent state per sequence: S, the previous rotated B and x (the
         trapezoid's), and the angles."""
         h = self.nheads
-        return h * (self.d_state * self.headdim + self.d_state + self.headdim + self.num_angles)
+        r = self.mimo_rank
+        return h * (self.d_state * self.headdim + r * (self.d_state + self.headdim)
+                    + self.num_angles)

@@ -182,3 +182,47 @@ def test_bad_options_are_one_line_errors():
         Mamba3(16, rope_fraction=0.3)
     with pytest.raises(ValueError, match="backend"):
         Mamba3(16, backend="nope")
+
+
+def test_mimo_chunked_equals_ref_and_rank_one_is_siso():
+    from models.kernels.mamba3_scan import mamba3_mimo, mamba3_mimo_ref
+    x, s0 = _inputs(L=23)
+    g = torch.Generator().manual_seed(5)
+    r = 3
+    b, L, h, N = x["q"].shape
+    P = x["v"].shape[-1]
+    q, k, v = (torch.randn(b, L, r, h, n, generator=g, dtype=D64) for n in (N, N, P))
+    s0 = (s0[0], s0[1], torch.randn(b, r, h, N, dtype=D64), torch.randn(b, r, h, P, dtype=D64))
+    leaves = [t.requires_grad_() for t in (q, k, v, x["adt"], x["lam"], x["omega"], s0[1], s0[2])]
+    rest = dict(adt=x["adt"], dt=x["dt"], lam=x["lam"], omega=x["omega"], initial_state=s0,
+                output_final_state=True)
+    o1, s1 = mamba3_mimo_ref(q, k, v, **rest)
+    o2, s2 = mamba3_mimo(q, k, v, chunk_size=7, **rest)
+    torch.testing.assert_close(o2, o1, rtol=1e-10, atol=1e-10)
+    for a, c in zip(s2, s1):
+        torch.testing.assert_close(a, c, rtol=1e-10, atol=1e-10)
+    w = torch.randn_like(o1)
+    g1 = torch.autograd.grad((o1 * w).sum() + s1[1].sum(), leaves)
+    g2 = torch.autograd.grad((o2 * w).sum() + s2[1].sum(), leaves)
+    for a, c in zip(g2, g1):
+        torch.testing.assert_close(a, c, rtol=1e-9, atol=1e-9)
+    one = dict(rest, initial_state=None, output_final_state=False)
+    o3 = mamba3_mimo(q[:, :, :1], k[:, :, :1], v[:, :, :1], **one)[0]
+    o4 = mamba3(q[:, :, 0], k[:, :, 0], v[:, :, 0], **one, backend="torch")[0]
+    torch.testing.assert_close(o3[:, :, 0], o4, rtol=1e-11, atol=1e-11)
+
+
+@pytest.mark.parametrize("kw", [{"mimo_rank": 2}, {"mimo_rank": 3, "outproj_norm": True}])
+def test_mimo_mixer_streams_and_counts(kw):
+    test_mixer_streaming_equals_forward_and_ref(kw)
+    m = _mixer(**kw)
+    r = kw["mimo_rank"]
+    assert m.mimo_x.shape == m.mimo_o.shape == (m.nheads, r, 8) and m.B_bias.shape == (m.nheads, r, 8)
+    assert m.in_proj.weight.shape[0] == 2 * 32 + 2 * 8 * r + 3 * 4 + 2
+
+
+def test_registry_mimo_option():
+    net = models.build("mamba3", d_model=32, n_layers=1, mimo_rank=4)
+    assert net.layers[0].mixer.mimo_rank == 4
+    assert models.state_size(net) == 2 * (64 * 32 + 4 * (64 + 32) + 16)
+    assert net(torch.randn(1, 5, 32)).shape == (1, 5, 32)

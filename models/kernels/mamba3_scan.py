@@ -155,3 +155,107 @@ def mamba3(q, k, v, adt, dt, lam, omega=None, initial_state=None, output_final_s
         return o, None
     theta_L = theta[:, -1] if omega is not None else theta0
     return o, (theta_L, S.to(dtype), k[:, -1], v[:, -1])
+
+
+# -- MIMO ------------------------------------------------------------------------------------
+# Rank-r inputs and outputs (the paper's MIMO; state-spaces/mamba
+# tests/ops/tilelang/test_mamba3_mimo.py ``mamba3_MIMO_step_ref``): each step writes r outer
+# products into the same state and reads it with r queries,
+#     S_t = alpha_t S_{t-1} + (1 - lam_t) dt_t alpha_t sum_r kr_{t-1,r} v_{t-1,r}^T
+#           + lam_t dt_t sum_r kr_{t,r} v_{t,r}^T,          o_{t,r} = S_t^T qr_{t,r}.
+# Shapes: q, k (b, L, r, h, N); v (b, L, r, h, P) (x already up-projected per rank);
+# adt, dt, lam (b, L, h); omega (b, L, h, R) or None. State (theta (b, h, R), S (b, h, N, P),
+# kr_prev (b, r, h, N), v_prev (b, r, h, P)). The rotation is the SISO one (pairs (2i, 2i+1)),
+# as that reference's; the TileLang kernel pairs i with i + N/2, a fixed permutation of the
+# state's channels (the same model up to how B and C's projections are laid out).
+
+def _check_mimo(q, k, v, adt, dt, lam, omega):
+    if q.dim() != 5 or k.shape != q.shape or v.dim() != 5 or v.shape[:4] != q.shape[:4]:
+        raise ValueError(f"mamba3_mimo: q, k (batch, L, rank, heads, N) and v (batch, L, rank, "
+                         f"heads, P), got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+    b, L, _, h, N = q.shape
+    for name, t in (("adt", adt), ("dt", dt), ("lam", lam)):
+        if t.shape != (b, L, h):
+            raise ValueError(f"mamba3_mimo: {name} must be ({b}, {L}, {h}), got {tuple(t.shape)}")
+    if omega is not None and (omega.shape[:3] != (b, L, h) or 2 * omega.shape[3] > N):
+        raise ValueError(f"mamba3_mimo: omega must be (batch, L, heads, R), 2R <= {N}")
+
+
+def _mimo_state0(q, v, omega, initial_state, dtype):
+    b, _, r, h, N = q.shape
+    P, R = v.shape[-1], 0 if omega is None else omega.shape[-1]
+    if initial_state is None:
+        z = lambda *s: torch.zeros(*s, dtype=dtype, device=q.device)  # noqa: E731
+        return z(b, h, R), z(b, h, N, P), z(b, r, h, N), z(b, r, h, P)
+    return tuple(t.to(dtype) for t in initial_state)
+
+
+def mamba3_mimo_ref(q, k, v, adt, dt, lam, omega=None, initial_state=None,
+                    output_final_state=False):
+    """The MIMO recurrence one step at a time. Returns (o (b, L, r, h, P), state or None)."""
+    _check_mimo(q, k, v, adt, dt, lam, omega)
+    dtype = _dtype(v)
+    q, k, v, adt, dt, lam = (t.to(dtype) for t in (q, k, v, adt, dt, lam))
+    omega = None if omega is None else omega.to(dtype)
+    theta, S, k_prev, v_prev = _mimo_state0(q, v, omega, initial_state, dtype)
+    outs = []
+    for t in range(q.shape[1]):
+        if omega is not None:
+            theta = theta + omega[:, t] * dt[:, t, :, None]
+            theta = theta - TWO_PI * torch.floor(theta / TWO_PI).detach()
+        qr, kr = rotate(q[:, t], theta[:, None]), rotate(k[:, t], theta[:, None])
+        alpha = torch.exp(adt[:, t])[..., None, None]
+        beta, gamma = (1 - lam[:, t]) * dt[:, t], lam[:, t] * dt[:, t]
+        prev = torch.einsum("brhn,brhp->bhnp", k_prev, v_prev)
+        cur = torch.einsum("brhn,brhp->bhnp", kr, v[:, t])
+        S = alpha * (S + beta[..., None, None] * prev) + gamma[..., None, None] * cur
+        outs.append(torch.einsum("brhn,bhnp->brhp", qr, S))
+        k_prev, v_prev = kr, v[:, t]
+    o = torch.stack(outs, dim=1)
+    return o, ((theta, S, k_prev, v_prev) if output_final_state else None)
+
+
+def mamba3_mimo(q, k, v, adt, dt, lam, omega=None, initial_state=None,
+                output_final_state=False, chunk_size=64):
+    """The MIMO recurrence chunked (PyTorch): per chunk of C steps, the r keys of every step
+    and the r queries of every step meet in one (C r) x (C r) masked, decayed score matrix
+    (a key is seen by every query of its own step and later ones), plus the carried state;
+    the trapezoid is folded in as in :func:`mamba3`. Same returns as the ref."""
+    _check_mimo(q, k, v, adt, dt, lam, omega)
+    dtype = _dtype(v)
+    q, k, v, adt, dt, lam = (t.to(dtype) for t in (q, k, v, adt, dt, lam))
+    omega = None if omega is None else omega.to(dtype)
+    theta0, S, k0, v0 = _mimo_state0(q, v, omega, initial_state, dtype)
+    b, L, r, h, N = q.shape
+    if omega is not None:
+        theta = angles(omega, dt, theta0)                   # (b, L, h, R)
+        q, k = rotate(q, theta[:, :, None]), rotate(k, theta[:, :, None])
+    mu = (1 - lam) * dt
+    mu_next = torch.cat((mu[:, 1:], torch.zeros_like(mu[:, :1])), dim=1)
+    kc = k * (lam * dt + mu_next)[:, :, None, :, None]
+    S = S + mu[:, 0, :, None, None] * torch.einsum("brhn,brhp->bhnp", k0, v0)
+    C = max(1, min(chunk_size, L))
+    outs = []
+    for c0 in range(0, L, C):
+        sl = slice(c0, min(c0 + C, L))
+        qi, ki, vi, gi = q[:, sl], kc[:, sl], v[:, sl], torch.cumsum(adt[:, sl], dim=1)  # gi (b, T, h)
+        T = qi.shape[1]
+        # decay from step s to step t (s <= t), per head: (b, h, T, T)
+        diff = gi.transpose(1, 2)[..., :, None] - gi.transpose(1, 2)[..., None, :]
+        mask = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
+        dec = torch.exp(diff.masked_fill(~mask, -math.inf))
+        scores = torch.einsum("btrhn,bsuhn->bhtrsu", qi, ki) * dec[:, :, :, None, :, None]
+        o = torch.einsum("bhtrsu,bsuhp->btrhp", scores, vi)
+        o = o + torch.einsum("btrhn,bhnp->btrhp", qi, S) * torch.exp(gi)[:, :, None, :, None]
+        outs.append(o)
+        tail = torch.exp(gi[:, -1:] - gi)                  # (b, T, h): decay to the chunk's end
+        S = (torch.exp(gi[:, -1])[..., None, None] * S
+             + torch.einsum("bsuhn,bsh,bsuhp->bhnp", ki, tail, vi))
+    o = torch.cat(outs, dim=1)
+    # the SSD's running state held mu_{t+1} kr_t v_t^T of the next step already: remove it
+    diag = torch.einsum("btrhn,btuhn->btrhu", q, k)         # (b, L, r, h, r)
+    o = o - mu_next[:, :, None, :, None] * torch.einsum("btrhu,btuhp->btrhp", diag, v)
+    if not output_final_state:
+        return o, None
+    theta_L = theta[:, -1] if omega is not None else theta0
+    return o, (theta_L, S, k[:, -1], v[:, -1])
