@@ -63,3 +63,44 @@ def write_tiny_checkpoints(root, vocab: int = 64, width: int = 16):
     for folder in (neo, mamba):
         assert write_tokenizer(folder) <= vocab
     return neo, mamba
+
+
+# ---------------------------------------------------------------------------- tiny profiles
+def tiny_profile_text(name: str = "tiny", *, schema_version: int = 1, models=("lstm",), seq_lens=(10,),
+                      seeds=None, examples=(32, 8), d_model: int = 8, n_layers: int = 1, **train) -> str:
+    """A tiny MAD selective-copying profile (vocab 8, 2 tokens to copy: a run trains in
+    seconds on a CPU) as TOML text, one key a line as a person writes it, so a test can
+    still edit it with ``str.replace``. ``train``: the [train] keys, in order."""
+    import json
+
+    lines = [f"schema_version = {schema_version}", f"name = {json.dumps(name)}", "[task]",
+             'name = "mad_selective_copying"', "vocab_size = 8", "num_tokens_to_copy = 2",
+             f"num_train_examples = {examples[0]}", f"num_test_examples = {examples[1]}", "[sweep]",
+             f"models = {json.dumps(list(models))}", f"seq_lens = {json.dumps(list(seq_lens))}"]
+    if seeds is not None:
+        lines.append(f"seeds = {json.dumps(list(seeds))}")
+    lines += ["[model]", f"d_model = {d_model}", f"n_layers = {n_layers}", "[train]"]
+    lines += [f"{k} = {json.dumps(v)}" for k, v in train.items()]
+    return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------------------- the TUI on screen
+def screen_lines(app) -> list[str]:
+    """The app's screen as drawn: one string a line (what capture-pane would show)."""
+    return ["".join(seg.text for seg in strip) for strip in app.screen._compositor.render_strips()]
+
+
+def drawn_words(app, widget) -> str:
+    """What the screen shows inside ``widget``'s region, its lines joined by spaces (what a
+    user reads there, whatever is drawn over it)."""
+    r = widget.region
+    return " ".join(" ".join(line[r.x:r.right].split()) for line in screen_lines(app)[r.y:r.bottom])
+
+
+async def open_form(pilot):
+    """F2: the sweep form, shown; returns it."""
+    from workbench.tui.sweep_form import SweepForm
+
+    await pilot.press("f2")
+    await pilot.pause()
+    return pilot.app.query_one(SweepForm)

@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from helpers import tiny_profile_text
 from workbench.spec import estimate
 from workbench.spec import profile as P
 
@@ -32,25 +33,8 @@ ROOT = Path(__file__).resolve().parent.parent
 PROFILES = ROOT / "profiles"
 NEED_DATA = ["char-lm-shakespeare", "imdb-gptneo-frozen", "imdb-hybrid-frozen", "imdb-lora", "imdb-mamba-frozen"]
 
-SMALL = """\
-schema_version = 2
-name = "small"
-[task]
-name = "mad_selective_copying"
-vocab_size = 8
-num_tokens_to_copy = 2
-num_train_examples = 32
-num_test_examples = 16
-[sweep]
-models = ["transformer"]
-seq_lens = [12]
-[model]
-d_model = 16
-n_layers = 1
-[train]
-steps = 4
-batch_size = 4
-"""
+SMALL = tiny_profile_text("small", schema_version=2, models=["transformer"], seq_lens=[12], examples=(32, 16),
+                          d_model=16, steps=4, batch_size=4)
 
 
 def cli(cwd: Path, env: dict[str, str], *args: str) -> subprocess.CompletedProcess:

@@ -32,6 +32,7 @@ import pytest
 import torch
 from rich.console import Console
 
+from tests.helpers import tiny_profile_text
 from tests.test_plot import add_run
 from tests.test_store import spec
 from workbench import cli
@@ -302,30 +303,10 @@ def test_run_sh_tells_the_workbench_how_it_was_invoked(tmp_path):
 
 
 # --------------------------------------------------------------------------- a dead scheduler
-PROFILE = """
-schema_version = 1
-name = "{name}"
-[task]
-name = "mad_selective_copying"
-vocab_size = 8
-num_tokens_to_copy = 2
-num_train_examples = 32
-num_test_examples = 8
-[sweep]
-models = ["lstm"]
-seq_lens = [10]
-seeds = {seeds}
-[model]
-d_model = 8
-n_layers = 1
-[train]
-steps = 30
-batch_size = 8
-lr = 3e-3
-eval_every = 100
-log_every = 5
-device = "cpu"
-"""
+def profile_text(name: str, seeds) -> str:
+    """One lstm at length 10, 30 steps a run: a second or two each."""
+    return tiny_profile_text(name, models=["lstm"], seq_lens=[10], seeds=seeds, steps=30, batch_size=8, lr=3e-3,
+                             eval_every=100, log_every=5, device="cpu")
 WAIT_S = 300  # bounds a hang (the failure this guards against), never a measured time
 
 
@@ -349,7 +330,7 @@ def test_run_starts_a_killed_scheduler_again(tmp_path, monkeypatch):
     hint is typed as the user ran it (here through run.sh)."""
     root = tmp_path / "store"
     prof = tmp_path / "two.toml"
-    prof.write_text(PROFILE.format(name="two", seeds="[0, 1]"))
+    prof.write_text(profile_text("two", [0, 1]))
     env = {**os.environ, "OMP_NUM_THREADS": "1", "SSM_WORKBENCH_CMD": "./run.sh",
            "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen([sys.executable, "-m", "workbench", "--store", str(root), "run", str(prof), "--quiet"],
@@ -397,7 +378,7 @@ def test_readers_notice_a_killed_scheduler_and_resume_pending_restarts_it(tmp_pa
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     monkeypatch.setenv("SSM_WORKBENCH_CMD", "./run.sh")
     store = Store(tmp_path / "store")
-    ids = store.add_runs([s.to_dict() for s in expand(loads(PROFILE.format(name="one", seeds="[0]")))])
+    ids = store.add_runs([s.to_dict() for s in expand(loads(profile_text("one", [0])))])
     with open(store.root / progress.SCHEDULER_LOCK, "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # the scheduler spawned now waits here, alive
         p = scheduler.spawn(store)

@@ -15,6 +15,7 @@ import pytest
 import tomli_w
 from textual.widgets import Input, Static
 
+from helpers import drawn_words, open_form, screen_lines
 from test_curves import sweep
 from test_tui import FakeScheduler, make_app, poll, settle, type_into
 from workbench.spec import profile as profiles
@@ -36,10 +37,6 @@ PROFILES = Path(__file__).resolve().parents[1] / "profiles"
 @pytest.fixture
 def store(tmp_path: Path) -> Store:
     return Store(tmp_path / "store")
-
-
-def screen_lines(app) -> list[str]:
-    return ["".join(seg.text for seg in strip) for strip in app.screen._compositor.render_strips()]
 
 
 def table_lines(app) -> tuple[str, list[str], list[tuple[str, int]]]:
@@ -140,9 +137,7 @@ async def test_a_sweeps_runs_read_apart_at_80x24(store, tmp_path, kind):
 async def test_f2_opens_on_the_model_list_where_typing_filters_and_space_picks(store, tmp_path):
     app = make_app(store, tmp_path)
     async with app.run_test(size=(120, 40)) as pilot:
-        await pilot.press("f2")
-        await pilot.pause()
-        form = app.query_one(SweepForm)
+        form = await open_form(pilot)
         picker = form.query_one("#models", ModelPicker)
         lst = picker.query_one("#models-list")
         assert app.focused is lst
@@ -213,20 +208,11 @@ async def test_footer_shows_the_help_key_at_80_columns(store, tmp_path):
         assert footer_line(app).lstrip().startswith("? Keys")
 
 
-def drawn_words(app, widget) -> str:
-    """What the screen shows inside ``widget``'s region, its lines joined by spaces (what a
-    user reads there, whatever is drawn over it)."""
-    r = widget.region
-    return " ".join(" ".join(line[r.x:r.right].split()) for line in screen_lines(app)[r.y:r.bottom])
-
-
 # ---------------------------------------------------------------------------- item 8
 async def test_a_length_error_is_read_whole_at_80x24_beside_the_problems_box(store, tmp_path):
     app = make_app(store, tmp_path)
     async with app.run_test(size=(80, 24)) as pilot:
-        await pilot.press("f2")
-        await pilot.pause()
-        form = app.query_one(SweepForm)
+        form = await open_form(pilot)
         form.query_one("#models", ModelPicker).set_picked(["lstm"])
         await type_into(pilot, "#seq_lens", "64, 12")
         await pilot.press("ctrl+r")  # the problems box opens below the form; focus: the lengths
@@ -274,9 +260,7 @@ async def test_a_shipped_profile_keeps_its_needs_and_runs_through_the_form(store
         "model": {"d_model": 8, "n_layers": 1}, "train": {"steps": 4, "batch_size": 4}}))
     app = make_app(store, tmp_path)
     async with app.run_test(size=(120, 40)) as pilot:
-        await pilot.press("f2")
-        await pilot.pause()
-        form = app.query_one(SweepForm)
+        form = await open_form(pilot)
         for src in (PROFILES / "imdb-hybrid-frozen.toml", own_length):
             dest = tmp_path / "saved" / src.name
             absent = []
@@ -300,9 +284,7 @@ async def test_a_shipped_profile_keeps_its_needs_and_runs_through_the_form(store
 async def test_a_length_error_typed_on_the_last_line_scrolls_into_view_at_80x24(store, tmp_path):
     app = make_app(store, tmp_path)
     async with app.run_test(size=(80, 24)) as pilot:
-        await pilot.press("f2")
-        await pilot.pause()
-        form = app.query_one(SweepForm)
+        form = await open_form(pilot)
         await type_into(pilot, "#seq_lens", "64")
         cols, seq = form.query_one("#form-columns"), form.query_one("#seq_lens", Input)
         # the lengths on the form's last visible line, as after scrolling with the mouse
@@ -347,9 +329,7 @@ async def test_loading_a_profile_paints_no_mixed_form(store, tmp_path, monkeypat
     monkeypatch.setattr(SweepForm, "_show_task", slow_show_task)
     app = make_app(store, tmp_path)
     async with app.run_test(size=(120, 40)) as pilot:
-        await pilot.press("f2")
-        await pilot.pause()
-        form = app.query_one(SweepForm)
+        form = await open_form(pilot)
 
         def state(app) -> tuple:
             params = tuple(w.id for w in form.query("#task-params Input"))
@@ -539,9 +519,7 @@ async def test_the_form_starts_each_task_where_it_learns_on_a_cpu(store, tmp_pat
 
     app = make_app(store, tmp_path)
     async with app.run_test(size=(120, 40)) as pilot:
-        await pilot.press("f2")
-        await pilot.pause()
-        form = app.query_one(SweepForm)
+        form = await open_form(pilot)
         form.query_one("#models", ModelPicker).set_picked(["transformer"])
 
         def value(fid: str) -> str:
@@ -616,9 +594,7 @@ async def test_every_tasks_form_defaults_learn_on_a_cpu_or_the_form_says_not(tmp
     made: dict[str, profiles.Profile] = {}
     says: dict[str, str] = {}
     async with app.run_test(size=(120, 40)) as pilot:
-        await pilot.press("f2")
-        await pilot.pause()
-        form = app.query_one(SweepForm)
+        form = await open_form(pilot)
         form.query_one("#models", ModelPicker).set_picked(["transformer"])
         for name in tasks.names():
             form.query_one("#task", Select).value = name

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from textual.widgets import DataTable, Input, Select, Static
 
+from helpers import open_form
 from test_curves import sweep
 from test_tui import FakeScheduler, make_app, poll, settle, tiny_profile, type_into
 from workbench.store import Store
@@ -49,12 +50,6 @@ def inside(widget, box) -> bool:
     """``widget`` is drawn wholly inside ``box``'s region (on screen, not scrolled away)."""
     r, b = widget.region, box.region
     return r.height > 0 and r.y >= b.y and r.bottom <= b.bottom and r.x >= b.x and r.right <= b.right
-
-
-async def open_form(pilot) -> SweepForm:
-    await pilot.press("f2")
-    await pilot.pause()
-    return pilot.app.query_one(SweepForm)
 
 
 # ---------------------------------------------------------------------------- one screen

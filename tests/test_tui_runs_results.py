@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 from textual.widgets import DataTable, Select, Static
 
+from helpers import screen_lines
 from test_results_layer import add
 from test_tui import FakeScheduler, make_app, settle
 from workbench.results import export
@@ -371,10 +372,6 @@ async def test_kill_and_resume_every_marked_run_after_one_confirmation(store, tm
         await pilot.press("k")
         await pilot.pause()
         assert f"Kill run {ids[6]}" in str(app.screen.query_one("#question", Static).render())
-
-
-def screen_lines(app) -> list[str]:
-    return ["".join(seg.text for seg in strip) for strip in app.screen._compositor.render_strips()]
 
 
 @pytest.mark.parametrize("size", [(80, 24), (115, 30)])
