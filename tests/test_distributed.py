@@ -290,3 +290,19 @@ def test_slurm_settings_must_add_up_to_the_devices():
     with pytest.raises(ProfileError, match="nodes = 2"):
         loads('executor = "slurm"\n' + PROFILE.format(model="lstm", steps=4, extra="") +
               '\n[slurm]\nnodes = 2\n')
+
+
+def test_the_memory_estimate_is_per_device():
+    """Each rank holds its shard's activations: the estimate (checked against one device's
+    memory) shrinks with train.devices; the weights, gradients and moments do not."""
+    from workbench.spec import estimate
+    from workbench.spec.run_spec import RunSpec
+
+    def run(devices):
+        d = spec(devices=devices, extra="eval_batch_size = 2")
+        d["train"]["batch_size"] = 512  # training's activations outweigh the eval forward's
+        return estimate.estimate_run(RunSpec.from_dict(d), estimate.Limit(device="cpu", bytes=None, what=""))
+
+    one, two = run(None), run(2)
+    assert one.parts["weights"] == two.parts["weights"] and one.parts["optimizer"] == two.parts["optimizer"]
+    assert two.parts["activations"] == pytest.approx(one.parts["activations"] / 2, rel=0.01)

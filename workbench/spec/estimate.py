@@ -616,7 +616,9 @@ def estimate_run(spec, limit: Limit) -> RunEstimate:
     L = spec.seq_len or task.seq_len
     est.seq_len = L  # the task's own length when the sweep gives none
     cfg = spec.train
-    B = cfg.batch_size
+    # per device: a run on N ranks (train.devices) holds its shard's activations on each;
+    # rank 0 evaluates the whole eval batch, and every rank draws the global batch (data)
+    B = max(1, cfg.batch_size // (getattr(cfg, "devices", None) or 1))
     est.params = int(round(prof.params(L)))
     tb = prof.trainable_bytes(L)
     acts = prof.saved(L, B)
