@@ -226,3 +226,17 @@ def test_registry_mimo_option():
     assert net.layers[0].mixer.mimo_rank == 4
     assert models.state_size(net) == 2 * (64 * 32 + 4 * (64 + 32) + 16)
     assert net(torch.randn(1, 5, 32)).shape == (1, 5, 32)
+
+
+def test_bench_ops_measures_mamba3_against_its_ref(capsys, bench_in_process):
+    import json
+
+    from workbench.cli import bench
+    rc = bench.main(["--ops", "mamba3,mamba3_mimo", "--seq-lens", "12", "--batch", "1",
+                     "--heads", "1", "--head-dim", "4", "--repeats", "1", "--warmup", "0",
+                     "--format", "json"])
+    rows = json.loads(capsys.readouterr().out)["ops"]
+    assert rc == 0 and [(r["op"], r["backend"]) for r in rows][:2] == [("mamba3", "ref"),
+                                                                          ("mamba3", "torch")]
+    assert all("error" not in r and r["fwd_bwd_ms"] > 0 for r in rows), rows
+    assert rows[-1]["op"] == "mamba3_mimo" and rows[-1]["x_ref"] > 0

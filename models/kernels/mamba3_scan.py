@@ -259,3 +259,41 @@ def mamba3_mimo(q, k, v, adt, dt, lam, omega=None, initial_state=None,
         return o, None
     theta_L = theta[:, -1] if omega is not None else theta0
     return o, (theta_L, S, k[:, -1], v[:, -1])
+
+
+# -- for bench --ops -------------------------------------------------------------------------
+OPS = ("mamba3", "mamba3_mimo")
+BENCH_MIMO_RANK = 4
+
+
+def get_op(name: str, backend: str, device_type: str = "cpu"):
+    """(fn, resolved backend) for ``name`` in OPS: fn(*make_inputs(...)[0], initial_state=,
+    output_final_state=) -> (o, state). MIMO runs its PyTorch chunked form for any backend
+    but ``ref``."""
+    if name not in OPS:
+        raise KeyError(f"unknown Mamba-3 op {name!r}; known: {', '.join(OPS)}")
+    if backend == "ref":
+        return (mamba3_ref if name == "mamba3" else mamba3_mimo_ref), "ref"
+    if name == "mamba3_mimo":
+        return mamba3_mimo, "torch"
+    resolved = lrb.resolve(backend, device_type)
+    return (lambda *a, **kw: mamba3(*a, backend=resolved, **kw)), resolved
+
+
+def make_inputs(name: str, batch: int, L: int, heads: int, dim: int, dtype=torch.float32,
+                seed: int = 0, device="cpu", rank: int = BENCH_MIMO_RANK):
+    """Random (args, initial_state) for op ``name``, all leaves requiring grad: q, k, v
+    (batch, L, heads, dim), MIMO with a rank axis after L; adt = -a dt with a in (0, 1),
+    dt in (0.01, 0.1), lam in (0, 1), dim / 4 angle rates (rope_fraction 0.5) in (-pi, pi)."""
+    g = torch.Generator().manual_seed(seed)
+    r = lambda *s: torch.randn(*s, generator=g, dtype=dtype)  # noqa: E731
+    u = lambda *s: torch.rand(*s, generator=g, dtype=dtype)  # noqa: E731
+    lead = (batch, L, rank) if name == "mamba3_mimo" else (batch, L)
+    R = max(1, dim // 4)
+    dt = 0.01 + 0.09 * u(batch, L, heads)
+    args = [r(*lead, heads, dim), r(*lead, heads, dim), r(*lead, heads, dim), -u(batch, L, heads) * dt,
+            dt, u(batch, L, heads), (u(batch, L, heads, R) * 2 - 1) * math.pi]
+    pre = (batch, rank) if name == "mamba3_mimo" else (batch,)
+    state = [u(batch, heads, R), r(batch, heads, dim, dim), r(*pre, heads, dim), r(*pre, heads, dim)]
+    to = lambda t: t.to(device).requires_grad_()  # noqa: E731
+    return [to(t) for t in args], tuple(to(t) for t in state)

@@ -31,6 +31,8 @@ memory, and the speed-up over the first backend listed (``x_first``).
 ``cpu`` for the C kernels on a CPU, ``fla`` on a GPU with flash-linear-attention):
 q, k: (batch, L, ``--heads``, ``--head-dim``), v likewise, log-gates uniform in (-0.5, 0), a random initial state in and the final state
 out; forward + backward, forward, peak memory and the speed-up over ``ref`` (``x_ref``).
+``mamba3`` / ``mamba3_mimo`` (``models.kernels.mamba3_scan``; MIMO at rank 4) take their own
+inputs (dt, trapezoid weight, angle rates, the state with the previous rotated B and x).
 ``gated_delta_product`` runs ``--householder`` (default 2) delta-rule steps per token: its
 k, v and beta carry that many rows per token (fla's layout). ``--ref-max-len`` skips the (step-by-step, slow) ``ref`` above a length.
 
@@ -166,11 +168,31 @@ def measure_scan(spec: dict[str, Any]) -> dict[str, Any]:
 def measure_op(spec: dict[str, Any]) -> dict[str, Any]:
     """One linear-RNN operator, one backend and length, on random inputs (see module doc)."""
     import torch
-    from models.kernels import linear_rnn, linear_rnn_backends
+    from models.kernels import linear_rnn, linear_rnn_backends, mamba3_scan
     from workbench.train.measure import pick_device, timed_with_peak
 
     device = pick_device(spec["device"], "--device")
     batch, L, H, D = spec["batch"], spec["seq_len"], spec["heads"], spec["head_dim"]
+    if spec["op"] in mamba3_scan.OPS:   # Mamba-3: its own inputs and state (theta, S, k, v)
+        fn, backend = mamba3_scan.get_op(spec["op"], spec["backend"], device.type)
+        args, S0 = mamba3_scan.make_inputs(spec["op"], batch, L, H, D, seed=spec.get("seed", 0),
+                                           device=device)
+
+        def m3_train():
+            o, S = fn(*args, initial_state=S0, output_final_state=True)
+            torch.autograd.grad(o.square().sum() + S[1].square().sum(), [*args, *S0],
+                                allow_unused=True)
+
+        def m3_forward():
+            with torch.no_grad():
+                fn(*args, initial_state=S0, output_final_state=True)
+
+        train_ms, peak, fwd_ms = timed_with_peak(m3_train, m3_forward, spec["repeats"],
+                                                 spec["warmup"], device)
+        return {"op": spec["op"], "seq_len": L, "backend": backend,
+                "fwd_bwd_ms": round(train_ms, 2), "fwd_ms": round(fwd_ms, 2),
+                "peak_mib": round(peak, 1), "device": str(device), "batch": batch, "heads": H,
+                "head_dim": D, "threads": torch.get_num_threads()}
     fn, backend = linear_rnn_backends.get_op(spec["op"], spec["backend"], device.type)
     n = spec.get("householder", 2)
     args = linear_rnn.make_inputs(spec["op"], batch, L, H, D, D, torch.float32,
@@ -432,8 +454,11 @@ def _measure_ops(args: argparse.Namespace) -> list[dict[str, Any]]:
     """--ops: every (op, length, backend) in a fresh process; x_ref against ref's time."""
     if not args.ops:
         return []
-    from models.kernels.linear_rnn import ALL_OPS as OPS
+    from models.kernels.linear_rnn import ALL_OPS
     from models.kernels.linear_rnn_backends import BACKENDS
+    from models.kernels.mamba3_scan import OPS as MAMBA3_OPS
+
+    OPS = [*ALL_OPS, *MAMBA3_OPS]
 
     ops = list(OPS) if args.ops == ["all"] else args.ops
     unknown = [o for o in ops if o not in OPS]
