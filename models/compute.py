@@ -201,6 +201,7 @@ def _family_terms() -> list[tuple[type, str, Callable[[Any, int], float]]]:
     from models.hyena import Hyena
     from models.linear_mixers import LinearRNNMixer
     from models.mamba2 import Mamba2
+    from models.mamba3 import Mamba3
     from models.s6 import SelectiveSSM
     from models.short_conv import ShortConvolution
     from models.sliding_window import SlidingWindowAttention
@@ -216,6 +217,10 @@ def _family_terms() -> list[tuple[type, str, Callable[[Any, int], float]]]:
         # decayed linear-attention recurrence with d_k = d_state, d_v = headdim
         (Mamba2, "state_update",
          lambda m, L: state_update_fwd("simple_gla", m.nheads, m.d_state, m.headdim)),
+        # Mamba-3: the same SSD state update (the trapezoid folds into the key); MIMO writes
+        # and reads mimo_rank outer products per step into the one state
+        (Mamba3, "state_update",
+         lambda m, L: m.mimo_rank * state_update_fwd("simple_gla", m.nheads, m.d_state, m.headdim)),
         # state_v_dim: LinearAttention's normaliser widens the value by one column
         (LinearRNNMixer, "state_update",
          lambda m, L: state_update_fwd(m.op_name, m.state_heads, m.head_k_dim, m.state_v_dim,

@@ -240,3 +240,8 @@ def test_bench_ops_measures_mamba3_against_its_ref(capsys, bench_in_process):
                                                                           ("mamba3", "torch")]
     assert all("error" not in r and r["fwd_bwd_ms"] > 0 for r in rows), rows
     assert rows[-1]["op"] == "mamba3_mimo" and rows[-1]["x_ref"] > 0
+
+
+def test_flops_count_the_state_update_per_rank():
+    one = models.flops("mamba3", 256).terms["state_update"]
+    assert one > 0 and models.flops("mamba3", 256, mimo_rank=4).terms["state_update"] == 4 * one
