@@ -161,7 +161,17 @@ def _rank_failure(trainer, launcher, e: BaseException) -> str | None:
     said = trainer.group.failure() if trainer is not None and trainer.group is not None else None
     if said and line:
         return f"{line}: {said.split(': ', 1)[-1]}"
-    return line or said
+    if line or said:
+        return line or said
+    lost = type(e).__name__ == "DistBackendError" or any(
+        k in str(e) for k in ("by peer", "Connection reset", "Broken pipe"))
+    if trainer is not None and trainer.group is not None and lost:
+        # a rank this process did not start (torchrun, srun) died without a word (a signal):
+        # its launcher's own log names it
+        first = str(e).splitlines()[0][:200] if str(e) else type(e).__name__
+        return (f"another rank of {trainer.group.world} ({trainer.group.ranks.launcher}) stopped without "
+                f"an error of its own (killed?); see {trainer.group.ranks.launcher}'s output: {first}")
+    return None
 
 
 def _run(store: Store, run_id: int, t_start: float, stop: StopFlag, argv: list[str] | None = None) -> int:
