@@ -133,7 +133,7 @@ def test_agrees_with_mamba_ssm_step_reference():
     y, _ = mamba3(Q + Qb, K + Kb, V, t(ADT), t(DT), torch.sigmoid(t(Trap)),
                   torch.tanh(Angles) * math.pi, backend="torch", chunk_size=8)
     got = (y + D[:, None] * V) * F.silu(Z)
-    assert (got - want).abs().max() < 1e-11
+    assert (got - want).abs().max() < 1e-11, (got - want).abs().max()
 
 
 def _mixer(**kw):
@@ -245,3 +245,62 @@ def test_bench_ops_measures_mamba3_against_its_ref(capsys, bench_in_process):
 def test_flops_count_the_state_update_per_rank():
     one = models.flops("mamba3", 256).terms["state_update"]
     assert one > 0 and models.flops("mamba3", 256, mimo_rank=4).terms["state_update"] == 4 * one
+
+
+def _mamba_ssm_mimo_step_ref(Q, K, V, ADT, DT, Trap, Q_bias, K_bias, Angles, MIMO_V, MIMO_O,
+                             D, Z, MIMO_Z):
+    """Transcription (own code) of state-spaces/mamba tests/ops/tilelang/test_mamba3_mimo.py
+    ``mamba3_MIMO_step_ref`` (no fused norm), in its layouts: Q, K (b, L, r, h, N), V, Z
+    (b, L, h, P), ADT, DT, Trap (b, h, L), biases (h, r, N), Angles (b, L, h, R) raw,
+    MIMO_* (h, r, P). Returns y (b, L, h, P)."""
+    b, L, r, h, N = Q.shape
+    P, R = V.shape[-1], Angles.shape[-1]
+    theta = torch.zeros(b, h, R, dtype=Q.dtype)
+    S = torch.zeros(b, h, P, N, dtype=Q.dtype)
+    Kp, Vp = torch.zeros(b, h, r, N, dtype=Q.dtype), torch.zeros(b, h, r, P, dtype=Q.dtype)
+    vr = torch.einsum("bthp,hrp->btrhp", V, MIMO_V)
+    zr = torch.einsum("bthp,hrp->btrhp", Z, MIMO_Z)
+
+    def rot(t, th):
+        t0, t1 = t[..., 0::2], t[..., 1::2]
+        c = F.pad(torch.cos(th), (0, t0.shape[-1] - R), value=1.0)
+        s = F.pad(torch.sin(th), (0, t0.shape[-1] - R), value=0.0)
+        return torch.stack([t0 * c - t1 * s, t0 * s + t1 * c], -1).reshape(t.shape)
+
+    ys = []
+    for i in range(L):
+        q = (Q[:, i] + Q_bias.transpose(0, 1)).permute(0, 2, 1, 3)     # (b, h, r, N)
+        k = (K[:, i] + K_bias.transpose(0, 1)).permute(0, 2, 1, 3)
+        v, z = vr[:, i].permute(0, 2, 1, 3), zr[:, i].permute(0, 2, 1, 3)
+        dt, tr = DT[:, :, i], torch.sigmoid(Trap[:, :, i])
+        theta = theta + torch.tanh(Angles[:, i]) * dt[..., None] * math.pi
+        q, k = rot(q, theta[:, :, None]), rot(k, theta[:, :, None])
+        a = torch.exp(ADT[:, :, i])
+        S = (a[..., None, None] * S
+             + ((1 - tr) * dt * a)[..., None, None] * torch.einsum("bhrn,bhrp->bhpn", Kp, Vp)
+             + (tr * dt)[..., None, None] * torch.einsum("bhrn,bhrp->bhpn", k, v))
+        o = torch.einsum("bhpn,bhrn->bhrp", S, q) + D[None, :, None, None] * v
+        o = o * F.silu(z)
+        ys.append(torch.einsum("bhrp,hrp->bhp", o, MIMO_O))
+        Kp, Vp = k, v
+    return torch.stack(ys, 1)
+
+
+def test_mimo_agrees_with_mamba_ssm_step_reference():
+    from models.kernels.mamba3_scan import mamba3_mimo
+    g = torch.Generator().manual_seed(4)
+    b, L, r, h, N, P, R = 2, 17, 3, 2, 8, 4, 2
+    rn = lambda *s: torch.randn(*s, generator=g, dtype=D64)  # noqa: E731
+    Q, K, V, Z, Angles = rn(b, L, r, h, N), rn(b, L, r, h, N), rn(b, L, h, P), rn(b, L, h, P), rn(b, L, h, R)
+    DT = F.softplus(rn(b, h, L)) * 0.3
+    ADT, Trap = -DT * torch.rand(b, h, L, generator=g, dtype=D64), rn(b, h, L)
+    Qb, Kb, D = rn(h, r, N), rn(h, r, N), rn(h)
+    MV, MO, MZ = rn(h, r, P), rn(h, r, P), rn(h, r, P)
+    want = _mamba_ssm_mimo_step_ref(Q, K, V, ADT, DT, Trap, Qb, Kb, Angles, MV, MO, D, Z, MZ)
+    t = lambda x: x.transpose(1, 2)  # noqa: E731
+    v = V[:, :, None] * MV.transpose(0, 1)
+    y, _ = mamba3_mimo(Q + Qb.transpose(0, 1), K + Kb.transpose(0, 1), v, t(ADT), t(DT),
+                       torch.sigmoid(t(Trap)), torch.tanh(Angles) * math.pi, chunk_size=5)
+    y = (y + D[:, None] * v) * F.silu(Z[:, :, None] * MZ.transpose(0, 1))
+    got = (y * MO.transpose(0, 1)).sum(2)
+    assert (got - want).abs().max() < 1e-11, (got - want).abs().max()
