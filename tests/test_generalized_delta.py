@@ -182,3 +182,49 @@ def test_kda_matches_fla_naive():
         torch.testing.assert_close(s, s_n, atol=1e-12, rtol=1e-10)
         LARGEST[("kda", fn.__name__)] = max((o - o_n).abs().max().item(),
                                             (s - s_n).abs().max().item())
+
+
+# ---------------------------------------------------------------------------------------
+# backends and bench --ops
+# ---------------------------------------------------------------------------------------
+
+def test_backends_pick_the_chunked_form_on_a_cpu_and_refuse_cpu():
+    from models.kernels import linear_rnn_backends as lb
+
+    for name, (fast, ref) in gd.OPS.items():
+        assert lb.get_op(name, "auto", "cpu") == (fast, "torch")
+        assert lb.get_op(name, "torch", "cpu") == (fast, "torch")
+        assert lb.get_op(name, "ref", "cpu") == (ref, "ref")
+        with pytest.raises(lb.BackendError, match="no C kernel"):
+            lb.get_op(name, "cpu", "cpu")
+        with pytest.raises(lb.BackendError, match="CUDA tensors only"):
+            lb.get_op(name, "fla", "cpu")
+
+
+def test_fla_rwkv7_wrapper_passes_fla_dplr_its_keywords(monkeypatch):
+    from models.kernels import linear_rnn_backends as lb
+
+    seen = {}
+
+    def fake(**kw):
+        seen.update(kw)
+        return "o", "S"
+    args = gd.make_inputs("rwkv7", time=3, requires_grad=False)
+    assert lb._fla_dplr(fake)(*args, output_final_state=True) == ("o", "S")
+    assert [seen[n] is x for n, x in zip("q k v a b gk".split(), args)] == [True] * 6
+    assert seen["scale"] == 1.0 and seen["output_final_state"] is True
+
+
+def test_bench_ops_measures_rwkv7_and_kda_against_their_refs(capsys, bench_in_process):
+    import json
+
+    from workbench.cli import bench
+
+    rc = bench.main(["--ops", "rwkv7,kda", "--seq-lens", "9", "--batch", "1",
+                     "--heads", "1", "--head-dim", "4", "--repeats", "1", "--warmup", "0",
+                     "--op-backends", "ref,torch", "--format", "json"])
+    rows = json.loads(capsys.readouterr().out)["ops"]
+    assert rc == 0
+    assert [(r["op"], r["backend"]) for r in rows] == [
+        ("rwkv7", "ref"), ("rwkv7", "torch"), ("kda", "ref"), ("kda", "torch")]
+    assert all("error" not in r and r["x_ref"] > 0 for r in rows)

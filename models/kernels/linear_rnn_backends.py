@@ -1,7 +1,8 @@
 """Which implementation of a linear-RNN operator runs: ``auto | torch | ref | fla | cpu``.
 
 The operators are those of :mod:`models.kernels.linear_rnn` (``linear_attention``,
-``simple_gla``, ``gla``, ``delta_rule``, ``gated_delta_rule``, ``gated_delta_product``), all
+``simple_gla``, ``gla``, ``delta_rule``, ``gated_delta_rule``, ``gated_delta_product``) and
+of :mod:`models.kernels.generalized_delta` (``rwkv7``, ``kda``: torch, ref and fla only), all
 with fla's argument convention, so one call site serves every backend. Grouped value heads
 (v with a multiple of q/k's heads) run on every backend: the chunked and C forms and the
 fla wrappers repeat q and k to v's heads.
@@ -43,6 +44,9 @@ _FLA_NAMES = {
     "delta_rule": ("fla.ops.delta_rule", "chunk_delta_rule"),
     "gated_delta_rule": ("fla.ops.gated_delta_rule", "chunk_gated_delta_rule"),
     "gated_delta_product": ("fla.ops.gated_delta_product", "chunk_gated_delta_product"),
+    # models.kernels.generalized_delta (no C form: backend cpu is refused, auto takes torch)
+    "rwkv7": ("fla.ops.generalized_delta_rule", "chunk_dplr_delta_rule"),
+    "kda": ("fla.ops.kda", "chunk_kda"),
 }
 
 
@@ -117,6 +121,8 @@ def _fla_op(name: str) -> Callable:
     if name == "gated_delta_product":
         return functools.partial(_fla_delta_product, fn, _fla_op("delta_rule"),
                                  _fla_op("gated_delta_rule"))
+    if name == "rwkv7":
+        return _fla_dplr(fn)
     return _with_value_groups(fn)
 
 
@@ -127,6 +133,16 @@ def _with_value_groups(fn: Callable) -> Callable:
     def run(q, k, v, *args, **kwargs):
         q, k = linear_rnn.expand_heads(q, k, v)
         return fn(q, k, v, *args, **kwargs)
+    return run
+
+
+def _fla_dplr(fn: Callable) -> Callable:
+    """fla's ``chunk_dplr_delta_rule`` (what its ``chunk_rwkv7`` calls) with our rwkv7's
+    positional order (q, k, v, a, b, gk) passed by keyword and rwkv7's default scale 1."""
+    def run(q, k, v, a, b, gk, scale=1.0, initial_state=None, output_final_state=False,
+            **kwargs):
+        return fn(q=q, k=k, v=v, a=a, b=b, gk=gk, scale=scale, initial_state=initial_state,
+                  output_final_state=output_final_state, **kwargs)
     return run
 
 
@@ -143,8 +159,20 @@ def _fla_delta_product(product_fn, delta_fn, gated_fn, q, k, v, g, beta, num_hou
 
 def get_op(name: str, backend: str, device_type: str = "cpu") -> tuple[Callable, str]:
     """(operator, resolved backend name) for op ``name`` on ``device_type``."""
-    if name not in linear_rnn.ALL_OPS:
-        raise KeyError(f"unknown linear-RNN op {name!r}; known: {', '.join(linear_rnn.ALL_OPS)}")
+    from models.kernels import generalized_delta
+
+    known = {**linear_rnn.ALL_OPS, **generalized_delta.OPS}
+    if name not in known:
+        raise KeyError(f"unknown linear-RNN op {name!r}; known: {', '.join(known)}")
+    if name in generalized_delta.OPS:                  # rwkv7, kda: no C form
+        if backend == "cpu":
+            raise BackendError(f"backend 'cpu' has no C kernel for {name!r}; use 'auto' or 'torch'")
+        chosen = resolve(backend, device_type)
+        chosen = "torch" if chosen == "cpu" else chosen
+        if chosen == "fla":
+            return _fla_op(name), chosen
+        chunked, ref = generalized_delta.OPS[name]
+        return (ref if chosen == "ref" else chunked), chosen
     chosen = resolve(backend, device_type)
     chunked, ref = linear_rnn.ALL_OPS[name][:2]
     if chosen == "fla":

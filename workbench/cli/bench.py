@@ -33,6 +33,8 @@ q, k: (batch, L, ``--heads``, ``--head-dim``), v likewise, log-gates uniform in 
 out; forward + backward, forward, peak memory and the speed-up over ``ref`` (``x_ref``).
 ``mamba3`` / ``mamba3_mimo`` (``models.kernels.mamba3_scan``; MIMO at rank 4) take their own
 inputs (dt, trapezoid weight, angle rates, the state with the previous rotated B and x).
+``rwkv7`` / ``kda`` (``models.kernels.generalized_delta``; no ``cpu`` backend) take a, b and
+a per-key-channel log-decay (rwkv7) or a per-key-channel g and beta (kda).
 ``gated_delta_product`` runs ``--householder`` (default 2) delta-rule steps per token: its
 k, v and beta carry that many rows per token (fla's layout). ``--ref-max-len`` skips the (step-by-step, slow) ``ref`` above a length.
 
@@ -193,11 +195,18 @@ def measure_op(spec: dict[str, Any]) -> dict[str, Any]:
                 "fwd_bwd_ms": round(train_ms, 2), "fwd_ms": round(fwd_ms, 2),
                 "peak_mib": round(peak, 1), "device": str(device), "batch": batch, "heads": H,
                 "head_dim": D, "threads": torch.get_num_threads()}
+    from models.kernels import generalized_delta
+
     fn, backend = linear_rnn_backends.get_op(spec["op"], spec["backend"], device.type)
     n = spec.get("householder", 2)
-    args = linear_rnn.make_inputs(spec["op"], batch, L, H, D, D, torch.float32,
-                                  gate_range=(-0.5, 0.0), seed=spec.get("seed", 0),
-                                  device=device, num_householder=n)
+    if spec["op"] in generalized_delta.OPS:   # rwkv7, kda: their own argument lists
+        args = generalized_delta.make_inputs(spec["op"], batch, L, H, D, D, torch.float32,
+                                             gate_range=(-0.5, 0.0), seed=spec.get("seed", 0),
+                                             device=device)
+    else:
+        args = linear_rnn.make_inputs(spec["op"], batch, L, H, D, D, torch.float32,
+                                      gate_range=(-0.5, 0.0), seed=spec.get("seed", 0),
+                                      device=device, num_householder=n)
     S0 = torch.randn(batch, H, D, D, device=device, requires_grad=True)
     leaves = [*args, S0]
 
@@ -458,7 +467,9 @@ def _measure_ops(args: argparse.Namespace) -> list[dict[str, Any]]:
     from models.kernels.linear_rnn_backends import BACKENDS
     from models.kernels.mamba3_scan import OPS as MAMBA3_OPS
 
-    OPS = [*ALL_OPS, *MAMBA3_OPS]
+    from models.kernels.generalized_delta import OPS as GD_OPS
+
+    OPS = [*ALL_OPS, *GD_OPS, *MAMBA3_OPS]
 
     ops = list(OPS) if args.ops == ["all"] else args.ops
     unknown = [o for o in ops if o not in OPS]
