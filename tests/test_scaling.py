@@ -230,3 +230,38 @@ def test_plot_all_draws_scaling_for_lm_runs(store, tmp_path):
     paths, notes = plot.plot_profile(store, "lm-scaling", tmp_path / "all")
     assert {p.name for p in paths} >= {"lm-scaling-scaling-loss.png", "lm-scaling-scaling-loss.svg"}
     assert not [n for n in notes if n.startswith("scaling")]
+
+
+def test_multiplier_standard_error_is_the_delta_method_of_both_fits():
+    x = math.log(1e15)
+    pts = [(1e12, 5.0), (1e14, 3.0)]
+    ref = scaling.Fit("ref", "power", a=50.0, b=0.1, E=None, b_se=None, a_se=None, E_se=None,
+                      se_method="covariance", fitter="ols", points=pts, params=(math.log(50.0), 0.1),
+                      cov=np.zeros((2, 2)))
+    cov_m = np.array([[0.04, 0.0], [0.0, 0.0]])            # only ln a_M uncertain: se(ln a_M) = 0.2
+    m = scaling.Fit("m", "power", a=45.0, b=0.1, E=None, b_se=None, a_se=None, E_se=None,
+                    se_method="covariance", fitter="ols", points=pts, params=(math.log(45.0), 0.1), cov=cov_m)
+    mult = scaling.multiplier(m, ref, 1e15)
+    assert scaling.multiplier_se(m, ref, 1e15) == pytest.approx(mult * 0.2 / 0.1, rel=1e-9)
+    # only b_R uncertain: d ln mult / d b_R = -ln C_R / b_R
+    ref_b = scaling.Fit("ref", "power", a=50.0, b=0.1, E=None, b_se=None, a_se=None, E_se=None,
+                        se_method="covariance", fitter="ols", points=pts, params=(math.log(50.0), 0.1),
+                        cov=np.array([[0.0, 0.0], [0.0, 1e-4]]))
+    m0 = scaling.Fit("m", "power", a=45.0, b=0.1, E=None, b_se=None, a_se=None, E_se=None,
+                     se_method="covariance", fitter="ols", points=pts, params=(math.log(45.0), 0.1),
+                     cov=np.zeros((2, 2)))
+    want = mult * (math.log(mult) + x) / 0.1 * 1e-2
+    assert scaling.multiplier_se(m0, ref_b, 1e15) == pytest.approx(want, rel=1e-9)
+    # only b_M uncertain: d ln mult / d b_M = x* / b_R
+    m_b = scaling.Fit("m", "power", a=45.0, b=0.1, E=None, b_se=None, a_se=None, E_se=None,
+                      se_method="covariance", fitter="ols", points=pts, params=(math.log(45.0), 0.1),
+                      cov=np.array([[0.0, 0.0], [0.0, 1e-6]]))
+    assert scaling.multiplier_se(m_b, ref, 1e15) == pytest.approx(mult * x / 0.1 * 1e-3, rel=1e-9)
+    assert scaling.multiplier_se(ref, ref, 1e15) is None
+    # through a fit of noisy points: a positive error, shown in the table as ± beside the multiplier
+    rng = np.random.default_rng(0)
+    C = np.geomspace(1e12, 1e15, 5)
+    f_ref = scaling.fit([(c, 40 * c ** -0.1 * math.exp(rng.normal(0, 0.01))) for c in C], model="ref")
+    f_m = scaling.fit([(c, 36 * c ** -0.1 * math.exp(rng.normal(0, 0.01))) for c in C], model="m")
+    se = scaling.multiplier_se(f_m, f_ref, 1e13)
+    assert se is not None and 0 < se < scaling.multiplier(f_m, f_ref, 1e13)

@@ -39,7 +39,12 @@ all fitted points of the table, the same ``C*`` for every row)::
     multiplier(M vs R) = C_R / C*,   where L_R(C_R) = L_M(C*)
 
 i.e. the factor of compute the reference needs, by its own fit, to reach the loss that M's
-fit gives at ``C*``. ``> 1``: M reaches that loss with 1/multiplier of the reference's
+fit gives at ``C*``. Its standard error (power law, covariance standard errors of both fits)
+is the delta method on ``ln multiplier = (ln a_R - ln a_M + b_M x*) / b_R - x*``
+(``x* = ln C*``; the two fits independent): gradient ``(1/b_R, -ln C_R / b_R)`` in R's
+``(ln a, b)`` and ``(-1/b_R, x*/b_R)`` in M's; ``se = multiplier * se(ln multiplier)``.
+None for the reference itself, the irreducible form, bootstrap errors, or a fit without
+covariance. ``> 1``: M reaches that loss with 1/multiplier of the reference's
 compute (M is more compute-efficient); ``< 1``: M needs more; the reference against itself
 is exactly 1. For the power law ``C_R = (a_R / L)**(1/b_R)``; with the irreducible term
 ``C_R = (a_R / (L - E_R))**(1/b_R)``, infinite where ``L <= E_R`` (the reference never gets
@@ -353,6 +358,24 @@ def _too_few(model: str, pts: list, need: int, form: str) -> str:
     return f"model {model!r}: {what}; fitting {law} needs {need} or more of distinct compute"
 
 
+def multiplier_se(m: Fit, ref: Fit, at: float) -> float | None:
+    """The standard error of :func:`multiplier` by the delta method (module docstring), or None."""
+    import numpy as np
+
+    if m is ref or m.form != "power" or ref.form != "power" or m.cov is None or ref.cov is None \
+            or m.boot or ref.boot:
+        return None
+    mult = multiplier(m, ref, at)
+    if not (math.isfinite(mult) and mult > 0):
+        return None
+    x = math.log(at)
+    ln_c_ref = math.log(mult) + x
+    g_ref = np.array([1.0 / ref.b, -ln_c_ref / ref.b])
+    g_m = np.array([-1.0 / ref.b, x / ref.b])
+    var = float(g_ref @ np.asarray(ref.cov) @ g_ref + g_m @ np.asarray(m.cov) @ g_m)
+    return mult * math.sqrt(max(var, 0.0))
+
+
 def multiplier(m: Fit, ref: Fit, at: float) -> float:
     """The compute multiplier of ``m`` against ``ref`` at compute ``at``: C_ref / at where
     ref's fit reaches m's fitted loss at ``at`` (module docstring). 1 for a fit against itself."""
@@ -406,10 +429,11 @@ def analyse(store, profile: str | None, metric: str = "loss", form: str = "power
         at = math.sqrt(min(cs) * max(cs))
     ref = fits[reference]
     mult = {m: multiplier(f, ref, at) for m, f in fits.items()}
+    mult_se = {m: multiplier_se(f, ref, at) for m, f in fits.items()}
     lo, hi = ref.compute_range
     extrapolated = {m: not (lo <= v * at <= hi) for m, v in mult.items() if math.isfinite(v)}
     tasks = sorted({str(r.get("task")) for r in recs})
-    return {"fits": fits, "reference": reference, "at": at, "multipliers": mult,
+    return {"fits": fits, "reference": reference, "at": at, "multipliers": mult, "multiplier_se": mult_se,
             "extrapolated": extrapolated, "metric": metric, "form": form, "profile": profile,
             "task": tasks[0] if len(tasks) == 1 else "several tasks", "missing": missing,
             "eval_set": eval_set}
@@ -436,7 +460,8 @@ def caption(res: dict) -> str:
     what = catalogue.describe(res["metric"])
     return (f"{res['metric']}: {what}, against training FLOPs C per model, {_law(res['form'])} "
             f"(fit: {', '.join(fitters)}; one point per configuration, mean over seeds); "
-            f"b ± its standard error ({', '.join(how)}); multiplier vs {res['reference']}: the "
+            f"b ± its standard error ({', '.join(how)}); multiplier (± its standard error, delta "
+            f"method, where both fits have a covariance) vs {res['reference']}: the "
             f"compute {res['reference']} needs to reach this model's fitted {res['metric']} at "
             f"C* = {res['at']:.3g} FLOPs, divided by C* (> 1: more compute-efficient than "
             f"{res['reference']}); * marks a reference's fit extrapolated past its measured range")
@@ -450,7 +475,9 @@ def rows(res: dict, digits: int = 3) -> tuple[list[str], list[list[str]]]:
     for m, f in res["fits"].items():
         lo, hi = f.compute_range
         mult = res["multipliers"][m]
-        mt = _g(mult, digits) + ("*" if res["extrapolated"].get(m) else "")
+        se = res.get("multiplier_se", {}).get(m)
+        mt = _g(mult, digits) + (f" ± {_g(se, 2)}" if se is not None else "") + \
+            ("*" if res["extrapolated"].get(m) else "")
         row = [m, str(len(f.points)), f"{lo:.2e}..{hi:.2e}", _g(f.a, digits), _b_text(f, digits)]
         if irr:
             row.append(f"{f.E:.{digits}f}" + (f" ± {f.E_se:.{digits}f}" if f.E_se is not None else ""))
@@ -467,6 +494,7 @@ def to_json(res: dict) -> list[dict]:
                     "a": f.a, "a_se": f.a_se, "b": f.b, "b_se": f.b_se, "E": f.E, "E_se": f.E_se,
                     "se_method": f.se_method, "fitter": f.fitter, "reference": res["reference"],
                     "at_flops": res["at"], "multiplier": mult if math.isfinite(mult) else None,
+                    "multiplier_se": res.get("multiplier_se", {}).get(m),
                     "multiplier_extrapolated": res["extrapolated"].get(m)})
     return out
 
@@ -482,13 +510,14 @@ def render(res: dict, fmt: str = "md", digits: int = 3) -> str:
         w = csv.writer(buf, lineterminator="\n")
         irr = res["form"] == "irreducible"
         w.writerow(["model", "metric", "form", "points", "flops_min", "flops_max", "a", "a_se", "b", "b_se"]
-                   + (["E", "E_se"] if irr else []) + ["se_method", "reference", "at_flops", "multiplier"])
+                   + (["E", "E_se"] if irr else []) + ["se_method", "reference", "at_flops", "multiplier", "multiplier_se"])
         num = lambda v: "" if v is None else f"{v:.6g}"  # noqa: E731
         for m, f in res["fits"].items():
             lo, hi = f.compute_range
             w.writerow([m, res["metric"], f.form, len(f.points), num(lo), num(hi), num(f.a), num(f.a_se),
                         num(f.b), num(f.b_se)] + ([num(f.E), num(f.E_se)] if irr else [])
-                       + [f.se_method, res["reference"], num(res["at"]), num(res["multipliers"][m])])
+                       + [f.se_method, res["reference"], num(res["at"]), num(res["multipliers"][m]),
+                          num(res.get("multiplier_se", {}).get(m))])
         return buf.getvalue()
     header, body = rows(res, digits)
     if fmt == "md":
