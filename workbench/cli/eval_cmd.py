@@ -26,10 +26,13 @@ INSTALL_HINT = ("evaluation needs lm-evaluation-harness, an optional extra: "
 def add_parser(sub) -> None:
     p = sub.add_parser("eval", help="lm-evaluation-harness tasks on HF models or workbench LM runs "
                                     "(runs in the store)")
-    p.add_argument("models", nargs="+", metavar="MODEL",
+    p.add_argument("models", nargs="*", metavar="MODEL",
                    help="a Hugging Face folder or hub id (owner/name), or run:N (a finished lm run)")
-    p.add_argument("--tasks", required=True, action="append", metavar="T1,T2",
-                   help="lm-eval task names, comma-separated (repeatable)")
+    p.add_argument("--from", dest="from_profile", metavar="PROFILE.toml",
+                   help="an evaluation profile ([eval] table: models, tasks, settings) instead of "
+                        "MODEL... and --tasks; its runs are the ones `run PROFILE.toml` queues")
+    p.add_argument("--tasks", action="append", metavar="T1,T2",
+                   help="lm-eval task names, comma-separated (repeatable; required without --from)")
     p.add_argument("--include", action="append", default=[], metavar="DIR",
                    help="a folder of lm-eval task YAML files (with local data files) whose tasks "
                         "--tasks may name (repeatable)")
@@ -61,6 +64,10 @@ def add_parser(sub) -> None:
 def specs_of(args) -> list[dict]:
     from workbench.train.eval_run import eval_spec
 
+    if args.from_profile:
+        return _profile_specs(args)
+    if not args.models or not args.tasks:
+        raise ValueError("give MODEL... and --tasks, or --from PROFILE.toml")
     tasks = [t.strip() for arg in args.tasks for t in arg.split(",") if t.strip()]
     if args.label and len(args.label) != len(args.models):
         raise ValueError(f"--label given {len(args.label)} time(s) for {len(args.models)} model(s)")
@@ -82,36 +89,67 @@ def specs_of(args) -> list[dict]:
     return out
 
 
-def cmd_eval(args) -> int:
-    from workbench.cli.common import _console, _store
+def _profile_specs(args) -> list[dict]:
+    """The runs of evaluation profile ``--from`` (workbench/spec/eval_profile.py); MODEL and
+    --tasks may not be given beside it (the profile says them)."""
+    from workbench.spec.eval_profile import EvalProfile, eval_specs
+    from workbench.spec.profile import load
+
+    if args.models or args.tasks or args.include or args.label:
+        raise ValueError("--from PROFILE.toml names the models, tasks and task folders: give no MODEL, "
+                         "--tasks, --include or --label beside it")
+    prof = load(args.from_profile)  # a ProfileError: cmd_eval prints it as it is
+    if not isinstance(prof, EvalProfile):
+        raise ValueError(f"{args.from_profile} is a training profile, not an evaluation profile (no [eval] "
+                         f"table): `run {args.from_profile}` trains it")
+    args.profile = prof.name
+    return eval_specs(prof)
+
+
+def run_specs(store, specs: list[dict], profile: str, *, fresh: bool = False, quiet: bool = False,
+              inline: bool = False, detach: bool = False) -> int:
+    """Queue (or find) the runs of ``specs`` and start, wait for and summarise them: what
+    ``eval`` does after reading its arguments, and ``run`` does for an evaluation profile."""
+    from workbench.cli.common import _console
     from workbench.store.progress import command
 
-    if importlib.util.find_spec("lm_eval") is None:
-        print(INSTALL_HINT, file=sys.stderr)
-        return 2
-    try:
-        specs = specs_of(args)
-    except ValueError as e:
-        print(f"eval: {e}", file=sys.stderr)
-        return 2
     console = _console()
-    store = _store(args)
-    ids, notes = _submit(store, specs, args.fresh)
+    ids, notes = _submit(store, specs, fresh)
     for line in notes:
         console.print(line, markup=False, highlight=False)
-    if args.inline:
+    if inline:
         _run_inline(store, ids)
-    elif args.detach:
+    elif detach:
         _start_scheduler(store, ids)
         console.print(f"queued run(s) {', '.join(map(str, ids))}; `{command(store.root)} runs` to watch",
                       markup=False, highlight=False)
         return 0
     else:
         _start_scheduler(store, ids)
-        code = _wait(store, ids, console, args.quiet)
+        code = _wait(store, ids, console, quiet)
         if code is not None:
             return code
-    return _summary(store, ids, console, args.profile)
+    return _summary(store, ids, console, profile)
+
+
+def cmd_eval(args) -> int:
+    from workbench.cli.common import _store
+
+    if importlib.util.find_spec("lm_eval") is None:
+        print(INSTALL_HINT, file=sys.stderr)
+        return 2
+    from workbench.spec.profile import ProfileError
+
+    try:
+        specs = specs_of(args)
+    except ProfileError as e:
+        print(e, file=sys.stderr)
+        return 2
+    except ValueError as e:
+        print(f"eval: {e}", file=sys.stderr)
+        return 2
+    return run_specs(_store(args), specs, args.profile, fresh=args.fresh, quiet=args.quiet,
+                     inline=args.inline, detach=args.detach)
 
 
 def _submit(store, specs: list[dict], fresh: bool) -> tuple[list[int], list[str]]:

@@ -31,19 +31,20 @@ def cmd_profile_check(args) -> int:
     commands that fetch them; that is no failure. Then one line of counts. Exit 2 only when
     some profile is invalid. While it works, a transient progress line on stderr (a
     terminal's) names the file and counts its runs' estimates."""
-    from workbench.spec.profile import DataAbsent, ProfileError, expand, load, summary
+    from workbench.spec.profile import DataAbsent, EvalProfile, ProfileError, expand, load
 
     err = Console(stderr=True)
     out = _console()
     valid = invalid = too_big = absent = unknown = 0
     with _Progress(len(args.files)) as progress:
+        out, err = progress.console(out), progress.console(err)
         for i, f in enumerate(args.files):
             progress.file(i, f)
             try:
                 p = load(f, overrides=args.set)
             except DataAbsent as e:
                 absent += 1
-                out.print(f"↓ {f}: profile '{e.profile.name}', {summary(e.profile)}: needs data that is "
+                out.print(f"↓ {f}: profile '{e.profile.name}', {_summary(e.profile)}: needs data that is "
                           f"absent (not shipped with the repository; not an error). Fetch it from the "
                           f"directory you run ssm-workbench in, then check again:",
                           markup=False, highlight=False, soft_wrap=True)
@@ -55,6 +56,11 @@ def cmd_profile_check(args) -> int:
             except ProfileError as e:  # soft_wrap: a long path must not break the one-line error
                 err.print(str(e), markup=False, highlight=False, soft_wrap=True)
                 invalid += 1
+                continue
+            if isinstance(p, EvalProfile):  # evaluations: no training estimate to make
+                out.print(f"✓ {f}: profile '{p.name}', {_summary(p)}", markup=False, highlight=False,
+                          soft_wrap=True)
+                valid += 1
                 continue
             n = len(expand(p))
             ests, why = _estimates(p, progress=progress)
@@ -84,6 +90,14 @@ def cmd_profile_check(args) -> int:
     return 2 if invalid else 0
 
 
+def _summary(p) -> str:
+    """A profile's one-line summary: a training sweep's or an evaluation profile's."""
+    from workbench.spec import eval_profile
+    from workbench.spec.profile import summary
+
+    return eval_profile.summary(p) if isinstance(p, eval_profile.EvalProfile) else summary(p)
+
+
 class _Progress:
     """A transient progress line on stderr while profiles are loaded and their runs
     estimated: which file, and how many of its runs have an estimate (a model's first probe
@@ -107,6 +121,12 @@ class _Progress:
     def __exit__(self, *exc) -> None:
         if self.bar is not None:
             self.bar.__exit__(*exc)
+
+    def console(self, console: Console) -> Console:
+        """Where results print while the line shows: through its own console when ``console``
+        writes to this terminal (rich writes past the live line's redirect of stdout, so a
+        result started on the progress line), else ``console`` (piped output)."""
+        return self.bar.console if self.bar is not None and console.file.isatty() else console
 
     def file(self, i: int, path: str) -> None:
         self.where = f"[{i + 1}/{self.files}] {path}" if self.files > 1 else str(path)
@@ -184,7 +204,7 @@ def cmd_run(args) -> int:
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     from workbench.execute import scheduler
-    from workbench.spec.profile import ProfileError, load
+    from workbench.spec.profile import EvalProfile, ProfileError, load
 
     console = _console()
     try:
@@ -192,6 +212,8 @@ def cmd_run(args) -> int:
     except ProfileError as e:
         Console(stderr=True).print(str(e), markup=False, highlight=False, soft_wrap=True)
         return 2
+    if isinstance(prof, EvalProfile):
+        return _run_evals(prof, args)
     if args.executor:
         prof = prof.model_copy(update={"executor": args.executor})
     # the resource estimate, before anything is queued (and before the store is opened)
@@ -379,3 +401,37 @@ def _dry_run(prof, ests, args) -> int:
                   f"({summary(prof, len(specs))}; dry run: nothing queued)", markup=False, highlight=False,
                   soft_wrap=True)
     return 2 if refused else 0
+
+
+def _run_evals(prof, args) -> int:
+    """``run`` of an evaluation profile: its evaluation runs (one per model) through the
+    eval runner (workbench/cli/eval_cmd.py); ``--dry-run`` lists them and queues nothing."""
+    import importlib.util
+    import json
+
+    from workbench.cli import eval_cmd
+    from workbench.spec.eval_profile import eval_specs, summary
+
+    if getattr(args, "executor", None) == "slurm":
+        print(f"{args.profile}: evaluation profiles run on the local scheduler (no --executor slurm)",
+              file=sys.stderr)
+        return 2
+    specs = eval_specs(prof)
+    if args.dry_run:
+        if getattr(args, "format", None) == "json":
+            print(json.dumps([{"label": s["label"], "model": s["model"], **s["eval"]} for s in specs], indent=1))
+            return 0
+        console = _console()
+        t = Table(box=None, pad_edge=False, show_edge=False)
+        for col in ("model", "checkpoint", "tasks"):
+            t.add_column(col, no_wrap=col != "tasks")
+        for s in specs:
+            t.add_row(s["label"], s["model"], ", ".join(s["eval"]["tasks"]))
+        console.print(t)
+        console.print(f"profile {prof.name}: {len(specs)} evaluation run(s) would be launched ({summary(prof)}; "
+                      f"dry run: nothing queued)", markup=False, highlight=False, soft_wrap=True)
+        return 0
+    if importlib.util.find_spec("lm_eval") is None:
+        print(eval_cmd.INSTALL_HINT, file=sys.stderr)
+        return 2
+    return eval_cmd.run_specs(_store(args), specs, prof.name, fresh=args.fresh, quiet=args.quiet)

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from workbench.spec import profile as prof
+from workbench.spec.eval_profile import PUBLISHED_METRICS, EvalProfile
 from workbench.results.export import fmt_cell, write_atomic
 from workbench.results.aggregate import SPLIT_EVAL_SET, summarize
 from workbench.store import Store
@@ -140,8 +141,60 @@ def _eval_set_key(name: str) -> tuple:
         return (kind, 0)
 
 
+def eval_table(runs, results, tasks: list[str], digits: int) -> list[str]:
+    """An evaluation profile's numbers: one row per model, one column per lm-eval task and
+    metric it stored (acc, acc_norm, perplexity), ± lm-eval's standard error."""
+    cols = [(t, m) for t in tasks for m in PUBLISHED_METRICS
+            if any(results.get(r.id, {}).get(t, {}).get(m) is not None for rs in runs.values() for r in rs)]
+    rows = []
+    for (label, _), rs in runs.items():
+        r = rs[-1]  # one finished run per model (the latest, if evaluated again)
+        cells = []
+        for t, m in cols:
+            vals = results.get(r.id, {}).get(t, {})
+            v, se = vals.get(m), vals.get(m + "_stderr")
+            cells.append("–" if v is None else f"{v:.{digits}f}" + (f" ± {se:.{digits}f}" if se is not None else ""))
+        rows.append([label] + cells)
+    return _table(["model"] + [f"{t} {m}" for t, m in cols], rows) if cols else []
+
+
+def eval_section(store: Store, path: str | Path, p, digits: int = 3) -> str:
+    """The report of an evaluation profile: published vs measured per model, task and
+    metric, then every number measured."""
+    runs = _runs_by_label(store, p)
+    labels = [m.label for m in p.eval.models]
+    runs = {k: v for k, v in sorted(runs.items(), key=lambda kv: labels.index(kv[0][0]) if kv[0][0] in labels
+                                    else len(labels)) if k[0] in labels}
+    results = store.results([r.id for rs in runs.values() for r in rs])
+    lines = [f"### {p.name}", "", p.description, "",
+             f"Command: `ssm-workbench run {path}` · {len(runs)} of {len(labels)} model(s) evaluated "
+             f"(finished) on {', '.join(p.eval.tasks)}"
+             f"{f'; limit {p.eval.limit:g} documents per task (not the full sets)' if p.eval.limit else ''}.", ""]
+    if p.published:
+        rows = []
+        for pub in p.published:
+            rs = runs.get((pub.model, None), [])
+            vals = results.get(rs[-1].id, {}).get(pub.eval_set, {}) if rs else {}
+            v, se = vals.get(pub.metric), vals.get(pub.metric + "_stderr")
+            ours = ("no finished run" if not rs else "–" if v is None else
+                    f"{v:.{digits}f}" + (f" ± {se:.{digits}f}" if se is not None else ""))
+            diff = "–" if v is None else f"{v - pub.value:+.{digits}f}"
+            rows.append([pub.model, pub.eval_set, pub.metric, f"{pub.value:.{digits}f}", ours, diff,
+                         pub.source or "–"])
+        lines += ["Published vs ours:", ""] + _table(["model", "task", "metric", "published", "ours ± stderr",
+                                                      "ours − published", "source"], rows) + [""]
+    table = eval_table(runs, results, list(p.eval.tasks), digits)
+    if table:
+        lines += ["Measured (lm-eval, ± standard error):", ""] + table + [""]
+    if not runs:
+        lines += ["No finished runs in this store yet.", ""]
+    return "\n".join(lines)
+
+
 def profile_section(store: Store, path: str | Path, digits: int = 3) -> str:
     p = prof.load(path, check_registries=False)
+    if isinstance(p, EvalProfile):
+        return eval_section(store, path, p, digits)
     runs = _runs_by_label(store, p)
     all_runs = store.runs(profile=p.name)
     results = store.results([r.id for rs in runs.values() for r in rs])

@@ -26,7 +26,7 @@ from typing import Any
 import tomli_w
 from pydantic import ValidationError
 
-__all__ = ["SCHEMA_VERSION", "SCHEMA_VERSIONS", "DataAbsent", "ModelChoice", "ModelSection", "Need", "Profile",
+__all__ = ["SCHEMA_VERSION", "SCHEMA_VERSIONS", "DataAbsent", "EvalProfile", "ModelChoice", "ModelSection", "Need", "Profile",
            "ProfileError",
            "PublishedValue", "RunSpec", "SweepSection", "TaskSection", "TaskSetting", "TrainSection",
            "apply_overrides", "dumps", "expand", "grid_points", "load", "loads", "save", "summary",
@@ -38,12 +38,15 @@ from workbench.spec.run_spec import RunSpec  # noqa: F401
 from workbench.spec.schema import (BUDGET_KEYS, FROM_FILE, SCHEMA_VERSION, SCHEMA_VERSIONS, ModelChoice,  # noqa: F401
                                    ModelSection, Need, Profile, ProfileError, PublishedValue, SweepSection,
                                    TaskSection, TrainSection)
+from workbench.spec.eval_profile import EvalProfile, is_eval_data  # noqa: F401
+from workbench.spec.eval_profile import validate as validate_eval
 from workbench.spec.where import _validation_message, _Where
 
 def loads(text: str, path: str = "<string>", check_registries: bool = True,
-          overrides: list[str] | None = None) -> Profile:
+          overrides: list[str] | None = None) -> Profile | EvalProfile:
     """Validate profile ``text``; ``overrides`` as for :func:`load` (applied to the parsed
-    data, so line numbers in messages stay those of ``text``)."""
+    data, so line numbers in messages stay those of ``text``). A text with an ``[eval]``
+    table is an evaluation profile (:class:`EvalProfile`), any other a training one."""
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
@@ -53,6 +56,8 @@ def loads(text: str, path: str = "<string>", check_registries: bool = True,
         data["name"] = Path(path).stem
         origins[("name",)] = "from the file name"
     where = _Where(text, origins)
+    if is_eval_data(data):  # an [eval] table: lm-eval tasks on models (workbench.spec.eval_profile)
+        return validate_eval(data, path, where, check_registries)
     try:
         prof = Profile.model_validate(data, context=FROM_FILE)  # typed values: "12" is no number
     except ValidationError as e:

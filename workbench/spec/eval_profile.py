@@ -1,0 +1,240 @@
+"""Evaluation profiles: lm-evaluation-harness tasks on several models, as a profile file.
+
+A training profile describes a sweep to train; an evaluation profile (a top-level ``[eval]``
+table instead of ``[task]``/``[sweep]``/``[train]``) describes evaluations to run::
+
+    schema_version = 2
+    name = "zero-shot-table3"
+    [eval]
+    models = [
+      { label = "Mamba-130M", model = "state-spaces/mamba-130m-hf" },  # a hub id
+      { label = "mine", model = "run:12" },                            # a finished lm run
+      { label = "local", model = "checkpoints/pythia-160m" },          # a folder
+    ]
+    tasks = ["lambada_openai", "hellaswag"]   # lm-eval task names
+    include = ["my_tasks"]                    # optional folders of lm-eval task YAML files
+    batch_size = 8                            # and: limit, num_fewshot, dtype, device, ...
+    [[published]]
+    model = "Mamba-130M"
+    eval_set = "lambada_openai"               # an lm-eval task of [eval] tasks
+    metric = "perplexity"                     # acc, acc_norm or perplexity
+    value = 16.07
+
+It expands to one evaluation run per model (:func:`eval_specs`, the spec
+``workbench.train.eval_run.eval_spec`` writes, which ``ssm-workbench eval`` queues too), so
+``ssm-workbench run FILE`` and ``eval --from FILE`` ask the store for the same runs, and a
+finished one is not evaluated again. Validation is as strict as a training profile's:
+unknown keys are errors naming the key, its line and the file. Hub ids among the models are
+reported by ``profile check`` like other profiles' (``needs data`` offline when they are not
+in the Hugging Face cache, with the ``hf download`` command).
+"""
+from __future__ import annotations
+
+import os
+from typing import Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from workbench.spec.schema import (MAX_NAME, SCHEMA_VERSIONS, Float, Int, Need, ProfileError, PublishedValue,
+                                   _FieldError, _short, _Strict)
+
+# the metrics Table 3-style comparisons report (lm-eval's names); others are stored too,
+# but a published number is one of these
+PUBLISHED_METRICS = ("acc", "acc_norm", "perplexity")
+
+
+def is_eval_data(data: dict) -> bool:
+    """Whether parsed profile TOML is an evaluation profile (it has an ``[eval]`` table)."""
+    return isinstance(data, dict) and "eval" in data
+
+
+class EvalModel(_Strict):
+    """One model to evaluate: a hub id (owner/name), a local folder, or ``run:N``."""
+    label: str = Field(min_length=1)
+    model: str = Field(min_length=1)
+
+
+class EvalSection(_Strict):
+    """The ``[eval]`` table: workbench.train.eval_run.DEFAULTS' settings, checked here."""
+    models: list[EvalModel] = Field(min_length=1)
+    tasks: list[str] = Field(min_length=1)
+    include: list[str] = Field(default_factory=list)
+    batch_size: Int = Field(default=8, gt=0)
+    # documents per task (a fraction if < 1): for a quick look, not for reported numbers
+    limit: Float | None = Field(default=None, gt=0)
+    num_fewshot: Int | None = Field(default=None, ge=0)
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    max_length: Int | None = Field(default=None, gt=0)
+    bootstrap_iters: Int = Field(default=100000, ge=0)
+    seed: Int = Field(default=0, ge=0)
+
+    @field_validator("tasks", "include")
+    @classmethod
+    def _distinct(cls, v: list[str]) -> list[str]:
+        if any(not s.strip() for s in v):
+            raise ValueError("an empty name")
+        dupes = sorted({x for x in v if v.count(x) > 1})
+        if dupes:
+            raise ValueError(f"duplicate entries {', '.join(dupes)}")
+        return v
+
+    @field_validator("models")
+    @classmethod
+    def _labels(cls, v: list[EvalModel]) -> list[EvalModel]:
+        labels = [m.label for m in v]
+        dupes = sorted({x for x in labels if labels.count(x) > 1})
+        if dupes:
+            raise ValueError(f"duplicate model label(s) {', '.join(dupes)}: give each model a distinct label")
+        return v
+
+
+class EvalPublished(PublishedValue):
+    """A published number for an evaluation: ``eval_set`` is an lm-eval task of ``[eval]
+    tasks`` and ``metric`` is one of :data:`PUBLISHED_METRICS` (acc as lm-eval reports it, a
+    fraction: a paper's 44.3 % is 0.443)."""
+    metric: Literal[PUBLISHED_METRICS]  # type: ignore[valid-type]
+    eval_set: str = Field(min_length=1)
+
+
+class EvalProfile(_Strict):
+    schema_version: Int
+    name: str = Field(min_length=1, max_length=MAX_NAME)
+    description: str = ""
+    eval: EvalSection
+    published: list[EvalPublished] = Field(default_factory=list)
+    needs: list[Need] = Field(default_factory=list)
+
+    @field_validator("schema_version")
+    @classmethod
+    def _version(cls, v: int) -> int:
+        if v not in SCHEMA_VERSIONS:
+            raise ValueError(f"unsupported schema_version {v}; this tool reads "
+                             f"{' and '.join(map(str, SCHEMA_VERSIONS))}")
+        return v
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        import re
+
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", v):
+            raise ValueError(f"profile names start with a letter or digit and use letters, digits, "
+                             f"'.', '_' and '-' (they name files and folders); got {_short(v)}")
+        return v
+
+    @model_validator(mode="after")
+    def _published_points(self):
+        labels = [m.label for m in self.eval.models]
+        for i, pub in enumerate(self.published):
+            if pub.model not in labels:
+                raise _FieldError(("published", i, "model"), f"{pub.model!r} is not a model label of [eval] "
+                                  f"models ({', '.join(labels)})")
+            if pub.eval_set not in self.eval.tasks:
+                raise _FieldError(("published", i, "eval_set"), f"{pub.eval_set!r} is not one of [eval] "
+                                  f"tasks ({', '.join(self.eval.tasks)})")
+            if pub.epoch is not None or pub.step is not None or pub.seq_len is not None:
+                raise _FieldError(("published", i), "an evaluation has no epoch, step or seq_len: give "
+                                  "model, eval_set, metric and value")
+        return self
+
+    @property
+    def kind(self) -> str:
+        return "eval"
+
+
+def summary(p: EvalProfile) -> str:
+    n, t = len(p.eval.models), len(p.eval.tasks)
+    return (f"evaluation: {n} model(s) x {t} lm-eval task(s) = {n} run(s)"
+            f"{f', limit {p.eval.limit:g}' if p.eval.limit is not None else ''}")
+
+
+def _resolve(value: str) -> str:
+    """A folder as an absolute path (the worker runs elsewhere), anything else as written."""
+    expanded = os.path.expanduser(value)
+    return os.path.abspath(expanded) if os.path.isdir(expanded) else value
+
+
+def eval_specs(p: EvalProfile) -> list[dict]:
+    """One evaluation run spec per model (``eval_run.eval_spec``, profile = the profile's
+    name, label = the model's label): what ``run`` queues and ``run --dry-run`` lists."""
+    from workbench.train.eval_run import eval_spec
+
+    e = p.eval
+    include = [os.path.abspath(os.path.expanduser(d)) for d in e.include]
+    return [eval_spec(_resolve(m.model), list(e.tasks), profile=p.name, label=m.label, include=include,
+                      limit=e.limit, num_fewshot=e.num_fewshot, batch_size=e.batch_size, device=e.device,
+                      dtype=e.dtype, max_length=e.max_length, bootstrap_iters=e.bootstrap_iters, seed=e.seed)
+            for m in e.models]
+
+
+def absent_needs(p: EvalProfile) -> list[Need]:
+    """[[needs]] whose path a model or include folder reads and that is absent here, and
+    hub ids among the models that cannot be had (offline, not in the cache), each with the
+    command that fetches it (as spec/check.py's absent_needs for training profiles)."""
+    from models import hub
+    from workbench.spec.check import _hub_id, _hub_missing, _norm, _refers
+
+    values = [m.model for m in p.eval.models] + list(p.eval.include)
+    out = [n for n in p.needs
+           if (_hub_missing(n.path) if n.path.startswith("hf:") else not os.path.exists(_norm(n.path)))
+           and any(_refers(v, n.path) or _refers("hf:" + v, n.path) for v in values)]
+    for v in dict.fromkeys(m.model for m in p.eval.models):
+        if _hub_id(v) and not any(_refers(v, n.path) or _refers("hf:" + v, n.path) for n in p.needs) \
+                and _hub_missing(v):
+            out.append(Need(path=v, fetch=hub.download_command(hub.parse(v), "model"),
+                            what=f"a Hugging Face Hub model, not in the cache {hub.cache_dir()} (offline mode)"))
+    return out
+
+
+def check(p: EvalProfile, path: str, where) -> None:
+    """What the schema cannot see: each model names something loadable (``run:N``, a
+    folder, a hub id; a path named by [[needs]] may be absent), each include folder exists
+    and lm-eval is installed. Raises ProfileError listing the problems, else DataAbsent when
+    needed data is absent, else returns."""
+    import importlib.util
+
+    from workbench.spec.check import DataAbsent, _hub_id, _problems_text, _refers
+
+    problems: list[str] = []
+    needed = [n.path for n in p.needs]
+    for i, m in enumerate(p.eval.models):
+        ref = m.model
+        if ref.startswith("run:"):
+            if not ref[4:].isdigit():
+                problems.append(f"  eval.models[{i}].model{where('eval', 'models', i, 'model')}: {ref!r}: "
+                                f"a run is written run:N (N its id)")
+        elif not (os.path.isdir(os.path.expanduser(ref)) or _hub_id(ref)
+                  or any(_refers(ref, n) for n in needed)):
+            problems.append(f"  eval.models[{i}].model{where('eval', 'models', i, 'model')}: {ref!r} is no "
+                            f"folder here, no Hugging Face hub id (owner/name) and no run:N")
+    for i, d in enumerate(p.eval.include):
+        if not os.path.isdir(os.path.expanduser(d)) and not any(_refers(d, n) for n in needed):
+            problems.append(f"  eval.include[{i}]{where('eval', 'include')}: no such folder {d!r}")
+    if importlib.util.find_spec("lm_eval") is None:
+        problems.append("  eval: evaluation needs lm-evaluation-harness: pip install 'ssm-workbench[eval]'")
+    if problems:
+        raise ProfileError(_problems_text(path, problems))
+    absent = absent_needs(p)
+    if absent:
+        raise DataAbsent(path, p, absent)
+
+
+def validate(data: dict, path: str, where, check_registries: bool = True) -> EvalProfile:
+    """``data`` (parsed TOML, --set applied) as an :class:`EvalProfile`, or ProfileError."""
+    from pydantic import ValidationError
+
+    from workbench.spec.schema import FROM_FILE
+    from workbench.spec.where import _validation_message
+
+    try:
+        prof = EvalProfile.model_validate(data, context=FROM_FILE)
+    except ValidationError as e:
+        raise ProfileError(_validation_message(e, path, where)) from None
+    if check_registries:
+        check(prof, path, where)
+    return prof
+
+
+__all__ = ["PUBLISHED_METRICS", "EvalModel", "EvalProfile", "EvalPublished", "EvalSection", "absent_needs",
+           "check", "eval_specs", "is_eval_data", "summary", "validate"]
