@@ -134,3 +134,38 @@ def build_gated_deltaproduct(d_model: int, n_layers: int, n_heads: int = 4,
         allow_neg_eigval=allow_neg_eigval, num_v_heads=num_v_heads,
         use_short_conv=use_short_conv, conv_size=conv_size, backend=backend,
         chunk_size=chunk_size), norm, dropout, channel_mixer, mlp_mult)
+
+
+@register("kda", "Kimi Delta Attention (Kimi Linear, Moonshot AI 2025): Gated DeltaNet with a decay "
+                 "per key channel, low-rank sigmoid output gate, allow_neg_eigval, num_v_heads; "
+                 "fla layers/kda.py, ops/kda",
+          family="linear-rnn", init="torch")
+def build_kda(d_model: int, n_layers: int, n_heads: int = 4, expand_k: float = 1.0,
+              expand_v: float = 1.0, use_short_conv: bool = True, conv_size: int = 4,
+              chunk_size: int | None = None, backend: str = "auto", channel_mixer: str = "none",
+              mlp_mult: float = 2.0, norm: str = "rms", dropout: float = 0.0,
+              num_v_heads: int | None = None, allow_neg_eigval: bool = False) -> RecurrentStack:
+    from models.dplr_mixers import KimiDeltaAttention
+
+    return _stack(d_model, n_layers, lambda i: KimiDeltaAttention(
+        d_model, n_heads=n_heads, expand_k=expand_k, expand_v=expand_v,
+        use_short_conv=use_short_conv, conv_size=conv_size, backend=backend,
+        chunk_size=chunk_size, num_v_heads=num_v_heads, allow_neg_eigval=allow_neg_eigval),
+        norm, dropout, channel_mixer, mlp_mult)
+
+
+@register("rwkv7", "RWKV-7 \"Goose\" (Peng et al. 2025): generalised delta rule with vector decay and "
+                   "in-context learning rate, token shift, LoRA gates (no cross-layer value "
+                   "residual); fla layers/rwkv7.py, ops/rwkv7; BlinkDL/RWKV-LM",
+          family="linear-rnn", init="torch")
+def build_rwkv7(d_model: int, n_layers: int, n_heads: int = 4, decay_low_rank_dim: int = 16,
+                a_low_rank_dim: int = 16, gate_low_rank_dim: int = 32,
+                chunk_size: int | None = None, backend: str = "auto",
+                channel_mixer: str = "none", mlp_mult: float = 2.0, norm: str = "rms",
+                dropout: float = 0.0) -> RecurrentStack:
+    from models.dplr_mixers import RWKV7Attention
+
+    return _stack(d_model, n_layers, lambda i: RWKV7Attention(
+        d_model, n_heads=n_heads, decay_low_rank_dim=decay_low_rank_dim,
+        a_low_rank_dim=a_low_rank_dim, gate_low_rank_dim=gate_low_rank_dim, backend=backend,
+        chunk_size=chunk_size), norm, dropout, channel_mixer, mlp_mult)

@@ -228,3 +228,66 @@ def test_bench_ops_measures_rwkv7_and_kda_against_their_refs(capsys, bench_in_pr
     assert [(r["op"], r["backend"]) for r in rows] == [
         ("rwkv7", "ref"), ("rwkv7", "torch"), ("kda", "ref"), ("kda", "torch")]
     assert all("error" not in r and r["x_ref"] > 0 for r in rows)
+
+
+# ---------------------------------------------------------------------------------------
+# the layers and their registry entries
+# ---------------------------------------------------------------------------------------
+
+def _layers():
+    from models.dplr_mixers import KimiDeltaAttention, RWKV7Attention
+
+    return {"kda": lambda: KimiDeltaAttention(16, n_heads=2),
+            "kda_gva_neg": lambda: KimiDeltaAttention(16, n_heads=2, num_v_heads=4,
+                                                      allow_neg_eigval=True),
+            "rwkv7": lambda: RWKV7Attention(16, n_heads=2, decay_low_rank_dim=4,
+                                            a_low_rank_dim=4, gate_low_rank_dim=4)}
+
+
+@pytest.mark.parametrize("name", ["kda", "kda_gva_neg", "rwkv7"])
+def test_layer_steps_and_chunks_equal_the_full_forward(name):
+    torch.manual_seed(0)
+    m = _layers()[name]().to(F64)
+    with torch.no_grad():                        # off the zero init: r_k's bonus term counts
+        for p in m.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    x = torch.randn(2, 11, 16, dtype=F64)
+    y = m(x)
+    state, steps = m.init_state(2), []
+    for t in range(11):
+        y_t, state = m.step(x[:, t], state)
+        steps.append(y_t)
+    torch.testing.assert_close(torch.stack(steps, 1), y)
+    st = m.init_state(2)
+    y1, st = m.forward_with_state(x[:, :4], st)
+    y2, st = m.forward_with_state(x[:, 4:], st)
+    torch.testing.assert_close(torch.cat([y1, y2], 1), y)
+    for a, b in zip(st, state):
+        torch.testing.assert_close(a, b)
+    assert m.state_size() == sum(s[0].numel() for s in state)
+
+
+def test_kda_and_rwkv7_entries_count_and_size():
+    import models
+
+    d, H, HV = 32, 2, 4
+    m = models.build("kda", d_model=d, n_layers=1, n_heads=H, num_v_heads=HV)
+    mix = m.layers[0].mixer
+    dk, dv, conv = d // H, d // HV, 3 * d
+    want = (3 * d * d + d * HV + conv * 4                   # q, k, v, b, short conv
+            + d * dv + dv * HV * dk + HV + HV * dk          # f_proj (low rank), A_log, dt_bias
+            + d * dv + dv * d + d                           # g_proj (low rank, bias)
+            + dv + d * d)                                   # gated norm, o_proj
+    assert sum(p.numel() for p in mix.parameters()) == want
+    assert models.state_size(m) == HV * dk * dv + conv * 3
+    assert mix.backend == "torch" and "Kimi" in models.describe("kda")
+    m = models.build("rwkv7", d_model=d, n_layers=1, n_heads=H)
+    mix = m.layers[0].mixer
+    want = (6 * d + 4 * d * d                               # mu, r, k, v, o
+            + 2 * d * 16 + d + 2 * d * 16 + d + 2 * d * 32  # w, a (bias), g LoRAs
+            + 2 * d + d + 2 * d)                            # k_k, k_a, r_k, group norm
+    assert sum(p.numel() for p in mix.parameters()) == want
+    assert models.state_size(m) == H * (d // H) ** 2 + d
+    assert "Goose" in models.describe("rwkv7")
+    with pytest.raises(ValueError, match="decay_low_rank_dim"):
+        models.build("rwkv7", d_model=d, n_layers=1, decay_low_rank_dim=0)

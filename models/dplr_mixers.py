@@ -1,0 +1,189 @@
+"""Generalised delta-rule mixers over ``models.kernels.generalized_delta``:
+
+- :class:`KimiDeltaAttention` (KDA; Kimi Linear, Moonshot AI 2025, arXiv 2510.26692;
+  fla ``fla/layers/kda.py``): Gated DeltaNet with a decay per key channel;
+- :class:`RWKV7Attention` (RWKV-7 "Goose", Peng et al. 2025, arXiv 2503.14456; fla
+  ``fla/layers/rwkv7.py``, BlinkDL/RWKV-LM): the generalised delta rule with a vector decay
+  and an in-context learning rate.
+
+The mixer contract is ``models.linear_mixers``' (forward, forward_with_state, step,
+init_state, state_size, backend, chunk_size); ``step`` runs the ``*_ref`` recurrence.
+Structure follows the fla layers; code written here.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from models.common import recomputed_in_slices, rms_norm
+from models.delta_mixers import _GatedBase, _int_option
+from models.kernels import generalized_delta
+from models.kernels.linear_rnn_backends import BackendError, get_op
+from models.linear_mixers import LinearRNNMixer, _dims
+
+__all__ = ["KimiDeltaAttention", "RWKV7Attention"]
+
+
+class _RefStep:
+    """``step`` (recurrent=True) runs the op's ``*_ref`` from ``generalized_delta``; the
+    backend before any forward is what ``get_op`` gives (no C form: auto is torch on a CPU)."""
+
+    @property
+    def backend(self) -> str:
+        if self._last_backend is not None:
+            return self._last_backend
+        try:
+            return get_op(self.op_name, self.backend_choice,
+                          next(self.parameters()).device.type)[1]
+        except BackendError:
+            return self.backend_choice
+
+    def _apply_op(self, args, kwargs, S0, final, recurrent):
+        if recurrent:
+            ref = generalized_delta.OPS[self.op_name][1]
+            return ref(*args, initial_state=S0, output_final_state=final, **kwargs)
+        return super()._apply_op(args, kwargs, S0, final, recurrent)
+
+
+def _softplus_inv_dt(n: int) -> torch.Tensor:
+    """dt_bias with softplus(dt_bias) = dt log-uniform in [0.001, 0.1] (Mamba-2's init)."""
+    dt = torch.exp(torch.rand(n) * (math.log(0.1) - math.log(0.001)) + math.log(0.001))
+    dt = dt.clamp(min=1e-4)
+    return dt + torch.log(-torch.expm1(-dt))
+
+
+class KimiDeltaAttention(_RefStep, _GatedBase):
+    """Kimi Delta Attention; structure of fla's ``fla/layers/kda.py``:
+
+        q, k, v = silu(shortconv([x W_q | x W_k | x W_v]));  q, k <- q/|q|, k/|k| (in kernel)
+        beta    = sigmoid(x W_b)   (2 sigmoid with allow_neg_eigval)    (batch, T, v heads)
+        g       = -exp(A_log_h) softplus(x W_f1 W_f2 + dt_bias)   (batch, T, v heads, head_k)
+                  (low-rank, rank head_v_dim, as fla's f_proj; fla's ``fused_kda_gate``)
+        S_t = diag(exp(g_t)) S_{t-1} + beta_t k_t (v_t - (diag(exp(g_t)) S_{t-1})^T k_t)^T
+        o_t = head_k^-0.5 S_t^T q_t                                          (``kda``)
+        y   = W_o [ rmsnorm_head(o) * sigmoid(x W_g1 W_g2 + b_g) ]   (low-rank output gate)
+
+    A ~ U(1, 16) per value head (A_log = log A), dt_bias per key channel; neither decayed.
+    ``allow_neg_eigval``, ``num_v_heads``: see ``models.delta_mixers._DeltaBase``.
+    State: (S (batch, v heads, head_k_dim, head_v_dim), conv cache).
+    """
+
+    op_name = "kda"
+
+    def __init__(self, d_model: int, n_heads: int = 4, expand_k: float = 1.0,
+                 expand_v: float = 1.0, use_short_conv: bool = True, conv_size: int = 4,
+                 conv_bias: bool = False, norm_eps: float = 1e-5, backend: str = "auto",
+                 chunk_size: int | None = None, num_v_heads: int | None = None,
+                 allow_neg_eigval: bool = False):
+        super().__init__()
+        self._init_gated(d_model, n_heads, expand_k, expand_v, use_short_conv, conv_size,
+                         conv_bias, norm_eps, backend, chunk_size, num_v_heads,
+                         allow_neg_eigval, use_forget_gate=False)
+        hv, dk, r = self.num_v_heads, self.head_k_dim, self.head_v_dim
+        self.f_proj = nn.Sequential(nn.Linear(d_model, r, bias=False),
+                                    nn.Linear(r, hv * dk, bias=False))
+        self.A_log = nn.Parameter(torch.empty(hv).uniform_(1, 16).log())
+        self.A_log._no_weight_decay = True
+        self.dt_bias = nn.Parameter(_softplus_inv_dt(hv * dk))
+        self.dt_bias._no_weight_decay = True
+        self.g_proj = nn.Sequential(nn.Linear(d_model, r, bias=False),
+                                    nn.Linear(r, self.value_dim, bias=True))
+
+    def log_gate(self, x: torch.Tensor) -> torch.Tensor:
+        """x (batch, T, d_model) -> g (batch, T, v heads, head_k_dim) <= 0."""
+        f = self._vheads(self.f_proj(x) + self.dt_bias)
+        return -self.A_log.exp()[:, None] * F.softplus(f)
+
+    def _output(self, o, x):
+        lin1, lin2 = self.g_proj
+        return recomputed_in_slices(self._gated_out, 2, 0, o, x, lin1.weight, lin2.weight,
+                                    lin2.bias, self.o_norm.weight, self.o_proj.weight)
+
+    def _gated_out(self, h, o, x, w_g1, w_g2, b_g, norm_w, w_o):
+        """W_o [rmsnorm_head(o) * sigmoid(x W_g1 W_g2 + b_g)] (h = 0: position-wise)."""
+        gate = self._vheads(F.linear(F.linear(x, w_g1), w_g2, b_g))
+        return F.linear((rms_norm(o, norm_w, self.o_norm.eps) * gate.sigmoid()).flatten(-2),
+                        w_o)
+
+
+class RWKV7Attention(_RefStep, LinearRNNMixer):
+    """RWKV-7 time mixing; structure of fla's ``fla/layers/rwkv7.py`` (``RWKV7Attention``)
+    without the cross-layer value residual (each layer is self-contained here):
+
+        x'_c = x + (x_{t-1} - x) mu_c   for c in r, w, k, v, a, g   (token shift; state: x_{T-1})
+        r, k, v = x'_r W_r, x'_k W_k, x'_v W_v            (batch, T, heads, head_dim)
+        log w = -exp(-1/2) sigmoid(w_0 + tanh(x'_w A_w) B_w)     per key channel, in (-0.61, 0)
+        a   = sigmoid(a_0 + x'_a A_a B_a)                 in-context learning rate in (0, 1)
+        g   = sigmoid(x'_g A_g) B_g                       output gate
+        kappa = (k o k_k) / |k o k_k| per head;  k <- k o (1 + (a - 1) o k_a)
+        S_t = diag(exp(log w_t)) S_{t-1} + b_t (a'_t^T S_{t-1}) + k_t v_t^T,
+              a' = -kappa, b = kappa o a                 (``generalized_delta.rwkv7``, scale 1)
+        o   = groupnorm_head(S_t^T r_t) + ((r o k o r_k).sum per head) v
+        y   = W_o [ o * g ]
+
+    key_dim = value_dim = d_model, n_heads heads of head_dim = d_model / n_heads.
+    State: (S (batch, heads, head_dim, head_dim), x_{T-1} (batch, d_model)).
+    """
+
+    op_name = "rwkv7"
+
+    def __init__(self, d_model: int, n_heads: int = 4, decay_low_rank_dim: int = 16,
+                 a_low_rank_dim: int = 16, gate_low_rank_dim: int = 32,
+                 norm_eps: float = 1e-5, backend: str = "auto",
+                 chunk_size: int | None = None):
+        super().__init__()
+        self._init_common(backend, chunk_size)
+        for name, val in (("decay_low_rank_dim", decay_low_rank_dim),
+                          ("a_low_rank_dim", a_low_rank_dim),
+                          ("gate_low_rank_dim", gate_low_rank_dim)):
+            _int_option(name, val)
+        self.d_model, self.n_heads = d_model, n_heads
+        self.key_dim, self.value_dim = _dims(d_model, n_heads, 1.0, 1.0)
+        self.head_k_dim = self.head_v_dim = d_model // n_heads
+        D = d_model
+        # token-shift mixing coefficients mu_r, mu_w, mu_k, mu_v, mu_a, mu_g (fla: x_r, ...)
+        self.mu = nn.Parameter(torch.linspace(0.2, 0.8, 6)[:, None].repeat(1, D))
+        self.r_proj, self.k_proj, self.v_proj, self.o_proj = (
+            nn.Linear(D, D, bias=False) for _ in range(4))
+        self.w_lora = nn.Sequential(nn.Linear(D, decay_low_rank_dim, bias=False), nn.Tanh(),
+                                    nn.Linear(decay_low_rank_dim, D, bias=True))
+        self.a_lora = nn.Sequential(nn.Linear(D, a_low_rank_dim, bias=False),
+                                    nn.Linear(a_low_rank_dim, D, bias=True))
+        self.g_lora = nn.Sequential(nn.Linear(D, gate_low_rank_dim, bias=False), nn.Sigmoid(),
+                                    nn.Linear(gate_low_rank_dim, D, bias=False))
+        self.k_k = nn.Parameter(torch.full((D,), 0.85))
+        self.k_a = nn.Parameter(torch.ones(D))
+        self.r_k = nn.Parameter(torch.zeros(n_heads, self.head_k_dim))
+        self.g_norm = nn.GroupNorm(n_heads, D, eps=self.head_v_dim * norm_eps)
+
+    def _init_extras(self, batch):
+        p = next(self.parameters())
+        return (torch.zeros(batch, self.d_model, device=p.device, dtype=p.dtype),)
+
+    def _extras_size(self):
+        return self.d_model
+
+    def _inputs(self, x, extras):
+        prev = extras[0].to(x.dtype)[:, None] if extras else x.new_zeros(x.shape[0], 1,
+                                                                         x.shape[-1])
+        shifted = torch.cat([prev, x[:, :-1]], 1)                  # x_{t-1}
+        xr, xw, xk, xv, xa, xg = (x + (shifted - x) * m for m in self.mu)
+        r, k, v = self.r_proj(xr), self.k_proj(xk), self.v_proj(xv)
+        log_w = -math.exp(-0.5) * self.w_lora(xw).sigmoid()
+        a = self.a_lora(xa).sigmoid()
+        self._gate = self.g_lora(xg)
+        kk = F.normalize(self._heads(k * self.k_k), dim=-1)
+        k = k * (1 + (a - 1) * self.k_a)
+        r, k, v, a, log_w = (self._heads(t) for t in (r, k, v, a, log_w))
+        self._bonus = (r * k * self.r_k).sum(-1, keepdim=True) * v  # (batch, T, heads, dim)
+        return [r, k, v, -kk, kk * a, log_w], {"scale": 1.0}, (x[:, -1],)
+
+    def _output(self, o, x):
+        B, T = o.shape[:2]
+        o = self.g_norm(o.reshape(B * T, -1)).reshape(B, T, self.n_heads, -1)
+        o = (o + self._bonus).flatten(-2) * self._gate
+        self._gate = self._bonus = None
+        return self.o_proj(o)
