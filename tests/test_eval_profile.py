@@ -84,7 +84,6 @@ def test_models_and_task_folders_are_checked_where_they_are_read(tmp_path, monke
     assert "'no/such/folder/here' is no folder here" in msg and "no such folder 'missing-tasks'" in msg
 
 
-@needs_lm_eval
 def test_dry_run_lists_the_evaluations_and_queues_nothing(tmp_path, capsys):
     from workbench.cli import main
 
@@ -112,8 +111,6 @@ def test_the_shipped_table3_profile_passes_profile_check_and_offline_needs_the_h
     # the 4 x 7 numbers of the paper's Table 3 rows, as published values
     assert len(p.published) == 28 and {(x.model, x.eval_set, x.metric) for x in p.published} >= {
         ("Mamba-130M", "lambada_openai", "perplexity"), ("Pythia-410M", "winogrande", "acc")}
-    if importlib.util.find_spec("lm_eval") is None:
-        return
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     monkeypatch.delenv("TRANSFORMERS_OFFLINE", raising=False)
     import huggingface_hub.constants

@@ -189,11 +189,10 @@ def absent_needs(p: EvalProfile) -> list[Need]:
 
 def check(p: EvalProfile, path: str, where) -> None:
     """What the schema cannot see: each model names something loadable (``run:N``, a
-    folder, a hub id; a path named by [[needs]] may be absent), each include folder exists
-    and lm-eval is installed. Raises ProfileError listing the problems, else DataAbsent when
+    folder, a hub id; a path named by [[needs]] may be absent) and each include folder
+    exists. (lm-eval itself, an optional extra, is asked for by ``run``, not here: the file
+    is valid without it.) Raises ProfileError listing the problems, else DataAbsent when
     needed data is absent, else returns."""
-    import importlib.util
-
     from workbench.spec.check import DataAbsent, _hub_id, _problems_text, _refers
 
     problems: list[str] = []
@@ -211,8 +210,6 @@ def check(p: EvalProfile, path: str, where) -> None:
     for i, d in enumerate(p.eval.include):
         if not os.path.isdir(os.path.expanduser(d)) and not any(_refers(d, n) for n in needed):
             problems.append(f"  eval.include[{i}]{where('eval', 'include')}: no such folder {d!r}")
-    if importlib.util.find_spec("lm_eval") is None:
-        problems.append("  eval: evaluation needs lm-evaluation-harness: pip install 'ssm-workbench[eval]'")
     if problems:
         raise ProfileError(_problems_text(path, problems))
     absent = absent_needs(p)
