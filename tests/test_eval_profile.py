@@ -173,3 +173,11 @@ def test_eval_from_refuses_a_training_profile_and_extra_models(tmp_path, capsys)
     assert "not an evaluation profile" in capsys.readouterr().err
     assert main(["--store", str(tmp_path / "st"), "eval", "x/y", "--from", str(train)]) == 2
     assert "give no MODEL" in capsys.readouterr().err
+
+
+def test_score_refuses_an_evaluation_profile_in_one_line(capsys):
+    from workbench.cli import main
+
+    assert main(["score", str(SHIPPED)]) == 2
+    err = capsys.readouterr().err
+    assert "an evaluation profile has no MAD score" in err and len(err.strip().splitlines()) == 1

@@ -185,6 +185,10 @@ def cmd_score(args) -> int:
         except prof.ProfileError as e:
             print(e, file=sys.stderr)
             return 2
+        if isinstance(p, prof.EvalProfile):
+            print(f"{args.profile}: an evaluation profile has no MAD score (`report {args.profile}` "
+                  f"shows its numbers)", file=sys.stderr)
+            return 2
         name, expected, source = p.name, [s.fields for s in prof.expand(p)], args.profile
     try:
         store = _store(args, create=False)  # reading: a missing store is said, not made
