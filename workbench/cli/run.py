@@ -31,7 +31,7 @@ def cmd_profile_check(args) -> int:
     commands that fetch them; that is no failure. Then one line of counts. Exit 2 only when
     some profile is invalid. While it works, a transient progress line on stderr (a
     terminal's) names the file and counts its runs' estimates."""
-    from workbench.spec.profile import DataAbsent, EvalProfile, ProfileError, expand, load
+    from workbench.spec.profile import DataAbsent, EvalProfile, ProfileError, expand, load, summary
 
     err = Console(stderr=True)
     out = _console()
