@@ -279,3 +279,28 @@ def test_the_forms_text_inputs_still_validate():
             "sweep": {"models": ["transformer"]}, "train": {"steps": "4", "batch_size": "4", "lr": "0.01"}}
     prof = P.Profile.model_validate(data)
     assert (prof.train.steps, prof.train.batch_size, prof.train.lr) == (4, 4, 0.01)
+
+
+def test_profile_checks_results_print_through_its_progress_line_on_a_terminal(monkeypatch):
+    """On a terminal a result goes through the live progress line's console, which erases
+    the line first (rich's own consoles write past its redirect of stdout: '✓ ...' started
+    on the progress line); piped output is left alone."""
+    import io
+
+    from rich.console import Console
+
+    from workbench.cli.run import _Progress
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    monkeypatch.setattr(sys, "stderr", Terminal())
+    with _Progress(2) as progress:
+        shown = Console(file=Terminal())
+        piped = Console(file=io.StringIO())
+        assert progress.console(shown) is progress.bar.console
+        assert progress.console(piped) is piped
+    monkeypatch.setattr(sys, "stderr", io.StringIO())  # no terminal: no line, nothing rerouted
+    with _Progress(2) as progress:
+        assert progress.bar is None and progress.console(shown) is shown
