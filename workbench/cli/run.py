@@ -349,6 +349,8 @@ def _dry_run(prof, ests, args) -> int:
                 row.update(spec.grid or {})
             if spec.budget:  # train.tokens / flops / tokens_per_param and the steps it became
                 row["budget"] = spec.budget
+            if spec.match:  # [sweep.match]: the knob values solved for the target
+                row["match"] = spec.match
             compute = run_compute(spec)   # any budget: tokens, FLOPs per token and in all
             if compute:
                 row["compute"] = compute
@@ -390,7 +392,7 @@ def _dry_run(prof, ests, args) -> int:
                       + (f"; the same on every row: {', '.join(same)}" if same else "")
                       + "; a wider terminal or --format json shows them)", markup=False, highlight=False,
                       soft_wrap=True)
-    for line in _budget_lines(specs):
+    for line in _budget_lines(specs) + _match_lines(specs):
         console.print(line, markup=False, highlight=False, soft_wrap=True)
     for what in sorted({e.limit_what for e in ests if e.limit_what}):
         console.print(f"  limit: {what}", markup=False, highlight=False)
@@ -401,6 +403,23 @@ def _dry_run(prof, ests, args) -> int:
                   f"({summary(prof, len(specs))}; dry run: nothing queued)", markup=False, highlight=False,
                   soft_wrap=True)
     return 2 if refused else 0
+
+
+def _match_lines(specs) -> list[str]:
+    """One line per model and distinct solution of [sweep.match]: the knob values solved
+    and the count they give, e.g. "  matched: mamba2: d_model = 272, d_state = 86
+    (999,790 non-embedding params, -0.02% of 1,000,000)"."""
+    from workbench.spec.match import Solved
+
+    lines: list[str] = []
+    for spec in specs:
+        if spec.match:
+            m = spec.match
+            line = (f"  matched: {spec.label}"
+                    + f": {Solved(m['target'], m['value'], m['solved'], m['got']).text()}")
+            if line not in lines:
+                lines.append(line)
+    return lines
 
 
 def _run_evals(prof, args) -> int:

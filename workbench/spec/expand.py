@@ -139,6 +139,9 @@ def expand(p: Profile) -> list[RunSpec]:
                 for point, train, msec in at_point:
                     res = resolve_model(p, choice, msec, train)
                     opts, d_model, n_layers = res.options, res.d_model, res.n_layers
+                    matched = None
+                    if p.sweep.match is not None:
+                        d_model, opts, matched = _match(p, choice, msec, d_model, n_layers, opts)
                     train_r = res.train_section if res.train_section is not None else train
                     params = {**ts.params, **{k[5:]: v for k, v in point.items() if k.startswith("task.")}}
                     bparams = dict(params, **({"seq_len": L} if L is not None else {}))
@@ -170,7 +173,7 @@ def expand(p: Profile) -> list[RunSpec]:
                             d_model=d_model, n_layers=n_layers, task=ts.task.name, task_params=task_params,
                             seq_len=L, seed=seed, train=train_r, index=len(specs), fields=fields,
                             grid=dict(point) if v2 else None, task_setting=ts.setting if v2 else None,
-                            budget=budget, size=res.size, recipe=res.recipe,
+                            budget=budget, size=res.size, recipe=res.recipe, match=matched,
                         ))
     return specs
 
@@ -217,6 +220,25 @@ def resolve_model(p: Profile, choice: ModelChoice, msec: ModelSection, train: Tr
                 raise ProfileError(f"{p.name}: model {choice.display!r} with {what}: {e}") from None
         res.train_section = _RESOLVED[key].model_copy(deep=True)
     return res
+
+
+def _match(p: Profile, choice: ModelChoice, msec: ModelSection, d_model: int, n_layers: int,
+           opts: dict[str, Any]) -> tuple[int, dict[str, Any], dict[str, Any]]:
+    """[sweep.match]: the model's width and options with the knobs solved for the target
+    (workbench.spec.match), and the record the RunSpec keeps; ProfileError with the reason
+    where the target cannot be met."""
+    from workbench.spec import match
+
+    target, value = p.sweep.match.target()
+    written = {"d_model"} if choice.d_model is not None or "d_model" in msec.model_fields_set else set()
+    try:
+        s = match.solve(choice.name, target, value, d_model=d_model, n_layers=n_layers, options=opts,
+                        written=written)
+    except match.MatchError as e:
+        raise ProfileError(f"{p.name}: sweep.match: {e}") from None
+    solved = dict(s.solved)
+    d_model = solved.pop("d_model", d_model)
+    return d_model, {**opts, **solved}, s.to_dict()
 
 
 def _model_options(msec: ModelSection, choice: ModelChoice) -> dict[str, Any]:

@@ -36,7 +36,7 @@ RESIDENT_MAX_BYTES = 1 << 30  # fixed training sets up to this size are moved to
 NEUTRAL_TRAIN_KEYS = ("checkpoint_every", "checkpoint_minutes", "tensorboard", "devices")
 # spec and train keys written only when set (added after stores existed: a spec without
 # them keeps its spec_key)
-OPTIONAL_KEYS = ("grid", "task_setting", "budget", "size", "recipe")
+OPTIONAL_KEYS = ("grid", "task_setting", "budget", "size", "recipe", "match")
 OPTIONAL_TRAIN_KEYS = ("tokens", "flops", "tokens_per_param", "devices")
 
 
@@ -70,6 +70,10 @@ class RunSpec:
     budget: dict[str, Any] | None = None
     size: str | None = None
     recipe: dict[str, Any] | None = None
+    # [sweep.match] (workbench.spec.match): the target and the knob values solved for it,
+    # {"target": "params", "value": N, "solved": {"d_model": 272}, "got": n, "error": e};
+    # d_model / model_options already hold the solved values
+    match: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The dict the store keeps (JSON types; without the optional keys that are None)."""

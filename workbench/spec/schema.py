@@ -167,6 +167,22 @@ def _flatten_grid(v: Any) -> Any:
     return out
 
 
+class MatchSection(_Strict):
+    """[sweep.match]: every model of the sweep solved to one size (workbench.spec.match):
+    non-embedding parameters or floats of recurrent state, within 2%."""
+    params: Int | None = Field(default=None, gt=0)
+    state_size: Int | None = Field(default=None, gt=0)
+
+    @model_validator(mode="after")
+    def _one(self) -> "MatchSection":
+        if (self.params is None) == (self.state_size is None):
+            raise ValueError("[sweep.match] takes one of params or state_size")
+        return self
+
+    def target(self) -> tuple[str, int]:
+        return ("params", self.params) if self.params is not None else ("state_size", self.state_size)
+
+
 class SweepSection(_Strict):
     models: list[Union[str, ModelChoice]] = Field(min_length=1)
     seq_lens: list[Annotated[Int, Field(gt=0)]] = Field(default_factory=list)
@@ -176,6 +192,7 @@ class SweepSection(_Strict):
     # checked like the same key written in its table (_check_grid)
     grid: Annotated[dict[str, Annotated[list[Any], Field(min_length=1)]],
                     BeforeValidator(_flatten_grid)] = Field(default_factory=dict)
+    match: MatchSection | None = None  # models matched by size (workbench.spec.match)
 
     @field_validator("grid")
     @classmethod
