@@ -59,8 +59,8 @@ from models.kernels.linear_rnn import (_check, _chunk_len, _compute_dtype, _from
 
 __all__ = ["rwkv7", "rwkv7_ref", "kda", "kda_ref", "OPS", "make_inputs"]
 
-# chunk on a CPU (fwd+bwd, batch 8, 4 heads of 32, L = 4096): the triangular solve and the
-# chunk loop favour short chunks there, as for the delta rules of linear_rnn
+# chunk on a CPU: linear_rnn's tuned size for the delta rules (whose chunk is the same UT
+# solve and state loop), not tuned for these two separately
 CPU_CHUNK_SIZE = {"rwkv7": 16, "kda": 16}
 DEFAULT_CHUNK_SIZE = 64
 FACTORISED = True          # allow the one-matmul form of the decay products
