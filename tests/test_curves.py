@@ -98,4 +98,4 @@ def test_axes_from_store_rows(tmp_path):
     [new] = cv.read_rows(store, ids, rows[-1]["rowid"])
     assert (new["run_id"], new["step"], new["value"]) == (ids[1], 40, 0.5)
     with pytest.raises(ValueError, match="unknown x axis"):
-        cv.curves(store, runs, "train", "loss", "tokens")
+        cv.curves(store, runs, "train", "loss", "bogus")  # (tokens and flops are axes since issue 33)

@@ -174,7 +174,7 @@ def test_curve_errors_say_why(store):
     with pytest.raises(ValueError, match=r"logged eval.bogus; they logged eval.accuracy, train.loss"):
         plot.curves_figure(store, runs, ("eval", "bogus"))
     with pytest.raises(ValueError, match="unknown x axis"):
-        plot.curves_figure(store, runs, ("eval", "accuracy"), axis="tokens")
+        plot.curves_figure(store, runs, ("eval", "accuracy"), axis="bogus")
     assert plot.parse_curve_metric("loss") == [("train", "loss"), ("eval", "loss")]
     assert plot.parse_curve_metric("eval:accuracy") == [("eval", "accuracy")]
     with pytest.raises(ValueError, match="not a logged curve metric"):
