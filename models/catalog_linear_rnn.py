@@ -154,9 +154,9 @@ def build_kda(d_model: int, n_layers: int, n_heads: int = 4, expand_k: float = 1
         norm, dropout, channel_mixer, mlp_mult)
 
 
-@register("rwkv7", "RWKV-7 \"Goose\" (Peng et al. 2025): generalised delta rule with vector decay and "
-                   "in-context learning rate, token shift, LoRA gates (no cross-layer value "
-                   "residual); fla layers/rwkv7.py, ops/rwkv7; BlinkDL/RWKV-LM",
+@register("rwkv7", "RWKV-7 \"Goose\" (Peng et al. 2025): generalised delta rule, vector decay, "
+                   "in-context learning rate, token shift (no value residual); fla layers/rwkv7.py, "
+                   "BlinkDL/RWKV-LM",
           family="linear-rnn", init="torch")
 def build_rwkv7(d_model: int, n_layers: int, n_heads: int = 4, decay_low_rank_dim: int = 16,
                 a_low_rank_dim: int = 16, gate_low_rank_dim: int = 32,
