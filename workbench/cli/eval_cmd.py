@@ -62,7 +62,7 @@ def add_parser(sub) -> None:
 
 
 def specs_of(args) -> list[dict]:
-    from workbench.train.eval_run import eval_spec
+    from workbench.spec.eval_spec import eval_spec
 
     if args.from_profile:
         return _profile_specs(args)

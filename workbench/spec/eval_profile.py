@@ -21,7 +21,7 @@ table instead of ``[task]``/``[sweep]``/``[train]``) describes evaluations to ru
     value = 16.07
 
 It expands to one evaluation run per model (:func:`eval_specs`, the spec
-``workbench.train.eval_run.eval_spec`` writes, which ``ssm-workbench eval`` queues too), so
+``workbench.spec.eval_spec.eval_spec`` writes, which ``ssm-workbench eval`` queues too), so
 ``ssm-workbench run FILE`` and ``eval --from FILE`` ask the store for the same runs, and a
 finished one is not evaluated again. Validation is as strict as a training profile's:
 unknown keys are errors naming the key, its line and the file. Hub ids among the models are
@@ -55,7 +55,7 @@ class EvalModel(_Strict):
 
 
 class EvalSection(_Strict):
-    """The ``[eval]`` table: workbench.train.eval_run.DEFAULTS' settings, checked here."""
+    """The ``[eval]`` table: workbench.spec.eval_spec.DEFAULTS' settings, checked here."""
     models: list[EvalModel] = Field(min_length=1)
     tasks: list[str] = Field(min_length=1)
     include: list[str] = Field(default_factory=list)
@@ -156,9 +156,9 @@ def _resolve(value: str) -> str:
 
 
 def eval_specs(p: EvalProfile) -> list[dict]:
-    """One evaluation run spec per model (``eval_run.eval_spec``, profile = the profile's
+    """One evaluation run spec per model (``eval_spec.eval_spec``, profile = the profile's
     name, label = the model's label): what ``run`` queues and ``run --dry-run`` lists."""
-    from workbench.train.eval_run import eval_spec
+    from workbench.spec.eval_spec import eval_spec
 
     e = p.eval
     include = [os.path.abspath(os.path.expanduser(d)) for d in e.include]

@@ -1,0 +1,37 @@
+"""What an evaluation run is before it runs: its stored spec (``kind = "eval"``).
+
+``ssm-workbench eval`` and an eval profile (workbench/spec/eval_profile.py) build the same
+spec here, so the same settings find the same run; workbench/train/eval_run.py runs it.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+KIND = "eval"
+TASK = "lm-eval"  # the runs table's task column for an evaluation run
+DEFAULTS: dict[str, Any] = {
+    "tasks": [], "include": [], "limit": None, "num_fewshot": None, "batch_size": 8,
+    "device": "auto", "dtype": "float32", "max_length": None, "backend": "auto",
+    "max_gen_toks": 256, "bootstrap_iters": 100000, "seed": 0,
+}
+
+
+def eval_spec(model: str, tasks: list[str], *, profile: str = "eval", label: str | None = None,
+              store_root: str | None = None, **options: Any) -> dict:
+    """The stored spec of an evaluation of ``model`` (a hub id, a folder, or ``run:N``) on
+    ``tasks``; ``options`` are :data:`DEFAULTS`' keys (unknown ones are an error)."""
+    bad = sorted(set(options) - set(DEFAULTS))
+    if bad:
+        raise ValueError(f"eval: unknown option(s) {', '.join(bad)}; known: {', '.join(DEFAULTS)}")
+    if not tasks:
+        raise ValueError("eval: no tasks given")
+    cfg = {**DEFAULTS, **options, "tasks": list(tasks)}
+    cfg["include"] = [str(p) for p in cfg["include"]]
+    if cfg["limit"] is not None and not cfg["limit"] > 0:
+        raise ValueError(f"eval: limit must be > 0, not {cfg['limit']}")
+    if int(cfg["batch_size"]) < 1:
+        raise ValueError(f"eval: batch_size must be >= 1, not {cfg['batch_size']}")
+    label = label or model
+    return {"kind": KIND, "profile": profile, "model": model, "label": label, "task": TASK,
+            "seq_len": None, "seed": int(cfg["seed"]), "index": 0, "eval": cfg,
+            "fields": {"model": label, "task": TASK, "seed": int(cfg["seed"]), "checkpoint": model}}
