@@ -131,6 +131,27 @@ def sliding_window_attention(d_model: int, n_layers: int, n_heads: int = 4, wind
     )
 
 
+@register(
+    "forgetting_transformer",
+    "Forgetting Transformer (FoX; Lin et al., ICLR 2025; zhixuan-lin/forgetting-transformer, fla "
+    "forgetting_attn): softmax attention + per-head forget-gate decay bias; KV cache state",
+    family="attention",
+)
+def forgetting_transformer(d_model: int, n_layers: int, n_heads: int = 4, channel_mixer: str = "swiglu",
+                           mlp_mult: float = 2.0, norm: str = "rms", dropout: float = 0.0,
+                           backend: str = "auto"):
+    """Pre-norm residual stack of models.forgetting_attention.ForgettingAttention, each
+    followed by a SwiGLU MLP (the paper's LLaMA-style blocks, RMSNorm); ``backend``: auto
+    (fla's parallel_forgetting_attn on CUDA when installed, else torch), torch, ref, fla.
+    Parameters per layer: 4 d^2 + (d + 1) n_heads + the MLP's and norms'."""
+    from models.common import ResidualStack
+    from models.forgetting_attention import ForgettingAttention
+
+    return ResidualStack(d_model, n_layers,
+                         lambda i: ForgettingAttention(d_model, n_heads=n_heads, dropout=dropout, backend=backend),
+                         norm=norm, dropout=dropout, channel_mixer=channel_mixer, mlp_mult=mlp_mult)
+
+
 BASED_CODES = "CBW"
 
 
