@@ -132,5 +132,8 @@ def test_profile_refusals():
         loads(PROFILE.format(models='"mamba"', match="params = 1000\nstate_size = 10", model=""))
     with pytest.raises(ProfileError, match="do not also write d_model"):
         expand(loads(PROFILE.format(models='"mamba"', match="params = 300_000", model="d_model = 32")))
-    with pytest.raises(ProfileError, match="sweep.match: model 'transformer' cannot be matched by state_size"):
-        expand(loads(PROFILE.format(models='"transformer"', match="state_size = 1000", model="")))
+    with pytest.raises(ProfileError, match=r"sweep.match \(line 10\): model 'transformer' cannot be matched by "
+                                           r"state_size: it has no fixed-size state"):
+        loads(PROFILE.format(models='"transformer"', match="state_size = 1000", model=""))   # as profile check says
+    with pytest.raises(ProfileError, match=r"sweep.match \(line 10\): model 'lstm' cannot meet params 10"):
+        loads(PROFILE.format(models='"lstm"', match="params = 10", model=""))

@@ -392,12 +392,15 @@ def _check_budgets(p: Profile, where: _Where) -> list[str]:
     from workbench.spec.schema import STEP_BUDGETS
 
     kinds = [k for k in STEP_BUDGETS if getattr(p.train, k) is not None or f"train.{k}" in p.sweep.grid]
-    if not kinds:
+    if not kinds and p.sweep.match is None:
         return []
     try:
         expand(p)
     except ProfileError as e:
-        return [f"  train.{kinds[0]}{where('train', kinds[0])}: {str(e).removeprefix(p.name + ': ')}"]
+        msg = str(e).removeprefix(p.name + ": ")
+        if msg.startswith("sweep.match: "):  # [sweep.match]: a target a model cannot meet
+            return [f"  sweep.match{where('sweep', 'match')}: {msg.removeprefix('sweep.match: ')}"]
+        return [f"  train.{kinds[0]}{where('train', kinds[0])}: {msg}"]
     return []
 
 
