@@ -116,12 +116,38 @@ def help_text(sections: list[Section]) -> Text:
 
 class KeysFooter(Footer):
     """Textual's footer with ``?`` (this help) first: the app's keys come after the focused
-    widget's, and an 80-column footer is cut after the first few keys."""
+    widget's. Keys are in priority order (``?``, then the focused widget's, then the
+    screen's and app's); on a narrow terminal the keys past the first that does not fit
+    whole are hidden, never cut mid-word (Textual's footer clips at its edge: "f Thi")."""
 
     def compose(self):
         widgets = list(super().compose())
         first = [w for w in widgets if isinstance(w, FooterKey) and w.action in ("help", "app.help")]
         yield from first + [w for w in widgets if w not in first]
+
+    async def recompose(self) -> None:
+        await super().recompose()
+        self.call_after_refresh(self.fit_keys)
+
+    def on_resize(self) -> None:
+        self.fit_keys()
+
+    def fit_keys(self) -> None:
+        """Show the keys, in order, while each fits whole in the footer's width."""
+        room = self.size.width
+        keys = [w for w in self.children if not w.has_class("-command-palette")]
+        for w in self.children:
+            if w.has_class("-command-palette"):
+                room -= w.render().cell_len + w.styles.margin.width + w.styles.padding.width
+        fits = True
+        for w in keys:
+            # a key's width from its text (a hidden widget has no size to read)
+            width = (w.render().cell_len if isinstance(w, FooterKey) else w.get_content_width(self.size, self.size)) \
+                + w.styles.margin.width
+            fits = fits and width <= room
+            room -= width
+            if w.display != fits:
+                w.display = fits
 
 
 class HelpScreen(ModalScreen[None]):
