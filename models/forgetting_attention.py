@@ -81,14 +81,29 @@ def forgetting_attn_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: to
     return torch.einsum("bhij,bjhd->bihd", p, v)
 
 
+QUERY_BLOCK = 512
+
+
 def forgetting_attn_torch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
-                          scale: float | None = None, dropout_p: float = 0.0) -> torch.Tensor:
+                          scale: float | None = None, dropout_p: float = 0.0,
+                          block: int = QUERY_BLOCK) -> torch.Tensor:
     """Same as :func:`forgetting_attn_ref` through ``scaled_dot_product_attention`` with D
-    as its additive mask (shapes as there)."""
-    y = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                                       attn_mask=_bias(g, q.shape[1]).to(q.dtype), dropout_p=dropout_p,
-                                       scale=scale)
-    return y.transpose(1, 2)
+    as its additive mask (shapes as there). Queries go ``block`` at a time, each against
+    the keys up to its last position only: the causal half of the logits is never formed
+    (half the work at long lengths) and the mask is (block x keys), not (L x L)."""
+    n_query, n_key = q.shape[1], k.shape[1]
+    qh, kh, vh = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+    c = torch.cumsum(g.float() if g.dtype in (torch.float16, torch.bfloat16) else g, dim=1).transpose(1, 2)
+    out = []
+    for s in range(0, n_query, block):
+        e = min(s + block, n_query)
+        last = n_key - n_query + e                            # keys 0 .. last-1 are visible
+        i = torch.arange(n_key - n_query + s, last, device=q.device)[:, None]
+        j = torch.arange(last, device=q.device)[None, :]
+        d = (c[..., i[:, 0], None] - c[..., None, :last]).masked_fill(j > i, float("-inf"))
+        out.append(F.scaled_dot_product_attention(qh[:, :, s:e], kh[:, :, :last], vh[:, :, :last],
+                                                  attn_mask=d.to(q.dtype), dropout_p=dropout_p, scale=scale))
+    return torch.cat(out, dim=2).transpose(1, 2)
 
 
 def forgetting_attn(q, k, v, g, scale=None, backend: str = "auto", dropout_p: float = 0.0):

@@ -41,10 +41,10 @@ def test_reference_is_the_papers_equation(L):
     torch.testing.assert_close(forgetting_attn_ref(q, k, v, g), _naive(q, k, v, g, 1 / math.sqrt(5)))
 
 
-@pytest.mark.parametrize("L", [1, 9, 31])
-def test_fast_form_equals_reference_outputs_and_grads(L):
+@pytest.mark.parametrize("L,block", [(1, 512), (9, 512), (31, 512), (31, 4), (29, 7)])
+def test_fast_form_equals_reference_outputs_and_grads(L, block):
     q, k, v, g = _inputs(L=L, seed=L)
-    a, b = forgetting_attn_torch(q, k, v, g, scale=0.3), forgetting_attn_ref(q, k, v, g, scale=0.3)
+    a, b = forgetting_attn_torch(q, k, v, g, scale=0.3, block=block), forgetting_attn_ref(q, k, v, g, scale=0.3)
     torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
     w = torch.randn_like(a)
     ga = torch.autograd.grad((a * w).sum(), (q, k, v, g))
@@ -71,7 +71,7 @@ def test_streaming_equals_the_full_forward():
     full = layer(x)
     s = layer.init_state(2)
     ys = []
-    for chunk in x.split([5, 1, 7, 4], dim=1):
+    for chunk in x.split([5, 1, 7, 4], dim=1):   # queries after a cache: n_key > n_query
         y, s = layer.forward_with_state(chunk, s)
         ys.append(y)
     torch.testing.assert_close(torch.cat(ys, 1), full)
@@ -81,6 +81,10 @@ def test_streaming_equals_the_full_forward():
         steps.append(y)
     torch.testing.assert_close(torch.stack(steps, 1), full)
     assert s.k.shape == (2, 17, 3, 8) and s.g.shape == (2, 17, 3)   # the KV cache grows
+    q, k, v, g = _inputs(L=19)                  # the last 8 queries against 19 keys, in blocks of 3
+    torch.testing.assert_close(forgetting_attn_torch(q[:, 11:], k, v, g, block=3),
+                               forgetting_attn_ref(q[:, 11:], k, v, g))
+    torch.testing.assert_close(forgetting_attn_ref(q[:, 11:], k, v, g), forgetting_attn_ref(q, k, v, g)[:, 11:])
 
 
 def test_registry_entry_builds_is_causal_and_counts_parameters():
