@@ -300,6 +300,30 @@ async def test_results_tab_carries_the_scaling_fits_of_a_grid(store, tmp_path):
         assert panel.axis == "flops"
 
 
+async def test_the_fits_title_names_x_only_while_the_plot_shows(store, tmp_path):
+    from workbench.tui.results_view import ResultsView
+    from workbench.tui.scaling_panel import ScalingPanel
+
+    scaling_grid(store)
+    app = make_app(store, tmp_path)
+    async with app.run_test(size=(80, 24)) as pilot:  # narrow: the table alone, no plot
+        await pilot.press("f3")
+        await settle(pilot)
+        panel = app.query_one(ResultsView).query_one(ScalingPanel)
+        plot = panel.query_one("#scaling-plot")
+        title = lambda: text(panel.query_one("#scaling-title", Static))  # noqa: E731
+        assert panel.display and not plot.display
+        assert "loss against training FLOPs" in title() and "x:" not in title(), title()
+        await pilot.resize_terminal(140, 40)  # wide: the plot, and the key that changes its axis
+        await settle(pilot)
+        await pilot.pause(0.1)
+        assert plot.display and "x: plot against training tokens" in title(), title()
+        await pilot.resize_terminal(80, 24)
+        await settle(pilot)
+        await pilot.pause(0.1)
+        assert not plot.display and "x:" not in title(), title()
+
+
 async def test_results_tab_has_no_fits_without_a_compute_and_says_why_with_too_few(store, tmp_path):
     from test_curves import sweep
     from workbench.tui.results_view import ResultsView

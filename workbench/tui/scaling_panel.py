@@ -78,6 +78,7 @@ class ScalingPanel(Vertical):
         self.recs: list[dict] = []
         self.axis = "flops"
         self._shown: tuple | None = None
+        self._title: tuple[str, str] | None = None  # (metric, law) of the fits' title
 
     def compose(self) -> ComposeResult:
         yield Static("", id="scaling-title")
@@ -124,11 +125,25 @@ class ScalingPanel(Vertical):
             table.add_row(Text(row[0], style=f"bold {colour}"),
                           *(Text(short(c), justify="right") for c in row[1:]))
         law = "L(C) = a·C^-b" if res["form"] == "power" else "L(C) = E + a·C^-b"
-        set_text(title, Text.assemble(
-            ("Scaling fits", "bold"), f" (export --scaling): {m} against training FLOPs C, {law}; ",
-            ("x: plot against ", "dim"), (X_AXES["tokens" if self.axis == "flops" else "flops"], "dim")))
+        self._title = (m, law)
+        self._show_title()
         set_text(self.query_one("#scaling-caption", Static), Text(scaling.caption(res), style="dim"))
         self.redraw()
+
+    def _show_title(self) -> None:
+        """The fits' title; it names ``x`` (plot against tokens / FLOPs) only while the plot
+        shows (a narrow terminal hides it: results.tcss)."""
+        if self._title is None or not isinstance(self.result, dict):
+            return
+        m, law = self._title
+        parts = [("Scaling fits", "bold"), f" (export --scaling): {m} against training FLOPs C, {law}"]
+        if self.query_one("#scaling-plot").display:
+            parts += ["; ", ("x: plot against ", "dim"), (X_AXES["tokens" if self.axis == "flops" else "flops"], "dim")]
+        set_text(self.query_one("#scaling-title", Static), Text.assemble(*parts))
+
+    def on_resize(self) -> None:
+        # the -narrow / -wide class (and so the plot's display) follows the terminal's width
+        self.call_after_refresh(self._show_title)
 
     def redraw(self) -> None:
         res = self.result
