@@ -22,6 +22,10 @@ mlp         d_model           refused: no state
 pretrained  refused           refused: the width is the checkpoint's
 ==========  ================  =========================================================
 
+Where the width's valid values (multiples of the heads or head width) are too far apart
+for the tolerance, a second knob (:data:`FINE`: ssm and hybrid d_state, linear-rnn
+expand_v, attention mlp_mult) is solved at the width just below the target.
+
 The search is over integers and respects each model's divisibility constraints (heads,
 head width, expand_k x d_model, ...) by building the model: a value its factory refuses is
 skipped. Counting builds on the meta device (no memory, no initialisation), falling back
@@ -54,7 +58,7 @@ KNOBS: dict[str, tuple[str | None, str | None]] = {
 }
 # family -> a second, finer knob solved at the width just below the target where the
 # width's valid values (multiples of the heads or head width) are too far apart
-FINE = {"ssm": "d_state", "hybrid": "d_state", "linear-rnn": "expand_v"}
+FINE = {"ssm": "d_state", "hybrid": "d_state", "linear-rnn": "expand_v", "attention": "mlp_mult"}
 _NO_KNOB = {
     ("mlp", "state_size"): "it carries no state",
     ("pretrained", "params"): "a pretrained model's width is its checkpoint's",
@@ -187,13 +191,16 @@ def _search(f, seq, value: int) -> list[tuple[Any, int]]:
 
 def _fine_values(model: str, fine: str, d_model: int, options: dict[str, Any]) -> list:
     """The fine knob's candidate values, increasing: d_state 1..256; expand_v such that
-    expand_v x d_model is a whole multiple of the heads, from 1/4 to 4 x its default."""
+    expand_v x d_model is a whole multiple of the heads (mlp_mult: a whole number of
+    channels), from 1/4 to 4 x its default."""
     import models
 
     if fine == "d_state":
         return list(range(1, 257))
     default = options.get(fine, models.registry.entry(model).options()[fine])
-    heads = options.get("num_v_heads") or options.get("n_heads") or 1
+    # mlp_mult: the SwiGLU hidden width round(mlp_mult x d_model) in whole channels (a model
+    # whose mlp_mult is an int refuses these, and keeps its width's solution)
+    heads = 1 if fine == "mlp_mult" else options.get("num_v_heads") or options.get("n_heads") or 1
     lo, hi = max(1, int(default * d_model / 4) // heads), int(default * d_model * 4) // heads
     return [k * heads / d_model for k in range(lo, hi + 1)]
 
