@@ -248,3 +248,25 @@ async def test_executor_and_slurm_settings(store, tmp_path):
         assert form.query_one("#executor", Select).value == "slurm"
         again = form.build_profile()
         assert again.slurm == prof.slurm and again.executor == "slurm"
+
+
+async def test_loading_an_evaluation_profile_is_refused_in_one_line(store, tmp_path):  # noqa: F811
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "profiles" / "zero-shot-table3.toml"
+    assert profiles.is_eval_data(profiles.tomllib.loads(path.read_text()))  # an [eval] table
+    app = make_app(store, tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        form, picker = await open_form(pilot)
+        picker.set_picked(["hyena"])
+        before = form.form_data()
+        await pilot.press("ctrl+o")
+        await pilot.pause()
+        app.screen.query_one("#path", Input).value = str(path)
+        await pilot.press("enter")
+        await settle(pilot)
+        assert app.screen.query(SweepForm)  # back on the form, which is unchanged
+        status = text(form.query_one("#form-status", Static))
+        assert "\n" not in status.strip() and "evaluation profile" in status, status
+        assert f"run {path}" in status and f"eval --from {path}" in status, status
+        assert picker.picked == ["hyena"] and form.form_data() == before

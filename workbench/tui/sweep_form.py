@@ -71,6 +71,18 @@ class FieldRow(Vertical):
         yield Static("", id=f"err-{self.field_id}", classes="field-error")
 
 
+def eval_refusal(path: str | Path, state_dir: str | Path | None) -> str:
+    """One line: ``path`` is an evaluation profile, which the form (training sweeps) does
+    not edit, and the commands that run it."""
+    import shlex
+
+    from workbench.store.progress import command
+
+    cmd, f = command(state_dir), shlex.quote(str(path))
+    return (f"{path} is an evaluation profile ([eval]), not a training sweep the form edits: "
+            f"run it with `{cmd} run {f}` (or `{cmd} eval --from {f}`)")
+
+
 class SweepForm(FormLive, FormPresets, FormProfile, Vertical):
     """The sweep form. Posts :class:`Launch` with a validated profile; saves/loads itself.
 
@@ -537,6 +549,8 @@ class SweepForm(FormLive, FormPresets, FormProfile, Vertical):
                     prof = profiles.load(path)
                 except DataAbsent as e:  # valid, and editable: only a launch needs the data
                     prof, absent = e.profile, str(e).split("\n", 1)[1]
+                if isinstance(prof, profiles.EvalProfile):  # no sweep, task or budget to edit
+                    raise ProfileError(eval_refusal(path, self.state_dir))
                 await self.fill(prof)
             except ProfileError as e:
                 self.set_status(str(e), bad=True)
