@@ -527,7 +527,11 @@ async def test_the_form_starts_each_task_where_it_learns_on_a_cpu(store, tmp_pat
 
         async def task(name: str) -> None:
             form.query_one("#task", Select).value = name
-            await settle(pilot)
+            # the task's handler awaits its parameter inputs' rebuild: on a loaded machine
+            # one settle may return before it has filled the task's training settings
+            for _ in range(3):
+                await settle(pilot)
+                await pilot.pause(0.05)
 
         assert (value("budget"), value("lr"), value("seq_lens")) == ("200", "0.001", "64")
         await task("mqar")  # not the paper's vocabulary 8192 and 16 pairs: at chance on a CPU
@@ -556,6 +560,20 @@ async def test_the_form_starts_each_task_where_it_learns_on_a_cpu(store, tmp_pat
         await settle(pilot)
         await task("mqar")
         assert (value("budget"), value("lr"), value("seq_lens")) == ("50", "0.002", "32")
+
+
+async def test_a_tasks_default_budget_sets_evaluate_every_itself(store, tmp_path):
+    """The task's budget sets "evaluate every" as it is filled in, not only through the
+    budget field's Changed event (which a loaded machine handles late, or a batch of
+    changes may hold back): MQAR's 600 steps give 30 (about 20 evaluations a run)."""
+    app = make_app(store, tmp_path)
+    async with app.run_test(size=(120, 40)) as pilot:
+        form = await open_form(pilot)
+        assert form.query_one("#eval_every", Input).value == "10"  # the generic 200 steps
+        with form.prevent(Input.Changed):  # the Changed handlers do not run
+            form._apply_task_training("mqar")
+        assert form.query_one("#budget", Input).value == "600"
+        assert form.query_one("#eval_every", Input).value == "30"
 
 
 def chance(task_name: str, params: dict, seq_len: int | None) -> float:

@@ -375,6 +375,8 @@ class SweepForm(FormLive, FormPresets, FormProfile, Vertical):
             if fid in self._auto and field.value.strip() == self._auto[fid]:
                 field.value = value
                 self._auto[fid] = value
+                if fid == "budget":  # "evaluate every" follows now, not on the Changed event
+                    self._follow_eval(default_eval_every("steps", value))
 
     async def _show_task(self, name: str, values: dict[str, Any] | None = None) -> None:
         """Generate one input per task parameter (seq_len comes from the sweep's lengths),
