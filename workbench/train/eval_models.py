@@ -180,11 +180,11 @@ def load_run(store_root: str | Path, run_id: int, device: torch.device, *,
     from workbench.train import checkpoint
     from workbench.train.compose import build_model
 
-    store = Store(store_root, readonly=True)
+    reader = Store(store_root, readonly=True)  # the run to load, read once (not a worker's writer)
     try:
-        r = store.get(run_id)
+        r = reader.get(run_id)
     finally:
-        store.close()
+        reader.close()
     if r is None:
         raise ModelRefError(f"model run:{run_id}: no such run in {store_root}")
     if r.spec.get("kind") == "eval" or r.task != "lm":

@@ -127,11 +127,13 @@ def _run_eval(store, run_id: int, spec: dict, stop) -> str:
         raise RunFailed(f"unknown lm-eval task(s) {', '.join(unknown)}"
                         f"{' (not in lm-eval nor in ' + ', '.join(cfg['include']) + ')' if cfg['include'] else ''}")
     info = (store.get(run_id).info or {}) if hasattr(store, "get") else {}
-    # a task is done when every eval set it wrote still holds results (a restart from
-    # scratch deletes them; then it runs again)
-    have = store.results([run_id]).get(run_id, {})
-    sets_of: dict[str, list[str]] = dict(info.get("eval_sets") or {})
-    done = [t for t in cfg["tasks"] if sets_of.get(t) and all(es in have for es in sets_of[t])]
+    # the tasks an earlier attempt finished count only when this attempt resumes it (info's
+    # "resume", set by `resume`); a restart from scratch (resume None) has deleted their
+    # results, and a first attempt has none: then every task runs. Read from the run's info,
+    # not its results, so the worker uses only the RunWriter protocol (tests/test_writer.py)
+    sets_of: dict[str, list[str]] = dict(info.get("eval_sets") or {}) if info.get("resume") else {}
+    done = [t for t in (info.get("eval_done") or []) if t in cfg["tasks"] and sets_of.get(t)] \
+        if info.get("resume") else []
     store.set_info(run_id, {"eval_model": lm.info, "lm_eval_version": getattr(lm_eval, "__version__", "?"),
                             "max_length": lm.max_length})
     tasks = cfg["tasks"]
