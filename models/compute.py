@@ -153,8 +153,12 @@ def selective_scan_fwd(d_inner: int, d_state: int) -> float:
 #: GLA section 3; Yang et al. 2024, DeltaNet section 3).
 #: Gated DeltaProduct (n Householder steps per token): decay 1 + n x (delta 2 + update 2)
 #: + read-out 2 = 3 + 4 n (n = 1: the gated delta rule's 7).
+#: KDA (Kimi Delta Attention): the gated delta rule with a per-key-channel decay, one
+#: multiply per state element all the same: 7. RWKV-7's generalised delta rule
+#: S = diag(w) S + b (a^T S) + k v^T, read out by q: decay 1 + a^T S 2 + the b outer
+#: product 2 + k v^T 2 + read-out 2 = 9.
 STATE_UPDATE_UNITS = {"linear_attention": 4, "simple_gla": 5, "gla": 5, "delta_rule": 6,
-                      "gated_delta_rule": 7, "gated_delta_product": 7}
+                      "gated_delta_rule": 7, "gated_delta_product": 7, "kda": 7, "rwkv7": 9}
 
 
 def state_update_fwd(op_name: str, n_heads: int, d_k: int, d_v: int,
