@@ -58,7 +58,7 @@ def test_shipped_profiles_that_need_data_say_so_with_their_own_commands(tmp_path
     assert "6 profiles: 1 valid, 0 invalid, 5 need data that is absent" in out, out
     assert "✓ " in out and "small" in out  # the valid one still gets its estimate table
     # each path with the command that fetches it, whole on one line (to be pasted)
-    neo = ("huggingface-cli download EleutherAI/gpt-neo-125m --local-dir checkpoints/gpt-neo-125m && python -c "
+    neo = ("hf download EleutherAI/gpt-neo-125m --local-dir checkpoints/gpt-neo-125m && python -c "
            "\"from transformers import AutoTokenizer; AutoTokenizer.from_pretrained('checkpoints/gpt-neo-125m')"
            ".save_pretrained('checkpoints/gpt-neo-125m')\"")
     assert f"      {neo}\n" in out, out

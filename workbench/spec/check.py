@@ -18,7 +18,7 @@ from workbench.spec.schema import (ModelChoice, ModelSection, Profile, ProfileEr
 from workbench.spec.where import _format_loc, _Where
 
 # The checkpoint each pretrained model's folder option expects, for the hint a missing
-# folder's message gives (`huggingface-cli download <this> --local-dir <folder>`): the
+# folder's message gives (`hf download <this> --local-dir <folder>`): the
 # GPT-Neo folders must not be told to fetch the Mamba checkpoint.
 _CHECKPOINT_EXAMPLES = {("pretrained_causal_lm", "path"): "EleutherAI/gpt-neo-125m",
                         ("pretrained_hybrid", "gptneo_path"): "EleutherAI/gpt-neo-125m",
