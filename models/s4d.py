@@ -136,14 +136,20 @@ class S4D(LongConvLayer):
 
     # -- recurrent mode -------------------------------------------------------------------
     def init_state(self, batch: int) -> torch.Tensor:
-        """Zero state (batch, d, M) complex."""
+        """Zero state (batch, d, M): complex, or real for init="real" (a real system's modes
+        stay real, so carrying them as complex would double the state: state_size() = d N)."""
         dt = self.log_dt
         ctype = torch.complex128 if dt.dtype == torch.float64 else torch.complex64
-        return torch.zeros(batch, self.d, self.log_neg_re.shape[1], dtype=ctype, device=dt.device)
+        return torch.zeros(batch, self.d, self.log_neg_re.shape[1], dtype=dt.dtype if self.is_real else ctype,
+                           device=dt.device)
 
     def step(self, x_t: torch.Tensor, state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """One time step. x_t: (batch, d), state (batch, d, M) -> (y_t (batch, d), new state)."""
         _, Abar, Bbar = self.discretize()
+        if self.is_real:  # A, B and C have no imaginary parts (zero buffers): a real recurrence
+            state = Abar.real * state + Bbar.real * x_t[..., None].to(Bbar.real.dtype)
+            y = self.scale * (self.C_re * state).sum(-1) + self.D * x_t
+            return y.to(x_t.dtype), state
         state = Abar * state + Bbar * x_t[..., None].to(Bbar.dtype)
         C = torch.complex(self.C_re, self.C_im)
         y = self.scale * (C * state).sum(-1).real + self.D * x_t

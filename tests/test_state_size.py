@@ -35,25 +35,7 @@ VARIANTS = {
     "s4d[init=real]": ("s4d", {"init": "real"}),
 }
 
-# Known mismatches (measured at d_model 32, 2 layers): S4D-Real reports d * N floats per
-# layer (what the recurrence needs: N real modes), but models/s4d.py's step carries the
-# state as a complex tensor whose imaginary parts stay zero, i.e. 2 d N floats. The report
-# is right by the registry's convention; the fix belongs in S4D.init_state / step (carry a
-# real state when init == "real"), so these stay strict xfails until that lands.
-_S4D_REAL = ("S4D-Real carries its N real modes in a complex tensor (imag = 0): "
-             "step holds {measured}, state_size() reports {reported} (d * N)")
-KNOWN_MISMATCH = {
-    "none_s4d_real": (8192, 4096), "h3_s4d_real": (8384, 4288),
-    "mamba_s4d_real": (16768, 8576), "s4d[init=real]": (8192, 4096),
-}
-
-
 def _case(case: str, name: str, options: dict):
-    if case in KNOWN_MISMATCH:
-        measured, reported = KNOWN_MISMATCH[case]
-        mark = pytest.mark.xfail(strict=True, raises=AssertionError,
-                                 reason=_S4D_REAL.format(measured=measured, reported=reported))
-        return pytest.param(case, name, options, id=case, marks=mark)
     return pytest.param(case, name, options, id=case)
 
 
