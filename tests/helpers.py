@@ -104,3 +104,30 @@ async def open_form(pilot):
     await pilot.press("f2")
     await pilot.pause()
     return pilot.app.query_one(SweepForm)
+
+
+# ---------------------------------------------- linear-RNN operators against their references
+def op_state(args, seed=1):
+    """A random initial state (batch, value heads, d_k, d_v) for a linear-RNN operator's args
+    (q, k, v, ...) in fla's layout, requiring grad."""
+    q, v = args[0], args[2]
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randn(q.shape[0], v.shape[2], q.shape[-1], v.shape[-1], generator=gen,
+                       dtype=q.dtype).requires_grad_()
+
+
+def op_outputs_and_grads(fn, args, S0, **kw):
+    """o, final state and the gradients of a random functional of both w.r.t. args + S0."""
+    o, s = fn(*args, initial_state=S0, output_final_state=True, **kw)
+    gen = torch.Generator().manual_seed(7)
+    loss = (o * torch.randn(o.shape, generator=gen, dtype=o.dtype)).sum() + \
+        (s * torch.randn(s.shape, generator=gen, dtype=s.dtype)).sum()
+    leaves = [a for a in [*args, S0] if a is not None]
+    return [o, s, *torch.autograd.grad(loss, leaves)]
+
+
+def assert_results_close(got, want, atol=1e-10, rtol=1e-8):
+    """Every tensor of two op_outputs_and_grads results close, naming the first that is not."""
+    assert len(got) == len(want)
+    for i, (a, b) in enumerate(zip(got, want)):
+        torch.testing.assert_close(a, b, atol=atol, rtol=rtol, msg=lambda m: f"result {i}: {m}")

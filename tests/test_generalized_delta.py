@@ -11,31 +11,12 @@ import torch.nn.functional as F
 
 from models.kernels import generalized_delta as gd
 from models.kernels import linear_rnn as lr
+from helpers import assert_results_close, op_outputs_and_grads, op_state
 
 F64 = torch.float64
 
 
-def _state(args, seed=1):
-    q, v = args[0], args[2]
-    gen = torch.Generator().manual_seed(seed)
-    return torch.randn(q.shape[0], v.shape[2], q.shape[-1], v.shape[-1], generator=gen,
-                       dtype=q.dtype).requires_grad_()
-
-
-def _run(fn, args, S0, **kw):
-    """o, final state and the gradients of a random functional of both w.r.t. args + S0."""
-    o, s = fn(*args, initial_state=S0, output_final_state=True, **kw)
-    gen = torch.Generator().manual_seed(7)
-    loss = (o * torch.randn(o.shape, generator=gen, dtype=o.dtype)).sum() + \
-        (s * torch.randn(s.shape, generator=gen, dtype=s.dtype)).sum()
-    leaves = [a for a in [*args, S0] if a is not None]
-    return [o, s, *torch.autograd.grad(loss, leaves)]
-
-
-def _close(got, want, atol=1e-10, rtol=1e-8):
-    assert len(got) == len(want)
-    for i, (a, b) in enumerate(zip(got, want)):
-        torch.testing.assert_close(a, b, atol=atol, rtol=rtol, msg=lambda m: f"result {i}: {m}")
+_state, _run, _close = op_state, op_outputs_and_grads, assert_results_close
 
 
 @pytest.mark.parametrize("name", list(gd.OPS))
