@@ -131,3 +131,22 @@ def assert_results_close(got, want, atol=1e-10, rtol=1e-8):
     assert len(got) == len(want)
     for i, (a, b) in enumerate(zip(got, want)):
         torch.testing.assert_close(a, b, atol=atol, rtol=rtol, msg=lambda m: f"result {i}: {m}")
+
+
+def assert_mixer_streams(m, x: torch.Tensor) -> None:
+    """A streaming mixer (init_state / step / forward_with_state, state a tuple of batched
+    tensors) on x (batch, L >= 5, d): step by step and in two pieces (4 + the rest) it equals
+    the full forward, ends in the same state, and state_size() counts that state per batch row."""
+    y = m(x)
+    state, steps = m.init_state(x.shape[0]), []
+    for t in range(x.shape[1]):
+        y_t, state = m.step(x[:, t], state)
+        steps.append(y_t)
+    torch.testing.assert_close(torch.stack(steps, 1), y)
+    st = m.init_state(x.shape[0])
+    y1, st = m.forward_with_state(x[:, :4], st)
+    y2, st = m.forward_with_state(x[:, 4:], st)
+    torch.testing.assert_close(torch.cat([y1, y2], 1), y)
+    for a, b in zip(st, state):
+        torch.testing.assert_close(a, b)
+    assert m.state_size() == sum(s[0].numel() for s in state)

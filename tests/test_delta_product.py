@@ -17,7 +17,7 @@ from models.kernels import linear_rnn as lr
 from models.kernels import linear_rnn_cpu as lc
 from models.kernels import selective_scan as ss
 from models.linear_mixers import DeltaNet, GatedDeltaNet, GatedDeltaProduct
-from helpers import assert_results_close, op_outputs_and_grads, op_state
+from helpers import assert_mixer_streams, assert_results_close, op_outputs_and_grads, op_state
 
 F64 = torch.float64
 HAS_C = lc.available()
@@ -238,20 +238,7 @@ LAYERS = {
 def test_layer_steps_and_chunks_equal_the_full_forward(name):
     torch.manual_seed(0)
     m = LAYERS[name]().to(F64)
-    x = torch.randn(2, 11, 16, dtype=F64)
-    y = m(x)
-    state, steps = m.init_state(2), []
-    for t in range(11):
-        y_t, state = m.step(x[:, t], state)
-        steps.append(y_t)
-    torch.testing.assert_close(torch.stack(steps, 1), y)
-    st = m.init_state(2)
-    y1, st = m.forward_with_state(x[:, :4], st)
-    y2, st = m.forward_with_state(x[:, 4:], st)
-    torch.testing.assert_close(torch.cat([y1, y2], 1), y)
-    for a, b in zip(st, state):
-        torch.testing.assert_close(a, b)
-    assert m.state_size() == sum(s[0].numel() for s in state)
+    assert_mixer_streams(m, torch.randn(2, 11, 16, dtype=F64))
 
 
 def test_gated_deltaproduct_entry_counts_and_sizes():

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from models.kernels import generalized_delta as gd
 from models.kernels import linear_rnn as lr
-from helpers import assert_results_close, op_outputs_and_grads, op_state
+from helpers import assert_mixer_streams, assert_results_close, op_outputs_and_grads, op_state
 
 F64 = torch.float64
 
@@ -232,20 +232,7 @@ def test_layer_steps_and_chunks_equal_the_full_forward(name):
     with torch.no_grad():                        # off the zero init: r_k's bonus term counts
         for p in m.parameters():
             p.add_(0.1 * torch.randn_like(p))
-    x = torch.randn(2, 11, 16, dtype=F64)
-    y = m(x)
-    state, steps = m.init_state(2), []
-    for t in range(11):
-        y_t, state = m.step(x[:, t], state)
-        steps.append(y_t)
-    torch.testing.assert_close(torch.stack(steps, 1), y)
-    st = m.init_state(2)
-    y1, st = m.forward_with_state(x[:, :4], st)
-    y2, st = m.forward_with_state(x[:, 4:], st)
-    torch.testing.assert_close(torch.cat([y1, y2], 1), y)
-    for a, b in zip(st, state):
-        torch.testing.assert_close(a, b)
-    assert m.state_size() == sum(s[0].numel() for s in state)
+    assert_mixer_streams(m, torch.randn(2, 11, 16, dtype=F64))
 
 
 def test_kda_and_rwkv7_entries_count_and_size():
