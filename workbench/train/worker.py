@@ -209,7 +209,8 @@ def _run(store: Store, run_id: int, t_start: float, stop: StopFlag, argv: list[s
         resumed = None
         if ranks is not None:
             store.set_info(run_id, {"ranks": {"world": ranks.world, "launcher": ranks.launcher,
-                                              "backend": trainer.group.backend}})
+                                              "backend": trainer.group.backend,
+                                              "sharding": "fsdp" if trainer.fsdp else "ddp"}})
         if r.info.get("resume"):
             try:  # verified again here (resume did once): the file may have changed since
                 ck = checkpoint.load_for_run(store.root, run_id, r.spec)
