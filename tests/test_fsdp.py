@@ -135,3 +135,20 @@ def test_an_fsdp_checkpoint_is_whole_and_resumes_on_one_rank(tmp_path, launched,
     assert r.info["resumed"][-1]["from_ranks"] == 2 and r.info["resumed"][-1]["ranks"] == 1
     assert [s for s, _ in curve(store, rid)] == list(range(1, 13))
     assert [v for _, v in curve(store, rid)] == pytest.approx([v for _, v in curve(base, brid)], **TOL)
+
+
+def test_the_memory_estimate_shards_the_training_state():
+    """Under fsdp each device holds 1/N of the weights, gradients and optimizer moments
+    (under ddp all of them), plus the blocks it gathers and, for rank 0's evaluations, a
+    whole replica of the weights."""
+    from workbench.spec import estimate
+    from workbench.spec.run_spec import RunSpec
+
+    def run(extra=""):
+        d = spec(devices=2, extra=extra)
+        return estimate.estimate_run(RunSpec.from_dict(d), estimate.Limit(device="cpu", bytes=None, what=""))
+
+    ddp, fsdp = run(), run(FSDP)
+    for part in ("weights", "grads", "optimizer"):
+        assert fsdp.parts[part] == pytest.approx(ddp.parts[part] / 2)
+    assert "gathered" in fsdp.parts and "gathered" not in ddp.parts
