@@ -152,3 +152,21 @@ def test_the_memory_estimate_shards_the_training_state():
     for part in ("weights", "grads", "optimizer"):
         assert fsdp.parts[part] == pytest.approx(ddp.parts[part] / 2)
     assert "gathered" in fsdp.parts and "gathered" not in ddp.parts
+
+
+@pytest.mark.parametrize("extra,says", [("", "sharding ddp (every rank holds the whole model"),
+                                        (FSDP, "sharding fsdp (each rank holds 1/N of the weights")])
+def test_dry_run_says_how_the_ranks_hold_the_model(tmp_path, extra, says):
+    import json
+
+    from tests.test_distributed import PROFILE
+    from tests.test_estimate import cli
+
+    prof = tmp_path / "p.toml"
+    prof.write_text(PROFILE.format(model="lstm", steps=4, extra="devices = 2\n" + extra))
+    r = cli(tmp_path, "run", "--dry-run", str(prof))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert f"  ranks: 2 per run, {says}" in r.stdout
+    r = cli(tmp_path, "run", "--dry-run", "--format", "json", str(prof))
+    (row,) = json.loads(r.stdout)
+    assert (row["devices"], row["sharding"]) == (2, "fsdp" if extra else "ddp")

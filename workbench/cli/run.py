@@ -351,6 +351,8 @@ def _dry_run(prof, ests, args) -> int:
                 row["budget"] = spec.budget
             if spec.match:  # [sweep.match]: the knob values solved for the target
                 row["match"] = spec.match
+            if (spec.train.devices or 1) > 1:  # data-parallel ranks and how they hold the model
+                row.update(devices=spec.train.devices, sharding=spec.train.sharding or "ddp")
             compute = run_compute(spec)   # any budget: tokens, FLOPs per token and in all
             if compute:
                 row["compute"] = compute
@@ -392,7 +394,7 @@ def _dry_run(prof, ests, args) -> int:
                       + (f"; the same on every row: {', '.join(same)}" if same else "")
                       + "; a wider terminal or --format json shows them)", markup=False, highlight=False,
                       soft_wrap=True)
-    for line in _budget_lines(specs) + _match_lines(specs):
+    for line in _budget_lines(specs) + _match_lines(specs) + _ranks_lines(specs):
         console.print(line, markup=False, highlight=False, soft_wrap=True)
     for what in sorted({e.limit_what for e in ests if e.limit_what}):
         console.print(f"  limit: {what}", markup=False, highlight=False)
@@ -403,6 +405,19 @@ def _dry_run(prof, ests, args) -> int:
                   f"({summary(prof, len(specs))}; dry run: nothing queued)", markup=False, highlight=False,
                   soft_wrap=True)
     return 2 if refused else 0
+
+
+def _ranks_lines(specs) -> list[str]:
+    """One line per distinct (train.devices > 1, train.sharding) of the runs: how many
+    data-parallel ranks each trains on and how they hold the model."""
+    how = {"ddp": "every rank holds the whole model, gradients and optimizer state",
+           "fsdp": "each rank holds 1/N of the weights, gradients and optimizer state, sharded per block"}
+    out: dict[str, None] = {}
+    for s in specs:
+        n, sharding = s.train.devices or 1, s.train.sharding or "ddp"
+        if n > 1:
+            out[f"  ranks: {n} per run, sharding {sharding} ({how[sharding]})"] = None
+    return list(out)
 
 
 def _match_lines(specs) -> list[str]:
