@@ -12,8 +12,10 @@
  *   S_t = diag(w_t) S_{t-1} + b_t u_t^T + k_t v_t^T   w_t = exp(gk_t), one per key row
  *   o_t = scale S_t^T q_t
  *
- * RWKV-7 takes it as is; KDA is the case a_t = w_t o k_t, b_t = -beta_t k_t, k_t -> beta_t k_t
- * (mapped in torch, which also carries the gradients through the map).
+ * RWKV-7 takes it as is; KDA (kda = 1) is the case a_t = w_t o k_t, b_t = -beta_t k_t,
+ * k_t -> beta_t k_t, formed here per step from k_t, beta_t (one number) and g_t = gk_t, and
+ * the gradients mapped back: dk = beta (dk' - db) + w o da, dbeta = k . (dk' - db),
+ * dg = dgk + w o k o da (forming a, b, k' as tensors in torch cost KDA a third more time).
  *
  * Why a recurrence and not chunks: the chunked form's (chunk, chunk) matmuls and triangular
  * solves run far below a CPU's large-GEMM speed (linear_rnn_impl.h says the same for the
@@ -34,8 +36,10 @@
  * at a time into a (C + 1, K, Vp) buffer, with u_t for each step.
  *
  * Layout: q, k, a, b, gk (B, T, H, K), v (B, T, H, V) read through (batch, time, head)
- * strides with a contiguous last axis. Outputs contiguous:
- *   o, do, dv: (B, T, H, V); dq, dk, da, db, dgk: (B, T, H, K)
+ * strides with a contiguous last axis (KDA: a unused, b = beta (B, T, H)). Outputs
+ * contiguous:
+ *   o, do, dv: (B, T, H, V); dq, dk, da, db, dgk: (B, T, H, K) (KDA: da unused, db =
+ *   dbeta (B, T, H), dgk = dg)
  *   h0, S_last, dS_last, dh0: (B, H, K, V); ckpt: (B, H, n_chunks, K, Vp) (padded rows)
  *
  * Entry points (arrays, as the other kernels'):
@@ -44,7 +48,7 @@
  *      backward adds 11 do, 12 dS_last|NULL, 13 dq, 14 dk, 15 dv, 16 da, 17 db, 18 dgk,
  *      19 dh0
  *   s: 0 B, 1 T, 2 H, 3 K, 4 V, 5 C (steps per chunk), 6 threads, 7-9 q strides
- *      (b, t, h), 10-12 k, 13-15 v, 16-18 a, 19-21 b, 22-24 gk
+ *      (b, t, h), 10-12 k, 13-15 v, 16-18 a, 19-21 b, 22-24 gk, 25 kda (0/1)
  * Returns 0, or -1 when a work buffer cannot be allocated.
  */
 
@@ -58,7 +62,7 @@ typedef struct {
     SCALAR *o, *S_last, *ckpt;
     const SCALAR *d_o, *dS_last;
     SCALAR *dq, *dk, *dv, *da, *db, *dgk, *dh0;
-    long B, T, H, K, V, Vp, C, n_chunks;
+    long B, T, H, K, V, Vp, C, n_chunks, kda;
     long st[6][3];          /* (batch, time, head) strides of q, k, v, a, b, gk */
     atomic_int failed;
 } SFX(dplr_args_t);
@@ -79,6 +83,7 @@ static void SFX(dplr_unpack)(SFX(dplr_args_t) *x, void *const *p, const long *s,
     for (int m = 0; m < 6; m++)
         for (int i = 0; i < 3; i++) x->st[m][i] = s[7 + 3 * m + i];
     x->n_chunks = (x->T + x->C - 1) / x->C;
+    x->kda = s[25];
     atomic_init(&x->failed, 0);
 }
 
@@ -90,6 +95,9 @@ static void SFX(dplr_unpack)(SFX(dplr_args_t) *x, void *const *p, const long *s,
 typedef struct {
     const SCALAR *q, *k, *a, *b, *v;   /* v: in place when V fills whole tiles, else vbuf */
     SCALAR *vbuf, *w;                  /* w (K): exp(gk_t) */
+    SCALAR *kbuf;                      /* KDA: a, b, k' formed here (3 K); else unused */
+    const SCALAR *kraw;                /* KDA: k_t as given */
+    SCALAR beta;                       /* KDA: beta_t */
 } SFX(dplr_in_t);
 
 static void SFX(dplr_load)(const SFX(dplr_args_t) *x, long bb, long t, long h,
@@ -99,14 +107,18 @@ static void SFX(dplr_load)(const SFX(dplr_args_t) *x, long bb, long t, long h,
         SFX(lrnn_prefetch)(DAT(x, x->q, 0, bb, tp, h), x->K, 0);
         SFX(lrnn_prefetch)(DAT(x, x->k, 1, bb, tp, h), x->K, 0);
         SFX(lrnn_prefetch)(DAT(x, x->v, 2, bb, tp, h), x->V, 0);
-        SFX(lrnn_prefetch)(DAT(x, x->a, 3, bb, tp, h), x->K, 0);
-        SFX(lrnn_prefetch)(DAT(x, x->b, 4, bb, tp, h), x->K, 0);
+        if (!x->kda) {
+            SFX(lrnn_prefetch)(DAT(x, x->a, 3, bb, tp, h), x->K, 0);
+            SFX(lrnn_prefetch)(DAT(x, x->b, 4, bb, tp, h), x->K, 0);
+        }
         SFX(lrnn_prefetch)(DAT(x, x->gk, 5, bb, tp, h), x->K, 0);
     }
     in->q = DAT(x, x->q, 0, bb, t, h);
     in->k = DAT(x, x->k, 1, bb, t, h);
-    in->a = DAT(x, x->a, 3, bb, t, h);
-    in->b = DAT(x, x->b, 4, bb, t, h);
+    if (!x->kda) {
+        in->a = DAT(x, x->a, 3, bb, t, h);
+        in->b = DAT(x, x->b, 4, bb, t, h);
+    }
     if (x->V == x->Vp) {
         in->v = DAT(x, x->v, 2, bb, t, h);
     } else {   /* copied into a padded row (the pad stays zero) */
@@ -116,6 +128,21 @@ static void SFX(dplr_load)(const SFX(dplr_args_t) *x, long bb, long t, long h,
     const SCALAR *g_t = DAT(x, x->gk, 5, bb, t, h);
     #pragma omp simd
     for (long i = 0; i < x->K; i++) in->w[i] = EXP(g_t[i]);
+    if (x->kda) {   /* a = w o k, b = -beta k, k' = beta k */
+        const SCALAR beta = *DAT(x, x->b, 4, bb, t, h), *k = in->k;
+        SCALAR *a = in->kbuf, *b = a + x->K, *kk = b + x->K;
+        #pragma omp simd
+        for (long i = 0; i < x->K; i++) {
+            a[i] = in->w[i] * k[i];
+            kk[i] = beta * k[i];
+            b[i] = -kk[i];
+        }
+        in->kraw = k;
+        in->beta = beta;
+        in->a = a;
+        in->b = b;
+        in->k = kk;
+    }
 }
 
 /* One step from src to dst (K, Vp; the same pointer for a step in place) over the nt tiles
@@ -193,10 +220,10 @@ static void SFX(dplr_fwd_item)(const void *args, long item) {
     SFX(dplr_args_t) *x = (SFX(dplr_args_t) *)args;
     const long bb = item / x->H, h = item % x->H, K = x->K, V = x->V, Vp = x->Vp;
     const long KVp = K * Vp;
-    SCALAR *buf = SFX(lrnn_buffer)(KVp + 2 * Vp + K);
+    SCALAR *buf = SFX(lrnn_buffer)(KVp + 2 * Vp + 4 * K);
     if (!buf) { atomic_store(&x->failed, 1); return; }
     SCALAR *S = buf, *vpad = S + KVp, *opad = vpad + Vp, *w = opad + Vp;
-    SFX(dplr_in_t) in = {.vbuf = vpad, .w = w};
+    SFX(dplr_in_t) in = {.vbuf = vpad, .w = w, .kbuf = w + K};
     const int padded = V != Vp;   /* else o_t is written in place */
     if (x->h0) SFX(lrnn_pad)(S, x->h0 + item * K * V, K, V, Vp);
     for (long t = 0; t < x->T; t++) {
@@ -281,15 +308,17 @@ static void SFX(dplr_bwd_item)(const void *args, long item) {
     const long bb = item / x->H, h = item % x->H, K = x->K, V = x->V, Vp = x->Vp;
     const long C = x->C, H = x->H, T = x->T, KVp = K * Vp, K16 = (K + 15) / 16 * 16;
     /* Sbuf (C + 1, K, Vp): S_{t0-1} .. S_{t0+C-1}; U (C, Vp): u_t; dS (K, Vp);
-     * vpad, dopad, dvpad (Vp); w (K); Pq, Pk, Pb, Pa, Pg (K16, LT), rows past K zero */
-    SCALAR *buf = SFX(lrnn_buffer)((C + 1) * KVp + C * Vp + KVp + 3 * Vp + K
+     * vpad, dopad, dvpad (Vp); w, kbuf (3), gk (4: KDA's dk', da, db, dgk) (K each);
+     * Pq, Pk, Pb, Pa, Pg (K16, LT), rows past K zero */
+    SCALAR *buf = SFX(lrnn_buffer)((C + 1) * KVp + C * Vp + KVp + 3 * Vp + 8 * K
                                    + 5 * K16 * LT);
     if (!buf) { atomic_store(&x->failed, 1); return; }
     SCALAR *Sbuf = buf, *U = Sbuf + (C + 1) * KVp, *dS = U + C * Vp, *vpad = dS + KVp;
-    SCALAR *dopad = vpad + Vp, *dvpad = dopad + Vp, *w = dvpad + Vp, *Pq = w + K;
+    SCALAR *dopad = vpad + Vp, *dvpad = dopad + Vp, *w = dvpad + Vp, *kbuf = w + K;
+    SCALAR *gbuf = kbuf + 3 * K, *Pq = gbuf + 4 * K;
     SCALAR *Pk = Pq + K16 * LT, *Pb = Pk + K16 * LT, *Pa = Pb + K16 * LT;
     SCALAR *Pg = Pa + K16 * LT;
-    SFX(dplr_in_t) in = {.vbuf = vpad, .w = w};
+    SFX(dplr_in_t) in = {.vbuf = vpad, .w = w, .kbuf = kbuf};
     const int padded = V != Vp;   /* else do_t and dv_t are used in place */
     if (x->dS_last) SFX(lrnn_pad)(dS, x->dS_last + item * K * V, K, V, Vp);
     for (long c = x->n_chunks - 1; c >= 0; c--) {
@@ -308,9 +337,11 @@ static void SFX(dplr_bwd_item)(const void *args, long item) {
                 SFX(lrnn_prefetch)(x->dv + rp * V, V, 1);
                 SFX(lrnn_prefetch)(x->dq + rp * K, K, 1);
                 SFX(lrnn_prefetch)(x->dk + rp * K, K, 1);
-                SFX(lrnn_prefetch)(x->da + rp * K, K, 1);
-                SFX(lrnn_prefetch)(x->db + rp * K, K, 1);
                 SFX(lrnn_prefetch)(x->dgk + rp * K, K, 1);
+                if (!x->kda) {
+                    SFX(lrnn_prefetch)(x->da + rp * K, K, 1);
+                    SFX(lrnn_prefetch)(x->db + rp * K, K, 1);
+                }
             }
             const SCALAR *do_t = x->d_o + row * V;
             SCALAR *dv_t = x->dv + row * V;
@@ -329,13 +360,29 @@ static void SFX(dplr_bwd_item)(const void *args, long item) {
                 default: SFX(dplr_bwd_group)(x, &y, j0, 4, first); break;
                 }
             }
-            SCALAR *dgk_t = x->dgk + row * K;
+            /* KDA: dk', da, db, dgk into gbuf, then mapped to dk, dbeta, dg below */
+            SCALAR *dk_t = x->kda ? gbuf : x->dk + row * K;
+            SCALAR *da_t = x->kda ? gbuf + K : x->da + row * K;
+            SCALAR *db_t = x->kda ? gbuf + 2 * K : x->db + row * K;
+            SCALAR *dgk_t = x->kda ? gbuf + 3 * K : x->dgk + row * K;
             SFX(lrnn_rowsums)(x->dq + row * K, Pq, K, x->scale);
-            SFX(lrnn_rowsums)(x->dk + row * K, Pk, K, 1);
-            SFX(lrnn_rowsums)(x->db + row * K, Pb, K, 1);
-            SFX(lrnn_rowsums)(x->da + row * K, Pa, K, 1);
+            SFX(lrnn_rowsums)(dk_t, Pk, K, 1);
+            SFX(lrnn_rowsums)(db_t, Pb, K, 1);
+            SFX(lrnn_rowsums)(da_t, Pa, K, 1);
             SFX(lrnn_rowsums)(dgk_t, Pg, K, 1);
+            #pragma omp simd
             for (long i = 0; i < K; i++) dgk_t[i] *= w[i];   /* d/dgk = w dL/dw */
+            if (x->kda) {
+                const SCALAR *k = in.kraw, beta = in.beta;
+                SCALAR *dk = x->dk + row * K, *dg = x->dgk + row * K, dbeta = 0;
+                for (long i = 0; i < K; i++) {
+                    const SCALAR e = dk_t[i] - db_t[i], wkda = w[i] * da_t[i];
+                    dbeta += k[i] * e;
+                    dk[i] = beta * e + wkda;
+                    dg[i] = dgk_t[i] + k[i] * wkda;
+                }
+                x->db[row] = dbeta;
+            }
             if (padded) memcpy(dv_t, dvpad, sizeof(SCALAR) * V);
         }
     }
