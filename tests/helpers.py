@@ -106,6 +106,20 @@ async def open_form(pilot):
     return pilot.app.query_one(SweepForm)
 
 
+def record_frames(app, what) -> list:
+    """``what(app)`` at every frame the app paints (a frame held by a batch is not painted)."""
+    frames: list = []
+    real = app._display
+
+    def display(screen, renderable):
+        if renderable is not None and not app._batch_count:
+            frames.append(what(app))
+        return real(screen, renderable)
+
+    app._display = display
+    return frames
+
+
 # ---------------------------------------------- linear-RNN operators against their references
 def op_state(args, seed=1):
     """A random initial state (batch, value heads, d_k, d_v) for a linear-RNN operator's args
