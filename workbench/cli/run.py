@@ -58,8 +58,19 @@ def cmd_profile_check(args) -> int:
                 invalid += 1
                 continue
             if isinstance(p, EvalProfile):  # evaluations: no training estimate to make
+                from workbench.spec.eval_profile import check_tasks
+
+                progress.step("checking lm-eval task names (the first time: indexing lm-eval's tasks)")
+                try:
+                    note = check_tasks(p, f)
+                except ProfileError as e:
+                    err.print(str(e), markup=False, highlight=False, soft_wrap=True)
+                    invalid += 1
+                    continue
                 out.print(f"✓ {f}: profile '{p.name}', {_summary(p)}", markup=False, highlight=False,
                           soft_wrap=True)
+                if note:
+                    out.print(f"  {note}", markup=False, highlight=False, soft_wrap=True)
                 valid += 1
                 continue
             n = len(expand(p))
@@ -132,6 +143,10 @@ class _Progress:
         self.where = f"[{i + 1}/{self.files}] {path}" if self.files > 1 else str(path)
         if self.bar is not None:
             self.bar.update(self.task, description=f"{self.where}: checking", total=None, completed=0)
+
+    def step(self, what: str) -> None:
+        if self.bar is not None:
+            self.bar.update(self.task, description=f"{self.where}: {what}", total=None, completed=0)
 
     def runs(self, done: int, total: int) -> None:
         if self.bar is not None:
@@ -444,12 +459,18 @@ def _run_evals(prof, args) -> int:
     import json
 
     from workbench.cli import eval_cmd
-    from workbench.spec.eval_profile import eval_specs, summary
+    from workbench.spec.eval_profile import check_tasks, eval_specs, summary
+    from workbench.spec.profile import ProfileError, load
 
-    if getattr(args, "executor", None) == "slurm":
-        print(f"{args.profile}: evaluation profiles run on the local scheduler (no --executor slurm)",
-              file=sys.stderr)
+    try:
+        if args.executor and args.executor != prof.executor:  # validated as if the file said it
+            prof = load(args.profile, overrides=[*(args.set or []), f'executor="{args.executor}"'])
+        note = check_tasks(prof, args.profile)  # unknown lm-eval task names: refused here
+    except ProfileError as e:
+        Console(stderr=True).print(str(e), markup=False, highlight=False, soft_wrap=True)
         return 2
+    if note:
+        Console(stderr=True).print(f"{args.profile}: {note}", markup=False, highlight=False, soft_wrap=True)
     specs = eval_specs(prof)
     if args.dry_run:
         if getattr(args, "format", None) == "json":
@@ -462,10 +483,12 @@ def _run_evals(prof, args) -> int:
         for s in specs:
             t.add_row(s["label"], s["model"], ", ".join(s["eval"]["tasks"]))
         console.print(t)
-        console.print(f"profile {prof.name}: {len(specs)} evaluation run(s) would be launched ({summary(prof)}; "
-                      f"dry run: nothing queued)", markup=False, highlight=False, soft_wrap=True)
+        where = " as Slurm jobs" if prof.executor == "slurm" else ""
+        console.print(f"profile {prof.name}: {len(specs)} evaluation run(s) would be launched{where} "
+                      f"({summary(prof)}; dry run: nothing queued)", markup=False, highlight=False, soft_wrap=True)
         return 0
     if importlib.util.find_spec("lm_eval") is None:
         print(eval_cmd.INSTALL_HINT, file=sys.stderr)
         return 2
-    return eval_cmd.run_specs(_store(args), specs, prof.name, fresh=args.fresh, quiet=args.quiet)
+    return eval_cmd.run_specs(_store(args), specs, prof.name, fresh=args.fresh, quiet=args.quiet,
+                              executor=prof.executor, slurm=prof.slurm)

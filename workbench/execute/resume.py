@@ -165,6 +165,10 @@ def cmd_resume(args) -> int:
         if restart:
             print(f"run {rid}: restarts from step 0 (its checkpoint and measurements discarded)")
             continue
+        if "eval" in marker:  # an evaluation keeps each finished task: no checkpoint to speak of
+            done_tasks = len(store.get(rid).info.get("eval_done") or [])
+            print(f"run {rid}: goes on at its next task ({done_tasks} done before)")
+            continue
         step, check = marker.get("step"), marker.get("check")
         print(f"run {rid}: resumes from its checkpoint" + (f" at step {step}" if step is not None else "")
               + (f" ({check})" if check and check != "sha256 verified" else ""))

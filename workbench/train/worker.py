@@ -253,8 +253,9 @@ def _run(store: Store, run_id: int, t_start: float, stop: StopFlag, argv: list[s
         if trainer.saved:  # a finished run needs no checkpoint (weights + optimizer: often GBs)
             checkpoint.remove(store.root, run_id)
             store.set_info(run_id, {"checkpoint": None})
-        if spec.task == "lm" and not isinstance(store, RunFile):
-            # a language model is worth evaluating later (`ssm-workbench eval run:N`): keep its weights
+        if spec.task == "lm":
+            # a language model is worth evaluating later (`ssm-workbench eval run:N`): keep its
+            # weights (a Slurm job's in its shared folder, where eval_models.run_source looks)
             try:
                 size = checkpoint.save_weights(store.root, run_id, trainer.key, out["steps"],
                                                trainer.model.state_dict())
