@@ -84,6 +84,21 @@ def tiny_profile_text(name: str = "tiny", *, schema_version: int = 1, models=("l
     return "\n".join(lines) + "\n"
 
 
+# ---------------------------------------------------------------------------- real processes
+def wait_for(pred, timeout=120.0, poll=0.05):
+    """``pred()``'s first true value, polled every ``poll`` seconds; an AssertionError after
+    ``timeout`` seconds (for workers, schedulers and jobs in processes of their own)."""
+    import time
+
+    end = time.time() + timeout
+    while time.time() < end:
+        v = pred()
+        if v:
+            return v
+        time.sleep(poll)
+    raise AssertionError("condition not reached in time")
+
+
 # ---------------------------------------------------------------------------- the TUI on screen
 def screen_lines(app) -> list[str]:
     """The app's screen as drawn: one string a line (what capture-pane would show)."""

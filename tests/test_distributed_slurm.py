@@ -19,15 +19,6 @@ from workbench.train import worker
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("slurm")]
 
 
-@pytest.fixture
-def slurm_env(slurm_cluster, monkeypatch):
-    for k, v in slurm_cluster.env.items():
-        if os.environ.get(k) != v:
-            monkeypatch.setenv(k, v)
-    yield slurm_cluster
-    slurm_cluster.cancel_all()
-
-
 def two_device_profile(executor: str):
     return profiles.loads(tomli_w.dumps({
         "schema_version": 1, "name": "slurm-ddp", "executor": executor,
