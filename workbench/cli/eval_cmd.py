@@ -389,7 +389,12 @@ def _summary(store, ids: list[int], console, profile: str) -> int:
         first = (r.error or "").strip().splitlines()
         console.print(f"#{r.id} {r.label}: {r.state}: {first[0] if first else ''}", markup=False, highlight=False)
     if not bad:
+        # the metrics these tasks measured (Table 3's first): a rolling task has no acc
+        seen = {k for r in runs for task, vals in res.get(r.id, {}).items() if task for k, v in vals.items()
+                if v is not None and k != "samples" and not k.endswith("_stderr")}
+        metrics = [m for m in ("acc", "acc_norm", "perplexity") if m in seen] + sorted(
+            seen - {"acc", "acc_norm", "perplexity"})
         console.print(f"Table: {command(store.root)} export --profile {shlex.quote(profile)} "
-                      f"--metric acc,acc_norm,perplexity --cols eval_set", markup=False, highlight=False,
+                      f"--metric {','.join(metrics or ['acc'])} --cols eval_set", markup=False, highlight=False,
                       soft_wrap=True)
     return 1 if bad else 0
