@@ -166,8 +166,12 @@ def _chunked(q, k, v, adt, dt, lam, omega, state, output_final_state, backend, c
     later = torch.ones(r, r, dtype=dtype, device=q.device).triu(1)   # [j > i]
     w = (coef[:, :, None, :, None] * later[:, None, :]
          - mu_next[:, :, None, :, None])                   # (b, L, r_i, h, r_j)
-    scores = torch.einsum("btihn,btjhn->btihj", q, k) * w
-    o = o.to(dtype).unflatten(1, (L, r)) + torch.einsum("btihj,btjhp->btihp", scores, v)
+    o = o.to(dtype).unflatten(1, (L, r))
+    if r == 1:      # SISO: elementwise (einsum would run a batched 1 x 1 matmul, slower)
+        o = o + ((q * k).sum(-1)[..., None] * w) * v
+    else:
+        scores = torch.einsum("btihn,btjhn->btihj", q, k) * w
+        o = o + torch.einsum("btihj,btjhp->btihp", scores, v)
     if not output_final_state:
         return o, None
     theta_L = theta[:, -1] if omega is not None else theta0
