@@ -33,7 +33,7 @@ q, k: (batch, L, ``--heads``, ``--head-dim``), v likewise, log-gates uniform in 
 out; forward + backward, forward, peak memory and the speed-up over ``ref`` (``x_ref``).
 ``mamba3`` / ``mamba3_mimo`` (``models.kernels.mamba3_scan``; MIMO at rank 4) take their own
 inputs (dt, trapezoid weight, angle rates, the state with the previous rotated B and x).
-``rwkv7`` / ``kda`` (``models.kernels.generalized_delta``; no ``cpu`` backend) take a, b and
+``rwkv7`` / ``kda`` (``models.kernels.generalized_delta``; ``cpu``: ``generalized_delta_cpu``) take a, b and
 a per-key-channel log-decay (rwkv7) or a per-key-channel g and beta (kda).
 ``gated_delta_product`` runs ``--householder`` (default 2) delta-rule steps per token: its
 k, v and beta carry that many rows per token (fla's layout). ``--ref-max-len`` skips the (step-by-step, slow) ``ref`` above a length.
