@@ -241,8 +241,9 @@ def test_rwkv7_matches_fla_naive():
         o, s = fn(q, k, v, a, b, gk, initial_state=S0, output_final_state=True)
         torch.testing.assert_close(o, o_n.transpose(1, 2), atol=1e-12, rtol=1e-10)
         torch.testing.assert_close(s, s_n.transpose(-1, -2), atol=1e-12, rtol=1e-10)
-        LARGEST[("rwkv7", fn.__module__, fn.__name__)] = max((o - o_n.transpose(1, 2)).abs().max().item(),
-                                              (s - s_n.transpose(-1, -2)).abs().max().item())
+        LARGEST[("rwkv7", fn.__module__, fn.__name__)] = max(
+            (o - o_n.transpose(1, 2)).abs().max().item(),
+            (s - s_n.transpose(-1, -2)).abs().max().item())
 
 
 def test_kda_matches_fla_naive():
@@ -254,7 +255,7 @@ def test_kda_matches_fla_naive():
         torch.testing.assert_close(o, o_n, atol=1e-12, rtol=1e-10)
         torch.testing.assert_close(s, s_n, atol=1e-12, rtol=1e-10)
         LARGEST[("kda", fn.__module__, fn.__name__)] = max((o - o_n).abs().max().item(),
-                                            (s - s_n).abs().max().item())
+                                                           (s - s_n).abs().max().item())
 
 
 # ---------------------------------------------------------------------------------------
