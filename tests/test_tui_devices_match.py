@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import tomli_w
 from textual.widgets import Input, Select, Static
 
@@ -15,9 +16,17 @@ from workbench.execute.scheduler import devices_refusal
 from workbench.spec import profile as profiles
 from workbench.tui.form_match import devices_text
 from workbench.tui.model_picker import ModelPicker
+from workbench.tui import sweep_form
 from workbench.tui.sweep_form import SweepForm
 
 TASK = "mad_selective_copying"
+
+
+@pytest.fixture(autouse=True)
+def no_memory_probe(monkeypatch):
+    """The launch's memory estimate (its probe builds and runs the model: seconds on a busy
+    machine) is not what these tests are about: the launches here skip it."""
+    monkeypatch.setattr(sweep_form, "estimate_text", lambda prof: ("peak memory not estimated", None))
 
 
 def text(widget) -> str:
