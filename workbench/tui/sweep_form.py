@@ -539,8 +539,8 @@ class SweepForm(FormLive, FormMatch, FormPresets, FormProfile, Vertical):
 
     def action_launch(self) -> None:
         if self.refused_eval:  # ctrl+o just refused an evaluation profile: not this form's sweep, unasked
-            self.set_status(f"{self.refused_eval}; the form still holds sweep {self._text('name')!r} "
-                            f"(ctrl+r again launches it)", bad=True)
+            self.set_status(f"not launched (ctrl+r again launches the form's sweep {self._text('name')!r}): "
+                            f"{self.refused_eval}", bad=True)
             self.refused_eval = ""
             return
         prof = self.build_profile(need_data=True)  # the runs read the [[needs]] paths
