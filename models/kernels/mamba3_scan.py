@@ -71,6 +71,57 @@ def rotate(x: torch.Tensor, theta: torch.Tensor) -> torch.Tensor:
     return torch.cat((turned, tail), dim=-1)
 
 
+def _turn(x: torch.Tensor, c: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+    """rotate() with cos and sin given, written into one new tensor (no stack or cat)."""
+    R = c.shape[-1]
+    out = torch.empty(torch.broadcast_shapes(x.shape[:-1], c.shape[:-1]) + x.shape[-1:],
+                      dtype=x.dtype, device=x.device)
+    out[..., 2 * R:] = x[..., 2 * R:]
+    a, b = x[..., 0:2 * R:2], x[..., 1:2 * R:2]
+    ya, yb = out[..., 0:2 * R:2], out[..., 1:2 * R:2]
+    torch.mul(a, c, out=ya)
+    ya.addcmul_(b, s, value=-1)
+    torch.mul(a, s, out=yb)
+    yb.addcmul_(b, c)
+    return out
+
+
+class _Rotate(torch.autograd.Function):
+    """rotate(x, theta) with a hand-written backward, for the chunked forms: x's gradient is
+    the gradient turned back (-theta), theta's is sum(dy_b y_a - dy_a y_b) over each pair.
+    Autograd through :func:`rotate` makes about five times the passes over x (slices, stack,
+    cat and their backwards), which at MIMO's sizes is a large part of the chunked form."""
+
+    @staticmethod
+    def forward(ctx, x, theta):
+        c, s = torch.cos(theta), torch.sin(theta)
+        y = _turn(x, c, s)
+        ctx.save_for_backward(y, c, s)
+        ctx.theta_shape = theta.shape
+        return y
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, dy):
+        y, c, s = ctx.saved_tensors
+        R = c.shape[-1]
+        dx = _turn(dy, c, -s)
+        dtheta = (dy[..., 1:2 * R:2] * y[..., 0:2 * R:2]
+                  - dy[..., 0:2 * R:2] * y[..., 1:2 * R:2]).sum_to_size(ctx.theta_shape)
+        return dx, dtheta
+
+
+def rotate_fast(x: torch.Tensor, theta: torch.Tensor) -> torch.Tensor:
+    """:func:`rotate` (same arguments and result) with the hand-written backward of _Rotate;
+    once differentiable."""
+    if theta.shape[-1] == 0:
+        return x
+    if 2 * theta.shape[-1] > x.shape[-1]:
+        raise ValueError(f"rotate: {theta.shape[-1]} angles need 2*{theta.shape[-1]} channels, "
+                         f"x has {x.shape[-1]}")
+    return _Rotate.apply(x, theta)
+
+
 def angles(omega: torch.Tensor, dt: torch.Tensor, theta0: torch.Tensor) -> torch.Tensor:
     """theta_t = (theta0 + sum_{s<=t} omega_s dt_s) mod 2 pi: omega (b, L, h, R), dt (b, L, h),
     theta0 (b, h, R) -> (b, L, h, R). The mod has zero gradient, as mamba-ssm's floor."""
@@ -151,7 +202,7 @@ def _chunked(q, k, v, adt, dt, lam, omega, state, output_final_state, backend, c
     dtype = v.dtype
     if omega is not None:
         theta = angles(omega, dt, theta0)                   # (b, L, h, R)
-        q, k = rotate(q, theta[:, :, None]), rotate(k, theta[:, :, None])
+        q, k = rotate_fast(q, theta[:, :, None]), rotate_fast(k, theta[:, :, None])
     mu = (1 - lam) * dt                                    # (b, L, h)
     mu_next = torch.cat((mu[:, 1:], torch.zeros_like(mu[:, :1])), dim=1)
     coef = lam * dt + mu_next
