@@ -1,9 +1,9 @@
 """Fully sharded data parallelism (train.sharding = "fsdp"; workbench/train/sharded.py) on
 the CPU with gloo: two FSDP ranks train the 1-rank run's curve to float round-off (same
 global batch), each holding half of the parameters; a run stopped on two FSDP ranks
-resumes on one and continues the curve, from a checkpoint that holds the whole model and
-optimizer state as one process writes them (the same state DDP's checkpoint holds); a
-bad sharding value is refused in one line. Rank 0 runs in this process and starts rank 1
+resumes on one, and one stopped under DDP resumes under FSDP, continuing the curve: a
+checkpoint holds the whole model and optimizer state as one process writes them, under
+DDP or FSDP; a bad sharding value is refused in one line. Rank 0 runs in this process and starts rank 1
 as a real child process (tests/test_distributed.py's helpers)."""
 from __future__ import annotations
 
@@ -107,8 +107,8 @@ def stop_at(tmp_path, monkeypatch, name, k, **kw):
     return store, rid
 
 
-@pytest.mark.slow  # four runs, three of them two processes: ~25 s on a loaded 2-core box
-def test_an_fsdp_checkpoint_is_whole_and_resumes_on_one_rank(tmp_path, launched, monkeypatch):
+@pytest.mark.slow  # six runs, four of them two processes: ~50 s on a loaded 2-core box
+def test_an_fsdp_checkpoint_is_whole_and_resumes_on_one_rank_and_a_ddp_one_under_fsdp(tmp_path, launched, monkeypatch):
     base, brid = train(tmp_path / "base", spec(steps=12))
     ddp, drid = stop_at(tmp_path, monkeypatch, "ddp", 7)
     store, rid = stop_at(tmp_path, monkeypatch, "fsdp", 7, extra=FSDP)
@@ -135,6 +135,15 @@ def test_an_fsdp_checkpoint_is_whole_and_resumes_on_one_rank(tmp_path, launched,
     assert r.info["resumed"][-1]["from_ranks"] == 2 and r.info["resumed"][-1]["ranks"] == 1
     assert [s for s, _ in curve(store, rid)] == list(range(1, 13))
     assert [v for _, v in curve(store, rid)] == pytest.approx([v for _, v in curve(base, brid)], **TOL)
+    # the DDP run's checkpoint goes on under FSDP (resume --sharding fsdp), on two ranks
+    done, errors = resume.resume_runs(ddp, [drid], sharding="fsdp")
+    assert done == [drid] and not errors
+    train(tmp_path / "ddp", None, drid)
+    r = ddp.get(drid)
+    assert r.state == "finished", r.error
+    assert (r.info["resumed"][-1]["from_sharding"], r.info["resumed"][-1]["sharding"]) == ("ddp", "fsdp")
+    assert r.info["ranks"]["sharding"] == "fsdp"
+    assert [v for _, v in curve(ddp, drid)] == pytest.approx([v for _, v in curve(base, brid)], **TOL)
 
 
 def test_the_memory_estimate_shards_the_training_state():

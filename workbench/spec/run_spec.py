@@ -141,6 +141,12 @@ def run_devices(spec: dict, info: dict | None = None) -> int:
     return int(n)
 
 
+def run_sharding(spec: dict, info: dict | None = None) -> str:
+    """How a stored run's ranks hold the model: ``resume --sharding``'s choice in its info,
+    else its spec's ``train.sharding``, else "ddp" (workbench/train/sharded.py)."""
+    return (info or {}).get("sharding") or (spec.get("train") or {}).get("sharding") or "ddp"
+
+
 def spec_key(spec: dict) -> str:
     """A run's identity as text: its spec without the sweep position (``index``) and the
     checkpoint settings; equal keys mean the same computation."""

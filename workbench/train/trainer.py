@@ -158,9 +158,11 @@ class Trainer:
         self.whole: tuple[dict, dict | None] | None = None  # gathered (model, optimizer) state dicts
         torch.manual_seed(spec.seed)  # every rank: the same initial weights
         self.task = tasks.build(spec.task, **spec.task_params)
+        # under FSDP the model stays on the CPU until it is sharded: fully_shard moves one
+        # unit at a time to the device and keeps this rank's shard there (_shard_model)
         self.model = build_model(
             self.task, spec.model, d_model=spec.d_model, n_layers=spec.n_layers, **spec.model_options,
-        ).to(self.device)
+        ).to("cpu" if self.fsdp else self.device)
         if ranks is not None and ranks.rank:  # rank 0 keeps one process's stream; the others' dropout differs
             torch.manual_seed(spec.seed + 7919 * ranks.rank)
         self.amp = self.cfg.amp and self.device.type == "cuda"
@@ -508,7 +510,7 @@ class Trainer:
         on the CPU, for its evaluations and the final results."""
         whole = sharded.local_bytes(self.model)
         if self.leader:
-            self.replica = copy.deepcopy(self.model).to("cpu")
+            self.replica = copy.deepcopy(self.model)  # on the CPU (see __init__)
         sharded.shard(self.model, self.device, self.group.world)
         if self.leader:
             held, n = sharded.local_bytes(self.model), len(sharded.units(self.model))
@@ -566,7 +568,8 @@ class Trainer:
             "peak_mem_mb": max(self.before["peak_mem_mb"], peak_memory_mb(self.device)),
             "gpu_util": gpu_util, "gpu_mem": gpu_mem, "saved_at": time.time(),
             # several ranks: how many, and each one's RNGs (None after training: none is drawn then)
-            **({"ranks": self.group.world, "rng_ranks": self.rank_rngs} if self.group is not None else {}),
+            **({"ranks": self.group.world, "rng_ranks": self.rank_rngs,
+                "sharding": "fsdp" if self.fsdp else "ddp"} if self.group is not None else {}),
         }
 
     def save_checkpoint(self, step: int, stop_reason: str, done: bool) -> None:

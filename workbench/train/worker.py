@@ -30,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-from workbench.spec.run_spec import RunSpec, run_devices, spec_key
+from workbench.spec.run_spec import RunSpec, run_devices, run_sharding, spec_key
 from workbench.store import HEARTBEAT_S, Store, StoreError, full_disk_detail, is_disk_full
 from workbench.store.runfile import RunFile
 from workbench.train import checkpoint, distributed, sysmon, threads
@@ -195,6 +195,8 @@ def _run(store: Store, run_id: int, t_start: float, stop: StopFlag, argv: list[s
     try:
         try:
             spec = RunSpec.from_dict(r.spec)
+            if r.info.get("sharding"):  # resume --sharding wins over the spec's
+                spec.train.sharding = run_sharding(r.spec, r.info)
         except ValueError as e:
             raise RunFailed(f"cannot read the run's spec: {e}") from None
         ranks, launcher = _start_ranks(store, run_id, r, argv or [])  # several devices: rank 0's side
@@ -222,7 +224,8 @@ def _run(store: Store, run_id: int, t_start: float, stop: StopFlag, argv: list[s
             dropped = writer.trim_after(run_id, ck["step"])  # the interrupted attempt's later rows
             resumed = {"step": ck["step"], "from_device": ck["device"], "metrics_dropped": dropped,
                        "time": time.time(), "check": check, "from_ranks": ck.get("ranks", 1),
-                       "ranks": ranks.world if ranks else 1}
+                       "ranks": ranks.world if ranks else 1, "from_sharding": ck.get("sharding", "ddp"),
+                       "sharding": "fsdp" if trainer.fsdp else "ddp"}
             print(f"[worker] run {run_id}: resuming from the checkpoint at step {ck['step']} "
                   f"({check}; {dropped} later metric rows dropped)", flush=True)
         dev = trainer.device
@@ -457,6 +460,8 @@ def run_peer(store_dir: str | None, run_id: int, run_file: str | None, ranks: di
     try:
         r, root, resume = _peer_view(store_dir, run_file, run_id)
         spec = RunSpec.from_dict(r.spec)
+        if r.info.get("sharding"):  # as rank 0 reads it
+            spec.train.sharding = run_sharding(r.spec, r.info)
     except Exception as e:  # before the group: rank 0's launcher sees the exit code
         _say(f"[{tag}] run {run_id}: cannot read the run: {type(e).__name__}: {e}", err=True)
         return 1
