@@ -179,3 +179,49 @@ def test_dry_run_says_how_the_ranks_hold_the_model(tmp_path, extra, says):
     r = cli(tmp_path, "run", "--dry-run", "--format", "json", str(prof))
     (row,) = json.loads(r.stdout)
     assert (row["devices"], row["sharding"]) == (2, "fsdp" if extra else "ddp")
+
+
+@pytest.mark.slow  # two lm runs, one of them two processes: ~25 s on a loaded 2-core box
+def test_a_finished_fsdp_lm_keeps_whole_weights_that_eval_loads(tmp_path, launched):
+    """An lm run trained on two FSDP ranks keeps its final weights like any run: whole
+    tensors that `eval run:N`'s loader reads into a plain model, equal to the 1-rank run's."""
+    from workbench.spec.profile import expand, loads
+    from workbench.train.eval_models import load_run
+
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for i in range(20):  # distinct documents: the splits go by a hash of each
+        (corpus / f"d{i}.txt").write_text(f"{i} . " + "the quick brown fox jumps over the lazy dog. " * 6)
+    text = f"""
+schema_version = 1
+name = "lm-fsdp"
+[task]
+name = "lm"
+source = "{corpus}"
+tokenizer = "bytes"
+valid_fraction = 0.2
+test_fraction = 0.2
+num_test_examples = 2
+[sweep]
+models = ["transformer"]
+seq_lens = [32]
+[model]
+d_model = 16
+n_layers = 2
+[train]
+steps = 4
+batch_size = 4
+lr = 3e-3
+eval_every = 4
+log_every = 2
+device = "cpu"
+"""
+    s1, r1 = train(tmp_path / "one", expand(loads(text))[0].to_dict())
+    s2, r2 = train(tmp_path / "two", expand(loads(text + 'devices = 2\nsharding = "fsdp"\n'))[0].to_dict())
+    assert s2.get(r2).state == "finished", s2.get(r2).error
+    kept = checkpoint.load(checkpoint.weights_path(s2.root, r2), r2, s2.get(r2).spec)["model"]
+    assert all(type(v) is torch.Tensor for v in kept.values())  # whole tensors, no DTensor shards
+    ids = torch.arange(64).reshape(2, 32) % 200
+    one = load_run(s1.root, r1, torch.device("cpu")).logits(ids)
+    two = load_run(s2.root, r2, torch.device("cpu")).logits(ids)
+    torch.testing.assert_close(two, one, rtol=1e-5, atol=1e-5)
