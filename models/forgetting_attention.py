@@ -236,3 +236,28 @@ class ForgettingAttention(nn.Module):
 
     def extra_repr(self) -> str:
         return f"d_model={self.d_model}, n_heads={self.n_heads}, backend={self.requested!r}"
+
+
+OPS = ("forgetting_attn",)   # bench --ops: the operator alone
+
+
+def get_op(name: str, backend: str, device_type: str = "cpu"):
+    """(fn(q, k, v, g) -> o, resolved backend) for bench --ops; ``ref`` is the step-by-step
+    reference (:func:`forgetting_attn_step_ref`), the others as :func:`resolve_backend`."""
+    if name not in OPS:
+        raise KeyError(f"unknown forgetting-attention op {name!r}; known: {', '.join(OPS)}")
+    if backend == "ref":
+        return forgetting_attn_step_ref, "ref"
+    resolved = resolve_backend(backend, device_type)
+    return (lambda q, k, v, g: forgetting_attn(q, k, v, g, backend=resolved)), resolved
+
+
+def make_inputs(batch: int, L: int, heads: int, dim: int, dtype=torch.float32, seed: int = 0,
+                device="cpu", gate_range: tuple[float, float] = (-0.5, 0.0)) -> list[torch.Tensor]:
+    """Random leaves requiring grad: q, k, v (batch, L, heads, dim) and log forget gates
+    (batch, L, heads) uniform in ``gate_range``."""
+    gen = torch.Generator().manual_seed(seed)
+    lo, hi = gate_range
+    t = [torch.randn(batch, L, heads, dim, generator=gen, dtype=dtype) for _ in range(3)]
+    t.append(lo + (hi - lo) * torch.rand(batch, L, heads, generator=gen, dtype=dtype))
+    return [x.to(device).requires_grad_() for x in t]

@@ -170,3 +170,19 @@ def test_backends():
         resolve_backend("fla", "cpu")
     with pytest.raises(ValueError, match="unknown for forgetting attention"):
         models.build("forgetting_transformer", d_model=32, n_layers=1, backend="nope")
+
+
+@pytest.mark.slow   # a subprocess per backend: ~10 s on a loaded 2-core machine
+def test_bench_ops_measures_fox_against_its_step_by_step_reference(capsys):
+    import json
+
+    from workbench.cli import bench
+
+    backends = ["ref", "torch", *([] if cpu_status() else ["cpu"])]
+    rc = bench.main(["--ops", "forgetting_attn", "--seq-lens", "9", "--batch", "1", "--heads", "1",
+                     "--head-dim", "4", "--repeats", "1", "--warmup", "0",
+                     "--op-backends", ",".join(backends), "--format", "json"])
+    rows = json.loads(capsys.readouterr().out)["ops"]
+    assert rc == 0
+    assert [(r["op"], r["backend"]) for r in rows] == [("forgetting_attn", b) for b in backends]
+    assert all("error" not in r and r["x_ref"] > 0 for r in rows)

@@ -1,5 +1,5 @@
 """``ssm-workbench bench --ops``: the operators of models.kernels alone (linear_rnn's,
-generalized_delta's rwkv7 / kda, mamba3_scan's), one row per (op, length, backend), and the
+generalized_delta's rwkv7 / kda, mamba3_scan's, forgetting_attention's FoX), one row per (op, length, backend), and the
 speed-up over ``ref`` (see workbench.cli.bench for the inputs)."""
 from __future__ import annotations
 
@@ -18,6 +18,24 @@ def measure_op(spec: dict[str, Any]) -> dict[str, Any]:
 
     device = pick_device(spec["device"], "--device")
     batch, L, H, D = spec["batch"], spec["seq_len"], spec["heads"], spec["head_dim"]
+    from models import forgetting_attention as fox
+    if spec["op"] in fox.OPS:   # FoX: softmax attention, no carried state; ref steps query by query
+        fn, backend = fox.get_op(spec["op"], spec["backend"], device.type)
+        args = fox.make_inputs(batch, L, H, D, seed=spec.get("seed", 0), device=device)
+
+        def fox_train():
+            torch.autograd.grad(fn(*args).square().sum(), args)
+
+        def fox_forward():
+            with torch.no_grad():
+                fn(*args)
+
+        train_ms, peak, fwd_ms = timed_with_peak(fox_train, fox_forward, spec["repeats"],
+                                                 spec["warmup"], device)
+        return {"op": spec["op"], "seq_len": L, "backend": backend,
+                "fwd_bwd_ms": round(train_ms, 2), "fwd_ms": round(fwd_ms, 2),
+                "peak_mib": round(peak, 1), "device": str(device), "batch": batch, "heads": H,
+                "head_dim": D, "threads": torch.get_num_threads()}
     if spec["op"] in mamba3_scan.OPS:   # Mamba-3: its own inputs and state (theta, S, k, v)
         fn, backend = mamba3_scan.get_op(spec["op"], spec["backend"], device.type)
         args, S0 = mamba3_scan.make_inputs(spec["op"], batch, L, H, D, seed=spec.get("seed", 0),
@@ -79,8 +97,9 @@ def op_rows(args: argparse.Namespace, run: Run) -> list[dict[str, Any]]:
     from models.kernels.mamba3_scan import OPS as MAMBA3_OPS
 
     from models.kernels.generalized_delta import OPS as GD_OPS
+    from models.forgetting_attention import OPS as FOX_OPS
 
-    OPS = [*ALL_OPS, *GD_OPS, *MAMBA3_OPS]
+    OPS = [*ALL_OPS, *GD_OPS, *MAMBA3_OPS, *FOX_OPS]
 
     ops = list(OPS) if args.ops == ["all"] else args.ops
     unknown = [o for o in ops if o not in OPS]
