@@ -177,7 +177,6 @@ class FormMatch:
         hint = self.query_one("#match-solved", Static)
         if keep and hint.display:
             return
-        self.match_ok = all(ok for _, ok in lines)
         text = Text()
         for i, (line, ok) in enumerate(lines):
             text.append(("\n" if i else "") + line, style="" if ok else "red")

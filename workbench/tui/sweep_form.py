@@ -116,7 +116,7 @@ class SweepForm(FormLive, FormMatch, FormPresets, FormProfile, Vertical):
         self._auto: dict[str, str] = task_train_defaults("")
         self._built: dict[tuple, str | None] = {}  # (task, params, length) -> build error
         self._match_timer: Timer | None = None  # [sweep.match] solved after typing pauses (FormMatch)
-        self._match_seq, self.match_ok = 0, True
+        self._match_seq = 0  # only the latest solve's answer is shown
         self._gpus: list[str] | None = None  # this machine's GPU ids, read when first needed
         self.refused_eval = ""  # the refusal of an evaluation profile just loaded: ctrl+r says it once more
         saved = paths.load_state(state_dir).get("profile_path") if state_dir is not None else None
