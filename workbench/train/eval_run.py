@@ -146,6 +146,16 @@ def _run_eval(store, run_id: int, spec: dict, stop) -> str:
     print(f"[eval] run {run_id}: {lm.name} ({lm.info.get('kind')}, {lm.info.get('params', 0):,} parameters, "
           f"max length {lm.max_length}) on {', '.join(tasks)}"
           f"{f'; {len(done)} done before' if done else ''}", flush=True)
+    beat = {"t": 0.0}
+
+    def within(n: int, total: int) -> None:
+        """The share of the current task's requests scored, as the run's progress (at most
+        every 2 s: each heartbeat is a store write)."""
+        if time.time() - beat["t"] >= 2.0 and total:
+            beat["t"] = time.time()
+            store.heartbeat(run_id, progress=(len(done) + n / total) / len(tasks))
+
+    adapter.progress = within
     for task in tasks:
         if task in done:
             continue
