@@ -249,3 +249,26 @@ def test_a_slurm_job_imports_this_copy_of_the_project_whatever_folder_it_starts_
     assert line < len(lines) - 1 and lines[-1].startswith("exec ")
     other = job_script(3, SlurmSettings(gpus_per_run=0, python="/opt/py/bin/python"), tmp_path, tmp_path, "x")
     assert "PYTHONPATH" not in other
+
+
+@needs_lm_eval
+def test_executor_slurm_on_the_command_line_checks_the_profiles_slurm_table(tmp_path, monkeypatch, capsys):
+    """`run FILE --executor slurm` and `eval --from FILE --executor slurm --slurm K=V` validate
+    the [slurm] table as if the file said executor = "slurm"; a valid one is listed as jobs."""
+    from workbench.cli import main
+
+    fake_index(monkeypatch)
+    f = eval_profile(tmp_path / "p.toml", ["piqa"], extra="[slurm]\ngpus_per_run = 2\n")
+    st = tmp_path / "st"
+    assert main(["--store", str(st), "run", str(f), "--dry-run"]) == 0  # local: [slurm] unused
+    capsys.readouterr()
+    assert main(["--store", str(st), "run", str(f), "--executor", "slurm", "--dry-run"]) == 2
+    assert "slurm.gpus_per_run" in capsys.readouterr().err
+    assert main(["--store", str(st), "eval", "--from", str(f), "--executor", "slurm", "--slurm", "gpus_per_run=0",
+                 "--slurm", "nodes=2", "--dry-run"]) == 2
+    assert "'slurm.nodes' (from --slurm nodes=2): nodes = 2: an evaluation runs on one device" in \
+        capsys.readouterr().err
+    assert main(["--store", str(st), "eval", "--from", str(f), "--executor", "slurm", "--slurm", "gpus_per_run=0",
+                 "--dry-run"]) == 0
+    assert "1 evaluation run(s) would be launched as Slurm jobs" in capsys.readouterr().out
+    assert not st.exists()

@@ -105,7 +105,7 @@ def _profile_specs(args) -> list[dict]:
     applied to the file as ``--set`` overrides, so they are validated with it); its task
     names are checked (a ProfileError naming the unknown ones)."""
     from workbench.spec.eval_profile import EvalProfile, check_tasks, eval_specs
-    from workbench.spec.profile import load
+    from workbench.spec.profile import ProfileError, load
 
     if args.models or args.tasks or args.include or args.label:
         raise ValueError("--from PROFILE.toml names the models, tasks and task folders: give no MODEL, "
@@ -113,7 +113,12 @@ def _profile_specs(args) -> list[dict]:
     overrides = [f"slurm.{kv}" for kv in args.slurm]
     if args.executor:
         overrides.append(f'executor="{args.executor}"')
-    prof = load(args.from_profile, overrides=overrides)  # a ProfileError: cmd_eval prints it as it is
+    try:
+        prof = load(args.from_profile, overrides=overrides)  # a ProfileError: cmd_eval prints it
+    except ProfileError as e:  # named as typed here: --slurm K=V, --executor E (not --set)
+        text = str(e).replace("from --set slurm.", "from --slurm ")
+        raise ProfileError(text.replace(f'from --set executor="{args.executor}"', f"from --executor {args.executor}")) \
+            from None
     if not isinstance(prof, EvalProfile):
         raise ValueError(f"{args.from_profile} is a training profile, not an evaluation profile (no [eval] "
                          f"table): `run {args.from_profile}` trains it")
