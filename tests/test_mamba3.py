@@ -100,6 +100,16 @@ def test_euler_end_without_rotation_is_mamba2_ssd():
     assert (mamba3(**x, backend="torch")[0] - o).abs().max() > 1e-3
 
 
+def _ssm_rot(t, th):
+    """mamba-ssm's step references' rotation (own code): pairs (2i, 2i+1) of t (..., N) turned
+    by th (..., R), the angles padded with cos 1, sin 0."""
+    R = th.shape[-1]
+    t0, t1 = t[..., 0::2], t[..., 1::2]
+    c = F.pad(torch.cos(th), (0, t0.shape[-1] - R), value=1.0)
+    s = F.pad(torch.sin(th), (0, t0.shape[-1] - R), value=0.0)
+    return torch.stack([t0 * c - t1 * s, t0 * s + t1 * c], -1).reshape(t.shape)
+
+
 def _mamba_ssm_step_ref(Q, K, V, ADT, DT, Trap, Q_bias, K_bias, Angles, D, Z):
     """Transcription (own code) of state-spaces/mamba tests/ops/triton/test_mamba3_siso.py
     ``mamba3_siso_step_ref``, in its layouts: Q, K (b, L, h, N), V, Z (b, L, h, P), ADT, DT,
@@ -112,18 +122,12 @@ def _mamba_ssm_step_ref(Q, K, V, ADT, DT, Trap, Q_bias, K_bias, Angles, D, Z):
     S = torch.zeros(b, h, P, N, dtype=Q.dtype)
     k_prev, v_prev = torch.zeros(b, h, N, dtype=Q.dtype), torch.zeros(b, h, P, dtype=Q.dtype)
 
-    def rot(t, th):   # pairs (2i, 2i+1), angles padded with cos 1, sin 0
-        t0, t1 = t[..., 0::2], t[..., 1::2]
-        c = F.pad(torch.cos(th), (0, t0.shape[-1] - R), value=1.0)
-        s = F.pad(torch.sin(th), (0, t0.shape[-1] - R), value=0.0)
-        return torch.stack([t0 * c - t1 * s, t0 * s + t1 * c], -1).reshape(t.shape)
-
     ys = []
     for i in range(L):
         dt, adt = DT[:, :, i], ADT[:, :, i]
         theta = theta + ang[:, i] * dt[..., None]
         theta = theta - 2 * math.pi * torch.floor(theta / (2 * math.pi))
-        q, k = rot(Q[:, i] + Q_bias, theta), rot(K[:, i] + K_bias, theta)
+        q, k = _ssm_rot(Q[:, i] + Q_bias, theta), _ssm_rot(K[:, i] + K_bias, theta)
         tr = torch.sigmoid(Trap[:, :, i])
         a = torch.exp(adt)
         S = (a[..., None, None] * S
@@ -290,12 +294,6 @@ def _mamba_ssm_mimo_step_ref(Q, K, V, ADT, DT, Trap, Q_bias, K_bias, Angles, MIM
     vr = torch.einsum("bthp,hrp->btrhp", V, MIMO_V)
     zr = torch.einsum("bthp,hrp->btrhp", Z, MIMO_Z)
 
-    def rot(t, th):
-        t0, t1 = t[..., 0::2], t[..., 1::2]
-        c = F.pad(torch.cos(th), (0, t0.shape[-1] - R), value=1.0)
-        s = F.pad(torch.sin(th), (0, t0.shape[-1] - R), value=0.0)
-        return torch.stack([t0 * c - t1 * s, t0 * s + t1 * c], -1).reshape(t.shape)
-
     ys = []
     for i in range(L):
         q = (Q[:, i] + Q_bias.transpose(0, 1)).permute(0, 2, 1, 3)     # (b, h, r, N)
@@ -303,7 +301,7 @@ def _mamba_ssm_mimo_step_ref(Q, K, V, ADT, DT, Trap, Q_bias, K_bias, Angles, MIM
         v, z = vr[:, i].permute(0, 2, 1, 3), zr[:, i].permute(0, 2, 1, 3)
         dt, tr = DT[:, :, i], torch.sigmoid(Trap[:, :, i])
         theta = theta + torch.tanh(Angles[:, i]) * dt[..., None] * math.pi
-        q, k = rot(q, theta[:, :, None]), rot(k, theta[:, :, None])
+        q, k = _ssm_rot(q, theta[:, :, None]), _ssm_rot(k, theta[:, :, None])
         a = torch.exp(ADT[:, :, i])
         S = (a[..., None, None] * S
              + ((1 - tr) * dt * a)[..., None, None] * torch.einsum("bhrn,bhrp->bhpn", Kp, Vp)
