@@ -26,7 +26,7 @@ def fake_index(monkeypatch, names=(*TABLE3, "hellaswag_de", "lambada_standard", 
     list of calls, so a test can tell whether lm-eval's names were asked for at all."""
     calls = []
 
-    def default_names():
+    def default_names(announce=None):
         calls.append(1)
         return frozenset(names)
 
@@ -93,9 +93,11 @@ def test_lm_evals_names_are_cached_on_disk_by_version_and_folder(tmp_path, monke
 
     monkeypatch.setattr(lm_eval.tasks, "TaskManager", Manager)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    assert lm_eval_tasks.default_names() == {"hellaswag", "piqa"}
-    assert lm_eval_tasks.default_names() == {"hellaswag", "piqa"}
+    said = []
+    assert lm_eval_tasks.default_names(said.append) == {"hellaswag", "piqa"}
+    assert lm_eval_tasks.default_names(said.append) == {"hellaswag", "piqa"}
     assert len(built) == 1 and lm_eval_tasks.cache_path().is_file()
+    assert len(said) == 1 and "indexing lm-eval's task files" in said[0]  # told before indexing, once
     monkeypatch.setattr(lm_eval_tasks, "_version", lambda: "99.0")
     assert lm_eval_tasks.default_names() == {"hellaswag", "piqa"} and len(built) == 2
 

@@ -122,7 +122,7 @@ def _profile_specs(args) -> list[dict]:
     if not isinstance(prof, EvalProfile):
         raise ValueError(f"{args.from_profile} is a training profile, not an evaluation profile (no [eval] "
                          f"table): `run {args.from_profile}` trains it")
-    check_tasks(prof, args.from_profile)
+    check_tasks(prof, args.from_profile, announce=lambda line: print(f"eval: {line}", file=sys.stderr))
     args.profile, args.executor, args.slurm_settings = prof.name, prof.executor, prof.slurm
     return eval_specs(prof)
 
@@ -169,9 +169,10 @@ def check_task_names(specs: list[dict]) -> None:
     from workbench.spec import lm_eval_tasks
 
     for tasks, include in dict.fromkeys((tuple(s["eval"]["tasks"]), tuple(s["eval"]["include"])) for s in specs):
-        unknown = lm_eval_tasks.unknown_tasks(list(tasks), list(include))
+        unknown = lm_eval_tasks.unknown_tasks(list(tasks), list(include),
+                                              announce=lambda line: print(f"eval: {line}", file=sys.stderr))
         if unknown:
-            raise ValueError(lm_eval_tasks.describe(unknown, list(include)))
+            raise ValueError(lm_eval_tasks.describe(unknown, list(include), own="--include DIR"))
 
 
 def run_specs(store, specs: list[dict], profile: str, *, fresh: bool = False, quiet: bool = False,

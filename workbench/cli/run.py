@@ -465,7 +465,8 @@ def _run_evals(prof, args) -> int:
     try:
         if args.executor and args.executor != prof.executor:  # validated as if the file said it
             prof = load(args.profile, overrides=[*(args.set or []), f'executor="{args.executor}"'])
-        note = check_tasks(prof, args.profile)  # unknown lm-eval task names: refused here
+        note = check_tasks(prof, args.profile,  # unknown lm-eval task names: refused here
+                           announce=lambda line: print(f"{args.profile}: {line}", file=sys.stderr))
     except ProfileError as e:
         Console(stderr=True).print(str(e), markup=False, highlight=False, soft_wrap=True)
         return 2

@@ -248,14 +248,15 @@ def check(p: EvalProfile, path: str, where) -> None:
         raise DataAbsent(path, p, absent)
 
 
-def check_tasks(p: EvalProfile, path: str) -> str | None:
+def check_tasks(p: EvalProfile, path: str, announce=None) -> str | None:
     """Every ``[eval] tasks`` name is an lm-eval task, group or tag, or a task of the include
     folders (workbench/spec/lm_eval_tasks.py): a ProfileError naming each unknown one, its
     key and line and its closest known names. Apart from :func:`check` (which ``load`` runs):
     it needs lm-eval, and indexing lm-eval's tasks the first time takes seconds, so only the
     commands that check or launch an evaluation ask for it. Returns a one-line note when the
     names could not be checked (lm-eval not installed; an include folder absent, which
-    :func:`check` reports as needed data), else None."""
+    :func:`check` reports as needed data), else None. ``announce(line)`` is told before
+    lm-eval's tasks are indexed (the first time)."""
     from workbench.spec import lm_eval_tasks
     from workbench.spec.check import _problems_text
 
@@ -266,7 +267,7 @@ def check_tasks(p: EvalProfile, path: str) -> str | None:
     absent = [d for d in include if not os.path.isdir(d)]
     if absent:
         return f"lm-eval task names not checked: task folder(s) {', '.join(absent)} absent"
-    unknown = lm_eval_tasks.unknown_tasks(list(p.eval.tasks), include)
+    unknown = lm_eval_tasks.unknown_tasks(list(p.eval.tasks), include, announce)
     if not unknown:
         return None
     where = p._where if callable(p._where) else (lambda *loc: "")

@@ -67,16 +67,26 @@ def _stamp() -> str:
     return f"{_version()}|{folder}|{mtime}"
 
 
-def default_names() -> frozenset[str]:
-    """lm-eval's own task, group and tag names (its TaskManager's ``all_tasks``), from the
-    disk cache when its stamp is current, else indexed (10-50 s) and cached."""
-    path, stamp = cache_path(), _stamp()
+def _cached() -> frozenset[str] | None:
     try:
-        data = json.loads(path.read_text())
-        if data.get("stamp") == stamp and isinstance(data.get("names"), list):
+        data = json.loads(cache_path().read_text())
+        if data.get("stamp") == _stamp() and isinstance(data.get("names"), list):
             return frozenset(data["names"])
     except (OSError, ValueError):
         pass
+    return None
+
+
+def default_names(announce=None) -> frozenset[str]:
+    """lm-eval's own task, group and tag names (its TaskManager's ``all_tasks``), from the
+    disk cache when its stamp is current, else indexed (12 s on a quiet 2-core machine,
+    minutes on a busy one) and cached; ``announce(line)`` is told before indexing."""
+    names = _cached()
+    if names is not None:
+        return names
+    path, stamp = cache_path(), _stamp()
+    if announce is not None:
+        announce(f"indexing lm-eval's task files to check the task names (once; kept in {path})")
     from lm_eval.tasks import TaskManager
 
     names = sorted(TaskManager().all_tasks)
@@ -108,24 +118,26 @@ def closest(name: str, known) -> list[str]:
     return [by_lower[m] for m in difflib.get_close_matches(name.lower(), list(by_lower), n=3, cutoff=0.6)]
 
 
-def unknown_tasks(tasks: list[str], include: list[str]) -> dict[str, list[str]]:
+def unknown_tasks(tasks: list[str], include: list[str], announce=None) -> dict[str, list[str]]:
     """Each name of ``tasks`` that neither lm-eval nor the include folders know, with its
-    closest known names; {} when all are known. lm-eval must be installed (:func:`skipped`)."""
+    closest known names; {} when all are known. lm-eval must be installed (:func:`skipped`).
+    ``announce``: as for :func:`default_names`."""
     local = folder_names(include)
     missing = [t for t in tasks if t not in local]
     if not missing:
         return {}
-    known = local | default_names()
+    known = local | default_names(announce)
     return {t: closest(t, known) for t in missing if t not in known}
 
 
-def describe(unknown: dict[str, list[str]], include: list[str]) -> str:
-    """One line: each unknown name with its closest known ones, and where they were looked for."""
+def describe(unknown: dict[str, list[str]], include: list[str], own: str = "give their folder as include") -> str:
+    """One line: each unknown name with its closest known ones, and where they were looked for
+    (``own``: how tasks of one's own are given, e.g. ``--include DIR`` on the command line)."""
     parts = [f"{t!r} (closest: {', '.join(near)})" if near else f"{t!r} (no close name)"
              for t, near in unknown.items()]
     if include:
         where = (f"known neither to lm-eval {_version()} (its tasks, groups and tags) nor to the task "
                  f"folder{'s' if len(include) > 1 else ''} {', '.join(map(str, include))}")
     else:
-        where = f"not a task, group or tag of lm-eval {_version()} (tasks of your own: give their folder as include)"
+        where = f"not a task, group or tag of lm-eval {_version()} (tasks of your own: {own})"
     return f"unknown lm-eval task{'s' if len(unknown) > 1 else ''} {'; '.join(parts)}: {where}"
