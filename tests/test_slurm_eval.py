@@ -8,22 +8,12 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 
 import pytest
 
 pytest.importorskip("transformers", reason="the tiny checkpoint needs transformers (extra 'pretrained')")
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("slurm"),
               pytest.mark.skipif(importlib.util.find_spec("lm_eval") is None, reason="lm-eval is not installed")]
-
-
-@pytest.fixture
-def slurm_env(slurm_cluster, monkeypatch):
-    for k, v in slurm_cluster.env.items():
-        if os.environ.get(k) != v:
-            monkeypatch.setenv(k, v)
-    yield slurm_cluster
-    slurm_cluster.cancel_all()
 
 
 LM = """schema_version = 1
