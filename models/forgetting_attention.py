@@ -114,13 +114,15 @@ def forgetting_attn_step_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
     cache runs (shapes as :func:`forgetting_attn_ref`): the step-by-step reference."""
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     off = k.shape[1] - q.shape[1]
-    c = torch.cumsum(g, dim=1)                                    # (batch, n_key, heads)
+    c = torch.cumsum(g, dim=1).transpose(1, 2)                    # (batch, heads, n_key)
+    # heads first once: a step's keys kh[:, :, :p+1] are then a view autograd saves as is
+    qh, kh, vh = q.transpose(1, 2), k.transpose(1, 2).contiguous(), v.transpose(1, 2).contiguous()
     out = []
     for r in range(q.shape[1]):
         p = off + r
-        logits = torch.einsum("bhd,bjhd->bhj", q[:, r], k[:, :p + 1]) * scale \
-            + (c[:, p:p + 1] - c[:, :p + 1]).transpose(1, 2)      # + c_p - c_j
-        out.append(torch.einsum("bhj,bjhd->bhd", torch.softmax(logits, dim=-1), v[:, :p + 1]))
+        logits = (kh[:, :, :p + 1] @ qh[:, :, r, :, None])[..., 0] * scale \
+            + (c[..., p:p + 1] - c[..., :p + 1])                  # + c_p - c_j
+        out.append((torch.softmax(logits, dim=-1)[:, :, None] @ vh[:, :, :p + 1])[:, :, 0])
     return torch.stack(out, dim=1)
 
 
