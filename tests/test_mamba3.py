@@ -219,12 +219,41 @@ def _mimo_inputs(L, R, r=3, seed=5):
 @pytest.mark.parametrize("R", [2, 0])
 @pytest.mark.parametrize("L", [1, 23])
 def test_mimo_chunked_equals_ref_outputs_state_and_gradients(backend, R, L):
-    """One SSD call over the L r rank positions (chunk 7 splits steps' ranks across chunks)
-    plus the per-step r x r correction == the step-by-step MIMO recurrence."""
+    """torch: one SSD call over the L r rank positions (chunk 7 splits steps' ranks across
+    chunks) plus the per-step r x r correction; cpu: the fused C kernel (rotation inside),
+    its backward from states stored every 5 steps (L = 23: a partial last chunk) == the
+    step-by-step MIMO recurrence."""
+    from models.kernels import mamba3_mimo_cpu
     from models.kernels.mamba3_scan import mamba3_mimo, mamba3_mimo_ref
+    if backend == "cpu":    # the cpu backend is the fused kernel wherever the C kernels build
+        assert mamba3_mimo_cpu.load()[0] is not None, mamba3_mimo_cpu.load()[1]
     x, s0 = _mimo_inputs(L, R)
-    kw = {"chunk_size": 7} if backend == "torch" else {}
+    kw = {"chunk_size": 7 if backend == "torch" else 5}
     assert_op_equals_ref(mamba3_mimo, mamba3_mimo_ref, x, s0, backend=backend, **kw)
+
+
+@pytest.mark.skipif("cpu" not in CHUNKED, reason="no C compiler")
+def test_mimo_cpu_kernel_float32_and_fallback(monkeypatch):
+    """The fused kernel in float32 is close to the float64 oracle (head size 16, compiled with
+    the size fixed), and without the kernel backend cpu runs the SSD form, still exact."""
+    from models.kernels import mamba3_mimo_cpu
+    from models.kernels.mamba3_scan import mamba3_mimo, mamba3_mimo_ref
+    x, s0 = _mimo_inputs(L=40, R=4)
+    g = torch.Generator().manual_seed(9)
+    for name in "qkv":
+        x[name] = torch.randn(*x[name].shape[:-1], 16, generator=g, dtype=D64)
+    s0 = (s0[0], torch.randn(2, 3, 16, 16, generator=g, dtype=D64),
+          *(torch.randn(2, 3, 3, 16, generator=g, dtype=D64) for _ in range(2)))
+    want, ws = mamba3_mimo_ref(**x, initial_state=s0, output_final_state=True)
+    o, s = mamba3_mimo(**{n: t.float() if t is not None else t for n, t in x.items()},
+                       initial_state=tuple(t.float() for t in s0), output_final_state=True,
+                       backend="cpu")
+    assert o.dtype == torch.float32
+    torch.testing.assert_close(o.double(), want, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(s[1].double(), ws[1], rtol=1e-4, atol=1e-4)
+    monkeypatch.setattr(mamba3_mimo_cpu, "_loaded", (None, "disabled in this test"))
+    x, s0 = _mimo_inputs(L=9, R=2)
+    assert_op_equals_ref(mamba3_mimo, mamba3_mimo_ref, x, s0, backend="cpu")
 
 
 def test_mimo_rank_one_is_siso_and_state_chains():

@@ -229,6 +229,28 @@ def _chunked(q, k, v, adt, dt, lam, omega, state, output_final_state, backend, c
     return o, (theta_L, S.to(dtype), k[:, -1], v[:, -1])
 
 
+def _fused(q, k, v, adt, dt, lam, omega, state, output_final_state, chunk_size):
+    """MIMO through the fused C kernel (:mod:`models.kernels.mamba3_mimo_cpu`): the angles and
+    the trapezoid's coefficients here (autograd), the rotation, recurrence, readout and the
+    r x r term in C. Rank layout; same returns as :func:`_chunked`."""
+    from models.kernels import mamba3_mimo_cpu
+
+    theta0, S0, k0, v0 = state
+    b, L, r, h, N = q.shape
+    # (b, L, h, R); R = 0 without rotation (the kernel then turns nothing)
+    theta = angles(omega, dt, theta0) if omega is not None else q.new_zeros(b, L, h, 0)
+    mu = (1 - lam) * dt
+    mu_next = torch.cat((mu[:, 1:], torch.zeros_like(mu[:, :1])), dim=1)
+    U0 = S0 + mu[:, 0, :, None, None] * torch.einsum("brhn,brhp->bhnp", k0, v0)
+    o, S = mamba3_mimo_cpu.mamba3_mimo_scan(q, k, v, adt, lam * dt + mu_next, mu_next, U0,
+                                            theta, chunk_size)
+    if not output_final_state:
+        return o, None
+    if omega is None:
+        return o, (theta0, S, k[:, -1], v[:, -1])
+    return o, (theta[:, -1], S, rotate(k[:, -1], theta[:, -1, None]), v[:, -1])
+
+
 def _siso(fn, q, k, v, adt, dt, lam, omega, initial_state, *rest):
     """Run the rank-layout ``fn`` on SISO arguments as rank 1; SISO outputs and state."""
     _check(q, k, v, adt, dt, lam, omega, initial_state, rank=False)
@@ -283,11 +305,19 @@ def mamba3_mimo_ref(q, k, v, adt, dt, lam, omega=None, initial_state=None,
 def mamba3_mimo(q, k, v, adt, dt, lam, omega=None, initial_state=None,
                 output_final_state=False, backend="auto", chunk_size=None):
     """MIMO, chunked: one ``simple_gla`` call over the L r positions (module doc), backends as
-    :func:`mamba3`; ``chunk_size`` counts those positions (torch backend only). Same returns
-    as the ref."""
+    :func:`mamba3`; ``chunk_size`` counts those positions (torch backend only). Backend
+    ``cpu`` (and ``auto`` on a CPU) runs the fused C kernel of
+    :mod:`models.kernels.mamba3_mimo_cpu` when it builds (``chunk_size``: steps between its
+    stored states), else this SSD form. Same returns as the ref."""
     _check_backend("mamba3_mimo", backend)
     if backend == "ref":
         return mamba3_mimo_ref(q, k, v, adt, dt, lam, omega, initial_state, output_final_state)
+    if backend in ("auto", "cpu") and lrb.resolve(backend, v.device.type) == "cpu":
+        from models.kernels import mamba3_mimo_cpu
+
+        if mamba3_mimo_cpu.load()[0] is not None:     # else the SSD form below
+            return _mimo(_fused, q, k, v, adt, dt, lam, omega, initial_state,
+                         output_final_state, chunk_size)
     return _mimo(_chunked, q, k, v, adt, dt, lam, omega, initial_state, output_final_state,
                  backend, chunk_size)
 

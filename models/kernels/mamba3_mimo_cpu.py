@@ -1,0 +1,171 @@
+"""The Mamba-3 MIMO recurrence in C on a CPU: backend ``cpu`` of
+:func:`models.kernels.mamba3_scan.mamba3_mimo`, forward and hand-written backward.
+
+Maths (``csrc/mamba3_mimo.c``), per batch row and head, steps t and ranks i, j: with the
+trapezoid folded into the keys as in :mod:`models.kernels.mamba3_scan` (the running state
+U_t = S_t + mu_{t+1} sum_j kr_{t,j} v_{t,j}^T, c_t = lam_t dt_t + mu_{t+1}, m_t = mu_{t+1}),
+
+    U_t = exp(adt_t) U_{t-1} + c_t sum_j k_{t,j} v_{t,j}^T,
+    o_{t,i} = U_t^T q_{t,i} - m_t sum_j (q_{t,i} . k_{t,j}) v_{t,j},
+
+q_{t,i} and k_{t,i} turned by the angles theta_t inside the kernel (pairs (2l, 2l+1), as
+``rotate``; its backward turns the gradients back and returns theta's). The kernel takes
+(q, k, v, adt, c, m, U0, theta) and returns (o, U_L); autograd takes the gradients of c, m,
+U0 and theta back to dt, lam, omega and the initial state. Backward: from the state stored every ``chunk``
+steps, recomputing the chunk's states (memory B H (L / chunk + chunk) N P).
+
+Build: as :mod:`models.kernels.cpu_kernels` (the system C compiler, the same flag sets and
+cache directory; ``SSM_WORKBENCH_NO_CPU_KERNEL=1`` disables it); :func:`load` returns the
+reason when it cannot build, and the MIMO op then runs its SSD form.
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch
+
+from models.kernels import cpu_kernels as _ck
+
+ABI_VERSION = 1
+CHUNK = 64               # steps between stored states (the backward recomputes a chunk)
+_SOURCES = ("mamba3_mimo.c", "mamba3_mimo_impl.h")
+_loaded: tuple[ctypes.CDLL | None, str] | None = None
+
+
+def _compile(cc: str, out: Path, extra: list[str]) -> str:
+    """Compile to ``out`` atomically; "" on success, else the compiler's last line."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
+    os.close(fd)
+    cmd = [cc, *_ck._BASE_FLAGS, f"-I{_ck._SRC_DIR}", "-o", tmp, str(_ck._SRC_DIR / _SOURCES[0]),
+           *extra, "-lm"]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        os.unlink(tmp)
+        return f"{type(exc).__name__}: {exc}"
+    if proc.returncode != 0:
+        os.unlink(tmp)
+        return (proc.stderr.strip().splitlines() or ["failed"])[-1][:300]
+    os.replace(tmp, out)
+    return ""
+
+
+def _build_and_load() -> tuple[ctypes.CDLL | None, str]:
+    if os.environ.get("SSM_WORKBENCH_NO_CPU_KERNEL", "") not in ("", "0"):
+        return None, "disabled by SSM_WORKBENCH_NO_CPU_KERNEL"
+    cc = _ck._compiler()
+    if cc is None:
+        return None, "no C compiler found ($CC or cc)"
+    try:
+        version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return None, f"C compiler {cc} does not run: {exc}"
+    sources = b"".join((_ck._SRC_DIR / name).read_bytes() for name in _SOURCES)
+    errors = []
+    for extra in _ck._FLAG_SETS:
+        key = hashlib.sha256(b"\0".join([
+            sources, cc.encode(), version.encode(), " ".join(_ck._BASE_FLAGS + extra).encode(),
+            _ck._cpu_signature().encode()])).hexdigest()[:20]
+        for directory in (_ck.cache_dir(), Path(tempfile.gettempdir()) / "ssm-workbench-kernels"):
+            path = directory / f"mamba3_mimo-{key}.so"
+            try:
+                if not path.exists():
+                    err = _compile(cc, path, extra)
+                    if err:
+                        errors.append(f"{' '.join(extra) or 'plain'}: {err}")
+                        break
+                lib = ctypes.CDLL(str(path))
+            except OSError as exc:
+                errors.append(f"{path}: {exc}")
+                continue
+            if lib.m3_abi_version() != ABI_VERSION:
+                errors.append(f"{path}: ABI {lib.m3_abi_version()} != {ABI_VERSION}")
+                continue
+            for sfx in ("f32", "f64"):
+                for kind in ("m3_fwd", "m3_bwd"):
+                    fn = getattr(lib, f"{kind}_{sfx}")
+                    fn.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_long)]
+                    fn.restype = ctypes.c_int
+            return lib, ""
+    return None, "building the Mamba-3 MIMO CPU kernel failed: " + "; ".join(errors)
+
+
+def load() -> tuple[ctypes.CDLL | None, str]:
+    """(the library, "") or (None, why it is unavailable); built at most once per process."""
+    global _loaded
+    if _loaded is None:
+        _loaded = _build_and_load()
+    return _loaded
+
+
+def unsupported(v: torch.Tensor) -> str:
+    """Why the kernel cannot take these tensors ("" when it can)."""
+    if v.device.type != "cpu":
+        return f"tensors on {v.device.type!r}, the kernel runs on the CPU"
+    if v.dtype not in (torch.float32, torch.float64):
+        return f"dtype {v.dtype}: the kernel takes float32 or float64"
+    return load()[1]
+
+
+def _call(kind: str, dtype: torch.dtype, tensors: list[torch.Tensor], sizes: list[int]) -> None:
+    lib = load()[0]
+    if lib is None:
+        raise RuntimeError(f"Mamba-3 MIMO CPU kernel unavailable: {load()[1]}")
+    ptrs = (ctypes.c_void_p * len(tensors))(*[t.data_ptr() for t in tensors])
+    longs = (ctypes.c_long * len(sizes))(*sizes)
+    if getattr(lib, f"{kind}_{'f32' if dtype == torch.float32 else 'f64'}")(ptrs, longs) != 0:
+        raise MemoryError(f"Mamba-3 MIMO kernel {kind}: could not allocate a work buffer")
+
+
+class Mamba3MimoCPU(torch.autograd.Function):
+    """q, k (b, L, r, h, N) before rotation, v (b, L, r, h, P), adt, c, m (b, L, h), U0
+    (b, h, N, P), theta (b, L, h, R) (R = 0: no rotation), all one dtype -> (o (b, L, r, h,
+    P), U_L (b, h, N, P))."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, adt, c, m, U0, theta, chunk):
+        b, L, r, h, N = q.shape
+        P, R = v.shape[-1], theta.shape[-1]
+        q, k, v, adt, c, m, U0, theta = (t.contiguous() for t in (q, k, v, adt, c, m, U0, theta))
+        nck = -(-L // chunk)
+        o, UL, ck = v.new_empty(b, L, r, h, P), U0.new_empty(b, h, N, P), U0.new_empty(b, h, nck, N, P)
+        sizes = [b, L, r, h, N, P, chunk, torch.get_num_threads(), R]
+        _call("m3_fwd", v.dtype, [q, k, v, adt, c, m, U0, o, UL, ck, theta], sizes)
+        ctx.save_for_backward(q, k, v, adt, c, m, ck, theta)
+        ctx.sizes = sizes
+        return o, UL
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, do, dUL):
+        q, k, v, adt, c, m, ck, theta = ctx.saved_tensors
+        b, L, r, h, N, P, chunk, _, R = ctx.sizes
+        do = torch.zeros_like(v) if do is None else do.contiguous()
+        dUL = ck.new_zeros(b, h, N, P) if dUL is None else dUL.contiguous()
+        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        dadt, dc, dm, dU0 = (torch.empty_like(adt), torch.empty_like(c), torch.empty_like(m),
+                             ck.new_empty(b, h, N, P))
+        dtheta = torch.empty_like(theta)
+        sizes = [b, L, r, h, N, P, chunk, torch.get_num_threads(), R]
+        _call("m3_bwd", v.dtype, [q, k, v, adt, c, m, ck, do, dUL, dq, dk, dv, dadt, dc, dm, dU0,
+                                  theta, dtheta], sizes)
+        return dq, dk, dv, dadt, dc, dm, dU0, dtheta, None
+
+
+def mamba3_mimo_scan(q, k, v, adt, c, m, U0, theta, chunk: int | None = None):
+    """The fused recurrence (module doc), q and k turned by ``theta`` (b, L, h, R) inside (as
+    :func:`~models.kernels.mamba3_scan.rotate`); ``chunk`` steps between the backward's
+    stored states (default :data:`CHUNK`). Returns (o, U_L)."""
+    chunk = CHUNK if chunk is None else int(chunk)
+    if chunk < 1:
+        raise ValueError(f"mamba3_mimo_scan: chunk must be >= 1, got {chunk}")
+    why = unsupported(v)
+    if why:
+        raise ValueError(f"mamba3_mimo_scan: {why}")
+    return Mamba3MimoCPU.apply(q, k, v, adt, c, m, U0, theta, chunk)
