@@ -123,6 +123,19 @@ def _call(kind: str, dtype: torch.dtype, tensors: list[torch.Tensor], sizes: lis
         raise MemoryError(f"Mamba-3 MIMO kernel {kind}: could not allocate a work buffer")
 
 
+def _spread(theta: torch.Tensor, N: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and signed sin of theta (b, L, h, R) spread over N channels for the kernel's
+    pairwise rotation: C = (c_0, c_0, c_1, c_1, .., 1, ..), S = (-s_0, s_0, .., 0, ..)
+    (b, L, h, N). Computed here, vectorised: per step in C they cost as much as the step."""
+    R = theta.shape[-1]
+    C = theta.new_ones(*theta.shape[:-1], N)
+    S = theta.new_zeros(*theta.shape[:-1], N)
+    c, s = torch.cos(theta), torch.sin(theta)
+    C[..., 0:2 * R:2], C[..., 1:2 * R:2] = c, c
+    S[..., 0:2 * R:2], S[..., 1:2 * R:2] = -s, s
+    return C, S
+
+
 class Mamba3MimoCPU(torch.autograd.Function):
     """q, k (b, L, r, h, N) before rotation, v (b, L, r, h, P), adt, c, m (b, L, h), U0
     (b, h, N, P), theta (b, L, h, R) (R = 0: no rotation), all one dtype -> (o (b, L, r, h,
@@ -136,25 +149,26 @@ class Mamba3MimoCPU(torch.autograd.Function):
         nck = -(-L // chunk)
         o, UL, ck = v.new_empty(b, L, r, h, P), U0.new_empty(b, h, N, P), U0.new_empty(b, h, nck, N, P)
         sizes = [b, L, r, h, N, P, chunk, torch.get_num_threads(), R]
-        _call("m3_fwd", v.dtype, [q, k, v, adt, c, m, U0, o, UL, ck, theta], sizes)
-        ctx.save_for_backward(q, k, v, adt, c, m, ck, theta)
+        cos, sin = _spread(theta, N)
+        _call("m3_fwd", v.dtype, [q, k, v, adt, c, m, U0, o, UL, ck, cos, sin], sizes)
+        ctx.save_for_backward(q, k, v, adt, c, m, ck, cos, sin)
         ctx.sizes = sizes
         return o, UL
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, do, dUL):
-        q, k, v, adt, c, m, ck, theta = ctx.saved_tensors
+        q, k, v, adt, c, m, ck, cos, sin = ctx.saved_tensors
         b, L, r, h, N, P, chunk, _, R = ctx.sizes
         do = torch.zeros_like(v) if do is None else do.contiguous()
         dUL = ck.new_zeros(b, h, N, P) if dUL is None else dUL.contiguous()
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
         dadt, dc, dm, dU0 = (torch.empty_like(adt), torch.empty_like(c), torch.empty_like(m),
                              ck.new_empty(b, h, N, P))
-        dtheta = torch.empty_like(theta)
+        dtheta = cos.new_empty(b, L, h, R)
         sizes = [b, L, r, h, N, P, chunk, torch.get_num_threads(), R]
         _call("m3_bwd", v.dtype, [q, k, v, adt, c, m, ck, do, dUL, dq, dk, dv, dadt, dc, dm, dU0,
-                                  theta, dtheta], sizes)
+                                  cos, dtheta, sin], sizes)
         return dq, dk, dv, dadt, dc, dm, dU0, dtheta, None
 
 
@@ -165,7 +179,7 @@ def mamba3_mimo_scan(q, k, v, adt, c, m, U0, theta, chunk: int | None = None):
     chunk = CHUNK if chunk is None else int(chunk)
     if chunk < 1:
         raise ValueError(f"mamba3_mimo_scan: chunk must be >= 1, got {chunk}")
-    why = unsupported(v)
+    why = unsupported(v) or ("" if q.shape[-1] % 2 == 0 else f"odd state size {q.shape[-1]}")
     if why:
         raise ValueError(f"mamba3_mimo_scan: {why}")
     return Mamba3MimoCPU.apply(q, k, v, adt, c, m, U0, theta, chunk)

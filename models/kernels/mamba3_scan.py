@@ -315,7 +315,8 @@ def mamba3_mimo(q, k, v, adt, dt, lam, omega=None, initial_state=None,
     if backend in ("auto", "cpu") and lrb.resolve(backend, v.device.type) == "cpu":
         from models.kernels import mamba3_mimo_cpu
 
-        if mamba3_mimo_cpu.load()[0] is not None:     # else the SSD form below
+        # else the SSD form below (also for an odd state size: the kernel turns pairs)
+        if mamba3_mimo_cpu.load()[0] is not None and q.shape[-1] % 2 == 0:
             return _mimo(_fused, q, k, v, adt, dt, lam, omega, initial_state,
                          output_final_state, chunk_size)
     return _mimo(_chunked, q, k, v, adt, dt, lam, omega, initial_state, output_final_state,

@@ -1,6 +1,7 @@
 /* Body of mamba3_mimo.c for one scalar type REAL (suffix SFX). Layouts (all contiguous):
- * q, k (B, L, r, H, N); v, o (B, L, r, H, P); adt, c, m (B, L, H); theta (B, L, H, R), the
- * angles of the pairs (2l, 2l+1), l < R (R = 0: no rotation); U0, UL (B, H, N, P);
+ * q, k (B, L, r, H, N), N even; v, o (B, L, r, H, P); adt, c, m (B, L, H); C and S
+ * (B, L, H, N): the cos and signed sin of theta spread over the channels (m3_rot), theta
+ * the angles of the pairs (2l, 2l+1), l < R; dtheta (B, L, H, R); U0, UL (B, H, N, P);
  * ck (B, H, nck, N, P), nck = ceil(L / T): the state before steps 0, T, 2T, ...
  * sizes: B, L, r, H, N, P, T, threads, R. Returns 0, or -1 when a work buffer cannot be had.
  * The per-(batch, head) bodies are always inlined into callers with N and P fixed at
@@ -9,35 +10,38 @@
 
 #define M3_INLINE static inline __attribute__((always_inline))
 
-/* xr_i = rot(x_i, theta) for the r rows of one step (stride xs in x, N in xr) */
+/* xr_i = rot(x_i, theta) for the r rows of one step (stride xs in x, N in xr), with the
+ * step's cos and signed sin spread over the channels: C = (c_0, c_0, c_1, c_1, .., 1, ..),
+ * S = (-s_0, s_0, -s_1, s_1, .., 0, ..), so y_n = x_n C_n + x_(n xor 1) S_n, a loop over
+ * pairs that vectorises (N is even; channels past 2R have C = 1, S = 0). */
 M3_INLINE void SFX(m3_rot)(REAL *restrict xr, const REAL *restrict x, long xs, long r,
-                           long N, const REAL *restrict cs, const REAL *restrict sn, long R) {
+                           long N, const REAL *restrict C, const REAL *restrict S) {
     for (long i = 0; i < r; i++) {
-        const REAL *xi = x + i * xs;
+        const REAL *restrict xi = x + i * xs;
         REAL *restrict yi = xr + i * N;
-        for (long l = 0; l < R; l++) {
-            const REAL a = xi[2 * l], b = xi[2 * l + 1];
-            yi[2 * l] = a * cs[l] - b * sn[l];
-            yi[2 * l + 1] = a * sn[l] + b * cs[l];
+#pragma omp simd
+        for (long n = 0; n < N; n += 2) {
+            yi[n] = xi[n] * C[n] + xi[n + 1] * S[n];
+            yi[n + 1] = xi[n + 1] * C[n + 1] + xi[n] * S[n + 1];
         }
-        for (long n = 2 * R; n < N; n++) yi[n] = xi[n];
     }
 }
 
-/* dx_i = rot(dy_i, -theta) into x's layout (stride xs); dth[l] += sum_i dy_b y_a - dy_a y_b */
+/* dx_i = rot(dy_i, -theta) into x's layout (stride xs); z_n += dy_n y_(n xor 1), from which
+ * theta's gradient is z_(2l+1) - z_2l */
 M3_INLINE void SFX(m3_unrot)(REAL *restrict dx, long xs, const REAL *restrict dy,
-                             const REAL *restrict y, long r, long N, const REAL *restrict cs,
-                             const REAL *restrict sn, long R, REAL *restrict dth) {
+                             const REAL *restrict y, long r, long N, const REAL *restrict C,
+                             const REAL *restrict S, REAL *restrict z) {
     for (long i = 0; i < r; i++) {
-        const REAL *dyi = dy + i * N, *yi = y + i * N;
+        const REAL *restrict dyi = dy + i * N, *restrict yi = y + i * N;
         REAL *restrict dxi = dx + i * xs;
-        for (long l = 0; l < R; l++) {
-            const REAL da = dyi[2 * l], db = dyi[2 * l + 1];
-            dxi[2 * l] = da * cs[l] + db * sn[l];
-            dxi[2 * l + 1] = db * cs[l] - da * sn[l];
-            dth[l] += db * yi[2 * l] - da * yi[2 * l + 1];
+#pragma omp simd
+        for (long n = 0; n < N; n += 2) {
+            dxi[n] = dyi[n] * C[n] - dyi[n + 1] * S[n];
+            dxi[n + 1] = dyi[n + 1] * C[n + 1] - dyi[n] * S[n + 1];
+            z[n] += dyi[n] * yi[n + 1];
+            z[n + 1] += dyi[n + 1] * yi[n];
         }
-        for (long n = 2 * R; n < N; n++) dxi[n] = dyi[n];
     }
 }
 
@@ -76,30 +80,22 @@ M3_INLINE void SFX(m3_step)(REAL *restrict U, const REAL *restrict kr, const REA
     }
 }
 
-/* sin and cos of the step's angles */
-M3_INLINE void SFX(m3_sincos)(const REAL *th, long R, REAL *cs, REAL *sn) {
-    for (long l = 0; l < R; l++) {
-        cs[l] = cos(th[l]);
-        sn[l] = sin(th[l]);
-    }
-}
-
 M3_INLINE void SFX(m3_fwd_item)(void **ptr, const long *sz, long bh, REAL *work, long N, long P) {
     const REAL *q = ptr[0], *k = ptr[1], *v = ptr[2], *adt = ptr[3], *cc = ptr[4], *mm = ptr[5];
-    const REAL *U0 = ptr[6], *th = ptr[10];
+    const REAL *U0 = ptr[6], *cos_th = ptr[10], *sin_th = ptr[11];
     REAL *o = ptr[7], *UL = ptr[8], *ck = ptr[9];
     const long L = sz[1], r = sz[2], H = sz[3], T = sz[6], R = sz[8];
     const long NP = N * P, nck = (L + T - 1) / T, ks = H * N, vs = H * P;
     const long b = bh / H, h = bh % H;
-    REAL *U = work, *qr = U + NP, *kr = qr + r * N, *cs = kr + r * N, *sn = cs + R;
+    REAL *U = work, *qr = U + NP, *kr = qr + r * N;
     memcpy(U, U0 + bh * NP, sizeof(REAL) * NP);
     for (long t = 0; t < L; t++) {
         if (t % T == 0) memcpy(ck + (bh * nck + t / T) * NP, U, sizeof(REAL) * NP);
         const long bt = b * L + t, g = bt * H + h;
         const long qoff = (bt * r * H + h) * N, voff = (bt * r * H + h) * P;
-        SFX(m3_sincos)(th + g * R, R, cs, sn);
-        SFX(m3_rot)(qr, q + qoff, ks, r, N, cs, sn, R);
-        SFX(m3_rot)(kr, k + qoff, ks, r, N, cs, sn, R);
+        const REAL *cs = cos_th + g * N, *sn = sin_th + g * N;
+        SFX(m3_rot)(qr, q + qoff, ks, r, N, cs, sn);
+        SFX(m3_rot)(kr, k + qoff, ks, r, N, cs, sn);
         const REAL *vt = v + voff;
         REAL *ot = o + voff;
         SFX(m3_step)(U, kr, vt, vs, qr, ot, r, N, P, exp(adt[g]), cc[g]);
@@ -118,7 +114,7 @@ M3_INLINE void SFX(m3_fwd_item)(void **ptr, const long *sz, long bh, REAL *work,
     memcpy(UL + bh * NP, U, sizeof(REAL) * NP);
 }
 
-/* ptr: q, k, v, adt, c, m, U0, o, UL, ck, theta */
+/* ptr: q, k, v, adt, c, m, U0, o, UL, ck, C, S */
 int SFX(m3_fwd)(void **ptr, const long *sz) {
     const long B = sz[0], r = sz[2], H = sz[3], N = sz[4], P = sz[5], R = sz[8];
     const int threads = (int)sz[7];
@@ -126,7 +122,7 @@ int SFX(m3_fwd)(void **ptr, const long *sz) {
     (void)threads;
 #pragma omp parallel for num_threads(threads) schedule(dynamic, 1)
     for (long bh = 0; bh < B * H; bh++) {
-        REAL *work = malloc(sizeof(REAL) * (N * P + 2 * r * N + 2 * R + 1));
+        REAL *work = malloc(sizeof(REAL) * (N * P + 2 * r * N));
         if (!work) {
 #pragma omp atomic write
             failed = 1;
@@ -143,7 +139,7 @@ int SFX(m3_fwd)(void **ptr, const long *sz) {
 
 M3_INLINE void SFX(m3_bwd_item)(void **ptr, const long *sz, long bh, REAL *buf, long N, long P) {
     const REAL *q = ptr[0], *k = ptr[1], *v = ptr[2], *adt = ptr[3], *cc = ptr[4], *mm = ptr[5];
-    const REAL *ck = ptr[6], *dO = ptr[7], *dUL = ptr[8], *th = ptr[16];
+    const REAL *ck = ptr[6], *dO = ptr[7], *dUL = ptr[8], *cos_th = ptr[16], *sin_th = ptr[18];
     REAL *dq = ptr[9], *dk = ptr[10], *dv = ptr[11], *dadt = ptr[12], *dc = ptr[13];
     REAL *dm = ptr[14], *dU0 = ptr[15], *dth = ptr[17];
     const long L = sz[1], r = sz[2], H = sz[3], T = sz[6], R = sz[8];
@@ -153,7 +149,7 @@ M3_INLINE void SFX(m3_bwd_item)(void **ptr, const long *sz, long bh, REAL *buf, 
      * qr, kr, dqr, dkr (r, N): the step's rotated q, k and their gradients */
     REAL *Us = buf, *G = buf + (T + 1) * NP, *Gv = G + NP, *kG = Gv + r * N;
     REAL *qr = kG + r * P, *kr = qr + r * N, *dqr = kr + r * N, *dkr = dqr + r * N;
-    REAL *cs = dkr + r * N, *sn = cs + R;
+    REAL *z = dkr + r * N;
     memcpy(G, dUL + bh * NP, sizeof(REAL) * NP);
     for (long ci = nck - 1; ci >= 0; ci--) {
         const long t0 = ci * T, t1 = t0 + T < L ? t0 + T : L;
@@ -162,8 +158,7 @@ M3_INLINE void SFX(m3_bwd_item)(void **ptr, const long *sz, long bh, REAL *buf, 
             const long bt = b * L + t, g = bt * H + h, qoff = (bt * r * H + h) * N;
             REAL *Un = Us + (t - t0 + 1) * NP;
             memcpy(Un, Un - NP, sizeof(REAL) * NP);
-            SFX(m3_sincos)(th + g * R, R, cs, sn);
-            SFX(m3_rot)(kr, k + qoff, ks, r, N, cs, sn, R);
+            SFX(m3_rot)(kr, k + qoff, ks, r, N, cos_th + g * N, sin_th + g * N);
             SFX(m3_step)(Un, kr, v + (bt * r * H + h) * P, vs, NULL, NULL, r, N, P,
                          exp(adt[g]), cc[g]);
         }
@@ -174,9 +169,9 @@ M3_INLINE void SFX(m3_bwd_item)(void **ptr, const long *sz, long bh, REAL *buf, 
             REAL *dvt = dv + voff;
             const REAL *Ut = Us + (t - t0 + 1) * NP, *Up = Ut - NP;
             const REAL a = exp(adt[g]), c = cc[g], mt = mm[g];
-            SFX(m3_sincos)(th + g * R, R, cs, sn);
-            SFX(m3_rot)(qr, q + qoff, ks, r, N, cs, sn, R);
-            SFX(m3_rot)(kr, k + qoff, ks, r, N, cs, sn, R);
+            const REAL *cs = cos_th + g * N, *sn = sin_th + g * N;
+            SFX(m3_rot)(qr, q + qoff, ks, r, N, cs, sn);
+            SFX(m3_rot)(kr, k + qoff, ks, r, N, cs, sn);
             REAL gu = 0, gc = 0, gm = 0;
             for (long i = 0; i < r * P; i++) kG[i] = 0;
             /* rows of the state: G += sum_i qr_i do_i^T, dqr_i = U_t do_i, then the
@@ -242,10 +237,10 @@ M3_INLINE void SFX(m3_bwd_item)(void **ptr, const long *sz, long bh, REAL *buf, 
                     for (long p = 0; p < P; p++) dvj[p] += ms * doi[p];
                 }
             }
-            REAL *dthg = dth + g * R;
-            for (long l = 0; l < R; l++) dthg[l] = 0;
-            SFX(m3_unrot)(dq + qoff, ks, dqr, qr, r, N, cs, sn, R, dthg);
-            SFX(m3_unrot)(dk + qoff, ks, dkr, kr, r, N, cs, sn, R, dthg);
+            for (long n = 0; n < N; n++) z[n] = 0;
+            SFX(m3_unrot)(dq + qoff, ks, dqr, qr, r, N, cs, sn, z);
+            SFX(m3_unrot)(dk + qoff, ks, dkr, kr, r, N, cs, sn, z);
+            for (long l = 0; l < R; l++) dth[g * R + l] = z[2 * l + 1] - z[2 * l];
             dadt[g] = a * gu;
             dc[g] = gc;
             dm[g] = gm;
@@ -254,8 +249,8 @@ M3_INLINE void SFX(m3_bwd_item)(void **ptr, const long *sz, long bh, REAL *buf, 
     memcpy(dU0 + bh * NP, G, sizeof(REAL) * NP);
 }
 
-/* ptr: q, k, v, adt, c, m, ck, do, dUL, then dq, dk, dv, dadt, dc, dm, dU0, then theta,
- * dtheta (layouts as their forward twins); sizes as the forward. */
+/* ptr: q, k, v, adt, c, m, ck, do, dUL, then dq, dk, dv, dadt, dc, dm, dU0, then C,
+ * dtheta, S (layouts as their forward twins); sizes as the forward. */
 int SFX(m3_bwd)(void **ptr, const long *sz) {
     const long B = sz[0], r = sz[2], H = sz[3], N = sz[4], P = sz[5], T = sz[6], R = sz[8];
     const int threads = (int)sz[7];
@@ -263,7 +258,7 @@ int SFX(m3_bwd)(void **ptr, const long *sz) {
     (void)threads;
 #pragma omp parallel for num_threads(threads) schedule(dynamic, 1)
     for (long bh = 0; bh < B * H; bh++) {
-        REAL *buf = malloc(sizeof(REAL) * ((T + 2) * N * P + r * (5 * N + P) + 2 * R + 1));
+        REAL *buf = malloc(sizeof(REAL) * ((T + 2) * N * P + r * (5 * N + P) + N));
         if (!buf) {
 #pragma omp atomic write
             failed = 1;
