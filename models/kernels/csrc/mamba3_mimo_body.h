@@ -98,6 +98,7 @@ M3_INLINE void VSFX(m3_bwd_item)(void **ptr, const long *sz, long bh, REAL *buf,
     REAL *qr = kG + r * P, *kr = qr + r * N, *dqr = kr + r * N, *dkr = dqr + r * N;
     REAL *z = dkr + r * N;
     memcpy(G, dUL + bh * NP, sizeof(REAL) * NP);
+    REAL anext = 1;                 /* the decay of the step after the current one (none: 1) */
     for (long n = 0; n < N; n++)
         for (long p = 0; p < P; p++) GT[p * N + n] = G[n * P + p];
     for (long ci = nck - 1; ci >= 0; ci--) {
@@ -122,50 +123,43 @@ M3_INLINE void VSFX(m3_bwd_item)(void **ptr, const long *sz, long bh, REAL *buf,
             const REAL *cs = cos_th + g * N, *sn = sin_th + g * N;
             SFX(m3_rot)(qr, q + qoff, ks, r, N, cs, sn);
             SFX(m3_rot)(kr, k + qoff, ks, r, N, cs, sn);
-            /* G_t = a_{t+1} G_{t+1} (as stored) + sum_i qr_i do_i^T, in both layouts */
-            for (long n = 0; n < N; n++) {
-                for (long p = 0; p < P; p += W) {
-                    VEC x = LD(G + n * P + p);
-                    for (long i = 0; i < r; i++) x += LD(dot + i * vs + p) * qr[i * N + n];
-                    ST(G + n * P + p, x);
-                }
-            }
+            /* G_t = a_{t+1} G_{t+1} + sum_i qr_i do_i^T in both layouts (G_{t+1} stored
+             * unscaled, anext = a_{t+1}), each pass with the products that read it: in the
+             * transposed one <G_t, U_{t-1}> (exp(adt)'s gradient), dqr_i = U_t do_i and
+             * Gv_j = G_t v_j (lanes over n); in the row one kG_j = G_t^T kr_j (lanes over p) */
             VEC su = VZERO;
-            for (long p = 0; p < P; p++) {
-                for (long n = 0; n < N; n += W) {
-                    VEC x = LD(GT + p * N + n);
-                    for (long i = 0; i < r; i++) x += LD(qr + i * N + n) * dot[i * vs + p];
-                    ST(GT + p * N + n, x);
-                    su += x * LD(UTp + p * N + n);     /* <G_t, U_{t-1}>: exp(adt)'s gradient */
+            for (long n = 0; n < N; n += W) {
+                VEC x[r], y[r];
+                for (long i = 0; i < r; i++) x[i] = y[i] = VZERO;
+                for (long p = 0; p < P; p++) {
+                    VEC gt = LD(GT + p * N + n) * anext;
+                    for (long i = 0; i < r; i++) gt += LD(qr + i * N + n) * dot[i * vs + p];
+                    ST(GT + p * N + n, gt);
+                    su += gt * LD(UTp + p * N + n);
+                    const VEC u = LD(UTt + p * N + n);
+                    for (long i = 0; i < r; i++) {
+                        x[i] += u * dot[i * vs + p];
+                        y[i] += gt * vt[i * vs + p];
+                    }
+                }
+                for (long i = 0; i < r; i++) {
+                    ST(dqr + i * N + n, x[i]);
+                    ST(Gv + i * N + n, y[i]);
                 }
             }
             const REAL gu = HSUM(su);
-            /* dqr_i = U_t do_i and Gv_j = G_t v_j, lanes over n */
-            for (long i = 0; i < r; i++) {
-                const REAL *restrict doi = dot + i * vs, *restrict vi = vt + i * vs;
-                for (long n = 0; n < N; n += W) {
-                    VEC x = VZERO, y = VZERO;
-                    for (long p = 0; p < P; p++) {
-                        x += LD(UTt + p * N + n) * doi[p];
-                        y += LD(GT + p * N + n) * vi[p];
-                    }
-                    ST(dqr + i * N + n, x);
-                    ST(Gv + i * N + n, y);
+            for (long p = 0; p < P; p += W) {
+                VEC x[r];
+                for (long j = 0; j < r; j++) x[j] = VZERO;
+                for (long n = 0; n < N; n++) {
+                    VEC g = LD(G + n * P + p) * anext;
+                    for (long i = 0; i < r; i++) g += LD(dot + i * vs + p) * qr[i * N + n];
+                    ST(G + n * P + p, g);
+                    for (long j = 0; j < r; j++) x[j] += g * kr[j * N + n];
                 }
+                for (long j = 0; j < r; j++) ST(kG + j * P + p, x[j]);
             }
-            /* kG_j = G_t^T kr_j, lanes over p */
-            for (long j = 0; j < r; j++) {
-                const REAL *restrict kj = kr + j * N;
-                for (long p = 0; p < P; p += W) {
-                    VEC x = VZERO;
-                    for (long n = 0; n < N; n++) x += LD(G + n * P + p) * kj[n];
-                    ST(kG + j * P + p, x);
-                }
-            }
-            for (long e = 0; e < NP; e += W) {
-                ST(G + e, LD(G + e) * a);
-                ST(GT + e, LD(GT + e) * a);
-            }
+            anext = a;
             REAL gc = 0, gm = 0;
             for (long j = 0; j < r; j++) {
                 gc += SFX(m3_dot)(kr + j * N, Gv + j * N, N);
@@ -204,6 +198,6 @@ M3_INLINE void VSFX(m3_bwd_item)(void **ptr, const long *sz, long bh, REAL *buf,
             dm[g] = gm;
         }
     }
-    memcpy(dU0 + bh * NP, G, sizeof(REAL) * NP);
+    for (long e = 0; e < NP; e++) dU0[bh * NP + e] = anext * G[e];    /* a_1 G_1 */
 }
 
