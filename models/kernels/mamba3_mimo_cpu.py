@@ -123,19 +123,6 @@ def _call(kind: str, dtype: torch.dtype, tensors: list[torch.Tensor], sizes: lis
         raise MemoryError(f"Mamba-3 MIMO kernel {kind}: could not allocate a work buffer")
 
 
-def _spread(theta: torch.Tensor, N: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and signed sin of theta (b, L, h, R) spread over N channels for the kernel's
-    pairwise rotation: C = (c_0, c_0, c_1, c_1, .., 1, ..), S = (-s_0, s_0, .., 0, ..)
-    (b, L, h, N). Computed here, vectorised: per step in C they cost as much as the step."""
-    R = theta.shape[-1]
-    C = theta.new_ones(*theta.shape[:-1], N)
-    S = theta.new_zeros(*theta.shape[:-1], N)
-    c, s = torch.cos(theta), torch.sin(theta)
-    C[..., 0:2 * R:2], C[..., 1:2 * R:2] = c, c
-    S[..., 0:2 * R:2], S[..., 1:2 * R:2] = -s, s
-    return C, S
-
-
 class Mamba3MimoCPU(torch.autograd.Function):
     """q, k (b, L, r, h, N) before rotation, v (b, L, r, h, P), adt, c, m (b, L, h), U0
     (b, h, N, P), theta (b, L, h, R) (R = 0: no rotation), all one dtype -> (o (b, L, r, h,
@@ -149,7 +136,7 @@ class Mamba3MimoCPU(torch.autograd.Function):
         nck = -(-L // chunk)
         o, UL, ck = v.new_empty(b, L, r, h, P), U0.new_empty(b, h, N, P), U0.new_empty(b, h, nck, N, P)
         sizes = [b, L, r, h, N, P, chunk, torch.get_num_threads(), R]
-        cos, sin = _spread(theta, N)
+        cos, sin = torch.cos(theta), torch.sin(theta)       # vectorised here, not per step in C
         _call("m3_fwd", v.dtype, [q, k, v, adt, c, m, U0, o, UL, ck, cos, sin], sizes)
         ctx.save_for_backward(q, k, v, adt, c, m, ck, cos, sin)
         ctx.sizes = sizes

@@ -55,13 +55,13 @@ M3_INLINE void VSFX(m3_fwd_item)(void **ptr, const long *sz, long bh, REAL *work
     const long L = sz[1], H = sz[3], T = sz[6], R = sz[8];
     const long NP = N * P, nck = (L + T - 1) / T, ks = H * N, vs = H * P;
     const long b = bh / H, h = bh % H;
-    REAL *U = work, *qr = U + NP, *kr = qr + r * N;
+    REAL *U = work, *qr = U + NP, *kr = qr + r * N, *cs = kr + r * N, *sn = cs + N;
     memcpy(U, U0 + bh * NP, sizeof(REAL) * NP);
     for (long t = 0; t < L; t++) {
         if (t % T == 0) memcpy(ck + (bh * nck + t / T) * NP, U, sizeof(REAL) * NP);
         const long bt = b * L + t, g = bt * H + h;
         const long qoff = (bt * r * H + h) * N, voff = (bt * r * H + h) * P;
-        const REAL *cs = cos_th + g * N, *sn = sin_th + g * N;
+        SFX(m3_spread)(cs, sn, cos_th + g * R, sin_th + g * R, R, N);
         SFX(m3_rot)(qr, q + qoff, ks, r, N, cs, sn);
         SFX(m3_rot)(kr, k + qoff, ks, r, N, cs, sn);
         const REAL *vt = v + voff;
@@ -96,7 +96,7 @@ M3_INLINE void VSFX(m3_bwd_item)(void **ptr, const long *sz, long bh, REAL *buf,
      * q, k and their gradients; z (N): theta's gradient before its pair difference */
     REAL *Us = buf, *G = buf + (T + 1) * NP, *GT = G + NP, *Gv = GT + NP, *kG = Gv + r * N;
     REAL *qr = kG + r * P, *kr = qr + r * N, *dqr = kr + r * N, *dkr = dqr + r * N;
-    REAL *z = dkr + r * N;
+    REAL *z = dkr + r * N, *cs = z + N, *sn = cs + N;
     memcpy(G, dUL + bh * NP, sizeof(REAL) * NP);
     REAL anext = 1;                 /* the decay of the step after the current one (none: 1) */
     for (long n = 0; n < N; n++)
@@ -109,7 +109,8 @@ M3_INLINE void VSFX(m3_bwd_item)(void **ptr, const long *sz, long bh, REAL *buf,
         for (long t = t0; t < t1; t++) {
             const long bt = b * L + t, g = bt * H + h, qoff = (bt * r * H + h) * N;
             REAL *Un = Us + (t - t0 + 1) * NP;
-            SFX(m3_rot)(kr, k + qoff, ks, r, N, cos_th + g * N, sin_th + g * N);
+            SFX(m3_spread)(cs, sn, cos_th + g * R, sin_th + g * R, R, N);
+            SFX(m3_rot)(kr, k + qoff, ks, r, N, cs, sn);
             VSFX(m3_step_t)(Un, Un - NP, kr, v + (bt * r * H + h) * P, vs, r, N, P,
                            exp(adt[g]), cc[g]);
         }
@@ -120,7 +121,7 @@ M3_INLINE void VSFX(m3_bwd_item)(void **ptr, const long *sz, long bh, REAL *buf,
             REAL *dvt = dv + voff;
             const REAL *restrict UTt = Us + (t - t0 + 1) * NP, *restrict UTp = UTt - NP;
             const REAL a = exp(adt[g]), c = cc[g], mt = mm[g];
-            const REAL *cs = cos_th + g * N, *sn = sin_th + g * N;
+            SFX(m3_spread)(cs, sn, cos_th + g * R, sin_th + g * R, R, N);
             SFX(m3_rot)(qr, q + qoff, ks, r, N, cs, sn);
             SFX(m3_rot)(kr, k + qoff, ks, r, N, cs, sn);
             /* G_t = a_{t+1} G_{t+1} + sum_i qr_i do_i^T in both layouts (G_{t+1} stored

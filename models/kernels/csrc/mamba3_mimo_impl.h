@@ -1,7 +1,7 @@
 /* Body of mamba3_mimo.c for one scalar type REAL (suffix SFX). Layouts (all contiguous):
- * q, k (B, L, r, H, N), N even; v, o (B, L, r, H, P); adt, c, m (B, L, H); C and S
- * (B, L, H, N): the cos and signed sin of theta spread over the channels (m3_rot), theta
- * the angles of the pairs (2l, 2l+1), l < R; dtheta (B, L, H, R); U0, UL (B, H, N, P);
+ * q, k (B, L, r, H, N), N even; v, o (B, L, r, H, P); adt, c, m (B, L, H); cos and sin
+ * of theta and dtheta (B, L, H, R), theta the angles of the pairs (2l, 2l+1), l < R;
+ * U0, UL (B, H, N, P);
  * ck (B, H, nck, N, P), nck = ceil(L / T): the state before steps 0, T, 2T, ...
  * sizes: B, L, r, H, N, P, T, threads, R. Returns 0, or -1 when a work buffer cannot be had.
  * The per-(batch, head) bodies (mamba3_mimo_body.h) are always inlined into callers with
@@ -25,6 +25,20 @@ M3_INLINE void SFX(m3_rot)(REAL *restrict xr, const REAL *restrict x, long xs, l
             yi[n] = xi[n] * C[n] + xi[n + 1] * S[n];
             yi[n + 1] = xi[n + 1] * C[n + 1] + xi[n] * S[n + 1];
         }
+    }
+}
+
+/* C and S of the step (m3_rot) from its R cosines and sines */
+M3_INLINE void SFX(m3_spread)(REAL *restrict C, REAL *restrict S, const REAL *restrict cosv,
+                              const REAL *restrict sinv, long R, long N) {
+    for (long l = 0; l < R; l++) {
+        C[2 * l] = C[2 * l + 1] = cosv[l];
+        S[2 * l] = -sinv[l];
+        S[2 * l + 1] = sinv[l];
+    }
+    for (long n = 2 * R; n < N; n++) {
+        C[n] = 1;
+        S[n] = 0;
     }
 }
 
@@ -92,7 +106,7 @@ M3_INLINE REAL SFX(m3_hsum)(VEC x) {
 #undef HSUM
 #undef VSFX
 
-/* ptr: q, k, v, adt, c, m, U0, o, UL, ck, C, S */
+/* ptr: q, k, v, adt, c, m, U0, o, UL, ck, cos theta, sin theta */
 int SFX(m3_fwd)(void **ptr, const long *sz) {
     const long B = sz[0], r = sz[2], H = sz[3], N = sz[4], P = sz[5], R = sz[8];
     const int threads = (int)sz[7];
@@ -100,7 +114,7 @@ int SFX(m3_fwd)(void **ptr, const long *sz) {
     (void)threads;
 #pragma omp parallel for num_threads(threads) schedule(dynamic, 1)
     for (long bh = 0; bh < B * H; bh++) {
-        REAL *work = malloc(sizeof(REAL) * (N * P + 2 * r * N));
+        REAL *work = malloc(sizeof(REAL) * (N * P + 2 * r * N + 2 * N));
         if (!work) {
 #pragma omp atomic write
             failed = 1;
@@ -118,8 +132,8 @@ int SFX(m3_fwd)(void **ptr, const long *sz) {
     return failed ? -1 : 0;
 }
 
-/* ptr: q, k, v, adt, c, m, ck, do, dUL, then dq, dk, dv, dadt, dc, dm, dU0, then C,
- * dtheta, S (layouts as their forward twins); sizes as the forward. */
+/* ptr: q, k, v, adt, c, m, ck, do, dUL, then dq, dk, dv, dadt, dc, dm, dU0, then cos
+ * theta, dtheta, sin theta (layouts as their forward twins); sizes as the forward. */
 int SFX(m3_bwd)(void **ptr, const long *sz) {
     const long B = sz[0], r = sz[2], H = sz[3], N = sz[4], P = sz[5], T = sz[6], R = sz[8];
     const int threads = (int)sz[7];
@@ -127,7 +141,7 @@ int SFX(m3_bwd)(void **ptr, const long *sz) {
     (void)threads;
 #pragma omp parallel for num_threads(threads) schedule(dynamic, 1)
     for (long bh = 0; bh < B * H; bh++) {
-        REAL *buf = malloc(sizeof(REAL) * ((T + 3) * N * P + r * (5 * N + P) + N));
+        REAL *buf = malloc(sizeof(REAL) * ((T + 3) * N * P + r * (5 * N + P) + 3 * N));
         if (!buf) {
 #pragma omp atomic write
             failed = 1;
