@@ -31,6 +31,10 @@ needs the previous rotated B and x, (b, h, N) and (b, h, P) for SISO, (b, r, h, 
 MIMO's rotation is the SISO one (pairs (2i, 2i+1)), as mamba-ssm's step reference; its
 TileLang kernel pairs i with i + N/2, a fixed permutation of the state's channels.
 
+On a CPU, MIMO's backend ``cpu`` (``auto``'s choice there) is a fused C kernel instead
+(:mod:`models.kernels.mamba3_mimo_cpu`: rotation, rank-r update, readouts and the r x r term
+per step, backward by hand); the form below is its fallback and the ``torch`` backend.
+
 Chunked form (one SSD call): with mu_t = (1 - lam_t) dt_t, the trapezoid's previous-step
 term folds into the current keys, k'_{t,j} = (lam_t dt_t + mu_{t+1}) kr_{t,j}
 (mu_{L+1} := 0), the first step's term into the initial state, S'_0 = S_0 + mu_1 sum_j
