@@ -18,7 +18,7 @@ ask for "hf". A_log / dt_bias are not Linear parameters and keep their own init.
 """
 from __future__ import annotations
 
-from models.mamba import RecurrentStack
+from models.ssm.mamba import RecurrentStack
 from models.registry import register
 
 
@@ -34,7 +34,7 @@ def build_gla(d_model: int, n_layers: int, n_heads: int = 4, expand_k: float = 0
               gate_logit_normalizer: float = 16.0, chunk_size: int | None = None,
               backend: str = "auto", channel_mixer: str = "none", mlp_mult: float = 2.0,
               norm: str = "rms", dropout: float = 0.0) -> RecurrentStack:
-    from models.linear_mixers import GatedLinearAttention
+    from models.linear_rnn.linear_mixers import GatedLinearAttention
 
     return _stack(d_model, n_layers, lambda i: GatedLinearAttention(
         d_model, n_heads=n_heads, expand_k=expand_k, expand_v=expand_v,
@@ -49,7 +49,7 @@ def build_retnet(d_model: int, n_layers: int, n_heads: int = 4, expand_k: float 
                  expand_v: float = 2.0, rope_base: float = 10000.0, chunk_size: int | None = None,
                  backend: str = "auto", channel_mixer: str = "none", mlp_mult: float = 2.0,
                  norm: str = "rms", dropout: float = 0.0) -> RecurrentStack:
-    from models.linear_mixers import MultiScaleRetention
+    from models.linear_rnn.linear_mixers import MultiScaleRetention
 
     return _stack(d_model, n_layers, lambda i: MultiScaleRetention(
         d_model, n_heads=n_heads, expand_k=expand_k, expand_v=expand_v, rope_base=rope_base,
@@ -66,7 +66,7 @@ def build_linear_attention(d_model: int, n_layers: int, n_heads: int = 4,
                            backend: str = "auto", channel_mixer: str = "none",
                            mlp_mult: float = 2.0, norm: str = "rms",
                            dropout: float = 0.0) -> RecurrentStack:
-    from models.linear_mixers import LinearAttention
+    from models.linear_rnn.linear_mixers import LinearAttention
 
     return _stack(d_model, n_layers, lambda i: LinearAttention(
         d_model, n_heads=n_heads, expand_k=expand_k, expand_v=expand_v,
@@ -84,7 +84,7 @@ def build_deltanet(d_model: int, n_layers: int, n_heads: int = 4, expand_k: floa
                    mlp_mult: float = 2.0, norm: str = "rms", dropout: float = 0.0,
                    num_v_heads: int | None = None,
                    allow_neg_eigval: bool = False) -> RecurrentStack:
-    from models.linear_mixers import DeltaNet
+    from models.linear_rnn.linear_mixers import DeltaNet
 
     return _stack(d_model, n_layers, lambda i: DeltaNet(
         d_model, n_heads=n_heads, expand_k=expand_k, expand_v=expand_v,
@@ -105,7 +105,7 @@ def build_gated_deltanet(d_model: int, n_layers: int, n_heads: int = 4,
                          norm: str = "rms", dropout: float = 0.0,
                          num_v_heads: int | None = None,
                          allow_neg_eigval: bool = False) -> RecurrentStack:
-    from models.linear_mixers import GatedDeltaNet
+    from models.linear_rnn.linear_mixers import GatedDeltaNet
 
     return _stack(d_model, n_layers, lambda i: GatedDeltaNet(
         d_model, n_heads=n_heads, expand_k=expand_k, expand_v=expand_v,
@@ -126,7 +126,7 @@ def build_gated_deltaproduct(d_model: int, n_layers: int, n_heads: int = 4,
                              chunk_size: int | None = None, backend: str = "auto",
                              channel_mixer: str = "none", mlp_mult: float = 2.0,
                              norm: str = "rms", dropout: float = 0.0) -> RecurrentStack:
-    from models.linear_mixers import GatedDeltaProduct
+    from models.linear_rnn.linear_mixers import GatedDeltaProduct
 
     return _stack(d_model, n_layers, lambda i: GatedDeltaProduct(
         d_model, n_heads=n_heads, expand_k=expand_k, expand_v=expand_v,
@@ -145,7 +145,7 @@ def build_kda(d_model: int, n_layers: int, n_heads: int = 4, expand_k: float = 1
               chunk_size: int | None = None, backend: str = "auto", channel_mixer: str = "none",
               mlp_mult: float = 2.0, norm: str = "rms", dropout: float = 0.0,
               num_v_heads: int | None = None, allow_neg_eigval: bool = False) -> RecurrentStack:
-    from models.dplr_mixers import KimiDeltaAttention
+    from models.linear_rnn.dplr_mixers import KimiDeltaAttention
 
     return _stack(d_model, n_layers, lambda i: KimiDeltaAttention(
         d_model, n_heads=n_heads, expand_k=expand_k, expand_v=expand_v,
@@ -163,7 +163,7 @@ def build_rwkv7(d_model: int, n_layers: int, n_heads: int = 4, decay_low_rank_di
                 chunk_size: int | None = None, backend: str = "auto",
                 channel_mixer: str = "none", mlp_mult: float = 2.0, norm: str = "rms",
                 dropout: float = 0.0) -> RecurrentStack:
-    from models.dplr_mixers import RWKV7Attention
+    from models.linear_rnn.dplr_mixers import RWKV7Attention
 
     return _stack(d_model, n_layers, lambda i: RWKV7Attention(
         d_model, n_heads=n_heads, decay_low_rank_dim=decay_low_rank_dim,

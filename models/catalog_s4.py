@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import inspect
 
-from models.blocks import BLOCKS, DEFAULT_D_STATE, INNERS, NoGateBlock, SSMStack, grid_backbone
+from models.ssm.blocks import BLOCKS, DEFAULT_D_STATE, INNERS, NoGateBlock, SSMStack, grid_backbone
 from models.common import ResidualStack
-from models.h3 import H3
-from models.hyena import Hyena
+from models.ssm.h3 import H3
+from models.conv.hyena import Hyena
 from models.registry import register
-from models.s4 import S4
-from models.s4_dplr import S4DPLR
-from models.s4d import S4D
+from models.ssm.s4 import S4
+from models.ssm.s4_dplr import S4DPLR
+from models.ssm.s4d import S4D
 
 
 @register("s4", "S4 dense: per-channel N x N HiPPO-LegS, bilinear, kernel by repeated squaring; "

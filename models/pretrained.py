@@ -141,7 +141,7 @@ def mamba_from_checkpoint(path: str | Path, backend: str = "auto"):
     """The workbench's Mamba stack with a ``-hf`` checkpoint's weights (see module doc)."""
     from models import hub
     from models.common import RMSNorm
-    from models.mamba import Mamba, RecurrentStack
+    from models.ssm.mamba import Mamba, RecurrentStack
 
     given, path = path, hub.checkpoint_folder(str(path), "Mamba checkpoint")
     cfg = read_config(path)

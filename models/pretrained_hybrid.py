@@ -21,7 +21,7 @@ import torch
 import torch.nn as nn
 
 from models.pretrained import CheckpointError, HFCausalLMBackbone, mamba_from_checkpoint
-from models.projectors import Combiner, Splitter
+from models.hybrid.projectors import Combiner, Splitter
 
 
 class StitchedHybrid(nn.Module):

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 import models
-from models.forgetting_attention import (ForgettingAttention, forgetting_attn_ref, forgetting_attn_torch,
+from models.attention.forgetting_attention import (ForgettingAttention, forgetting_attn_ref, forgetting_attn_torch,
                                          resolve_backend)
 
 D = torch.float64

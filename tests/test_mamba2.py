@@ -12,10 +12,10 @@ import torch
 import torch.nn.functional as F
 
 import models
-from models import mamba2 as m2
+from models.ssm import mamba2 as m2
 from models.kernels import cpu_kernels
 from models.kernels.linear_rnn_backends import BackendError
-from models.mamba2 import Mamba2
+from models.ssm.mamba2 import Mamba2
 
 F64 = torch.float64
 

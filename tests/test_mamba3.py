@@ -13,7 +13,7 @@ import torch.nn.functional as F
 import models
 from models.kernels import linear_rnn, linear_rnn_backends as lrb
 from models.kernels.mamba3_scan import mamba3, mamba3_ref, rotate
-from models.mamba3 import Mamba3
+from models.ssm.mamba3 import Mamba3
 
 D64 = torch.float64
 CHUNKED = ["torch"] + (["cpu"] if lrb.cpu_status()[0] else [])

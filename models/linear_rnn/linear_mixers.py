@@ -457,7 +457,7 @@ def __getattr__(name: str):
     # The delta rules live in models/delta_mixers.py (which imports this module's base
     # class), re-exported lazily so either module can be imported first.
     if name in ("DeltaNet", "GatedDeltaNet", "GatedDeltaProduct"):
-        from models import delta_mixers
+        from models.linear_rnn import delta_mixers
 
         return getattr(delta_mixers, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

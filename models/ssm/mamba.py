@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from models.common import ResidualStack, stack_with_state
 from models.kernels import cpu_kernels, triton_kernels
 from models.kernels import selective_scan as ss
-from models.s6 import SelectiveSSM, resolve_dt_rank
+from models.ssm.s6 import SelectiveSSM, resolve_dt_rank
 
 MambaState = tuple[torch.Tensor, torch.Tensor]  # (conv_state, ssm_state)
 

@@ -19,10 +19,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from models.common import recomputed_in_slices, rms_norm
-from models.delta_mixers import _GatedBase, _int_option
+from models.linear_rnn.delta_mixers import _GatedBase, _int_option
 from models.kernels import generalized_delta
 from models.kernels.linear_rnn_backends import BackendError, get_op
-from models.linear_mixers import LinearRNNMixer, _dims
+from models.linear_rnn.linear_mixers import LinearRNNMixer, _dims
 
 __all__ = ["KimiDeltaAttention", "RWKV7Attention"]
 

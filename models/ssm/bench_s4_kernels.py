@@ -18,9 +18,9 @@ import time
 
 import torch
 
-from models.s4 import S4
-from models.s4_dplr import S4DPLR
-from models.s4d import S4D
+from models.ssm.s4 import S4
+from models.ssm.s4_dplr import S4DPLR
+from models.ssm.s4d import S4D
 
 H, N = 64, 64
 CONFIGS = {

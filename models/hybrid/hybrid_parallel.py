@@ -22,10 +22,10 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from models.attention import MLP, CausalSelfAttention
+from models.attention.attention import MLP, CausalSelfAttention
 from models.common import PreNormResidual
-from models.mamba import Mamba
-from models.projectors import Combiner, Splitter
+from models.ssm.mamba import Mamba
+from models.hybrid.projectors import Combiner, Splitter
 
 
 class ParallelBlock(nn.Module):

@@ -39,21 +39,21 @@ from typing import Any
 import torch.nn as nn
 
 from models.common import ResidualStack
-from models.mamba import RecurrentStack
+from models.ssm.mamba import RecurrentStack
 
 # code -> (name, module, class)
 MIXER_CODES: dict[str, tuple[str, str, str]] = {
-    "A": ("attention", "models.attention", "CausalSelfAttention"),
-    "W": ("sliding_window", "models.sliding_window", "SlidingWindowAttention"),
-    "M": ("mamba", "models.mamba", "Mamba"),
-    "2": ("mamba2", "models.mamba2", "Mamba2"),
-    "G": ("gla", "models.linear_mixers", "GatedLinearAttention"),
-    "R": ("retnet", "models.linear_mixers", "MultiScaleRetention"),
-    "L": ("linear_attention", "models.linear_mixers", "LinearAttention"),
-    "B": ("based", "models.based", "BasedLinearAttention"),
-    "D": ("deltanet", "models.linear_mixers", "DeltaNet"),
-    "N": ("gated_deltanet", "models.linear_mixers", "GatedDeltaNet"),
-    "C": ("base_conv", "models.based", "BaseConv"),
+    "A": ("attention", "models.attention.attention", "CausalSelfAttention"),
+    "W": ("sliding_window", "models.attention.sliding_window", "SlidingWindowAttention"),
+    "M": ("mamba", "models.ssm.mamba", "Mamba"),
+    "2": ("mamba2", "models.ssm.mamba2", "Mamba2"),
+    "G": ("gla", "models.linear_rnn.linear_mixers", "GatedLinearAttention"),
+    "R": ("retnet", "models.linear_rnn.linear_mixers", "MultiScaleRetention"),
+    "L": ("linear_attention", "models.linear_rnn.linear_mixers", "LinearAttention"),
+    "B": ("based", "models.linear_rnn.based", "BasedLinearAttention"),
+    "D": ("deltanet", "models.linear_rnn.linear_mixers", "DeltaNet"),
+    "N": ("gated_deltanet", "models.linear_rnn.linear_mixers", "GatedDeltaNet"),
+    "C": ("base_conv", "models.linear_rnn.based", "BaseConv"),
 }
 CODE_OF = {name: code for code, (name, _, _) in MIXER_CODES.items()}
 # mixers with a fixed-size recurrent state that can be a hybrid's recurrent branch

@@ -26,8 +26,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from models.common import causal_conv, conv_cache, recomputed_in_slices, rms_norm
-from models.linear_mixers import GatedHeadRMSNorm, HeadRMSNorm, LinearRNNMixer, _dims
-from models.short_conv import ShortConvolution
+from models.linear_rnn.linear_mixers import GatedHeadRMSNorm, HeadRMSNorm, LinearRNNMixer, _dims
+from models.conv.short_conv import ShortConvolution
 
 __all__ = ["DeltaNet", "GatedDeltaNet", "GatedDeltaProduct"]
 

@@ -22,8 +22,8 @@ import math
 import torch
 import torch.nn as nn
 
-from models.fftconv import LongConvLayer
-from models.hippo import legs
+from models.conv.fftconv import LongConvLayer
+from models.ssm.hippo import legs
 
 
 def bilinear(A: torch.Tensor, B: torch.Tensor, dt: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from models.attention import MLP, CausalSelfAttention, sinusoidal_positions
+from models.attention.attention import MLP, CausalSelfAttention, sinusoidal_positions
 from models.common import ResidualStack
 
 TRANSFORMER_POSITIONS = ("absolute", "learned", "rope", "xpos", "none")

@@ -23,11 +23,11 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from models.common import ResidualStack, stack_with_state
-from models.h3 import H3
-from models.hyena import HyenaFilterConv
-from models.s4 import S4
-from models.s4_dplr import S4DPLR
-from models.s4d import S4D
+from models.ssm.h3 import H3
+from models.conv.hyena import HyenaFilterConv
+from models.ssm.s4 import S4
+from models.ssm.s4_dplr import S4DPLR
+from models.ssm.s4d import S4D
 
 INNERS = ("s4", "s4_dplr", "s4d_real", "s4d_lin", "s4d_inv", "s6", "hyena")
 BLOCKS = ("none", "h3", "mamba")
@@ -49,7 +49,7 @@ def make_inner(inner: str, d: int, d_state: int | None = None) -> nn.Module:
         return S4DPLR(d, d_state=N)
     if inner.startswith("s4d_"):
         return S4D(d, d_state=N, init=inner[len("s4d_"):])
-    from models.s6 import S6   # the selective scan lives with the S6 / Mamba family
+    from models.ssm.s6 import S6   # the selective scan lives with the S6 / Mamba family
     return S6(d, d_state=N)
 
 

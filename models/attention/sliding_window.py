@@ -42,7 +42,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from models.attention import Rotary
+from models.attention.attention import Rotary
 from models.kernels.linear_rnn_backends import BackendError, check_backend
 
 SWA_POSITIONS = ("rope", "none")

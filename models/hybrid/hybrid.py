@@ -43,10 +43,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from models.attention import MLP, CausalSelfAttention
+from models.attention.attention import MLP, CausalSelfAttention
 from models.common import PreNormResidual, ResidualStack, make_norm
-from models.hybrid_pattern import make_recurrent
-from models.mamba import Mamba
+from models.hybrid.hybrid_pattern import make_recurrent
+from models.ssm.mamba import Mamba
 
 COMBINERS = ("null", "res", "gated-res")
 # the hybrid entry's Mamba options and their defaults (other recurrent kinds get them only

@@ -46,9 +46,9 @@ import torch
 import torch.nn as nn
 from torch.utils.checkpoint import checkpoint
 
-from models.fftconv import LongConvLayer
-from models.hippo import legs_dplr
-from models.s4 import init_log_dt, matrix_power_pow2, power_vectors, zoh
+from models.conv.fftconv import LongConvLayer
+from models.ssm.hippo import legs_dplr
+from models.ssm.s4 import init_log_dt, matrix_power_pow2, power_vectors, zoh
 
 
 def cauchy_woodbury(Lambda: torch.Tensor, W: torch.Tensor, dt: torch.Tensor,
