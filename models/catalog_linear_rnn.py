@@ -1,12 +1,12 @@
 """Registry entries for the linear-RNN family (issues 21, 35): GLA, RetNet, linear attention,
-DeltaNet, Gated DeltaNet and Gated DeltaProduct mixers (``models.linear_mixers``, ``models.delta_mixers``) in a
+DeltaNet, Gated DeltaNet and Gated DeltaProduct mixers (``models.linear_rnn.linear_mixers``, ``models.linear_rnn.delta_mixers``) in a
 pre-norm residual ``RecurrentStack``.
 
 Every entry takes ``n_heads``, ``backend`` ("auto" | "torch" | "ref" | "fla" | "cpu"), ``chunk_size``
 (the torch backend's chunk), ``channel_mixer`` ("none" | "swiglu": a pre-norm residual
 SwiGLU after each mixer, the Llama-style block of the fla models), ``mlp_mult``, ``norm``
 and ``dropout``, and has a fixed-size recurrent state (``state_size()``), so it streams
-(``models.mamba.stream``) and steps token by token.
+(``models.ssm.mamba.stream``) and steps token by token.
 
 Default init "torch" (PyTorch's fan-in scaled Linear init), not fla's ``_init_weights``
 (N(0, 0.02), scheme "hf"): 0.02 is sized for fla's widths of 1024 and more. At d_model 64 it

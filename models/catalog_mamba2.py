@@ -1,4 +1,4 @@
-"""Registry entries for Mamba-2 (models/mamba2.py) and Mamba-3 (models/mamba3.py)."""
+"""Registry entries for Mamba-2 (models/ssm/mamba2.py) and Mamba-3 (models/ssm/mamba3.py)."""
 from __future__ import annotations
 
 import math

@@ -2,7 +2,7 @@
 
 Stand-alone entries: ``s4`` (dense), ``s4_dplr``, ``s4d``, ``hyena``, ``h3``.
 Grid entries ``{block}_{inner}`` for block in {none, h3, mamba} and inner in
-{s4, s4_dplr, s4d_real, s4d_lin, s4d_inv, s6, hyena} (see ``models.blocks``); e.g.
+{s4, s4_dplr, s4d_real, s4d_lin, s4d_inv, s6, hyena} (see ``models.ssm.blocks``); e.g.
 ``mamba_s4d_real``, ``h3_s6``, ``none_hyena``.  (``s6`` and ``mamba`` themselves belong to
 ``catalog_s6``.)
 """

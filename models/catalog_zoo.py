@@ -56,7 +56,7 @@ def hybrid(d_model: int, n_layers: int, t_layers: int = 1, m_layers: int = 1,
            n_heads: int = 4, pos: str = "rope", mlp_mult: int = 4, d_state: int = 16,
            d_conv: int = 4, expand: int = 2, backend: str = "auto", norm: str = "rms",
            dropout: float = 0.0, recurrent: str = "mamba", channel_mixer: str = "none"):
-    """``recurrent``: the recurrent branch, one of models.hybrid_pattern.RECURRENT_NAMES
+    """``recurrent``: the recurrent branch, one of models.hybrid.hybrid_pattern.RECURRENT_NAMES
     (mamba, mamba2, gla, retnet, linear_attention, deltanet, gated_deltanet, based);
     d_state / d_conv / expand are Mamba's (another kind gets them only if changed, and then
     must take them). ``channel_mixer="swiglu"``: a SwiGLU (hidden mlp_mult * d_model) after
@@ -118,7 +118,7 @@ def sliding_window_attention(d_model: int, n_layers: int, n_heads: int = 4, wind
                              pos: str = "rope", channel_mixer: str = "none",
                              mlp_mult: float = 2.0, norm: str = "rms", dropout: float = 0.0,
                              backend: str = "auto"):
-    """Pre-norm residual stack of models.sliding_window.SlidingWindowAttention; recurrent
+    """Pre-norm residual stack of models.attention.sliding_window.SlidingWindowAttention; recurrent
     (step / forward_with_state / forward_chunked), state 2 * (window - 1) * d_model + 1 per layer."""
     from models.ssm.mamba import RecurrentStack
     from models.attention.sliding_window import SlidingWindowAttention
@@ -140,7 +140,7 @@ def sliding_window_attention(d_model: int, n_layers: int, n_heads: int = 4, wind
 def forgetting_transformer(d_model: int, n_layers: int, n_heads: int = 4, channel_mixer: str = "swiglu",
                            mlp_mult: float = 2.0, norm: str = "rms", dropout: float = 0.0,
                            backend: str = "auto"):
-    """Pre-norm residual stack of models.forgetting_attention.ForgettingAttention, each
+    """Pre-norm residual stack of models.attention.forgetting_attention.ForgettingAttention, each
     followed by a SwiGLU MLP (the paper's LLaMA-style blocks, RMSNorm); ``backend``: auto
     (fla's parallel_forgetting_attn on CUDA when installed, else torch), torch, ref, fla.
     Parameters per layer: 4 d^2 + (d + 1) n_heads + the MLP's and norms'."""
@@ -200,7 +200,7 @@ def interleaved(d_model: int, n_layers: int, pattern: str = "MMA", n_heads: int 
                 backend: str = "auto"):
     """``pattern`` is repeated / truncated to n_layers; codes A attention, W sliding window,
     M mamba, 2 mamba2, G gla, R retnet, L linear attention, B based, D deltanet, N gated
-    deltanet, C BaseConv (models.hybrid_pattern). Recurrent (fixed state) unless an A layer
+    deltanet, C BaseConv (models.hybrid.hybrid_pattern). Recurrent (fixed state) unless an A layer
     is present."""
     from models.hybrid.hybrid_pattern import build_interleaved
 

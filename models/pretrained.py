@@ -8,7 +8,7 @@ and the same code reads that folder. A missing or incomplete folder is an error 
 what was expected and how to get it.
 
 - **Mamba** (``model_type = "mamba"``, the ``state-spaces/mamba-*-hf`` checkpoints) is
-  loaded into the workbench's own Mamba (``models.mamba``): its parameter names are the
+  loaded into the workbench's own Mamba (``models.ssm.mamba``): its parameter names are the
   official ones, so ``backbone.layers.{i}.mixer.*`` map one to one and the model runs on
   the workbench's kernels (C on CPU, Triton on GPU). Widths come from the config
   (``intermediate_size`` -> d_inner, ``time_step_rank`` -> dt_rank, ``state_size``,

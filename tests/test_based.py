@@ -1,4 +1,4 @@
-"""Based (models/based.py): Taylor feature map, normalised linear attention, BaseConv, entry."""
+"""Based (models/linear_rnn/based.py): Taylor feature map, normalised linear attention, BaseConv, entry."""
 from __future__ import annotations
 
 import math

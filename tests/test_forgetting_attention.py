@@ -1,4 +1,4 @@
-"""Forgetting attention (FoX; issue 35 item 1; models/forgetting_attention.py), float64:
+"""Forgetting attention (FoX; issue 35 item 1; models/attention/forgetting_attention.py), float64:
 the fast SDPA form equals the definition (outputs and gradients, odd lengths); a forget
 gate of 1 is plain causal attention; streaming (KV cache + gates) equals the full forward;
 the registry entry builds, is causal, counts its parameters and reports no fixed state."""

@@ -1,4 +1,4 @@
-"""Interleaved hybrids (models/hybrid_pattern.py, entry ``interleaved``) and the ``hybrid``
+"""Interleaved hybrids (models/hybrid/hybrid_pattern.py, entry ``interleaved``) and the ``hybrid``
 entry's ``recurrent`` option."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The linear-RNN mixers (models/linear_mixers.py, models/delta_mixers.py) and their
+"""The linear-RNN mixers (models/linear_rnn/linear_mixers.py, models/linear_rnn/delta_mixers.py) and their
 registry entries (models/catalog_linear_rnn.py).
 
 Per mixer, float64: one forward == forward_with_state over uneven pieces == a step loop;

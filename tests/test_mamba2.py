@@ -1,4 +1,4 @@
-"""The Mamba-2 mixer (models/mamba2.py) and its registry entry ``mamba2``.
+"""The Mamba-2 mixer (models/ssm/mamba2.py) and its registry entry ``mamba2``.
 
 Shape, gradients and causality of the entry are checked by tests/test_registry_contract.py
 (``-k mamba2``). Here: an independent naive Mamba-2 (explicit per-head recurrence), the

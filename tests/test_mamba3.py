@@ -1,4 +1,4 @@
-"""Mamba-3 (models/kernels/mamba3_scan.py, models/mamba3.py): the chunked scan equals the
+"""Mamba-3 (models/kernels/mamba3_scan.py, models/ssm/mamba3.py): the chunked scan equals the
 step-by-step oracle (outputs, final state, gradients; initial state, odd lengths), the
 Euler end without rotation is Mamba-2's SSD, the scan agrees with a transcription of
 mamba-ssm's step reference, and the mixer streams exactly."""

@@ -1,4 +1,4 @@
-"""Sliding-window attention (models/sliding_window.py) and its registry entry."""
+"""Sliding-window attention (models/attention/sliding_window.py) and its registry entry."""
 from __future__ import annotations
 
 import math

@@ -11,7 +11,7 @@ Attention is multi-head, causal (always), with positions chosen by ``pos``:
 - ``"learned"``: a learned (max_len, d_model) table added to the input once; sequences
   longer than ``max_len`` are an error.
 - ``"rope"``, ``"xpos"``: rotary (and xPos-decayed rotary) positions on q and k in every
-  attention layer; see ``models.attention``.
+  attention layer; see ``models.attention.attention``.
 - ``"none"``: no positions at all (a causal Transformer can still infer some position
   from the mask, but this is the ablation, not a sensible baseline).
 """

@@ -6,7 +6,7 @@
   ``fla/layers/rwkv7.py``, BlinkDL/RWKV-LM): the generalised delta rule with a vector decay
   and an in-context learning rate.
 
-The mixer contract is ``models.linear_mixers``' (forward, forward_with_state, step,
+The mixer contract is ``models.linear_rnn.linear_mixers``' (forward, forward_with_state, step,
 init_state, state_size, backend, chunk_size); ``step`` runs the ``*_ref`` recurrence.
 Structure follows the fla layers; code written here.
 """
@@ -67,7 +67,7 @@ class KimiDeltaAttention(_RefStep, _GatedBase):
         y   = W_o [ rmsnorm_head(o) * sigmoid(x W_g1 W_g2 + b_g) ]   (low-rank output gate)
 
     A ~ U(1, 16) per value head (A_log = log A), dt_bias per key channel; neither decayed.
-    ``allow_neg_eigval``, ``num_v_heads``: see ``models.delta_mixers._DeltaBase``.
+    ``allow_neg_eigval``, ``num_v_heads``: see ``models.linear_rnn.delta_mixers._DeltaBase``.
     State: (S (batch, v heads, head_k_dim, head_v_dim), conv cache).
     """
 

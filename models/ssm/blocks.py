@@ -3,16 +3,16 @@
 An inner layer maps (batch, length, c) -> (batch, length, c) causally, with the channel
 count c given at construction (``make_inner``):
 
-    s4        dense S4, HiPPO-LegS, bilinear                 (models.s4)
-    s4_dplr   S4 DPLR ("S4 complex"), Cauchy kernel          (models.s4_dplr)
-    s4d_real  S4D-Real,  s4d_lin  S4D-Lin,  s4d_inv  S4D-Inv (models.s4d)
-    s6        selective SSM                                  (models.s6)
-    hyena     Hyena implicit long convolution                (models.hyena)
+    s4        dense S4, HiPPO-LegS, bilinear                 (models.ssm.s4)
+    s4_dplr   S4 DPLR ("S4 complex"), Cauchy kernel          (models.ssm.s4_dplr)
+    s4d_real  S4D-Real,  s4d_lin  S4D-Lin,  s4d_inv  S4D-Inv (models.ssm.s4d)
+    s6        selective SSM                                  (models.ssm.s6)
+    hyena     Hyena implicit long convolution                (models.conv.hyena)
 
 Blocks (each used as the mixer of a pre-norm residual stack):
 
     none   y = W_o GELU(inner(x))                              (the S4 layer's shape)
-    h3     y = W_o (Q * inner(shift(K) * V))                   (models.h3; inner = diag SSM)
+    h3     y = W_o (Q * inner(shift(K) * V))                   (models.ssm.h3; inner = diag SSM)
     mamba  x, z = W_in x (expand E);  x = SiLU(causal depthwise conv_4(x));
            y = W_o (inner(x) * SiLU(z))                        (inner has E d channels)
 """

@@ -13,7 +13,7 @@ with P = Abar^(2^j), append P @ (all columns so far), then P <- P @ P.  That dou
 number of columns per step: ceil(log2 L) batched matmuls.  Memory (d, N, L).
 
 This is the slow, exact reference of the S4 family (O(d N^2 L)); S4 with the Cauchy kernel
-is in ``models.s4_dplr`` and S4D in ``models.s4d``.
+is in ``models.ssm.s4_dplr`` and S4D in ``models.ssm.s4d``.
 """
 from __future__ import annotations
 
