@@ -142,7 +142,8 @@ def forgetting_transformer(d_model: int, n_layers: int, n_heads: int = 4, channe
                            backend: str = "auto"):
     """Pre-norm residual stack of models.attention.forgetting_attention.ForgettingAttention, each
     followed by a SwiGLU MLP (the paper's LLaMA-style blocks, RMSNorm); ``backend``: auto
-    (fla's parallel_forgetting_attn on CUDA when installed, else torch), torch, ref, fla.
+    (fla's parallel_forgetting_attn on CUDA when installed, the C kernel on a CPU when it
+    builds, else torch), torch (shift-trick fused SDPA), cpu, ref, fla.
     Parameters per layer: 4 d^2 + (d + 1) n_heads + the MLP's and norms'."""
     from models.common import ResidualStack
     from models.attention.forgetting_attention import ForgettingAttention

@@ -115,6 +115,17 @@ def slurm_cluster(tmp_path_factory):
         yield cluster
 
 
+@pytest.fixture
+def slurm_env(slurm_cluster, monkeypatch):
+    """Slurm's clients (called by workbench.execute.slurm) and the jobs find the test cluster;
+    its jobs are cancelled after the test."""
+    for k, v in slurm_cluster.env.items():
+        if os.environ.get(k) != v:
+            monkeypatch.setenv(k, v)
+    yield slurm_cluster
+    slurm_cluster.cancel_all()
+
+
 # SSM_WORKBENCH_TEST_CPU=FILE: one line per test (CPU seconds of this process, of the child
 # processes it waited for, and wall seconds), appended to FILE. On a loaded machine wall
 # times (--durations) mostly measure the load; CPU time says which tests cost the most.

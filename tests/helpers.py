@@ -84,6 +84,21 @@ def tiny_profile_text(name: str = "tiny", *, schema_version: int = 1, models=("l
     return "\n".join(lines) + "\n"
 
 
+# ---------------------------------------------------------------------------- real processes
+def wait_for(pred, timeout=120.0, poll=0.05):
+    """``pred()``'s first true value, polled every ``poll`` seconds; an AssertionError after
+    ``timeout`` seconds (for workers, schedulers and jobs in processes of their own)."""
+    import time
+
+    end = time.time() + timeout
+    while time.time() < end:
+        v = pred()
+        if v:
+            return v
+        time.sleep(poll)
+    raise AssertionError("condition not reached in time")
+
+
 # ---------------------------------------------------------------------------- the TUI on screen
 def screen_lines(app) -> list[str]:
     """The app's screen as drawn: one string a line (what capture-pane would show)."""
@@ -104,6 +119,20 @@ async def open_form(pilot):
     await pilot.press("f2")
     await pilot.pause()
     return pilot.app.query_one(SweepForm)
+
+
+def record_frames(app, what) -> list:
+    """``what(app)`` at every frame the app paints (a frame held by a batch is not painted)."""
+    frames: list = []
+    real = app._display
+
+    def display(screen, renderable):
+        if renderable is not None and not app._batch_count:
+            frames.append(what(app))
+        return real(screen, renderable)
+
+    app._display = display
+    return frames
 
 
 # ---------------------------------------------- linear-RNN operators against their references

@@ -149,7 +149,7 @@ def test_two_ranks_train_the_one_rank_curve(tmp_path, launched):
     assert [v for _, v in curve(s2, rid2, "eval")] == pytest.approx([v for _, v in curve(s1, rid1, "eval")], **TOL)
     # only rank 0 wrote: one row per step and name, as one process writes
     assert len(s2.metrics(rid2)) == len(s1.metrics(rid1))
-    assert s2.get(rid2).info["ranks"] == {"world": 2, "launcher": "self", "backend": "gloo"}
+    assert s2.get(rid2).info["ranks"] == {"world": 2, "launcher": "self", "backend": "gloo", "sharding": "ddp"}
 
 
 def test_a_killed_rank_fails_the_run_in_one_line(tmp_path, launched, monkeypatch):

@@ -19,15 +19,6 @@ from workbench.train import worker
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("slurm")]
 
 
-@pytest.fixture
-def slurm_env(slurm_cluster, monkeypatch):
-    for k, v in slurm_cluster.env.items():
-        if os.environ.get(k) != v:
-            monkeypatch.setenv(k, v)
-    yield slurm_cluster
-    slurm_cluster.cancel_all()
-
-
 def two_device_profile(executor: str):
     return profiles.loads(tomli_w.dumps({
         "schema_version": 1, "name": "slurm-ddp", "executor": executor,
@@ -55,7 +46,8 @@ def test_srun_starts_the_ranks_and_rank_0_alone_writes(slurm_env, tmp_path):
         time.sleep(0.5)
     r = store.get(rid)
     assert r.state == "finished", (r.state, r.error, r.info.get("slurm_state"))
-    assert r.info["ranks"] == {"world": 2, "launcher": "srun", "backend": "gloo"}
+    assert r.info["ranks"] == {"world": 2, "launcher": "srun", "backend": "gloo",
+                              "sharding": "ddp"}
     got = [(m["step"], m["value"]) for m in store.metrics(rid, "train", "loss")]
     assert [s for s, _ in got] == list(range(1, 9))  # each step's row once: one writer
 

@@ -84,8 +84,11 @@ def test_models_and_task_folders_are_checked_where_they_are_read(tmp_path, monke
     assert "'no/such/folder/here' is no folder here" in msg and "no such folder 'missing-tasks'" in msg
 
 
-def test_dry_run_lists_the_evaluations_and_queues_nothing(tmp_path, capsys):
+def test_dry_run_lists_the_evaluations_and_queues_nothing(tmp_path, monkeypatch, capsys):
+    from test_lm_eval_tasks import fake_index
     from workbench.cli import main
+
+    fake_index(monkeypatch, ["tiny_mc", "tiny_lambada"])  # the task names are checked: as lm-eval's
 
     (tmp_path / "m").mkdir()
     (tmp_path / "t").mkdir()
@@ -102,6 +105,9 @@ def test_the_shipped_table3_profile_passes_profile_check_and_offline_needs_the_h
         tmp_path, monkeypatch, capsys):
     from workbench.cli import main
 
+    from test_lm_eval_tasks import TABLE3, fake_index
+
+    fake_index(monkeypatch, TABLE3)  # lm-eval's real names: test_lm_eval_tasks.py's slow test
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))  # an empty cache
     monkeypatch.delenv("HF_HUB_CACHE", raising=False)
     p = P.load(SHIPPED, check_registries=False)

@@ -17,6 +17,7 @@ import time
 
 import pytest
 
+from helpers import tiny_profile_text, wait_for
 from workbench.train import checkpoint, worker
 from workbench import cli
 from workbench.execute import resume, scheduler
@@ -24,44 +25,15 @@ from workbench.store import run as store_run
 from workbench.spec.profile import expand, loads
 from workbench.store import Store
 
-# a few seconds of training on one CPU thread, a checkpoint along the way (so a finished
-# run has one to remove), heartbeats at each step's log
-PROFILE = """
-schema_version = 1
-name = "{name}"
-[task]
-name = "mad_selective_copying"
-vocab_size = 8
-num_tokens_to_copy = 2
-num_train_examples = 64
-num_test_examples = 16
-[sweep]
-models = ["lstm"]
-seq_lens = [10]
-seeds = [0]
-[model]
-d_model = 16
-n_layers = 1
-[train]
-steps = {steps}
-batch_size = 8
-lr = 3e-3
-eval_every = 100
-log_every = 1
-checkpoint_every = 20
-device = "cpu"
-"""
+
+def profile_text(name: str, steps: int) -> str:
+    """A few seconds of training on one CPU thread, a checkpoint along the way (so a finished
+    run has one to remove), heartbeats at each step's log."""
+    return tiny_profile_text(name, examples=(64, 16), seeds=(0,), d_model=16, steps=steps, batch_size=8,
+                             lr=3e-3, eval_every=100, log_every=1, checkpoint_every=20, device="cpu")
+
+
 TIMEOUT_S = 3.0  # the heartbeat timeout these tests run under (default 30 s)
-
-
-def wait_for(pred, timeout=120.0, poll=0.05):
-    end = time.time() + timeout
-    while time.time() < end:
-        v = pred()
-        if v:
-            return v
-        time.sleep(poll)
-    raise AssertionError("condition not reached in time")
 
 
 def counts(store, rid):
@@ -77,7 +49,7 @@ def real_run(tmp_path, monkeypatch):
     the end whatever happened."""
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     monkeypatch.setenv("SSM_WORKBENCH_HEARTBEAT_TIMEOUT", str(TIMEOUT_S))
-    prof = loads(PROFILE.format(name="live", steps=400))
+    prof = loads(profile_text("live", steps=400))
     store = Store(tmp_path / "st")
     (rid,) = scheduler.submit(store, prof)
     r = wait_for(lambda: (x := store.get(rid)).state == "running" and x.step >= 5 and x, poll=0.01)
@@ -201,7 +173,7 @@ def test_no_requeue_resume_or_replay_deletes_final_results(tmp_path, monkeypatch
     monkeypatch.setattr(scheduler.subprocess, "Popen", lambda *a, **k: type("P", (), {"pid": os.getpid()})())
     monkeypatch.setattr(resume, "pid_alive", lambda *a: False)  # the workers here are gone
     s = Store(tmp_path)
-    prof = loads(PROFILE.format(name="keep", steps=10).replace("seeds = [0]", "seeds = [0, 1, 2]"))
+    prof = loads(profile_text("keep", steps=10).replace("seeds = [0]", "seeds = [0, 1, 2]"))
     crashed, killed, partial = scheduler.submit(s, prof)
     for rid, state in ((crashed, "crashed"), (killed, "killed"), (partial, "failed")):
         started(s, rid, pid=1, host="elsewhere")
@@ -229,7 +201,7 @@ def test_no_requeue_resume_or_replay_deletes_final_results(tmp_path, monkeypatch
 def test_a_worker_whose_end_is_not_recorded_keeps_its_checkpoint(tmp_path, monkeypatch):
     """Killed while it recorded its last results: the run stays killed, and the checkpoint
     (the state a resume would go on from) is not removed."""
-    prof = loads(PROFILE.format(name="ck", steps=40))
+    prof = loads(profile_text("ck", steps=40))
     s = Store(tmp_path)
     (rid,) = s.add_runs([sp.to_dict() for sp in expand(prof)])
     real = worker.Trainer.timed_steps

@@ -420,3 +420,28 @@ def test_a_hub_id_is_read_from_the_hugging_face_cache_offline(made, tmp_path, mo
 
     with pytest.raises(ModelRefError, match="HF_HUB_OFFLINE"):
         adapter("tiny-org/absent")
+
+
+@needs_lm_eval
+def test_the_adapter_reports_how_far_into_a_task_it_is():
+    """progress(done, total) after each batch of log-likelihoods and each generation, up to
+    (total, total): what an evaluation run turns into its progress within a task."""
+    from lm_eval.api.instance import Instance
+
+    from workbench.train.lm_eval_adapter import LoadedLM, WorkbenchLM
+
+    torch.manual_seed(0)
+    table = torch.randn(16, 16)
+    lm = LoadedLM(name="bytes", logits=lambda ids: table[ids], eot_id=0, prefix_id=0, max_length=32,
+                  encode=lambda text, special=None: [1 + ord(c) % 15 for c in text],
+                  decode=lambda ids, skip=True: "".join(chr(96 + i) for i in ids), device=torch.device("cpu"))
+    seen = []
+    a = WorkbenchLM(lm, batch_size=2)
+    a.progress = lambda done, total: seen.append((done, total))
+    reqs = [Instance("loglikelihood", {}, (f"context {i}", " x"), i) for i in range(5)]
+    assert len(a.loglikelihood(reqs)) == 5
+    assert seen == [(2, 5), (4, 5), (5, 5)]
+    seen.clear()
+    gen = [Instance("generate_until", {}, (c, {"until": ["\n"], "max_gen_toks": 2}), i) for i, c in enumerate("ab")]
+    a.generate_until(gen)
+    assert seen == [(1, 2), (2, 2)]

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 import models
 from models.kernels import linear_rnn, linear_rnn_backends as lrb
-from models.kernels.mamba3_scan import mamba3, mamba3_ref, rotate
+from models.kernels.mamba3_scan import mamba3, mamba3_ref, rotate, rotate_fast
 from models.ssm.mamba3 import Mamba3
 
 D64 = torch.float64
@@ -36,29 +36,43 @@ def test_rotate_turns_pairs_and_keeps_the_rest():
     torch.testing.assert_close(y, torch.tensor([0.0, 1.0, -2.0, 0.0, 5.0], dtype=D64))
 
 
+def assert_op_equals_ref(op, ref, x, s0, **kw):
+    """op(**x) == ref(**x) from initial state s0: outputs, the four state tensors and the
+    gradients of a random functional of both w.r.t. every input and initial-state tensor."""
+    leaves = [t.requires_grad_() for t in (*x.values(), *s0) if t is not None]
+    o1, s1 = ref(**x, initial_state=s0, output_final_state=True)
+    o2, s2 = op(**x, initial_state=s0, output_final_state=True, **kw)
+    torch.testing.assert_close(o2, o1, rtol=1e-10, atol=1e-10)
+    for a, c in zip(s2, s1):
+        torch.testing.assert_close(a, c, rtol=1e-10, atol=1e-10)
+    w, ws = torch.randn_like(o1), [torch.randn_like(t) for t in s1]
+    loss = lambda o, s: (o * w).sum() + sum((a * c).sum() for a, c in zip(s, ws))  # noqa: E731
+    g1 = torch.autograd.grad(loss(o1, s1), leaves, allow_unused=True)
+    g2 = torch.autograd.grad(loss(o2, s2), leaves, allow_unused=True)
+    for a, c in zip(g2, g1):
+        if c is None:
+            assert a is None or a.abs().max() == 0
+        else:
+            torch.testing.assert_close(a, c, rtol=1e-9, atol=1e-9)
+
+
+def test_rotate_fast_equals_rotate_with_its_own_backward():
+    """The chunked forms' rotation (hand-written backward): values, and gradients by
+    gradcheck, with theta broadcast over a rank axis as MIMO's."""
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(2, 3, 4, 2, 10, generator=g, dtype=D64, requires_grad=True)
+    th = torch.randn(2, 3, 1, 2, 3, generator=g, dtype=D64, requires_grad=True)
+    torch.testing.assert_close(rotate_fast(x, th), rotate(x, th), rtol=1e-14, atol=1e-14)
+    assert torch.autograd.gradcheck(rotate_fast, (x, th))
+
+
 @pytest.mark.parametrize("backend", CHUNKED)
 @pytest.mark.parametrize("R", [2, 0])
 @pytest.mark.parametrize("L", [1, 37])
 def test_chunked_equals_ref_outputs_state_and_gradients(backend, R, L):
     x, s0 = _inputs(L=L, R=R)
-    leaves = [t.requires_grad_() for t in x.values() if t is not None]
-    leaves += [t.requires_grad_() for t in s0]
-    o1, s1 = mamba3_ref(**x, initial_state=s0, output_final_state=True)
     kw = {"chunk_size": 8} if backend == "torch" else {}
-    o2, s2 = mamba3(**x, initial_state=s0, output_final_state=True, backend=backend, **kw)
-    torch.testing.assert_close(o2, o1, rtol=1e-10, atol=1e-10)
-    for a, b in zip(s2, s1):
-        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
-    w = torch.randn_like(o1)
-    ws = [torch.randn_like(t) for t in s1]
-    loss = lambda o, s: (o * w).sum() + sum((a * c).sum() for a, c in zip(s, ws))  # noqa: E731
-    g1 = torch.autograd.grad(loss(o1, s1), leaves, allow_unused=True)
-    g2 = torch.autograd.grad(loss(o2, s2), leaves, allow_unused=True)
-    for a, b in zip(g2, g1):
-        if b is None:
-            assert a is None or a.abs().max() == 0
-        else:
-            torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-9)
+    assert_op_equals_ref(mamba3, mamba3_ref, x, s0, backend=backend, **kw)
 
 
 def test_state_carry_chains_exactly():
@@ -184,32 +198,47 @@ def test_bad_options_are_one_line_errors():
         Mamba3(16, backend="nope")
 
 
-def test_mimo_chunked_equals_ref_and_rank_one_is_siso():
-    from models.kernels.mamba3_scan import mamba3_mimo, mamba3_mimo_ref
-    x, s0 = _inputs(L=23)
-    g = torch.Generator().manual_seed(5)
-    r = 3
-    b, L, h, N = x["q"].shape
+def _mimo_inputs(L, R, r=3, seed=5):
+    """SISO-like inputs with a rank axis: q, k, v (b, L, r, h, .), state kr/v_prev (b, r, h, .)."""
+    x, s0 = _inputs(L=L, R=R, seed=seed)
+    g = torch.Generator().manual_seed(seed + 1)
+    b, _, h, N = x["q"].shape
     P = x["v"].shape[-1]
-    q, k, v = (torch.randn(b, L, r, h, n, generator=g, dtype=D64) for n in (N, N, P))
-    s0 = (s0[0], s0[1], torch.randn(b, r, h, N, dtype=D64), torch.randn(b, r, h, P, dtype=D64))
-    leaves = [t.requires_grad_() for t in (q, k, v, x["adt"], x["lam"], x["omega"], s0[1], s0[2])]
-    rest = dict(adt=x["adt"], dt=x["dt"], lam=x["lam"], omega=x["omega"], initial_state=s0,
-                output_final_state=True)
-    o1, s1 = mamba3_mimo_ref(q, k, v, **rest)
-    o2, s2 = mamba3_mimo(q, k, v, chunk_size=7, **rest)
-    torch.testing.assert_close(o2, o1, rtol=1e-10, atol=1e-10)
-    for a, c in zip(s2, s1):
-        torch.testing.assert_close(a, c, rtol=1e-10, atol=1e-10)
-    w = torch.randn_like(o1)
-    g1 = torch.autograd.grad((o1 * w).sum() + s1[1].sum(), leaves)
-    g2 = torch.autograd.grad((o2 * w).sum() + s2[1].sum(), leaves)
-    for a, c in zip(g2, g1):
-        torch.testing.assert_close(a, c, rtol=1e-9, atol=1e-9)
-    one = dict(rest, initial_state=None, output_final_state=False)
-    o3 = mamba3_mimo(q[:, :, :1], k[:, :, :1], v[:, :, :1], **one)[0]
-    o4 = mamba3(q[:, :, 0], k[:, :, 0], v[:, :, 0], **one, backend="torch")[0]
+    for name, n in (("q", N), ("k", N), ("v", P)):
+        x[name] = torch.randn(b, L, r, h, n, generator=g, dtype=D64)
+    s0 = (s0[0], s0[1], torch.randn(b, r, h, N, generator=g, dtype=D64),
+          torch.randn(b, r, h, P, generator=g, dtype=D64))
+    return x, s0
+
+
+@pytest.mark.parametrize("backend", CHUNKED)
+@pytest.mark.parametrize("R", [2, 0])
+@pytest.mark.parametrize("L", [1, 23])
+def test_mimo_chunked_equals_ref_outputs_state_and_gradients(backend, R, L):
+    """One SSD call over the L r rank positions (chunk 7 splits steps' ranks across chunks)
+    plus the per-step r x r correction == the step-by-step MIMO recurrence."""
+    from models.kernels.mamba3_scan import mamba3_mimo, mamba3_mimo_ref
+    x, s0 = _mimo_inputs(L, R)
+    kw = {"chunk_size": 7} if backend == "torch" else {}
+    assert_op_equals_ref(mamba3_mimo, mamba3_mimo_ref, x, s0, backend=backend, **kw)
+
+
+def test_mimo_rank_one_is_siso_and_state_chains():
+    from models.kernels.mamba3_scan import mamba3_mimo, mamba3_mimo_ref
+    x, s0 = _mimo_inputs(L=19, R=2)
+    one = {n: t[:, :, :1] if n in "qkv" else t for n, t in x.items()}
+    o3 = mamba3_mimo(**one, backend="torch")[0]
+    o4 = mamba3(**{n: t[:, :, 0] if n in "qkv" else t for n, t in x.items()}, backend="torch")[0]
     torch.testing.assert_close(o3[:, :, 0], o4, rtol=1e-11, atol=1e-11)
+    o, s = mamba3_mimo_ref(**x, initial_state=s0, output_final_state=True)
+    cut = 8
+    oa, sa = mamba3_mimo(**{n: t[:, :cut] for n, t in x.items()}, initial_state=s0,
+                         output_final_state=True, backend="torch")
+    ob, sb = mamba3_mimo(**{n: t[:, cut:] for n, t in x.items()}, initial_state=sa,
+                         output_final_state=True, backend="torch")
+    torch.testing.assert_close(torch.cat([oa, ob], 1), o, rtol=1e-11, atol=1e-11)
+    for a, c in zip(sb, s):
+        torch.testing.assert_close(a, c, rtol=1e-11, atol=1e-11)
 
 
 @pytest.mark.parametrize("kw", [{"mimo_rank": 2}, {"mimo_rank": 3, "outproj_norm": True}])

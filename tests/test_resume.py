@@ -2,16 +2,17 @@
 last checkpoint and ends with the metrics of the uninterrupted run; checkpoints are
 written atomically; ``resume`` refuses runs without one; a replayed profile skips finished
 runs and requeues unfinished ones instead of duplicating them."""
+import functools
 import os
 import signal
 import subprocess
 import sys
-import time
 from types import SimpleNamespace
 
 import pytest
 import torch
 
+import helpers
 from tasks import metrics as task_metrics
 from workbench.train import checkpoint, worker
 from workbench.execute import resume, scheduler
@@ -425,14 +426,7 @@ def test_neutral_settings_do_not_change_a_runs_identity():
 
 
 # --------------------------------------------------------------------------- real processes
-def wait_for(pred, timeout=90.0, poll=0.1):
-    end = time.time() + timeout
-    while time.time() < end:
-        v = pred()
-        if v:
-            return v
-        time.sleep(poll)
-    raise AssertionError("condition not reached in time")
+wait_for = functools.partial(helpers.wait_for, timeout=90.0, poll=0.1)  # this file's defaults
 
 
 def test_preempted_worker_process_resumes_through_the_scheduler(tmp_path, monkeypatch):

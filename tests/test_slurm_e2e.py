@@ -22,16 +22,6 @@ from workbench.store import Store
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("slurm")]
 
 
-@pytest.fixture
-def slurm_env(slurm_cluster, monkeypatch):
-    """Slurm's clients (called by workbench.execute.slurm) and the jobs find the test cluster."""
-    for k, v in slurm_cluster.env.items():
-        if os.environ.get(k) != v:
-            monkeypatch.setenv(k, v)
-    yield slurm_cluster
-    slurm_cluster.cancel_all()
-
-
 def slurm_profile(name: str, steps: int, seeds=(0,), checkpoint_every: int = 0, **settings):
     return profiles.loads(tomli_w.dumps({
         "schema_version": 1, "name": name, "executor": "slurm",

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import pytest
 
+from helpers import tiny_profile_text
 from workbench.train import checkpoint, worker
 from workbench import cli
 from workbench.execute import resume
@@ -35,35 +36,11 @@ from workbench.store.progress import command
 
 ROOT = Path(__file__).resolve().parent.parent
 
-PROFILE = """
-schema_version = 1
-name = "faults"
-[task]
-name = "mad_selective_copying"
-vocab_size = 8
-num_tokens_to_copy = 2
-num_train_examples = 64
-num_test_examples = 16
-[sweep]
-models = ["lstm"]
-seq_lens = [10]
-[model]
-d_model = 16
-n_layers = 1
-[train]
-steps = {steps}
-batch_size = 8
-lr = 3e-3
-warmup_steps = 2
-eval_every = {eval_every}
-log_every = 1
-checkpoint_every = {checkpoint_every}
-device = "cpu"
-"""
-
 
 def profile_text(steps=40, eval_every=20, checkpoint_every=10):
-    return PROFILE.format(steps=steps, eval_every=eval_every, checkpoint_every=checkpoint_every)
+    return tiny_profile_text("faults", examples=(64, 16), d_model=16, steps=steps, batch_size=8, lr=3e-3,
+                             warmup_steps=2, eval_every=eval_every, log_every=1,
+                             checkpoint_every=checkpoint_every, device="cpu")
 
 
 def spec(**kw):

@@ -15,9 +15,23 @@ Operators in fla's calling convention (q, k, v: (batch, length, heads, d_head); 
 forget gate, (batch, length, heads)):
 
 - :func:`forgetting_attn_ref`: the definition, an explicit masked softmax (any dtype);
-- :func:`forgetting_attn_torch`: ``scaled_dot_product_attention`` with the decay bias as an
-  additive float mask (fused softmax and matmuls on a CPU);
+- :func:`forgetting_attn_step_ref`: the same one query at a time against the KV cache, as
+  decoding runs it (the step-by-step reference the fast forms are timed against);
+- :func:`forgetting_attn_torch`: PyTorch's fused causal ``scaled_dot_product_attention``
+  with the decay folded into one extra head channel (the shift trick below);
+- ``cpu``: :mod:`models.kernels.forgetting_attn_cpu`, a flash-style C kernel with a
+  hand-written backward (``auto`` on a CPU when it builds; else ``torch``);
 - fla's ``parallel_forgetting_attn`` (Triton) on CUDA when installed: picked by ``auto``.
+
+The shift trick. For a fixed query i, c_i is one constant over its keys and softmax ignores
+a per-row shift, so softmax_j(s_ij + c_i - c_j) = softmax_j(s_ij - c_j): only a per-KEY bias
+-c_j remains, and q'_i = [q_i, 1/scale], k'_j = [k_j, -c_j] give scale q'_i . k'_j =
+scale q_i . k_j - c_j. Plain causal attention on (q', k', [v, 0]) is FoX exactly, and
+autograd reaches c (so the gates) through k'. In float32 the rounding error of -c_j is
+eps |c_j|, and |c| grows with the position (up to L |log f|): so the queries go in blocks,
+each with c re-centred at its first position (k'_j = [k_j, c_s - c_j], from a float64 c)
+against the keys up to its end under a lower-right causal mask: the pairs that carry weight
+then have |c_s - c_j| of one block's decay, and the others (far back) weigh ~exp(-|bias|).
 
 State for step-by-step inference is the KV cache plus the running sum ``c_t``: it grows
 with the length (``state_size()`` is None, as for attention).
@@ -31,7 +45,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-BACKENDS = ("auto", "torch", "ref", "fla")
+BACKENDS = ("auto", "torch", "cpu", "ref", "fla")
 
 
 def fla_status():
@@ -43,9 +57,16 @@ def fla_status():
     return parallel_forgetting_attn, None
 
 
+def cpu_status() -> str:
+    """"" when the C kernel (backend ``cpu``) is built and loads, else why not."""
+    from models.kernels import forgetting_attn_cpu
+    return forgetting_attn_cpu.load()[1]
+
+
 def resolve_backend(backend: str, device_type: str) -> str:
     """The backend that runs for tensors on ``device_type``: ``auto`` is fla on CUDA when
-    installed, else ``torch``; ``fla`` elsewhere or uninstalled is a ValueError."""
+    installed, the C kernel on a CPU when it builds, else ``torch``; ``fla`` or ``cpu``
+    where they cannot run is a ValueError."""
     if backend not in BACKENDS:
         raise ValueError(f"backend {backend!r} unknown for forgetting attention; expected one of "
                          f"{', '.join(BACKENDS)}")
@@ -55,6 +76,12 @@ def resolve_backend(backend: str, device_type: str) -> str:
             return "fla"
         if backend == "fla":
             raise ValueError(f"backend 'fla' unavailable: {why}; use 'auto' or 'torch'")
+    if backend == "cpu" or (backend == "auto" and device_type == "cpu"):
+        why = f"tensors on {device_type!r}, the kernel runs on the CPU" if device_type != "cpu" else cpu_status()
+        if not why:
+            return "cpu"
+        if backend == "cpu":
+            raise ValueError(f"backend 'cpu' unavailable: {why}; use 'auto' or 'torch'")
     return "torch" if backend == "auto" else backend
 
 
@@ -81,38 +108,71 @@ def forgetting_attn_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: to
     return torch.einsum("bhij,bjhd->bihd", p, v)
 
 
-QUERY_BLOCK = 512
+def forgetting_attn_step_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
+                             scale: float | None = None) -> torch.Tensor:
+    """One query at a time against the keys up to its position, as decoding with a KV
+    cache runs (shapes as :func:`forgetting_attn_ref`): the step-by-step reference."""
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    off = k.shape[1] - q.shape[1]
+    c = torch.cumsum(g, dim=1)                                    # (batch, n_key, heads)
+    out = []
+    for r in range(q.shape[1]):
+        p = off + r
+        logits = torch.einsum("bhd,bjhd->bhj", q[:, r], k[:, :p + 1]) * scale \
+            + (c[:, p:p + 1] - c[:, :p + 1]).transpose(1, 2)      # + c_p - c_j
+        out.append(torch.einsum("bhj,bjhd->bhd", torch.softmax(logits, dim=-1), v[:, :p + 1]))
+    return torch.stack(out, dim=1)
+
+
+QUERY_BLOCK = 256
 
 
 def forgetting_attn_torch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
                           scale: float | None = None, dropout_p: float = 0.0,
                           block: int = QUERY_BLOCK) -> torch.Tensor:
-    """Same as :func:`forgetting_attn_ref` through ``scaled_dot_product_attention`` with D
-    as its additive mask (shapes as there). Queries go ``block`` at a time, each against
-    the keys up to its last position only: the causal half of the logits is never formed
-    (half the work at long lengths) and the mask is (block x keys), not (L x L)."""
-    n_query, n_key = q.shape[1], k.shape[1]
+    """Same as :func:`forgetting_attn_ref` by the shift trick (module doc): fused causal
+    ``scaled_dot_product_attention`` on q' = [q, 1/scale], k' = [k, c_s - c_j], v' = [v, 0],
+    ``block`` queries at a time, c re-centred at each block's first position s (float64
+    cumulative sum). The first block of a full sequence is square (``is_causal``); the
+    others see the keys up to their end under a lower-right causal mask. Shapes as there."""
+    n_query, n_key, d = q.shape[1], k.shape[1], q.shape[-1]
+    scale = 1.0 / math.sqrt(d) if scale is None else scale
+    off = n_key - n_query                                         # position of query 0
     qh, kh, vh = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-    c = torch.cumsum(g.float() if g.dtype in (torch.float16, torch.bfloat16) else g, dim=1).transpose(1, 2)
+    c = torch.cumsum(g.to(torch.float64), dim=1).transpose(1, 2)  # (batch, heads, n_key)
+    q1 = torch.cat([qh, qh.new_full((*qh.shape[:-1], 1), 1.0 / scale)], dim=-1)
+    v1 = F.pad(vh, (0, 1))
     out = []
     for s in range(0, n_query, block):
         e = min(s + block, n_query)
-        last = n_key - n_query + e                            # keys 0 .. last-1 are visible
-        i = torch.arange(n_key - n_query + s, last, device=q.device)[:, None]
-        j = torch.arange(last, device=q.device)[None, :]
-        d = (c[..., i[:, 0], None] - c[..., None, :last]).masked_fill(j > i, float("-inf"))
-        out.append(F.scaled_dot_product_attention(qh[:, :, s:e], kh[:, :, :last], vh[:, :, :last],
-                                                  attn_mask=d.to(q.dtype), dropout_p=dropout_p, scale=scale))
+        first, last = off + s, off + e                            # keys 0 .. last-1 are visible
+        bias = (c[..., first:first + 1] - c[..., :last]).to(q.dtype)[..., None]   # c_s - c_j
+        k1 = torch.cat([kh[:, :, :last], bias], dim=-1)
+        if first == 0:                                            # square: plain causal
+            o = F.scaled_dot_product_attention(q1[:, :, s:e], k1, v1[:, :, :last], is_causal=True,
+                                               dropout_p=dropout_p, scale=scale)
+        else:
+            i = torch.arange(first, last, device=q.device)[:, None]
+            mask = torch.zeros(e - s, last, dtype=q.dtype, device=q.device).masked_fill(
+                torch.arange(last, device=q.device)[None, :] > i, float("-inf"))
+            o = F.scaled_dot_product_attention(q1[:, :, s:e], k1, v1[:, :, :last], attn_mask=mask,
+                                               dropout_p=dropout_p, scale=scale)
+        out.append(o[..., :d])
     return torch.cat(out, dim=2).transpose(1, 2)
 
 
 def forgetting_attn(q, k, v, g, scale=None, backend: str = "auto", dropout_p: float = 0.0):
-    """Dispatch to the backend ``resolve_backend`` picks (shapes as the reference)."""
+    """Dispatch to the backend ``resolve_backend`` picks (shapes as the reference). The C
+    kernel has no dropout: a training step with dropout goes to ``torch``."""
     b = resolve_backend(backend, q.device.type)
     if b == "fla" and q.shape[1] == k.shape[1] and dropout_p == 0.0:
         return fla_status()[0](q, k, v, g, scale=scale)
     if b == "ref":
         return forgetting_attn_ref(q, k, v, g, scale)
+    if b == "cpu" and dropout_p == 0.0:
+        from models.kernels.forgetting_attn_cpu import forgetting_attn_cpu, unsupported
+        if not unsupported(q):
+            return forgetting_attn_cpu(q, k, v, g, scale)
     return forgetting_attn_torch(q, k, v, g, scale, dropout_p)
 
 
@@ -133,10 +193,10 @@ class ForgettingAttention(nn.Module):
         super().__init__()
         if n_heads < 1 or d_model % n_heads:
             raise ValueError(f"n_heads={n_heads} must be >= 1 and divide d_model={d_model}")
-        resolve_backend(backend, "cpu")  # an unknown name fails here, not at the first step
+        # an unknown name fails here, not at the first step; the backend a CPU would use
+        self.backend = resolve_backend(backend, "cpu")
         self.d_model, self.n_heads, self.d_head = d_model, n_heads, d_model // n_heads
         self.requested, self.dropout = backend, dropout
-        self.backend = "torch" if backend in ("auto", "fla") else backend
         self.qkv = nn.Linear(d_model, 3 * d_model, bias=False)
         self.fgate = nn.Linear(d_model, n_heads, bias=True)
         self.out_proj = nn.Linear(d_model, d_model, bias=False)
@@ -163,7 +223,7 @@ class ForgettingAttention(nn.Module):
         keys, values and gates appended)."""
         q, k, v, g = self._project(x)
         s = FoXState(torch.cat([state.k, k], 1), torch.cat([state.v, v], 1), torch.cat([state.g, g], 1))
-        y = forgetting_attn_torch(q, s.k, s.v, s.g)
+        y = forgetting_attn(q, s.k, s.v, s.g, backend=resolve_backend(self.requested, x.device.type))
         return self.out_proj(y.reshape(x.shape)), s
 
     def step(self, x_t: torch.Tensor, state: FoXState) -> tuple[torch.Tensor, FoXState]:
@@ -176,3 +236,28 @@ class ForgettingAttention(nn.Module):
 
     def extra_repr(self) -> str:
         return f"d_model={self.d_model}, n_heads={self.n_heads}, backend={self.requested!r}"
+
+
+OPS = ("forgetting_attn",)   # bench --ops: the operator alone
+
+
+def get_op(name: str, backend: str, device_type: str = "cpu"):
+    """(fn(q, k, v, g) -> o, resolved backend) for bench --ops; ``ref`` is the step-by-step
+    reference (:func:`forgetting_attn_step_ref`), the others as :func:`resolve_backend`."""
+    if name not in OPS:
+        raise KeyError(f"unknown forgetting-attention op {name!r}; known: {', '.join(OPS)}")
+    if backend == "ref":
+        return forgetting_attn_step_ref, "ref"
+    resolved = resolve_backend(backend, device_type)
+    return (lambda q, k, v, g: forgetting_attn(q, k, v, g, backend=resolved)), resolved
+
+
+def make_inputs(batch: int, L: int, heads: int, dim: int, dtype=torch.float32, seed: int = 0,
+                device="cpu", gate_range: tuple[float, float] = (-0.5, 0.0)) -> list[torch.Tensor]:
+    """Random leaves requiring grad: q, k, v (batch, L, heads, dim) and log forget gates
+    (batch, L, heads) uniform in ``gate_range``."""
+    gen = torch.Generator().manual_seed(seed)
+    lo, hi = gate_range
+    t = [torch.randn(batch, L, heads, dim, generator=gen, dtype=dtype) for _ in range(3)]
+    t.append(lo + (hi - lo) * torch.rand(batch, L, heads, generator=gen, dtype=dtype))
+    return [x.to(device).requires_grad_() for x in t]

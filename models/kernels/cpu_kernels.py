@@ -38,7 +38,7 @@ _MIN_ITEMS = 8           # backward work items per call (at least; see Selective
 CHUNK_LEN = 32          # steps between stored states; backward recomputes a chunk at a time
 _SRC_DIR = Path(__file__).parent / "csrc"
 _SOURCES = ("cpu_kernels.c", "selective_scan_impl.h", "causal_conv1d_impl.h",
-            "linear_rnn_impl.h")
+            "linear_rnn_impl.h", "dplr_impl.h")
 # -ffp-contract=fast: a * b + c as one fused multiply-add where the CPU has one (ISO C mode
 # forbids the compiler to contract by itself; the linear-RNN kernel's inner loops are FMAs)
 _BASE_FLAGS = ["-O3", "-std=c11", "-fPIC", "-shared", "-pthread", "-fno-math-errno",
@@ -137,7 +137,8 @@ def _build_and_load() -> tuple[ctypes.CDLL | None, str]:
 
 def _declare(lib: ctypes.CDLL) -> None:
     for sfx in ("f32", "f64"):
-        for kind in ("ss_fwd", "ss_bwd", "conv_fwd", "conv_bwd", "lrnn_fwd", "lrnn_bwd"):
+        for kind in ("ss_fwd", "ss_bwd", "conv_fwd", "conv_bwd", "lrnn_fwd", "lrnn_bwd",
+                     "dplr_fwd", "dplr_bwd"):
             fn = getattr(lib, f"{kind}_{sfx}")
             fn.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_long)]
             fn.restype = ctypes.c_int

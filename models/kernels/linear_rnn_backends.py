@@ -2,13 +2,15 @@
 
 The operators are those of :mod:`models.kernels.linear_rnn` (``linear_attention``,
 ``simple_gla``, ``gla``, ``delta_rule``, ``gated_delta_rule``, ``gated_delta_product``) and
-of :mod:`models.kernels.generalized_delta` (``rwkv7``, ``kda``: torch, ref and fla only), all
+of :mod:`models.kernels.generalized_delta` (``rwkv7``, ``kda``; their C form is
+:mod:`models.kernels.generalized_delta_cpu`), all
 with fla's argument convention, so one call site serves every backend. Grouped value heads
 (v with a multiple of q/k's heads) run on every backend: the chunked and C forms and the
 fla wrappers repeat q and k to v's heads.
 
 - ``torch``: the chunkwise-parallel PyTorch form (CPU and GPU).
-- ``cpu``:   the recurrence in C with a hand-written backward (:mod:`models.kernels.linear_rnn_cpu`,
+- ``cpu``:   the recurrence in C with a hand-written backward (:mod:`models.kernels.linear_rnn_cpu`;
+  rwkv7 and kda: :mod:`models.kernels.generalized_delta_cpu`, 12-25x ``ref`` at L = 4096;
   built with the system C compiler on first use); CPU tensors only. The default on a CPU
   when it builds: at L = 4096 (batch 8, 4 heads of 32, two threads) forward + backward
   21-31x faster than ``ref`` and 1.8-5.3x faster than ``torch``, with 2.5-4.3x less
@@ -44,7 +46,7 @@ _FLA_NAMES = {
     "delta_rule": ("fla.ops.delta_rule", "chunk_delta_rule"),
     "gated_delta_rule": ("fla.ops.gated_delta_rule", "chunk_gated_delta_rule"),
     "gated_delta_product": ("fla.ops.gated_delta_product", "chunk_gated_delta_product"),
-    # models.kernels.generalized_delta (no C form: backend cpu is refused, auto takes torch)
+    # models.kernels.generalized_delta (C form: models.kernels.generalized_delta_cpu)
     "rwkv7": ("fla.ops.generalized_delta_rule", "chunk_dplr_delta_rule"),
     "kda": ("fla.ops.kda", "chunk_kda"),
 }
@@ -164,13 +166,14 @@ def get_op(name: str, backend: str, device_type: str = "cpu") -> tuple[Callable,
     known = {**linear_rnn.ALL_OPS, **generalized_delta.OPS}
     if name not in known:
         raise KeyError(f"unknown linear-RNN op {name!r}; known: {', '.join(known)}")
-    if name in generalized_delta.OPS:                  # rwkv7, kda: no C form
-        if backend == "cpu":
-            raise BackendError(f"backend 'cpu' has no C kernel for {name!r}; use 'auto' or 'torch'")
+    if name in generalized_delta.OPS:                  # rwkv7, kda: C form in their own module
         chosen = resolve(backend, device_type)
-        chosen = "torch" if chosen == "cpu" else chosen
         if chosen == "fla":
             return _fla_op(name), chosen
+        if chosen == "cpu":
+            from models.kernels import generalized_delta_cpu
+
+            return generalized_delta_cpu.OPS[name], chosen
         chunked, ref = generalized_delta.OPS[name]
         return (ref if chosen == "ref" else chunked), chosen
     chosen = resolve(backend, device_type)

@@ -1,35 +1,46 @@
-"""The Mamba-3 SISO recurrence (Lahoti, Li, Chen, Wang, Bick, Kolter, Dao, Gu, "Mamba-3:
-Improved Sequence Modeling using State Space Principles", ICLR 2026): a step-by-step
-oracle :func:`mamba3_ref` and a chunked form :func:`mamba3` built on the workbench's SSD
-(``simple_gla``). Written from the paper and from the step reference in state-spaces/mamba
-``tests/ops/triton/test_mamba3_siso.py`` (``mamba3_siso_step_ref``); no code copied.
+"""The Mamba-3 recurrence, SISO and MIMO (Lahoti, Li, Chen, Wang, Bick, Kolter, Dao, Gu,
+"Mamba-3: Improved Sequence Modeling using State Space Principles", ICLR 2026): step-by-step
+oracles :func:`mamba3_ref` / :func:`mamba3_mimo_ref` and chunked forms :func:`mamba3` /
+:func:`mamba3_mimo`, each one call of the workbench's SSD (``simple_gla``: C kernel, chunked
+PyTorch or fla). Written from the paper and from the step references in state-spaces/mamba
+``tests/ops/triton/test_mamba3_siso.py`` (``mamba3_siso_step_ref``) and
+``tests/ops/tilelang/test_mamba3_mimo.py`` (``mamba3_MIMO_step_ref``); no code copied.
 
-Shapes (one head count for q, k and v; the mixer broadcasts B/C groups to heads):
+SISO shapes (one head count for q, k and v; the mixer broadcasts B/C groups to heads):
     q, k   (batch, L, heads, N)   C and B (biases already added, not yet rotated)
     v      (batch, L, heads, P)   x
     adt    (batch, L, heads)      log decay A_t dt_t (<= 0)
     dt     (batch, L, heads)      step size dt_t (> 0)
     lam    (batch, L, heads)      trapezoid weight lambda_t in [0, 1] (sigmoid of trap)
     omega  (batch, L, heads, R) or None, R <= N / 2: rotation rates (tanh(angle) * pi)
+MIMO (rank r) puts a rank axis after L: q, k (batch, L, r, heads, N), v (batch, L, r,
+heads, P) (x already up-projected per rank); adt, dt, lam and omega as SISO.
 
 Per head, with theta_t = theta_{t-1} + omega_t dt_t (mod 2 pi), kr_t = rot(k_t, theta_t),
 qr_t = rot(q_t, theta_t) (pairs (2i, 2i+1) of the state turned by theta_t[i], i < R, the
 rest unchanged: the complex state written as data-dependent rotary embeddings), and
 alpha_t = exp(adt_t):
 
-    S_t = alpha_t S_{t-1} + (1 - lam_t) dt_t alpha_t kr_{t-1} v_{t-1}^T + lam_t dt_t kr_t v_t^T
-    o_t = S_t^T qr_t
+    S_t = alpha_t S_{t-1} + (1 - lam_t) dt_t alpha_t sum_j kr_{t-1,j} v_{t-1,j}^T
+          + lam_t dt_t sum_j kr_{t,j} v_{t,j}^T,              o_{t,i} = S_t^T qr_{t,i}
 
-(exponential-trapezoidal rule; lam = 1 is Mamba-2's Euler step: S_t = alpha_t S_{t-1} +
-dt_t k_t v_t^T.) The state carried across calls is (theta (b, h, R), S (b, h, N, P),
-kr_prev (b, h, N), v_prev (b, h, P)): the trapezoid needs the previous rotated B and x.
-mamba-ssm keeps S as (b, h, P, N); here it is the SSD operator's (N, P) layout.
+(exponential-trapezoidal rule; SISO is rank 1; lam = 1 is Mamba-2's Euler step.) The state
+carried across calls is (theta (b, h, R), S (b, h, N, P), kr_prev, v_prev): the trapezoid
+needs the previous rotated B and x, (b, h, N) and (b, h, P) for SISO, (b, r, h, N) and
+(b, r, h, P) for MIMO. mamba-ssm keeps S as (b, h, P, N); here it is the SSD's (N, P).
+MIMO's rotation is the SISO one (pairs (2i, 2i+1)), as mamba-ssm's step reference; its
+TileLang kernel pairs i with i + N/2, a fixed permutation of the state's channels.
 
 Chunked form (one SSD call): with mu_t = (1 - lam_t) dt_t, the trapezoid's previous-step
-term folds into the current key, k'_t = (lam_t dt_t + mu_{t+1}) kr_t (mu_{L+1} := 0), the
-first step's term into the initial state, S'_0 = S_0 + mu_1 kr_0 v_0^T, and the diagonal is
-corrected, o_t = SSD_t - mu_{t+1} (qr_t . kr_t) v_t. The SSD's running state is then
-S_t + mu_{t+1} kr_t v_t^T, which at t = L is S_L.
+term folds into the current keys, k'_{t,j} = (lam_t dt_t + mu_{t+1}) kr_{t,j}
+(mu_{L+1} := 0), the first step's term into the initial state, S'_0 = S_0 + mu_1 sum_j
+kr_{0,j} v_{0,j}^T; the SSD's running state is then S_t + mu_{t+1} sum_j kr_{t,j} v_{t,j}^T,
+which at t = L is S_L. The r ranks of a step are r positions of the SSD's sequence (length
+L r; the decay alpha_t on the first, 1 on the others), so the query (t, i) has seen the keys
+(t, j <= i) of its own step. One correction per step, an r x r product, adds the keys
+j > i and removes the next step's term:
+    o_{t,i} = SSD_{t,i} + sum_j ((lam_t dt_t + mu_{t+1}) [j > i] - mu_{t+1})
+                          (qr_{t,i} . kr_{t,j}) v_{t,j}.
 """
 from __future__ import annotations
 
@@ -60,36 +71,55 @@ def rotate(x: torch.Tensor, theta: torch.Tensor) -> torch.Tensor:
     return torch.cat((turned, tail), dim=-1)
 
 
-def _check(q, k, v, adt, dt, lam, omega, initial_state):
-    if q.dim() != 4 or k.shape != q.shape:
-        raise ValueError(f"mamba3: q and k must be (batch, L, heads, N) alike, got "
-                         f"{tuple(q.shape)} and {tuple(k.shape)}")
-    b, L, h, N = q.shape
-    if v.dim() != 4 or v.shape[:3] != (b, L, h):
-        raise ValueError(f"mamba3: v must be (batch, L, heads, P) = ({b}, {L}, {h}, P), got "
-                         f"{tuple(v.shape)}")
-    for name, t in (("adt", adt), ("dt", dt), ("lam", lam)):
-        if t.shape != (b, L, h):
-            raise ValueError(f"mamba3: {name} must be (batch, L, heads) = ({b}, {L}, {h}), "
-                             f"got {tuple(t.shape)}")
-    if omega is not None and (omega.shape[:3] != (b, L, h) or 2 * omega.shape[3] > N):
-        raise ValueError(f"mamba3: omega must be (batch, L, heads, R) with 2R <= N = {N}, got "
-                         f"{tuple(omega.shape)}")
-    if initial_state is not None and len(initial_state) != 4:
-        raise ValueError("mamba3: initial_state is (theta, S, kr_prev, v_prev)")
+def _turn(x: torch.Tensor, c: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+    """rotate() with cos and sin given, written into one new tensor (no stack or cat)."""
+    R = c.shape[-1]
+    out = torch.empty(torch.broadcast_shapes(x.shape[:-1], c.shape[:-1]) + x.shape[-1:],
+                      dtype=x.dtype, device=x.device)
+    out[..., 2 * R:] = x[..., 2 * R:]
+    a, b = x[..., 0:2 * R:2], x[..., 1:2 * R:2]
+    ya, yb = out[..., 0:2 * R:2], out[..., 1:2 * R:2]
+    torch.mul(a, c, out=ya)
+    ya.addcmul_(b, s, value=-1)
+    torch.mul(a, s, out=yb)
+    yb.addcmul_(b, c)
+    return out
 
 
-def _state0(q, v, omega, initial_state, dtype) -> Mamba3OpState:
-    b, _, h, N = q.shape
-    P, R = v.shape[-1], 0 if omega is None else omega.shape[-1]
-    if initial_state is None:
-        z = lambda *s: torch.zeros(*s, dtype=dtype, device=q.device)  # noqa: E731
-        return z(b, h, R), z(b, h, N, P), z(b, h, N), z(b, h, P)
-    return tuple(t.to(dtype) for t in initial_state)  # type: ignore[return-value]
+class _Rotate(torch.autograd.Function):
+    """rotate(x, theta) with a hand-written backward, for the chunked forms: x's gradient is
+    the gradient turned back (-theta), theta's is sum(dy_b y_a - dy_a y_b) over each pair.
+    Autograd through :func:`rotate` makes about five times the passes over x (slices, stack,
+    cat and their backwards), which at MIMO's sizes is a large part of the chunked form."""
+
+    @staticmethod
+    def forward(ctx, x, theta):
+        c, s = torch.cos(theta), torch.sin(theta)
+        y = _turn(x, c, s)
+        ctx.save_for_backward(y, c, s)
+        ctx.theta_shape = theta.shape
+        return y
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, dy):
+        y, c, s = ctx.saved_tensors
+        R = c.shape[-1]
+        dx = _turn(dy, c, -s)
+        dtheta = (dy[..., 1:2 * R:2] * y[..., 0:2 * R:2]
+                  - dy[..., 0:2 * R:2] * y[..., 1:2 * R:2]).sum_to_size(ctx.theta_shape)
+        return dx, dtheta
 
 
-def _dtype(t: torch.Tensor) -> torch.dtype:
-    return torch.float64 if t.dtype == torch.float64 else torch.float32
+def rotate_fast(x: torch.Tensor, theta: torch.Tensor) -> torch.Tensor:
+    """:func:`rotate` (same arguments and result) with the hand-written backward of _Rotate;
+    once differentiable."""
+    if theta.shape[-1] == 0:
+        return x
+    if 2 * theta.shape[-1] > x.shape[-1]:
+        raise ValueError(f"rotate: {theta.shape[-1]} angles need 2*{theta.shape[-1]} channels, "
+                         f"x has {x.shape[-1]}")
+    return _Rotate.apply(x, theta)
 
 
 def angles(omega: torch.Tensor, dt: torch.Tensor, theta0: torch.Tensor) -> torch.Tensor:
@@ -99,166 +129,167 @@ def angles(omega: torch.Tensor, dt: torch.Tensor, theta0: torch.Tensor) -> torch
     return th - TWO_PI * torch.floor(th / TWO_PI).detach()
 
 
-def mamba3_ref(q, k, v, adt, dt, lam, omega=None, initial_state=None,
-               output_final_state=False):
-    """The recurrence one step at a time (the oracle). Returns (o (b, L, h, P), final
-    state (theta, S, kr_prev, v_prev) or None); computes in >= float32."""
-    _check(q, k, v, adt, dt, lam, omega, initial_state)
+def _check(q, k, v, adt, dt, lam, omega, initial_state, rank: bool):
+    """Shapes of the SISO (rank=False) or MIMO (rank=True) arguments; one-line errors."""
+    name, lead = ("mamba3_mimo", "batch, L, rank, heads") if rank else ("mamba3", "batch, L, heads")
+    nd = 5 if rank else 4
+    if q.dim() != nd or k.shape != q.shape or v.dim() != nd or v.shape[:-1] != q.shape[:-1]:
+        raise ValueError(f"{name}: q, k ({lead}, N) and v ({lead}, P), got {tuple(q.shape)}, "
+                         f"{tuple(k.shape)}, {tuple(v.shape)}")
+    b, L, h, N = q.shape[0], q.shape[1], q.shape[-2], q.shape[-1]
+    for arg, t in (("adt", adt), ("dt", dt), ("lam", lam)):
+        if t.shape != (b, L, h):
+            raise ValueError(f"{name}: {arg} must be (batch, L, heads) = ({b}, {L}, {h}), "
+                             f"got {tuple(t.shape)}")
+    if omega is not None and (omega.shape[:3] != (b, L, h) or 2 * omega.shape[3] > N):
+        raise ValueError(f"{name}: omega must be (batch, L, heads, R) with 2R <= N = {N}, got "
+                         f"{tuple(omega.shape)}")
+    if initial_state is not None and len(initial_state) != 4:
+        raise ValueError(f"{name}: initial_state is (theta, S, kr_prev, v_prev)")
+
+
+def _dtype(t: torch.Tensor) -> torch.dtype:
+    return torch.float64 if t.dtype == torch.float64 else torch.float32
+
+
+def _prepare(q, k, v, adt, dt, lam, omega, initial_state):
+    """Inputs in the compute dtype (>= float32) and the initial state (zeros if None) in the
+    rank layout: q, k, v (b, L, r, h, .); state (theta, S, kr_prev (b, r, h, N), v_prev)."""
     dtype = _dtype(v)
     q, k, v, adt, dt, lam = (t.to(dtype) for t in (q, k, v, adt, dt, lam))
     omega = None if omega is None else omega.to(dtype)
-    theta, S, k_prev, v_prev = _state0(q, v, omega, initial_state, dtype)
+    b, _, r, h, N = q.shape
+    P, R = v.shape[-1], 0 if omega is None else omega.shape[-1]
+    if initial_state is None:
+        z = lambda *s: torch.zeros(*s, dtype=dtype, device=q.device)  # noqa: E731
+        state = (z(b, h, R), z(b, h, N, P), z(b, r, h, N), z(b, r, h, P))
+    else:
+        state = tuple(t.to(dtype) for t in initial_state)
+    return (q, k, v, adt, dt, lam, omega), state
+
+
+def _steps(q, k, v, adt, dt, lam, omega, state):
+    """The recurrence one step at a time, rank layout (module doc). Returns (o (b, L, r, h, P),
+    final state)."""
+    theta, S, k_prev, v_prev = state
+    outer = lambda a, c: torch.einsum("brhn,brhp->bhnp", a, c)  # noqa: E731  sum_j k_j v_j^T
+    prev = outer(k_prev, v_prev)
+    # unbind, not x[:, t]: each x[:, t]'s backward writes a zero gradient as long as x, which
+    # makes the backward quadratic in L (minutes at L = 4096)
+    xs = [x.unbind(1) for x in (q, k, v, adt, dt, lam)]
+    xs.append(omega.unbind(1) if omega is not None else [None] * q.shape[1])
     outs = []
-    for t in range(q.shape[1]):
-        if omega is not None:
-            theta = theta + omega[:, t] * dt[:, t, :, None]
+    for q_t, k_t, v_t, adt_t, dt_t, lam_t, omega_t in zip(*xs):
+        if omega_t is not None:
+            theta = theta + omega_t * dt_t[..., None]
             theta = theta - TWO_PI * torch.floor(theta / TWO_PI).detach()
-        qr, kr = rotate(q[:, t], theta), rotate(k[:, t], theta)
-        alpha = torch.exp(adt[:, t])[..., None, None]
-        beta = (1 - lam[:, t]) * dt[:, t]                  # weight of the previous input
-        gamma = lam[:, t] * dt[:, t]                       # weight of the current input
-        S = (alpha * (S + beta[..., None, None] * k_prev[..., :, None] * v_prev[..., None, :])
-             + gamma[..., None, None] * kr[..., :, None] * v[:, t, :, None, :])
-        outs.append(torch.einsum("bhn,bhnp->bhp", qr, S))
-        k_prev, v_prev = kr, v[:, t]
-    o = torch.stack(outs, dim=1)
-    return o, ((theta, S, k_prev, v_prev) if output_final_state else None)
+        qr, kr = rotate(q_t, theta[:, None]), rotate(k_t, theta[:, None])
+        alpha = torch.exp(adt_t)[..., None, None]
+        beta = ((1 - lam_t) * dt_t)[..., None, None]       # weight of the previous inputs
+        gamma = (lam_t * dt_t)[..., None, None]            # weight of the current inputs
+        cur = outer(kr, v_t)
+        S = alpha * (S + beta * prev) + gamma * cur
+        outs.append(torch.einsum("brhn,bhnp->brhp", qr, S))
+        prev, k_prev, v_prev = cur, kr, v_t
+    return torch.stack(outs, dim=1), (theta, S, k_prev, v_prev)
 
 
-def mamba3(q, k, v, adt, dt, lam, omega=None, initial_state=None, output_final_state=False,
-           backend="auto", chunk_size=None):
-    """The chunked form (module doc): one ``simple_gla`` call of backend ``backend``
-    ("auto", "torch", "cpu", "fla"; "ref" runs :func:`mamba3_ref`). Same returns as the ref."""
-    if backend not in BACKENDS:
-        raise lrb.BackendError(f"mamba3: backend {backend!r} unknown; expected one of "
-                               f"{', '.join(BACKENDS)}")
-    if backend == "ref":
-        return mamba3_ref(q, k, v, adt, dt, lam, omega, initial_state, output_final_state)
-    _check(q, k, v, adt, dt, lam, omega, initial_state)
-    dtype = _dtype(v)
-    q, k, v, adt, dt, lam = (t.to(dtype) for t in (q, k, v, adt, dt, lam))
-    omega = None if omega is None else omega.to(dtype)
-    theta0, S0, k0, v0 = _state0(q, v, omega, initial_state, dtype)
+def _chunked(q, k, v, adt, dt, lam, omega, state, output_final_state, backend, chunk_size):
+    """One SSD call over the L r positions, then the per-step r x r correction (module doc).
+    Rank layout; same returns as :func:`_steps` (state None unless output_final_state)."""
+    theta0, S0, k0, v0 = state
+    b, L, r, h, N = q.shape
+    dtype = v.dtype
     if omega is not None:
-        theta = angles(omega, dt, theta0)
-        q, k = rotate(q, theta), rotate(k, theta)
+        theta = angles(omega, dt, theta0)                   # (b, L, h, R)
+        q, k = rotate_fast(q, theta[:, :, None]), rotate_fast(k, theta[:, :, None])
     mu = (1 - lam) * dt                                    # (b, L, h)
     mu_next = torch.cat((mu[:, 1:], torch.zeros_like(mu[:, :1])), dim=1)
     coef = lam * dt + mu_next
-    S0 = S0 + mu[:, 0, :, None, None] * k0[..., :, None] * v0[..., None, :]
+    S0 = S0 + mu[:, 0, :, None, None] * torch.einsum("brhn,brhp->bhnp", k0, v0)
+    # the decay once per step, on its first rank's position
+    g = torch.cat((adt[:, :, None], adt.new_zeros(b, L, r - 1, h)), dim=2)
     op, resolved = lrb.get_op("simple_gla", backend, v.device.type)
     kwargs = {"chunk_size": chunk_size} if chunk_size is not None and resolved == "torch" else {}
-    o, S = op(q, k * coef[..., None], v, adt, scale=1.0, initial_state=S0,
+    o, S = op(q.flatten(1, 2), (k * coef[:, :, None, :, None]).flatten(1, 2), v.flatten(1, 2),
+              g.flatten(1, 2), scale=1.0, initial_state=S0,
               output_final_state=output_final_state, **kwargs)
-    o = o.to(dtype) - (mu_next * (q * k).sum(-1))[..., None] * v
+    later = torch.ones(r, r, dtype=dtype, device=q.device).triu(1)   # [j > i]
+    w = (coef[:, :, None, :, None] * later[:, None, :]
+         - mu_next[:, :, None, :, None])                   # (b, L, r_i, h, r_j)
+    o = o.to(dtype).unflatten(1, (L, r))
+    if r == 1:      # SISO: elementwise (einsum would run a batched 1 x 1 matmul, slower)
+        o = o + ((q * k).sum(-1)[..., None] * w) * v
+    else:
+        scores = torch.einsum("btihn,btjhn->btihj", q, k) * w
+        o = o + torch.einsum("btihj,btjhp->btihp", scores, v)
     if not output_final_state:
         return o, None
     theta_L = theta[:, -1] if omega is not None else theta0
     return o, (theta_L, S.to(dtype), k[:, -1], v[:, -1])
 
 
-# -- MIMO ------------------------------------------------------------------------------------
-# Rank-r inputs and outputs (the paper's MIMO; state-spaces/mamba
-# tests/ops/tilelang/test_mamba3_mimo.py ``mamba3_MIMO_step_ref``): each step writes r outer
-# products into the same state and reads it with r queries,
-#     S_t = alpha_t S_{t-1} + (1 - lam_t) dt_t alpha_t sum_r kr_{t-1,r} v_{t-1,r}^T
-#           + lam_t dt_t sum_r kr_{t,r} v_{t,r}^T,          o_{t,r} = S_t^T qr_{t,r}.
-# Shapes: q, k (b, L, r, h, N); v (b, L, r, h, P) (x already up-projected per rank);
-# adt, dt, lam (b, L, h); omega (b, L, h, R) or None. State (theta (b, h, R), S (b, h, N, P),
-# kr_prev (b, r, h, N), v_prev (b, r, h, P)). The rotation is the SISO one (pairs (2i, 2i+1)),
-# as that reference's; the TileLang kernel pairs i with i + N/2, a fixed permutation of the
-# state's channels (the same model up to how B and C's projections are laid out).
-
-def _check_mimo(q, k, v, adt, dt, lam, omega):
-    if q.dim() != 5 or k.shape != q.shape or v.dim() != 5 or v.shape[:4] != q.shape[:4]:
-        raise ValueError(f"mamba3_mimo: q, k (batch, L, rank, heads, N) and v (batch, L, rank, "
-                         f"heads, P), got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
-    b, L, _, h, N = q.shape
-    for name, t in (("adt", adt), ("dt", dt), ("lam", lam)):
-        if t.shape != (b, L, h):
-            raise ValueError(f"mamba3_mimo: {name} must be ({b}, {L}, {h}), got {tuple(t.shape)}")
-    if omega is not None and (omega.shape[:3] != (b, L, h) or 2 * omega.shape[3] > N):
-        raise ValueError(f"mamba3_mimo: omega must be (batch, L, heads, R), 2R <= {N}")
+def _siso(fn, q, k, v, adt, dt, lam, omega, initial_state, *rest):
+    """Run the rank-layout ``fn`` on SISO arguments as rank 1; SISO outputs and state."""
+    _check(q, k, v, adt, dt, lam, omega, initial_state, rank=False)
+    if initial_state is not None:
+        th, S, kp, vp = initial_state
+        initial_state = (th, S, kp[:, None], vp[:, None])
+    args, state = _prepare(q[:, :, None], k[:, :, None], v[:, :, None], adt, dt, lam, omega,
+                           initial_state)
+    o, fin = fn(*args, state, *rest)
+    return o[:, :, 0], (None if fin is None else (fin[0], fin[1], fin[2][:, 0], fin[3][:, 0]))
 
 
-def _mimo_state0(q, v, omega, initial_state, dtype):
-    b, _, r, h, N = q.shape
-    P, R = v.shape[-1], 0 if omega is None else omega.shape[-1]
-    if initial_state is None:
-        z = lambda *s: torch.zeros(*s, dtype=dtype, device=q.device)  # noqa: E731
-        return z(b, h, R), z(b, h, N, P), z(b, r, h, N), z(b, r, h, P)
-    return tuple(t.to(dtype) for t in initial_state)
+def _mimo(fn, q, k, v, adt, dt, lam, omega, initial_state, *rest):
+    _check(q, k, v, adt, dt, lam, omega, initial_state, rank=True)
+    args, state = _prepare(q, k, v, adt, dt, lam, omega, initial_state)
+    return fn(*args, state, *rest)
+
+
+def _check_backend(name, backend):
+    if backend not in BACKENDS:
+        raise lrb.BackendError(f"{name}: backend {backend!r} unknown; expected one of "
+                               f"{', '.join(BACKENDS)}")
+
+
+def mamba3_ref(q, k, v, adt, dt, lam, omega=None, initial_state=None,
+               output_final_state=False):
+    """The SISO recurrence one step at a time (the oracle). Returns (o (b, L, h, P), final
+    state (theta, S, kr_prev, v_prev) or None); computes in >= float32."""
+    o, fin = _siso(_steps, q, k, v, adt, dt, lam, omega, initial_state)
+    return o, (fin if output_final_state else None)
+
+
+def mamba3(q, k, v, adt, dt, lam, omega=None, initial_state=None, output_final_state=False,
+           backend="auto", chunk_size=None):
+    """SISO, chunked (module doc): one ``simple_gla`` call of backend ``backend`` ("auto",
+    "torch", "cpu", "fla"; "ref" runs :func:`mamba3_ref`). Same returns as the ref."""
+    _check_backend("mamba3", backend)
+    if backend == "ref":
+        return mamba3_ref(q, k, v, adt, dt, lam, omega, initial_state, output_final_state)
+    return _siso(_chunked, q, k, v, adt, dt, lam, omega, initial_state, output_final_state,
+                 backend, chunk_size)
 
 
 def mamba3_mimo_ref(q, k, v, adt, dt, lam, omega=None, initial_state=None,
                     output_final_state=False):
-    """The MIMO recurrence one step at a time. Returns (o (b, L, r, h, P), state or None)."""
-    _check_mimo(q, k, v, adt, dt, lam, omega)
-    dtype = _dtype(v)
-    q, k, v, adt, dt, lam = (t.to(dtype) for t in (q, k, v, adt, dt, lam))
-    omega = None if omega is None else omega.to(dtype)
-    theta, S, k_prev, v_prev = _mimo_state0(q, v, omega, initial_state, dtype)
-    outs = []
-    for t in range(q.shape[1]):
-        if omega is not None:
-            theta = theta + omega[:, t] * dt[:, t, :, None]
-            theta = theta - TWO_PI * torch.floor(theta / TWO_PI).detach()
-        qr, kr = rotate(q[:, t], theta[:, None]), rotate(k[:, t], theta[:, None])
-        alpha = torch.exp(adt[:, t])[..., None, None]
-        beta, gamma = (1 - lam[:, t]) * dt[:, t], lam[:, t] * dt[:, t]
-        prev = torch.einsum("brhn,brhp->bhnp", k_prev, v_prev)
-        cur = torch.einsum("brhn,brhp->bhnp", kr, v[:, t])
-        S = alpha * (S + beta[..., None, None] * prev) + gamma[..., None, None] * cur
-        outs.append(torch.einsum("brhn,bhnp->brhp", qr, S))
-        k_prev, v_prev = kr, v[:, t]
-    o = torch.stack(outs, dim=1)
-    return o, ((theta, S, k_prev, v_prev) if output_final_state else None)
+    """The MIMO recurrence one step at a time. Returns (o (b, L, r, h, P), final state
+    (theta, S, kr_prev (b, r, h, N), v_prev (b, r, h, P)) or None)."""
+    o, fin = _mimo(_steps, q, k, v, adt, dt, lam, omega, initial_state)
+    return o, (fin if output_final_state else None)
 
 
 def mamba3_mimo(q, k, v, adt, dt, lam, omega=None, initial_state=None,
-                output_final_state=False, chunk_size=64):
-    """The MIMO recurrence chunked (PyTorch): per chunk of C steps, the r keys of every step
-    and the r queries of every step meet in one (C r) x (C r) masked, decayed score matrix
-    (a key is seen by every query of its own step and later ones), plus the carried state;
-    the trapezoid is folded in as in :func:`mamba3`. Same returns as the ref."""
-    _check_mimo(q, k, v, adt, dt, lam, omega)
-    dtype = _dtype(v)
-    q, k, v, adt, dt, lam = (t.to(dtype) for t in (q, k, v, adt, dt, lam))
-    omega = None if omega is None else omega.to(dtype)
-    theta0, S, k0, v0 = _mimo_state0(q, v, omega, initial_state, dtype)
-    b, L, r, h, N = q.shape
-    if omega is not None:
-        theta = angles(omega, dt, theta0)                   # (b, L, h, R)
-        q, k = rotate(q, theta[:, :, None]), rotate(k, theta[:, :, None])
-    mu = (1 - lam) * dt
-    mu_next = torch.cat((mu[:, 1:], torch.zeros_like(mu[:, :1])), dim=1)
-    kc = k * (lam * dt + mu_next)[:, :, None, :, None]
-    S = S + mu[:, 0, :, None, None] * torch.einsum("brhn,brhp->bhnp", k0, v0)
-    C = max(1, min(chunk_size, L))
-    outs = []
-    for c0 in range(0, L, C):
-        sl = slice(c0, min(c0 + C, L))
-        qi, ki, vi, gi = q[:, sl], kc[:, sl], v[:, sl], torch.cumsum(adt[:, sl], dim=1)  # gi (b, T, h)
-        T = qi.shape[1]
-        # decay from step s to step t (s <= t), per head: (b, h, T, T)
-        diff = gi.transpose(1, 2)[..., :, None] - gi.transpose(1, 2)[..., None, :]
-        mask = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
-        dec = torch.exp(diff.masked_fill(~mask, -math.inf))
-        scores = torch.einsum("btrhn,bsuhn->bhtrsu", qi, ki) * dec[:, :, :, None, :, None]
-        o = torch.einsum("bhtrsu,bsuhp->btrhp", scores, vi)
-        o = o + torch.einsum("btrhn,bhnp->btrhp", qi, S) * torch.exp(gi)[:, :, None, :, None]
-        outs.append(o)
-        tail = torch.exp(gi[:, -1:] - gi)                  # (b, T, h): decay to the chunk's end
-        S = (torch.exp(gi[:, -1])[..., None, None] * S
-             + torch.einsum("bsuhn,bsh,bsuhp->bhnp", ki, tail, vi))
-    o = torch.cat(outs, dim=1)
-    # the SSD's running state held mu_{t+1} kr_t v_t^T of the next step already: remove it
-    diag = torch.einsum("btrhn,btuhn->btrhu", q, k)         # (b, L, r, h, r)
-    o = o - mu_next[:, :, None, :, None] * torch.einsum("btrhu,btuhp->btrhp", diag, v)
-    if not output_final_state:
-        return o, None
-    theta_L = theta[:, -1] if omega is not None else theta0
-    return o, (theta_L, S, k[:, -1], v[:, -1])
+                output_final_state=False, backend="auto", chunk_size=None):
+    """MIMO, chunked: one ``simple_gla`` call over the L r positions (module doc), backends as
+    :func:`mamba3`; ``chunk_size`` counts those positions (torch backend only). Same returns
+    as the ref."""
+    _check_backend("mamba3_mimo", backend)
+    if backend == "ref":
+        return mamba3_mimo_ref(q, k, v, adt, dt, lam, omega, initial_state, output_final_state)
+    return _mimo(_chunked, q, k, v, adt, dt, lam, omega, initial_state, output_final_state,
+                 backend, chunk_size)
 
 
 # -- for bench --ops -------------------------------------------------------------------------
@@ -268,16 +299,14 @@ BENCH_MIMO_RANK = 4
 
 def get_op(name: str, backend: str, device_type: str = "cpu"):
     """(fn, resolved backend) for ``name`` in OPS: fn(*make_inputs(...)[0], initial_state=,
-    output_final_state=) -> (o, state). MIMO runs its PyTorch chunked form for any backend
-    but ``ref``."""
+    output_final_state=) -> (o, state); both run on the SSD of ``backend`` but ``ref``."""
     if name not in OPS:
         raise KeyError(f"unknown Mamba-3 op {name!r}; known: {', '.join(OPS)}")
     if backend == "ref":
         return (mamba3_ref if name == "mamba3" else mamba3_mimo_ref), "ref"
-    if name == "mamba3_mimo":
-        return mamba3_mimo, "torch"
     resolved = lrb.resolve(backend, device_type)
-    return (lambda *a, **kw: mamba3(*a, backend=resolved, **kw)), resolved
+    fn = mamba3 if name == "mamba3" else mamba3_mimo
+    return (lambda *a, **kw: fn(*a, backend=resolved, **kw)), resolved
 
 
 def make_inputs(name: str, batch: int, L: int, heads: int, dim: int, dtype=torch.float32,

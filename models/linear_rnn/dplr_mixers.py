@@ -29,7 +29,8 @@ __all__ = ["KimiDeltaAttention", "RWKV7Attention"]
 
 class _RefStep:
     """``step`` (recurrent=True) runs the op's ``*_ref`` from ``generalized_delta``; the
-    backend before any forward is what ``get_op`` gives (no C form: auto is torch on a CPU)."""
+    backend before any forward is what ``get_op`` gives (auto on a CPU: the C form when it
+    builds, else the chunked torch form)."""
 
     @property
     def backend(self) -> str:

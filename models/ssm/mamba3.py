@@ -26,9 +26,9 @@ option.
 MIMO (mimo_rank r > 1): x_r = x * mimo_x[:, r] feeds r outer products per step into the one
 state, r queries C_r read it; y_r = S^T C_r + D x_r, gated by silu(z * mimo_z[:, r]) (after
 the per-head norm with outproj_norm), and y = sum_r y_r * mimo_o[:, r] (the paper's
-rank-r inputs and outputs; mamba-ssm's ``mamba3_MIMO_step_ref``). It runs as the PyTorch
-chunked ``mamba3_scan.mamba3_mimo`` (or the ref); mamba-ssm's TileLang MIMO kernel is not
-wired in.
+rank-r inputs and outputs; mamba-ssm's ``mamba3_MIMO_step_ref``). It runs as
+``mamba3_scan.mamba3_mimo`` (one SSD call over the L r rank positions, any backend but
+mamba_ssm, or the ref); mamba-ssm's TileLang MIMO kernel is not wired in.
 
 Backends: ``torch`` / ``cpu`` (the chunked scan on the workbench's SSD), ``ref`` (step by
 step), ``mamba_ssm`` (mamba-ssm's Triton ``mamba3_siso_combined``, CUDA only, when it
@@ -221,13 +221,13 @@ class Mamba3(nn.Module):
         resolved = resolve_backend(self.backend_choice, u.device.type)
         if resolved == "mamba_ssm" and not self.num_angles:
             resolved = "torch"      # mamba-ssm's kernel always rotates: a real state runs here
-        if self.mimo_rank > 1 and resolved != "ref":
-            resolved = "torch"      # MIMO: the PyTorch chunked form (module doc)
+        if self.mimo_rank > 1 and resolved == "mamba_ssm":
+            resolved = lrb.resolve("auto", u.device.type)   # no MIMO kernel wired: the SSD's
         self._last_backend = resolved
         p = self._inputs(u)
         if self.mimo_rank > 1:
-            fn = mamba3_scan.mamba3_mimo_ref if resolved == "ref" else functools.partial(
-                mamba3_scan.mamba3_mimo, chunk_size=self.chunk_size or 64)
+            fn = functools.partial(mamba3_scan.mamba3_mimo, backend=resolved,
+                                   chunk_size=self.chunk_size)
             y, S = fn(p["q"], p["k"], p["x"], p["adt"], p["dt"], p["lam"], p["omega"], state,
                       want_state)
             return self._out(y, p), S

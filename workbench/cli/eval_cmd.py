@@ -54,9 +54,18 @@ def add_parser(sub) -> None:
                    help="a display label per MODEL, in order (default: the model reference)")
     p.add_argument("--fresh", action="store_true", help="evaluate again even when the store holds "
                    "this evaluation")
+    p.add_argument("--executor", choices=["local", "slurm"],
+                   help="where the runs execute (default: --from's profile's `executor`, else local); "
+                        "slurm: one sbatch job per model (one task, one device)")
+    p.add_argument("--slurm", action="append", default=[], metavar="KEY=VALUE",
+                   help="a [slurm] setting for --executor slurm, e.g. partition=gpu, time=02:00:00, "
+                        "gpus_per_run=0, setup='[\"module load cuda\"]' (repeatable; with --from: over "
+                        "the profile's [slurm] table)")
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--detach", action="store_true", help="queue the runs and return")
     mode.add_argument("--inline", action="store_true", help="run them in this process, no scheduler")
+    mode.add_argument("--dry-run", action="store_true", help="check the models' references and the task "
+                      "names (no network), list the runs; nothing queued, no store touched")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.set_defaults(fn=cmd_eval)
 
@@ -91,44 +100,116 @@ def specs_of(args) -> list[dict]:
 
 def _profile_specs(args) -> list[dict]:
     """The runs of evaluation profile ``--from`` (workbench/spec/eval_profile.py); MODEL and
-    --tasks may not be given beside it (the profile says them)."""
-    from workbench.spec.eval_profile import EvalProfile, eval_specs
-    from workbench.spec.profile import load
+    --tasks may not be given beside it (the profile says them). Sets ``args.profile``,
+    ``args.executor`` and ``args.slurm_settings`` from it (--executor and --slurm are
+    applied to the file as ``--set`` overrides, so they are validated with it); its task
+    names are checked (a ProfileError naming the unknown ones)."""
+    from workbench.spec.eval_profile import EvalProfile, check_tasks, eval_specs
+    from workbench.spec.profile import ProfileError, load
 
     if args.models or args.tasks or args.include or args.label:
         raise ValueError("--from PROFILE.toml names the models, tasks and task folders: give no MODEL, "
                          "--tasks, --include or --label beside it")
-    prof = load(args.from_profile)  # a ProfileError: cmd_eval prints it as it is
+    overrides = [f"slurm.{kv}" for kv in args.slurm]
+    if args.executor:
+        overrides.append(f'executor="{args.executor}"')
+    try:
+        prof = load(args.from_profile, overrides=overrides)  # a ProfileError: cmd_eval prints it
+    except ProfileError as e:  # named as typed here: --slurm K=V, --executor E (not --set)
+        text = str(e).replace("from --set slurm.", "from --slurm ")
+        raise ProfileError(text.replace(f'from --set executor="{args.executor}"', f"from --executor {args.executor}")) \
+            from None
     if not isinstance(prof, EvalProfile):
         raise ValueError(f"{args.from_profile} is a training profile, not an evaluation profile (no [eval] "
                          f"table): `run {args.from_profile}` trains it")
-    args.profile = prof.name
+    check_tasks(prof, args.from_profile)
+    args.profile, args.executor, args.slurm_settings = prof.name, prof.executor, prof.slurm
     return eval_specs(prof)
 
 
+def slurm_settings(args, device: str):
+    """The SlurmSettings of ``--slurm KEY=VALUE`` (values parsed as TOML, a bare word as a
+    string), checked as an evaluation profile's [slurm] table is; ValueError in one line."""
+    import tomllib
+
+    from pydantic import ValidationError
+
+    from workbench.spec.eval_profile import slurm_refusal
+    from workbench.spec.slurm_settings import SlurmSettings
+
+    if args.slurm and args.executor != "slurm":
+        raise ValueError("--slurm settings are for --executor slurm")
+    values = {}
+    for kv in args.slurm:
+        key, sep, raw = kv.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"--slurm {kv!r}: expected KEY=VALUE, e.g. partition=gpu")
+        try:
+            values[key.strip()] = tomllib.loads(f"v = {raw}")["v"]
+        except tomllib.TOMLDecodeError:
+            values[key.strip()] = raw
+    try:
+        settings = SlurmSettings(**values)
+    except ValidationError as e:
+        err = e.errors()[0]
+        where = ".".join(str(x) for x in err["loc"])
+        if err["type"] == "extra_forbidden":
+            raise ValueError(f"--slurm {where}: unknown setting; known: "
+                             f"{', '.join(SlurmSettings.model_fields)}") from None
+        raise ValueError(f"--slurm {where}: {err['msg']}") from None
+    bad = slurm_refusal(settings, device)
+    if bad:
+        raise ValueError(f"--slurm {bad[0]}: {bad[1]}")
+    return settings
+
+
+def check_task_names(specs: list[dict]) -> None:
+    """Every task of ``specs`` is lm-eval's or an include folder's (lm-eval is installed:
+    cmd_eval asked); a ValueError naming the unknown ones and their closest names."""
+    from workbench.spec import lm_eval_tasks
+
+    for tasks, include in dict.fromkeys((tuple(s["eval"]["tasks"]), tuple(s["eval"]["include"])) for s in specs):
+        unknown = lm_eval_tasks.unknown_tasks(list(tasks), list(include))
+        if unknown:
+            raise ValueError(lm_eval_tasks.describe(unknown, list(include)))
+
+
 def run_specs(store, specs: list[dict], profile: str, *, fresh: bool = False, quiet: bool = False,
-              inline: bool = False, detach: bool = False) -> int:
+              inline: bool = False, detach: bool = False, executor: str = "local", slurm=None) -> int:
     """Queue (or find) the runs of ``specs`` and start, wait for and summarise them: what
-    ``eval`` does after reading its arguments, and ``run`` does for an evaluation profile."""
+    ``eval`` does after reading its arguments, and ``run`` does for an evaluation profile.
+    ``executor``: "local" (the scheduler of this machine) or "slurm" (an sbatch job per run
+    with ``slurm``, a SlurmSettings; workbench/execute/slurm.py)."""
     from workbench.cli.common import _console
+    from workbench.execute.executor import ExecutorError
     from workbench.store.progress import command
+    from workbench.train.eval_models import ModelRefError
 
     console = _console()
+    try:
+        sources = _sources(store, specs) if executor == "slurm" else {}
+    except ModelRefError as e:
+        print(f"eval: {e}", file=sys.stderr)
+        return 2
     ids, notes = _submit(store, specs, fresh)
     for line in notes:
         console.print(line, markup=False, highlight=False)
     if inline:
         _run_inline(store, ids)
-    elif detach:
-        _start_scheduler(store, ids)
-        console.print(f"queued run(s) {', '.join(map(str, ids))}; `{command(store.root)} runs` to watch",
+        return _summary(store, ids, console, profile)
+    try:
+        _start(store, ids, executor, slurm, sources)
+    except ExecutorError as e:
+        print(f"{executor}: {e}", file=sys.stderr)
+        return 2
+    where = " as Slurm jobs" if executor == "slurm" else ""
+    if detach:
+        console.print(f"queued run(s) {', '.join(map(str, ids))}{where}; `{command(store.root)} runs` to watch",
                       markup=False, highlight=False)
         return 0
-    else:
-        _start_scheduler(store, ids)
-        code = _wait(store, ids, console, quiet)
-        if code is not None:
-            return code
+    code = _wait(store, ids, console, quiet)
+    if code is not None:
+        return code
     return _summary(store, ids, console, profile)
 
 
@@ -140,16 +221,46 @@ def cmd_eval(args) -> int:
         return 2
     from workbench.spec.profile import ProfileError
 
+    args.slurm_settings = None
     try:
-        specs = specs_of(args)
+        specs = specs_of(args)  # with --from: the profile's task names are checked here
+        if not args.from_profile:
+            if args.executor == "slurm" or args.slurm:
+                args.slurm_settings = slurm_settings(args, args.device)
+            check_task_names(specs)
+        if args.executor == "slurm" and args.inline:
+            raise ValueError("--inline runs the evaluations in this process: not with --executor slurm")
     except ProfileError as e:
         print(e, file=sys.stderr)
         return 2
     except ValueError as e:
         print(f"eval: {e}", file=sys.stderr)
         return 2
+    if args.dry_run:
+        return _dry_run(specs, args)
     return run_specs(_store(args), specs, args.profile, fresh=args.fresh, quiet=args.quiet,
-                     inline=args.inline, detach=args.detach)
+                     inline=args.inline, detach=args.detach, executor=args.executor or "local",
+                     slurm=args.slurm_settings)
+
+
+def _dry_run(specs: list[dict], args) -> int:
+    """The runs ``eval`` would queue (task names checked, model references as given; no
+    download, no store)."""
+    from rich.table import Table
+
+    from workbench.cli.common import _console
+
+    console = _console()
+    t = Table(box=None, pad_edge=False, show_edge=False)
+    for col in ("model", "checkpoint", "tasks", "include"):
+        t.add_column(col, no_wrap=col in ("model", "checkpoint"))
+    for s in specs:
+        t.add_row(s["label"], s["model"], ", ".join(s["eval"]["tasks"]), ", ".join(s["eval"]["include"]))
+    console.print(t)
+    where = " as Slurm jobs" if args.executor == "slurm" else ""
+    console.print(f"{len(specs)} evaluation run(s) would be launched{where} into profile {args.profile!r} "
+                  f"(task names checked; dry run: nothing queued)", markup=False, highlight=False, soft_wrap=True)
+    return 0
 
 
 def _submit(store, specs: list[dict], fresh: bool) -> tuple[list[int], list[str]]:
@@ -182,11 +293,33 @@ def _submit(store, specs: list[dict], fresh: bool) -> tuple[list[int], list[str]
     return ids, notes
 
 
-def _start_scheduler(store, ids: list[int]) -> None:
-    from workbench.execute import scheduler
+def _sources(store, specs: list[dict]) -> dict[str, dict]:
+    """For a Slurm evaluation, each ``run:N`` model as read from the store now (its spec
+    and checkpoint folder: workbench.train.eval_models.run_source): the job opens no store.
+    A ModelRefError (no such run, not an lm run) before anything is queued."""
+    from workbench.train.eval_models import run_id_of, run_source
 
-    if any(r.state == "pending" for r in store.runs(ids=ids)):
-        scheduler.LocalExecutor().submit(store, ids)
+    return {s["model"]: run_source(store.root, run_id_of(s["model"]))
+            for s in specs if s["model"].startswith("run:")}
+
+
+def _start(store, ids: list[int], executor: str, slurm, sources: dict[str, dict]) -> None:
+    """Hand the pending runs of ``ids`` to ``executor`` and start them, as
+    workbench.execute.scheduler.submit does for a training profile (a Slurm run of
+    ``run:N`` gets ``sources``' entry in its info as ``eval_source``)."""
+    from types import SimpleNamespace
+
+    from workbench.execute.executor import executor_named
+
+    pending = [r for r in store.runs(ids=ids) if r.state == "pending"]
+    if not pending:
+        return
+    for r in pending:
+        if r.spec["model"] in sources:
+            store.set_info(r.id, {"eval_source": sources[r.spec["model"]]})
+    ex = executor_named(executor)
+    ex.adopt(store, [r.id for r in pending], SimpleNamespace(slurm=slurm))
+    ex.submit(store, [r.id for r in pending])
 
 
 def _run_inline(store, ids: list[int]) -> None:
@@ -261,7 +394,12 @@ def _summary(store, ids: list[int], console, profile: str) -> int:
         first = (r.error or "").strip().splitlines()
         console.print(f"#{r.id} {r.label}: {r.state}: {first[0] if first else ''}", markup=False, highlight=False)
     if not bad:
+        # the metrics these tasks measured (Table 3's first): a rolling task has no acc
+        seen = {k for r in runs for task, vals in res.get(r.id, {}).items() if task for k, v in vals.items()
+                if v is not None and k != "samples" and not k.endswith("_stderr")}
+        metrics = [m for m in ("acc", "acc_norm", "perplexity") if m in seen] + sorted(
+            seen - {"acc", "acc_norm", "perplexity"})
         console.print(f"Table: {command(store.root)} export --profile {shlex.quote(profile)} "
-                      f"--metric acc,acc_norm,perplexity --cols eval_set", markup=False, highlight=False,
+                      f"--metric {','.join(metrics or ['acc'])} --cols eval_set", markup=False, highlight=False,
                       soft_wrap=True)
     return 1 if bad else 0

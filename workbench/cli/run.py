@@ -58,8 +58,19 @@ def cmd_profile_check(args) -> int:
                 invalid += 1
                 continue
             if isinstance(p, EvalProfile):  # evaluations: no training estimate to make
+                from workbench.spec.eval_profile import check_tasks
+
+                progress.step("checking lm-eval task names (the first time: indexing lm-eval's tasks)")
+                try:
+                    note = check_tasks(p, f)
+                except ProfileError as e:
+                    err.print(str(e), markup=False, highlight=False, soft_wrap=True)
+                    invalid += 1
+                    continue
                 out.print(f"✓ {f}: profile '{p.name}', {_summary(p)}", markup=False, highlight=False,
                           soft_wrap=True)
+                if note:
+                    out.print(f"  {note}", markup=False, highlight=False, soft_wrap=True)
                 valid += 1
                 continue
             n = len(expand(p))
@@ -132,6 +143,10 @@ class _Progress:
         self.where = f"[{i + 1}/{self.files}] {path}" if self.files > 1 else str(path)
         if self.bar is not None:
             self.bar.update(self.task, description=f"{self.where}: checking", total=None, completed=0)
+
+    def step(self, what: str) -> None:
+        if self.bar is not None:
+            self.bar.update(self.task, description=f"{self.where}: {what}", total=None, completed=0)
 
     def runs(self, done: int, total: int) -> None:
         if self.bar is not None:
@@ -351,6 +366,8 @@ def _dry_run(prof, ests, args) -> int:
                 row["budget"] = spec.budget
             if spec.match:  # [sweep.match]: the knob values solved for the target
                 row["match"] = spec.match
+            if (spec.train.devices or 1) > 1:  # data-parallel ranks and how they hold the model
+                row.update(devices=spec.train.devices, sharding=spec.train.sharding or "ddp")
             compute = run_compute(spec)   # any budget: tokens, FLOPs per token and in all
             if compute:
                 row["compute"] = compute
@@ -392,7 +409,7 @@ def _dry_run(prof, ests, args) -> int:
                       + (f"; the same on every row: {', '.join(same)}" if same else "")
                       + "; a wider terminal or --format json shows them)", markup=False, highlight=False,
                       soft_wrap=True)
-    for line in _budget_lines(specs) + _match_lines(specs):
+    for line in _budget_lines(specs) + _match_lines(specs) + _ranks_lines(specs):
         console.print(line, markup=False, highlight=False, soft_wrap=True)
     for what in sorted({e.limit_what for e in ests if e.limit_what}):
         console.print(f"  limit: {what}", markup=False, highlight=False)
@@ -403,6 +420,19 @@ def _dry_run(prof, ests, args) -> int:
                   f"({summary(prof, len(specs))}; dry run: nothing queued)", markup=False, highlight=False,
                   soft_wrap=True)
     return 2 if refused else 0
+
+
+def _ranks_lines(specs) -> list[str]:
+    """One line per distinct (train.devices > 1, train.sharding) of the runs: how many
+    data-parallel ranks each trains on and how they hold the model."""
+    how = {"ddp": "every rank holds the whole model, gradients and optimizer state",
+           "fsdp": "each rank holds 1/N of the weights, gradients and optimizer state, sharded per block"}
+    out: dict[str, None] = {}
+    for s in specs:
+        n, sharding = s.train.devices or 1, s.train.sharding or "ddp"
+        if n > 1:
+            out[f"  ranks: {n} per run, sharding {sharding} ({how[sharding]})"] = None
+    return list(out)
 
 
 def _match_lines(specs) -> list[str]:
@@ -429,12 +459,18 @@ def _run_evals(prof, args) -> int:
     import json
 
     from workbench.cli import eval_cmd
-    from workbench.spec.eval_profile import eval_specs, summary
+    from workbench.spec.eval_profile import check_tasks, eval_specs, summary
+    from workbench.spec.profile import ProfileError, load
 
-    if getattr(args, "executor", None) == "slurm":
-        print(f"{args.profile}: evaluation profiles run on the local scheduler (no --executor slurm)",
-              file=sys.stderr)
+    try:
+        if args.executor and args.executor != prof.executor:  # validated as if the file said it
+            prof = load(args.profile, overrides=[*(args.set or []), f'executor="{args.executor}"'])
+        note = check_tasks(prof, args.profile)  # unknown lm-eval task names: refused here
+    except ProfileError as e:
+        Console(stderr=True).print(str(e), markup=False, highlight=False, soft_wrap=True)
         return 2
+    if note:
+        Console(stderr=True).print(f"{args.profile}: {note}", markup=False, highlight=False, soft_wrap=True)
     specs = eval_specs(prof)
     if args.dry_run:
         if getattr(args, "format", None) == "json":
@@ -447,10 +483,12 @@ def _run_evals(prof, args) -> int:
         for s in specs:
             t.add_row(s["label"], s["model"], ", ".join(s["eval"]["tasks"]))
         console.print(t)
-        console.print(f"profile {prof.name}: {len(specs)} evaluation run(s) would be launched ({summary(prof)}; "
-                      f"dry run: nothing queued)", markup=False, highlight=False, soft_wrap=True)
+        where = " as Slurm jobs" if prof.executor == "slurm" else ""
+        console.print(f"profile {prof.name}: {len(specs)} evaluation run(s) would be launched{where} "
+                      f"({summary(prof)}; dry run: nothing queued)", markup=False, highlight=False, soft_wrap=True)
         return 0
     if importlib.util.find_spec("lm_eval") is None:
         print(eval_cmd.INSTALL_HINT, file=sys.stderr)
         return 2
-    return eval_cmd.run_specs(_store(args), specs, prof.name, fresh=args.fresh, quiet=args.quiet)
+    return eval_cmd.run_specs(_store(args), specs, prof.name, fresh=args.fresh, quiet=args.quiet,
+                              executor=prof.executor, slurm=prof.slurm)

@@ -90,12 +90,13 @@ def requeue(store: Store, run_id: int, require_checkpoint: bool = True, restart:
 
 def resume_runs(store: Store, run_ids, jobs: int | None = None,
                 runs_per_gpu: int | None = None, restart: bool = False,
-                devices: int | None = None) -> tuple[list[int], list[str]]:
+                devices: int | None = None, sharding: str | None = None) -> tuple[list[int], list[str]]:
     """Requeue each run from its checkpoint (``restart``: from step 0, its checkpoint
     discarded) and hand the requeued ones to their executors (a local scheduler, a Slurm
     job each); returns (requeued ids, error messages). ``devices``: train on that many
     ranks from here on (recorded in the run's info, where the scheduler and the worker
-    read it; a checkpoint resumes on any number of ranks)."""
+    read it; a checkpoint resumes on any number of ranks). ``sharding``: "ddp" or "fsdp"
+    from here on (the run's info; a checkpoint holds whole state dicts either way)."""
     store.reap()  # a 'running' run whose worker is gone is crashed, hence resumable
     done, errors = [], []
     for rid in run_ids:
@@ -108,6 +109,10 @@ def resume_runs(store: Store, run_ids, jobs: int | None = None,
                 continue
             if r is not None and r.state in UNFINISHED:  # before it is pending: a scheduler may take it at once
                 store.set_info(rid, {"devices": devices})
+        if sharding:
+            r = store.get(rid)
+            if r is not None and r.state in UNFINISHED:
+                store.set_info(rid, {"sharding": sharding})
         try:
             requeue(store, rid, require_checkpoint=True, restart=restart)
         except ResumeError as e:
@@ -132,6 +137,9 @@ def add_parser(sub) -> None:
     p.add_argument("--devices", type=int, metavar="N",
                    help="go on as N data-parallel ranks (train.devices; a checkpoint resumes on any "
                         "number, to the same curve within float round-off)")
+    p.add_argument("--sharding", choices=("ddp", "fsdp"),
+                   help="go on with the ranks holding the whole model (ddp) or 1/N of it (fsdp; "
+                        "train.sharding): checkpoints hold whole state dicts either way")
     p.add_argument("--jobs", type=int, help="concurrent CPU runs, if a scheduler has to be started")
     p.add_argument("--runs-per-gpu", type=int, metavar="N",
                    help="concurrent runs per visible GPU, if a scheduler has to be started")
@@ -159,11 +167,16 @@ def cmd_resume(args) -> int:
         print(f"--devices {devices}: give 1 or more", file=sys.stderr)
         return 2
     done, errors = resume_runs(store, args.ids, getattr(args, "jobs", None),
-                               getattr(args, "runs_per_gpu", None), restart=restart, devices=devices)
+                               getattr(args, "runs_per_gpu", None), restart=restart, devices=devices,
+                               sharding=getattr(args, "sharding", None))
     for rid in done:
         marker = store.get(rid).info.get("resume") or {}
         if restart:
             print(f"run {rid}: restarts from step 0 (its checkpoint and measurements discarded)")
+            continue
+        if "eval" in marker:  # an evaluation keeps each finished task: no checkpoint to speak of
+            done_tasks = len(store.get(rid).info.get("eval_done") or [])
+            print(f"run {rid}: goes on at its next task ({done_tasks} done before)")
             continue
         step, check = marker.get("step"), marker.get("check")
         print(f"run {rid}: resumes from its checkpoint" + (f" at step {step}" if step is not None else "")

@@ -78,6 +78,23 @@ def _visible_gpus() -> list[str]:
     return [str(i) for i in range(sysmon.gpu_count())]
 
 
+def visible_gpus() -> list[str]:
+    """The ids of the GPUs this machine's scheduler would hand out (CUDA_VISIBLE_DEVICES,
+    else every GPU NVML sees); [] without one."""
+    return _visible_gpus()
+
+
+def devices_refusal(n: int, gpus: list[str]) -> str | None:
+    """Why a run on ``n`` devices can never start on a machine with ``gpus`` (more GPUs
+    than there are: one rank per GPU), or None. Without a GPU its ranks are CPU processes
+    (see the module doc). Used by :meth:`Scheduler.refuse` and by the TUI's form, which says
+    it before a launch."""
+    if gpus and n > len(gpus):
+        return (f"train.devices = {n}, but this machine shows {len(gpus)} GPU(s) "
+                f"({', '.join(gpus)}): one rank per GPU")
+    return None
+
+
 def worker_env(device: str, slot: str | None, n_cpu_jobs: int, ranks: int = 1) -> dict[str, str]:
     """The worker's environment: its GPU(s) (``slot``: "0" or "0,1"), or, on CPU, its share
     of the cores (``ranks`` processes of one run share them like concurrent runs)."""
@@ -133,12 +150,8 @@ class Scheduler:
 
     def refuse(self, run) -> str | None:
         """Why ``run`` can never start here (more GPUs than visible), or None."""
-        n = run_devices(run.spec, run.info)
         gpus = list(dict.fromkeys(s for d, s in self.slots if d == "cuda"))
-        if gpus and n > len(gpus):
-            return (f"train.devices = {n}, but this machine shows {len(gpus)} GPU(s) "
-                    f"({', '.join(gpus)}): one rank per GPU")
-        return None
+        return devices_refusal(run_devices(run.spec, run.info), gpus)
 
     def free_slot(self, busy: Counter[str]) -> tuple[str, str] | None:
         """The (device, slot) with the most room left (first listed on ties), or None."""

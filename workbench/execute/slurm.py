@@ -141,6 +141,11 @@ def job_script(run_id: int, settings: SlurmSettings, folder: Path, shared: Path,
              "set -e", *settings.setup,
              f"cd {shlex.quote(os.getcwd())}",
              "export PYTHONUNBUFFERED=1",
+             # this Python imports this copy of the project, as the local scheduler's workers
+             # do: `python -m` puts the working folder first on the path, and a folder of the
+             # user's named tasks/ or models/ (lm-eval task YAMLs) would shadow the packages
+             *([f"export PYTHONPATH={shlex.quote(_project_root())}${{PYTHONPATH:+:$PYTHONPATH}}"]
+               if not settings.python else []),
              *(["export SSMWB_REQUEUE_AT_TIME_LIMIT=1"] if settings.requeue and settings.requeue_at_time_limit
                and settings.signal_s and settings.time else []),
              *(_rank_lines() if ranks else []),
@@ -149,6 +154,11 @@ def job_script(run_id: int, settings: SlurmSettings, folder: Path, shared: Path,
              f"exec {'srun ' if ranks else ''}{shlex.quote(python)} -u -m workbench.train.worker "
              f"--run-file {shlex.quote(str(shared))} --run-id {run_id}"]
     return "\n".join(lines) + "\n"
+
+
+def _project_root() -> str:
+    """The folder above workbench/ (the repository root of this copy)."""
+    return str(Path(__file__).resolve().parents[2])
 
 
 def _rank_lines() -> list[str]:

@@ -63,7 +63,10 @@ CATALOGUE: dict[str, Metric] = {m.name: m for m in (
     _M("epochs", "epochs trained", run_level=True),
     _M("bits_per_char", "eval bits per character (char-LM)", None, "min"),
     # the LM task (tasks/lm): loss is nats per token; bits per byte compares tokenizers
-    _M("perplexity", "eval perplexity, exp(loss)", "per token", "min"),
+    # (an lm-eval task's perplexity is exp(-mean log-likelihood of a document's continuation):
+    # LAMBADA's is per last word, not per token)
+    _M("perplexity", "eval perplexity, exp(loss) per token; an lm-eval task's per continuation (LAMBADA: "
+       "its last word)", None, "min"),
     _M("bits_per_byte", "eval bits per UTF-8 byte of text: total nats / ln 2 / bytes covered (LM)",
        "bits/byte", "min"),
     _M("tokens_trained", "training target tokens seen (steps x batch x seq_len)", "tokens",

@@ -604,8 +604,9 @@ def estimate_run(spec, limit: Limit) -> RunEstimate:
     except TooBigToProbe as e:  # what is certain: the weights, their gradients and moments, the data
         L = est.seq_len = spec.seq_len or task.seq_len
         est.params, est.lower_bound = e.params, True
-        est.parts = {"runtime": CUDA_RUNTIME_BYTES if cuda else CPU_RUNTIME_BYTES, "weights": e.weight_bytes,
-                     "grads": e.trainable_bytes, "optimizer": 2 * e.trainable_bytes,
+        n = _shards(spec.train)
+        est.parts = {"runtime": CUDA_RUNTIME_BYTES if cuda else CPU_RUNTIME_BYTES, "weights": e.weight_bytes / n,
+                     "grads": e.trainable_bytes / n, "optimizer": 2 * e.trainable_bytes / n,
                      "data": _data_bytes(task, L, spec.train, cuda)}
         est.error = (f"activations not measured for {spec.label}: {e} (the probe builds models of at most "
                      f"{fmt_bytes(PROBE_MAX_WEIGHT_BYTES)}), so its peak is a lower bound")
@@ -619,6 +620,7 @@ def estimate_run(spec, limit: Limit) -> RunEstimate:
     # per device: a run on N ranks (train.devices) holds its shard's activations on each;
     # rank 0 evaluates the whole eval batch, and every rank draws the global batch (data)
     B = max(1, cfg.batch_size // (getattr(cfg, "devices", None) or 1))
+    shards = _shards(cfg)
     est.params = int(round(prof.params(L)))
     tb = prof.trainable_bytes(L)
     acts = prof.saved(L, B)
@@ -630,20 +632,31 @@ def estimate_run(spec, limit: Limit) -> RunEstimate:
     else:
         L_eval = L
     eval_tmp = 2 * TRANSIENT_FACTOR * eval_bs * prof.largest(L_eval)
+    if shards > 1:  # fsdp: rank 0 evaluates on a whole replica of the weights (sharded.py)
+        eval_tmp += prof.weight_bytes(L)
     train_tmp = TRANSIENT_FACTOR * B * prof.largest(L)
     data = _data_bytes(task, L, cfg, cuda)
     est.parts = {
         "runtime": CUDA_RUNTIME_BYTES if cuda else CPU_RUNTIME_BYTES,
-        "weights": prof.weight_bytes(L),
-        "grads": tb,
-        "optimizer": 2 * tb,
+        "weights": prof.weight_bytes(L) / shards,
+        "grads": tb / shards,
+        "optimizer": 2 * tb / shards,
         "data": data,
     }
+    if shards > 1:  # a block's whole weights while it runs, and the next one's, gathered ahead
+        est.parts["gathered"] = 2 * prof.weight_bytes(L) / max(1, spec.n_layers)
     if acts + train_tmp >= eval_tmp:
         est.parts.update(activations=acts, transient=train_tmp)
     else:
         est.parts.update(eval=eval_tmp)
     return est
+
+
+def _shards(cfg) -> int:
+    """Into how many shards each device's weights, gradients and optimizer state are cut:
+    train.devices under train.sharding = "fsdp" (workbench/train/sharded.py), else 1 (DDP:
+    every rank holds them whole)."""
+    return (getattr(cfg, "devices", None) or 1) if getattr(cfg, "sharding", None) == "fsdp" else 1
 
 
 def _eval_batch(cfg, L: int) -> int:

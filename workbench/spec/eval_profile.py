@@ -33,14 +33,32 @@ from __future__ import annotations
 import os
 from typing import Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, PrivateAttr, field_validator, model_validator
 
 from workbench.spec.schema import (MAX_NAME, SCHEMA_VERSIONS, Float, Int, Need, ProfileError, PublishedValue,
                                    _FieldError, _short, _Strict)
+from workbench.spec.slurm_settings import SlurmSettings
 
 # the metrics Table 3-style comparisons report (lm-eval's names); others are stored too,
 # but a published number is one of these
 PUBLISHED_METRICS = ("acc", "acc_norm", "perplexity")
+
+
+def slurm_refusal(sl: SlurmSettings, device: str) -> tuple[str, str] | None:
+    """Why a Slurm job cannot run an evaluation with these ``[slurm]`` settings, as (key,
+    one line), or None. An evaluation is one process on one device (lm-eval's requests go
+    through one model, no ranks): one node, at most one GPU, and a GPU when the device is
+    ``cuda``. (``eval --executor slurm`` asks the same of its ``--slurm`` settings.)"""
+    if sl.nodes != 1:
+        return "nodes", f"nodes = {sl.nodes}: an evaluation runs on one device; give nodes = 1"
+    if sl.gpus_per_node is not None:
+        return "gpus_per_node", "an evaluation runs on one device: give gpus_per_run (0 or 1), not gpus_per_node"
+    if sl.gpus_per_run > 1:
+        return "gpus_per_run", (f"gpus_per_run = {sl.gpus_per_run}: an evaluation uses one GPU; give 1 "
+                                f"(or 0 for a CPU job)")
+    if device == "cuda" and sl.gpus_per_run == 0:
+        return "gpus_per_run", 'gpus_per_run = 0 with device "cuda": the job would have no GPU; give 1'
+    return None
 
 
 def is_eval_data(data: dict) -> bool:
@@ -104,6 +122,11 @@ class EvalProfile(_Strict):
     eval: EvalSection
     published: list[EvalPublished] = Field(default_factory=list)
     needs: list[Need] = Field(default_factory=list)
+    # where the evaluations execute, as for a training profile: this machine's scheduler, or
+    # one Slurm job per model ([slurm]: one task on one device, see _one_device)
+    executor: Literal["local", "slurm"] = "local"
+    slurm: SlurmSettings = Field(default_factory=SlurmSettings)
+    _where: object = PrivateAttr(default=None)  # the file's key lines, for check_tasks' messages
 
     @field_validator("schema_version")
     @classmethod
@@ -136,6 +159,14 @@ class EvalProfile(_Strict):
             if pub.epoch is not None or pub.step is not None or pub.seq_len is not None:
                 raise _FieldError(("published", i), "an evaluation has no epoch, step or seq_len: give "
                                   "model, eval_set, metric and value")
+        return self
+
+    @model_validator(mode="after")
+    def _one_device(self):
+        if self.executor == "slurm":
+            bad = slurm_refusal(self.slurm, self.eval.device)
+            if bad:
+                raise _FieldError(("slurm", bad[0]), bad[1])
         return self
 
     @property
@@ -217,6 +248,36 @@ def check(p: EvalProfile, path: str, where) -> None:
         raise DataAbsent(path, p, absent)
 
 
+def check_tasks(p: EvalProfile, path: str) -> str | None:
+    """Every ``[eval] tasks`` name is an lm-eval task, group or tag, or a task of the include
+    folders (workbench/spec/lm_eval_tasks.py): a ProfileError naming each unknown one, its
+    key and line and its closest known names. Apart from :func:`check` (which ``load`` runs):
+    it needs lm-eval, and indexing lm-eval's tasks the first time takes seconds, so only the
+    commands that check or launch an evaluation ask for it. Returns a one-line note when the
+    names could not be checked (lm-eval not installed; an include folder absent, which
+    :func:`check` reports as needed data), else None."""
+    from workbench.spec import lm_eval_tasks
+    from workbench.spec.check import _problems_text
+
+    why = lm_eval_tasks.skipped()
+    if why:
+        return why
+    include = [os.path.expanduser(d) for d in p.eval.include]
+    absent = [d for d in include if not os.path.isdir(d)]
+    if absent:
+        return f"lm-eval task names not checked: task folder(s) {', '.join(absent)} absent"
+    unknown = lm_eval_tasks.unknown_tasks(list(p.eval.tasks), include)
+    if not unknown:
+        return None
+    where = p._where if callable(p._where) else (lambda *loc: "")
+    problems = []
+    for i, t in enumerate(p.eval.tasks):
+        if t in unknown:
+            near = unknown[t]
+            problems.append(f"  eval.tasks[{i}]{where('eval', 'tasks')}: {lm_eval_tasks.describe({t: near}, include)}")
+    raise ProfileError(_problems_text(path, problems))
+
+
 def validate(data: dict, path: str, where, check_registries: bool = True) -> EvalProfile:
     """``data`` (parsed TOML, --set applied) as an :class:`EvalProfile`, or ProfileError."""
     from pydantic import ValidationError
@@ -228,10 +289,11 @@ def validate(data: dict, path: str, where, check_registries: bool = True) -> Eva
         prof = EvalProfile.model_validate(data, context=FROM_FILE)
     except ValidationError as e:
         raise ProfileError(_validation_message(e, path, where)) from None
+    prof._where = where
     if check_registries:
         check(prof, path, where)
     return prof
 
 
 __all__ = ["PUBLISHED_METRICS", "EvalModel", "EvalProfile", "EvalPublished", "EvalSection", "absent_needs",
-           "check", "eval_specs", "is_eval_data", "summary", "validate"]
+           "check", "check_tasks", "eval_specs", "is_eval_data", "summary", "validate"]

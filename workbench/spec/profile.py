@@ -141,6 +141,8 @@ def to_dict(p: Profile) -> dict[str, Any]:
         # written, or the defaults would come back as written keys and win over the presets
         for sec in ("train", "model"):
             d[sec] = getattr(p, sec).model_dump(mode="json", exclude_none=True, exclude_unset=True)
+    if p.sweep.match is not None and "d_model" not in p.model.model_fields_set:
+        d["model"].pop("d_model", None)  # [sweep.match] solves the width: written, the match would refuse it
     d.pop("task", None)
     d.pop("tasks", None)
     if p.task is not None:

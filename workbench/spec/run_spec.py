@@ -31,13 +31,14 @@ EVAL_TOKENS_PER_BATCH = 1 << 16
 RESIDENT_MAX_BYTES = 1 << 30  # fixed training sets up to this size are moved to the device once
 
 # train settings that change when a checkpoint (or TensorBoard's copy of the curves) is
-# written, or on how many devices the run trains (the same computation to float round-off:
-# workbench/train/distributed.py), never what is computed
-NEUTRAL_TRAIN_KEYS = ("checkpoint_every", "checkpoint_minutes", "tensorboard", "devices")
+# written, or on how many devices the run trains and how they hold the model (the same
+# computation to float round-off: workbench/train/distributed.py, sharded.py), never what
+# is computed
+NEUTRAL_TRAIN_KEYS = ("checkpoint_every", "checkpoint_minutes", "tensorboard", "devices", "sharding")
 # spec and train keys written only when set (added after stores existed: a spec without
 # them keeps its spec_key)
 OPTIONAL_KEYS = ("grid", "task_setting", "budget", "size", "recipe", "match")
-OPTIONAL_TRAIN_KEYS = ("tokens", "flops", "tokens_per_param", "devices")
+OPTIONAL_TRAIN_KEYS = ("tokens", "flops", "tokens_per_param", "devices", "sharding")
 
 
 @dataclass
@@ -138,6 +139,12 @@ def run_devices(spec: dict, info: dict | None = None) -> int:
     reserves them, and by the worker, which starts that many ranks)."""
     n = (info or {}).get("devices") or (spec.get("train") or {}).get("devices") or 1
     return int(n)
+
+
+def run_sharding(spec: dict, info: dict | None = None) -> str:
+    """How a stored run's ranks hold the model: ``resume --sharding``'s choice in its info,
+    else its spec's ``train.sharding``, else "ddp" (workbench/train/sharded.py)."""
+    return (info or {}).get("sharding") or (spec.get("train") or {}).get("sharding") or "ddp"
 
 
 def spec_key(spec: dict) -> str:

@@ -283,6 +283,10 @@ class TrainSection(_Strict):
     # one device each (a GPU, or a CPU slot), batch_size being the global batch split
     # between them; results equal one process's to float round-off. None: one process.
     devices: Int | None = Field(default=None, gt=0)
+    # How the ranks hold the model (workbench/train/sharded.py): "ddp" (None: the default),
+    # each rank the whole model, gradients and optimizer state; "fsdp", each rank 1/N of
+    # them, sharded per block of the backbone. The same computation to float round-off.
+    sharding: Literal["ddp", "fsdp"] | None = None
     # Checkpoints for resuming (docs/ARCHITECTURE.md, "Checkpoints and resume"): every N
     # optimizer steps (0 = off) and every M minutes of training (0 = off); always on
     # SIGTERM / SIGUSR1. Ten minutes bounds what a crash loses on long runs and never fires
@@ -316,6 +320,9 @@ class TrainSection(_Strict):
         if self.devices and self.batch_size % self.devices:
             raise _FieldError("devices", f"batch_size = {self.batch_size} is not divisible by devices = "
                               f"{self.devices}: the global batch is split evenly between the ranks")
+        if self.sharding == "fsdp" and (self.devices or 1) < 2:
+            raise _FieldError("sharding", "sharding = \"fsdp\" splits the model between ranks: set "
+                              "train.devices to 2 or more")
         if self.optimizer == "adamw" and self.lr * self.weight_decay >= 1:
             raise _FieldError("weight_decay", f"lr * weight_decay = {self.lr * self.weight_decay:g} >= 1: "
                               f"adamw multiplies every weight by 1 - lr * weight_decay each step")

@@ -2,7 +2,8 @@
 how a rank's failure becomes the run's one-line error.
 
 A run with ``train.devices = N > 1`` trains as N ranks, each a worker process with its own
-device (a GPU, or a CPU slot), all holding the same model (DDP). Every rank builds the same
+device (a GPU, or a CPU slot), all holding the same model (DDP; with ``train.sharding =
+"fsdp"`` each holds 1/N of it instead: workbench/train/sharded.py). Every rank builds the same
 *global* batch of ``train.batch_size`` examples (same data order as one process: the task's
 batch for this step, or the seeded epoch permutation) and trains on its shard of it (rank
 r: the r-th of N contiguous slices). Gradients are *summed* across ranks (a DDP comm hook)

@@ -32,16 +32,16 @@ class ModelRefError(ValueError):
 
 
 def load(ref: str, device: torch.device, *, store_root: str | Path | None = None,
-         dtype: str = "float32", max_length: int | None = None, backend: str = "auto") -> LoadedLM:
-    """The model ``ref`` names (module doc) on ``device``, in eval mode."""
+         dtype: str = "float32", max_length: int | None = None, backend: str = "auto",
+         source: dict | None = None) -> LoadedLM:
+    """The model ``ref`` names (module doc) on ``device``, in eval mode. ``source``: for
+    ``run:N``, what :func:`run_source` read from the store when the evaluation was submitted
+    (a Slurm job opens no store), else it is read from ``store_root`` now."""
     if ref.startswith("run:"):
-        try:
-            run_id = int(ref[4:])
-        except ValueError:
-            raise ModelRefError(f"model {ref!r}: expected run:N with N a run id") from None
-        if store_root is None:
+        run_id = run_id_of(ref)
+        if store_root is None and source is None:
             raise ModelRefError(f"model {ref!r} needs a store")
-        return load_run(store_root, run_id, device, max_length=max_length)
+        return load_run(store_root, run_id, device, max_length=max_length, source=source)
     return load_hf(ref, device, dtype=dtype, max_length=max_length, backend=backend)
 
 
@@ -172,13 +172,20 @@ def _workbench_mamba(folder: Path, device, torch_dtype, backend: str, common: di
 
 
 # ------------------------------------------------------------------ workbench runs
-def load_run(store_root: str | Path, run_id: int, device: torch.device, *,
-             max_length: int | None = None) -> LoadedLM:
-    import tasks
-    from workbench.spec.run_spec import RunSpec
+def run_id_of(ref: str) -> int:
+    try:
+        return int(ref[4:])
+    except ValueError:
+        raise ModelRefError(f"model {ref!r}: expected run:N with N a run id") from None
+
+
+def run_source(store_root: str | Path, run_id: int) -> dict:
+    """What evaluating run ``run_id`` needs from the store, read once: its spec, label and
+    state, and the folder its checkpoints are in (a Slurm-trained run's shared folder). A
+    Slurm evaluation gets this in its info when submitted, so its job opens no SQLite store
+    (which must not be read over a network filesystem). A ModelRefError when the run is
+    absent or no language model."""
     from workbench.store import Store
-    from workbench.train import checkpoint
-    from workbench.train.compose import build_model
 
     reader = Store(store_root, readonly=True)  # the run to load, read once (not a worker's writer)
     try:
@@ -190,14 +197,29 @@ def load_run(store_root: str | Path, run_id: int, device: torch.device, *,
     if r.spec.get("kind") == "eval" or r.task != "lm":
         raise ModelRefError(f"model run:{run_id}: a {r.spec.get('kind', r.task)!r} run; only runs of the "
                             "lm task are language models lm-eval can score")
-    spec = RunSpec.from_dict(r.spec)
-    weights, last = checkpoint.weights_path(store_root, run_id), checkpoint.path_for(store_root, run_id)
+    # a run trained by a Slurm job keeps its checkpoints in the job's shared folder
+    # (workbench.execute.slurm.files_root, read here from the info: train/ sits below execute/)
+    files = (r.info or {}).get("slurm_shared") or str(store_root)
+    return {"run_id": run_id, "spec": r.spec, "label": r.label, "state": r.state, "files_root": str(files)}
+
+
+def load_run(store_root: str | Path | None, run_id: int, device: torch.device, *,
+             max_length: int | None = None, source: dict | None = None) -> LoadedLM:
+    import tasks
+    from workbench.spec.run_spec import RunSpec
+    from workbench.train import checkpoint
+    from workbench.train.compose import build_model
+
+    src = source if source is not None else run_source(store_root, run_id)
+    root = src["files_root"]
+    spec = RunSpec.from_dict(src["spec"])
+    weights, last = checkpoint.weights_path(root, run_id), checkpoint.path_for(root, run_id)
     path = weights if weights.is_file() else last if last.is_file() else None
     if path is None:
-        raise ModelRefError(f"model run:{run_id} ({r.state}) has no weights in the store: a finished lm "
+        raise ModelRefError(f"model run:{run_id} ({src['state']}) has no weights in the store: a finished lm "
                             f"run keeps {weights}; runs finished before this version kept none")
     try:
-        state = checkpoint.load(path, run_id, r.spec)
+        state = checkpoint.load(path, run_id, src["spec"])
     except checkpoint.CheckpointError as e:
         raise ModelRefError(f"model run:{run_id}: {e}") from None
     task = tasks.build(spec.task, **spec.task_params)
@@ -223,6 +245,6 @@ def load_run(store_root: str | Path, run_id: int, device: torch.device, *,
         eot_id=int(tok.eot_id), prefix_id=int(tok.eot_id),
         max_length=int(max_length or spec.seq_len or DEFAULT_MAX_LENGTH), device=device,
         start=start if streams else None, step=step if streams else None,
-        info={"kind": "workbench-run", "run_id": run_id, "model": spec.model, "label": r.label,
+        info={"kind": "workbench-run", "run_id": run_id, "model": spec.model, "label": src["label"],
               "weights": str(path), "step": state.get("step"), "tokenizer": tok.kind,
               "params": sum(p.numel() for p in model.parameters())})

@@ -115,18 +115,22 @@ def _run_eval(store, run_id: int, spec: dict, stop) -> str:
         from pathlib import Path
         if not Path(folder).is_dir():
             raise RunFailed(f"task folder {folder} does not exist")
+    info = (store.get(run_id).info or {}) if hasattr(store, "get") else {}
     try:
+        # a Slurm job's run:N comes as read from the store at submission (info's eval_source)
         lm = eval_models.load(spec["model"], device, store_root=getattr(store, "root", None),
-                              dtype=cfg["dtype"], max_length=cfg["max_length"], backend=cfg["backend"])
+                              dtype=cfg["dtype"], max_length=cfg["max_length"], backend=cfg["backend"],
+                              source=info.get("eval_source"))
     except eval_models.ModelRefError as e:
         raise RunFailed(str(e)) from None
     adapter = WorkbenchLM(lm, batch_size=int(cfg["batch_size"]), max_gen_toks=int(cfg["max_gen_toks"]))
     manager = task_manager(cfg["tasks"], cfg["include"])
     unknown = [t for t in cfg["tasks"] if t not in manager.all_tasks]
-    if unknown:
-        raise RunFailed(f"unknown lm-eval task(s) {', '.join(unknown)}"
-                        f"{' (not in lm-eval nor in ' + ', '.join(cfg['include']) + ')' if cfg['include'] else ''}")
-    info = (store.get(run_id).info or {}) if hasattr(store, "get") else {}
+    if unknown:  # `eval` and `run` check the names first (spec/lm_eval_tasks.py); a run queued by hand may not
+        from workbench.spec import lm_eval_tasks
+
+        raise RunFailed(lm_eval_tasks.describe({t: lm_eval_tasks.closest(t, manager.all_tasks) for t in unknown},
+                                               cfg["include"]))
     # the tasks an earlier attempt finished count only when this attempt resumes it (info's
     # "resume", set by `resume`); a restart from scratch (resume None) has deleted their
     # results, and a first attempt has none: then every task runs. Read from the run's info,
@@ -142,6 +146,16 @@ def _run_eval(store, run_id: int, spec: dict, stop) -> str:
     print(f"[eval] run {run_id}: {lm.name} ({lm.info.get('kind')}, {lm.info.get('params', 0):,} parameters, "
           f"max length {lm.max_length}) on {', '.join(tasks)}"
           f"{f'; {len(done)} done before' if done else ''}", flush=True)
+    beat = {"t": 0.0}
+
+    def within(n: int, total: int) -> None:
+        """The share of the current task's requests scored, as the run's progress (at most
+        every 2 s: each heartbeat is a store write)."""
+        if time.time() - beat["t"] >= 2.0 and total:
+            beat["t"] = time.time()
+            store.heartbeat(run_id, progress=(len(done) + n / total) / len(tasks))
+
+    adapter.progress = within
     for task in tasks:
         if task in done:
             continue

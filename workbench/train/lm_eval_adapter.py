@@ -71,6 +71,10 @@ class WorkbenchLM(TemplateLM):
             raise ValueError(f"batch_size must be >= 1, not {batch_size}")
         self.lm, self.batch_size, self.max_gen_toks = lm, int(batch_size), int(max_gen_toks)
         self.generation = {"streamed": 0, "recomputed": 0}  # how generate_until ran (tests read it)
+        # called as progress(done, total) after each batch of log-likelihoods and each
+        # generation: an evaluation run shows how far into a task it is (a task of 10,000
+        # documents takes hours on a small GPU; progress per finished task alone sat at 0%)
+        self.progress = None
 
     # -- what TemplateLM asks for -------------------------------------------------------
     @property
@@ -121,6 +125,8 @@ class WorkbenchLM(TemplateLM):
                 greedy = bool((lp.argmax(-1) == target).all())
                 out[i] = (float(lp.gather(-1, target[:, None]).sum()), greedy)
                 self.cache_hook.add_partial("loglikelihood", requests[i][0], out[i])
+            if self.progress is not None:
+                self.progress(b + len(idx), len(order))
         return out  # type: ignore[return-value]
 
     def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
@@ -158,6 +164,8 @@ class WorkbenchLM(TemplateLM):
             text = self._greedy(ctx, budget, until)
             self.cache_hook.add_partial("generate_until", (context, gen_kwargs), text)
             out.append(text)
+            if self.progress is not None:
+                self.progress(len(out), len(requests))
         return out
 
     def _greedy(self, ctx: list[int], budget: int, until: list[str]) -> str:

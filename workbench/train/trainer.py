@@ -10,6 +10,7 @@ deferred inside the loop ends it after a whole step with a checkpoint.
 """
 from __future__ import annotations
 
+import copy
 import math
 import signal
 import time
@@ -24,7 +25,7 @@ from workbench.results import catalogue
 from workbench.spec.run_spec import (ATTENTION_EVAL_MAX, EVAL_TOKENS_PER_BATCH, RESIDENT_MAX_BYTES, STREAM_ABOVE,
                                      STREAM_CHUNK, RunSpec, spec_key)
 from workbench.store.writer import RunWriter
-from workbench.train import checkpoint, compute, distributed, optim
+from workbench.train import checkpoint, compute, distributed, optim, sharded
 from workbench.train.compose import build_model
 from workbench.train.measure import StepClock, median_ms, peak_memory_mb, pick_device, sync
 from workbench.train.stop import RunFailed, StopFlag, Stopped
@@ -150,11 +151,18 @@ class Trainer:
                 torch.cuda.set_device(ranks.local_rank)
                 self.device = torch.device("cuda", ranks.local_rank)
             self.group = distributed.Group(ranks, self.device)
+        # train.sharding = "fsdp" (workbench/train/sharded.py): the model is sharded per block
+        # when training starts; rank 0 evaluates on a plain replica holding the whole weights
+        self.fsdp = ranks is not None and getattr(self.cfg, "sharding", None) == "fsdp"
+        self.replica: torch.nn.Module | None = None
+        self.whole: tuple[dict, dict | None] | None = None  # gathered (model, optimizer) state dicts
         torch.manual_seed(spec.seed)  # every rank: the same initial weights
         self.task = tasks.build(spec.task, **spec.task_params)
+        # under FSDP the model stays on the CPU until it is sharded: fully_shard moves one
+        # unit at a time to the device and keeps this rank's shard there (_shard_model)
         self.model = build_model(
             self.task, spec.model, d_model=spec.d_model, n_layers=spec.n_layers, **spec.model_options,
-        ).to(self.device)
+        ).to("cpu" if self.fsdp else self.device)
         if ranks is not None and ranks.rank:  # rank 0 keeps one process's stream; the others' dropout differs
             torch.manual_seed(spec.seed + 7919 * ranks.rank)
         self.amp = self.cfg.amp and self.device.type == "cuda"
@@ -264,7 +272,10 @@ class Trainer:
     # -- evaluation ---------------------------------------------------------------
     @torch.no_grad()
     def evaluate(self, batch) -> task_metrics.AccuracyCounts:
-        self.model.eval()
+        """Counts over ``batch`` (the whole of it, on this process: rank 0 under several
+        ranks; under FSDP on the replica the last :meth:`_gather_weights` filled)."""
+        model = self.replica if self.replica is not None else self.model
+        model.eval()
         n, L = batch.inputs.shape[0], batch.inputs.shape[1]
         streaming = L > STREAM_ABOVE and self.model.can_stream()
         if L > ATTENTION_EVAL_MAX and not streaming and self.model.state_size() is None:
@@ -276,9 +287,9 @@ class Trainer:
             x = batch.inputs[i:i + bs].to(self.device)
             y = batch.targets[i:i + bs].to(self.device)
             with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.amp):
-                logits = self.model(x, chunk_len=STREAM_CHUNK if streaming else None)
+                logits = model(x, chunk_len=STREAM_CHUNK if streaming else None)
             total.add(task_metrics.counts(logits.float(), y))
-        self.model.train()
+        model.train()
         return total
 
     def _extra(self, counts: task_metrics.AccuracyCounts, batch=None) -> dict[str, float]:
@@ -313,8 +324,9 @@ class Trainer:
     def _forward(self):
         """The callable for the training forward: the model, or torch.compile(model) with
         train.compile (evaluation, streaming and inference always use the module itself);
-        on several ranks under DDP (gradients summed across ranks: distributed.wrap)."""
-        model = self.model if self.group is None else distributed.wrap(self.model, self.device)
+        on several ranks under DDP (gradients summed across ranks: distributed.wrap), or
+        the model itself, sharded, under FSDP (:meth:`_shard_model`)."""
+        model = self.model if self.group is None or self.fsdp else distributed.wrap(self.model, self.device)
         if not self.cfg.compile:
             return model
         try:
@@ -333,6 +345,8 @@ class Trainer:
         cfg, dev = self.cfg, self.device
         total, per_epoch = self._plan()
         self.total, self.per_epoch = total, per_epoch
+        if self.fsdp:  # before the optimizer, which then holds each parameter's shard
+            self._shard_model()
         opt, sched = self.opt, self.sched = optim.build(self.model, cfg, total, dev)
         eval_set = self.task.eval_sets(self.spec.seed)
         default_eval = eval_set.get("") or next(iter(eval_set.values()))
@@ -343,7 +357,10 @@ class Trainer:
             if (ck["total_steps"], ck["per_epoch"]) != (total, per_epoch):
                 raise RunFailed(f"checkpoint plan ({ck['total_steps']} steps, {ck['per_epoch']} per epoch) "
                                 f"differs from this run's ({total}, {per_epoch})")
-            opt.load_state_dict(ck["optimizer"])
+            if self.fsdp:  # the checkpoint's whole state (any ranks, DDP or FSDP): this rank's shard
+                sharded.load_optimizer(opt, ck["optimizer"])
+            else:
+                opt.load_state_dict(ck["optimizer"])
             sched.load_state_dict(ck["scheduler"])
             losses.load(ck["losses"])
             step, stop_reason, done = ck["step"], ck["stop_reason"], ck["train_done"]
@@ -353,6 +370,8 @@ class Trainer:
             if not done:
                 step, stop_reason = self._loop(opt, sched, losses, default_eval, total, per_epoch,
                                                step, stop_reason, ck)
+            if self.fsdp:  # the final results (rank 0 alone) use the whole model
+                self._unshard_for_results()
             self.clock.collect()
             self.out = {"steps": step, "total_steps": total, "per_epoch": per_epoch, "eval_sets": eval_set,
                         "stop_reason": stop_reason, "train_s": time.time() - self.train_t0}
@@ -429,6 +448,8 @@ class Trainer:
             at_eval = at_eval or step == total
             if at_eval:
                 losses.check()
+                if self.fsdp:  # every rank gathers; rank 0 evaluates on the replica
+                    self._gather_weights()
             if at_eval and lead:  # rank 0 evaluates; the others wait for it at the agreement below
                 c = self.evaluate(default_eval)
                 ep = self._epoch_f(step, per_epoch)
@@ -439,6 +460,7 @@ class Trainer:
                     rows.append((step, ep, "train", "tokens_trained", self.tokens_trained(step)))
                 rows += compute.flops_rows(self, step, ep)  # cumulative training FLOPs (train/flops)
                 self.store.add_metrics(self.run_id, rows)
+                self._park_replica()
                 self.store.heartbeat(self.run_id, step=step, progress=step / total,
                                      last_accuracy=c.token_accuracy, epoch=epoch)
                 self.history.append({"step": step, "epoch": ep, "accuracy": c.token_accuracy, "loss": c.loss})
@@ -454,10 +476,12 @@ class Trainer:
                 if signalled or due:
                     losses.merge()  # the open window, whole, on rank 0
                     self.rank_rngs = group.gather_objects(checkpoint.rng_state())
+                    if self.fsdp:  # the whole state, gathered by every rank onto rank 0's CPU
+                        self.whole = sharded.full_state(self.model, opt, lead)
             if signalled or due:
                 if lead:
                     self.save_checkpoint(step, stop_reason, done)
-                self.rank_rngs = None
+                self.rank_rngs = self.whole = None
                 last_save = time.monotonic()
             if signalled:
                 raise Stopped(self.stop.signum or signal.SIGTERM)
@@ -479,6 +503,44 @@ class Trainer:
             checkpoint.set_rng_state(ck["rng"])
             torch.manual_seed(self.spec.seed + 7919 * rank + 104729 * step)
 
+    # -- FSDP (workbench/train/sharded.py) --------------------------------------------
+    def _shard_model(self) -> None:
+        """Shard the model per block across the ranks (every rank holds the same weights:
+        the same seed, or the same checkpoint restored); rank 0 first keeps a plain replica
+        on the CPU, for its evaluations and the final results."""
+        whole = sharded.local_bytes(self.model)
+        if self.leader:
+            self.replica = copy.deepcopy(self.model)  # on the CPU (see __init__)
+        sharded.shard(self.model, self.device, self.group.world)
+        if self.leader:
+            held, n = sharded.local_bytes(self.model), len(sharded.units(self.model))
+            self.store.set_info(self.run_id, {"fsdp": {"units": n, "param_bytes": whole, "param_bytes_rank0": held}})
+            print(f"[worker] run {self.run_id}: fsdp over {self.group.world} ranks, {n} units: rank 0 holds "
+                  f"{held / 2**20:.2f} of {whole / 2**20:.2f} MiB of parameters", flush=True)
+
+    def _gather_weights(self) -> None:
+        """Every rank: gather the whole weights; rank 0 loads them into its replica, on the
+        device while it evaluates (:meth:`_park_replica` puts it back on the CPU)."""
+        weights, _ = sharded.full_state(self.model, None, self.leader)
+        if self.leader:
+            self.replica.load_state_dict(weights)
+            self.replica.to(self.device)
+
+    def _park_replica(self) -> None:
+        if self.fsdp and self.replica is not None and self.device.type != "cpu":
+            self.replica.to("cpu")
+
+    def _unshard_for_results(self) -> None:
+        """After the last step, every rank: gather the whole model and optimizer state onto
+        rank 0, which from here on is a one-process run (the final evaluations, the kept
+        weights, a final checkpoint if a signal comes) on the replica; the others are done."""
+        self.whole = sharded.full_state(self.model, self.opt, self.leader)
+        if self.leader:
+            self.replica.load_state_dict(self.whole[0])
+            self.model = self.replica.to(self.device)
+        else:
+            self.whole = None
+
     # -- checkpoints -----------------------------------------------------------------
     def checkpoint_state(self, step: int, stop_reason: str, done: bool) -> dict[str, Any]:
         """Everything the rest of the run depends on, after ``step`` completed: weights,
@@ -493,7 +555,10 @@ class Trainer:
             "format": checkpoint.FORMAT, "run_id": self.run_id, "spec_key": self.key,
             "step": step, "total_steps": self.total, "per_epoch": self.per_epoch,
             "train_done": done, "stop_reason": stop_reason, "device": str(self.device),
-            "model": self.model.state_dict(), "optimizer": self.opt.state_dict(),
+            # under FSDP the whole state dicts gathered for this checkpoint (sharded.full_state),
+            # so a checkpoint reads the same whatever sharded it
+            "model": self.whole[0] if self.whole else self.model.state_dict(),
+            "optimizer": self.whole[1] if self.whole else self.opt.state_dict(),
             "scheduler": self.sched.state_dict(), "rng": checkpoint.rng_state(),
             "data": self.data_pos, "losses": self.losses.state(),
             "history": self.history, "best": self.best, "bad_evals": self.bad_evals,
@@ -503,7 +568,8 @@ class Trainer:
             "peak_mem_mb": max(self.before["peak_mem_mb"], peak_memory_mb(self.device)),
             "gpu_util": gpu_util, "gpu_mem": gpu_mem, "saved_at": time.time(),
             # several ranks: how many, and each one's RNGs (None after training: none is drawn then)
-            **({"ranks": self.group.world, "rng_ranks": self.rank_rngs} if self.group is not None else {}),
+            **({"ranks": self.group.world, "rng_ranks": self.rank_rngs,
+                "sharding": "fsdp" if self.fsdp else "ddp"} if self.group is not None else {}),
         }
 
     def save_checkpoint(self, step: int, stop_reason: str, done: bool) -> None:

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-from workbench.spec.run_spec import RunSpec, run_devices, spec_key
+from workbench.spec.run_spec import RunSpec, run_devices, run_sharding, spec_key
 from workbench.store import HEARTBEAT_S, Store, StoreError, full_disk_detail, is_disk_full
 from workbench.store.runfile import RunFile
 from workbench.train import checkpoint, distributed, sysmon, threads
@@ -195,6 +195,8 @@ def _run(store: Store, run_id: int, t_start: float, stop: StopFlag, argv: list[s
     try:
         try:
             spec = RunSpec.from_dict(r.spec)
+            if r.info.get("sharding"):  # resume --sharding wins over the spec's
+                spec.train.sharding = run_sharding(r.spec, r.info)
         except ValueError as e:
             raise RunFailed(f"cannot read the run's spec: {e}") from None
         ranks, launcher = _start_ranks(store, run_id, r, argv or [])  # several devices: rank 0's side
@@ -209,7 +211,8 @@ def _run(store: Store, run_id: int, t_start: float, stop: StopFlag, argv: list[s
         resumed = None
         if ranks is not None:
             store.set_info(run_id, {"ranks": {"world": ranks.world, "launcher": ranks.launcher,
-                                              "backend": trainer.group.backend}})
+                                              "backend": trainer.group.backend,
+                                              "sharding": "fsdp" if trainer.fsdp else "ddp"}})
         if r.info.get("resume"):
             try:  # verified again here (resume did once): the file may have changed since
                 ck = checkpoint.load_for_run(store.root, run_id, r.spec)
@@ -221,7 +224,8 @@ def _run(store: Store, run_id: int, t_start: float, stop: StopFlag, argv: list[s
             dropped = writer.trim_after(run_id, ck["step"])  # the interrupted attempt's later rows
             resumed = {"step": ck["step"], "from_device": ck["device"], "metrics_dropped": dropped,
                        "time": time.time(), "check": check, "from_ranks": ck.get("ranks", 1),
-                       "ranks": ranks.world if ranks else 1}
+                       "ranks": ranks.world if ranks else 1, "from_sharding": ck.get("sharding", "ddp"),
+                       "sharding": "fsdp" if trainer.fsdp else "ddp"}
             print(f"[worker] run {run_id}: resuming from the checkpoint at step {ck['step']} "
                   f"({check}; {dropped} later metric rows dropped)", flush=True)
         dev = trainer.device
@@ -252,8 +256,9 @@ def _run(store: Store, run_id: int, t_start: float, stop: StopFlag, argv: list[s
         if trainer.saved:  # a finished run needs no checkpoint (weights + optimizer: often GBs)
             checkpoint.remove(store.root, run_id)
             store.set_info(run_id, {"checkpoint": None})
-        if spec.task == "lm" and not isinstance(store, RunFile):
-            # a language model is worth evaluating later (`ssm-workbench eval run:N`): keep its weights
+        if spec.task == "lm":
+            # a language model is worth evaluating later (`ssm-workbench eval run:N`): keep its
+            # weights (a Slurm job's in its shared folder, where eval_models.run_source looks)
             try:
                 size = checkpoint.save_weights(store.root, run_id, trainer.key, out["steps"],
                                                trainer.model.state_dict())
@@ -455,6 +460,8 @@ def run_peer(store_dir: str | None, run_id: int, run_file: str | None, ranks: di
     try:
         r, root, resume = _peer_view(store_dir, run_file, run_id)
         spec = RunSpec.from_dict(r.spec)
+        if r.info.get("sharding"):  # as rank 0 reads it
+            spec.train.sharding = run_sharding(r.spec, r.info)
     except Exception as e:  # before the group: rank 0's launcher sees the exit code
         _say(f"[{tag}] run {run_id}: cannot read the run: {type(e).__name__}: {e}", err=True)
         return 1

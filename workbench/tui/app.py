@@ -33,6 +33,7 @@ from workbench.tui.commands import WorkbenchCommands
 from workbench.tui.dialogs import ConfirmScreen
 from workbench.tui.help_screen import HelpScreen, KeysFooter, sections_for
 from workbench.tui.marked_actions import RESUMABLE
+from workbench.tui.form_checks import launch_extras
 from workbench.tui.formatting import set_text
 from workbench.tui.compare_view import CompareScreen
 from workbench.tui.messages import CompareRuns, KillRequested, OpenRun, ResumeRequested
@@ -330,6 +331,8 @@ class WorkbenchApp(PollsStore, App):
 
     def _launched(self, profile: Profile, ids: list[int]) -> None:
         text = launch_summary(profile.name, ids, progress.command(self.store.root))
+        if extra := launch_extras(profile):  # devices per run, models matched by size
+            text += f"; {extra}"
         self.notify(text, markup=False, timeout=8)
         self.query_one(SweepForm).set_status(text)
         # the cursor goes to the first run that will train now (else the sweep's first)

@@ -115,6 +115,18 @@ def estimate_text(prof: Profile) -> tuple[str, str | None]:
                   + "; lower the batch size, lengths, d_model or n_layers")
 
 
+def launch_extras(prof: Profile) -> str:
+    """What a launch summary adds about each run beyond the count: the devices it trains on
+    (train.devices) and the size its models are matched to ([sweep.match]); '' for neither."""
+    parts = []
+    if (prof.train.devices or 1) > 1:
+        parts.append(f"each run on {prof.train.devices} devices ({(prof.train.sharding or 'ddp').upper()})")
+    if prof.sweep.match is not None:
+        target, value = prof.sweep.match.target()
+        parts.append(f"models matched to {value:,} {'parameters' if target == 'params' else 'state floats'}")
+    return "; ".join(parts)
+
+
 def _shown_value(v: Any) -> str:
     return repr(v) if isinstance(v, str) else str(v)
 

@@ -39,7 +39,7 @@ UNITS = {"batch_size": "sequences a step", "lr": "peak (after warm-up)", "eval_e
 # The form's starting values for a task, where the registry's defaults (a paper's sizes, for
 # a GPU) or the form's generic budget would leave every model at chance on a 2-core CPU:
 # with these, a Transformer at the form's size learns each task well above chance within
-# the budget (tests/test_first_hour_tui.py trains every task from the form's defaults).
+# the budget (tests/test_first_hour_form.py trains every task from the form's defaults).
 # Parameters go into the task's inputs (and so into the profile, where they differ from
 # the registry); training values replace the budget and learning rate the form put there
 # itself, until the user types their own (SweepForm._apply_task_training).
@@ -184,6 +184,28 @@ def format_budget(value: int | float, kind: str) -> str:
     if isinstance(value, float) and value.is_integer():
         return str(int(value))
     return str(value)
+
+
+# train.sharding: how a run's ranks hold the model (label, value; "ddp" is also the default, None)
+SHARDING_KINDS = [("ddp: whole", "ddp"), ("fsdp: 1/N each", "fsdp")]
+# [sweep.match] (workbench/spec/match.py): every model solved to this size. (label, key)
+MATCH_KINDS = [("params", "params"), ("state size", "state_size")]
+
+
+def parse_count(text: str, what: str) -> int:
+    """A whole count as typed: '1M', '250k', '1e6', '1_000_000', '1,000,000' (k, M, G:
+    powers of 1000). ValueError with a one-line reason otherwise."""
+    raw = text.strip().replace(",", "").replace("_", "")
+    scale = 1.0
+    if raw[-1:].lower() in "kmg" and raw[:-1]:
+        scale, raw = _SUFFIXES[raw[-1].lower()], raw[:-1]
+    try:
+        value = float(raw) * scale
+    except ValueError:
+        raise ValueError(f"{text.strip()!r} is not a number of {what} (e.g. 1M, 250k)") from None
+    if not math.isfinite(value) or value != int(value) or value < 1:
+        raise ValueError(f"{text.strip()!r} is not a whole number of {what} of 1 or more")
+    return int(value)
 
 
 def default_eval_every(kind: str, budget: str) -> str | None:
@@ -372,10 +394,12 @@ LABELS: dict[str, str] = {
     "grid_lr": "lr grid", "grid_wd": "weight decay grid", "grid_axes": "grid axes",
     "schedule": "lr schedule", "amp": "mixed precision", "es_metric": "early stop on",
     "patience": "patience", "device": "device", "executor": "executor", "slurm": "Slurm settings",
+    "devices": "devices", "sharding": "sharding", "match_value": "match size",
     **{fid: label for fid, label, *_ in TRAIN_INPUTS},
 }
-EXAMPLES = {fid: default for fid, _, _, default in TRAIN_INPUTS} | {"seeds": "0, 1, 2"}
-ALIASES = {"budget_kind": "budget"}  # fields whose messages show under another's
+EXAMPLES = {fid: default for fid, _, _, default in TRAIN_INPUTS} | {"seeds": "0, 1, 2", "devices": "2"}
+# fields whose messages show under another's
+ALIASES = {"budget_kind": "budget", "sharding": "devices", "match_kind": "match_value"}
 
 
 def field_for(loc: tuple) -> str | None:
@@ -391,6 +415,8 @@ def field_for(loc: tuple) -> str | None:
         if sub == "grid":
             key = keys[2] if len(keys) > 2 else ""
             return next((f for f, k in GRID_INPUTS.items() if k == key), "grid_axes")
+        if sub == "match":
+            return "match_value"
         return sub if sub in ("models", "seq_lens", "seeds") else None
     if head in ("task", "tasks"):
         return "task" if sub in ("", "name") else f"param-{sub}"
@@ -401,6 +427,6 @@ def field_for(loc: tuple) -> str | None:
             return "budget"  # "give exactly one of epochs or steps" is a train-level error
         if sub == "early_stopping":
             return {"metric": "es_metric"}.get(keys[2] if len(keys) > 2 else "", "patience")
-        if sub in TRAIN_FIELD_IDS or sub in ("schedule", "amp", "device"):
+        if sub in TRAIN_FIELD_IDS or sub in ("schedule", "amp", "device", "devices", "sharding"):
             return sub
     return None

@@ -1,4 +1,5 @@
-"""The sweep form's checks as the user types that go beyond one field: the steps a budget in
+"""The sweep form's checks as the user types that go beyond one field: sequence lengths
+that do not fit the task (it is built at each length, as the profile loader does), the steps a budget in
 tokens, FLOPs or tokens per parameter becomes for each run (the form's profile expanded as
 ``run`` would, workbench/spec/budget.py, in a thread worker once typing pauses; shown under
 the budget, and "evaluate every" follows the shortest run), and a task that its parameters
@@ -8,6 +9,7 @@ change events here (Textual sees @on handlers on widget classes only).
 """
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from pydantic import ValidationError
@@ -66,6 +68,49 @@ class FormLive:
         named = sorted((msg.find(p), p) for p in params if p in msg) or \
             sorted((msg.find(p), p) for p in tasks.parameters(name) if p in msg and p != "seq_len")
         return (f"param-{named[0][1]}" if named else "task"), f"task {name}: {msg}"
+
+    def _length_problems(self) -> str:
+        """Why some sequence lengths do not fit the task as its parameters stand ('' when
+        they all do, or when the parameters themselves are not valid yet): the task is
+        built at each length (cheap: data is generated lazily), as the profile loader
+        would, so the message is the task's own."""
+        name = str(self._select("task"))
+        if name != self._params_task or "seq_len" not in tasks.parameters(name):
+            return ""
+        try:
+            params, errors = self._task_params(name)
+        except NoMatches:  # the parameter inputs are being rebuilt
+            return ""
+        if errors:
+            return ""
+        lens = []
+        for text in split_list(self._text("seq_lens")):
+            try:
+                lens.append(int(text))
+            except ValueError:
+                pass  # not a length at all: the schema's message says so
+        bad = {L: e for L in dict.fromkeys(lens) if (e := self._build_error(name, params, L))}
+        if not bad:
+            return ""
+        # a length is at fault only when the same parameters build at another length
+        others = [L for L in lens if L not in bad] + [tasks.parameters(name)["seq_len"]]
+        if all(self._build_error(name, params, L) for L in others if L is not None):
+            return ""
+        (L, err), *more = bad.items()
+        also = f" (also {', '.join(map(str, (m for m, _ in more)))})" if more else ""
+        return f"sequence lengths: {L}{also} does not fit task {name}: {err}"
+
+    def _build_error(self, name: str, params: dict[str, Any], L: int) -> str | None:
+        key = (name, json.dumps(params, sort_keys=True, default=str), L)
+        if key not in self._built:
+            if len(self._built) > 512:
+                self._built.clear()
+            try:
+                tasks.build(name, **params, seq_len=L)
+                self._built[key] = None
+            except (ValueError, TypeError, OSError) as e:
+                self._built[key] = str(e)
+        return self._built[key]
 
     def _schedule_budget_steps(self) -> None:
         """Work out the steps of a token / FLOP / tokens-per-parameter budget once typing

@@ -154,11 +154,11 @@ class FormPresets:
             del data["train"]["early_stopping"]
 
     def preset_changed(self) -> None:
-        """A recipe or size picked: the fields it fills that hold the form's own starting
+        """A recipe or size picked (or a match target set, FormMatch): the fields it fills that hold the form's own starting
         values are emptied (it fills them); fields no preset fills any more get those
         values back where they are empty."""
         recipe, size = self.presets()
-        filled = preset_fields(recipe, size)
+        filled = preset_fields(recipe, size) | self.match_fills()  # (FormMatch: the width a match solves)
         auto = getattr(self, "_auto", {})
         for fid, default in DEFAULTS.items():
             field = self.query_one(f"#{fid}", Input)
@@ -171,5 +171,7 @@ class FormPresets:
 
     def _show_placeholders(self) -> None:
         recipe, size = self.presets()
+        matched = self.match_fills()
         for fid in DEFAULTS:
-            self.query_one(f"#{fid}", Input).placeholder = placeholder(fid, recipe, size)
+            self.query_one(f"#{fid}", Input).placeholder = (
+                "solved per model (match)" if fid in matched else placeholder(fid, recipe, size))

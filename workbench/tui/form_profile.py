@@ -5,6 +5,7 @@ form has no field for. A mixin of :class:`~workbench.tui.sweep_form.SweepForm`.
 """
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Callable
 
 from textual.widgets import Input, Select, Switch
@@ -19,6 +20,18 @@ from workbench.tui.form_fields import (GRID_INPUTS, LABELS, STEP_KINDS, TRAIN_IN
                                        parse_grid_values, parse_model_options, parse_param, parse_settings,
                                        required_params, split_list)
 from workbench.tui.model_picker import ModelPicker
+
+
+def eval_refusal(path: str | Path, state_dir: str | Path | None) -> str:
+    """One line: ``path`` is an evaluation profile, which the form (training sweeps) does
+    not edit, and the commands that run it."""
+    import shlex
+
+    from workbench.store.progress import command
+
+    cmd, f = command(state_dir), shlex.quote(str(path))
+    return (f"{path} is an evaluation profile ([eval]), not a training sweep the form edits: "
+            f"run it with `{cmd} run {f}` (or `{cmd} eval --from {f}`)")
 
 
 class FormProfile:
@@ -100,6 +113,11 @@ class FormProfile:
         train["schedule"] = self._select("schedule")
         train["amp"] = self.query_one("#amp", Switch).value
         train["device"] = self._select("device")
+        train.pop("devices", None)  # empty: one process (a loaded profile's value is in the field)
+        if self._text("devices"):
+            train["devices"] = self._text("devices")
+        if self._select("sharding") == "fsdp" or "sharding" in train:  # ddp, the default: written if it was
+            train["sharding"] = self._select("sharding")
         es["metric"] = self._select("es_metric")
         if self._text("patience"):
             es["patience"] = self._text("patience")
@@ -131,6 +149,7 @@ class FormProfile:
         if published:
             data["published"] = published
         self.presets_data(data)  # the recipe and size, and the keys a loaded profile left to them
+        self.match_data(data, errors)  # [sweep.match] (FormMatch)
         return data, errors
 
     def _sweep_data(self) -> dict[str, Any]:
@@ -226,9 +245,12 @@ class FormProfile:
         self.query_one("#es_metric", Select).value = t.early_stopping.metric
         self.query_one("#patience", Input).value = str(t.early_stopping.patience)
         self.query_one("#device", Select).value = t.device
+        self.query_one("#devices", Input).value = _fmt(t.devices)
+        self.query_one("#sharding", Select).value = t.sharding or "ddp"
         self.query_one("#executor", Select).value = prof.executor
         self.query_one("#slurm", Input).value = format_settings(prof.slurm.model_dump(exclude_defaults=True))
         self.fill_presets(prof, d)  # its recipe and size; what they fill shown empty
+        self.fill_match(prof, d)  # its [sweep.match]; a width it solves shown empty
         self._show_errors({}, [], focus=False)
         # what the fields' Changed handlers would show once the batch is over, shown with it
         self._show_run_count()

@@ -61,6 +61,9 @@ def over_options(keys: list[str]) -> list[str]:
     return [", ".join(c) for c in subsets] + [NONE]
 
 
+DEFAULT_METRICS = ("accuracy", "acc", "perplexity", "loss")  # the first of these a profile holds is shown first
+
+
 def over_keys(label: str | None) -> list[str]:
     """A best-over label back to its keys ([] for NONE)."""
     return [] if not label or label == NONE else label.split(", ")
@@ -176,8 +179,9 @@ class ResultsView(PollsStore, Vertical):
         has_sets = any(r.get("eval_set") not in ("", "valid") for r in recs)  # not just validation
         metric, rows, cols, over = (self._value(f) if f in self.chosen else None
                                     for f in ("metric", "rows", "cols", "over"))
+        # accuracy first; lm-eval's (an evaluation run's) before run-level counts like params
         self._set_options("metric", metrics, metric if metric in metrics else
-                          "accuracy" if "accuracy" in metrics else metrics[0])
+                          next((m for m in DEFAULT_METRICS if m in metrics), metrics[0]))
         rows = rows if rows in fields else "model"
         # eval sets as columns when there are any (accuracy against test length), else the
         # sequence lengths (one column of mean ± std over seeds when there is one length)
@@ -261,17 +265,21 @@ class ResultsView(PollsStore, Vertical):
         self.built = b
         t, best = b["tables"][0]["table"], b["tables"][0]["best"]
         count = catalogue.is_count(metric)
+        # a column without a number for this metric is left out (an evaluation's tasks: acc
+        # on lambada and piqa, perplexity on lambada only; its run-level eval set has neither)
+        shown = [ck for ck in t["cols"] if any((t["cells"].get((rk, ck)) or {}).get("mean") is not None
+                                               for rk in t["rows"])] or t["cols"]
         table.add_column(f"{rows} \\ {cols}", key="__row__")
-        for ck in t["cols"]:
+        for ck in shown:
             table.add_column(export._col_header([cols], ck), key=repr(ck))
         for rk in t["rows"]:
             cells: list[Any] = [export._label([rows], rk)]
-            for ck in t["cols"]:
+            for ck in shown:
                 text = export.fmt_cell(t["cells"].get((rk, ck)), count=count)
                 cells.append(Text(text, style="bold green" if (rk, ck) in best else "",
                                   justify="right"))
             table.add_row(*cells, key=repr(rk))
-        self._keys = (list(t["rows"]), list(t["cols"]))
+        self._keys = (list(t["rows"]), shown)
         set_text(caption, self.caption(b, t, metric))
         self._show_cell(table.cursor_coordinate)
 
@@ -286,7 +294,7 @@ class ResultsView(PollsStore, Vertical):
                 f"{b['select_metric']}; each cell shows its chosen grid point's test numbers)")
 
     def caption(self, b: dict, t: dict, metric: str) -> Text:
-        ns = sorted({a["n"] for a in t["cells"].values() if a})
+        ns = sorted({a["n"] for a in t["cells"].values() if a and a.get("mean") is not None})
         how = {"max": "highest", "min": "lowest"}.get(catalogue.better(metric) or "", "")
         rule = self.rule_text(b)
         return Text.assemble(

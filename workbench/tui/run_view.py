@@ -27,6 +27,7 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import Screen
 from textual.widgets import Header, Static
 
+from workbench.results import catalogue
 from workbench.store import Run, Store
 from workbench.tui.background import PollsStore
 from workbench.tui.formatting import accuracy, count, duration, number, percent, set_text, state_text
@@ -57,8 +58,11 @@ class Snapshot:
     nvml_note: str | None = None
 
 
-def empty_text(state: str, what: str) -> str:
-    """What an empty plot of ``what`` (loss, accuracy) says for a run in ``state``."""
+def empty_text(state: str, what: str, kind: str | None = None) -> str:
+    """What an empty plot of ``what`` (loss, accuracy) says for a run in ``state`` (an
+    evaluation run, ``kind`` "eval", has no curves: its numbers are per task)."""
+    if kind == "eval" and state not in ("pending",):
+        return f"evaluation run: no {what} curve; results at right"
     if state == "pending":
         return "waiting for the run to start..."
     if state == "running":
@@ -145,7 +149,7 @@ class RunScreen(PollsStore, Screen):
                 if plot.series:
                     plot.redraw()
         for plot in self.query(MetricPlot):  # an empty plot says why it is empty
-            text = empty_text(snap.run.state, plot.ylabel)
+            text = empty_text(snap.run.state, plot.ylabel, snap.run.spec.get("kind"))
             if text != plot.empty_text:
                 plot.empty_text = text
                 if not plot.series:
@@ -222,12 +226,16 @@ class RunScreen(PollsStore, Screen):
             out = Text()
             for eval_set, values in sorted(results.items()):
                 out.append(f"{eval_set or 'default eval set'}\n", style="bold")
+                narrow = any(k.endswith("_stderr") for k in values)  # values with '± SE': wider
                 for name, value in values.items():
-                    if value is None:  # not measured here (e.g. GPU figures on a CPU run)
+                    # not measured here (e.g. GPU figures on a CPU run); a standard error
+                    # (lm-eval's <metric>_stderr) goes beside its metric
+                    if value is None or (name.endswith("_stderr") and name.removesuffix("_stderr") in values):
                         continue
-                    # accuracies with three decimals (1.000 beside 0.997), other figures 5 digits
-                    shown = accuracy(value) if "accuracy" in name else number(value, 5)
-                    out.append(f"  {name:<24} {shown:>10}\n")
+                    se = values.get(f"{name}_stderr")
+                    # (with '± SE' the value is wider: the name's column narrower, to fit the panel)
+                    out.append(f"  {name:<14}{_figure(name, value, se):>16}\n" if narrow else
+                               f"  {name:<24} {_figure(name, value):>10}\n")
             set_text(res, out)
         else:
             set_text(res, Text("none yet" if not run.finished else "none recorded", style="dim"))
@@ -238,13 +246,25 @@ class RunScreen(PollsStore, Screen):
         self.post_message(KillRequested(self.run_id))
 
 
+def _figure(name: str, value: float, stderr: float | None = None) -> str:
+    """A result as the side panel shows it: accuracies (a fraction: 'accuracy', lm-eval's
+    'acc', 'acc_norm') with three decimals (1.000 beside 0.997), other figures 5 digits;
+    '± SE' after it where the run stored a standard error."""
+    m = catalogue.get(name)
+    frac = "accuracy" in name or (m is not None and m.unit == "fraction")
+    shown = accuracy(value) if frac else number(value, 5)
+    if stderr is not None:
+        shown += f" ± {accuracy(stderr) if frac else number(stderr, 2)}"
+    return shown
+
+
 def config_text(run: Run) -> Text:
     """The run's spec as readable key: value lines (train settings indented)."""
     spec = dict(run.spec)
     out = Text()
     for k in ("profile", "model", "label", "model_options", "d_model", "n_layers", "task",
               "task_params", "seq_len", "seed"):
-        if k in spec:
+        if k in spec and not (k == "seq_len" and spec[k] is None):  # (an evaluation run has no length)
             out.append(f"{k}: ", style="bold")
             out.append(f"{_short(spec[k])}\n")
     train = spec.get("train") or {}
@@ -254,6 +274,12 @@ def config_text(run: Run) -> Text:
             if v is None:  # unset optional settings (e.g. epochs when steps are given)
                 continue
             out.append(f"  {k}: {_short(v)}\n")
+    ev = spec.get("eval") or {}  # an evaluation run's lm-eval settings (its tasks first)
+    if ev:
+        out.append("eval:\n", style="bold")
+        for k, v in ev.items():
+            if v not in (None, [], ""):
+                out.append(f"  {k}: {_short(v)}\n")
     if run.info:
         out.append("info:\n", style="bold")
         for k, v in run.info.items():

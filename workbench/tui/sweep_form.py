@@ -16,7 +16,6 @@ the lengths, and the run count waits until it does.
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +25,6 @@ from textual import on
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
-from textual.css.query import NoMatches
 from textual.message import Message
 from textual.timer import Timer
 from textual.suggester import SuggestFromList
@@ -37,15 +35,17 @@ import tasks
 from workbench.spec import profile as profiles
 from workbench.spec.profile import DataAbsent, Profile, ProfileError
 from workbench.tui import paths
-from workbench.tui.form_checks import estimate_text, plain_message, registry_problems, run_count_text
+from workbench.tui.form_checks import (estimate_text, launch_extras, plain_message, registry_problems,
+                                       run_count_text)
 from workbench.tui.form_fields import (ALIASES, BUDGET_KINDS, DEFAULT_BUDGET, DEFAULT_LENGTHS, EXAMPLES, LABELS,
-                                       STEP_KINDS, TRAIN_INPUTS, UNITS, _fmt, default_eval_every, field_for,
-                                       required_params, split_list, task_cpu_note, task_param_defaults,
+                                       MATCH_KINDS, SHARDING_KINDS, STEP_KINDS, TRAIN_INPUTS, UNITS, _fmt, default_eval_every, field_for,
+                                       required_params, task_cpu_note, task_param_defaults,
                                        task_train_defaults)
 from workbench.tui.form_fields import PARAM_SUGGESTIONS, PARAM_UNITS
 from workbench.tui.form_live import FormLive
+from workbench.tui.form_match import FormMatch
 from workbench.tui.form_presets import RECIPE_OPTIONS, SIZE_OPTIONS, FormPresets
-from workbench.tui.form_profile import FormProfile
+from workbench.tui.form_profile import FormProfile, eval_refusal  # noqa: F401 (eval_refusal: here before)
 from workbench.tui.formatting import set_text
 from workbench.tui.model_picker import ModelPicker
 
@@ -71,19 +71,7 @@ class FieldRow(Vertical):
         yield Static("", id=f"err-{self.field_id}", classes="field-error")
 
 
-def eval_refusal(path: str | Path, state_dir: str | Path | None) -> str:
-    """One line: ``path`` is an evaluation profile, which the form (training sweeps) does
-    not edit, and the commands that run it."""
-    import shlex
-
-    from workbench.store.progress import command
-
-    cmd, f = command(state_dir), shlex.quote(str(path))
-    return (f"{path} is an evaluation profile ([eval]), not a training sweep the form edits: "
-            f"run it with `{cmd} run {f}` (or `{cmd} eval --from {f}`)")
-
-
-class SweepForm(FormLive, FormPresets, FormProfile, Vertical):
+class SweepForm(FormLive, FormMatch, FormPresets, FormProfile, Vertical):
     """The sweep form. Posts :class:`Launch` with a validated profile; saves/loads itself.
 
     Wide terminals show two columns (models on the left; task, sweep and training settings
@@ -127,6 +115,10 @@ class SweepForm(FormLive, FormPresets, FormProfile, Vertical):
         # defaults) and what it put there: they follow the task until the user types their own
         self._auto: dict[str, str] = task_train_defaults("")
         self._built: dict[tuple, str | None] = {}  # (task, params, length) -> build error
+        self._match_timer: Timer | None = None  # [sweep.match] solved after typing pauses (FormMatch)
+        self._match_seq = 0  # only the latest solve's answer is shown
+        self._gpus: list[str] | None = None  # this machine's GPU ids, read when first needed
+        self.refused_eval = ""  # the refusal of an evaluation profile just loaded: ctrl+r says it once more
         saved = paths.load_state(state_dir).get("profile_path") if state_dir is not None else None
         self.last_path: Path | None = Path(saved) if saved else None
 
@@ -161,6 +153,11 @@ class SweepForm(FormLive, FormPresets, FormProfile, Vertical):
                                unit="tokens")
                 yield FieldRow("seeds", Input("0", id="seeds", compact=True, placeholder="e.g. 0, 1, 2"),
                                "seeds")
+                # [sweep.match]: every model solved to one size; the values solved, per model
+                yield FieldRow("match size", Input("", id="match_value", compact=True, placeholder="off (e.g. 1M)"),
+                               "match_value", unit=Select(MATCH_KINDS, id="match_kind", allow_blank=False,
+                                                          value="params", compact=True))
+                yield Static("", id="match-solved", classes="hint")
                 yield Static("", id="run-count")
                 yield Static("Training", classes="section")
                 yield FieldRow("train for", Input(DEFAULT_BUDGET, id="budget", compact=True), "budget",
@@ -197,6 +194,11 @@ class SweepForm(FormLive, FormPresets, FormProfile, Vertical):
                                unit="evaluations (0 = off)")
                 yield FieldRow("device", Select([(d, d) for d in ("auto", "cpu", "cuda")], id="device",
                                                 allow_blank=False, value="auto", compact=True), "device")
+                # ranks a run trains on (train.devices) and how they hold the model (train.sharding)
+                yield FieldRow("devices", Input("", id="devices", compact=True, placeholder="1"), "devices",
+                               unit=Select(SHARDING_KINDS, id="sharding", allow_blank=False, value="ddp",
+                                           compact=True))
+                yield Static("", id="devices-note", classes="hint")  # what N ranks mean on this machine
                 yield Static("Where", classes="section")
                 yield FieldRow("executor", Select([("this machine", "local"), ("Slurm: a job per run", "slurm")],
                                                   id="executor", allow_blank=False, value="local",
@@ -212,7 +214,8 @@ class SweepForm(FormLive, FormPresets, FormProfile, Vertical):
     async def on_mount(self) -> None:
         await self._show_task(self.query_one("#task", Select).value)
         self._apply_task_training(str(self.query_one("#task", Select).value))
-        self.query_one("#budget-steps", Static).display = False
+        for hint in ("#budget-steps", "#match-solved", "#devices-note"):
+            self.query_one(hint, Static).display = False
         self._show_run_count()
         self._show_eval_unit()
         self.set_status("")
@@ -240,49 +243,6 @@ class SweepForm(FormLive, FormPresets, FormProfile, Vertical):
         if not self._errors_shown:  # (else the full check below shows every field's problem)
             self._set_error("seq_lens", lengths)
             self._show_param_problem()
-
-    def _length_problems(self) -> str:
-        """Why some sequence lengths do not fit the task as its parameters stand ('' when
-        they all do, or when the parameters themselves are not valid yet): the task is
-        built at each length (cheap: data is generated lazily), as the profile loader
-        would, so the message is the task's own."""
-        name = str(self._select("task"))
-        if name != self._params_task or "seq_len" not in tasks.parameters(name):
-            return ""
-        try:
-            params, errors = self._task_params(name)
-        except NoMatches:  # the parameter inputs are being rebuilt
-            return ""
-        if errors:
-            return ""
-        lens = []
-        for text in split_list(self._text("seq_lens")):
-            try:
-                lens.append(int(text))
-            except ValueError:
-                pass  # not a length at all: the schema's message says so
-        bad = {L: e for L in dict.fromkeys(lens) if (e := self._build_error(name, params, L))}
-        if not bad:
-            return ""
-        # a length is at fault only when the same parameters build at another length
-        others = [L for L in lens if L not in bad] + [tasks.parameters(name)["seq_len"]]
-        if all(self._build_error(name, params, L) for L in others if L is not None):
-            return ""
-        (L, err), *more = bad.items()
-        also = f" (also {', '.join(map(str, (m for m, _ in more)))})" if more else ""
-        return f"sequence lengths: {L}{also} does not fit task {name}: {err}"
-
-    def _build_error(self, name: str, params: dict[str, Any], L: int) -> str | None:
-        key = (name, json.dumps(params, sort_keys=True, default=str), L)
-        if key not in self._built:
-            if len(self._built) > 512:
-                self._built.clear()
-            try:
-                tasks.build(name, **params, seq_len=L)
-                self._built[key] = None
-            except (ValueError, TypeError, OSError) as e:
-                self._built[key] = str(e)
-        return self._built[key]
 
     # ------------------------------------------------------------------ units and defaults
     @on(Input.Changed, "#budget")
@@ -328,8 +288,15 @@ class SweepForm(FormLive, FormPresets, FormProfile, Vertical):
 
     @on(Select.Changed, "#recipe")
     @on(Select.Changed, "#size")
+    @on(Input.Changed, "#match_value")
     def _presets_changed(self) -> None:
         self.preset_changed()  # (FormPresets: a plain mixin, whose @on handlers Textual would not see)
+
+    @on(Input.Changed, "#devices")
+    @on(Select.Changed, "#sharding")
+    @on(Select.Changed, "#executor")
+    def _devices_changed(self) -> None:
+        self.devices_note()  # (FormMatch)
 
     # ------------------------------------------------------------------ live re-checking
     @on(Input.Changed)
@@ -344,6 +311,8 @@ class SweepForm(FormLive, FormPresets, FormProfile, Vertical):
             self._show_run_count()
         if not (isinstance(event, Input.Changed) and event.input.id in ("name", "description", "eval_every")):
             self._schedule_budget_steps()
+            self.schedule_match()
+        self.refused_eval = ""  # an edit: ctrl+r is about this form's sweep again
         if self._errors_shown:
             # once typing pauses: a full check (the registry's too) takes 50-200 ms
             if self._recheck_timer is not None:
@@ -552,8 +521,10 @@ class SweepForm(FormLive, FormPresets, FormProfile, Vertical):
                 except DataAbsent as e:  # valid, and editable: only a launch needs the data
                     prof, absent = e.profile, str(e).split("\n", 1)[1]
                 if isinstance(prof, profiles.EvalProfile):  # no sweep, task or budget to edit
-                    raise ProfileError(eval_refusal(path, self.state_dir))
+                    self.refused_eval = eval_refusal(path, self.state_dir)
+                    raise ProfileError(self.refused_eval)
                 await self.fill(prof)
+                self.refused_eval = ""
             except ProfileError as e:
                 self.set_status(str(e), bad=True)
                 self.notify(str(e), title="cannot load profile", severity="error", markup=False)
@@ -567,10 +538,17 @@ class SweepForm(FormLive, FormPresets, FormProfile, Vertical):
         self.app.push_screen(PathScreen("Load profile from", str(folder) + "/", browse=folder), done)
 
     def action_launch(self) -> None:
+        if self.refused_eval:  # ctrl+o just refused an evaluation profile: not this form's sweep, unasked
+            self.set_status(f"not launched (ctrl+r again launches the form's sweep {self._text('name')!r}): "
+                            f"{self.refused_eval}", bad=True)
+            self.refused_eval = ""
+            return
         prof = self.build_profile(need_data=True)  # the runs read the [[needs]] paths
         if prof is not None:
             text, _ = run_count_text(self._sweep_data(), prof.task.name)
             peak, refusal = estimate_text(prof)
+            devices, ok = self.devices_note()  # more GPUs than this machine has: the scheduler's check
+            refusal = refusal or (None if ok or prof.executor == "slurm" else devices)
             count = self.query_one("#run-count", Static)
             count.set_class(refusal is not None, "bad")
             count.update(Text(f"{text} · {peak}"))
@@ -578,7 +556,8 @@ class SweepForm(FormLive, FormPresets, FormProfile, Vertical):
                 self.set_status(refusal, bad=True)
                 return
             # the app replaces this with the ids once the runs are queued
-            self.set_status(text.replace("will launch", "launching", 1))
+            extra = launch_extras(prof)
+            self.set_status(text.replace("will launch", "launching", 1) + (f"; {extra}" if extra else ""))
             self.post_message(self.Launch(prof))
 
 

@@ -1,6 +1,7 @@
 /*
  * CPU kernels, loaded by models/kernels/cpu_kernels.py: the linear-RNN recurrences of
- * models/kernels/linear_rnn.py (linear_rnn_impl.h, documented there), the causal
+ * models/kernels/linear_rnn.py (linear_rnn_impl.h, documented there), RWKV-7's and KDA's
+ * generalised delta rule (dplr_impl.h, documented there), the causal
  * depthwise conv (causal_conv1d_impl.h) and the fused selective scan
  * (S6, Gu & Dao 2023; selective_scan_impl.h), forward and hand-written backward of
  *
@@ -157,6 +158,7 @@ static inline float exp_f32(float x) {
 #include "selective_scan_impl.h"
 #include "causal_conv1d_impl.h"
 #include "linear_rnn_impl.h"
+#include "dplr_impl.h"        /* after linear_rnn_impl.h: uses its helpers */
 #undef SCALAR
 #undef EXP
 #undef LOG1P
@@ -169,6 +171,7 @@ static inline float exp_f32(float x) {
 #include "selective_scan_impl.h"
 #include "causal_conv1d_impl.h"
 #include "linear_rnn_impl.h"
+#include "dplr_impl.h"        /* after linear_rnn_impl.h: uses its helpers */
 #undef SCALAR
 #undef EXP
 #undef LOG1P

@@ -1,0 +1,200 @@
+"""Forgetting attention (FoX) in C on a CPU: backend ``cpu`` of
+:mod:`models.forgetting_attention`, forward and hand-written backward.
+
+Maths (Lin et al., ICLR 2025), per batch row and head, positions i of the queries and j of
+the keys (the queries are the last nq of the nk positions):
+
+    z_ij = scale q_i . k_j + c_i - c_j  (j <= i),   c_t = sum_{l <= t} log f_l,
+    P_ij = exp(z_ij - lse_i),  lse_i = log sum_j exp(z_ij),   o_i = sum_j P_ij v_j.
+
+Backward, from dO: dP_ij = dO_i . v_j, D_i = dO_i . o_i, dz_ij = P_ij (dP_ij - D_i);
+dq_i = scale sum_j dz_ij k_j, dk_j = scale sum_i dz_ij q_i, dv_j = sum_i P_ij dO_i and
+dc_t = sum_j dz_tj - sum_i dz_it (the row sums vanish in exact arithmetic: softmax ignores a
+per-row shift). autograd takes dc back through the float64 cumulative sum to the log gates.
+
+Why C and not ``scaled_dot_product_attention``: see ``csrc/forgetting_attn.c``. The kernel
+works flash-style, 8 queries at a time against their visible keys, so memory is O(L d) plus
+a (8, L) score buffer per thread; the forward saves lse (batch, heads, nq) for the backward.
+
+float32 precision: c is summed in float64 and the decay of a pair is formed as
+(c_i - c_p0) + (c_p0 - c_j), p0 the first query of the block of 8, so its rounding error
+scales with the decay of the pairs that carry weight, not with |c| (up to L |log f|); the
+float32 error against the float64 definition stays near plain float32 attention's however
+strong the forgetting (measured in docs/RESULTS.md).
+
+Build: as :mod:`models.kernels.cpu_kernels` (the system C compiler, the same flag sets and
+cache directory, ``SSM_WORKBENCH_NO_CPU_KERNEL=1`` disables it); :func:`load` returns the
+reason when it cannot build, and ``auto`` then uses the ``torch`` form.
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch
+
+from models.kernels import cpu_kernels as _ck
+
+ABI_VERSION = 1
+DMAX = 256               # largest head dimension the kernel takes (csrc: DMAX)
+JT = 16                  # keys per score tile: kt and vt are padded to a multiple of it
+_SOURCES = ("forgetting_attn.c", "forgetting_attn_impl.h")
+_loaded: tuple[ctypes.CDLL | None, str] | None = None
+
+
+def _compile(cc: str, out: Path, extra: list[str]) -> str:
+    """Compile to ``out`` atomically; "" on success, else the compiler's last line."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
+    os.close(fd)
+    cmd = [cc, *_ck._BASE_FLAGS, f"-I{_ck._SRC_DIR}", "-o", tmp, str(_ck._SRC_DIR / _SOURCES[0]),
+           *extra, "-lm"]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        os.unlink(tmp)
+        return f"{type(exc).__name__}: {exc}"
+    if proc.returncode != 0:
+        os.unlink(tmp)
+        return (proc.stderr.strip().splitlines() or ["failed"])[-1][:300]
+    os.replace(tmp, out)
+    return ""
+
+
+def _build_and_load() -> tuple[ctypes.CDLL | None, str]:
+    if os.environ.get("SSM_WORKBENCH_NO_CPU_KERNEL", "") not in ("", "0"):
+        return None, "disabled by SSM_WORKBENCH_NO_CPU_KERNEL"
+    cc = _ck._compiler()
+    if cc is None:
+        return None, "no C compiler found ($CC or cc)"
+    try:
+        version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return None, f"C compiler {cc} does not run: {exc}"
+    sources = b"".join((_ck._SRC_DIR / name).read_bytes() for name in _SOURCES)
+    errors = []
+    for extra in _ck._FLAG_SETS:
+        key = hashlib.sha256(b"\0".join([
+            sources, cc.encode(), version.encode(), " ".join(_ck._BASE_FLAGS + extra).encode(),
+            _ck._cpu_signature().encode()])).hexdigest()[:20]
+        for directory in (_ck.cache_dir(), Path(tempfile.gettempdir()) / "ssm-workbench-kernels"):
+            path = directory / f"forgetting_attn-{key}.so"
+            try:
+                if not path.exists():
+                    err = _compile(cc, path, extra)
+                    if err:
+                        errors.append(f"{' '.join(extra) or 'plain'}: {err}")
+                        break
+                lib = ctypes.CDLL(str(path))
+            except OSError as exc:
+                errors.append(f"{path}: {exc}")
+                continue
+            if lib.fa_abi_version() != ABI_VERSION:
+                errors.append(f"{path}: ABI {lib.fa_abi_version()} != {ABI_VERSION}")
+                continue
+            for sfx in ("f32", "f64"):
+                for kind in ("fa_fwd", "fa_bwd"):
+                    fn = getattr(lib, f"{kind}_{sfx}")
+                    fn.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_long)]
+                    fn.restype = ctypes.c_int
+            return lib, ""
+    return None, "building the forgetting-attention CPU kernel failed: " + "; ".join(errors)
+
+
+def load() -> tuple[ctypes.CDLL | None, str]:
+    """(the library, "") or (None, why it is unavailable); built at most once per process."""
+    global _loaded
+    if _loaded is None:
+        _loaded = _build_and_load()
+    return _loaded
+
+
+def unsupported(q: torch.Tensor) -> str:
+    """Why the kernel cannot take these queries ("" when it can)."""
+    if q.device.type != "cpu":
+        return f"tensors on {q.device.type!r}, the kernel runs on the CPU"
+    if q.dtype not in (torch.float32, torch.float64):
+        return f"dtype {q.dtype}: the kernel takes float32 or float64"
+    if q.shape[-1] > DMAX:
+        return f"head dimension {q.shape[-1]} > {DMAX}"
+    return load()[1]
+
+
+def _call(kind: str, dtype: torch.dtype, scale: float, tensors: list[torch.Tensor], sizes: list[int]) -> None:
+    lib = load()[0]
+    if lib is None:
+        raise RuntimeError(f"forgetting-attention CPU kernel unavailable: {load()[1]}")
+    s = ctypes.c_double(scale)
+    ptrs = (ctypes.c_void_p * (len(tensors) + 1))(ctypes.addressof(s), *[t.data_ptr() for t in tensors])
+    longs = (ctypes.c_long * len(sizes))(*sizes)
+    rc = getattr(lib, f"{kind}_{'f32' if dtype == torch.float32 else 'f64'}")(ptrs, longs)
+    if rc == -1:
+        raise MemoryError(f"forgetting-attention kernel {kind}: could not allocate a work buffer")
+    if rc != 0:
+        raise RuntimeError(f"forgetting-attention kernel {kind}: bad sizes {sizes}")
+
+
+def _transposed(x: torch.Tensor, ldk: int) -> torch.Tensor:
+    """(bh, n, d) -> (bh, d, ldk), zero past n."""
+    out = x.new_zeros(x.shape[0], x.shape[2], ldk)
+    out[..., :x.shape[1]] = x.transpose(1, 2)
+    return out
+
+
+class ForgettingAttnCPU(torch.autograd.Function):
+    """q: (bh, nq, d); k, v: (bh, nk, d), d a multiple of 16; c: (bh, nk) float64 ->
+    o (bh, nq, d)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, c, scale):
+        bh, nq, d = q.shape
+        nk = k.shape[1]
+        ldk = -(-nk // JT) * JT
+        q, k, v, c = q.contiguous(), k.contiguous(), v.contiguous(), c.contiguous()
+        kt = _transposed(k, ldk)
+        out = q.new_empty(bh, nq, d)
+        lse = q.new_empty(bh, nq)
+        sizes = [bh, nq, nk, d, ldk, torch.get_num_threads()]
+        _call("fa_fwd", q.dtype, scale, [q, kt, v, c, out, lse], sizes)
+        ctx.save_for_backward(q, k, kt, v, c, out, lse)
+        ctx.scale, ctx.sizes = scale, sizes
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, kt, v, c, out, lse = ctx.saved_tensors
+        bh, nq, nk, d, ldk, _ = ctx.sizes
+        sizes = [bh, nq, nk, d, ldk, torch.get_num_threads()]
+        dq, dc = torch.empty_like(q), torch.empty_like(c)
+        dkt, dvt = kt.new_empty(bh, d, ldk), kt.new_empty(bh, d, ldk)   # transposed, as kt
+        _call("fa_bwd", q.dtype, ctx.scale,
+              [q, k, kt, v, _transposed(v, ldk), c, out, lse, dout.contiguous(), dq, dkt, dvt, dc], sizes)
+        return dq, dkt[..., :nk].transpose(1, 2), dvt[..., :nk].transpose(1, 2), dc, None
+
+
+def forgetting_attn_cpu(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
+                        scale: float | None = None) -> torch.Tensor:
+    """fla's calling convention: q (batch, nq, heads, d), k, v (batch, nk, heads, d) with
+    nk >= nq (the queries are the last nq positions), g (batch, nk, heads) log forget
+    gates -> (batch, nq, heads, d), in q's dtype (float32 or float64)."""
+    why = unsupported(q)
+    if why:
+        raise ValueError(f"forgetting_attn_cpu: {why}")
+    b, nq, h, d = q.shape
+    nk = k.shape[1]
+    scale = d ** -0.5 if scale is None else float(scale)
+    c = torch.cumsum(g.to(torch.float64), dim=1)          # float64: see the module doc
+
+    pad = -d % 16                  # zero channels: q . k and the first d of o unchanged
+
+    def heads_first(x, n):
+        x = x.to(q.dtype).transpose(1, 2).reshape(b * h, n, d)
+        return torch.nn.functional.pad(x, (0, pad)) if pad else x
+
+    c = c.transpose(1, 2).reshape(b * h, nk)
+    o = ForgettingAttnCPU.apply(heads_first(q, nq), heads_first(k, nk), heads_first(v, nk), c, scale)
+    return o[..., :d].view(b, h, nq, d).transpose(1, 2) if pad else o.view(b, h, nq, d).transpose(1, 2)

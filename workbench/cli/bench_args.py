@@ -1,0 +1,100 @@
+"""The ``ssm-workbench bench`` command line: its options and their value types (see
+workbench.cli.bench), and ``Run``, how the parts have a config measured."""
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any, Callable
+
+# (spec, timeout seconds) -> the measured row, or {"error": ...}; in the CLI a fresh process
+# per spec (bench._run_subprocess), in tests the same measurement in-process
+Run = Callable[[dict[str, Any], float], dict[str, Any]]
+
+
+def _csv_list(text: str) -> list[str]:
+    items = [t.strip() for t in text.split(",") if t.strip()]
+    if not items:
+        raise argparse.ArgumentTypeError("expected a comma-separated list")
+    return items
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        values = [int(t) for t in _csv_list(text)]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if any(v < 1 for v in values):
+        raise argparse.ArgumentTypeError("values must be >= 1")
+    return values
+
+
+def _positive(text: str) -> int:
+    v = int(text)
+    if v < 1:
+        raise argparse.ArgumentTypeError("must be >= 1")
+    return v
+
+
+def _option(text: str) -> tuple[str, Any]:
+    if "=" not in text:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    key, raw = text.split("=", 1)
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError:
+        value = raw  # a bare string such as rope
+    return key.strip(), value
+
+
+def build_parser(description: str) -> argparse.ArgumentParser:
+    """Every bench option; ``description`` heads ``--help``."""
+    p = argparse.ArgumentParser(prog="ssm-workbench bench", description=description)
+    p.add_argument("--models", type=_csv_list, default=None,
+                   help="comma-separated registry names (default: mamba,transformer where registered)")
+    p.add_argument("--seq-lens", type=_int_list, default=[256, 1024])
+    p.add_argument("--batch", type=_positive, default=8)
+    p.add_argument("--d-model", type=_positive, default=64)
+    p.add_argument("--n-layers", type=_positive, default=2)
+    p.add_argument("--backend", type=_csv_list, default=None,
+                   help="scan backend(s) for models that take `backend` (e.g. ref,torch)")
+    p.add_argument("--opt", type=_option, action="append", default=[], metavar="KEY=VALUE",
+                   help="model option (JSON value) for every model that takes it; repeatable")
+    p.add_argument("--repeats", type=_positive, default=5)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    p.add_argument("--threads", type=_positive, default=None,
+                   help="torch intra-op threads in each measuring process (default: torch's)")
+    p.add_argument("--format", default="md", choices=["md", "csv", "json"])
+    p.add_argument("--timeout", type=float, default=1800, help="seconds per config before giving up")
+    p.add_argument("--scan-backends", type=_csv_list, default=None,
+                   help="measure the selective scan alone with these backends (e.g. ref,torch,cpu)")
+    p.add_argument("--ops", type=_csv_list, default=None,
+                   help="measure linear-RNN operators alone: comma list of "
+                        "linear_attention,simple_gla,gla,delta_rule,gated_delta_rule,"
+                        "gated_delta_product, or all")
+    p.add_argument("--op-backends", type=_csv_list, default=["ref", "torch"],
+                   help="operator backends for --ops (ref, torch, cpu, fla, auto); x_ref "
+                        "compares with ref")
+    p.add_argument("--heads", type=_positive, default=4, help="--ops: heads")
+    p.add_argument("--head-dim", type=_positive, default=32, help="--ops: key and value dim per head")
+    p.add_argument("--householder", type=_positive, default=2,
+                   help="--ops gated_delta_product: delta-rule steps per token")
+    p.add_argument("--ref-max-len", type=_positive, default=None,
+                   help="--ops: skip the step-by-step ref backend above this length")
+    p.add_argument("--triton-compile", type=int, default=None, metavar="ARCH",
+                   help="compile the Triton kernels for compute capability ARCH (e.g. 90) "
+                        "without a GPU and report registers, spills and occupancy")
+    p.add_argument("--estimate", action="store_true",
+                   help="the resource estimate beside the measured peak memory, per model and "
+                        "length, and their ratio (--models: which models; default one per "
+                        "family; the speed table is not measured then)")
+    p.add_argument("--estimate-tries", type=_positive, default=2,
+                   help="--estimate: fresh processes measured per config; the smallest peak counts")
+    p.add_argument("--stream-tokens", type=_positive, default=None,
+                   help="also run the streamed-inference measurement over this many tokens")
+    p.add_argument("--stream-chunk", type=_positive, default=4096)
+    p.add_argument("--stream-mode", default="chunked", choices=["chunked", "step"])
+    p.add_argument("--stream-model", type=_csv_list, default=["mamba"],
+                   help="recurrent model(s) to stream, comma-separated")
+    p.add_argument("--one", metavar="SPEC_JSON", help=argparse.SUPPRESS)  # internal: one config
+    return p
