@@ -202,9 +202,9 @@ def test_bad_options_are_one_line_errors():
         Mamba3(16, backend="nope")
 
 
-def _mimo_inputs(L, R, r=3, seed=5):
+def _mimo_inputs(L, R, r=3, seed=5, N=8, P=5):
     """SISO-like inputs with a rank axis: q, k, v (b, L, r, h, .), state kr/v_prev (b, r, h, .)."""
-    x, s0 = _inputs(L=L, R=R, seed=seed)
+    x, s0 = _inputs(L=L, R=R, seed=seed, N=N, P=P)
     g = torch.Generator().manual_seed(seed + 1)
     b, _, h, N = x["q"].shape
     P = x["v"].shape[-1]
@@ -215,19 +215,22 @@ def _mimo_inputs(L, R, r=3, seed=5):
     return x, s0
 
 
-@pytest.mark.parametrize("backend", CHUNKED)
+@pytest.mark.parametrize("backend, N, P, r", [("torch", 8, 5, 3)] + [
+    ("cpu", 8, 5, 3), ("cpu", 16, 8, 3), ("cpu", 16, 16, 4)] * ("cpu" in CHUNKED))
 @pytest.mark.parametrize("R", [2, 0])
 @pytest.mark.parametrize("L", [1, 23])
-def test_mimo_chunked_equals_ref_outputs_state_and_gradients(backend, R, L):
+def test_mimo_chunked_equals_ref_outputs_state_and_gradients(backend, N, P, r, R, L):
     """torch: one SSD call over the L r rank positions (chunk 7 splits steps' ranks across
     chunks) plus the per-step r x r correction; cpu: the fused C kernel (rotation inside),
     its backward from states stored every 5 steps (L = 23: a partial last chunk) == the
-    step-by-step MIMO recurrence."""
+    step-by-step MIMO recurrence. Head sizes: (8, 5) runs the kernel's scalar copy, (16, 8)
+    its float64 vector copy with the sizes given at run time, (16, 16) at rank 4 the copy
+    compiled for those sizes."""
     from models.kernels import mamba3_mimo_cpu
     from models.kernels.mamba3_scan import mamba3_mimo, mamba3_mimo_ref
     if backend == "cpu":    # the cpu backend is the fused kernel wherever the C kernels build
         assert mamba3_mimo_cpu.load()[0] is not None, mamba3_mimo_cpu.load()[1]
-    x, s0 = _mimo_inputs(L, R)
+    x, s0 = _mimo_inputs(L, R, r=r, N=N, P=P)
     kw = {"chunk_size": 7 if backend == "torch" else 5}
     assert_op_equals_ref(mamba3_mimo, mamba3_mimo_ref, x, s0, backend=backend, **kw)
 

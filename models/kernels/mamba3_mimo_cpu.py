@@ -33,7 +33,7 @@ from models.kernels import cpu_kernels as _ck
 
 ABI_VERSION = 1
 CHUNK = 64               # steps between stored states (the backward recomputes a chunk)
-_SOURCES = ("mamba3_mimo.c", "mamba3_mimo_impl.h")
+_SOURCES = ("mamba3_mimo.c", "mamba3_mimo_impl.h", "mamba3_mimo_body.h")
 _loaded: tuple[ctypes.CDLL | None, str] | None = None
 
 
