@@ -1,12 +1,12 @@
-"""Registry entries for Mamba-2 (models/mamba2.py) and Mamba-3 (models/mamba3.py)."""
+"""Registry entries for Mamba-2 (models/ssm/mamba2.py) and Mamba-3 (models/ssm/mamba3.py)."""
 from __future__ import annotations
 
 import math
 
 import torch
 
-from models.mamba import RecurrentStack
-from models.mamba2 import Mamba2
+from models.ssm.mamba import RecurrentStack
+from models.ssm.mamba2 import Mamba2
 from models.registry import register
 
 
@@ -49,7 +49,7 @@ def build_mamba3(
     channel_mixer: str = "none", mlp_mult: float = 2.0,
 ) -> RecurrentStack:
     """headdim 32, d_state 64 (mamba-ssm: 64, 128) so that d_model 64 gives 4 heads."""
-    from models.mamba3 import Mamba3
+    from models.ssm.mamba3 import Mamba3
 
     stack = RecurrentStack(
         d_model, n_layers,

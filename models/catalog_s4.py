@@ -2,7 +2,7 @@
 
 Stand-alone entries: ``s4`` (dense), ``s4_dplr``, ``s4d``, ``hyena``, ``h3``.
 Grid entries ``{block}_{inner}`` for block in {none, h3, mamba} and inner in
-{s4, s4_dplr, s4d_real, s4d_lin, s4d_inv, s6, hyena} (see ``models.blocks``); e.g.
+{s4, s4_dplr, s4d_real, s4d_lin, s4d_inv, s6, hyena} (see ``models.ssm.blocks``); e.g.
 ``mamba_s4d_real``, ``h3_s6``, ``none_hyena``.  (``s6`` and ``mamba`` themselves belong to
 ``catalog_s6``.)
 """
@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import inspect
 
-from models.blocks import BLOCKS, DEFAULT_D_STATE, INNERS, NoGateBlock, SSMStack, grid_backbone
+from models.ssm.blocks import BLOCKS, DEFAULT_D_STATE, INNERS, NoGateBlock, SSMStack, grid_backbone
 from models.common import ResidualStack
-from models.h3 import H3
-from models.hyena import Hyena
+from models.ssm.h3 import H3
+from models.conv.hyena import Hyena
 from models.registry import register
-from models.s4 import S4
-from models.s4_dplr import S4DPLR
-from models.s4d import S4D
+from models.ssm.s4 import S4
+from models.ssm.s4_dplr import S4DPLR
+from models.ssm.s4d import S4D
 
 
 @register("s4", "S4 dense: per-channel N x N HiPPO-LegS, bilinear, kernel by repeated squaring; "

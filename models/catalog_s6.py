@@ -5,9 +5,9 @@ import math
 
 import torch
 
-from models.mamba import Mamba, RecurrentStack
+from models.ssm.mamba import Mamba, RecurrentStack
 from models.registry import register
-from models.s6 import S6
+from models.ssm.s6 import S6
 
 
 @register("mamba", "Mamba (S6 selective scan + causal conv + gate), pre-norm residual stack; "

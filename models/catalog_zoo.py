@@ -17,7 +17,7 @@ def transformer(d_model: int, n_layers: int, n_heads: int = 4, pos: str = "absol
                 mlp_mult: int = 4, dropout: float = 0.0, norm: str = "layer",
                 max_len: int = 4096, attn_scale: float | None = None):
     """``attn_scale``: score scale, default 1/sqrt(d_head); GPT-Neo's is 1.0."""
-    from models.transformer import Transformer
+    from models.attention.transformer import Transformer
 
     return Transformer(d_model, n_layers, n_heads=n_heads, pos=pos, mlp_mult=mlp_mult,
                        dropout=dropout, norm=norm, max_len=max_len, attn_scale=attn_scale)
@@ -29,7 +29,7 @@ def transformer(d_model: int, n_layers: int, n_heads: int = 4, pos: str = "absol
     family="rnn",
 )
 def lstm(d_model: int, n_layers: int, norm: str = "rms", dropout: float = 0.0):
-    from models.lstm import LSTMBackbone
+    from models.rnn.lstm import LSTMBackbone
 
     return LSTMBackbone(d_model, n_layers, norm=norm, dropout=dropout)
 
@@ -56,12 +56,12 @@ def hybrid(d_model: int, n_layers: int, t_layers: int = 1, m_layers: int = 1,
            n_heads: int = 4, pos: str = "rope", mlp_mult: int = 4, d_state: int = 16,
            d_conv: int = 4, expand: int = 2, backend: str = "auto", norm: str = "rms",
            dropout: float = 0.0, recurrent: str = "mamba", channel_mixer: str = "none"):
-    """``recurrent``: the recurrent branch, one of models.hybrid_pattern.RECURRENT_NAMES
+    """``recurrent``: the recurrent branch, one of models.hybrid.hybrid_pattern.RECURRENT_NAMES
     (mamba, mamba2, gla, retnet, linear_attention, deltanet, gated_deltanet, based);
     d_state / d_conv / expand are Mamba's (another kind gets them only if changed, and then
     must take them). ``channel_mixer="swiglu"``: a SwiGLU (hidden mlp_mult * d_model) after
     each block."""
-    from models.hybrid import Hybrid
+    from models.hybrid.hybrid import Hybrid
 
     return Hybrid(d_model, n_layers, t_layers=t_layers, m_layers=m_layers, combiner=combiner,
                   split=split, split_ratio=split_ratio, n_heads=n_heads, pos=pos,
@@ -84,7 +84,7 @@ def hybrid_parallel(d_model: int, n_layers: int, t_layers: int = 1, m_layers: in
                     d_conv: int = 4, expand: int = 2, d_inner: int | None = None,
                     dt_rank="auto", backend: str = "auto"):
     """n_layers blocks; ``attn_scale`` 1.0 is GPT-Neo's (None: 1/sqrt(d_head))."""
-    from models.hybrid_parallel import ParallelHybrid
+    from models.hybrid.hybrid_parallel import ParallelHybrid
 
     return ParallelHybrid(d_model, n_layers, t_layers=t_layers, m_layers=m_layers,
                           projector=projector, n_heads=n_heads, mlp_mult=mlp_mult,
@@ -101,7 +101,7 @@ def hybrid_parallel(d_model: int, n_layers: int, t_layers: int = 1, m_layers: in
 def mambaformer(d_model: int, n_layers: int, n_heads: int = 4, d_state: int = 16,
                 d_conv: int = 4, expand: int = 2, backend: str = "auto", norm: str = "rms",
                 dropout: float = 0.0):
-    from models.hybrid import MambaFormer
+    from models.hybrid.hybrid import MambaFormer
 
     return MambaFormer(d_model, n_layers, n_heads=n_heads, norm=norm, dropout=dropout,
                        mamba_kwargs=dict(d_state=d_state, d_conv=d_conv, expand=expand,
@@ -118,10 +118,10 @@ def sliding_window_attention(d_model: int, n_layers: int, n_heads: int = 4, wind
                              pos: str = "rope", channel_mixer: str = "none",
                              mlp_mult: float = 2.0, norm: str = "rms", dropout: float = 0.0,
                              backend: str = "auto"):
-    """Pre-norm residual stack of models.sliding_window.SlidingWindowAttention; recurrent
+    """Pre-norm residual stack of models.attention.sliding_window.SlidingWindowAttention; recurrent
     (step / forward_with_state / forward_chunked), state 2 * (window - 1) * d_model + 1 per layer."""
-    from models.mamba import RecurrentStack
-    from models.sliding_window import SlidingWindowAttention
+    from models.ssm.mamba import RecurrentStack
+    from models.attention.sliding_window import SlidingWindowAttention
 
     return RecurrentStack(
         d_model, n_layers,
@@ -140,13 +140,13 @@ def sliding_window_attention(d_model: int, n_layers: int, n_heads: int = 4, wind
 def forgetting_transformer(d_model: int, n_layers: int, n_heads: int = 4, channel_mixer: str = "swiglu",
                            mlp_mult: float = 2.0, norm: str = "rms", dropout: float = 0.0,
                            backend: str = "auto"):
-    """Pre-norm residual stack of models.forgetting_attention.ForgettingAttention, each
+    """Pre-norm residual stack of models.attention.forgetting_attention.ForgettingAttention, each
     followed by a SwiGLU MLP (the paper's LLaMA-style blocks, RMSNorm); ``backend``: auto
     (fla's parallel_forgetting_attn on CUDA when installed, the C kernel on a CPU when it
     builds, else torch), torch (shift-trick fused SDPA), cpu, ref, fla.
     Parameters per layer: 4 d^2 + (d + 1) n_heads + the MLP's and norms'."""
     from models.common import ResidualStack
-    from models.forgetting_attention import ForgettingAttention
+    from models.attention.forgetting_attention import ForgettingAttention
 
     return ResidualStack(d_model, n_layers,
                          lambda i: ForgettingAttention(d_model, n_heads=n_heads, dropout=dropout, backend=backend),
@@ -175,7 +175,7 @@ def based(d_model: int, n_layers: int, pattern: str = "CBW", n_heads: int = 1,
     The Based LMs (HazyResearch/based, based-360m.yaml) use "CBWCC" with SwiGLU MLPs
     (channel_mixer="swiglu") and a 64-token window (flash-attn window (64, 0)). zoology's
     SlidingAttn sees block_size + 1 keys: its block_size b is window b + 1 here."""
-    from models.hybrid_pattern import build_interleaved
+    from models.hybrid.hybrid_pattern import build_interleaved
 
     bad = [c for c in pattern if c not in BASED_CODES]
     if not pattern or bad:
@@ -201,9 +201,9 @@ def interleaved(d_model: int, n_layers: int, pattern: str = "MMA", n_heads: int 
                 backend: str = "auto"):
     """``pattern`` is repeated / truncated to n_layers; codes A attention, W sliding window,
     M mamba, 2 mamba2, G gla, R retnet, L linear attention, B based, D deltanet, N gated
-    deltanet, C BaseConv (models.hybrid_pattern). Recurrent (fixed state) unless an A layer
+    deltanet, C BaseConv (models.hybrid.hybrid_pattern). Recurrent (fixed state) unless an A layer
     is present."""
-    from models.hybrid_pattern import build_interleaved
+    from models.hybrid.hybrid_pattern import build_interleaved
 
     return build_interleaved(d_model, n_layers, pattern=pattern, n_heads=n_heads, window=window,
                              pos=pos, channel_mixer=channel_mixer, mlp_mult=mlp_mult, norm=norm,

@@ -172,7 +172,7 @@ def state_update_fwd(op_name: str, n_heads: int, d_k: int, d_v: int,
 
 
 def fft_len(seq_len: int) -> int:
-    from models.fftconv import _fast_len   # the length fft_conv really transforms at
+    from models.conv.fftconv import _fast_len   # the length fft_conv really transforms at
     return _fast_len(2 * seq_len)
 
 
@@ -199,16 +199,16 @@ def depthwise_conv_fwd(channels: int, kernel: int, in_per_group: int = 1) -> flo
 def _family_terms() -> list[tuple[type, str, Callable[[Any, int], float]]]:
     """(class, term name, forward FLOPs per token(module, L)), most specific class first.
     Imported lazily: the model modules import torch kernels."""
-    from models.attention import CausalSelfAttention
-    from models.based import BasedLinearAttention
-    from models.fftconv import LongConvLayer
-    from models.hyena import Hyena
-    from models.linear_mixers import LinearRNNMixer
-    from models.mamba2 import Mamba2
-    from models.mamba3 import Mamba3
-    from models.s6 import SelectiveSSM
-    from models.short_conv import ShortConvolution
-    from models.sliding_window import SlidingWindowAttention
+    from models.attention.attention import CausalSelfAttention
+    from models.linear_rnn.based import BasedLinearAttention
+    from models.conv.fftconv import LongConvLayer
+    from models.conv.hyena import Hyena
+    from models.linear_rnn.linear_mixers import LinearRNNMixer
+    from models.ssm.mamba2 import Mamba2
+    from models.ssm.mamba3 import Mamba3
+    from models.ssm.s6 import SelectiveSSM
+    from models.conv.short_conv import ShortConvolution
+    from models.attention.sliding_window import SlidingWindowAttention
 
     return [
         (CausalSelfAttention, "attention",
@@ -243,7 +243,7 @@ def _family_terms() -> list[tuple[type, str, Callable[[Any, int], float]]]:
 
 def _per_batch(module: nn.Module) -> bool:
     """Subtrees run once per batch, not per token (left out; see the module docstring)."""
-    from models.hyena import ImplicitFilter
+    from models.conv.hyena import ImplicitFilter
     return isinstance(module, ImplicitFilter)
 
 

@@ -58,7 +58,7 @@ def count_residual_branches(model: nn.Module) -> int:
 
 def _selective_ssm_linears(model: nn.Module) -> set[int]:
     """ids of the Linear layers inside Mamba / S6 mixers (Hugging Face inits them apart)."""
-    from models.s6 import SelectiveSSM
+    from models.ssm.s6 import SelectiveSSM
 
     return {id(m) for mixer in model.modules() if isinstance(mixer, SelectiveSSM)
             for m in mixer.modules() if isinstance(m, nn.Linear)}

@@ -8,7 +8,7 @@ and the same code reads that folder. A missing or incomplete folder is an error 
 what was expected and how to get it.
 
 - **Mamba** (``model_type = "mamba"``, the ``state-spaces/mamba-*-hf`` checkpoints) is
-  loaded into the workbench's own Mamba (``models.mamba``): its parameter names are the
+  loaded into the workbench's own Mamba (``models.ssm.mamba``): its parameter names are the
   official ones, so ``backbone.layers.{i}.mixer.*`` map one to one and the model runs on
   the workbench's kernels (C on CPU, Triton on GPU). Widths come from the config
   (``intermediate_size`` -> d_inner, ``time_step_rank`` -> dt_rank, ``state_size``,
@@ -141,7 +141,7 @@ def mamba_from_checkpoint(path: str | Path, backend: str = "auto"):
     """The workbench's Mamba stack with a ``-hf`` checkpoint's weights (see module doc)."""
     from models import hub
     from models.common import RMSNorm
-    from models.mamba import Mamba, RecurrentStack
+    from models.ssm.mamba import Mamba, RecurrentStack
 
     given, path = path, hub.checkpoint_folder(str(path), "Mamba checkpoint")
     cfg = read_config(path)

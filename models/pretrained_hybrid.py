@@ -2,13 +2,13 @@
 
     h = wte(tokens) + wpe(positions)               GPT-Neo's embeddings (and its tokenizer)
     for block i in 0 .. n-1                        n = GPT-Neo's layer count (12 for 125M)
-        s_T, s_M = Split_i(h)                      models.projectors: null / res / gres / gres-soft
+        s_T, s_M = Split_i(h)                      models.hybrid.projectors: null / res / gres / gres-soft
         y_T = GPT-Neo layer i (s_T)
         y_M = Mamba layers k*i .. k*i+k-1 (s_M)    k = mamba_per_block (2: Mamba-130M has 24)
         h = Combine_i(y_T, y_M)
     -> GPT-Neo's final LayerNorm
 
-The structure of sadmankiba/hybrid-model's hybrid (see models/hybrid_parallel.py) over
+The structure of sadmankiba/hybrid-model's hybrid (see models/hybrid/hybrid_parallel.py) over
 pretrained layers; both checkpoints must have the same width (768 for GPT-Neo 125M and
 Mamba 130M). GPT-Neo's final norm closes the stack (a pretrained norm for the pooled
 readout; the from-scratch reference had none). The splitters and combiners are new and
@@ -21,7 +21,7 @@ import torch
 import torch.nn as nn
 
 from models.pretrained import CheckpointError, HFCausalLMBackbone, mamba_from_checkpoint
-from models.projectors import Combiner, Splitter
+from models.hybrid.projectors import Combiner, Splitter
 
 
 class StitchedHybrid(nn.Module):

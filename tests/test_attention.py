@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import models
-from models.attention import CausalSelfAttention, Rotary, sinusoidal_positions
+from models.attention.attention import CausalSelfAttention, Rotary, sinusoidal_positions
 
 POSITIONS = ["absolute", "learned", "rope", "xpos", "none"]
 

@@ -1,4 +1,4 @@
-"""Based (models/based.py): Taylor feature map, normalised linear attention, BaseConv, entry."""
+"""Based (models/linear_rnn/based.py): Taylor feature map, normalised linear attention, BaseConv, entry."""
 from __future__ import annotations
 
 import math
@@ -7,9 +7,9 @@ import pytest
 import torch
 
 import models
-from models.based import BaseConv, BasedLinearAttention, taylor_expanded_dim, taylor_feature_map
+from models.linear_rnn.based import BaseConv, BasedLinearAttention, taylor_expanded_dim, taylor_feature_map
 from models.kernels.linear_rnn_backends import BackendError
-from models.sliding_window import SlidingWindowAttention
+from models.attention.sliding_window import SlidingWindowAttention
 from models.kernels.linear_rnn_backends import resolve as _resolve
 
 CPU_AUTO = _resolve("auto", "cpu")   # "cpu" (the C kernels) where they build, else "torch"

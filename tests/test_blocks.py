@@ -3,7 +3,7 @@ import pytest
 import torch
 
 import models
-from models.blocks import BLOCKS, INNERS, MambaBlock, NoGateBlock, make_block, make_inner
+from models.ssm.blocks import BLOCKS, INNERS, MambaBlock, NoGateBlock, make_block, make_inner
 from models.catalog_s4 import GRID_NAMES
 
 from helpers import run_steps

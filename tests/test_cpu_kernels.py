@@ -164,7 +164,7 @@ def test_auto_picks_the_kernel_on_cpu():
 
 
 def test_without_the_kernel_auto_falls_back_to_torch(monkeypatch):
-    from models.mamba import Mamba
+    from models.ssm.mamba import Mamba
 
     monkeypatch.setattr(cpu_kernels, "_loaded", (None, "no C compiler found ($CC or cc)"))
     assert ss.choose_backend("auto", "cpu") == "torch"

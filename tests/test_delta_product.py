@@ -16,7 +16,7 @@ import models
 from models.kernels import linear_rnn as lr
 from models.kernels import linear_rnn_cpu as lc
 from models.kernels import selective_scan as ss
-from models.linear_mixers import DeltaNet, GatedDeltaNet, GatedDeltaProduct
+from models.linear_rnn.linear_mixers import DeltaNet, GatedDeltaNet, GatedDeltaProduct
 from helpers import assert_mixer_streams, assert_results_close, op_outputs_and_grads, op_state
 
 F64 = torch.float64

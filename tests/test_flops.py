@@ -73,7 +73,7 @@ def test_attention_term_against_counted_attention(monkeypatch):
     """The Transformer with attention as explicit matmuls: the counter's bmm counts the whole
     L x L square (4 d L^2 per sequence per layer, x3); ours counts the causal pairs,
     (L + 1) / 2 keys per query: ratio 2L / (L + 1), exactly."""
-    import models.attention as att
+    import models.attention.attention as att
     monkeypatch.setattr(att.F, "scaled_dot_product_attention", _explicit_causal_sdpa)
     from torch.utils.flop_counter import FlopCounterMode
 

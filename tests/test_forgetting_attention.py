@@ -1,4 +1,4 @@
-"""Forgetting attention (FoX; issue 35 item 1; models/forgetting_attention.py and
+"""Forgetting attention (FoX; issue 35 item 1; models/attention/forgetting_attention.py and
 models/kernels/forgetting_attn_cpu.py), float64: the shift-trick SDPA form, the C kernel and
 the step-by-step reference equal the definition (outputs and gradients incl. the gates', odd
 lengths, head dims off 16, queries after a cache, strong forgetting); in float32 both fast
@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 import models
-from models.forgetting_attention import (ForgettingAttention, cpu_status, forgetting_attn_ref,
+from models.attention.forgetting_attention import (ForgettingAttention, cpu_status, forgetting_attn_ref,
                                          forgetting_attn_step_ref, forgetting_attn_torch, resolve_backend)
 from models.kernels import forgetting_attn_cpu as fa_cpu
 

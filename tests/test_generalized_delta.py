@@ -330,7 +330,7 @@ def test_bench_ops_measures_rwkv7_and_kda_against_their_refs(capsys, bench_in_pr
 # ---------------------------------------------------------------------------------------
 
 def _layers():
-    from models.dplr_mixers import KimiDeltaAttention, RWKV7Attention
+    from models.linear_rnn.dplr_mixers import KimiDeltaAttention, RWKV7Attention
 
     return {"kda": lambda **kw: KimiDeltaAttention(16, n_heads=2, **kw),
             "kda_gva_neg": lambda **kw: KimiDeltaAttention(16, n_heads=2, num_v_heads=4,

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import models
-from models.hybrid import Combiner, HybridBlock, pad_to
+from models.hybrid.hybrid import Combiner, HybridBlock, pad_to
 
 D = 16
 
@@ -87,8 +87,8 @@ def test_hybrid_option_errors():
 def test_mambaformer_layout_and_causality():
     torch.manual_seed(0)
     m = models.build("mambaformer", d_model=D, n_layers=2, n_heads=2, backend="torch").double()
-    from models.attention import CausalSelfAttention
-    from models.mamba import Mamba
+    from models.attention.attention import CausalSelfAttention
+    from models.ssm.mamba import Mamba
 
     kinds = [type(layer.mixer) for layer in m.layers]
     assert kinds == [Mamba, CausalSelfAttention, Mamba, CausalSelfAttention, Mamba]
@@ -112,7 +112,7 @@ def test_mambaformer_is_order_sensitive_without_positional_encoding():
 # hybrid_parallel: the hybrid-model reference's structure and projector family
 # --------------------------------------------------------------------------------------
 def test_projector_maths():
-    from models.projectors import Combiner as C2, Splitter
+    from models.hybrid.projectors import Combiner as C2, Splitter
 
     torch.manual_seed(0)
     x, y1, y2 = torch.randn(3, 2, 5, 6).unbind(0)
@@ -143,7 +143,7 @@ def test_projector_maths():
 
 
 def test_hybrid_parallel_structure():
-    from models.hybrid_parallel import ParallelHybrid
+    from models.hybrid.hybrid_parallel import ParallelHybrid
 
     torch.manual_seed(0)
     m = models.build("hybrid_parallel", d_model=D, n_layers=2, t_layers=2, m_layers=3,
@@ -181,7 +181,7 @@ def test_hybrid_parallel_hf_init_leaves_projectors_at_torch_default():
 
 
 def test_gres_projections_learn_once_the_gates_move():
-    from models.projectors import Splitter
+    from models.hybrid.projectors import Splitter
 
     torch.manual_seed(0)
     sp = Splitter("gres", 4)

@@ -1,4 +1,4 @@
-"""Interleaved hybrids (models/hybrid_pattern.py, entry ``interleaved``) and the ``hybrid``
+"""Interleaved hybrids (models/hybrid/hybrid_pattern.py, entry ``interleaved``) and the ``hybrid``
 entry's ``recurrent`` option."""
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ import pytest
 import torch
 
 import models
-from models.attention import CausalSelfAttention
-from models.hybrid_pattern import (MIXER_CODES, RECURRENT_NAMES, CODE_OF, InterleavedStack,
+from models.attention.attention import CausalSelfAttention
+from models.hybrid.hybrid_pattern import (MIXER_CODES, RECURRENT_NAMES, CODE_OF, InterleavedStack,
                                    RecurrentInterleavedStack, expand_pattern)
-from models.mamba import Mamba, RecurrentStack
+from models.ssm.mamba import Mamba, RecurrentStack
 
 D = 16
 

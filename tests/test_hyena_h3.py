@@ -3,8 +3,8 @@ import pytest
 import torch
 import torch.nn as nn
 
-from models.h3 import H3, ShiftSSM
-from models.hyena import Hyena, HyenaFilterConv, ImplicitFilter
+from models.ssm.h3 import H3, ShiftSSM
+from models.conv.hyena import Hyena, HyenaFilterConv, ImplicitFilter
 
 
 def _causal_gap(m: nn.Module, d: int, L: int = 48, t0: int = 30, dtype=torch.float64):

@@ -1,14 +1,19 @@
 """The package map stays true (issue 23): imports only go down the layers, and
-docs/ARCHITECTURE.md's layout block names every module under workbench/.
+docs/ARCHITECTURE.md's layout block names every module under workbench/ and models/.
+
+Inside models/ (issue 35 item 4) the same holds for its three levels: base (kernels/ and the
+shared modules), the family subpackages, and the top (registry, catalogues, compute, ...).
 
 Every module under workbench/, models/ and tasks/ is parsed with ``ast`` (nothing is
-imported); an import inside a function counts like one at the top.
+imported); an import inside a function counts like one at the top. (One test imports
+``models`` to read the registry's families.)
 """
 
 from __future__ import annotations
 
 import ast
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -69,9 +74,11 @@ def imported_modules(path: Path) -> list[str]:
                 mod = ".".join(base + ([node.module] if node.module else []))
             else:
                 mod = node.module or ""
-            # `from workbench import store` imports the module workbench.store
-            subs = [a.name for a in node.names if mod == "workbench" and
-                    ((ROOT / "workbench" / a.name).is_dir() or (ROOT / "workbench" / f"{a.name}.py").is_file())]
+            # `from workbench import store` imports the module workbench.store (and `from
+            # models.ssm import mamba` models.ssm.mamba)
+            where = ROOT.joinpath(*mod.split("."))
+            subs = [a.name for a in node.names if (mod == "workbench" or mod.split(".")[0] in ("models", "tasks")) and
+                    ((where / a.name).is_dir() or (where / f"{a.name}.py").is_file())]
             out += [f"{mod}.{s}" for s in subs] if subs else [mod]
     return out
 
@@ -126,6 +133,92 @@ def test_exceptions_are_still_needed():
     assert used == EXCEPTIONS
 
 
+# models/ in three levels (docs/ARCHITECTURE.md, "models/ by family"): base modules are shared by
+# every family and import only base; a family subpackage imports base and other families; the
+# top (registry, catalogues, compute, init_schemes, the checkpoint loaders, __init__) imports
+# anything in models/. A module of models/ not named here is top; a subpackage must be named.
+MODEL_BASE = {"kernels", "common", "gated_mlp", "hub"}
+MODEL_FAMILIES = {"ssm", "conv", "attention", "linear_rnn", "rnn", "hybrid"}
+MODEL_ALLOWED = {"base": {"base"}, "family": {"base", "family"}, "top": {"base", "family", "top"}}
+# registry families whose code is not a subpackage, with where it is instead
+FAMILIES_ELSEWHERE = {"mlp": "gated_mlp.py, shared by every stack",
+                      "pretrained": "pretrained.py / pretrained_hybrid.py, checkpoint loaders"}
+
+
+def model_level(rel: str) -> str:
+    """``models/ssm/mamba.py`` or ``models.ssm.mamba`` -> ``family``; ``models/common.py`` ->
+    ``base``; ``models/registry.py``, ``models/__init__.py``, ``models`` -> ``top``."""
+    parts = re.split(r"[/.]", rel)
+    assert parts[0] == "models", rel
+    if len(parts) < 2 or parts[1] in ("__init__", "py"):
+        return "top"
+    if parts[1] in MODEL_BASE:
+        return "base"
+    return "family" if parts[1] in MODEL_FAMILIES else "top"
+
+
+def model_violations(paths: list[Path] | None = None) -> list[str]:
+    found = []
+    for path in sorted((ROOT / "models").rglob("*.py")) if paths is None else paths:
+        rel = str(path.relative_to(ROOT))
+        mine = model_level(rel)
+        for mod in imported_modules(path):
+            if mod == "tasks" or mod.startswith("tasks."):
+                found.append(f"{rel} ({mine}) imports {mod} (tasks)")
+            if not mod.startswith("models."):   # `from models import x`: resolved to models.x
+                continue
+            target = model_level(mod)
+            if target not in MODEL_ALLOWED[mine]:
+                found.append(f"{rel} ({mine}) imports {mod} ({target})")
+    return found
+
+
+def test_models_imports_only_go_down_its_levels():
+    assert model_violations() == []
+
+
+def test_every_models_subpackage_has_a_level():
+    """A new folder in models/ is a family (named in MODEL_FAMILIES) or shared (MODEL_BASE)."""
+    folders = {p.parent.name for p in (ROOT / "models").glob("*/__init__.py")}
+    assert folders - MODEL_FAMILIES - MODEL_BASE == set()
+    assert MODEL_FAMILIES | {"kernels"} <= folders
+
+
+def test_family_packages_are_the_registry_families():
+    """Each registry family (``-`` as ``_``) has its subpackage, or is named with where it is."""
+    import models
+
+    registered = {models.entry(n).family.replace("-", "_") for n in models.names()}
+    assert registered - set(FAMILIES_ELSEWHERE) == MODEL_FAMILIES
+
+
+def test_a_models_upward_import_is_caught(monkeypatch):
+    """A family module importing the registry, a catalogue or compute is reported (absolute,
+    of the package, relative); so is a base module importing a family, and models/ importing
+    tasks/; family to family and family to base are fine."""
+    fake = ROOT / "models" / "conv" / "_layering_probe.py"
+    try:
+        fake.write_text("def f():\n    from models import registry\n")
+        assert model_violations([fake]) == ["models/conv/_layering_probe.py (family) imports "
+                                            "models.registry (top)"]
+        for text in ("import models.catalog_zoo\n", "from models.compute import flops\n",
+                     "from .. import init_schemes\n", "from ..pretrained import CheckpointError\n",
+                     "import tasks.base\n"):
+            fake.write_text(text)
+            assert len(model_violations([fake])) == 1, text
+        fake.write_text("from models.ssm import mamba\nfrom models.common import RMSNorm\n"
+                        "from ..kernels import linear_rnn\nfrom models.hybrid.projectors import Splitter\n")
+        assert model_violations([fake]) == []
+        fake.unlink()
+        monkeypatch.setattr(sys.modules[__name__], "MODEL_BASE", MODEL_BASE | {"_layering_probe"})
+        fake = ROOT / "models" / "_layering_probe.py"
+        fake.write_text("from models.linear_rnn.linear_mixers import LinearRNNMixer\n")
+        assert model_violations([fake]) == ["models/_layering_probe.py (base) imports "
+                                            "models.linear_rnn.linear_mixers (family)"]
+    finally:
+        fake.unlink(missing_ok=True)
+
+
 def layout_block() -> str:
     text = (ROOT / "docs" / "ARCHITECTURE.md").read_text(encoding="utf-8")
     m = re.search(r"^## Layout\n.*?```\n(.*?)```", text, re.S | re.M)
@@ -133,12 +226,13 @@ def layout_block() -> str:
     return m.group(1)
 
 
-def named_in_layout(block: str) -> set[str]:
-    """The workbench .py files the layout block names. Its format: a line at indent 0
-    opens a top folder (``workbench/``); in it, a line at indent 2 is a subpackage folder
-    (``spec/``) or a module of workbench/ itself, a line at indent 4 a module of the last
-    folder. Names count only in the left column (before the first run of two spaces);
-    deeper lines continue a description."""
+def named_in_layout(block: str, top_folder: str = "workbench/") -> set[str]:
+    """The .py files of ``top_folder`` the layout block names. Its format: a line at indent 0
+    opens a top folder (``workbench/``, ``models/``); in it, a line at indent 2 is a subpackage
+    folder (``spec/``) or names modules of the top folder itself (``registry.py``, or by a path
+    below it: ``kernels/linear_rnn.py``), a line at indent 4 a module of the last folder. Names
+    count only in the left column (before the first run of two spaces); deeper lines continue
+    a description. A folder line ``ssm/`` is returned as ``models/ssm/``."""
     names: set[str] = set()
     top, sub = "", ""
     for line in block.splitlines():
@@ -149,11 +243,13 @@ def named_in_layout(block: str) -> set[str]:
         if indent == 0:
             top, sub = left.split()[0], ""
             continue
-        if top != "workbench/" or indent not in (2, 4):
+        if top != top_folder or indent not in (2, 4):
             continue
         if indent == 2:
             sub = left if left.endswith("/") else ""
-        names.update(f"workbench/{sub if indent == 4 else ''}{n}" for n in re.findall(r"[\w]+\.py", left))
+            if sub:
+                names.add(f"{top_folder}{sub}")
+        names.update(f"{top_folder}{sub if indent == 4 else ''}{n}" for n in re.findall(r"[\w/]+\.py", left))
     return names
 
 
@@ -162,11 +258,36 @@ def test_layout_names_every_workbench_module():
     named = named_in_layout(layout_block())
     missing = sorted(files - named)
     assert not missing, f"docs/ARCHITECTURE.md's layout does not name: {missing}"
-    stale = sorted(n for n in named - files)
+    stale = sorted(n for n in named - files if not n.endswith("/"))
     assert not stale, f"docs/ARCHITECTURE.md's layout names files that do not exist: {stale}"
 
 
+def test_layout_names_every_models_module():
+    """Every module of models/ is named (a subpackage's __init__.py by its folder line, or for
+    kernels/ by its modules' paths), and every name is a file."""
+    files = {str(p.relative_to(ROOT)) for p in (ROOT / "models").rglob("*.py")
+             if not (p.name == "__init__.py" and p.parent != ROOT / "models")}
+    named = named_in_layout(layout_block(), "models/")
+    folders = {n for n in named if n.endswith("/")}
+    missing = sorted(files - named)
+    assert not missing, f"docs/ARCHITECTURE.md's layout does not name: {missing}"
+    stale = sorted(n for n in named - files - folders)
+    assert not stale, f"docs/ARCHITECTURE.md's layout names files that do not exist: {stale}"
+    packages = {str(p.parent.relative_to(ROOT)) + "/" for p in (ROOT / "models").glob("*/__init__.py")}
+    unnamed = sorted(d for d in packages if d not in folders and not any(n.startswith(d) for n in named))
+    assert not unnamed, f"docs/ARCHITECTURE.md's layout does not name the subpackages {unnamed}"
+    assert folders <= packages, f"docs/ARCHITECTURE.md's layout names folders that are not packages: {sorted(folders - packages)}"
+
+
 @pytest.mark.parametrize("rel, layer", [("workbench/store/sqlite.py", "store"), ("workbench/__init__.py", "base"),
-                                        ("workbench.execute.slurm", "execute"), ("models/s4.py", "models")])
+                                        ("workbench.execute.slurm", "execute"), ("models/ssm/s4.py", "models")])
 def test_layer_of(rel, layer):
     assert layer_of(rel) == layer
+
+
+@pytest.mark.parametrize("rel, level", [("models/ssm/s4.py", "family"), ("models.linear_rnn.based", "family"),
+                                        ("models/kernels/linear_rnn.py", "base"), ("models.common", "base"),
+                                        ("models/registry.py", "top"), ("models/__init__.py", "top"),
+                                        ("models.catalog_zoo", "top"), ("models", "top")])
+def test_model_level(rel, level):
+    assert model_level(rel) == level

@@ -1,4 +1,4 @@
-"""The linear-RNN mixers (models/linear_mixers.py, models/delta_mixers.py) and their
+"""The linear-RNN mixers (models/linear_rnn/linear_mixers.py, models/linear_rnn/delta_mixers.py) and their
 registry entries (models/catalog_linear_rnn.py).
 
 Per mixer, float64: one forward == forward_with_state over uneven pieces == a step loop;
@@ -16,9 +16,9 @@ import torch.nn.functional as F
 
 import models
 from models.kernels.linear_rnn_backends import BackendError
-from models.linear_mixers import (DeltaNet, GatedDeltaNet, GatedLinearAttention,
+from models.linear_rnn.linear_mixers import (DeltaNet, GatedDeltaNet, GatedLinearAttention,
                                   LinearAttention, MultiScaleRetention)
-from models.short_conv import ShortConvolution
+from models.conv.short_conv import ShortConvolution
 from models.kernels.linear_rnn_backends import resolve as _resolve
 
 CPU_AUTO = _resolve("auto", "cpu")   # "cpu" (the C kernels) where they build, else "torch"

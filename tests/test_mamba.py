@@ -7,8 +7,8 @@ import torch.nn.functional as F
 
 import models
 from models.kernels import cpu_kernels
-from models.mamba import Mamba, stream
-from models.s6 import S6
+from models.ssm.mamba import Mamba, stream
+from models.ssm.s6 import S6
 from models.kernels import scan_compiled
 
 F64 = torch.float64

@@ -1,4 +1,4 @@
-"""The Mamba-2 mixer (models/mamba2.py) and its registry entry ``mamba2``.
+"""The Mamba-2 mixer (models/ssm/mamba2.py) and its registry entry ``mamba2``.
 
 Shape, gradients and causality of the entry are checked by tests/test_registry_contract.py
 (``-k mamba2``). Here: an independent naive Mamba-2 (explicit per-head recurrence), the
@@ -12,10 +12,10 @@ import torch
 import torch.nn.functional as F
 
 import models
-from models import mamba2 as m2
+from models.ssm import mamba2 as m2
 from models.kernels import cpu_kernels
 from models.kernels.linear_rnn_backends import BackendError
-from models.mamba2 import Mamba2
+from models.ssm.mamba2 import Mamba2
 
 F64 = torch.float64
 

@@ -1,4 +1,4 @@
-"""Mamba-3 (models/kernels/mamba3_scan.py, models/mamba3.py): the chunked scan equals the
+"""Mamba-3 (models/kernels/mamba3_scan.py, models/ssm/mamba3.py): the chunked scan equals the
 step-by-step oracle (outputs, final state, gradients; initial state, odd lengths), the
 Euler end without rotation is Mamba-2's SSD, the scan agrees with a transcription of
 mamba-ssm's step reference, and the mixer streams exactly."""
@@ -13,7 +13,7 @@ import torch.nn.functional as F
 import models
 from models.kernels import linear_rnn, linear_rnn_backends as lrb
 from models.kernels.mamba3_scan import mamba3, mamba3_ref, rotate, rotate_fast
-from models.mamba3 import Mamba3
+from models.ssm.mamba3 import Mamba3
 
 D64 = torch.float64
 CHUNKED = ["torch"] + (["cpu"] if lrb.cpu_status()[0] else [])

@@ -7,9 +7,9 @@ import torch
 import torch.nn.functional as F
 
 from models.common import RMSNorm, recomputed
-from models.linear_mixers import GatedHeadRMSNorm, HeadRMSNorm
-from models.mamba2 import GatedRMSNorm
-from models.short_conv import ShortConvolution as ShortConv
+from models.linear_rnn.linear_mixers import GatedHeadRMSNorm, HeadRMSNorm
+from models.ssm.mamba2 import GatedRMSNorm
+from models.conv.short_conv import ShortConvolution as ShortConv
 
 F64 = torch.float64
 
@@ -114,9 +114,9 @@ def test_recomputed_is_plain_without_autograd():
 
 import models.common as common                                    # noqa: E402
 from models.kernels import linear_rnn                              # noqa: E402
-from models.linear_mixers import (DeltaNet, GatedDeltaNet, GatedLinearAttention,  # noqa: E402
+from models.linear_rnn.linear_mixers import (DeltaNet, GatedDeltaNet, GatedLinearAttention,  # noqa: E402
                                   MultiScaleRetention, rotary)
-from models.mamba2 import Mamba2                                   # noqa: E402
+from models.ssm.mamba2 import Mamba2                                   # noqa: E402
 
 
 def _conv_plain(x, w, b, left=None):
@@ -230,7 +230,7 @@ def test_layer_pieces_equal_plain_maths_with_gradients(name, backend, monkeypatc
     """The layer (its pieces recomputed from its input in slices of 8 steps, Mamba-2's
     operator in segments of 8) == the same maths as plain autograd ops, float64."""
     from models.kernels import linear_rnn_cpu
-    from models import mamba2
+    from models.ssm import mamba2
 
     if backend == "cpu" and not linear_rnn_cpu.available():
         pytest.skip("no C kernels")
@@ -250,7 +250,8 @@ def test_layer_keeps_its_input_and_the_operators_output_only(name, monkeypatch):
     """Besides what the operator keeps (its inputs and states), autograd keeps the layer's
     input x and the operator's output o, and per-head scalars (dt, gates, beta, positions):
     no projection, gate, conv output or norm intermediate (each as wide as o or wider)."""
-    from models import linear_mixers, mamba2        # the delta rules use linear_mixers.get_op
+    from models.linear_rnn import linear_mixers     # the delta rules use linear_mixers.get_op
+    from models.ssm import mamba2
 
     in_op = []
 

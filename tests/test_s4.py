@@ -4,9 +4,9 @@ import math
 import pytest
 import torch
 
-from models.hippo import legs, legs_dplr, legs_low_rank
-from models.s4 import S4, bilinear, matrix_power_pow2, power_vectors, zoh
-from models.s4_dplr import S4DPLR
+from models.ssm.hippo import legs, legs_dplr, legs_low_rank
+from models.ssm.s4 import S4, bilinear, matrix_power_pow2, power_vectors, zoh
+from models.ssm.s4_dplr import S4DPLR
 
 from helpers import run_steps
 

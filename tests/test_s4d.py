@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import models
-from models.s4d import INITS, S4D, s4d_init, vandermonde_naive, vandermonde_split
+from models.ssm.s4d import INITS, S4D, s4d_init, vandermonde_naive, vandermonde_split
 
 from helpers import run_steps
 

@@ -1,4 +1,4 @@
-"""Sliding-window attention (models/sliding_window.py) and its registry entry."""
+"""Sliding-window attention (models/attention/sliding_window.py) and its registry entry."""
 from __future__ import annotations
 
 import math
@@ -8,9 +8,9 @@ import torch
 import torch.nn.functional as F
 
 import models
-from models.attention import CausalSelfAttention
+from models.attention.attention import CausalSelfAttention
 from models.kernels.linear_rnn_backends import BackendError
-from models.sliding_window import SlidingWindowAttention
+from models.attention.sliding_window import SlidingWindowAttention
 
 D, H = 16, 2
 

@@ -3,7 +3,7 @@
 The registry's convention (models/registry.py): ``state_size()`` is the number of floats of
 recurrent state per sequence needed for step-by-step inference, summed over layers, or None
 where the state grows with the length. Conv caches and counters are state (they travel
-between steps); a complex number is two floats (models/s4d.py). So the measured size is the
+between steps); a complex number is two floats (models/ssm/s4d.py). So the measured size is the
 sum over every tensor the streaming path hands back, per batch element, of numel (times 2
 for complex dtypes).
 

@@ -1,5 +1,5 @@
 """Forgetting attention (FoX) in C on a CPU: backend ``cpu`` of
-:mod:`models.forgetting_attention`, forward and hand-written backward.
+:mod:`models.attention.forgetting_attention`, forward and hand-written backward.
 
 Maths (Lin et al., ICLR 2025), per batch row and head, positions i of the queries and j of
 the keys (the queries are the last nq of the nk positions):

@@ -35,7 +35,7 @@ out; forward + backward, forward, peak memory and the speed-up over ``ref`` (``x
 inputs (dt, trapezoid weight, angle rates, the state with the previous rotated B and x).
 ``rwkv7`` / ``kda`` (``models.kernels.generalized_delta``; ``cpu``: ``generalized_delta_cpu``) take a, b and
 a per-key-channel log-decay (rwkv7) or a per-key-channel g and beta (kda).
-``forgetting_attn`` (FoX, ``models.forgetting_attention``) takes q, k, v and log forget gates
+``forgetting_attn`` (FoX, ``models.attention.forgetting_attention``) takes q, k, v and log forget gates
 uniform in (-0.5, 0), no state; its ``ref`` is the step-by-step (query by query) reference.
 ``gated_delta_product`` runs ``--householder`` (default 2) delta-rule steps per token: its
 k, v and beta carry that many rows per token (fla's layout). ``--ref-max-len`` skips the (step-by-step, slow) ``ref`` above a length.

@@ -18,7 +18,7 @@ def measure_op(spec: dict[str, Any]) -> dict[str, Any]:
 
     device = pick_device(spec["device"], "--device")
     batch, L, H, D = spec["batch"], spec["seq_len"], spec["heads"], spec["head_dim"]
-    from models import forgetting_attention as fox
+    from models.attention import forgetting_attention as fox
     if spec["op"] in fox.OPS:   # FoX: softmax attention, no carried state; ref steps query by query
         fn, backend = fox.get_op(spec["op"], spec["backend"], device.type)
         args = fox.make_inputs(batch, L, H, D, seed=spec.get("seed", 0), device=device)
@@ -97,7 +97,7 @@ def op_rows(args: argparse.Namespace, run: Run) -> list[dict[str, Any]]:
     from models.kernels.mamba3_scan import OPS as MAMBA3_OPS
 
     from models.kernels.generalized_delta import OPS as GD_OPS
-    from models.forgetting_attention import OPS as FOX_OPS
+    from models.attention.forgetting_attention import OPS as FOX_OPS
 
     OPS = [*ALL_OPS, *GD_OPS, *MAMBA3_OPS, *FOX_OPS]
 

@@ -14,7 +14,7 @@ def measure_stream(spec: dict[str, Any]) -> dict[str, Any]:
     """Run a recurrent backbone over spec['tokens'] tokens at batch 1, state carried between chunks."""
     import torch
     import models
-    from models.mamba import stream
+    from models.ssm.mamba import stream
     from workbench.train import sysmon
     from workbench.train.measure import ExtraPeak, pick_device, sync
 

@@ -278,7 +278,7 @@ def _build(task, model: str, d_model: int, n_layers: int, options: dict[str, Any
 def _no_attention_dropout(m) -> None:
     """CUDA's flash / memory-efficient SDPA kernels apply dropout without an (L, L) map; the
     CPU probe would take the math path for it, so the CUDA probe runs without."""
-    from models.attention import CausalSelfAttention
+    from models.attention.attention import CausalSelfAttention
 
     for mod in m.modules():
         if isinstance(mod, CausalSelfAttention):

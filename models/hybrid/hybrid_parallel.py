@@ -3,13 +3,13 @@
 
     h = x + P                                      learned positions (GPT-Neo's wpe), P: (max_len, d)
     for each of n_layers blocks:
-        s_T, s_M = Split(h)                        models.projectors (null / res / gres / gres-soft)
+        s_T, s_M = Split(h)                        models.hybrid.projectors (null / res / gres / gres-soft)
         y_T = t_layers GPT-Neo layers (s_T)        each: h + Attn(LN h); h + MLP(LN h)
         y_M = m_layers Mamba layers (s_M)          each: h + Mamba(RMSNorm h)
         h = Combine(y_T, y_M)                      the block's output REPLACES the stream
     -> h                                           no final norm
 
-Differences from the workbench's own ``hybrid`` (models.hybrid): no residual or norm
+Differences from the workbench's own ``hybrid`` (models.hybrid.hybrid): no residual or norm
 around a block (the combiner's output is the next block's input), no final norm, learned
 absolute positions at the input instead of RoPE, GPT-Neo's unscaled attention scores by
 default (``attn_scale = 1.0``), LayerNorm in the attention branch and RMSNorm in the Mamba
@@ -22,10 +22,10 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from models.attention import MLP, CausalSelfAttention
+from models.attention.attention import MLP, CausalSelfAttention
 from models.common import PreNormResidual
-from models.mamba import Mamba
-from models.projectors import Combiner, Splitter
+from models.ssm.mamba import Mamba
+from models.hybrid.projectors import Combiner, Splitter
 
 
 class ParallelBlock(nn.Module):

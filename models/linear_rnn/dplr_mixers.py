@@ -6,7 +6,7 @@
   ``fla/layers/rwkv7.py``, BlinkDL/RWKV-LM): the generalised delta rule with a vector decay
   and an in-context learning rate.
 
-The mixer contract is ``models.linear_mixers``' (forward, forward_with_state, step,
+The mixer contract is ``models.linear_rnn.linear_mixers``' (forward, forward_with_state, step,
 init_state, state_size, backend, chunk_size); ``step`` runs the ``*_ref`` recurrence.
 Structure follows the fla layers; code written here.
 """
@@ -19,10 +19,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from models.common import recomputed_in_slices, rms_norm
-from models.delta_mixers import _GatedBase, _int_option
+from models.linear_rnn.delta_mixers import _GatedBase, _int_option
 from models.kernels import generalized_delta
 from models.kernels.linear_rnn_backends import BackendError, get_op
-from models.linear_mixers import LinearRNNMixer, _dims
+from models.linear_rnn.linear_mixers import LinearRNNMixer, _dims
 
 __all__ = ["KimiDeltaAttention", "RWKV7Attention"]
 
@@ -68,7 +68,7 @@ class KimiDeltaAttention(_RefStep, _GatedBase):
         y   = W_o [ rmsnorm_head(o) * sigmoid(x W_g1 W_g2 + b_g) ]   (low-rank output gate)
 
     A ~ U(1, 16) per value head (A_log = log A), dt_bias per key channel; neither decayed.
-    ``allow_neg_eigval``, ``num_v_heads``: see ``models.delta_mixers._DeltaBase``.
+    ``allow_neg_eigval``, ``num_v_heads``: see ``models.linear_rnn.delta_mixers._DeltaBase``.
     State: (S (batch, v heads, head_k_dim, head_v_dim), conv cache).
     """
 

@@ -11,7 +11,7 @@ Attention is multi-head, causal (always), with positions chosen by ``pos``:
 - ``"learned"``: a learned (max_len, d_model) table added to the input once; sequences
   longer than ``max_len`` are an error.
 - ``"rope"``, ``"xpos"``: rotary (and xPos-decayed rotary) positions on q and k in every
-  attention layer; see ``models.attention``.
+  attention layer; see ``models.attention.attention``.
 - ``"none"``: no positions at all (a causal Transformer can still infer some position
   from the mask, but this is the ablation, not a sensible baseline).
 """
@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from models.attention import MLP, CausalSelfAttention, sinusoidal_positions
+from models.attention.attention import MLP, CausalSelfAttention, sinusoidal_positions
 from models.common import ResidualStack
 
 TRANSFORMER_POSITIONS = ("absolute", "learned", "rope", "xpos", "none")

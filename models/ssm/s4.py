@@ -13,7 +13,7 @@ with P = Abar^(2^j), append P @ (all columns so far), then P <- P @ P.  That dou
 number of columns per step: ceil(log2 L) batched matmuls.  Memory (d, N, L).
 
 This is the slow, exact reference of the S4 family (O(d N^2 L)); S4 with the Cauchy kernel
-is in ``models.s4_dplr`` and S4D in ``models.s4d``.
+is in ``models.ssm.s4_dplr`` and S4D in ``models.ssm.s4d``.
 """
 from __future__ import annotations
 
@@ -22,8 +22,8 @@ import math
 import torch
 import torch.nn as nn
 
-from models.fftconv import LongConvLayer
-from models.hippo import legs
+from models.conv.fftconv import LongConvLayer
+from models.ssm.hippo import legs
 
 
 def bilinear(A: torch.Tensor, B: torch.Tensor, dt: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,6 +1,6 @@
 """S4 with a diagonal-plus-low-rank (DPLR) state matrix: the Cauchy-kernel algorithm.
 
-Per channel h, in the eigenbasis of the normal part of HiPPO-LegS (``models.hippo``):
+Per channel h, in the eigenbasis of the normal part of HiPPO-LegS (``models.ssm.hippo``):
 
     A = Lambda - P Q^*      (Lambda diagonal, N complex modes, rank 1; Q = P for LegS)
 
@@ -36,7 +36,7 @@ chunk of (d, N/2, chunk) complex values in forward and backward.
 ZOH (disc="zoh"): exp(Delta (Lambda - P Q^*)) is not diagonal plus low rank, so there is no
 Cauchy form of the exact ZOH kernel.  This path builds the dense N x N system from the
 DPLR parameters (matrix exponential) and the kernel by repeated squaring as in
-``models.s4``: exact, O(d N^2 L) instead of O(d N L).  Bilinear is the fast default.
+``models.ssm.s4``: exact, O(d N^2 L) instead of O(d N L).  Bilinear is the fast default.
 """
 from __future__ import annotations
 
@@ -46,9 +46,9 @@ import torch
 import torch.nn as nn
 from torch.utils.checkpoint import checkpoint
 
-from models.fftconv import LongConvLayer
-from models.hippo import legs_dplr
-from models.s4 import init_log_dt, matrix_power_pow2, power_vectors, zoh
+from models.conv.fftconv import LongConvLayer
+from models.ssm.hippo import legs_dplr
+from models.ssm.s4 import init_log_dt, matrix_power_pow2, power_vectors, zoh
 
 
 def cauchy_woodbury(Lambda: torch.Tensor, W: torch.Tensor, dt: torch.Tensor,

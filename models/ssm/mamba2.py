@@ -21,7 +21,7 @@ The SSD recurrence is the scalar-gated linear attention ``simple_gla`` of
 ``models.kernels.linear_rnn`` with q = C, k = B, v = x * dt, g = dt * A, scale = 1
 (the SSD duality, paper Section 5), obtained through
 ``models.kernels.linear_rnn_backends.get_op``. No outer norm or residual: the backbone
-(``models.mamba.RecurrentStack``) adds pre-norm residuals.
+(``models.ssm.mamba.RecurrentStack``) adds pre-norm residuals.
 
 Backends (``backend=``): ``torch`` (chunked PyTorch SSD), ``ref`` (the step-by-step
 oracle), ``fla`` (flash-linear-attention's ``chunk_simple_gla``, CUDA only),

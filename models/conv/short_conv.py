@@ -9,7 +9,7 @@ the last inputs for streaming); written here in plain PyTorch (``F.conv1d`` over
 concatenated with the chunk), so it runs on any device.
 
 The cache holds the last ``W - 1`` inputs, channels first: (batch, channels, W - 1), as
-``models.mamba.Mamba``'s conv_state does, so a chunk run from the cache of the previous
+``models.ssm.mamba.Mamba``'s conv_state does, so a chunk run from the cache of the previous
 chunk equals one run over both.
 """
 from __future__ import annotations

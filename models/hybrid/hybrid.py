@@ -1,9 +1,9 @@
 """Transformer / recurrent hybrids: side by side (``hybrid``) and interleaved (``mambaformer``;
-general layer patterns are in ``models.hybrid_pattern``).
+general layer patterns are in ``models.hybrid.hybrid_pattern``).
 
 ``hybrid`` — n_layers blocks, each running an attention branch and a recurrent branch (Mamba
 by default; ``recurrent`` picks mamba, mamba2, gla, retnet, linear_attention, deltanet,
-gated_deltanet or based, see ``models.hybrid_pattern.RECURRENT_NAMES``) in parallel on the
+gated_deltanet or based, see ``models.hybrid.hybrid_pattern.RECURRENT_NAMES``) in parallel on the
 same (normed) residual stream:
 
     x -> x + Combine( A(s_A), M(s_M) ),   (s_A, s_M) = Split(norm(x))     per block
@@ -43,10 +43,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from models.attention import MLP, CausalSelfAttention
+from models.attention.attention import MLP, CausalSelfAttention
 from models.common import PreNormResidual, ResidualStack, make_norm
-from models.hybrid_pattern import make_recurrent
-from models.mamba import Mamba
+from models.hybrid.hybrid_pattern import make_recurrent
+from models.ssm.mamba import Mamba
 
 COMBINERS = ("null", "res", "gated-res")
 # the hybrid entry's Mamba options and their defaults (other recurrent kinds get them only

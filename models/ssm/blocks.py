@@ -3,16 +3,16 @@
 An inner layer maps (batch, length, c) -> (batch, length, c) causally, with the channel
 count c given at construction (``make_inner``):
 
-    s4        dense S4, HiPPO-LegS, bilinear                 (models.s4)
-    s4_dplr   S4 DPLR ("S4 complex"), Cauchy kernel          (models.s4_dplr)
-    s4d_real  S4D-Real,  s4d_lin  S4D-Lin,  s4d_inv  S4D-Inv (models.s4d)
-    s6        selective SSM                                  (models.s6)
-    hyena     Hyena implicit long convolution                (models.hyena)
+    s4        dense S4, HiPPO-LegS, bilinear                 (models.ssm.s4)
+    s4_dplr   S4 DPLR ("S4 complex"), Cauchy kernel          (models.ssm.s4_dplr)
+    s4d_real  S4D-Real,  s4d_lin  S4D-Lin,  s4d_inv  S4D-Inv (models.ssm.s4d)
+    s6        selective SSM                                  (models.ssm.s6)
+    hyena     Hyena implicit long convolution                (models.conv.hyena)
 
 Blocks (each used as the mixer of a pre-norm residual stack):
 
     none   y = W_o GELU(inner(x))                              (the S4 layer's shape)
-    h3     y = W_o (Q * inner(shift(K) * V))                   (models.h3; inner = diag SSM)
+    h3     y = W_o (Q * inner(shift(K) * V))                   (models.ssm.h3; inner = diag SSM)
     mamba  x, z = W_in x (expand E);  x = SiLU(causal depthwise conv_4(x));
            y = W_o (inner(x) * SiLU(z))                        (inner has E d channels)
 """
@@ -23,11 +23,11 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from models.common import ResidualStack, stack_with_state
-from models.h3 import H3
-from models.hyena import HyenaFilterConv
-from models.s4 import S4
-from models.s4_dplr import S4DPLR
-from models.s4d import S4D
+from models.ssm.h3 import H3
+from models.conv.hyena import HyenaFilterConv
+from models.ssm.s4 import S4
+from models.ssm.s4_dplr import S4DPLR
+from models.ssm.s4d import S4D
 
 INNERS = ("s4", "s4_dplr", "s4d_real", "s4d_lin", "s4d_inv", "s6", "hyena")
 BLOCKS = ("none", "h3", "mamba")
@@ -49,7 +49,7 @@ def make_inner(inner: str, d: int, d_state: int | None = None) -> nn.Module:
         return S4DPLR(d, d_state=N)
     if inner.startswith("s4d_"):
         return S4D(d, d_state=N, init=inner[len("s4d_"):])
-    from models.s6 import S6   # the selective scan lives with the S6 / Mamba family
+    from models.ssm.s6 import S6   # the selective scan lives with the S6 / Mamba family
     return S6(d, d_state=N)
 
 

@@ -17,7 +17,7 @@ import math
 import torch
 import torch.nn as nn
 
-from models.s4d import S4D
+from models.ssm.s4d import S4D
 
 
 class ShiftSSM(nn.Module):

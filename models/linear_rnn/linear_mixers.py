@@ -4,14 +4,14 @@
 - :class:`MultiScaleRetention`  (RetNet, Sun et al. 2023): a fixed decay per head, rotary;
 - :class:`LinearAttention`      (Katharopoulos et al. 2020): no decay, a feature map and
   (optionally) the normaliser q . sum k;
-- ``DeltaNet``, ``GatedDeltaNet`` and ``GatedDeltaProduct`` live in ``models.delta_mixers``
-  and are importable from here too (``from models.linear_mixers import DeltaNet``).
+- ``DeltaNet``, ``GatedDeltaNet`` and ``GatedDeltaProduct`` live in ``models.linear_rnn.delta_mixers``
+  and are importable from here too (``from models.linear_rnn.linear_mixers import DeltaNet``).
 
 Each follows the structure of its flash-linear-attention layer (``fla/layers/*.py``,
 github.com/fla-org/flash-linear-attention); the code is this project's own.
 
 Every mixer maps x (batch, length, d_model) -> (batch, length, d_model), causally, with
-no outer norm or residual (``models.mamba.RecurrentStack`` adds pre-norm residuals), and
+no outer norm or residual (``models.ssm.mamba.RecurrentStack`` adds pre-norm residuals), and
 carries a recurrent state, a tuple whose first element is the matrix state
 S (batch, heads, head_k_dim, head_v_dim) of the operator (fla's ``initial_state``):
 
@@ -272,7 +272,7 @@ class GatedLinearAttention(LinearRNNMixer):
 
 def rotary(x: torch.Tensor, pos: torch.Tensor, base: float = 10000.0) -> torch.Tensor:
     """Plain RoPE (Su et al. 2021) in the half-split layout (fla's RotaryEmbedding with
-    interleaved=False, as ``models.attention.Rotary``): channel j pairs with j + d/2, rotated
+    interleaved=False, as ``models.attention.attention.Rotary``): channel j pairs with j + d/2, rotated
     by pos * base^(-2j/d). x (batch, T, heads, d), pos (batch, T) integers -> x's shape."""
     half = x.shape[-1] // 2
     inv_freq = base ** (-2.0 * torch.arange(half, device=x.device, dtype=torch.float64)
@@ -454,10 +454,10 @@ class LinearAttention(LinearRNNMixer):
 
 
 def __getattr__(name: str):
-    # The delta rules live in models/delta_mixers.py (which imports this module's base
+    # The delta rules live in models/linear_rnn/delta_mixers.py (which imports this module's base
     # class), re-exported lazily so either module can be imported first.
     if name in ("DeltaNet", "GatedDeltaNet", "GatedDeltaProduct"):
-        from models import delta_mixers
+        from models.linear_rnn import delta_mixers
 
         return getattr(delta_mixers, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

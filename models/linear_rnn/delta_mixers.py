@@ -1,5 +1,5 @@
 """Delta-rule mixers: :class:`DeltaNet`, :class:`GatedDeltaNet` and :class:`GatedDeltaProduct`
-(also importable from ``models.linear_mixers``, whose module docstring gives the shared
+(also importable from ``models.linear_rnn.linear_mixers``, whose module docstring gives the shared
 contract: forward, init_state, forward_with_state, step, state_size, backend, chunk_size).
 
 All follow the structure of flash-linear-attention's layers (``fla/layers/delta_net.py``,
@@ -26,8 +26,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from models.common import causal_conv, conv_cache, recomputed_in_slices, rms_norm
-from models.linear_mixers import GatedHeadRMSNorm, HeadRMSNorm, LinearRNNMixer, _dims
-from models.short_conv import ShortConvolution
+from models.linear_rnn.linear_mixers import GatedHeadRMSNorm, HeadRMSNorm, LinearRNNMixer, _dims
+from models.conv.short_conv import ShortConvolution
 
 __all__ = ["DeltaNet", "GatedDeltaNet", "GatedDeltaProduct"]
 

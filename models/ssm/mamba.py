@@ -4,7 +4,7 @@ Mamba(x), for x: (batch, length, d_model), with d_inner = expand * d_model (or g
 
     x, z  = in_proj(x)                   two (batch, length, d_inner) streams
     x     = silu(causal depthwise conv1d(x))   kernel d_conv, left-padded, per channel
-    y     = S6(x)  gated by silu(z)       selective scan (models.s6 / models.kernels)
+    y     = S6(x)  gated by silu(z)       selective scan (models.ssm.s6 / models.kernels)
     out   = out_proj(y)                  (batch, length, d_model)
 
 ``allow_neg_eigval`` (Grazzi et al., ICLR 2025, adankow/unlocking_state_tracking): the
@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from models.common import ResidualStack, stack_with_state
 from models.kernels import cpu_kernels, triton_kernels
 from models.kernels import selective_scan as ss
-from models.s6 import SelectiveSSM, resolve_dt_rank
+from models.ssm.s6 import SelectiveSSM, resolve_dt_rank
 
 MambaState = tuple[torch.Tensor, torch.Tensor]  # (conv_state, ssm_state)
 

@@ -3,7 +3,7 @@
 Positions (``pos``):
 
 - ``"absolute"``: sinusoidal positions (Vaswani et al. 2017) added to the *input* of the
-  network once; handled by the backbone (``models.transformer``), not inside attention.
+  network once; handled by the backbone (``models.attention.transformer``), not inside attention.
   :func:`sinusoidal_positions` builds them.
 - ``"rope"``: rotary embedding (Su et al. 2021, RoFormer). Channel pair i of q and k at
   position n is rotated by the angle n * theta_i, theta_i = base^(-2i/d_head). Then

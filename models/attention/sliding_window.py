@@ -15,7 +15,7 @@ scores are (batch, heads, L / Q, Q, Q + w - 1) instead of (batch, heads, L, L). 
 windows are cut from one key sequence (``unfold``), and a boolean (Q, Q + w - 1) band
 mask keeps exactly the keys t - w + 1 .. t.
 
-Positions: ``pos="rope"`` (default) rotates q and k with RoPE (``models.attention.Rotary``,
+Positions: ``pos="rope"`` (default) rotates q and k with RoPE (``models.attention.attention.Rotary``,
 Su et al. 2021); ``"none"`` uses none. RoPE scores depend only on position differences, so
 positions are counted from the start of the cached keys in each call, never absolutely:
 that keeps streaming exact however long the stream runs (no growing angles).
@@ -42,7 +42,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from models.attention import Rotary
+from models.attention.attention import Rotary
 from models.kernels.linear_rnn_backends import BackendError, check_backend
 
 SWA_POSITIONS = ("rope", "none")

@@ -1,6 +1,6 @@
 """Measure S4-family kernel time and memory (CPU): one configuration per process.
 
-    python -m models.bench_s4_kernels CONFIG [L]        CONFIG in CONFIGS below
+    python -m models.ssm.bench_s4_kernels CONFIG [L]        CONFIG in CONFIGS below
 
 Prints the median time of the kernel forward and forward+backward (d=64 channels, N=64)
 and the extra peak RSS of the first forward+backward at length L (default 4096), after a
@@ -18,9 +18,9 @@ import time
 
 import torch
 
-from models.s4 import S4
-from models.s4_dplr import S4DPLR
-from models.s4d import S4D
+from models.ssm.s4 import S4
+from models.ssm.s4_dplr import S4DPLR
+from models.ssm.s4d import S4D
 
 H, N = 64, 64
 CONFIGS = {
@@ -40,7 +40,7 @@ def _rss_mib() -> float:
 
 def main(argv: list[str]) -> None:
     if not argv or argv[0] not in CONFIGS:
-        raise SystemExit(f"usage: python -m models.bench_s4_kernels {{{','.join(CONFIGS)}}} [L]")
+        raise SystemExit(f"usage: python -m models.ssm.bench_s4_kernels {{{','.join(CONFIGS)}}} [L]")
     cfg, L = argv[0], int(argv[1]) if len(argv) > 1 else 4096
     torch.manual_seed(0)
     m = CONFIGS[cfg]()

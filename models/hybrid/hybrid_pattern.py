@@ -11,23 +11,23 @@ followed (``channel_mixer="swiglu"``, the default here) by a pre-norm residual S
 Codes (class imported lazily by module and name, so a stack only needs the modules its
 pattern uses):
 
-    A  attention            models.attention.CausalSelfAttention   (no fixed-size state)
-    W  sliding window attn  models.sliding_window.SlidingWindowAttention
-    M  mamba                models.mamba.Mamba
-    2  mamba2               models.mamba2.Mamba2
-    G  gla                  models.linear_mixers.GatedLinearAttention
-    R  retnet               models.linear_mixers.MultiScaleRetention
-    L  linear attention     models.linear_mixers.LinearAttention
-    B  based linear attn    models.based.BasedLinearAttention
-    D  deltanet             models.linear_mixers.DeltaNet
-    N  gated deltanet       models.linear_mixers.GatedDeltaNet
-    C  short gated conv     models.based.BaseConv (Based's BaseConv)
+    A  attention            models.attention.attention.CausalSelfAttention   (no fixed-size state)
+    W  sliding window attn  models.attention.sliding_window.SlidingWindowAttention
+    M  mamba                models.ssm.mamba.Mamba
+    2  mamba2               models.ssm.mamba2.Mamba2
+    G  gla                  models.linear_rnn.linear_mixers.GatedLinearAttention
+    R  retnet               models.linear_rnn.linear_mixers.MultiScaleRetention
+    L  linear attention     models.linear_rnn.linear_mixers.LinearAttention
+    B  based linear attn    models.linear_rnn.based.BasedLinearAttention
+    D  deltanet             models.linear_rnn.linear_mixers.DeltaNet
+    N  gated deltanet       models.linear_rnn.linear_mixers.GatedDeltaNet
+    C  short gated conv     models.linear_rnn.based.BaseConv (Based's BaseConv)
 
 Shared options reach the mixers that take them (by their constructor's signature):
 ``n_heads`` (A, W, B and the linear mixers with heads), ``window`` (W), ``pos`` (A, W),
 ``backend`` (every mixer with a backend). ``state_size()`` is None when an A layer is
 present (attention's KV cache grows with length), else the sum over layers; a stack
-without A layers is a :class:`models.mamba.RecurrentStack` (``init_state`` / ``step`` /
+without A layers is a :class:`models.ssm.mamba.RecurrentStack` (``init_state`` / ``step`` /
 ``forward_with_state`` / ``forward_chunked``).
 """
 from __future__ import annotations
@@ -39,21 +39,21 @@ from typing import Any
 import torch.nn as nn
 
 from models.common import ResidualStack
-from models.mamba import RecurrentStack
+from models.ssm.mamba import RecurrentStack
 
 # code -> (name, module, class)
 MIXER_CODES: dict[str, tuple[str, str, str]] = {
-    "A": ("attention", "models.attention", "CausalSelfAttention"),
-    "W": ("sliding_window", "models.sliding_window", "SlidingWindowAttention"),
-    "M": ("mamba", "models.mamba", "Mamba"),
-    "2": ("mamba2", "models.mamba2", "Mamba2"),
-    "G": ("gla", "models.linear_mixers", "GatedLinearAttention"),
-    "R": ("retnet", "models.linear_mixers", "MultiScaleRetention"),
-    "L": ("linear_attention", "models.linear_mixers", "LinearAttention"),
-    "B": ("based", "models.based", "BasedLinearAttention"),
-    "D": ("deltanet", "models.linear_mixers", "DeltaNet"),
-    "N": ("gated_deltanet", "models.linear_mixers", "GatedDeltaNet"),
-    "C": ("base_conv", "models.based", "BaseConv"),
+    "A": ("attention", "models.attention.attention", "CausalSelfAttention"),
+    "W": ("sliding_window", "models.attention.sliding_window", "SlidingWindowAttention"),
+    "M": ("mamba", "models.ssm.mamba", "Mamba"),
+    "2": ("mamba2", "models.ssm.mamba2", "Mamba2"),
+    "G": ("gla", "models.linear_rnn.linear_mixers", "GatedLinearAttention"),
+    "R": ("retnet", "models.linear_rnn.linear_mixers", "MultiScaleRetention"),
+    "L": ("linear_attention", "models.linear_rnn.linear_mixers", "LinearAttention"),
+    "B": ("based", "models.linear_rnn.based", "BasedLinearAttention"),
+    "D": ("deltanet", "models.linear_rnn.linear_mixers", "DeltaNet"),
+    "N": ("gated_deltanet", "models.linear_rnn.linear_mixers", "GatedDeltaNet"),
+    "C": ("base_conv", "models.linear_rnn.based", "BaseConv"),
 }
 CODE_OF = {name: code for code, (name, _, _) in MIXER_CODES.items()}
 # mixers with a fixed-size recurrent state that can be a hybrid's recurrent branch
@@ -152,7 +152,7 @@ class InterleavedStack(ResidualStack):
 class RecurrentInterleavedStack(InterleavedStack, RecurrentStack):
     """An :class:`InterleavedStack` without attention layers: every mixer has a fixed-size
     state, so the stack has ``init_state`` / ``step`` / ``forward_with_state`` /
-    ``forward_chunked`` (from :class:`models.mamba.RecurrentStack`)."""
+    ``forward_chunked`` (from :class:`models.ssm.mamba.RecurrentStack`)."""
 
 
 def build_interleaved(d_model: int, n_layers: int, pattern: str = "MMA", **options: Any

@@ -33,9 +33,9 @@ import math
 import torch
 import torch.nn as nn
 
-from models.fftconv import LongConvLayer
-from models.hippo import legs_dplr
-from models.s4 import init_log_dt
+from models.conv.fftconv import LongConvLayer
+from models.ssm.hippo import legs_dplr
+from models.ssm.s4 import init_log_dt
 
 INITS = ("real", "lin", "inv", "legs")
 

@@ -10,7 +10,7 @@ functions of the input ("selection"):
 
 :class:`SelectiveSSM` holds the parameters (named as in mamba-ssm's ``Mamba``: x_proj,
 dt_proj, A_log, D) and the scan; :class:`S6` is the bare layer (an "inner layer" that the
-gated blocks wrap), and ``models.mamba.Mamba`` adds the input projection, causal conv and
+gated blocks wrap), and ``models.ssm.mamba.Mamba`` adds the input projection, causal conv and
 gate around the same parameters.
 """
 from __future__ import annotations
@@ -139,7 +139,7 @@ def resolve_dt_rank(dt_rank, width: int) -> int:
 class S6(SelectiveSSM):
     """The selective SSM alone: (batch, length, d_inner) -> (batch, length, d_inner), causal.
 
-    No input projection, convolution or gate (``models.mamba.Mamba`` adds those).
+    No input projection, convolution or gate (``models.ssm.mamba.Mamba`` adds those).
     ``dt_rank="auto"`` means ceil(d_inner / 16). State for step mode: (batch, d_inner, d_state).
     """
 

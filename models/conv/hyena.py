@@ -26,7 +26,7 @@ import math
 import torch
 import torch.nn as nn
 
-from models.fftconv import LongConvLayer, fft_conv
+from models.conv.fftconv import LongConvLayer, fft_conv
 
 
 class Sin(nn.Module):
