@@ -79,13 +79,13 @@ def _compiler() -> str | None:
     return shutil.which(os.environ.get("CC", "cc"))
 
 
-def _compile(cc: str, out: Path, extra: list[str]) -> str:
-    """Compile to ``out`` atomically; returns "" on success, else the compiler's complaint."""
+def _compile(cc: str, out: Path, extra: list[str], main: str = _SOURCES[0]) -> str:
+    """Compile ``csrc/<main>`` to ``out`` atomically; returns "" on success, else the
+    compiler's complaint."""
     out.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
     os.close(fd)
-    cmd = [cc, *_BASE_FLAGS, f"-I{_SRC_DIR}", "-o", tmp, str(_SRC_DIR / _SOURCES[0]),
-           *extra, "-lm"]
+    cmd = [cc, *_BASE_FLAGS, f"-I{_SRC_DIR}", "-o", tmp, str(_SRC_DIR / main), *extra, "-lm"]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     except (OSError, subprocess.TimeoutExpired) as exc:
@@ -98,7 +98,17 @@ def _compile(cc: str, out: Path, extra: list[str]) -> str:
     return ""
 
 
-def _build_and_load() -> tuple[ctypes.CDLL | None, str]:
+def build_library(stem: str, sources: tuple[str, ...], abi: tuple[str, int],
+                  entry_points: tuple[str, ...], what: str) -> tuple[ctypes.CDLL | None, str]:
+    """Build (or find in the cache) the library of ``csrc/<sources[0]>`` and load it.
+
+    The file is named by a hash of the sources, compiler, flags and CPU features, so a
+    changed source or another machine builds anew and concurrent processes share one
+    build. Each of :data:`_FLAG_SETS` is tried in turn (the first that builds wins), in the
+    kernel cache and then the temp folder. ``abi = (function, version)`` guards against a
+    stale library; ``entry_points`` get the <kind>_f32 / <kind>_f64 signature
+    ``int f(void **ptrs, long *sizes)``. Returns (the library, "") or (None, why not),
+    ``what`` naming the library in that reason."""
     if os.environ.get("SSM_WORKBENCH_NO_CPU_KERNEL", "") not in ("", "0"):
         return None, "disabled by SSM_WORKBENCH_NO_CPU_KERNEL"
     cc = _compiler()
@@ -109,17 +119,18 @@ def _build_and_load() -> tuple[ctypes.CDLL | None, str]:
                                  timeout=30).stdout
     except (OSError, subprocess.TimeoutExpired) as exc:
         return None, f"C compiler {cc} does not run: {exc}"
-    sources = b"".join((_SRC_DIR / name).read_bytes() for name in _SOURCES)
+    source_bytes = b"".join((_SRC_DIR / name).read_bytes() for name in sources)
+    abi_fn, abi_version = abi
     errors = []
     for extra in _FLAG_SETS:
         key = hashlib.sha256(b"\0".join([
-            sources, cc.encode(), version.encode(), " ".join(_BASE_FLAGS + extra).encode(),
+            source_bytes, cc.encode(), version.encode(), " ".join(_BASE_FLAGS + extra).encode(),
             _cpu_signature().encode()])).hexdigest()[:20]
         for directory in (cache_dir(), Path(tempfile.gettempdir()) / "ssm-workbench-kernels"):
-            path = directory / f"cpu_kernels-{key}.so"
+            path = directory / f"{stem}-{key}.so"
             try:
                 if not path.exists():
-                    err = _compile(cc, path, extra)
+                    err = _compile(cc, path, extra, sources[0])
                     if err:
                         errors.append(f"{' '.join(extra) or 'plain'}: {err}")
                         break  # these flags fail anywhere; try the next set
@@ -127,21 +138,23 @@ def _build_and_load() -> tuple[ctypes.CDLL | None, str]:
             except OSError as exc:  # unwritable cache dir, or a library that will not load
                 errors.append(f"{path}: {exc}")
                 continue
-            if lib.ss_abi_version() != ABI_VERSION:
-                errors.append(f"{path}: ABI {lib.ss_abi_version()} != {ABI_VERSION}")
+            got = getattr(lib, abi_fn)()
+            if got != abi_version:
+                errors.append(f"{path}: ABI {got} != {abi_version}")
                 continue
-            _declare(lib)
+            for sfx in ("f32", "f64"):
+                for kind in entry_points:
+                    fn = getattr(lib, f"{kind}_{sfx}")
+                    fn.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_long)]
+                    fn.restype = ctypes.c_int
             return lib, ""
-    return None, "building the CPU kernels failed: " + "; ".join(errors)
+    return None, f"building the {what} failed: " + "; ".join(errors)
 
 
-def _declare(lib: ctypes.CDLL) -> None:
-    for sfx in ("f32", "f64"):
-        for kind in ("ss_fwd", "ss_bwd", "conv_fwd", "conv_bwd", "lrnn_fwd", "lrnn_bwd",
-                     "dplr_fwd", "dplr_bwd"):
-            fn = getattr(lib, f"{kind}_{sfx}")
-            fn.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_long)]
-            fn.restype = ctypes.c_int
+def _build_and_load() -> tuple[ctypes.CDLL | None, str]:
+    return build_library("cpu_kernels", _SOURCES, ("ss_abi_version", ABI_VERSION),
+                         ("ss_fwd", "ss_bwd", "conv_fwd", "conv_bwd", "lrnn_fwd", "lrnn_bwd",
+                          "dplr_fwd", "dplr_bwd"), "CPU kernels")
 
 
 def load() -> tuple[ctypes.CDLL | None, str]:

@@ -29,11 +29,6 @@ reason when it cannot build, and ``auto`` then uses the ``torch`` form.
 from __future__ import annotations
 
 import ctypes
-import hashlib
-import os
-import subprocess
-import tempfile
-from pathlib import Path
 
 import torch
 
@@ -46,63 +41,8 @@ _SOURCES = ("forgetting_attn.c", "forgetting_attn_impl.h")
 _loaded: tuple[ctypes.CDLL | None, str] | None = None
 
 
-def _compile(cc: str, out: Path, extra: list[str]) -> str:
-    """Compile to ``out`` atomically; "" on success, else the compiler's last line."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
-    os.close(fd)
-    cmd = [cc, *_ck._BASE_FLAGS, f"-I{_ck._SRC_DIR}", "-o", tmp, str(_ck._SRC_DIR / _SOURCES[0]),
-           *extra, "-lm"]
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        os.unlink(tmp)
-        return f"{type(exc).__name__}: {exc}"
-    if proc.returncode != 0:
-        os.unlink(tmp)
-        return (proc.stderr.strip().splitlines() or ["failed"])[-1][:300]
-    os.replace(tmp, out)
-    return ""
-
-
 def _build_and_load() -> tuple[ctypes.CDLL | None, str]:
-    if os.environ.get("SSM_WORKBENCH_NO_CPU_KERNEL", "") not in ("", "0"):
-        return None, "disabled by SSM_WORKBENCH_NO_CPU_KERNEL"
-    cc = _ck._compiler()
-    if cc is None:
-        return None, "no C compiler found ($CC or cc)"
-    try:
-        version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return None, f"C compiler {cc} does not run: {exc}"
-    sources = b"".join((_ck._SRC_DIR / name).read_bytes() for name in _SOURCES)
-    errors = []
-    for extra in _ck._FLAG_SETS:
-        key = hashlib.sha256(b"\0".join([
-            sources, cc.encode(), version.encode(), " ".join(_ck._BASE_FLAGS + extra).encode(),
-            _ck._cpu_signature().encode()])).hexdigest()[:20]
-        for directory in (_ck.cache_dir(), Path(tempfile.gettempdir()) / "ssm-workbench-kernels"):
-            path = directory / f"forgetting_attn-{key}.so"
-            try:
-                if not path.exists():
-                    err = _compile(cc, path, extra)
-                    if err:
-                        errors.append(f"{' '.join(extra) or 'plain'}: {err}")
-                        break
-                lib = ctypes.CDLL(str(path))
-            except OSError as exc:
-                errors.append(f"{path}: {exc}")
-                continue
-            if lib.fa_abi_version() != ABI_VERSION:
-                errors.append(f"{path}: ABI {lib.fa_abi_version()} != {ABI_VERSION}")
-                continue
-            for sfx in ("f32", "f64"):
-                for kind in ("fa_fwd", "fa_bwd"):
-                    fn = getattr(lib, f"{kind}_{sfx}")
-                    fn.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_long)]
-                    fn.restype = ctypes.c_int
-            return lib, ""
-    return None, "building the forgetting-attention CPU kernel failed: " + "; ".join(errors)
+    return _ck.build_library("forgetting_attn", _SOURCES, ("fa_abi_version", ABI_VERSION), ('fa_fwd', 'fa_bwd'), "forgetting-attention CPU kernel")
 
 
 def load() -> tuple[ctypes.CDLL | None, str]:
