@@ -33,24 +33,10 @@ import torch
 from models.kernels import cpu_kernels
 from models.kernels.generalized_delta import _check_rwkv7
 from models.kernels.linear_rnn import _check, _compute_dtype, _l2norm, expand_heads
+# the same C library, checkpoint spacing, tile and stride layout as the delta-rule kernels
+from models.kernels.linear_rnn_cpu import CHUNK_LEN, TILE, _strides, available, unavailable_reason
 
 __all__ = ["rwkv7", "kda", "OPS", "available", "unavailable_reason"]
-
-CHUNK_LEN = 64          # steps between stored states; the backward recomputes one chunk
-TILE = 16               # the C kernel's LRNN_LT: checkpoint rows are padded to a multiple
-
-
-def available() -> bool:
-    return cpu_kernels.available()
-
-
-def unavailable_reason() -> str:
-    return cpu_kernels.unavailable_reason()
-
-
-def _strides(x: torch.Tensor | None) -> list[int]:
-    """(batch, time, head) strides of a (batch, time, head[, dim]) tensor."""
-    return [0, 0, 0] if x is None else list(x.stride()[:3])
 
 
 class DPLRCPU(torch.autograd.Function):
