@@ -84,6 +84,35 @@ def tiny_profile_text(name: str = "tiny", *, schema_version: int = 1, models=("l
     return "\n".join(lines) + "\n"
 
 
+def tiny_lm_corpus(folder, text: str, docs: int = 20):
+    """A folder of ``docs`` short text files for the ``lm`` task: distinct documents (the
+    train/valid/test split goes by a hash of each), each a numbered copy of ``text``."""
+    from pathlib import Path
+
+    folder = Path(folder)
+    folder.mkdir(parents=True)
+    for i in range(docs):
+        (folder / f"d{i}.txt").write_text(f"{i} . " + text)
+    return folder
+
+
+def tiny_lm_profile_text(corpus, name: str, *, models=("mamba",), n_layers: int = 1, head: str = "",
+                         **train) -> str:
+    """A byte-level ``lm`` profile on ``corpus`` (``tiny_lm_corpus``) that trains d_model 16 for
+    4 steps of batch 4 at L 32 on the CPU, evaluating once: seconds. ``head``: lines after
+    the name (an executor and its [slurm] table); ``train``: more [train] keys, in order."""
+    import json
+
+    lines = ["schema_version = 1", f"name = {json.dumps(name)}", *filter(None, head.splitlines()),
+             "[task]", 'name = "lm"', f"source = {json.dumps(str(corpus))}", 'tokenizer = "bytes"',
+             "valid_fraction = 0.2", "test_fraction = 0.2", "num_test_examples = 2", "[sweep]",
+             f"models = {json.dumps(list(models))}", "seq_lens = [32]", "[model]", "d_model = 16",
+             f"n_layers = {n_layers}", "[train]", "steps = 4", "batch_size = 4",
+             *(f"{k} = {json.dumps(v)}" for k, v in train.items()),
+             "eval_every = 4", "log_every = 2", 'device = "cpu"']
+    return "\n".join(lines) + "\n"
+
+
 # ---------------------------------------------------------------------------- real processes
 def wait_for(pred, timeout=120.0, poll=0.05):
     """``pred()``'s first true value, polled every ``poll`` seconds; an AssertionError after

@@ -13,6 +13,7 @@ import signal
 
 import pytest
 import torch
+from helpers import tiny_lm_corpus, tiny_lm_profile_text
 
 from tests.test_distributed import TOL, at_step, curve, launched, spec, train  # noqa: F401  (launched: a fixture)
 from workbench.execute import resume, scheduler
@@ -188,34 +189,8 @@ def test_a_finished_fsdp_lm_keeps_whole_weights_that_eval_loads(tmp_path, launch
     from workbench.spec.profile import expand, loads
     from workbench.train.eval_models import load_run
 
-    corpus = tmp_path / "corpus"
-    corpus.mkdir()
-    for i in range(20):  # distinct documents: the splits go by a hash of each
-        (corpus / f"d{i}.txt").write_text(f"{i} . " + "the quick brown fox jumps over the lazy dog. " * 6)
-    text = f"""
-schema_version = 1
-name = "lm-fsdp"
-[task]
-name = "lm"
-source = "{corpus}"
-tokenizer = "bytes"
-valid_fraction = 0.2
-test_fraction = 0.2
-num_test_examples = 2
-[sweep]
-models = ["transformer"]
-seq_lens = [32]
-[model]
-d_model = 16
-n_layers = 2
-[train]
-steps = 4
-batch_size = 4
-lr = 3e-3
-eval_every = 4
-log_every = 2
-device = "cpu"
-"""
+    corpus = tiny_lm_corpus(tmp_path / "corpus", "the quick brown fox jumps over the lazy dog. " * 6)
+    text = tiny_lm_profile_text(corpus, "lm-fsdp", models=("transformer",), n_layers=2, lr=3e-3)
     s1, r1 = train(tmp_path / "one", expand(loads(text))[0].to_dict())
     s2, r2 = train(tmp_path / "two", expand(loads(text + 'devices = 2\nsharding = "fsdp"\n'))[0].to_dict())
     assert s2.get(r2).state == "finished", s2.get(r2).error

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import tiny_lm_corpus, tiny_lm_profile_text
 
 needs_lm_eval = pytest.mark.skipif(importlib.util.find_spec("lm_eval") is None,
                                    reason="lm-eval is not installed: pip install 'ssm-workbench[eval]'")
@@ -314,34 +315,8 @@ def test_a_workbench_trained_lm_is_evaluated_end_to_end(made, tmp_path):
     from workbench.train import checkpoint
     from workbench.train.eval_run import eval_spec
 
-    corpus = tmp_path / "corpus"
-    corpus.mkdir()
-    for i in range(20):  # distinct documents: the splits go by a hash of each
-        (corpus / f"d{i}.txt").write_text(f"{i} . " + TEXT * 2)
-    profile = f"""
-schema_version = 1
-name = "lm-eval-tiny"
-[task]
-name = "lm"
-source = "{corpus}"
-tokenizer = "bytes"
-valid_fraction = 0.2
-test_fraction = 0.2
-num_test_examples = 2
-[sweep]
-models = ["mamba"]
-seq_lens = [32]
-[model]
-d_model = 16
-n_layers = 1
-[train]
-steps = 4
-batch_size = 4
-lr = 3e-3
-eval_every = 4
-log_every = 2
-device = "cpu"
-"""
+    corpus = tiny_lm_corpus(tmp_path / "corpus", TEXT * 2)
+    profile = tiny_lm_profile_text(corpus, "lm-eval-tiny", lr=3e-3)
     store = Store(tmp_path / "st")
     trained = eval_run(store, expand(loads(profile))[0].to_dict())
     assert store.get(trained).state == "finished", store.get(trained).error

@@ -10,38 +10,14 @@ import importlib.util
 import json
 
 import pytest
+from helpers import tiny_lm_corpus, tiny_lm_profile_text
 
 pytest.importorskip("transformers", reason="the tiny checkpoint needs transformers (extra 'pretrained')")
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("slurm"),
               pytest.mark.skipif(importlib.util.find_spec("lm_eval") is None, reason="lm-eval is not installed")]
 
 
-LM = """schema_version = 1
-name = "slurm-lm"
-executor = "slurm"
-[slurm]
-gpus_per_run = 0
-cpus_per_run = 1
-[task]
-name = "lm"
-source = "{corpus}"
-tokenizer = "bytes"
-valid_fraction = 0.2
-test_fraction = 0.2
-num_test_examples = 2
-[sweep]
-models = ["mamba"]
-seq_lens = [32]
-[model]
-d_model = 16
-n_layers = 1
-[train]
-steps = 4
-batch_size = 4
-eval_every = 4
-log_every = 2
-device = "cpu"
-"""
+SLURM = 'executor = "slurm"\n[slurm]\ngpus_per_run = 0\ncpus_per_run = 1'
 
 EVAL = """schema_version = 2
 name = "slurm-eval"
@@ -67,16 +43,13 @@ def test_an_eval_profile_runs_as_slurm_jobs_on_a_slurm_trained_lm_and_a_folder(s
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     monkeypatch.chdir(tmp_path)
-    corpus = tmp_path / "corpus"
-    corpus.mkdir()
-    for i in range(20):
-        (corpus / f"d{i}.txt").write_text(f"{i} . " + TEXT * 2)
+    corpus = tiny_lm_corpus(tmp_path / "corpus", TEXT * 2)
     # a folder named tasks/ in the working folder, where the job starts: it must not shadow
     # the workbench's tasks package in the job's Python
     tasks = write_tasks(tmp_path / "tasks", tmp_path / "datasets-cache")
     neox = write_neox(tmp_path / "neox")
     st = str(tmp_path / "st")
-    (tmp_path / "lm.toml").write_text(LM.format(corpus=corpus))
+    (tmp_path / "lm.toml").write_text(tiny_lm_profile_text(corpus, "slurm-lm", head=SLURM))
     assert main(["--store", st, "run", str(tmp_path / "lm.toml"), "--quiet"]) == 0, capsys.readouterr()
     store = Store(st)
     (trained,) = store.runs(profile="slurm-lm")
