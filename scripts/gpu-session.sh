@@ -64,6 +64,9 @@ case "$phase" in
     # real compilation on the GPU (no interpreter): the kernels against the sequential reference
     timeout 420 python3 -m pytest -q -x -p no:cacheprovider tests/test_triton_kernels.py \
       tests/test_selective_scan.py tests/test_triton_aot.py 2>&1 | tail -40 | tee "$OUT/kernel-tests.txt"
+    # fla's kernels (auto on CUDA) against the float64 references: every linear-RNN op, FoX
+    timeout 240 python3 -m pytest -q -p no:cacheprovider -rs tests/test_gpu_fla.py 2>&1 | tail -30 \
+      | tee "$OUT/fla-tests.txt"
     ;;
   bench)
     # the build `check` started: wait for it (up to 5 min), or build it now
