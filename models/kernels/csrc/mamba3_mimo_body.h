@@ -14,22 +14,26 @@
 M3_INLINE void VSFX(m3_step)(REAL *restrict U, const REAL *restrict kr, const REAL *restrict v,
                             long vs, const REAL *restrict qr, REAL *restrict o, long r,
                             long N, long P, REAL a, REAL c) {
-    for (long n = 0; n < N; n++) {
-        REAL *restrict row = U + n * P;
-        for (long p = 0; p < P; p += W) {
-            VEC x = LD(row + p) * a;
-            for (long j = 0; j < r; j++) x += LD(v + j * vs + p) * (c * kr[j * N + n]);
-            ST(row + p, x);
+    /* p in blocks of PB vectors, the block's r x PB readout sums in registers while the
+     * update streams the rows: one pass over U, and r PB independent sums (not r
+     * dependent chains of N) */
+    const long PB = P % (2 * W) == 0 ? 2 : 1;
+    for (long p0 = 0; p0 < P; p0 += PB * W) {
+        VEC acc[r][PB];
+        for (long i = 0; i < r; i++)
+            for (long b = 0; b < PB; b++) acc[i][b] = VZERO;
+        for (long n = 0; n < N; n++) {
+            REAL *restrict row = U + n * P + p0;
+            for (long b = 0; b < PB; b++) {
+                VEC x = LD(row + b * W) * a;
+                for (long j = 0; j < r; j++)
+                    x += LD(v + j * vs + p0 + b * W) * (c * kr[j * N + n]);
+                ST(row + b * W, x);
+                for (long i = 0; i < r; i++) acc[i][b] += x * qr[i * N + n];
+            }
         }
-    }
-    for (long i = 0; i < r; i++) {
-        REAL *restrict oi = o + i * vs;
-        const REAL *restrict qi = qr + i * N;
-        for (long p = 0; p < P; p += W) {
-            VEC x = VZERO;
-            for (long n = 0; n < N; n++) x += LD(U + n * P + p) * qi[n];
-            ST(oi + p, x);
-        }
+        for (long i = 0; i < r; i++)
+            for (long b = 0; b < PB; b++) ST(o + i * vs + p0 + b * W, acc[i][b]);
     }
 }
 
