@@ -120,7 +120,7 @@ class Mamba3MimoCPU(torch.autograd.Function):
         dq, dk, dv = _empty(q, *q.shape), _empty(k, *k.shape), _empty(v, *v.shape)
         dadt, dc, dm, dU0 = (torch.empty_like(adt), torch.empty_like(c), torch.empty_like(m),
                              ck.new_empty(b, h, N, P))
-        dtheta = cos.new_empty(b, L, h, R)
+        dtheta = _empty(cos, b, L, h, R)
         sizes = [b, L, r, h, N, P, chunk, torch.get_num_threads(), R]
         _call("m3_bwd", v.dtype, [q, k, v, adt, c, m, ck, do, dUL, dq, dk, dv, dadt, dc, dm, dU0,
                                   cos, dtheta, sin], sizes)
