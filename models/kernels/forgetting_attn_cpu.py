@@ -42,7 +42,8 @@ _loaded: tuple[ctypes.CDLL | None, str] | None = None
 
 
 def _build_and_load() -> tuple[ctypes.CDLL | None, str]:
-    return _ck.build_library("forgetting_attn", _SOURCES, ("fa_abi_version", ABI_VERSION), ('fa_fwd', 'fa_bwd'), "forgetting-attention CPU kernel")
+    return _ck.build_library("forgetting_attn", _SOURCES, ("fa_abi_version", ABI_VERSION), ("fa_fwd", "fa_bwd"),
+                             "forgetting-attention CPU kernel")
 
 
 def load() -> tuple[ctypes.CDLL | None, str]:

@@ -34,7 +34,8 @@ _loaded: tuple[ctypes.CDLL | None, str] | None = None
 
 
 def _build_and_load() -> tuple[ctypes.CDLL | None, str]:
-    return _ck.build_library("mamba3_mimo", _SOURCES, ("m3_abi_version", ABI_VERSION), ('m3_fwd', 'm3_bwd'), "Mamba-3 MIMO CPU kernel")
+    return _ck.build_library("mamba3_mimo", _SOURCES, ("m3_abi_version", ABI_VERSION), ("m3_fwd", "m3_bwd"),
+                             "Mamba-3 MIMO CPU kernel")
 
 
 def load() -> tuple[ctypes.CDLL | None, str]:
