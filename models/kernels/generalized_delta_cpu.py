@@ -34,7 +34,8 @@ from models.kernels import cpu_kernels
 from models.kernels.generalized_delta import _check_rwkv7
 from models.kernels.linear_rnn import _check, _compute_dtype, _l2norm, expand_heads
 # the same C library, checkpoint spacing, tile and stride layout as the delta-rule kernels
-from models.kernels.linear_rnn_cpu import CHUNK_LEN, TILE, _strides, available, unavailable_reason
+from models.kernels.linear_rnn_cpu import (CHUNK_LEN, _strides, available, forward_buffers,
+                                           unavailable_reason)
 
 __all__ = ["rwkv7", "kda", "OPS", "available", "unavailable_reason"]
 
@@ -52,11 +53,7 @@ class DPLRCPU(torch.autograd.Function):
         V = v.shape[-1]
         dtype = q.dtype
         needs_grad = any(ctx.needs_input_grad[:7])
-        n_chunks = -(-T // chunk_len)
-        o = q.new_empty(B, T, H, V)
-        S_last = q.new_empty(B, H, K, V)
-        Vp = -(-V // TILE) * TILE
-        ckpt = q.new_empty(B, H, n_chunks, K, Vp) if needs_grad and T > 0 else None
+        o, S_last, ckpt = forward_buffers(q, v, chunk_len, needs_grad)
         h0c = None if h0 is None else h0.contiguous()
         scale_t = torch.tensor([scale], dtype=dtype)
         sizes = [B, T, H, K, V, chunk_len, torch.get_num_threads(),

@@ -44,6 +44,18 @@ def _strides(x: torch.Tensor | None) -> list[int]:
     return [0, 0, 0] if x is None else list(x.stride()[:3])
 
 
+def forward_buffers(q: torch.Tensor, v: torch.Tensor, chunk_len: int, needs_grad: bool):
+    """The C forward's outputs for q (B, T, H, K), v (B, T, H, V): o (B, T, H, V), the final
+    state (B, H, K, V) and, when a backward will follow, the state stored every chunk_len
+    steps (B, H, chunks, K, V padded to a multiple of TILE), else None."""
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    o, S_last = q.new_empty(B, T, H, V), q.new_empty(B, H, K, V)
+    Vp = -(-V // TILE) * TILE
+    ckpt = q.new_empty(B, H, -(-T // chunk_len), K, Vp) if needs_grad and T > 0 else None
+    return o, S_last, ckpt
+
+
 class LinearRNNCPU(torch.autograd.Function):
     """forward(q, k, v, g, beta, h0, scale, gate, delta, chunk_len, l2norm) -> (o, S_last),
     with gate one of 0 (none), 1 (g: (B, T, H)), 2 (g: (B, T, H, K)), delta 0/1 (beta:
@@ -59,11 +71,7 @@ class LinearRNNCPU(torch.autograd.Function):
         V = v.shape[-1]
         dtype = q.dtype
         needs_grad = any(ctx.needs_input_grad[:6])
-        n_chunks = -(-T // chunk_len)
-        o = q.new_empty(B, T, H, V)
-        S_last = q.new_empty(B, H, K, V)
-        Vp = -(-V // TILE) * TILE
-        ckpt = q.new_empty(B, H, n_chunks, K, Vp) if needs_grad and T > 0 else None
+        o, S_last, ckpt = forward_buffers(q, v, chunk_len, needs_grad)
         h0c = None if h0 is None else h0.contiguous()
         scale_t = torch.tensor([scale], dtype=dtype)
         sizes = [B, T, H, K, V, gate, delta, chunk_len, torch.get_num_threads(),
