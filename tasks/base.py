@@ -232,10 +232,11 @@ class Task:
             seen |= {row.tobytes() for row in np.ascontiguousarray(self._train_arrays(seed)[0])}
         return self._draw_avoiding(n, rng, seen, self._generate_test)
 
-    def _draw_avoiding(self, n, rng, seen: set[bytes], gen, max_rounds: int = 20):
+    def _draw_avoiding(self, n, rng, seen: set[bytes], gen, max_rounds: int = 20, drawn=None):
         """n examples of ``gen`` from ``rng`` whose input rows are not in ``seen``; fewer
-        only when ``max_rounds`` draws find no more (never padded with seen rows)."""
-        x, y = gen(n, rng)
+        only when ``max_rounds`` draws find no more (never padded with seen rows).
+        ``drawn``: the first draw (x, y), where the caller has made it already."""
+        x, y = gen(n, rng) if drawn is None else drawn
         keep_x, keep_y, have = [], [], 0
         for _ in range(max_rounds):
             mask = np.array([row.tobytes() not in seen for row in np.ascontiguousarray(x)], bool)
@@ -300,16 +301,7 @@ class Task:
         """
         tx, _ = self._train_arrays(seed)
         seen = {row.tobytes() for row in np.ascontiguousarray(tx)}
-        keep_x, keep_y, have = [], [], 0
-        for _ in range(max_rounds):
-            mask = np.array([row.tobytes() not in seen for row in np.ascontiguousarray(x)], bool)
-            keep_x.append(x[mask][: n - have])
-            keep_y.append(y[mask][: n - have])
-            have += len(keep_x[-1])
-            if have >= n:
-                break
-            x, y = gen(n - have, rng)
-        return np.concatenate(keep_x), np.concatenate(keep_y)
+        return self._draw_avoiding(n, rng, seen, gen, max_rounds, drawn=(x, y))
 
     def _to_batch(self, x: np.ndarray, y: np.ndarray) -> Batch:
         inputs = torch.as_tensor(x)

@@ -143,38 +143,38 @@ _PAPER_DOC = (" seq_len = L noise positions (the model sees L + 2M tokens); voca
               " noise (0) and marker (V-1); num_train_examples = 0 draws fresh batches.")
 
 
+class _PaperCopying(_CopyingBase):
+    """The Mamba paper format's parameters and defaults, one signature for both of its tasks
+    (they differ only in ``selective``; the registry reads the parameters from it)."""
+    paper_format = True
+
+    def __init__(self, seq_len: int = 4096, vocab_size: int = 16, num_tokens_to_copy: int = 16,
+                 num_train_examples: int = 0, num_test_examples: int = 256,
+                 num_valid_examples: int | None = None):
+        super().__init__(seq_len, vocab_size, num_tokens_to_copy, num_train_examples,
+                         num_test_examples, num_valid_examples=num_valid_examples)
+
+
 @register
-class SelectiveCopying(_CopyingBase):
+class SelectiveCopying(_PaperCopying):
     name = "selective_copying"
     description = (
         "Selective copying (Mamba paper format): M data tokens at random positions among L "
         "noise tokens, then M markers; predict the data in order at the markers (loss there only)."
     )
     __doc__ = description + _PAPER_DOC
-    selective, paper_format = True, True
-
-    def __init__(self, seq_len: int = 4096, vocab_size: int = 16, num_tokens_to_copy: int = 16,
-                 num_train_examples: int = 0, num_test_examples: int = 256,
-                 num_valid_examples: int | None = None):
-        super().__init__(seq_len, vocab_size, num_tokens_to_copy, num_train_examples,
-                         num_test_examples, num_valid_examples=num_valid_examples)
+    selective = True
 
 
 @register
-class Copying(_CopyingBase):
+class Copying(_PaperCopying):
     name = "copying"
     description = (
         "Copying (Mamba paper format): M data tokens first, then L noise tokens, then M "
         "markers; predict the data in order at the markers (fixed spacing: LTI-solvable)."
     )
     __doc__ = description + _PAPER_DOC
-    selective, paper_format = False, True
-
-    def __init__(self, seq_len: int = 4096, vocab_size: int = 16, num_tokens_to_copy: int = 16,
-                 num_train_examples: int = 0, num_test_examples: int = 256,
-                 num_valid_examples: int | None = None):
-        super().__init__(seq_len, vocab_size, num_tokens_to_copy, num_train_examples,
-                         num_test_examples, num_valid_examples=num_valid_examples)
+    selective = False
 
 
 @register
