@@ -166,7 +166,7 @@ def test_auto_picks_the_kernel_on_cpu():
 def test_without_the_kernel_auto_falls_back_to_torch(monkeypatch):
     from models.ssm.mamba import Mamba
 
-    monkeypatch.setattr(cpu_kernels, "_loaded", (None, "no C compiler found ($CC or cc)"))
+    monkeypatch.setattr(cpu_kernels._LIBRARY, "loaded", (None, "no C compiler found ($CC or cc)"))
     assert ss.choose_backend("auto", "cpu") == "torch"
     assert Mamba(8, d_state=4).backend == "torch"
     with pytest.raises(RuntimeError, match="'cpu' unavailable: no C compiler"):
@@ -178,22 +178,45 @@ def test_build_caches_by_content_and_reports_failures(monkeypatch, tmp_path):
     monkeypatch.setenv("SSM_WORKBENCH_KERNEL_CACHE", str(tmp_path))
     monkeypatch.delenv("SSM_WORKBENCH_NO_CPU_KERNEL", raising=False)
     if cpu_kernels._compiler() is None:
-        lib, reason = cpu_kernels._build_and_load()
+        lib, reason = cpu_kernels._LIBRARY.build()
         assert lib is None and "no C compiler" in reason
         return
-    lib, reason = cpu_kernels._build_and_load()
+    lib, reason = cpu_kernels._LIBRARY.build()
     assert lib is not None and reason == ""
     built = list(tmp_path.glob("cpu_kernels-*.so"))
     assert len(built) == 1
     # a second process (here: a second load) reuses the file instead of compiling
     monkeypatch.setattr(cpu_kernels, "_compile", lambda *a: pytest.fail("compiled again"))
-    assert cpu_kernels._build_and_load()[0] is not None
+    assert cpu_kernels._LIBRARY.build()[0] is not None
     # a broken compiler is reported, not raised
     monkeypatch.setenv("SSM_WORKBENCH_KERNEL_CACHE", str(tmp_path / "other"))
     monkeypatch.setenv("CC", "/bin/false")
     monkeypatch.setattr(cpu_kernels, "_compile", real_compile)
-    lib, reason = cpu_kernels._build_and_load()
+    lib, reason = cpu_kernels._LIBRARY.build()
     assert lib is None and reason.startswith("building the CPU kernels failed")
     monkeypatch.setenv("SSM_WORKBENCH_NO_CPU_KERNEL", "1")
-    assert cpu_kernels._build_and_load() == (None, "disabled by SSM_WORKBENCH_NO_CPU_KERNEL")
+    assert cpu_kernels._LIBRARY.build() == (None, "disabled by SSM_WORKBENCH_NO_CPU_KERNEL")
 
+
+
+def test_a_kernel_library_is_built_once_and_says_why_it_cannot_run(monkeypatch):
+    """KernelLibrary (the loader every C kernel shares): the tensor's device and dtype first,
+    then the caller's shape limit, then the library's own reason; built once per process."""
+    from models.kernels import forgetting_attn_cpu
+
+    calls = []
+    monkeypatch.setattr(cpu_kernels, "build_library",
+                        lambda *a: calls.append(a) or (None, "no compiler here"))
+    lib = cpu_kernels.KernelLibrary("t", ("cpu_kernels.c",), ("ss_abi_version", 0), (), "test kernel")
+    x = torch.zeros(2, 3, dtype=F64)
+    assert lib.load() == lib.load() == (None, "no compiler here") and len(calls) == 1
+    assert calls[0] == ("t", ("cpu_kernels.c",), ("ss_abi_version", 0), (), "test kernel")
+    assert lib.unsupported(x.to("meta")) == "tensors on 'meta', the kernel runs on the CPU"
+    assert lib.unsupported(x.half()) == "dtype torch.float16: the kernel takes float32 or float64"
+    assert lib.unsupported(x, "too wide") == "too wide"
+    assert lib.unsupported(x) == "no compiler here"
+    with pytest.raises(RuntimeError, match="^test kernel unavailable: no compiler here$"):
+        lib.library()
+    monkeypatch.setattr(forgetting_attn_cpu._LIBRARY, "loaded", (None, "not built"))
+    assert forgetting_attn_cpu.unsupported(torch.zeros(1, 1, 1, 272)) == "head dimension 272 > 256"
+    assert forgetting_attn_cpu.unsupported(torch.zeros(1, 1, 1, 256)) == "not built"

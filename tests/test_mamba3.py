@@ -254,7 +254,7 @@ def test_mimo_cpu_kernel_float32_and_fallback(monkeypatch):
     assert o.dtype == torch.float32
     torch.testing.assert_close(o.double(), want, rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(s[1].double(), ws[1], rtol=1e-4, atol=1e-4)
-    monkeypatch.setattr(mamba3_mimo_cpu, "_loaded", (None, "disabled in this test"))
+    monkeypatch.setattr(mamba3_mimo_cpu._LIBRARY, "loaded", (None, "disabled in this test"))
     x, s0 = _mimo_inputs(L=9, R=2)
     assert_op_equals_ref(mamba3_mimo, mamba3_mimo_ref, x, s0, backend="cpu")
 

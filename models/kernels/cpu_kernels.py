@@ -53,9 +53,6 @@ _FLAG_SETS = (
     [],
 )
 
-_loaded: tuple[ctypes.CDLL | None, str] | None = None
-
-
 def _cpu_signature() -> str:
     """What the compiled code depends on besides its sources: the CPU's feature flags."""
     try:
@@ -151,18 +148,55 @@ def build_library(stem: str, sources: tuple[str, ...], abi: tuple[str, int],
     return None, f"building the {what} failed: " + "; ".join(errors)
 
 
-def _build_and_load() -> tuple[ctypes.CDLL | None, str]:
-    return build_library("cpu_kernels", _SOURCES, ("ss_abi_version", ABI_VERSION),
+_SUFFIX = {torch.float32: "f32", torch.float64: "f64"}
+
+
+class KernelLibrary:
+    """One library of ``csrc/``, built (:func:`build_library`, same arguments) and loaded on
+    first use, at most once per process, with the checks every kernel's wrapper makes."""
+
+    def __init__(self, stem: str, sources: tuple[str, ...], abi: tuple[str, int],
+                 entry_points: tuple[str, ...], what: str):
+        self.stem, self.sources, self.abi, self.entry_points = stem, sources, abi, entry_points
+        self.what = what
+        self.loaded: tuple[ctypes.CDLL | None, str] | None = None   # load()'s answer, once known
+
+    def build(self) -> tuple[ctypes.CDLL | None, str]:
+        """Build or find it now, whether loaded before or not."""
+        return build_library(self.stem, self.sources, self.abi, self.entry_points, self.what)
+
+    def load(self) -> tuple[ctypes.CDLL | None, str]:
+        """(the library, "") or (None, why it is unavailable); built at most once per process."""
+        if self.loaded is None:
+            self.loaded = self.build()
+        return self.loaded
+
+    def library(self) -> ctypes.CDLL:
+        """The loaded library; RuntimeError saying why when it is unavailable."""
+        lib, why = self.load()
+        if lib is None:
+            raise RuntimeError(f"{self.what} unavailable: {why}")
+        return lib
+
+    def unsupported(self, t: torch.Tensor, limit: str = "") -> str:
+        """Why the kernel cannot take tensors like ``t`` ("" when it can): not on the CPU,
+        not float32/float64, ``limit`` (the caller's own shape limit, "" when within it), or
+        the library unavailable; the first of these."""
+        if t.device.type != "cpu":
+            return f"tensors on {t.device.type!r}, the kernel runs on the CPU"
+        if t.dtype not in _SUFFIX:
+            return f"dtype {t.dtype}: the kernel takes float32 or float64"
+        return limit or self.load()[1]
+
+
+_LIBRARY = KernelLibrary("cpu_kernels", _SOURCES, ("ss_abi_version", ABI_VERSION),
                          ("ss_fwd", "ss_bwd", "conv_fwd", "conv_bwd", "lrnn_fwd", "lrnn_bwd",
                           "dplr_fwd", "dplr_bwd"), "CPU kernels")
 
 
 def load() -> tuple[ctypes.CDLL | None, str]:
     """(the kernel library, "") or (None, why it is unavailable). Built at most once per process."""
-    global _loaded
-    if _loaded is None:
-        _loaded = _build_and_load()
-    return _loaded
+    return _LIBRARY.load()
 
 
 def available() -> bool:
@@ -171,9 +205,6 @@ def available() -> bool:
 
 def unavailable_reason() -> str:
     return load()[1]
-
-
-_SUFFIX = {torch.float32: "f32", torch.float64: "f64"}
 
 
 def _call(lib: ctypes.CDLL, kind: str, dtype: torch.dtype, tensors: list, sizes: list[int]) -> None:
@@ -186,9 +217,7 @@ def _call(lib: ctypes.CDLL, kind: str, dtype: torch.dtype, tensors: list, sizes:
 
 def _library_for(*tensors: torch.Tensor | None) -> ctypes.CDLL:
     """The loaded library, after checking the tensors are float32/float64 on the CPU."""
-    lib = load()[0]
-    if lib is None:
-        raise RuntimeError(f"CPU kernels unavailable: {unavailable_reason()}")
+    lib = _LIBRARY.library()
     given = [t for t in tensors if t is not None]
     if given[0].dtype not in _SUFFIX or any(t.device.type != "cpu" for t in given):
         raise RuntimeError(f"CPU kernels take float32/float64 CPU tensors, got "

@@ -37,38 +37,20 @@ from models.kernels import cpu_kernels as _ck
 ABI_VERSION = 1
 DMAX = 256               # largest head dimension the kernel takes (csrc: DMAX)
 JT = 16                  # keys per score tile: kt and vt are padded to a multiple of it
-_SOURCES = ("forgetting_attn.c", "forgetting_attn_impl.h")
-_loaded: tuple[ctypes.CDLL | None, str] | None = None
-
-
-def _build_and_load() -> tuple[ctypes.CDLL | None, str]:
-    return _ck.build_library("forgetting_attn", _SOURCES, ("fa_abi_version", ABI_VERSION), ("fa_fwd", "fa_bwd"),
+_LIBRARY = _ck.KernelLibrary("forgetting_attn", ("forgetting_attn.c", "forgetting_attn_impl.h"),
+                             ("fa_abi_version", ABI_VERSION), ("fa_fwd", "fa_bwd"),
                              "forgetting-attention CPU kernel")
-
-
-def load() -> tuple[ctypes.CDLL | None, str]:
-    """(the library, "") or (None, why it is unavailable); built at most once per process."""
-    global _loaded
-    if _loaded is None:
-        _loaded = _build_and_load()
-    return _loaded
+load = _LIBRARY.load
 
 
 def unsupported(q: torch.Tensor) -> str:
     """Why the kernel cannot take these queries ("" when it can)."""
-    if q.device.type != "cpu":
-        return f"tensors on {q.device.type!r}, the kernel runs on the CPU"
-    if q.dtype not in (torch.float32, torch.float64):
-        return f"dtype {q.dtype}: the kernel takes float32 or float64"
-    if q.shape[-1] > DMAX:
-        return f"head dimension {q.shape[-1]} > {DMAX}"
-    return load()[1]
+    d = q.shape[-1]
+    return _LIBRARY.unsupported(q, f"head dimension {d} > {DMAX}" if d > DMAX else "")
 
 
 def _call(kind: str, dtype: torch.dtype, scale: float, tensors: list[torch.Tensor], sizes: list[int]) -> None:
-    lib = load()[0]
-    if lib is None:
-        raise RuntimeError(f"forgetting-attention CPU kernel unavailable: {load()[1]}")
+    lib = _LIBRARY.library()
     s = ctypes.c_double(scale)
     ptrs = (ctypes.c_void_p * (len(tensors) + 1))(ctypes.addressof(s), *[t.data_ptr() for t in tensors])
     longs = (ctypes.c_long * len(sizes))(*sizes)

@@ -29,30 +29,10 @@ from models.kernels import cpu_kernels as _ck
 
 ABI_VERSION = 1
 CHUNK = 64               # steps between stored states (the backward recomputes a chunk)
-_SOURCES = ("mamba3_mimo.c", "mamba3_mimo_impl.h", "mamba3_mimo_body.h")
-_loaded: tuple[ctypes.CDLL | None, str] | None = None
-
-
-def _build_and_load() -> tuple[ctypes.CDLL | None, str]:
-    return _ck.build_library("mamba3_mimo", _SOURCES, ("m3_abi_version", ABI_VERSION), ("m3_fwd", "m3_bwd"),
-                             "Mamba-3 MIMO CPU kernel")
-
-
-def load() -> tuple[ctypes.CDLL | None, str]:
-    """(the library, "") or (None, why it is unavailable); built at most once per process."""
-    global _loaded
-    if _loaded is None:
-        _loaded = _build_and_load()
-    return _loaded
-
-
-def unsupported(v: torch.Tensor) -> str:
-    """Why the kernel cannot take these tensors ("" when it can)."""
-    if v.device.type != "cpu":
-        return f"tensors on {v.device.type!r}, the kernel runs on the CPU"
-    if v.dtype not in (torch.float32, torch.float64):
-        return f"dtype {v.dtype}: the kernel takes float32 or float64"
-    return load()[1]
+_LIBRARY = _ck.KernelLibrary("mamba3_mimo", ("mamba3_mimo.c", "mamba3_mimo_impl.h", "mamba3_mimo_body.h"),
+                             ("m3_abi_version", ABI_VERSION), ("m3_fwd", "m3_bwd"), "Mamba-3 MIMO CPU kernel")
+load = _LIBRARY.load
+unsupported = _LIBRARY.unsupported     # (v) -> why the kernel cannot take these tensors, or ""
 
 
 _MADV_HUGEPAGE = 14        # Linux <sys/mman.h>
@@ -83,9 +63,7 @@ def _empty(like: torch.Tensor, *shape: int) -> torch.Tensor:
 
 
 def _call(kind: str, dtype: torch.dtype, tensors: list[torch.Tensor], sizes: list[int]) -> None:
-    lib = load()[0]
-    if lib is None:
-        raise RuntimeError(f"Mamba-3 MIMO CPU kernel unavailable: {load()[1]}")
+    lib = _LIBRARY.library()
     ptrs = (ctypes.c_void_p * len(tensors))(*[t.data_ptr() for t in tensors])
     longs = (ctypes.c_long * len(sizes))(*sizes)
     if getattr(lib, f"{kind}_{'f32' if dtype == torch.float32 else 'f64'}")(ptrs, longs) != 0:
