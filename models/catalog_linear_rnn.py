@@ -8,7 +8,8 @@ SwiGLU after each mixer, the Llama-style block of the fla models), ``mlp_mult``,
 and ``dropout``, and has a fixed-size recurrent state (``state_size()``), so it streams
 (``models.ssm.mamba.stream``) and steps token by token. The options several entries share
 are written once, in groups (OPERATOR, SHORT_CONV, DELTA, STACK); each entry lists its
-mixer's own and names the groups it takes (``_stacked``).
+mixer's own and names the groups it takes (``_entry``, which also gives every entry the
+family "linear-rnn" and the init below).
 
 Default init "torch" (PyTorch's fan-in scaled Linear init), not fla's ``_init_weights``
 (N(0, 0.02), scheme "hf"): 0.02 is sized for fla's widths of 1024 and more. At d_model 64 it
@@ -41,6 +42,16 @@ STACK = _group(("channel_mixer", "none", "str"), ("mlp_mult", 2.0, "float"),    
                ("norm", "rms", "str"), ("dropout", 0.0, "float"))                 # the stack's
 
 
+def _entry(name: str, description: str, *groups: tuple[inspect.Parameter, ...]):
+    """Decorator: registers ``_stacked(*groups)(mixer)`` as model ``name``, family
+    "linear-rnn", init "torch" (every entry here; why "torch": the module docstring)."""
+    def deco(mixer):
+        factory = _stacked(*groups)(mixer)
+        return register(name, description, family="linear-rnn", init="torch")(factory)
+
+    return deco
+
+
 def _stacked(*groups: tuple[inspect.Parameter, ...]):
     """Decorator: an entry's factory from a function ``mixer(d_model, n_layers, <the mixer's own
     options>)`` that returns the mixer's class (imported there, when a model is built). The
@@ -70,29 +81,24 @@ def _stacked(*groups: tuple[inspect.Parameter, ...]):
     return deco
 
 
-@register("gla", "Gated Linear Attention (Yang et al. 2024): low-rank data-dependent decay per key "
-                 "channel, swish-gated RMS norm; fla layers/gla.py", family="linear-rnn", init="torch")
-@_stacked()
+@_entry("gla", "Gated Linear Attention (Yang et al. 2024): low-rank data-dependent decay per key "
+               "channel, swish-gated RMS norm; fla layers/gla.py")
 def build_gla(d_model: int, n_layers: int, n_heads: int = 4, expand_k: float = 0.5,
               expand_v: float = 1.0, gate_low_rank_dim: int = 16, gate_logit_normalizer: float = 16.0):
     from models.linear_rnn.linear_mixers import GatedLinearAttention
     return GatedLinearAttention
 
 
-@register("retnet", "RetNet multi-scale retention (Sun et al. 2023): fixed decay 1-2^(-5-h) per head, "
-                    "RoPE, GroupNorm, swish gate; fla layers/multiscale_retention.py",
-          family="linear-rnn", init="torch")
-@_stacked()
+@_entry("retnet", "RetNet multi-scale retention (Sun et al. 2023): fixed decay 1-2^(-5-h) per head, "
+                  "RoPE, GroupNorm, swish gate; fla layers/multiscale_retention.py")
 def build_retnet(d_model: int, n_layers: int, n_heads: int = 4, expand_k: float = 1.0,
                  expand_v: float = 2.0, rope_base: float = 10000.0):
     from models.linear_rnn.linear_mixers import MultiScaleRetention
     return MultiScaleRetention
 
 
-@register("linear_attention", "Linear attention (Katharopoulos et al. 2020): elu+1 (or identity) "
-                              "features, q.sum(k) normaliser; fla layers/linear_attn.py",
-          family="linear-rnn", init="torch")
-@_stacked()
+@_entry("linear_attention", "Linear attention (Katharopoulos et al. 2020): elu+1 (or identity) "
+                            "features, q.sum(k) normaliser; fla layers/linear_attn.py")
 def build_linear_attention(d_model: int, n_layers: int, n_heads: int = 4, expand_k: float = 1.0,
                            expand_v: float = 1.0, feature_map: str = "elu+1", normalize: bool = True,
                            output_norm: str = "none"):
@@ -100,33 +106,30 @@ def build_linear_attention(d_model: int, n_layers: int, n_heads: int = 4, expand
     return LinearAttention
 
 
-@register("deltanet", "DeltaNet (Schlag et al. 2021; chunked, Yang et al. 2024): delta rule, short "
-                      "conv, L2 q/k, sigmoid beta (allow_neg_eigval: 2 sigmoid, Grazzi et al. "
-                      "2025), num_v_heads; fla layers/delta_net.py",
-          family="linear-rnn", init="torch")
-@_stacked(SHORT_CONV, DELTA)
+@_entry("deltanet", "DeltaNet (Schlag et al. 2021; chunked, Yang et al. 2024): delta rule, short "
+                    "conv, L2 q/k, sigmoid beta (allow_neg_eigval: 2 sigmoid, Grazzi et al. "
+                    "2025), num_v_heads; fla layers/delta_net.py",
+        SHORT_CONV, DELTA)
 def build_deltanet(d_model: int, n_layers: int, n_heads: int = 4, expand_k: float = 1.0,
                    expand_v: float = 1.0):
     from models.linear_rnn.linear_mixers import DeltaNet
     return DeltaNet
 
 
-@register("gated_deltanet", "Gated DeltaNet (Yang, Kautz & Hatamizadeh 2025): delta rule + Mamba-2 "
-                            "decay, short conv, gated RMS norm, allow_neg_eigval, num_v_heads "
-                            "(Qwen3-Next GVA); fla layers/gated_deltanet.py",
-          family="linear-rnn", init="torch")
-@_stacked(SHORT_CONV, DELTA)
+@_entry("gated_deltanet", "Gated DeltaNet (Yang, Kautz & Hatamizadeh 2025): delta rule + Mamba-2 "
+                          "decay, short conv, gated RMS norm, allow_neg_eigval, num_v_heads "
+                          "(Qwen3-Next GVA); fla layers/gated_deltanet.py",
+        SHORT_CONV, DELTA)
 def build_gated_deltanet(d_model: int, n_layers: int, n_heads: int = 4, expand_k: float = 0.75,
                          expand_v: float = 1.5):
     from models.linear_rnn.linear_mixers import GatedDeltaNet
     return GatedDeltaNet
 
 
-@register("gated_deltaproduct", "Gated DeltaProduct (Siems et al. 2025): num_householder delta-rule "
-                                "(Householder) steps per token + Mamba-2 decay, allow_neg_eigval, "
-                                "num_v_heads; fla layers/gated_deltaproduct.py",
-          family="linear-rnn", init="torch")
-@_stacked(SHORT_CONV, DELTA)
+@_entry("gated_deltaproduct", "Gated DeltaProduct (Siems et al. 2025): num_householder delta-rule "
+                              "(Householder) steps per token + Mamba-2 decay, allow_neg_eigval, "
+                              "num_v_heads; fla layers/gated_deltaproduct.py",
+        SHORT_CONV, DELTA)
 def build_gated_deltaproduct(d_model: int, n_layers: int, n_heads: int = 4, expand_k: float = 0.75,
                              expand_v: float = 1.5, num_householder: int = 2,
                              use_forget_gate: bool = True):
@@ -134,22 +137,19 @@ def build_gated_deltaproduct(d_model: int, n_layers: int, n_heads: int = 4, expa
     return GatedDeltaProduct
 
 
-@register("kda", "Kimi Delta Attention (Kimi Linear, Moonshot AI 2025): Gated DeltaNet with a decay "
-                 "per key channel, low-rank sigmoid output gate, allow_neg_eigval, num_v_heads; "
-                 "fla layers/kda.py, ops/kda",
-          family="linear-rnn", init="torch")
-@_stacked(SHORT_CONV, DELTA)
+@_entry("kda", "Kimi Delta Attention (Kimi Linear, Moonshot AI 2025): Gated DeltaNet with a decay "
+               "per key channel, low-rank sigmoid output gate, allow_neg_eigval, num_v_heads; "
+               "fla layers/kda.py, ops/kda",
+        SHORT_CONV, DELTA)
 def build_kda(d_model: int, n_layers: int, n_heads: int = 4, expand_k: float = 1.0,
               expand_v: float = 1.0):
     from models.linear_rnn.dplr_mixers import KimiDeltaAttention
     return KimiDeltaAttention
 
 
-@register("rwkv7", "RWKV-7 \"Goose\" (Peng et al. 2025): generalised delta rule, vector decay, "
-                   "in-context learning rate, token shift (no value residual); fla layers/rwkv7.py, "
-                   "BlinkDL/RWKV-LM",
-          family="linear-rnn", init="torch")
-@_stacked()
+@_entry("rwkv7", "RWKV-7 \"Goose\" (Peng et al. 2025): generalised delta rule, vector decay, "
+                 "in-context learning rate, token shift (no value residual); fla layers/rwkv7.py, "
+                 "BlinkDL/RWKV-LM")
 def build_rwkv7(d_model: int, n_layers: int, n_heads: int = 4, decay_low_rank_dim: int = 16,
                 a_low_rank_dim: int = 16, gate_low_rank_dim: int = 32):
     from models.linear_rnn.dplr_mixers import RWKV7Attention
