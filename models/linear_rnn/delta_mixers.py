@@ -38,6 +38,14 @@ def _int_option(name: str, value, low: int = 1) -> int:
     return value
 
 
+def _softplus_inv_dt(n: int) -> torch.Tensor:
+    """(n,) dt_bias with softplus(dt_bias) = dt log-uniform in [0.001, 0.1], floored at 1e-4
+    (Mamba-2's init, fla's for the gated delta-rule layers)."""
+    dt = torch.exp(torch.rand(n) * (math.log(0.1) - math.log(0.001)) + math.log(0.001))
+    dt = dt.clamp(min=1e-4)
+    return dt + torch.log(-torch.expm1(-dt))                             # softplus^-1(dt)
+
+
 class _DeltaBase(LinearRNNMixer):
     """q, k, v projections, the short conv + SiLU (or SiLU alone), L2-normalised q and k
     (inside the operator: ``use_qk_l2norm_in_kernel``), beta = sigmoid(x W_b) per value
@@ -207,10 +215,7 @@ class _GatedBase(_DeltaBase):
             A = torch.empty(hv).uniform_(0, 16)
             self.A_log = nn.Parameter(torch.log(A))
             self.A_log._no_weight_decay = True
-            dt_min, dt_max, dt_floor = 0.001, 0.1, 1e-4
-            dt = torch.exp(torch.rand(hv) * (math.log(dt_max) - math.log(dt_min))
-                           + math.log(dt_min)).clamp(min=dt_floor)
-            self.dt_bias = nn.Parameter(dt + torch.log(-torch.expm1(-dt)))  # softplus^-1(dt)
+            self.dt_bias = nn.Parameter(_softplus_inv_dt(hv))
             self.dt_bias._no_weight_decay = True
         self.g_proj = nn.Linear(d_model, self.value_dim, bias=False)
         self.o_norm = GatedHeadRMSNorm(self.head_v_dim, eps=norm_eps)

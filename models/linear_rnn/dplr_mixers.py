@@ -19,7 +19,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from models.common import recomputed_in_slices, rms_norm
-from models.linear_rnn.delta_mixers import _GatedBase, _int_option
+from models.linear_rnn.delta_mixers import _GatedBase, _int_option, _softplus_inv_dt
 from models.kernels import generalized_delta
 from models.kernels.linear_rnn_backends import BackendError, get_op
 from models.linear_rnn.linear_mixers import LinearRNNMixer, _dims
@@ -47,13 +47,6 @@ class _RefStep:
             ref = generalized_delta.OPS[self.op_name][1]
             return ref(*args, initial_state=S0, output_final_state=final, **kwargs)
         return super()._apply_op(args, kwargs, S0, final, recurrent)
-
-
-def _softplus_inv_dt(n: int) -> torch.Tensor:
-    """dt_bias with softplus(dt_bias) = dt log-uniform in [0.001, 0.1] (Mamba-2's init)."""
-    dt = torch.exp(torch.rand(n) * (math.log(0.1) - math.log(0.001)) + math.log(0.001))
-    dt = dt.clamp(min=1e-4)
-    return dt + torch.log(-torch.expm1(-dt))
 
 
 class KimiDeltaAttention(_RefStep, _GatedBase):
