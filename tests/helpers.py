@@ -84,6 +84,37 @@ def tiny_profile_text(name: str = "tiny", *, schema_version: int = 1, models=("l
     return "\n".join(lines) + "\n"
 
 
+# A hand-written selective-copying profile with every table a person writes: two models (one
+# entry with its own label and depth), two lengths and seeds, model options and early stopping.
+# Tests edit it with ``str.replace`` (each line below is unique), so keep it one key a line.
+FULL_PROFILE = """\
+schema_version = 1
+name = "tiny"
+[task]
+name = "mad_selective_copying"
+vocab_size = 8
+num_tokens_to_copy = 2
+num_train_examples = 64
+num_test_examples = 16
+[sweep]
+models = ["transformer", { name = "lstm", label = "lstm-3L", n_layers = 3 }]
+seq_lens = [12, 16]
+seeds = [0, 1]
+[model]
+d_model = 16
+n_layers = 2
+[model.options.transformer]
+n_heads = 2
+[train]
+steps = 20
+batch_size = 4
+lr = 1e-3
+[train.early_stopping]
+metric = "loss"
+patience = 2
+"""
+
+
 def tiny_lm_corpus(folder, text: str, docs: int = 20):
     """A folder of ``docs`` short text files for the ``lm`` task: distinct documents (the
     train/valid/test split goes by a hash of each), each a numbered copy of ``text``."""

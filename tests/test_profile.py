@@ -3,34 +3,10 @@ import importlib.util
 
 import pytest
 
+from helpers import FULL_PROFILE
 from workbench.spec import profile as P
 
-GOOD = """
-schema_version = 1
-name = "tiny"
-[task]
-name = "mad_selective_copying"
-vocab_size = 8
-num_tokens_to_copy = 2
-num_train_examples = 64
-num_test_examples = 16
-[sweep]
-models = ["transformer", { name = "lstm", label = "lstm-3L", n_layers = 3 }]
-seq_lens = [12, 16]
-seeds = [0, 1]
-[model]
-d_model = 16
-n_layers = 2
-[model.options.transformer]
-n_heads = 2
-[train]
-steps = 5
-batch_size = 4
-lr = 1e-3
-[train.early_stopping]
-metric = "loss"
-patience = 2
-"""
+GOOD = FULL_PROFILE
 
 
 def test_round_trip_and_expand(tmp_path):
@@ -74,7 +50,7 @@ def test_wrong_type():
 
 def test_out_of_range_and_budget():
     assert "train.lr" in bad(GOOD.replace("lr = 1e-3", "lr = -1.0"))
-    assert "exactly one of train.epochs or train.steps" in bad(GOOD.replace("steps = 5", "steps = 5\nepochs = 2"))
+    assert "exactly one of train.epochs or train.steps" in bad(GOOD.replace("steps = 20", "steps = 20\nepochs = 2"))
 
 
 def test_unknown_model_and_task_and_options():

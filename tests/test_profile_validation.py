@@ -9,35 +9,11 @@ from pathlib import Path
 import pytest
 
 import models
+from helpers import FULL_PROFILE
 from workbench.spec import profile as P
 from workbench.spec.where import _key_lines
 
-BASE = """\
-schema_version = 1
-name = "tiny"
-[task]
-name = "mad_selective_copying"
-vocab_size = 8
-num_tokens_to_copy = 2
-num_train_examples = 64
-num_test_examples = 16
-[sweep]
-models = ["transformer", { name = "lstm", label = "lstm-3L", n_layers = 3 }]
-seq_lens = [12, 16]
-seeds = [0, 1]
-[model]
-d_model = 16
-n_layers = 2
-[model.options.transformer]
-n_heads = 2
-[train]
-steps = 20
-batch_size = 4
-lr = 1e-3
-[train.early_stopping]
-metric = "loss"
-patience = 2
-"""
+BASE = FULL_PROFILE  # steps = 20: the warm-up cases below count on it
 
 # (id, text replaced, replacement, what the message must name). The replacement marks the
 # line the message must point at with "# <-"; every case is a value the old loader let
