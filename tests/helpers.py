@@ -84,6 +84,35 @@ def tiny_profile_text(name: str = "tiny", *, schema_version: int = 1, models=("l
     return "\n".join(lines) + "\n"
 
 
+# Small settings of every synthetic task (fast to generate), by task name: the tasks' own
+# tests (test_tasks.py) and their splits (test_valid_split.py) build every task with them.
+SMALL_TASKS = {
+    "selective_copying": dict(seq_len=24, vocab_size=8, num_tokens_to_copy=4, num_test_examples=16),
+    "copying": dict(seq_len=24, vocab_size=8, num_tokens_to_copy=4, num_test_examples=16),
+    "mad_selective_copying": dict(seq_len=24, vocab_size=8, num_tokens_to_copy=4,
+                                  num_train_examples=64, num_test_examples=16),
+    "mad_copying": dict(seq_len=24, vocab_size=8, num_tokens_to_copy=4,
+                        num_train_examples=64, num_test_examples=16),
+    "induction_heads": dict(seq_len=32, vocab_size=8, eval_lens=[16, 32, 64],
+                            num_test_examples=8, eval_token_budget=256),
+    "mqar": dict(seq_len=32, vocab_size=40, num_kv_pairs=4, num_test_examples=16),
+    "mad_in_context_recall": dict(seq_len=32, vocab_size=16, noise_vocab_size=2,
+                                  num_train_examples=64, num_test_examples=16),
+    "mad_noisy_in_context_recall": dict(seq_len=32, vocab_size=32, num_train_examples=64,
+                                        num_test_examples=16),
+    "mad_fuzzy_in_context_recall": dict(seq_len=48, vocab_size=16, noise_vocab_size=2,
+                                        num_train_examples=32, num_test_examples=16),
+    "mad_memorization": dict(seq_len=16, vocab_size=64, num_train_examples=32,
+                             num_test_examples=16),
+    "mad_compression": dict(seq_len=16, vocab_size=8, num_train_examples=64,
+                            num_test_examples=16),
+    "parity": dict(seq_len=16, min_len=4, eval_lens=[16, 32], num_test_examples=16),
+    "cycle_navigation": dict(seq_len=16, min_len=4, eval_lens=[16, 32], num_test_examples=16),
+    "modular_arithmetic": dict(seq_len=15, min_len=3, eval_lens=[15, 31], num_test_examples=16),
+    "permutation_composition": dict(seq_len=8, eval_lens=[8, 16], num_test_examples=16),
+}
+
+
 # A hand-written selective-copying profile with every table a person writes: two models (one
 # entry with its own label and depth), two lengths and seeds, model options and early stopping.
 # Tests edit it with ``str.replace`` (each line below is unique), so keep it one key a line.

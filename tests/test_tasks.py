@@ -13,6 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import tasks
+from helpers import SMALL_TASKS as SMALL  # every synthetic task's small settings
 from tasks.metrics import IGNORE
 
 SETTINGS = settings(max_examples=25, deadline=None,
@@ -24,32 +25,6 @@ def np_batch(b):
     return b.inputs.numpy(), b.targets.numpy()
 
 
-# -- small settings of every synthetic task (fast to generate) ---------------------------
-SMALL = {
-    "selective_copying": dict(seq_len=24, vocab_size=8, num_tokens_to_copy=4, num_test_examples=16),
-    "copying": dict(seq_len=24, vocab_size=8, num_tokens_to_copy=4, num_test_examples=16),
-    "mad_selective_copying": dict(seq_len=24, vocab_size=8, num_tokens_to_copy=4,
-                                  num_train_examples=64, num_test_examples=16),
-    "mad_copying": dict(seq_len=24, vocab_size=8, num_tokens_to_copy=4,
-                        num_train_examples=64, num_test_examples=16),
-    "induction_heads": dict(seq_len=32, vocab_size=8, eval_lens=[16, 32, 64],
-                            num_test_examples=8, eval_token_budget=256),
-    "mqar": dict(seq_len=32, vocab_size=40, num_kv_pairs=4, num_test_examples=16),
-    "mad_in_context_recall": dict(seq_len=32, vocab_size=16, noise_vocab_size=2,
-                                  num_train_examples=64, num_test_examples=16),
-    "mad_noisy_in_context_recall": dict(seq_len=32, vocab_size=32, num_train_examples=64,
-                                        num_test_examples=16),
-    "mad_fuzzy_in_context_recall": dict(seq_len=48, vocab_size=16, noise_vocab_size=2,
-                                        num_train_examples=32, num_test_examples=16),
-    "mad_memorization": dict(seq_len=16, vocab_size=64, num_train_examples=32,
-                             num_test_examples=16),
-    "mad_compression": dict(seq_len=16, vocab_size=8, num_train_examples=64,
-                            num_test_examples=16),
-    "parity": dict(seq_len=16, min_len=4, eval_lens=[16, 32], num_test_examples=16),
-    "cycle_navigation": dict(seq_len=16, min_len=4, eval_lens=[16, 32], num_test_examples=16),
-    "modular_arithmetic": dict(seq_len=15, min_len=3, eval_lens=[15, 31], num_test_examples=16),
-    "permutation_composition": dict(seq_len=8, eval_lens=[8, 16], num_test_examples=16),
-}
 SYNTHETIC = sorted(SMALL)
 
 

@@ -16,37 +16,20 @@ import numpy as np
 import pytest
 
 import tasks
+from helpers import SMALL_TASKS
 
 pytest.importorskip("tokenizers")
 from tokenizers import Tokenizer, models, pre_tokenizers  # noqa: E402
 
 # -- small settings of every task (synthetic ones; real data in the fixture below) --------
+# helpers.SMALL_TASKS, with the options that change how examples are drawn set (the split
+# must hold under them too)
 SYNTHETIC = {
-    "selective_copying": dict(seq_len=24, vocab_size=8, num_tokens_to_copy=4, num_test_examples=16),
-    "copying": dict(seq_len=24, vocab_size=8, num_tokens_to_copy=4, num_test_examples=16),
-    "mad_selective_copying": dict(seq_len=24, vocab_size=8, num_tokens_to_copy=4,
-                                  num_train_examples=64, num_test_examples=16),
-    "mad_copying": dict(seq_len=24, vocab_size=8, num_tokens_to_copy=4,
-                        num_train_examples=64, num_test_examples=16),
-    "induction_heads": dict(seq_len=32, vocab_size=8, eval_lens=[16, 32, 64],
-                            num_test_examples=8, eval_token_budget=256, eval_distances=[4, 40]),
-    "mqar": dict(seq_len=32, vocab_size=40, num_kv_pairs=4, num_test_examples=16),
-    "mad_in_context_recall": dict(seq_len=32, vocab_size=16, noise_vocab_size=2,
-                                  num_train_examples=64, num_test_examples=16),
-    "mad_noisy_in_context_recall": dict(seq_len=32, vocab_size=32, num_train_examples=64,
-                                        num_test_examples=16, train_targets="next_token"),
-    "mad_fuzzy_in_context_recall": dict(seq_len=48, vocab_size=16, noise_vocab_size=2,
-                                        num_train_examples=32, num_test_examples=16),
-    "mad_memorization": dict(seq_len=16, vocab_size=64, num_train_examples=32,
-                             num_test_examples=16),
-    "mad_compression": dict(seq_len=16, vocab_size=8, num_train_examples=64,
-                            num_test_examples=16),
-    "parity": dict(seq_len=16, min_len=4, eval_lens=[16, 32], num_test_examples=16),
-    "cycle_navigation": dict(seq_len=16, min_len=4, eval_lens=[16, 32], num_test_examples=16),
-    "modular_arithmetic": dict(seq_len=15, min_len=3, brackets=True, eval_lens=[15, 31],
-                               num_test_examples=16),
-    "permutation_composition": dict(seq_len=8, group="A5", eval_lens=[8, 16],
-                                    num_test_examples=16),
+    **SMALL_TASKS,
+    "induction_heads": {**SMALL_TASKS["induction_heads"], "eval_distances": [4, 40]},
+    "mad_noisy_in_context_recall": {**SMALL_TASKS["mad_noisy_in_context_recall"], "train_targets": "next_token"},
+    "modular_arithmetic": {**SMALL_TASKS["modular_arithmetic"], "brackets": True},
+    "permutation_composition": {**SMALL_TASKS["permutation_composition"], "group": "A5"},
 }
 # fixed training sets for the fresh-batch tasks, and small sequence spaces where the
 # training, test and validation draws collide often (the de-duplication must work)
