@@ -16,8 +16,9 @@ from workbench.spec.run_spec import RunSpec
 from workbench.train import optim, worker
 from workbench.train import trainer as trainer_module
 from workbench.train.measure import StepClock
+from workbench.train.loss_window import LossTracker
 from workbench.train.stop import RunFailed
-from workbench.train.trainer import LossTracker, Trainer
+from workbench.train.trainer import Trainer
 from workbench.train.compose import build_model
 from workbench.spec.profile import ProfileError, expand, loads
 from workbench.store import Store

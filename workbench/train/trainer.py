@@ -6,11 +6,12 @@ Builds the task and the model from the run's typed spec
 every ``train.eval_every``, stops early, and writes metric rows and heartbeats to the
 run's writer (a :class:`~workbench.store.Store` or a run file). Signals are the entry's
 business (:mod:`workbench.train.worker`); here a :class:`~workbench.train.stop.StopFlag`
-deferred inside the loop ends it after a whole step with a checkpoint.
+deferred inside the loop ends it after a whole step with a checkpoint. A run on several
+ranks keeps what it needs beyond one process's state in :mod:`workbench.train.rank_state`
+(the batch shard, the summed loss window, FSDP's replica, the state gathered for a checkpoint).
 """
 from __future__ import annotations
 
-import copy
 import math
 import signal
 import time
@@ -25,8 +26,9 @@ from workbench.results import catalogue
 from workbench.spec.run_spec import (ATTENTION_EVAL_MAX, EVAL_TOKENS_PER_BATCH, RESIDENT_MAX_BYTES, STREAM_ABOVE,
                                      STREAM_CHUNK, RunSpec, spec_key)
 from workbench.store.writer import RunWriter
-from workbench.train import checkpoint, compute, distributed, optim, sharded
+from workbench.train import checkpoint, compute, distributed, optim, rank_state, sharded
 from workbench.train.compose import build_model
+from workbench.train.loss_window import LossTracker
 from workbench.train.measure import StepClock, median_ms, peak_memory_mb, pick_device, sync
 from workbench.train.stop import RunFailed, StopFlag, Stopped
 
@@ -34,90 +36,8 @@ WARMUP_STEPS = 3          # steps excluded from the step-time median
 INFER_REPEATS = 5         # forward passes timed for the inference figure (after one untimed)
 
 
-class LossTracker:
-    """Train loss kept on the device: a running sum for the log window and the first step
-    whose loss was not finite (0: none yet, set with ``torch.where``, so no host sync).
-    Read once per log point (:meth:`flush`) or before an evaluation (:meth:`check`)."""
-
-    def __init__(self, device: torch.device):
-        z = lambda: torch.zeros((), dtype=torch.float64, device=device)  # noqa: E731
-        self.sum, self.bad_step, self.bad_value = z(), z(), z()
-        self.count = 0
-
-    def add(self, loss: torch.Tensor, step: int) -> None:
-        loss = loss.detach().double()
-        self.sum += loss
-        first = (self.bad_step == 0) & ~torch.isfinite(loss)
-        self.bad_step = torch.where(first, float(step), self.bad_step)
-        self.bad_value = torch.where(first, loss, self.bad_value)
-        self.count += 1
-
-    @staticmethod
-    def _fail(bad_step: float, bad_value: float) -> None:
-        if bad_step:
-            raise RunFailed(f"loss became {bad_value} at step {int(bad_step)}")
-
-    def check(self) -> None:
-        """Fail the run if any loss so far was not finite (one host read)."""
-        if self.bad_step.item():
-            self._fail(self.bad_step.item(), self.bad_value.item())
-
-    def flush(self) -> float:
-        """Check, then return the mean loss since the last flush and start a new window."""
-        total, bad_step, bad_value = torch.stack([self.sum, self.bad_step, self.bad_value]).tolist()
-        self._fail(bad_step, bad_value)
-        mean = total / max(1, self.count)
-        self.sum.zero_()
-        self.count = 0
-        return mean
-
-    def state(self) -> dict[str, float | int]:
-        """The open log window for a checkpoint (one host read), so a resumed run logs the
-        same mean at the next log point."""
-        total, bad_step, bad_value = torch.stack([self.sum, self.bad_step, self.bad_value]).tolist()
-        return {"sum": total, "count": self.count, "bad_step": bad_step, "bad_value": bad_value}
-
-    def load(self, st: dict[str, float | int]) -> None:
-        for name in ("sum", "bad_step", "bad_value"):
-            getattr(self, name).fill_(st[name])
-        self.count = int(st["count"])
-
-
-class RankLossTracker(LossTracker):
-    """The loss tracker of a run on several ranks. Each rank adds its shard's share of the
-    step's loss (its targets' summed loss over the global batch's targets), so the step's
-    loss is the sum over ranks; every read first combines the ranks (:meth:`merge`, a
-    collective: all ranks read at the same steps), leaving the window's sum on rank 0."""
-
-    def __init__(self, device: torch.device, group: "distributed.Group"):
-        super().__init__(device)
-        self.group = group
-
-    def merge(self) -> None:
-        """Rank 0's sum := the ranks' sum (others 0); the first non-finite step of any rank
-        (and its value) on every rank, so every rank fails at the same read."""
-        rows = torch.stack(self.group.gather(torch.stack([self.sum, self.bad_step, self.bad_value]))).tolist()
-        bad = min(((s, v) for _, s, v in rows if s), default=(0.0, 0.0))
-        self.sum.fill_(sum(r[0] for r in rows) if self.group.rank == 0 else 0.0)
-        self.bad_step.fill_(bad[0])
-        self.bad_value.fill_(bad[1])
-
-    def check(self) -> None:
-        self.merge()
-        super().check()
-
-    def flush(self) -> float:
-        self.merge()
-        return super().flush()
-
-    def load(self, st: dict[str, float | int]) -> None:
-        # a checkpoint holds the merged window (rank 0's); the others start theirs at 0
-        super().load(st if self.group.rank == 0 else {**st, "sum": 0.0})
-
-
 def _is_compile_error(e: BaseException) -> bool:
     return type(e).__module__.startswith(("torch._dynamo", "torch._inductor"))
-
 
 
 # --------------------------------------------------------------------------- training
@@ -139,27 +59,20 @@ class Trainer:
             self.device = pick_device(self.cfg.device, "train.device")
         except ValueError as e:
             raise RunFailed(str(e)) from None
-        # several ranks (workbench/train/distributed.py): one device each, the group joined
-        # before anything is built, so a rank that cannot start fails every rank's start
-        self.ranks, self.group = ranks, None
-        self.rank_rngs: list | None = None  # every rank's RNGs, gathered at a checkpoint
-        if ranks is not None:
-            if self.device.type == "cuda":
-                if ranks.local_rank >= torch.cuda.device_count():
-                    raise RunFailed(f"rank {ranks.rank} needs GPU {ranks.local_rank}, but this node shows "
-                                    f"{torch.cuda.device_count()} (train.devices = {ranks.world})")
-                torch.cuda.set_device(ranks.local_rank)
-                self.device = torch.device("cuda", ranks.local_rank)
-            self.group = distributed.Group(ranks, self.device)
-        # train.sharding = "fsdp" (workbench/train/sharded.py): the model is sharded per block
-        # when training starts; rank 0 evaluates on a plain replica holding the whole weights
-        self.fsdp = ranks is not None and getattr(self.cfg, "sharding", None) == "fsdp"
-        self.replica: torch.nn.Module | None = None
-        self.whole: tuple[dict, dict | None] | None = None  # gathered (model, optimizer) state dicts
+        # several ranks (workbench/train/rank_state.py): one device each, the group joined
+        # before anything is built, so a rank that cannot start fails every rank's start;
+        # with train.sharding = "fsdp" the model is sharded when training starts
+        self.ranks = ranks
+        self.rank_state = (rank_state.RankState(ranks, self.device, getattr(self.cfg, "sharding", None))
+                           if ranks is not None else None)
+        self.group = self.rank_state.group if self.rank_state is not None else None
+        self.fsdp = self.rank_state is not None and self.rank_state.fsdp
+        if self.rank_state is not None:
+            self.device = self.rank_state.device
         torch.manual_seed(spec.seed)  # every rank: the same initial weights
         self.task = tasks.build(spec.task, **spec.task_params)
         # under FSDP the model stays on the CPU until it is sharded: fully_shard moves one
-        # unit at a time to the device and keeps this rank's shard there (_shard_model)
+        # unit at a time to the device and keeps this rank's shard there (RankState.shard_model)
         self.model = build_model(
             self.task, spec.model, d_model=spec.d_model, n_layers=spec.n_layers, **spec.model_options,
         ).to("cpu" if self.fsdp else self.device)
@@ -273,8 +186,9 @@ class Trainer:
     @torch.no_grad()
     def evaluate(self, batch) -> task_metrics.AccuracyCounts:
         """Counts over ``batch`` (the whole of it, on this process: rank 0 under several
-        ranks; under FSDP on the replica the last :meth:`_gather_weights` filled)."""
-        model = self.replica if self.replica is not None else self.model
+        ranks; under FSDP on the replica the last ``RankState.gather_weights`` filled)."""
+        replica = self.rank_state.replica if self.rank_state is not None else None
+        model = replica if replica is not None else self.model
         model.eval()
         n, L = batch.inputs.shape[0], batch.inputs.shape[1]
         streaming = L > STREAM_ABOVE and self.model.can_stream()
@@ -310,22 +224,11 @@ class Trainer:
         """Whether this process writes and evaluates: the only one, or rank 0."""
         return self.group is None or self.group.rank == 0
 
-    def _shard(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, float]:
-        """This rank's shard of the global batch (x, y), the global batch's number of targets
-        (the loss's divisor, so the ranks' losses sum to the global mean) and the shard's
-        weight: 1, or 0 when an epoch's last batch has fewer examples than there are ranks
-        (the rank then trains on one example with weight 0: DDP needs every rank's backward)."""
-        n_all = (y != task_metrics.IGNORE).sum()
-        a, b = distributed.shard_bounds(x.shape[0], self.group.world, self.group.rank)
-        if a == b:
-            return x[:1], y[:1], n_all, 0.0
-        return x[a:b], y[a:b], n_all, 1.0
-
     def _forward(self):
         """The callable for the training forward: the model, or torch.compile(model) with
         train.compile (evaluation, streaming and inference always use the module itself);
         on several ranks under DDP (gradients summed across ranks: distributed.wrap), or
-        the model itself, sharded, under FSDP (:meth:`_shard_model`)."""
+        the model itself, sharded, under FSDP (``RankState.shard_model``)."""
         model = self.model if self.group is None or self.fsdp else distributed.wrap(self.model, self.device)
         if not self.cfg.compile:
             return model
@@ -346,11 +249,11 @@ class Trainer:
         total, per_epoch = self._plan()
         self.total, self.per_epoch = total, per_epoch
         if self.fsdp:  # before the optimizer, which then holds each parameter's shard
-            self._shard_model()
+            self.rank_state.shard_model(self.model, self.store, self.run_id)
         opt, sched = self.opt, self.sched = optim.build(self.model, cfg, total, dev)
         eval_set = self.task.eval_sets(self.spec.seed)
         default_eval = eval_set.get("") or next(iter(eval_set.values()))
-        losses = self.losses = LossTracker(dev) if self.group is None else RankLossTracker(dev, self.group)
+        losses = self.losses = LossTracker(dev) if self.group is None else rank_state.RankLossTracker(dev, self.group)
         stop_reason, step, done = "", 0, False
         ck, self.resume_state = self.resume_state, None
         if ck:
@@ -371,7 +274,7 @@ class Trainer:
                 step, stop_reason = self._loop(opt, sched, losses, default_eval, total, per_epoch,
                                                step, stop_reason, ck)
             if self.fsdp:  # the final results (rank 0 alone) use the whole model
-                self._unshard_for_results()
+                self.model = self.rank_state.unshard(self.model, self.opt)
             self.clock.collect()
             self.out = {"steps": step, "total_steps": total, "per_epoch": per_epoch, "eval_sets": eval_set,
                         "stop_reason": stop_reason, "train_s": time.time() - self.train_t0}
@@ -385,14 +288,14 @@ class Trainer:
         """Steps start+1 ... until the budget or early stopping; returns (last step, stop
         reason). Signals are deferred to the end of a step, then a checkpoint is saved and
         :class:`Stopped` raised; periodic checkpoints follow train.checkpoint_every/_minutes."""
-        cfg, dev, group, lead = self.cfg, self.device, self.group, self.leader
+        cfg, dev, group, rs, lead = self.cfg, self.device, self.group, self.rank_state, self.leader
         forward = self._forward()
         compiling = cfg.compile
         seed = self.spec.seed
         every, minutes = cfg.checkpoint_every, cfg.checkpoint_minutes
         data = self.batches(per_epoch, ck["data"] if ck else None)
         if ck:  # last, so nothing between here and the first step draws from them
-            self._set_rngs(ck, start)
+            rank_state.set_rngs(ck, group.rank if group is not None else 0, seed, start)
         last_save = time.monotonic()
         step = start
         self.stop.defer = True
@@ -401,7 +304,7 @@ class Trainer:
             if group is None:
                 x, y = self.to_device(aug.inputs), self.to_device(aug.targets)
             else:  # every rank drew the global batch; it trains on its shard
-                x, y, n_all, weight = self._shard(aug.inputs, aug.targets)
+                x, y, n_all, weight = rs.batch_shard(aug.inputs, aug.targets)
                 x, y, n_all = self.to_device(x), self.to_device(y), self.to_device(n_all)
             first_compiled = compiling and step == start + 1
             if first_compiled:  # compilation happens here: timed on its own, synchronised
@@ -449,7 +352,7 @@ class Trainer:
             if at_eval:
                 losses.check()
                 if self.fsdp:  # every rank gathers; rank 0 evaluates on the replica
-                    self._gather_weights()
+                    rs.gather_weights(self.model)
             if at_eval and lead:  # rank 0 evaluates; the others wait for it at the agreement below
                 c = self.evaluate(default_eval)
                 ep = self._epoch_f(step, per_epoch)
@@ -460,7 +363,8 @@ class Trainer:
                     rows.append((step, ep, "train", "tokens_trained", self.tokens_trained(step)))
                 rows += compute.flops_rows(self, step, ep)  # cumulative training FLOPs (train/flops)
                 self.store.add_metrics(self.run_id, rows)
-                self._park_replica()
+                if self.fsdp:
+                    rs.park_replica()
                 self.store.heartbeat(self.run_id, step=step, progress=step / total,
                                      last_accuracy=c.token_accuracy, epoch=epoch)
                 self.history.append({"step": step, "epoch": ep, "accuracy": c.token_accuracy, "loss": c.loss})
@@ -473,15 +377,13 @@ class Trainer:
             if group is not None:  # every rank stops, saves and ends at the same step
                 done, signalled, due = group.agree(done, signalled, due)
                 due = due and not done
-                if signalled or due:
-                    losses.merge()  # the open window, whole, on rank 0
-                    self.rank_rngs = group.gather_objects(checkpoint.rng_state())
-                    if self.fsdp:  # the whole state, gathered by every rank onto rank 0's CPU
-                        self.whole = sharded.full_state(self.model, opt, lead)
+                if signalled or due:  # the loss window, RNGs (and FSDP's state) of every rank
+                    rs.gather_for_checkpoint(self.model, opt, losses)
             if signalled or due:
                 if lead:
                     self.save_checkpoint(step, stop_reason, done)
-                self.rank_rngs = self.whole = None
+                if rs is not None:
+                    rs.drop_gathered()
                 last_save = time.monotonic()
             if signalled:
                 raise Stopped(self.stop.signum or signal.SIGTERM)
@@ -489,57 +391,6 @@ class Trainer:
                 break
         losses.check()
         return step, stop_reason
-
-    def _set_rngs(self, ck: dict, step: int) -> None:
-        """A resumed run's RNGs: rank 0's as saved (one process's); rank r's own where the
-        checkpoint has them (saved by as many ranks or more), else a stream of its own."""
-        rank = self.group.rank if self.group is not None else 0
-        saved = ck.get("rng_ranks") or []
-        if rank == 0:
-            checkpoint.set_rng_state(ck["rng"])
-        elif rank < len(saved):
-            checkpoint.set_rng_state(saved[rank])
-        else:
-            checkpoint.set_rng_state(ck["rng"])
-            torch.manual_seed(self.spec.seed + 7919 * rank + 104729 * step)
-
-    # -- FSDP (workbench/train/sharded.py) --------------------------------------------
-    def _shard_model(self) -> None:
-        """Shard the model per block across the ranks (every rank holds the same weights:
-        the same seed, or the same checkpoint restored); rank 0 first keeps a plain replica
-        on the CPU, for its evaluations and the final results."""
-        whole = sharded.local_bytes(self.model)
-        if self.leader:
-            self.replica = copy.deepcopy(self.model)  # on the CPU (see __init__)
-        sharded.shard(self.model, self.device, self.group.world)
-        if self.leader:
-            held, n = sharded.local_bytes(self.model), len(sharded.units(self.model))
-            self.store.set_info(self.run_id, {"fsdp": {"units": n, "param_bytes": whole, "param_bytes_rank0": held}})
-            print(f"[worker] run {self.run_id}: fsdp over {self.group.world} ranks, {n} units: rank 0 holds "
-                  f"{held / 2**20:.2f} of {whole / 2**20:.2f} MiB of parameters", flush=True)
-
-    def _gather_weights(self) -> None:
-        """Every rank: gather the whole weights; rank 0 loads them into its replica, on the
-        device while it evaluates (:meth:`_park_replica` puts it back on the CPU)."""
-        weights, _ = sharded.full_state(self.model, None, self.leader)
-        if self.leader:
-            self.replica.load_state_dict(weights)
-            self.replica.to(self.device)
-
-    def _park_replica(self) -> None:
-        if self.fsdp and self.replica is not None and self.device.type != "cpu":
-            self.replica.to("cpu")
-
-    def _unshard_for_results(self) -> None:
-        """After the last step, every rank: gather the whole model and optimizer state onto
-        rank 0, which from here on is a one-process run (the final evaluations, the kept
-        weights, a final checkpoint if a signal comes) on the replica; the others are done."""
-        self.whole = sharded.full_state(self.model, self.opt, self.leader)
-        if self.leader:
-            self.replica.load_state_dict(self.whole[0])
-            self.model = self.replica.to(self.device)
-        else:
-            self.whole = None
 
     # -- checkpoints -----------------------------------------------------------------
     def checkpoint_state(self, step: int, stop_reason: str, done: bool) -> dict[str, Any]:
@@ -549,6 +400,7 @@ class Trainer:
         times, training and wall time, peak memory, GPU samples). Mixed precision is bf16
         autocast, which needs no gradient scaler, so there is no scaler state to keep."""
         self.clock.collect()
+        whole = self.rank_state.whole if self.rank_state is not None else None
         gpu_util = self.gpu_util + (self.background.gpu_util if self.background else [])
         gpu_mem = self.gpu_mem + (self.background.gpu_mem if self.background else [])
         return {
@@ -557,8 +409,8 @@ class Trainer:
             "train_done": done, "stop_reason": stop_reason, "device": str(self.device),
             # under FSDP the whole state dicts gathered for this checkpoint (sharded.full_state),
             # so a checkpoint reads the same whatever sharded it
-            "model": self.whole[0] if self.whole else self.model.state_dict(),
-            "optimizer": self.whole[1] if self.whole else self.opt.state_dict(),
+            "model": whole[0] if whole else self.model.state_dict(),
+            "optimizer": whole[1] if whole else self.opt.state_dict(),
             "scheduler": self.sched.state_dict(), "rng": checkpoint.rng_state(),
             "data": self.data_pos, "losses": self.losses.state(),
             "history": self.history, "best": self.best, "bad_evals": self.bad_evals,
@@ -567,9 +419,8 @@ class Trainer:
             "wall_s": self.before["wall_s"] + time.time() - self.attempt_start,
             "peak_mem_mb": max(self.before["peak_mem_mb"], peak_memory_mb(self.device)),
             "gpu_util": gpu_util, "gpu_mem": gpu_mem, "saved_at": time.time(),
-            # several ranks: how many, and each one's RNGs (None after training: none is drawn then)
-            **({"ranks": self.group.world, "rng_ranks": self.rank_rngs,
-                "sharding": "fsdp" if self.fsdp else "ddp"} if self.group is not None else {}),
+            # several ranks: how many, each one's RNGs, the sharding (RankState.checkpoint_fields)
+            **(self.rank_state.checkpoint_fields() if self.rank_state is not None else {}),
         }
 
     def save_checkpoint(self, step: int, stop_reason: str, done: bool) -> None:
