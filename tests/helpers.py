@@ -14,6 +14,18 @@ def run_steps(model, x: torch.Tensor) -> torch.Tensor:
     return torch.stack(ys, 1)
 
 
+@torch.no_grad()
+def run_pieces(model, x: torch.Tensor, sizes) -> torch.Tensor:
+    """Feed x: (batch, length, d) through ``model.forward_with_state`` in consecutive pieces of
+    ``sizes`` (lengths summing to length) from ``model.init_state(batch)``; returns the
+    concatenated outputs (batch, length, d)."""
+    state, ys = model.init_state(x.shape[0]), []
+    for piece in x.split(list(sizes), dim=1):
+        y, state = model.forward_with_state(piece, state)
+        ys.append(y)
+    return torch.cat(ys, 1)
+
+
 SENTENCES = [
     "a wonderful film with a great story", "the acting was superb and moving",
     "a dull and boring movie", "terrible plot and awful acting", "i loved it", "i hated it",

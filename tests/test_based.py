@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import models
+from helpers import run_pieces, run_steps
 from models.linear_rnn.based import BaseConv, BasedLinearAttention, taylor_expanded_dim, taylor_feature_map
 from models.kernels.linear_rnn_backends import BackendError
 from models.attention.sliding_window import SlidingWindowAttention
@@ -59,16 +60,8 @@ def test_forward_with_state_and_step_equal_forward():
     m = _layer()
     x = torch.randn(2, 37, D, dtype=torch.float64)
     y = m(x)
-    state, ys = m.init_state(2), []
-    for chunk in x.split([5, 1, 20, 11], dim=1):
-        y_c, state = m.forward_with_state(chunk, state)
-        ys.append(y_c)
-    torch.testing.assert_close(torch.cat(ys, 1), y, rtol=0, atol=1e-12)
-    state, ys = m.init_state(2), []
-    for t in range(x.shape[1]):
-        y_t, state = m.step(x[:, t], state)
-        ys.append(y_t)
-    torch.testing.assert_close(torch.stack(ys, 1), y, rtol=0, atol=1e-12)
+    torch.testing.assert_close(run_pieces(m, x, [5, 1, 20, 11]), y, rtol=0, atol=1e-12)
+    torch.testing.assert_close(run_steps(m, x), y, rtol=0, atol=1e-12)
 
 
 def test_ref_backend_equals_torch_and_state_size():

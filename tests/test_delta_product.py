@@ -17,7 +17,7 @@ from models.kernels import linear_rnn as lr
 from models.kernels import linear_rnn_cpu as lc
 from models.kernels import selective_scan as ss
 from models.linear_rnn.linear_mixers import DeltaNet, GatedDeltaNet, GatedDeltaProduct
-from helpers import assert_mixer_streams, assert_results_close, op_outputs_and_grads, op_state
+from helpers import assert_mixer_streams, assert_results_close, op_outputs_and_grads, op_state, run_steps
 
 F64 = torch.float64
 HAS_C = lc.available()
@@ -314,11 +314,7 @@ def test_mamba_allow_neg_eigval_layer():
     assert mix.backend == "torch"
     x = torch.randn(2, 13, 16, dtype=F64)
     y = m(x)
-    state, steps = m.init_state(2), []
-    for t in range(13):
-        y_t, state = m.step(x[:, t], state)
-        steps.append(y_t)
-    torch.testing.assert_close(torch.stack(steps, 1), y)
+    torch.testing.assert_close(run_steps(m, x), y)
     off = models.build("mamba", d_model=16, n_layers=2).to(F64)
     off.load_state_dict(m.state_dict())
     assert not torch.allclose(off(x), y)

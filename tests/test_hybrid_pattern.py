@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import models
+from helpers import run_steps
 from models.attention.attention import CausalSelfAttention
 from models.hybrid.hybrid_pattern import (MIXER_CODES, RECURRENT_NAMES, CODE_OF, InterleavedStack,
                                    RecurrentInterleavedStack, expand_pattern)
@@ -96,11 +97,7 @@ def test_recurrent_patterns_stream_like_forward(pattern):
     x = torch.randn(2, 13, D, dtype=torch.float64)
     y = m(x)
     torch.testing.assert_close(m.forward_chunked(x, 5), y, rtol=0, atol=1e-10)
-    state, ys = m.init_state(2), []
-    for t in range(x.shape[1]):
-        y_t, state = m.step(x[:, t], state)
-        ys.append(y_t)
-    torch.testing.assert_close(torch.stack(ys, 1), y, rtol=0, atol=1e-10)
+    torch.testing.assert_close(run_steps(m, x), y, rtol=0, atol=1e-10)
 
 
 # -- hybrid(recurrent=...) ----------------------------------------------------------------

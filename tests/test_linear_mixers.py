@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 import models
+from helpers import run_steps
 from models.kernels.linear_rnn_backends import BackendError
 from models.linear_rnn.linear_mixers import (DeltaNet, GatedDeltaNet, GatedLinearAttention,
                                   LinearAttention, MultiScaleRetention)
@@ -305,10 +306,6 @@ def test_entry_streams_and_steps(name, channel_mixer):
     with torch.no_grad():
         y = m(x)
         torch.testing.assert_close(m.forward_chunked(x, 6), y, atol=1e-10, rtol=1e-9)
-        state, ys = m.init_state(B), []
-        for x_t in x.unbind(1):
-            y_t, state = m.step(x_t, state)
-            ys.append(y_t)
-    torch.testing.assert_close(torch.stack(ys, 1), y, atol=1e-10, rtol=1e-9)
+    torch.testing.assert_close(run_steps(m, x), y, atol=1e-10, rtol=1e-9)
     assert models.state_size(m) == 2 * m.layers[0].mixer.state_size()
     assert models.backend(m) == CPU_AUTO

@@ -5,6 +5,7 @@ import pytest
 import torch
 
 import models
+from helpers import run_steps
 
 
 def test_lstm_shapes_state_size_and_backend():
@@ -25,11 +26,7 @@ def test_lstm_step_matches_forward(norm):
     state = m.init_state(3)
     assert len(state) == 2 and state[0][0].shape == (3, 16)
     assert sum(h.numel() + c.numel() for h, c in state) == 3 * m.state_size()
-    ys = []
-    for t in range(x.shape[1]):
-        y_t, state = m.step(x[:, t], state)
-        ys.append(y_t)
-    torch.testing.assert_close(torch.stack(ys, 1), y, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(run_steps(m, x), y, rtol=1e-10, atol=1e-10)
 
 
 def test_lstm_step_continues_a_prefix():

@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 
 import models
+from helpers import run_pieces, run_steps
 from models.kernels import cpu_kernels
 from models.ssm.mamba import Mamba, stream
 from models.ssm.s6 import S6
@@ -93,11 +94,7 @@ def test_step_and_chunked_match_full_sequence(name):
     x = torch.randn(3, 45, 8, dtype=F64)
     with torch.no_grad():
         y = m(x)
-        state, ys = m.init_state(3), []
-        for x_t in x.unbind(1):
-            y_t, state = m.step(x_t, state)
-            ys.append(y_t)
-        assert torch.allclose(torch.stack(ys, 1), y, atol=1e-10)
+        assert torch.allclose(run_steps(m, x), y, atol=1e-10)
         for chunk_len in (1, 7, 45, 100):
             assert torch.allclose(m.forward_chunked(x, chunk_len), y, atol=1e-10)
 
@@ -119,14 +116,8 @@ def test_mixer_step_and_stream_match_forward():
     x = torch.randn(2, 30, 8, dtype=F64)
     with torch.no_grad():
         y = m(x)
-        state, ys = m.init_state(2), []
-        for x_t in x.unbind(1):
-            y_t, state = m.step(x_t, state)
-            ys.append(y_t)
-        assert torch.allclose(torch.stack(ys, 1), y, atol=1e-12)
-        out, st = m.forward_with_state(x[:, :13], m.init_state(2))
-        out2, _ = m.forward_with_state(x[:, 13:], st)
-        assert torch.allclose(torch.cat([out, out2], 1), y, atol=1e-12)
+        assert torch.allclose(run_steps(m, x), y, atol=1e-12)
+        assert torch.allclose(run_pieces(m, x, [13, 17]), y, atol=1e-12)
 
 
 def test_stream_generator_over_chunks_matches_forward():

@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 
 import models
+from helpers import run_pieces, run_steps
 from models.attention.attention import CausalSelfAttention
 from models.kernels.linear_rnn_backends import BackendError
 from models.attention.sliding_window import SlidingWindowAttention
@@ -72,16 +73,8 @@ def test_streaming_equals_forward(window):
     x = torch.randn(2, 29, D, dtype=torch.float64)
     y = m(x)
     for sizes in ([3] * 9 + [2], [1, 10, 18], [29]):
-        state, ys = m.init_state(2), []
-        for chunk in x.split(sizes, dim=1):
-            y_c, state = m.forward_with_state(chunk, state)
-            ys.append(y_c)
-        torch.testing.assert_close(torch.cat(ys, 1), y, rtol=0, atol=1e-12)
-    state, ys = m.init_state(2), []
-    for t in range(x.shape[1]):
-        y_t, state = m.step(x[:, t], state)
-        ys.append(y_t)
-    torch.testing.assert_close(torch.stack(ys, 1), y, rtol=0, atol=1e-12)
+        torch.testing.assert_close(run_pieces(m, x, sizes), y, rtol=0, atol=1e-12)
+    torch.testing.assert_close(run_steps(m, x), y, rtol=0, atol=1e-12)
 
 
 def test_batch_elements_at_different_points_of_their_streams():
