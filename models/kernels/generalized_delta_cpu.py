@@ -34,8 +34,8 @@ from models.kernels import cpu_kernels
 from models.kernels.generalized_delta import _check_rwkv7
 from models.kernels.linear_rnn import _check, _compute_dtype, _l2norm, expand_heads
 # the same C library, checkpoint spacing, tile and stride layout as the delta-rule kernels
-from models.kernels.linear_rnn_cpu import (CHUNK_LEN, _strides, available, forward_buffers,
-                                           unavailable_reason)
+from models.kernels.linear_rnn_cpu import (CHUNK_LEN, _strides, available, backward_grads,
+                                           forward_buffers, no_step_grads, unavailable_reason)
 
 __all__ = ["rwkv7", "kda", "OPS", "available", "unavailable_reason"]
 
@@ -53,9 +53,7 @@ class DPLRCPU(torch.autograd.Function):
         V = v.shape[-1]
         dtype = q.dtype
         needs_grad = any(ctx.needs_input_grad[:7])
-        o, S_last, ckpt = forward_buffers(q, v, chunk_len, needs_grad)
-        h0c = None if h0 is None else h0.contiguous()
-        scale_t = torch.tensor([scale], dtype=dtype)
+        o, S_last, ckpt, h0c, scale_t = forward_buffers(q, v, h0, scale, chunk_len, needs_grad)
         sizes = [B, T, H, K, V, chunk_len, torch.get_num_threads(),
                  *(s for x in (q, k, v, a, b, gk) for s in _strides(x)), int(kda)]
         if T > 0 and B * H > 0 and K * V > 0:
@@ -77,8 +75,7 @@ class DPLRCPU(torch.autograd.Function):
         B, T, H, K = q.shape
         V = v.shape[-1]
         dtype = q.dtype
-        d_o = q.new_zeros(B, T, H, V) if d_o is None else d_o.to(dtype).contiguous()
-        dS = None if dS_last is None else dS_last.to(dtype).contiguous()
+        d_o, dS = backward_grads(q, v, d_o, dS_last)
         kda = bool(ctx.sizes[25])
         dq, dk, dgk = (q.new_empty(B, T, H, K) for _ in range(3))
         da = None if kda else q.new_empty(B, T, H, K)
@@ -92,10 +89,7 @@ class DPLRCPU(torch.autograd.Function):
                               [q, k, v, a, b, gk, None, scale_t, None, None, ckpt, d_o, dS,
                                dq, dk, dv, da, db, dgk, dh0], sizes)
         else:
-            for t in (dq, dk, dv, da, db, dgk):
-                if t is not None:
-                    t.zero_()
-            dh0 = q.new_zeros(B, H, K, V) if dS is None else dS.clone()
+            dh0 = no_step_grads(q, v, dS, (dq, dk, dv, da, db, dgk))
         return dq, dk, dv, da, db, dgk, dh0 if ctx.has_h0 else None, None, None, None
 
 

@@ -44,16 +44,40 @@ def _strides(x: torch.Tensor | None) -> list[int]:
     return [0, 0, 0] if x is None else list(x.stride()[:3])
 
 
-def forward_buffers(q: torch.Tensor, v: torch.Tensor, chunk_len: int, needs_grad: bool):
-    """The C forward's outputs for q (B, T, H, K), v (B, T, H, V): o (B, T, H, V), the final
-    state (B, H, K, V) and, when a backward will follow, the state stored every chunk_len
-    steps (B, H, chunks, K, V padded to a multiple of TILE), else None."""
+def forward_buffers(q: torch.Tensor, v: torch.Tensor, h0: torch.Tensor | None, scale: float,
+                    chunk_len: int, needs_grad: bool):
+    """The C forward's outputs and prepared inputs for q (B, T, H, K), v (B, T, H, V): o
+    (B, T, H, V), the final state (B, H, K, V), the state stored every chunk_len steps when a
+    backward will follow (B, H, chunks, K, V padded to a multiple of TILE; else None), h0
+    (B, H, K, V) contiguous (or None) and scale as a one-element tensor of q's dtype (the
+    kernels read it through a pointer)."""
     B, T, H, K = q.shape
     V = v.shape[-1]
     o, S_last = q.new_empty(B, T, H, V), q.new_empty(B, H, K, V)
     Vp = -(-V // TILE) * TILE
     ckpt = q.new_empty(B, H, -(-T // chunk_len), K, Vp) if needs_grad and T > 0 else None
-    return o, S_last, ckpt
+    h0 = None if h0 is None else h0.contiguous()
+    return o, S_last, ckpt, h0, torch.tensor([scale], dtype=q.dtype)
+
+
+def backward_grads(q: torch.Tensor, v: torch.Tensor, d_o: torch.Tensor | None,
+                   dS_last: torch.Tensor | None):
+    """The incoming gradients as the C backward reads them, in q's dtype and contiguous: d_o
+    (B, T, H, V) (zeros when None) and dS_last (B, H, K, V) (or None)."""
+    B, T, H, _ = q.shape
+    d_o = q.new_zeros(B, T, H, v.shape[-1]) if d_o is None else d_o.to(q.dtype).contiguous()
+    return d_o, None if dS_last is None else dS_last.to(q.dtype).contiguous()
+
+
+def no_step_grads(q: torch.Tensor, v: torch.Tensor, dS: torch.Tensor | None,
+                  grads: tuple) -> torch.Tensor:
+    """The backward when the kernel has nothing to run (no steps, heads or state): ``grads``
+    (None skipped) zeroed; returns dh0 (B, H, K, V), which is dS_last (zeros when None)."""
+    for t in grads:
+        if t is not None:
+            t.zero_()
+    B, _, H, K = q.shape
+    return q.new_zeros(B, H, K, v.shape[-1]) if dS is None else dS.clone()
 
 
 class LinearRNNCPU(torch.autograd.Function):
@@ -71,9 +95,7 @@ class LinearRNNCPU(torch.autograd.Function):
         V = v.shape[-1]
         dtype = q.dtype
         needs_grad = any(ctx.needs_input_grad[:6])
-        o, S_last, ckpt = forward_buffers(q, v, chunk_len, needs_grad)
-        h0c = None if h0 is None else h0.contiguous()
-        scale_t = torch.tensor([scale], dtype=dtype)
+        o, S_last, ckpt, h0c, scale_t = forward_buffers(q, v, h0, scale, chunk_len, needs_grad)
         sizes = [B, T, H, K, V, gate, delta, chunk_len, torch.get_num_threads(),
                  *_strides(q), *_strides(k), *_strides(v), *_strides(g), *_strides(beta),
                  int(l2norm)]
@@ -95,8 +117,7 @@ class LinearRNNCPU(torch.autograd.Function):
         B, T, H, K = q.shape
         V = v.shape[-1]
         dtype = q.dtype
-        d_o = q.new_zeros(B, T, H, V) if d_o is None else d_o.to(dtype).contiguous()
-        dS = None if dS_last is None else dS_last.to(dtype).contiguous()
+        d_o, dS = backward_grads(q, v, d_o, dS_last)
         dq, dk = q.new_empty(B, T, H, K), q.new_empty(B, T, H, K)
         dv = q.new_empty(B, T, H, V)
         dg = None if g is None else q.new_empty(g.shape)
@@ -109,10 +130,7 @@ class LinearRNNCPU(torch.autograd.Function):
                               [q, k, v, g, beta, None, scale_t, None, None, ckpt, d_o, dS,
                                dq, dk, dv, dg, dbeta, dh0], sizes)
         else:
-            for t in (dq, dk, dv, dg, dbeta):
-                if t is not None:
-                    t.zero_()
-            dh0 = q.new_zeros(B, H, K, V) if dS is None else dS.clone()
+            dh0 = no_step_grads(q, v, dS, (dq, dk, dv, dg, dbeta))
         return (dq, dk, dv, dg, dbeta, dh0 if ctx.has_h0 else None, None, None, None, None,
                 None)
 

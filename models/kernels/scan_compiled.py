@@ -18,9 +18,22 @@ def _time_major(u, delta, A, B, C):
             A.t().contiguous(), B.permute(2, 0, 1).contiguous(), C.permute(2, 0, 1).contiguous())
 
 
-def _backward_inputs(u, delta, A, B, C, dy):
-    """The saved inputs and dy (batch, dim, L), time-major as both blockwise backwards use them."""
-    return (*_time_major(u, delta, A, B, C), dy.permute(2, 0, 1).contiguous())  # dy: (L, b, dim)
+def _state_major(h, u, N):
+    """A (batch, dim, N) state, or None for zeros, as the blockwise scans carry it: (batch, N,
+    dim), contiguous, in the dtype of u (batch, dim, L)."""
+    if h is None:
+        return u.new_zeros(u.shape[0], N, u.shape[1])
+    return h.to(u.dtype).transpose(1, 2).contiguous()
+
+
+def _backward_inputs(ctx, dy, dh_last):
+    """What both blockwise backwards start from, given the saved (u, delta, A, B, C,
+    block_h0): uT, deltaT, At, BT, CT as :func:`_time_major`, dy (batch, dim, L) as
+    (L, batch, dim), the block-start states (n_blocks, batch, N, dim) and the carry
+    dL/dh_L (batch, N, dim), zeros when dh_last is None."""
+    u, delta, A, B, C, block_h0 = ctx.saved_tensors
+    return (*_time_major(u, delta, A, B, C), dy.permute(2, 0, 1).contiguous(), block_h0,
+            _state_major(dh_last, u, A.shape[1]))
 
 
 def _block_forward(d, u, At, B, C, h):
@@ -101,10 +114,9 @@ class SelectiveScanCompiled(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, u, delta, A, B, C, h0, block_len):
-        batch, dim, L = u.shape
-        N = A.shape[1]
+        L = u.shape[2]
         uT, deltaT, At, BT, CT = _time_major(u, delta, A, B, C)
-        h = u.new_zeros(batch, N, dim) if h0 is None else h0.to(u.dtype).transpose(1, 2).contiguous()
+        h = _state_major(h0, u, A.shape[1])
         starts = list(range(0, L, block_len))
         block_h0, ys = [], []
         for s in starts:
@@ -119,13 +131,9 @@ class SelectiveScanCompiled(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dy, dh_last):
-        u, delta, A, B, C, block_h0 = ctx.saved_tensors
+        uT, deltaT, At, BT, CT, dyT, block_h0, carry = _backward_inputs(ctx, dy, dh_last)
         block_len = ctx.block_len
-        batch, dim, L = u.shape
-        N = A.shape[1]
-        uT, deltaT, At, BT, CT, dyT = _backward_inputs(u, delta, A, B, C, dy)
-        carry = (dh_last.transpose(1, 2).contiguous() if dh_last is not None
-                 else u.new_zeros(batch, N, dim))
+        L = uT.shape[0]
         du, ddelta, dB, dC = (torch.empty_like(uT), torch.empty_like(deltaT),
                               torch.empty_like(BT), torch.empty_like(CT))
         dAt = torch.zeros_like(At)

@@ -71,7 +71,8 @@ import torch
 import torch.nn.functional as F
 
 from models.kernels import cpu_kernels, triton_kernels
-from models.kernels.scan_compiled import SelectiveScanCompiled, _backward_inputs, _time_major
+from models.kernels.scan_compiled import (SelectiveScanCompiled, _backward_inputs, _state_major,
+                                         _time_major)
 
 BACKENDS = ("auto", "cuda", "triton", "cpu", "torch", "compiled", "ref")
 DEFAULT_BLOCK_LEN = 32
@@ -320,7 +321,7 @@ class SelectiveScanTorch(torch.autograd.Function):
         N = A.shape[1]
         uT, deltaT, At, BT, CT = _time_major(u, delta, A, B, C)
         duT = deltaT * uT
-        h = u.new_zeros(batch, N, dim) if h0 is None else h0.to(u.dtype).transpose(1, 2).contiguous()
+        h = _state_major(h0, u, N)
         starts = list(range(0, L, block_len))
         block_h0 = u.new_empty(len(starts), batch, N, dim)
         yT = u.new_empty(L, batch, dim)
@@ -340,11 +341,11 @@ class SelectiveScanTorch(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dy, dh_last):
-        u, delta, A, B, C, block_h0 = ctx.saved_tensors
+        # carry = dLoss/dh at the end of the current block, from everything after it
+        uT, deltaT, At, BT, CT, dyT, block_h0, carry = _backward_inputs(ctx, dy, dh_last)
         block_len = ctx.block_len
-        batch, dim, L = u.shape
-        N = A.shape[1]
-        uT, deltaT, At, BT, CT, dyT = _backward_inputs(u, delta, A, B, C, dy)
+        L, batch, dim = uT.shape
+        N = At.shape[0]
         duT = deltaT * uT
 
         du = torch.empty_like(uT)
@@ -354,11 +355,8 @@ class SelectiveScanTorch(torch.autograd.Function):
         dAt = torch.zeros_like(At)
         dAt_k = torch.empty_like(At)
         gB = torch.empty_like(uT[:block_len])
-        # carry = dLoss/dh at the end of the current block, from everything after it
-        carry = (dh_last.transpose(1, 2).contiguous() if dh_last is not None
-                 else u.new_zeros(batch, N, dim))
         T0 = min(block_len, L)
-        ws_dA, ws_h, ws_g, ws_tmp = (u.new_empty(T0, batch, N, dim) for _ in range(4))
+        ws_dA, ws_h, ws_g, ws_tmp = (uT.new_empty(T0, batch, N, dim) for _ in range(4))
         starts = list(range(0, L, block_len))
         for k in reversed(range(len(starts))):
             s = starts[k]
