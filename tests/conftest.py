@@ -68,12 +68,12 @@ def cache_env(shared_cache, monkeypatch) -> dict[str, str]:
     the variables to pass to them), the C kernels kept where they were: building them
     takes ~15 s on a loaded machine, and their cache is keyed by source and compiler."""
     from models.kernels import cpu_kernels
-    from workbench.spec import estimate
+    from workbench.spec import cost_probe
 
     env = {"SSM_WORKBENCH_KERNEL_CACHE": str(cpu_kernels.cache_dir()), "XDG_CACHE_HOME": str(shared_cache)}
     for k, v in env.items():
         monkeypatch.setenv(k, v)
-    monkeypatch.setattr(estimate, "_DISK", None)  # read the probes from there, not an earlier folder
+    monkeypatch.setattr(cost_probe, "_DISK", None)  # read the probes from there, not an earlier folder
     return env
 
 

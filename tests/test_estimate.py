@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from workbench.cli import bench
-from workbench.spec import estimate
+from workbench.spec import cost_probe, estimate
 
 
 PROFILE = """
@@ -148,14 +148,14 @@ async def test_the_sweep_form_shows_the_estimate_and_refuses(tmp_path, monkeypat
 
 
 def test_the_fit_goes_through_its_probe_points_and_never_shrinks():
-    lens = estimate.PROBE_LENS
-    quad = estimate._Fit.through([3 + 2 * L + 0.5 * L * L for L in lens])
+    lens = cost_probe.PROBE_LENS
+    quad = cost_probe._Fit.through([3 + 2 * L + 0.5 * L * L for L in lens])
     assert (quad.a, quad.b, quad.c) == pytest.approx((3, 2, 0.5))
     assert quad(1024) == pytest.approx(3 + 2 * 1024 + 0.5 * 1024 ** 2)
-    line = estimate._Fit.through([100 + 7 * L for L in lens])
+    line = cost_probe._Fit.through([100 + 7 * L for L in lens])
     assert line.c == 0 and line(10 ** 6) == pytest.approx(100 + 7 * 10 ** 6)
     # a probe that shrinks with L (rounding, a cache) is not extrapolated below zero
-    falling = estimate._Fit.through([1000 - L for L in lens])
+    falling = cost_probe._Fit.through([1000 - L for L in lens])
     assert falling.b == 0 and falling.c == 0 and falling(10 ** 6) >= 0
     mid = line.mix(quad, 0.5)  # halfway between two depths
     assert mid(64) == pytest.approx((line(64) + quad(64)) / 2)
@@ -165,10 +165,36 @@ def test_saved_bytes_counts_each_kept_storage_once_and_no_parameters():
     x = torch.randn(3, 5, 8)
     one = 3 * 5 * 8 * 4  # bytes of x, and of the layer's output
     # backward keeps x (for the weight's gradient) and y (pow's input); not the weight
-    assert estimate.saved_bytes(torch.nn.Linear(8, 8, bias=False), x, None) == (2 * one, one)
+    assert cost_probe.saved_bytes(torch.nn.Linear(8, 8, bias=False), x, None) == (2 * one, one)
     # tanh keeps its output and pow keeps the same tensor: one storage, counted once
     net = torch.nn.Sequential(torch.nn.Linear(8, 8, bias=False), torch.nn.Tanh())
-    assert estimate.saved_bytes(net, x, None) == (2 * one, one)
+    assert cost_probe.saved_bytes(net, x, None) == (2 * one, one)
+
+
+def test_the_disk_cache_is_dropped_when_the_probing_code_changes(tmp_path, monkeypatch):
+    """Probes on disk are stamped by the code that decides them: the probing module itself
+    and the model's composition among it; a change to any of those files starts afresh."""
+    from pathlib import Path
+
+    import workbench.train.compose as compose
+
+    sources = cost_probe._probe_sources()
+    assert Path(cost_probe.__file__) in sources and Path(compose.__file__) in sources
+    code = tmp_path / "code.py"
+    code.write_text("x = 1\n")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setattr(cost_probe, "_probe_sources", lambda: [code])
+    monkeypatch.setattr(cost_probe, "_DISK", None)
+    cost_probe._code_stamp.cache_clear()
+    try:
+        cost_probe._save_disk_cache({"key": [1]})
+        assert cost_probe._disk_cache() == {"key": [1]}  # the same code: the probe is kept
+        code.write_text("x = 2\n")
+        cost_probe._code_stamp.cache_clear()
+        monkeypatch.setattr(cost_probe, "_DISK", None)  # as a new command would read it
+        assert cost_probe._disk_cache() == {}
+    finally:
+        cost_probe._code_stamp.cache_clear()  # the real sources' stamp for later tests
 
 
 @pytest.mark.parametrize("model", ["transformer", "mamba", "lstm", "gated_mlp"])
@@ -177,12 +203,12 @@ def test_bench_estimate_is_its_parts_and_grows_with_batch_and_length(model):
     forward keeps + the transient term, computed here from the probe itself."""
     import models
 
-    d, n, L = 16, 1, estimate.PROBE_LENS[-1]
+    d, n, L = 16, 1, cost_probe.PROBE_LENS[-1]
     torch.manual_seed(0)
     net = models.build(model, d_model=d, n_layers=n)
     grads = 4 * sum(p.numel() for p in net.parameters() if p.requires_grad)  # float32
-    kept1, _ = estimate.saved_bytes(net, torch.randn(1, L, d), None)
-    kept2, largest2 = estimate.saved_bytes(net, torch.randn(2, L, d), None)
+    kept1, _ = cost_probe.saved_bytes(net, torch.randn(1, L, d), None)
+    kept2, largest2 = cost_probe.saved_bytes(net, torch.randn(2, L, d), None)
     per_sample = kept2 - kept1
 
     def est(B, length=L):
@@ -203,7 +229,7 @@ def test_a_runs_estimate_adds_up_and_grows_with_batch_and_length(tmp_path, monke
     parameters, the CPU runtime, the data; more batch or length never costs less."""
     # probe afresh (no cached probe from an earlier test)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    monkeypatch.setattr(estimate, "_PROBES", {})
+    monkeypatch.setattr(cost_probe, "_PROBES", {})
     import models
     from workbench.spec import profile as P
     from workbench.spec.expand import expand
@@ -218,7 +244,7 @@ def test_a_runs_estimate_adds_up_and_grows_with_batch_and_length(tmp_path, monke
 
     spec, e = run(64, 4)
     assert e.error is None and e.fits, e.error
-    task = estimate._task(spec.task, json.dumps(spec.task_params, sort_keys=True, default=str))
+    task = cost_probe.run_task(spec)
     torch.manual_seed(0)
     params = models.param_count(build_model(task, "gated_mlp", d_model=16, n_layers=1))
     assert e.params == params  # the probe counts the composed model's parameters exactly

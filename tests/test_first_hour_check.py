@@ -26,7 +26,7 @@ import pytest
 import torch
 
 from helpers import tiny_profile_text
-from workbench.spec import estimate
+from workbench.spec import cost_probe, estimate
 from workbench.spec import profile as P
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -152,25 +152,25 @@ def test_the_probe_frees_what_its_forward_kept():
     # reference cycle through autograd's C++ graph, and every probe leaked its activations
     net = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Sigmoid(), torch.nn.Linear(8, 8), torch.nn.Tanh())
     x = torch.randn(2, 16, 8)
-    first = estimate.saved_bytes(net, x, None)
+    first = cost_probe.saved_bytes(net, x, None)
     before = _live_graph_tensors()
     for _ in range(3):
-        assert estimate.saved_bytes(net, x, None) == first
+        assert cost_probe.saved_bytes(net, x, None) == first
     assert _live_graph_tensors() == before
 
 
 def _isolated_probes(monkeypatch, calls: list):
     """Probes counted, on an empty cache, none written to disk."""
-    monkeypatch.setattr(estimate, "_PROBES", {})
-    monkeypatch.setattr(estimate, "_DISK", {})
-    monkeypatch.setattr(estimate, "_save_disk_cache", lambda probes: None)
-    real = estimate._probe_task
+    monkeypatch.setattr(cost_probe, "_PROBES", {})
+    monkeypatch.setattr(cost_probe, "_DISK", {})
+    monkeypatch.setattr(cost_probe, "_save_disk_cache", lambda probes: None)
+    real = cost_probe._probe_task
 
     def counted(task, model, *args):
         calls.append((task.vocab_size, model, torch.get_num_threads()))
         return real(task, model, *args)
 
-    monkeypatch.setattr(estimate, "_probe_task", counted)
+    monkeypatch.setattr(cost_probe, "_probe_task", counted)
 
 
 def test_task_settings_of_one_model_shape_share_a_probe_on_one_thread(monkeypatch):
@@ -199,7 +199,7 @@ def test_a_model_too_big_to_build_is_not_built_and_its_estimate_is_a_lower_bound
     def never(*args):
         raise AssertionError("the probe must not build this model")
 
-    monkeypatch.setattr(estimate, "_probe_task", never)
+    monkeypatch.setattr(cost_probe, "_probe_task", never)
     text = (SMALL.replace('name = "mad_selective_copying"', 'name = "mqar"')
             .replace("vocab_size = 8\nnum_tokens_to_copy = 2", "vocab_size = 1073741824\nnum_kv_pairs = 2")
             .replace("d_model = 16", "d_model = 64"))

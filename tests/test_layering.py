@@ -44,7 +44,7 @@ SHIMS = {"workbench/worker.py", "workbench/scheduler.py"}
 EXCEPTIONS = {
     # the resource estimate measures the real composed model (task encoder + backbone +
     # head) on the meta device and in a probe; the composition is train's
-    ("workbench/spec/estimate.py", "workbench.train.compose"),
+    ("workbench/spec/cost_probe.py", "workbench.train.compose"),
 }
 
 

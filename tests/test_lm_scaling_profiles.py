@@ -15,7 +15,6 @@ tests are in the slow group (loading and counting its 20 models takes ~15 s of C
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -75,11 +74,11 @@ def test_paper_profile_is_figure_4s_shape(paper_specs):
 
 @pytest.mark.slow   # the paper profile's 20 models counted on meta: ~15 s of CPU
 def test_paper_profile_sizes_are_within_5_percent_of_nominal(paper_specs):
-    from workbench.spec.estimate import _task, _weights_on_meta
+    from workbench.spec.cost_probe import _weights_on_meta, run_task
 
     off = {}
     for s in paper_specs:
-        task = _task(s.task, json.dumps(s.task_params, sort_keys=True, default=str))
+        task = run_task(s)
         params = _weights_on_meta(task, s.model, s.d_model, s.n_layers, s.model_options)[0]
         nominal = NOMINAL[s.label][s.size]
         off[(s.label, s.size)] = params / nominal - 1
