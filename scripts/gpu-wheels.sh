@@ -3,8 +3,9 @@
 # (the lent H100 image, ../shared/FACTS.md: Python 3.12 with torch, triton, pytest, rich,
 # jinja2, aiohttp ... but not textual, pydantic, tomli-w ...), into .whl/ (git-ignored).
 # Versions are this machine's .venv's where it has the package, so both run the same code.
-#   scripts/gpu-wheels.sh                 # then carry .whl to the GPU machine and run
-#   scripts/gpu-session.sh setup          # there (installs them into /tmp/site)
+#   scripts/gpu-wheels.sh                 # then carry .whl to the GPU machine and run there
+#   scripts/gpu-one-call.sh               # (or a phase of scripts/gpu-session.sh): both
+#                                         # install them into /tmp/site first
 # PY_VERSION (3.12) and PLATFORM (x86_64) describe the GPU machine's Python.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -32,5 +33,15 @@ python3 -m pip download -q --no-deps --only-binary=:all: --python-version "$PY_V
 MAMBA_SKIP_CUDA_BUILD=TRUE .venv/bin/python -m pip download -q --no-deps --no-binary=:all: \
   --no-build-isolation -d .whl "mamba-ssm==${MAMBA_SSM_VERSION:-2.3.2.post1}" \
   || echo "gpu-wheels: mamba-ssm's source tarball not downloaded (the cuda rows will say so)" >&2
-ls .whl
+# ... and its Python part alone as a wheel, built here without CUDA, in .whl/ssd/ (not among
+# the .whl/*.whl installed everywhere): Mamba-2's `mamba_ssm` backend needs only its Triton
+# SSD kernels. FORCE_BUILD: its setup.py otherwise guesses a prebuilt wheel's URL from
+# torch's CUDA version and fails on a CPU torch.
+tarball=$(find .whl -maxdepth 1 -name 'mamba_ssm-*.tar.gz' | head -1)
+if [ -n "$tarball" ]; then
+  MAMBA_FORCE_BUILD=TRUE MAMBA_SKIP_CUDA_BUILD=TRUE .venv/bin/python -m pip wheel -q --no-deps \
+    --no-build-isolation -w .whl/ssd "$tarball" \
+    || echo "gpu-wheels: mamba-ssm's Python wheel not built (the mamba_ssm rows will say so)" >&2
+fi
+ls .whl .whl/ssd
 du -sh .whl
