@@ -11,6 +11,7 @@ import os
 import signal
 
 import pytest
+import torch
 
 from workbench.execute import resume, scheduler
 from workbench.execute.slurm import job_script
@@ -18,7 +19,7 @@ from workbench.spec.profile import ProfileError, expand, loads
 from workbench.spec.run_spec import run_devices, spec_key
 from workbench.spec.slurm_settings import SlurmSettings
 from workbench.store import Store
-from workbench.train import distributed, worker
+from workbench.train import checkpoint, distributed, worker
 
 PROFILE = """
 schema_version = 1
@@ -206,6 +207,41 @@ def test_a_stopped_run_resumes_on_as_many_or_fewer_ranks_and_continues_the_curve
     assert r.info["resumed"][-1]["from_ranks"] == 2 and r.info["resumed"][-1]["ranks"] == ranks_after
     assert [v for _, v in curve(store, rid)] == pytest.approx([v for _, v in curve(base, brid)], **TOL)
     assert [s for s, _ in curve(store, rid)] == list(range(1, 13))
+
+
+@pytest.mark.slow  # two runs of two processes, one resumed: ~25-30 s on a loaded 2-core box
+def test_a_resumed_run_with_dropout_and_an_open_log_window_continues_the_two_rank_curve(
+        tmp_path, launched, monkeypatch):
+    """What only a checkpoint of several ranks carries matters here, unlike above: dropout
+    draws from each rank's own RNG (rank 1's seeded apart from rank 0's, Trainer.__init__),
+    so the resumed run draws the uninterrupted run's masks only if the checkpoint kept every
+    rank's RNGs; and the stop at step 7 falls inside a log window (log_every = 3: steps 7-9),
+    so the mean logged at step 9 is the uninterrupted one only if the window saved holds both
+    ranks' shares of step 7 (RankLossTracker.merge before the save)."""
+    sp = spec(devices=2, steps=12, extra="[model.options.transformer]\ndropout = 0.1")
+    sp["train"]["log_every"] = 3
+    base, brid = train(tmp_path / "base", sp)
+    assert base.get(brid).state == "finished", base.get(brid).error
+    monkeypatch.setattr(resume, "pid_alive", lambda *a: False)
+    at_step(monkeypatch, 7, lambda: os.kill(os.getpid(), signal.SIGTERM))
+    store, rid = train(tmp_path / "st", sp)
+    r = store.get(rid)
+    assert r.state == "preempted" and r.info["checkpoint"]["step"] == 7, r.error
+    ck = checkpoint.load(r.info["checkpoint"]["path"])
+    assert ck["losses"]["count"] == 1  # the window is open: step 7 is in it, not yet logged
+    monkeypatch.undo()
+    monkeypatch.setattr(resume, "pid_alive", lambda *a: False)
+    monkeypatch.setattr(scheduler, "spawn", lambda *a, **k: None)  # this test is the worker
+    done, errors = resume.resume_runs(store, [rid])
+    assert done == [rid] and not errors
+    train(tmp_path / "st", None, rid)
+    assert store.get(rid).state == "finished", store.get(rid).error
+    got, want = curve(store, rid), curve(base, brid)
+    assert [s for s, _ in got] == [s for s, _ in want] == [3, 6, 9, 12]
+    # the same weights and masks; only the window's float64 sum runs in another order
+    assert [v for _, v in got] == pytest.approx([v for _, v in want], rel=1e-12, abs=0)
+    # the ranks' dropout streams are distinct (torch's CPU generator: dropout's, on the CPU)
+    assert not torch.equal(ck["rng_ranks"][1]["torch"], ck["rng_ranks"][0]["torch"])
 
 
 # --------------------------------------------------------------------------- placing the ranks
