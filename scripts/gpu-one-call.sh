@@ -50,7 +50,8 @@
 #   OUT=/tmp/gpu-rehearsal CAP_SCALE=0.3 PY=.venv/bin/python WB=.venv/bin/ssm-workbench \
 #     scripts/gpu-one-call.sh
 # Knobs: TOTAL_S (510), CAP_SCALE (1: multiplies every limit), STEPS (comma list, default all),
-# TEST_TIMEOUT (120 s a test), MAD_RUNS_PER_GPU (6), BENCH_DIR (/tmp/gpu-bench), PY, WB.
+# TEST_TIMEOUT (120 s a test), MAD_RUNS_PER_GPU (6), MAD_STORE (a new /tmp/wb-mad-store.*),
+# BENCH_DIR (/tmp/gpu-bench), PY, WB.
 # shellcheck disable=SC2329  # the step functions run through `bash -c step_NAME`
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
@@ -326,7 +327,7 @@ else
   unset TRITON_INTERPRET    # compiled Triton: tests/conftest.py sets the interpreter only without CUDA
 fi
 export BENCH="$WB bench --device $DEV --d-model 64 --n-layers 2 --repeats 20 --warmup 5 --timeout 100"
-MAD_STORE=$(mktemp -d /tmp/wb-mad-store.XXXX)
+MAD_STORE="${MAD_STORE:-$(mktemp -d /tmp/wb-mad-store.XXXX)}"   # a fresh store: every run anew
 export MAD_STORE SSM_WORKBENCH_STORE="${SSM_WORKBENCH_STORE:-/tmp/wb-store}"
 
 step setup        15 env.txt

@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
 # Issue 18's work on a lent GPU machine, in phases that each fit one device call (< 10 min).
+# With fifteen minutes of device time in all (issue 31), use scripts/gpu-one-call.sh instead:
+# the essentials of these phases in ONE call, each step under its own limit.
 # Prepare here first: scripts/gpu-wheels.sh (into .whl/, git-ignored), then each call:
 #   run(command="scripts/gpu-session.sh check", carry=[".whl"])    # doctor, kernel tests, compile report
 #   run(command="scripts/gpu-session.sh bench", carry=[".whl"])    # targets, tile sweep, linear-RNN ops
