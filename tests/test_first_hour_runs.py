@@ -16,10 +16,9 @@ from textual.widgets import Static
 
 from helpers import record_frames, screen_lines
 from test_curves import sweep
-from test_tui import FakeScheduler, make_app, poll, settle
+from test_tui import FakeScheduler, make_app, open_compare, poll, settle
 from workbench.spec import profile as profiles
 from workbench.store import Store
-from workbench.tui.compare_view import CompareScreen
 from workbench.tui.dialogs import ConfirmScreen
 from workbench.tui.plots import CurvePlot
 from workbench.tui.results_view import ResultsView
@@ -228,12 +227,7 @@ async def test_compare_on_an_epoch_axis_says_the_runs_have_no_epochs(store, tmp_
     app = make_app(store, tmp_path)
     async with app.run_test(size=(120, 40)) as pilot:
         await poll(pilot)
-        await pilot.press("p")
-        await settle(pilot)
-        screen = app.screen
-        assert isinstance(screen, CompareScreen)
-        screen.poll()
-        await settle(pilot)
+        screen = await open_compare(pilot)
         await pilot.press("x")  # step -> epoch
         await pilot.pause()
         assert screen.axis == "epoch"

@@ -15,6 +15,7 @@ from textual.widgets import DataTable, Input, Select, Static, Switch
 from workbench.spec import profile as profiles
 from workbench.store import Store
 from workbench.tui.app import WorkbenchApp
+from workbench.tui.compare_view import CompareScreen
 from workbench.tui.dialogs import ConfirmScreen, PathScreen
 from workbench.tui.model_picker import ModelPicker
 from workbench.tui.plots import MetricPlot
@@ -92,6 +93,18 @@ async def poll_view(pilot, screen: RunScreen) -> None:
     await settle(pilot)
     screen.poll()
     await settle(pilot)
+
+
+async def open_compare(pilot) -> CompareScreen:
+    """``p`` on the runs table: the compare screen of the cursor's run's profile, shown and
+    polled once; returns it."""
+    await pilot.press("p")
+    await settle(pilot)
+    screen = pilot.app.screen
+    assert isinstance(screen, CompareScreen)
+    screen.poll()
+    await settle(pilot)
+    return screen
 
 
 def err_text(form: SweepForm, fid: str) -> str:

@@ -8,7 +8,7 @@ import pytest
 from textual.widgets import DataTable, Static
 
 from test_curves import sweep
-from test_tui import SIZE, make_app, poll, settle
+from test_tui import SIZE, make_app, poll, poll_view, settle
 from workbench.results import export
 from workbench.spec.run_spec import spec_key
 from workbench.store import Store
@@ -43,12 +43,6 @@ def seed_sweep(store: Store) -> list[int]:
     return ids
 
 
-async def view_poll(pilot, screen) -> None:
-    await settle(pilot)
-    screen.poll()
-    await settle(pilot)
-
-
 async def test_mark_and_compare_groups_seeds_live(store, tmp_path):
     ids = seed_sweep(store)
     app = make_app(store, tmp_path)
@@ -69,7 +63,7 @@ async def test_mark_and_compare_groups_seeds_live(store, tmp_path):
         await settle(pilot)
         screen = app.screen
         assert isinstance(screen, CompareScreen) and screen.run_ids == ids[:3]
-        await view_poll(pilot, screen)
+        await poll_view(pilot, screen)
         loss = screen.query_one("#compare-loss", CurvePlot)
         lstm, tf = loss.curves
         assert lstm.label == "lstm (2 seeds)" and lstm.run_ids == ids[:2]
@@ -83,10 +77,10 @@ async def test_mark_and_compare_groups_seeds_live(store, tmp_path):
 
         # live: a new row of one seed extends the group's curve (where only it has data)
         draws = loss.draws
-        await view_poll(pilot, screen)
+        await poll_view(pilot, screen)
         assert loss.draws == draws  # nothing new: no redraw
         log_loss(store, ids[0], [1.5], start=3)
-        await view_poll(pilot, screen)
+        await poll_view(pilot, screen)
         assert loss.draws == draws + 1
         assert loss.curves[0].x[-1] == 3 and loss.curves[0].mean[-1] == 1.5 and loss.curves[0].n[-1] == 1
 

@@ -16,11 +16,11 @@ from textual.widgets import DataTable, Input, Select, Static
 
 from helpers import open_form
 from test_curves import sweep
-from test_tui import FakeScheduler, make_app, poll, settle, tiny_profile, type_into
+from test_tui import FakeScheduler, make_app, open_compare, poll, settle, tiny_profile, type_into
 from workbench.store import Store
 from workbench.tui import paths
 from workbench.tui.app import WorkbenchApp, launch_summary
-from workbench.tui.compare_view import CompareScreen, title_text
+from workbench.tui.compare_view import title_text
 from workbench.tui.dialogs import PathScreen
 from workbench.tui.help_screen import TITLES, HelpScreen, own_bindings
 from workbench.tui.model_picker import ModelPicker
@@ -290,12 +290,7 @@ async def test_compare_offers_only_logged_metrics_and_flat_axes_start_at_zero(st
     app = make_app(store, tmp_path)
     async with app.run_test(size=(120, 40)) as pilot:
         await poll(pilot)
-        await pilot.press("p")
-        await settle(pilot)
-        screen = app.screen
-        assert isinstance(screen, CompareScreen)
-        screen.poll()
-        await settle(pilot)
+        screen = await open_compare(pilot)
         assert "in 2 groups" in text(screen.query_one("#compare-title", Static))
         await pilot.press("a")  # no train accuracy, no sequence accuracy: nothing else to offer
         await pilot.pause()
@@ -326,10 +321,7 @@ async def test_compare_legend_is_not_cut_at_80x24(store, tmp_path):
     app = make_app(store, tmp_path)
     async with app.run_test(size=(80, 24)) as pilot:
         await poll(pilot)
-        await pilot.press("p")
-        await settle(pilot)
-        app.screen.poll()
-        await settle(pilot)
+        await open_compare(pilot)
         legend = app.screen.query_one("#compare-legend", DataTable)
         await pilot.pause()
         assert inside(legend, app.screen)
@@ -463,10 +455,7 @@ async def test_compare_figures_go_to_the_profile_folder_with_the_full_path(store
                        figures_dir=out)
     async with app.run_test(size=(120, 40)) as pilot:
         await poll(pilot)
-        await pilot.press("p")
-        await settle(pilot)
-        app.screen.poll()
-        await settle(pilot)
+        await open_compare(pilot)
         await pilot.press("f")
         await settle(pilot)
     folder = (tmp_path / "out" if out else store.root / "figures").resolve() / "cmp"
