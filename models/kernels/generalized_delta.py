@@ -224,7 +224,7 @@ def rwkv7(q, k, v, a, b, gk, scale=1.0, initial_state=None, output_final_state=F
         C = _chunk(chunk_size, q.shape[1], "rwkv7", q.device)
         return _chunk_dplr(q, k, v, ab[:, :, :, 0].to(dt), ab[:, :, :, 1].to(dt), gk, scale,
                            S0, C)
-    return _maybe_segmented(core, q, k, v, gk, ab, scale, initial_state, output_final_state,
+    return _maybe_segmented(core, q, k, v, gk, ab, initial_state, output_final_state,
                             segment_len)
 
 
@@ -248,7 +248,7 @@ def kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=Fal
         q, k, g, beta = (x.to(dt) for x in (q, k, g, beta))
         kb = k * beta[..., None]
         return _chunk_dplr(q, kb, v, k, -kb, g, scale, S0, C, a_inclusive=True)
-    return _maybe_segmented(core, q, k, v, g, beta, scale, initial_state, output_final_state,
+    return _maybe_segmented(core, q, k, v, g, beta, initial_state, output_final_state,
                             segment_len)
 
 

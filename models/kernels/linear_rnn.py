@@ -310,14 +310,14 @@ def _prologue(op, q, k, v, g, beta, scale, initial_state, chunk_size, vector_gat
     return B, T, H, K, V, dt, scale, S0, C
 
 
-def _chunk_gated(q, k, v, g, scale, initial_state, output_final_state, chunk_size,
-                 vector_gate):
-    """linear attention (g None), simple_gla (scalar g) and gla (vector g), chunked."""
+def _chunk_gated(q, k, v, g, scale, initial_state, chunk_size, vector_gate):
+    """linear attention (g None), simple_gla (scalar g) and gla (vector g), chunked.
+    Returns (o, final state)."""
     op = "linear_attention" if g is None else ("gla" if vector_gate else "simple_gla")
     B, T, H, K, V, dt, scale, S0, C = _prologue(op, q, k, v, g, None, scale, initial_state,
                                                 chunk_size, vector_gate)
     if C is None:
-        return v.new_zeros(B, 0, H, V), (S0 if output_final_state else None)
+        return v.new_zeros(B, 0, H, V), S0
     qc, kc, vc = (_to_chunks(x, C, dt) for x in (q, k, v))  # (B, H, N, C, K|V)
     causal = torch.ones(C, C, dtype=torch.bool, device=q.device).tril()
     if g is None:
@@ -336,7 +336,7 @@ def _chunk_gated(q, k, v, g, scale, initial_state, output_final_state, chunk_siz
         decay = b[..., -1, :].exp()                            # (B, H, N, K)
     starts, S = _carry(decay, kd.transpose(-1, -2) @ vc, S0)
     o = scale * (A @ vc + qd @ starts)
-    return _from_chunks(o, T, v.dtype), (S if output_final_state else None)
+    return _from_chunks(o, T, v.dtype), S
 
 
 def _gla_max_span(dtype) -> float:
@@ -388,13 +388,14 @@ def _gla_intra(qc, kc, gc, b, sub: int = GLA_SUB_CHUNK):
     return A.reshape(B, H, N, C, C)
 
 
-def _chunk_delta(q, k, v, g, beta, scale, initial_state, output_final_state, chunk_size):
-    """delta_rule (g None) and gated_delta_rule (scalar g), chunked in the WY / UT form."""
+def _chunk_delta(q, k, v, g, beta, scale, initial_state, chunk_size):
+    """delta_rule (g None) and gated_delta_rule (scalar g), chunked in the WY / UT form.
+    Returns (o, final state)."""
     op = "delta_rule" if g is None else "gated_delta_rule"
     B, T, H, K, V, dt, scale, S0, C = _prologue(op, q, k, v, g, beta, scale, initial_state,
                                                 chunk_size)
     if C is None:
-        return v.new_zeros(B, 0, H, V), (S0 if output_final_state else None)
+        return v.new_zeros(B, 0, H, V), S0
     qc, kc, vc = (_to_chunks(x, C, dt) for x in (q, k, v))
     bc = _to_chunks(beta, C, dt)                               # (B, H, N, C)
     eye = torch.eye(C, dtype=dt, device=q.device)
@@ -425,7 +426,7 @@ def _chunk_delta(q, k, v, g, beta, scale, initial_state, output_final_state, chu
     starts, u = torch.stack(starts, 2), torch.stack(us, 2)
     qd = qc if eb is None else qc * eb[..., None]
     o = scale * (qd @ starts + A @ u)
-    return _from_chunks(o, T, v.dtype), (S if output_final_state else None)
+    return _from_chunks(o, T, v.dtype), S
 
 
 # ---------------------------------------------------------------------------------------
@@ -443,21 +444,20 @@ def _chunk_delta(q, k, v, g, beta, scale, initial_state, output_final_state, chu
 SEGMENT_LEN = 4096
 
 
-def _maybe_segmented(core, q, k, v, g, beta, scale, initial_state, output_final_state,
-                     segment_len):
+def _maybe_segmented(core, q, k, v, g, beta, initial_state, output_final_state, segment_len):
     """Run core(q, k, v, g, beta, S0) -> (o, S_end) directly, or in recomputed segments
     when autograd will need it and the sequence is longer than the segment (SEGMENT_LEN when
     segment_len is None; 0 turns it off)."""
     seg = SEGMENT_LEN if segment_len is None else segment_len
     tensors = [x for x in (q, k, v, g, beta, initial_state) if x is not None]
-    if not (seg and q.dim() == 4 and q.shape[1] > seg and torch.is_grad_enabled()
+    if (seg and q.dim() == 4 and q.shape[1] > seg and torch.is_grad_enabled()
             and any(x.requires_grad for x in tensors)):
+        B, T, H, K = q.shape
+        S0 = initial_state if initial_state is not None else q.new_zeros(
+            B, H, K, v.shape[-1], dtype=_compute_dtype(q))
+        o, S = SegmentRecompute.apply(core, seg, q, k, v, g, beta, S0)
+    else:
         o, S = core(q, k, v, g, beta, initial_state)
-        return o, (S if output_final_state else None)
-    B, T, H, K = q.shape
-    S0 = initial_state if initial_state is not None else q.new_zeros(
-        B, H, K, v.shape[-1], dtype=_compute_dtype(q))
-    o, S = SegmentRecompute.apply(core, seg, q, k, v, g, beta, S0)
     return o, (S if output_final_state else None)
 
 
@@ -466,8 +466,8 @@ def linear_attention(q, k, v, scale=None, initial_state=None, output_final_state
     """Linear attention S_t = S_{t-1} + k_t v_t^T, o_t = scale S_t^T q_t, chunked.
     (No normaliser: apply feature maps / normalisation outside, as fla's chunk_linear_attn
     with normalize=False.) Shapes: module doc. Returns (o, final_state or None)."""
-    return _gated(q, k, v, None, scale, initial_state, output_final_state, chunk_size, False,
-                  segment_len)
+    return _run_chunked(q, k, v, None, None, scale, initial_state, output_final_state,
+                        chunk_size, segment_len)
 
 
 def simple_gla(q, k, v, g, scale=None, initial_state=None, output_final_state=False,
@@ -477,16 +477,16 @@ def simple_gla(q, k, v, g, scale=None, initial_state=None, output_final_state=Fa
     (g = dt_t * A_h, k = B, q = C, v = dt * x, scale = 1). Chunked."""
     if g is None:
         raise ValueError("simple_gla needs g; use linear_attention for no gate")
-    return _gated(q, k, v, g, scale, initial_state, output_final_state, chunk_size, False,
-                  segment_len)
+    return _run_chunked(q, k, v, g, None, scale, initial_state, output_final_state, chunk_size,
+                        segment_len)
 
 
 def gla(q, k, v, g, scale=None, initial_state=None, output_final_state=False,
         chunk_size=None, segment_len=None):
     """Gated linear attention S_t = diag(exp(g_t)) S_{t-1} + k_t v_t^T, g (batch, time,
     heads, key_dim) in log space. Chunked with sub-chunks of 8 (see module doc)."""
-    return _gated(q, k, v, g, scale, initial_state, output_final_state, chunk_size, True,
-                  segment_len)
+    return _run_chunked(q, k, v, g, None, scale, initial_state, output_final_state, chunk_size,
+                        segment_len, vector_gate=True)
 
 
 def delta_rule(q, k, v, beta, scale=None, initial_state=None, output_final_state=False,
@@ -494,8 +494,8 @@ def delta_rule(q, k, v, beta, scale=None, initial_state=None, output_final_state
     """DeltaNet S_t = S_{t-1} + beta_t k_t (v_t - S_{t-1}^T k_t)^T, chunked (WY form).
     Keys are usually L2-normalised (use_qk_l2norm_in_kernel=True does it here, per segment:
     recomputed in the backward of a long sequence)."""
-    return _delta(q, k, v, None, beta, scale, initial_state, output_final_state, chunk_size,
-                  segment_len, use_qk_l2norm_in_kernel)
+    return _run_chunked(q, k, v, None, beta, scale, initial_state, output_final_state,
+                        chunk_size, segment_len, delta=True, l2norm_qk=use_qk_l2norm_in_kernel)
 
 
 def gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None,
@@ -503,8 +503,8 @@ def gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None,
                      use_qk_l2norm_in_kernel=False, segment_len=None):
     """Gated DeltaNet S_t = exp(g_t) S_{t-1} + beta_t k_t (v_t - exp(g_t) S_{t-1}^T k_t)^T,
     g (batch, time, heads) in log space; chunked (WY form with the decay folded in)."""
-    return _delta(q, k, v, g, beta, scale, initial_state, output_final_state, chunk_size,
-                  segment_len, use_qk_l2norm_in_kernel)
+    return _run_chunked(q, k, v, g, beta, scale, initial_state, output_final_state, chunk_size,
+                        segment_len, delta=True, l2norm_qk=use_qk_l2norm_in_kernel)
 
 
 def expand_heads(q, k, v):
@@ -520,25 +520,20 @@ def expand_heads(q, k, v):
     return q.repeat_interleave(H // Hq, dim=2), k.repeat_interleave(H // Hq, dim=2)
 
 
-def _gated(q, k, v, g, scale, initial_state, output_final_state, chunk_size, vector_gate,
-           segment_len):
-    q, k = expand_heads(q, k, v)
-
-    def core(q, k, v, g, beta, S):
-        return _chunk_gated(q, k, v, g, scale, S, True, chunk_size, vector_gate)
-    return _maybe_segmented(core, q, k, v, g, None, scale, initial_state, output_final_state,
-                            segment_len)
-
-
-def _delta(q, k, v, g, beta, scale, initial_state, output_final_state, chunk_size,
-           segment_len, l2norm_qk=False):
+def _run_chunked(q, k, v, g, beta, scale, initial_state, output_final_state, chunk_size,
+                 segment_len, delta=False, vector_gate=False, l2norm_qk=False):
+    """A chunked form as the operators above run it: _chunk_delta (delta) or _chunk_gated,
+    on q, k repeated to v's heads, L2-normalised when l2norm_qk (inside the segment, so
+    recomputed in a long sequence's backward), through :func:`_maybe_segmented`."""
     q, k = expand_heads(q, k, v)
 
     def core(q, k, v, g, beta, S):
         if l2norm_qk:
             q, k = _l2norm(q), _l2norm(k)
-        return _chunk_delta(q, k, v, g, beta, scale, S, True, chunk_size)
-    return _maybe_segmented(core, q, k, v, g, beta, scale, initial_state, output_final_state,
+        if delta:
+            return _chunk_delta(q, k, v, g, beta, scale, S, chunk_size)
+        return _chunk_gated(q, k, v, g, scale, S, chunk_size, vector_gate)
+    return _maybe_segmented(core, q, k, v, g, beta, initial_state, output_final_state,
                             segment_len)
 
 
