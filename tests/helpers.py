@@ -78,21 +78,34 @@ def write_tiny_checkpoints(root, vocab: int = 64, width: int = 16):
 
 
 # ---------------------------------------------------------------------------- tiny profiles
-def tiny_profile_text(name: str = "tiny", *, schema_version: int = 1, models=("lstm",), seq_lens=(10,),
-                      seeds=None, examples=(32, 8), d_model: int = 8, n_layers: int = 1, **train) -> str:
-    """A tiny MAD selective-copying profile (vocab 8, 2 tokens to copy: a run trains in
-    seconds on a CPU) as TOML text, one key a line as a person writes it, so a test can
-    still edit it with ``str.replace``. ``train``: the [train] keys, in order."""
+def toml_value(v) -> str:
+    """``v`` (a string, number, boolean, list or dict) as a TOML value on one line: a dict as
+    an inline table, ``{ name = "lstm", n_layers = 3 }``, as a person writes a model entry."""
     import json
 
-    lines = [f"schema_version = {schema_version}", f"name = {json.dumps(name)}", "[task]",
+    if isinstance(v, dict):
+        return "{ " + ", ".join(f"{k} = {toml_value(x)}" for k, x in v.items()) + " }"
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(toml_value(x) for x in v) + "]"
+    return json.dumps(v)
+
+
+def tiny_profile_text(name: str = "tiny", *, schema_version: int = 1, models=("lstm",), seq_lens=(10,),
+                      seeds=None, examples=(32, 8), d_model: int = 8, n_layers: int = 1, tail: str = "",
+                      **train) -> str:
+    """A tiny MAD selective-copying profile (vocab 8, 2 tokens to copy: a run trains in
+    seconds on a CPU) as TOML text, one key a line as a person writes it, so a test can
+    still edit it with ``str.replace``. ``models``: names or dicts (inline tables);
+    ``train``: the [train] keys, in order; ``tail``: TOML lines after them, as written."""
+    lines = [f"schema_version = {schema_version}", f"name = {toml_value(name)}", "[task]",
              'name = "mad_selective_copying"', "vocab_size = 8", "num_tokens_to_copy = 2",
              f"num_train_examples = {examples[0]}", f"num_test_examples = {examples[1]}", "[sweep]",
-             f"models = {json.dumps(list(models))}", f"seq_lens = {json.dumps(list(seq_lens))}"]
+             f"models = {toml_value(models)}", f"seq_lens = {toml_value(seq_lens)}"]
     if seeds is not None:
-        lines.append(f"seeds = {json.dumps(list(seeds))}")
+        lines.append(f"seeds = {toml_value(seeds)}")
     lines += ["[model]", f"d_model = {d_model}", f"n_layers = {n_layers}", "[train]"]
-    lines += [f"{k} = {json.dumps(v)}" for k, v in train.items()]
+    lines += [f"{k} = {toml_value(v)}" for k, v in train.items()]
+    lines += filter(None, tail.splitlines())
     return "\n".join(lines) + "\n"
 
 

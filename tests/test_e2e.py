@@ -5,62 +5,28 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 import torch
 
+from helpers import tiny_profile_text, wait_for
 from workbench.execute import scheduler
 from workbench.spec.profile import loads
 from workbench.store import Store
-
-TINY = """
-schema_version = 1
-name = "{name}"
-[task]
-name = "mad_selective_copying"
-vocab_size = 8
-num_tokens_to_copy = 2
-num_train_examples = 64
-num_test_examples = 16
-[sweep]
-models = {models}
-seq_lens = [8, 10]
-seeds = [0, 1]
-[model]
-d_model = 16
-n_layers = 1
-[train]
-steps = {steps}
-batch_size = 8
-lr = {lr}
-eval_every = 5
-log_every = 2
-"""
-
 
 # what the worker records for train.device = "auto": the GPU when torch sees one (and the
 # scheduler found one to pin the worker to; a CPU slot hides the GPUs from its worker)
 DEVICE = "cuda" if torch.cuda.is_available() and scheduler._visible_gpus() else "cpu"
 
 
-def tiny(name="tiny", models='["lstm", "transformer"]', steps=10, lr="3e-3"):
-    return TINY.format(name=name, models=models, steps=steps, lr=lr)
+def tiny(name="tiny", models=("lstm", "transformer"), steps=10, lr=3e-3, **train):
+    return tiny_profile_text(name, models=models, seq_lens=(8, 10), seeds=(0, 1), examples=(64, 16), d_model=16,
+                             steps=steps, batch_size=8, lr=lr, eval_every=5, log_every=2, **train)
 
 
 def cli(store_dir, *args, timeout=240):
     return subprocess.run([sys.executable, "-m", "workbench", "--store", str(store_dir), *args],
                           capture_output=True, text=True, timeout=timeout)
-
-
-def wait_for(pred, timeout=60.0):
-    end = time.time() + timeout
-    while time.time() < end:
-        v = pred()
-        if v:
-            return v
-        time.sleep(0.2)
-    raise AssertionError("condition not reached in time")
 
 
 def test_headless_run_and_export(tmp_path):
@@ -104,8 +70,7 @@ def test_headless_run_and_export(tmp_path):
 def test_failures_are_kept_and_others_go_on(tmp_path):
     # learned positions for 4 tokens, sequences of 8: the transformer's first forward raises
     # in the worker (a bad value that `profile check` cannot see: it builds, not runs)
-    text = tiny(name="mixed", models='["lstm", { name = "transformer", pos = "learned", max_len = 4 }]',
-                steps=4)
+    text = tiny(name="mixed", models=["lstm", {"name": "transformer", "pos": "learned", "max_len": 4}], steps=4)
     text = text.replace("seq_lens = [8, 10]", "seq_lens = [8]").replace("seeds = [0, 1]", "seeds = [0]")
     prof = tmp_path / "mixed.toml"
     prof.write_text(text)
@@ -121,14 +86,13 @@ def test_nan_loss_fails_the_run(tmp_path):
     from workbench.train import worker
     from workbench.spec.profile import ProfileError, expand
 
-    text = tiny(name="nan", models='["lstm"]', steps=30, lr="1e30")
+    text = tiny(name="nan", models=["lstm"], steps=30, lr=1e30, grad_clip=0.0)
     text = text.replace("seq_lens = [8, 10]", "seq_lens = [8]").replace("seeds = [0, 1]", "seeds = [0]")
-    text = text.replace("lr = 1e30", "lr = 1e30\ngrad_clip = 0.0")
     # validation refuses an lr that diverges at once (lr <= 1); the worker's own NaN check
     # (for a loss that diverges anyway) is tested on the spec with the lr put back
     with pytest.raises(ProfileError, match="train.lr"):
         loads(text)
-    spec = expand(loads(text.replace("lr = 1e30", "lr = 1e-3")))[0].to_dict()
+    spec = expand(loads(text.replace("lr = 1e+30", "lr = 1e-3")))[0].to_dict()
     spec["train"]["lr"] = 1e30
     store = Store(tmp_path / "st")
     (rid,) = store.add_runs([spec])
@@ -148,7 +112,7 @@ def test_bad_profile_starts_nothing(tmp_path):
 
 def test_kill_and_crash(tmp_path):
     store = Store(tmp_path / "st")
-    p = loads(tiny(name="long", models='["lstm"]', steps=100000).replace("seeds = [0, 1]", "seeds = [0]"))
+    p = loads(tiny(name="long", models=["lstm"], steps=100000).replace("seeds = [0, 1]", "seeds = [0]"))
     ids = scheduler.submit(store, p, jobs=2, runs_per_gpu=2)  # two slots (CPU or one GPU): both lengths at once
     running = wait_for(lambda: len(store.runs(states=["running"])) == 2 and
                        all(r.step > 0 for r in store.runs(states=["running"])), timeout=90)

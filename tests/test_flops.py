@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 import models
+from helpers import tiny_profile_text
 from models import compute as fl
 
 D, L, NL = 16, 16, 2           # tiny: the whole file stays well under a minute on 2 cores
@@ -202,30 +203,8 @@ def test_table_prints():
     assert "| transformer | 12 |" in text and "| mamba | 24 |" in text
 
 
-RUN_PROFILE = """
-schema_version = 1
-name = "flops"
-[task]
-name = "mad_selective_copying"
-vocab_size = 8
-num_tokens_to_copy = 2
-num_train_examples = 32
-num_test_examples = 16
-[sweep]
-models = ["gla"]
-seq_lens = [12]
-[model]
-d_model = 16
-n_layers = 1
-[train]
-steps = 6
-batch_size = 4
-lr = 3e-3
-warmup_steps = 1
-eval_every = 3
-log_every = 3
-device = "cpu"
-"""
+RUN_PROFILE = tiny_profile_text("flops", models=["gla"], seq_lens=[12], examples=(32, 16), d_model=16, steps=6,
+                                batch_size=4, lr=3e-3, warmup_steps=1, eval_every=3, log_every=3, device="cpu")
 
 
 def test_a_run_records_flops_per_token_and_cumulative_flops(tmp_path):

@@ -12,6 +12,7 @@ import torch
 
 import tasks
 from tasks import metrics as task_metrics
+from helpers import tiny_profile_text
 from workbench.spec.run_spec import RunSpec
 from workbench.train import optim, worker
 from workbench.train import trainer as trainer_module
@@ -23,36 +24,12 @@ from workbench.train.compose import build_model
 from workbench.spec.profile import ProfileError, expand, loads
 from workbench.store import Store
 
-PROFILE = """
-schema_version = 1
-name = "loop"
-[task]
-name = "mad_selective_copying"
-vocab_size = 8
-num_tokens_to_copy = 2
-num_train_examples = {n_train}
-num_test_examples = 16
-[sweep]
-models = ["{model}"]
-seq_lens = [10]
-[model]
-d_model = 16
-n_layers = 1
-[train]
-{budget}
-batch_size = 8
-lr = 3e-3
-warmup_steps = 2
-eval_every = {eval_every}
-log_every = {log_every}
-device = "cpu"
-{extra}
-"""
-
 
 def spec(model="lstm", budget="steps = 20", eval_every=100, log_every=8, n_train=64, extra=""):
-    text = PROFILE.format(model=model, budget=budget, eval_every=eval_every, log_every=log_every,
-                          n_train=n_train, extra=extra)
+    """The run spec of a one-run selective-copying profile; ``budget`` and ``extra``: [train] lines."""
+    text = tiny_profile_text("loop", models=[model], examples=(n_train, 16), d_model=16, batch_size=8, lr=3e-3,
+                             warmup_steps=2, eval_every=eval_every, log_every=log_every, device="cpu",
+                             tail=f"{budget}\n{extra}")
     return expand(loads(text))[0].to_dict()
 
 
