@@ -13,6 +13,7 @@ import signal
 import pytest
 import torch
 
+from helpers import tiny_profile_text
 from workbench.execute import resume, scheduler
 from workbench.execute.slurm import job_script
 from workbench.spec.profile import ProfileError, expand, loads
@@ -21,39 +22,20 @@ from workbench.spec.slurm_settings import SlurmSettings
 from workbench.store import Store
 from workbench.train import checkpoint, distributed, worker
 
-PROFILE = """
-schema_version = 1
-name = "ddp"
-[task]
-name = "mad_selective_copying"
-vocab_size = 8
-num_tokens_to_copy = 2
-num_train_examples = 36
-num_test_examples = 16
-[sweep]
-models = ["{model}"]
-seq_lens = [10]
-seeds = [0]
-[model]
-d_model = 16
-n_layers = 1
-[train]
-steps = {steps}
-batch_size = 8
-lr = 3e-3
-warmup_steps = 2
-log_every = 1
-eval_every = 5
-device = "cpu"
-{extra}
-"""
-# 36 examples in batches of 8: each epoch ends with a batch of 4 (2 per rank)
 TOL = dict(rel=1e-5, abs=1e-6)  # float32 sums in another order, over a few Adam steps
+
+
+def profile_text(model="transformer", steps=10, extra=""):
+    """A one-run selective-copying profile; ``extra``: TOML lines after [train]'s keys. 36
+    examples in batches of 8: each epoch ends with a batch of 4 (2 per rank)."""
+    return tiny_profile_text("ddp", models=[model], seeds=[0], examples=(36, 16), d_model=16, steps=steps,
+                             batch_size=8, lr=3e-3, warmup_steps=2, log_every=1, eval_every=5, device="cpu",
+                             tail=extra)
 
 
 def spec(devices=None, model="transformer", steps=10, extra=""):
     extra = (f"devices = {devices}\n" if devices else "") + extra
-    return expand(loads(PROFILE.format(model=model, steps=steps, extra=extra)))[0].to_dict()
+    return expand(loads(profile_text(model, steps, extra)))[0].to_dict()
 
 
 def start(store, rid):
@@ -316,7 +298,7 @@ def test_slurm_job_script_starts_the_ranks_with_srun(tmp_path):
 
 
 def test_slurm_settings_must_add_up_to_the_devices():
-    base = PROFILE.format(model="lstm", steps=4, extra="devices = 4")
+    base = profile_text("lstm", 4, "devices = 4")
     ok = loads('executor = "slurm"\n' + base + '\n[slurm]\nnodes = 2\ngpus_per_node = 2\n')
     assert ok.slurm.nodes == 2
     with pytest.raises(ProfileError, match=r"nodes \* gpus_per_node = 1 \* 2 = 2, but train.devices = 4"):
@@ -324,7 +306,7 @@ def test_slurm_settings_must_add_up_to_the_devices():
     with pytest.raises(ProfileError, match="train.devices = 4 cannot be split evenly over nodes = 3"):
         loads('executor = "slurm"\n' + base + '\n[slurm]\nnodes = 3\n')
     with pytest.raises(ProfileError, match="nodes = 2"):
-        loads('executor = "slurm"\n' + PROFILE.format(model="lstm", steps=4, extra="") +
+        loads('executor = "slurm"\n' + profile_text("lstm", 4) +
               '\n[slurm]\nnodes = 2\n')
 
 

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import tasks
-from helpers import SMALL_TASKS
+from helpers import SMALL_TASKS, tiny_profile_text
 
 pytest.importorskip("tokenizers")
 from tokenizers import Tokenizer, models, pre_tokenizers  # noqa: E402
@@ -289,40 +289,17 @@ def test_zero_gives_an_empty_valid_set(name):
 
 
 # -- the worker records eval set "valid" ----------------------------------------------------
-PROFILE = """
-schema_version = 1
-name = "valid"
-[task]
-name = "mad_selective_copying"
-vocab_size = 8
-num_tokens_to_copy = 2
-num_train_examples = 64
-num_test_examples = 16
-{valid}
-[sweep]
-models = ["lstm"]
-seq_lens = [10]
-[model]
-d_model = 16
-n_layers = 1
-[train]
-steps = 12
-batch_size = 8
-lr = 3e-3
-warmup_steps = 2
-eval_every = 6
-log_every = 6
-device = "cpu"
-"""
 
 
-def _run(tmp_path, valid_line):
+def _run(tmp_path, num_valid_examples):
     import os
 
     from workbench.train import worker
     from workbench.spec.profile import expand, loads
     from workbench.store import Store
-    spec = expand(loads(PROFILE.format(valid=valid_line)))[0].to_dict()
+    text = tiny_profile_text("valid", examples=(64, 16), task={"num_valid_examples": num_valid_examples}, d_model=16,
+                             steps=12, batch_size=8, lr=3e-3, warmup_steps=2, eval_every=6, log_every=6, device="cpu")
+    spec = expand(loads(text))[0].to_dict()
     store = Store(tmp_path / "st")
     (rid,) = store.add_runs([spec])
     store.mark_started(rid, os.getpid(), "cpu", "cpu0")
@@ -332,11 +309,11 @@ def _run(tmp_path, valid_line):
 
 
 def test_worker_records_valid_with_the_test_metrics(tmp_path):
-    res = _run(tmp_path / "a", "num_valid_examples = 24")
+    res = _run(tmp_path / "a", 24)
     metrics = {"accuracy", "sequence_accuracy", "loss", "eval_sequences"}
     assert metrics <= set(res[""]) and set(res["valid"]) == metrics
     assert res["valid"]["eval_sequences"] == 24 and res[""]["eval_sequences"] == 16
     # evaluating the validation set changes nothing of the run: the same test numbers
-    plain = _run(tmp_path / "b", "num_valid_examples = 0")
+    plain = _run(tmp_path / "b", 0)
     assert "valid" not in plain
     assert {k: plain[""][k] for k in metrics} == {k: res[""][k] for k in metrics}
