@@ -55,15 +55,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#ifdef SCAN_VECTOR_EXP
-/* Declare glibc's vector variants (libmvec) so the compiler may call them from
- * vectorised loops; math.h only does this under -ffast-math, which we avoid because it
- * would also change NaN semantics and the process-wide denormal mode. */
-float expf(float) __attribute__((simd("notinbranch")));
-double exp(double) __attribute__((simd("notinbranch")));
-float log1pf(float) __attribute__((simd("notinbranch")));
-double log1p(double) __attribute__((simd("notinbranch")));
-#endif
+#include "kernel_common.h"   /* libmvec declarations, exp_core_f32 */
 
 /* lanes per tile: one AVX-512 register of floats; plain loops, so any ISA works */
 #define W 16
@@ -118,34 +110,24 @@ static void run_parallel(item_fn fn, const void *args, long n_items, int n_threa
 }
 #endif
 
+/* run_parallel, then an entry point's status: 0, or -1 when an item could not allocate its
+ * work buffer (it then set *failed) */
+static int run_items(item_fn fn, const void *args, atomic_int *failed, long n_items,
+                     long n_threads) {
+    run_parallel(fn, args, n_items, (int)n_threads);
+    return atomic_load(failed) ? -1 : 0;
+}
+
 /* ---- exp for float32, inlined ----
- * The scan needs N exponentials per channel and step, and a call into libmvec per vector
- * of 16 costs more than the rest of the step. This one inlines into the vectorised loops:
- * Cody-Waite range reduction x = n ln2 + r, |r| <= ln2 / 2, then e^r by its Taylor
- * polynomial to r^7 / 7! (truncation error < 1e-8, below float32's 6e-8 resolution), then
- * scaling by 2^n through the exponent bits. Inputs are clamped to [-87, 88] so 2^n stays a
- * normal number: e^-87 = 1.6e-38 stands in for anything smaller (a decay that small is
- * zero for every practical purpose), e^88 for anything larger. A NaN stays NaN (the
- * comparisons below are false for it), so a diverging run is still caught. */
+ * The scan needs N exponentials per channel and step: exp_core_f32 (kernel_common.h), with
+ * inputs clamped to [-87, 88] so 2^n stays a normal number: e^-87 = 1.6e-38 stands in for
+ * anything smaller (a decay that small is zero for every practical purpose), e^88 for
+ * anything larger. A NaN stays NaN (the comparisons below are false for it), so a
+ * diverging run is still caught. */
 static inline float exp_f32(float x) {
     x = x < -87.0f ? -87.0f : x;
     x = x > 88.0f ? 88.0f : x;
-    /* round to the nearest integer by the 1.5 * 2^23 shift (floorf blocks vectorisation) */
-    const float shifter = 12582912.0f;
-    const float n = (x * 1.44269504088896341f + shifter) - shifter;
-    const float r = (x - n * 0.693145751953125f) - n * 1.42860682030941723e-6f;
-    float p = 1.0f / 5040.0f;
-    p = p * r + 1.0f / 720.0f;
-    p = p * r + 1.0f / 120.0f;
-    p = p * r + 1.0f / 24.0f;
-    p = p * r + 1.0f / 6.0f;
-    p = p * r + 0.5f;
-    p = p * r + 1.0f;
-    p = p * r + 1.0f;
-    const unsigned bits = (unsigned)((int)n + 127) << 23;
-    float scale;
-    memcpy(&scale, &bits, sizeof scale);
-    return p * scale;
+    return exp_core_f32(x);
 }
 
 /* ---- the kernels, once per scalar type ---- */

@@ -3,8 +3,8 @@
  * Delta Attention (models/kernels/generalized_delta.py, the torch side in
  * models/kernels/generalized_delta_cpu.py). Included by cpu_kernels.c once per scalar type
  * with SCALAR, EXP and SFX(name) defined, AFTER linear_rnn_impl.h: it reuses that file's
- * tile type and helpers (SFX(vec_t), ld / st, lrnn_rowsums, lrnn_buffer, lrnn_pad /
- * lrnn_unpad, lrnn_prefetch).
+ * tile type and helpers (SFX(vec_t), ld / st, lrnn_part, lrnn_padded, lrnn_rowsums,
+ * lrnn_buffer, lrnn_pad / lrnn_unpad, lrnn_prefetch).
  *
  * One recurrence over a (K, V) state per batch row b and head h, t = 0..T-1 (fla's layout):
  *
@@ -121,12 +121,7 @@ static void SFX(dplr_load)(const SFX(dplr_args_t) *x, long bb, long t, long h,
         in->a = DAT(x, x->a, 3, bb, t, h);
         in->b = DAT(x, x->b, 4, bb, t, h);
     }
-    if (x->V == x->Vp) {
-        in->v = DAT(x, x->v, 2, bb, t, h);
-    } else {   /* copied into a padded row (the pad stays zero) */
-        memcpy(in->vbuf, DAT(x, x->v, 2, bb, t, h), sizeof(SCALAR) * x->V);
-        in->v = in->vbuf;
-    }
+    in->v = SFX(lrnn_padded)(DAT(x, x->v, 2, bb, t, h), in->vbuf, x->V, x->Vp);
     const SCALAR *g_t = DAT(x, x->gk, 5, bb, t, h);
     #pragma omp simd
     for (long i = 0; i < x->K; i++) in->w[i] = EXP(g_t[i]);
@@ -208,14 +203,7 @@ SFX(dplr_step_group)(const SFX(dplr_args_t) *x, SCALAR *dst, const SCALAR *src,
 static void SFX(dplr_step)(const SFX(dplr_args_t) *x, SCALAR *dst, const SCALAR *src,
                            const SFX(dplr_in_t) *in, SCALAR *restrict upad,
                            SCALAR *restrict opad) {
-    for (long j0 = 0; j0 < x->Vp; j0 += 4 * LT) {
-        switch ((x->Vp - j0) / LT) {
-        case 1: SFX(dplr_step_group)(x, dst, src, in, upad, opad, j0, 1); break;
-        case 2: SFX(dplr_step_group)(x, dst, src, in, upad, opad, j0, 2); break;
-        case 3: SFX(dplr_step_group)(x, dst, src, in, upad, opad, j0, 3); break;
-        default: SFX(dplr_step_group)(x, dst, src, in, upad, opad, j0, 4); break;
-        }
-    }
+    LRNN_GROUPS(x->Vp, SFX(dplr_step_group)(x, dst, src, in, upad, opad, j0, NT));
 }
 
 static void SFX(dplr_fwd_item)(const void *args, long item) {
@@ -229,8 +217,7 @@ static void SFX(dplr_fwd_item)(const void *args, long item) {
     const int padded = V != Vp;   /* else o_t is written in place */
     if (x->h0) SFX(lrnn_pad)(S, x->h0 + item * K * V, K, V, Vp);
     for (long t = 0; t < x->T; t++) {
-        if (x->ckpt && t % x->C == 0)
-            memcpy(x->ckpt + (item * x->n_chunks + t / x->C) * KVp, S, sizeof(SCALAR) * KVp);
+        SFX(lrnn_ckpt_store)(x->ckpt, S, item, x->n_chunks, x->C, t, KVp);
         SFX(dplr_load)(x, bb, t, h, &in);
         SCALAR *o_t = x->o + ((bb * x->T + t) * x->H + h) * V;
         SFX(dplr_step)(x, S, S, &in, NULL, padded ? opad : o_t);
@@ -254,10 +241,6 @@ typedef struct {
     SCALAR *dS, *Pq, *Pk, *Pb, *Pa, *Pg;
     SCALAR scale;
 } SFX(dplr_bacc_t);
-
-static inline void SFX(dplr_part)(SCALAR *p, VEC x, const int first) {
-    SFX(st)(p, first ? x : SFX(ld)(p) + x);
-}
 
 /* The backward passes over the nt tiles from column j0 (nt a constant at every call, so
  * the tile loops unroll), rows in the outer loop:
@@ -298,8 +281,8 @@ SFX(dplr_bwd_group)(const SFX(dplr_args_t) *x, const SFX(dplr_bacc_t) *z,
                 ag += d[j] * sp;
                 d[j] = wi * d[j] + ai * dub[j];
             }
-            SFX(dplr_part)(z->Pa + i * LT, aa, first);
-            SFX(dplr_part)(z->Pg + i * LT, ag, first);
+            SFX(lrnn_part)(z->Pa + i * LT, aa, first);
+            SFX(lrnn_part)(z->Pg + i * LT, ag, first);
         }
         if (ya) {
             const SCALAR *Sti = ya->St + i * Vp + j0;
@@ -313,9 +296,9 @@ SFX(dplr_bwd_group)(const SFX(dplr_args_t) *x, const SFX(dplr_bacc_t) *z,
                 dvs[j] += ki * d[j];
                 dus[j] += bi * d[j];
             }
-            SFX(dplr_part)(z->Pq + i * LT, aq, first);
-            SFX(dplr_part)(z->Pk + i * LT, ak, first);
-            SFX(dplr_part)(z->Pb + i * LT, ab, first);
+            SFX(lrnn_part)(z->Pq + i * LT, aq, first);
+            SFX(lrnn_part)(z->Pk + i * LT, ak, first);
+            SFX(lrnn_part)(z->Pb + i * LT, ab, first);
         }
         for (int j = 0; j < nt; j++) SFX(st)(dSi + j * LT, d[j]);
     }
@@ -329,20 +312,12 @@ SFX(dplr_bwd_group)(const SFX(dplr_args_t) *x, const SFX(dplr_bacc_t) *z,
 /* one backward sweep over the state's columns: pass B of yb's step and/or pass A of ya's */
 static void SFX(dplr_bwd_sweep)(const SFX(dplr_args_t) *x, const SFX(dplr_bacc_t) *z,
                                 const SFX(dplr_bstep_t) *yb, const SFX(dplr_bstep_t) *ya) {
-    for (long j0 = 0; j0 < x->Vp; j0 += 4 * LT) {
-        const int first = j0 == 0, n = (int)((x->Vp - j0) / LT);
-#define DPLR_SWEEP(NT)                                                           \
-        if (yb && ya) SFX(dplr_bwd_group)(x, z, yb, ya, j0, NT, first);          \
-        else if (yb) SFX(dplr_bwd_group)(x, z, yb, NULL, j0, NT, first);         \
-        else SFX(dplr_bwd_group)(x, z, NULL, ya, j0, NT, first);
-        switch (n) {
-        case 1: DPLR_SWEEP(1) break;
-        case 2: DPLR_SWEEP(2) break;
-        case 3: DPLR_SWEEP(3) break;
-        default: DPLR_SWEEP(4) break;
-        }
+#define DPLR_SWEEP                                                               \
+    if (yb && ya) SFX(dplr_bwd_group)(x, z, yb, ya, j0, NT, j0 == 0);            \
+    else if (yb) SFX(dplr_bwd_group)(x, z, yb, NULL, j0, NT, j0 == 0);           \
+    else SFX(dplr_bwd_group)(x, z, NULL, ya, j0, NT, j0 == 0)
+    LRNN_GROUPS(x->Vp, DPLR_SWEEP);
 #undef DPLR_SWEEP
-    }
 }
 
 /* One step's buffers and inputs in the backward: two of them alternate (step t's pass B
@@ -374,13 +349,13 @@ static void SFX(dplr_bwd_load)(const SFX(dplr_args_t) *x, SFX(dplr_bslot_t) *m,
         }
     }
     const int padded = V != Vp;   /* else do_t and dv_t are used in place */
-    if (padded) memcpy(m->dopad, x->d_o + row * V, sizeof(SCALAR) * V);
     m->t = t;
     m->row = row;
     SFX(dplr_bstep_t) y = {
         .St = Sbuf + (s + 1) * KVp, .Sp = Sbuf + s * KVp, .U = U + s * Vp,
         .q = m->in.q, .k = m->in.k, .a = m->in.a, .b = m->in.b, .w = m->in.w, .v = m->in.v,
-        .dop = padded ? m->dopad : x->d_o + row * V, .dv = padded ? m->dvpad : x->dv + row * V,
+        .dop = SFX(lrnn_padded)(x->d_o + row * V, m->dopad, V, Vp),
+        .dv = padded ? m->dvpad : x->dv + row * V,
         .du = m->y.du};
     m->y = y;
 }
@@ -446,8 +421,8 @@ static void SFX(dplr_bwd_item)(const void *args, long item) {
     if (x->dS_last) SFX(lrnn_pad)(dS, x->dS_last + item * K * V, K, V, Vp);
     SFX(dplr_in_t) rin = m[0].in;     /* the recompute's inputs */
     for (long c = x->n_chunks - 1; c >= 0; c--) {
-        const long t0 = c * C, steps = (T - t0) < C ? (T - t0) : C;
-        memcpy(Sbuf, x->ckpt + (item * x->n_chunks + c) * KVp, sizeof(SCALAR) * KVp);
+        const long t0 = c * C,
+                   steps = SFX(lrnn_ckpt_restore)(Sbuf, x->ckpt, item, x->n_chunks, C, T, c, KVp);
         for (long s = 0; s < steps; s++) {
             SFX(dplr_load)(x, bb, t0 + s, h, &rin);
             SFX(dplr_step)(x, Sbuf + (s + 1) * KVp, Sbuf + s * KVp, &rin, U + s * Vp, NULL);
@@ -475,15 +450,13 @@ static void SFX(dplr_bwd_item)(const void *args, long item) {
 int SFX(dplr_fwd)(void *const *p, const long *s) {
     SFX(dplr_args_t) x;
     SFX(dplr_unpack)(&x, p, s, 0);
-    run_parallel(SFX(dplr_fwd_item), &x, x.B * x.H, (int)s[6]);
-    return atomic_load(&x.failed) ? -1 : 0;
+    return run_items(SFX(dplr_fwd_item), &x, &x.failed, x.B * x.H, s[6]);
 }
 
 int SFX(dplr_bwd)(void *const *p, const long *s) {
     SFX(dplr_args_t) x;
     SFX(dplr_unpack)(&x, p, s, 1);
-    run_parallel(SFX(dplr_bwd_item), &x, x.B * x.H, (int)s[6]);
-    return atomic_load(&x.failed) ? -1 : 0;
+    return run_items(SFX(dplr_bwd_item), &x, &x.failed, x.B * x.H, s[6]);
 }
 
 #undef DAT

@@ -20,11 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#ifdef SCAN_VECTOR_EXP
-/* glibc's vector exp (libmvec) for the float64 loops; math.h declares it only under
- * -ffast-math, which would also change NaN semantics */
-double exp(double) __attribute__((simd("notinbranch")));
-#endif
+#include "kernel_common.h"   /* libmvec declarations, exp_core_f32 */
 
 #define FA_ABI 1
 #define BQ 16      /* query rows per block: their accumulators stay in registers */
@@ -33,27 +29,13 @@ double exp(double) __attribute__((simd("notinbranch")));
 
 int fa_abi_version(void) { return FA_ABI; }
 
-/* exp(x) for x <= 0 in float32, inlined so the score loops vectorise: Cody-Waite reduction
- * x = n ln2 + r, |r| <= ln2/2, e^r by its Taylor polynomial to r^7/7! (truncation < 1e-8),
- * 2^n through the exponent bits. Below -87 (e^-87 = 1.6e-38) the result is 0, which also
- * covers -inf (a masked pair). */
+/* exp(x) for x <= 0 in float32, inlined so the score loops vectorise (exp_core_f32 in
+ * kernel_common.h). Below -87 (e^-87 = 1.6e-38) the result is 0, which also covers -inf (a
+ * masked pair). */
 static inline float exp_neg_f32(float x) {
     const int under = x < -87.0f;
-    x = under ? -87.0f : x;
-    const float shifter = 12582912.0f;                     /* 1.5 * 2^23: round to integer */
-    const float n = (x * 1.44269504088896341f + shifter) - shifter;
-    const float r = (x - n * 0.693145751953125f) - n * 1.42860682030941723e-6f;
-    float p = 1.0f / 5040.0f;
-    p = p * r + 1.0f / 720.0f;
-    p = p * r + 1.0f / 120.0f;
-    p = p * r + 1.0f / 24.0f;
-    p = p * r + 1.0f / 6.0f;
-    p = p * r + 0.5f;
-    p = p * r + 1.0f;
-    p = p * r + 1.0f;
-    union { float f; int i; } u;
-    u.i = ((int)n + 127) << 23;
-    return under ? 0.0f : p * u.f;
+    const float e = exp_core_f32(under ? -87.0f : x);
+    return under ? 0.0f : e;
 }
 
 static inline double exp_neg_f64(double x) { return exp(x); }

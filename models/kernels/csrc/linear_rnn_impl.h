@@ -63,6 +63,20 @@
 
 #ifndef LRNN_LT
 #define LRNN_LT 16     /* lanes per tile; linear_rnn_cpu.py pads the checkpoints to match */
+
+/* Runs `call` for each group of up to 4 tiles of a padded row of Vp columns: j0 the group's
+ * first column, NT its tile count, a constant in each branch so that the tile loops of the
+ * always-inline group bodies unroll (the forward steps and backward sweeps here and in
+ * dplr_impl.h). */
+#define LRNN_GROUPS(Vp, call)                                                             \
+    for (long j0 = 0; j0 < (Vp); j0 += 4 * LRNN_LT) {                                     \
+        switch (((Vp) - j0) / LRNN_LT) {                                                  \
+        case 1: { const int NT = 1; call; } break;                                        \
+        case 2: { const int NT = 2; call; } break;                                        \
+        case 3: { const int NT = 3; call; } break;                                        \
+        default: { const int NT = 4; call; } break;                                       \
+        }                                                                                 \
+    }
 #endif
 #define LT LRNN_LT
 #define LRNN_PREFETCH 8
@@ -118,6 +132,12 @@ static inline SCALAR SFX(lrnn_hsum)(VEC x) {
     return (a4[0] + a4[2]) + (a4[1] + a4[3]);
 }
 
+/* p += x: a row sum's per-lane part, added up over the groups of tiles (first: the step's
+ * first group, which starts the sum) */
+static inline void SFX(lrnn_part)(SCALAR *p, VEC x, const int first) {
+    SFX(st)(p, first ? x : SFX(ld)(p) + x);
+}
+
 /* What step t reads besides the state: q_t, k_t (pointers), v_t padded to Vp, the decays
  * (one per key row; NULL without a gate) and beta. */
 typedef struct {
@@ -147,6 +167,15 @@ static void SFX(lrnn_l2_back)(const SCALAR *y, SCALAR n, SCALAR *d, long K) {
     for (long i = 0; i < K; i++) d[i] = (d[i] - y[i] * yd) / n;
 }
 
+/* a row of V numbers as a padded row of Vp: in place when V fills whole tiles (V == Vp),
+ * else copied into pad (whose tail past V stays zero) */
+static inline const SCALAR *SFX(lrnn_padded)(const SCALAR *row, SCALAR *pad, long V,
+                                              long Vp) {
+    if (V == Vp) return row;
+    memcpy(pad, row, sizeof(SCALAR) * V);
+    return pad;
+}
+
 /* ask for the cache lines of n numbers from p, to read (write 0) or to write (1) */
 static inline void SFX(lrnn_prefetch)(const SCALAR *p, long n, const int write) {
     for (long i = 0; i < n; i += 64 / (long)sizeof(SCALAR)) {
@@ -169,12 +198,7 @@ static void SFX(lrnn_load)(const SFX(lrnn_args_t) *a, long b, long t, long h,
     }
     in->q = AT(a->q, a->sq, b, t, h);
     in->k = AT(a->k, a->sk, b, t, h);
-    if (a->V == a->Vp) {
-        in->v = AT(a->v, a->sv, b, t, h);
-    } else {  /* copied into a padded row (the pad stays zero) */
-        memcpy(in->vbuf, AT(a->v, a->sv, b, t, h), sizeof(SCALAR) * a->V);
-        in->v = in->vbuf;
-    }
+    in->v = SFX(lrnn_padded)(AT(a->v, a->sv, b, t, h), in->vbuf, a->V, a->Vp);
     if (a->gate) {
         const SCALAR *g_t = AT(a->g, a->sg, b, t, h);
         if (a->gate == 2) {
@@ -268,14 +292,7 @@ SFX(lrnn_step_group)(const SFX(lrnn_args_t) *a, SCALAR *dst, const SCALAR *src,
 static void SFX(lrnn_step)(const SFX(lrnn_args_t) *a, SCALAR *dst, const SCALAR *src,
                            const SFX(lrnn_in_t) *in, SCALAR *restrict r,
                            SCALAR *restrict opad) {
-    for (long j0 = 0; j0 < a->Vp; j0 += 4 * LT) {
-        switch ((a->Vp - j0) / LT) {
-        case 1: SFX(lrnn_step_group)(a, dst, src, in, r, opad, j0, 1); break;
-        case 2: SFX(lrnn_step_group)(a, dst, src, in, r, opad, j0, 2); break;
-        case 3: SFX(lrnn_step_group)(a, dst, src, in, r, opad, j0, 3); break;
-        default: SFX(lrnn_step_group)(a, dst, src, in, r, opad, j0, 4); break;
-        }
-    }
+    LRNN_GROUPS(a->Vp, SFX(lrnn_step_group)(a, dst, src, in, r, opad, j0, NT));
 }
 
 /* one aligned work buffer of n numbers, zeroed (so every pad starts at zero) */
@@ -297,6 +314,23 @@ static void SFX(lrnn_unpad)(SCALAR *restrict dst, const SCALAR *restrict src, lo
     for (long i = 0; i < K; i++) memcpy(dst + i * V, src + i * Vp, sizeof(SCALAR) * V);
 }
 
+/* The checkpoints ckpt (items, n_chunks, K, Vp) hold each item's state before steps 0, C,
+ * 2C, ... Forward, before step t: S (K, Vp) stored when t starts a chunk (no ckpt: no
+ * backward follows). */
+static inline void SFX(lrnn_ckpt_store)(SCALAR *ckpt, const SCALAR *S, long item,
+                                        long n_chunks, long C, long t, long KVp) {
+    if (ckpt && t % C == 0)
+        memcpy(ckpt + (item * n_chunks + t / C) * KVp, S, sizeof(SCALAR) * KVp);
+}
+
+/* Backward: chunk c's stored state copied into S; returns the chunk's step count, C or, for
+ * the last chunk, what is left of the T steps. */
+static inline long SFX(lrnn_ckpt_restore)(SCALAR *S, const SCALAR *ckpt, long item,
+                                          long n_chunks, long C, long T, long c, long KVp) {
+    memcpy(S, ckpt + (item * n_chunks + c) * KVp, sizeof(SCALAR) * KVp);
+    return (T - c * C) < C ? (T - c * C) : C;
+}
+
 static void SFX(lrnn_fwd_item)(const void *args, long item) {
     SFX(lrnn_args_t) *a = (SFX(lrnn_args_t) *)args;
     const long b = item / a->H, h = item % a->H, K = a->K, V = a->V, Vp = a->Vp;
@@ -308,8 +342,7 @@ static void SFX(lrnn_fwd_item)(const void *args, long item) {
     const int padded = V != Vp;   /* else o_t is written in place (no copy per step) */
     if (a->h0) SFX(lrnn_pad)(S, a->h0 + item * K * V, K, V, Vp);
     for (long t = 0; t < a->T; t++) {
-        if (a->ckpt && t % a->C == 0)
-            memcpy(a->ckpt + (item * a->n_chunks + t / a->C) * KVp, S, sizeof(SCALAR) * KVp);
+        SFX(lrnn_ckpt_store)(a->ckpt, S, item, a->n_chunks, a->C, t, KVp);
         SFX(lrnn_load)(a, b, t, h, &in);
         SCALAR *o_t = a->o + ((b * a->T + t) * a->H + h) * V;
         if (t + LRNN_PREFETCH < a->T) SFX(lrnn_prefetch)(o_t + LRNN_PREFETCH * a->H * V, V, 1);
@@ -406,9 +439,8 @@ SFX(lrnn_bwd_group)(const SFX(lrnn_args_t) *a, SFX(lrnn_bstep_t) *x, long j0, co
             dw[j] += ki * d;
             SFX(st)(dSi + j * LT, !delta && gated ? d * x->dec[i] : d);
         }
-        SCALAR *pq = x->Pq + i * LT, *pk = x->Pk + i * LT;
-        SFX(st)(pq, first ? aq : SFX(ld)(pq) + aq);
-        SFX(st)(pk, first ? ak : SFX(ld)(pk) + ak);
+        SFX(lrnn_part)(x->Pq + i * LT, aq, first);
+        SFX(lrnn_part)(x->Pk + i * LT, ak, first);
     }
     if (!delta) {
         for (int j = 0; j < nt; j++) SFX(st)(x->dv + j0 + j * LT, dw[j]);
@@ -437,8 +469,7 @@ SFX(lrnn_bwd_group)(const SFX(lrnn_args_t) *a, SFX(lrnn_bstep_t) *x, long j0, co
                 SFX(st)(dSi + j * LT, d);
             }
         }
-        SCALAR *pk = x->Pk + i * LT;
-        SFX(st)(pk, SFX(ld)(pk) + ak);
+        SFX(lrnn_part)(x->Pk + i * LT, ak, 0);
         if (gated) x->G += ag;   /* the scalar gate: a vector gate has no delta rule */
     }
 }
@@ -467,8 +498,8 @@ static void SFX(lrnn_bwd_item)(const void *args, long item) {
     const int padded = V != Vp;   /* else do_t and dv_t are used in place */
     if (a->dS_last) SFX(lrnn_pad)(dS, a->dS_last + item * K * V, K, V, Vp);
     for (long c = a->n_chunks - 1; c >= 0; c--) {
-        const long t0 = c * C, steps = (T - t0) < C ? (T - t0) : C;
-        memcpy(Sbuf, a->ckpt + (item * a->n_chunks + c) * KVp, sizeof(SCALAR) * KVp);
+        const long t0 = c * C,
+                   steps = SFX(lrnn_ckpt_restore)(Sbuf, a->ckpt, item, a->n_chunks, C, T, c, KVp);
         for (long s = 0; s < steps; s++) {
             SFX(lrnn_load)(a, b, t0 + s, h, &in);
             SFX(lrnn_step)(a, Sbuf + (s + 1) * KVp, Sbuf + s * KVp, &in, R + s * Vp, NULL);
@@ -495,23 +526,15 @@ static void SFX(lrnn_bwd_item)(const void *args, long item) {
             }
             const SCALAR *do_t = a->d_o + row_bth * V;
             SCALAR *dv_t = a->dv + row_bth * V;
-            if (padded) memcpy(dopad, do_t, sizeof(SCALAR) * V);
             const SCALAR *Rs = R + s * Vp;
             for (long j = 0; j < Vp; j += LT)
                 SFX(st)(wpad + j, delta ? in.beta * SFX(ld)(Rs + j) : SFX(ld)(in.v + j));
             SFX(lrnn_bstep_t) x = {
                 .St = Sbuf + (s + 1) * KVp, .Sp = Sbuf + s * KVp, .R = Rs, .q = in.q,
-                .k = in.k, .dec = dec, .dop = padded ? dopad : do_t, .w = wpad, .beta = in.beta,
-                .scale = a->scale, .dS = dS, .Pq = Pq, .Pk = Pk, .dv = padded ? dvpad : dv_t};
-            for (long j0 = 0; j0 < Vp; j0 += 4 * LT) {
-                const int first = j0 == 0;
-                switch ((Vp - j0) / LT) {
-                case 1: SFX(lrnn_bwd_group)(a, &x, j0, 1, first); break;
-                case 2: SFX(lrnn_bwd_group)(a, &x, j0, 2, first); break;
-                case 3: SFX(lrnn_bwd_group)(a, &x, j0, 3, first); break;
-                default: SFX(lrnn_bwd_group)(a, &x, j0, 4, first); break;
-                }
-            }
+                .k = in.k, .dec = dec, .dop = SFX(lrnn_padded)(do_t, dopad, V, Vp), .w = wpad,
+                .beta = in.beta, .scale = a->scale, .dS = dS, .Pq = Pq, .Pk = Pk,
+                .dv = padded ? dvpad : dv_t};
+            LRNN_GROUPS(Vp, SFX(lrnn_bwd_group)(a, &x, j0, NT, j0 == 0));
             SCALAR *dq_t = a->dq + row_bth * K, *dk_t = a->dk + row_bth * K;
             SFX(lrnn_rowsums)(dq_t, Pq, K, a->scale);
             SFX(lrnn_rowsums)(dk_t, Pk, K, 1);
@@ -542,15 +565,13 @@ static void SFX(lrnn_bwd_item)(const void *args, long item) {
 int SFX(lrnn_fwd)(void *const *p, const long *s) {
     SFX(lrnn_args_t) a;
     SFX(lrnn_unpack)(&a, p, s, 0);
-    run_parallel(SFX(lrnn_fwd_item), &a, a.B * a.H, (int)s[8]);
-    return atomic_load(&a.failed) ? -1 : 0;
+    return run_items(SFX(lrnn_fwd_item), &a, &a.failed, a.B * a.H, s[8]);
 }
 
 int SFX(lrnn_bwd)(void *const *p, const long *s) {
     SFX(lrnn_args_t) a;
     SFX(lrnn_unpack)(&a, p, s, 1);
-    run_parallel(SFX(lrnn_bwd_item), &a, a.B * a.H, (int)s[8]);
-    return atomic_load(&a.failed) ? -1 : 0;
+    return run_items(SFX(lrnn_bwd_item), &a, &a.failed, a.B * a.H, s[8]);
 }
 
 #undef AT

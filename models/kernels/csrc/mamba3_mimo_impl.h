@@ -106,6 +106,21 @@ M3_INLINE REAL SFX(m3_hsum)(VEC x) {
 #undef HSUM
 #undef VSFX
 
+/* ITEM's copy for item bh with its work buffer (in an entry point, where ptr, sz, N, P, r
+ * are at hand): rank 4 (mamba-ssm's default) with the common head sizes gets all loops
+ * unrolled, head sizes that are multiples of the vector width the vector copy, the rest
+ * the scalar copy. A macro: each branch inlines its body with the sizes as constants,
+ * which a function given the body by pointer would not guarantee. */
+#define M3_BY_SHAPE(ITEM, bh, work)                                                       \
+    do {                                                                                  \
+        const long VW = (long)(64 / sizeof(REAL));                                        \
+        if (N == 16 && P == 16 && r == 4) SFX(ITEM##_v)(ptr, sz, bh, work, 16, 16, 4);    \
+        else if (N == 32 && P == 32 && r == 4) SFX(ITEM##_v)(ptr, sz, bh, work, 32, 32, 4); \
+        else if (N == 64 && P == 64 && r == 4) SFX(ITEM##_v)(ptr, sz, bh, work, 64, 64, 4); \
+        else if (N % VW == 0 && P % VW == 0) SFX(ITEM##_v)(ptr, sz, bh, work, N, P, r);   \
+        else SFX(ITEM##_s)(ptr, sz, bh, work, N, P, r);                                   \
+    } while (0)
+
 /* ptr: q, k, v, adt, c, m, U0, o, UL, ck, cos theta, sin theta */
 int SFX(m3_fwd)(void **ptr, const long *sz) {
     const long B = sz[0], r = sz[2], H = sz[3], N = sz[4], P = sz[5], R = sz[8];
@@ -120,13 +135,7 @@ int SFX(m3_fwd)(void **ptr, const long *sz) {
             failed = 1;
             continue;
         }
-        const long VW = (long)(64 / sizeof(REAL));
-        /* rank 4 (mamba-ssm's default) with the common head sizes: all loops unrolled */
-        if (N == 16 && P == 16 && r == 4) SFX(m3_fwd_item_v)(ptr, sz, bh, work, 16, 16, 4);
-        else if (N == 32 && P == 32 && r == 4) SFX(m3_fwd_item_v)(ptr, sz, bh, work, 32, 32, 4);
-        else if (N == 64 && P == 64 && r == 4) SFX(m3_fwd_item_v)(ptr, sz, bh, work, 64, 64, 4);
-        else if (N % VW == 0 && P % VW == 0) SFX(m3_fwd_item_v)(ptr, sz, bh, work, N, P, r);
-        else SFX(m3_fwd_item_s)(ptr, sz, bh, work, N, P, r);
+        M3_BY_SHAPE(m3_fwd_item, bh, work);
         free(work);
     }
     return failed ? -1 : 0;
@@ -147,14 +156,10 @@ int SFX(m3_bwd)(void **ptr, const long *sz) {
             failed = 1;
             continue;
         }
-        const long VW = (long)(64 / sizeof(REAL));
-        /* rank 4 (mamba-ssm's default) with the common head sizes: all loops unrolled */
-        if (N == 16 && P == 16 && r == 4) SFX(m3_bwd_item_v)(ptr, sz, bh, buf, 16, 16, 4);
-        else if (N == 32 && P == 32 && r == 4) SFX(m3_bwd_item_v)(ptr, sz, bh, buf, 32, 32, 4);
-        else if (N == 64 && P == 64 && r == 4) SFX(m3_bwd_item_v)(ptr, sz, bh, buf, 64, 64, 4);
-        else if (N % VW == 0 && P % VW == 0) SFX(m3_bwd_item_v)(ptr, sz, bh, buf, N, P, r);
-        else SFX(m3_bwd_item_s)(ptr, sz, bh, buf, N, P, r);
+        M3_BY_SHAPE(m3_bwd_item, bh, buf);
         free(buf);
     }
     return failed ? -1 : 0;
 }
+
+#undef M3_BY_SHAPE

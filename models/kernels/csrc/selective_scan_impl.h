@@ -150,8 +150,7 @@ int SFX(ss_fwd)(void *const *p, const long *s) {
     SFX(args_t) a;
     SFX(unpack)(&a, p, s);
     a.out = p[9]; a.h_last = p[10]; a.ckpt = p[11];
-    run_parallel(SFX(fwd_item), &a, a.batch * a.n_tiles, (int)s[22]);
-    return atomic_load(&a.failed) ? -1 : 0;
+    return run_items(SFX(fwd_item), &a, &a.failed, a.batch * a.n_tiles, s[22]);
 }
 
 /* ------------------------------------------------------------------------------------ */
@@ -338,6 +337,5 @@ int SFX(ss_bwd)(void *const *p, const long *s) {
     a.dbias_part = p[19]; a.dB_part = p[20]; a.dC_part = p[21]; a.dh0 = p[22];
     a.G = s[23];
     a.sg_b = s[24]; a.sg_t = s[25]; a.sg_d = s[26];
-    run_parallel(SFX(bwd_item), &a, a.f.batch * a.G, (int)s[22]);
-    return atomic_load(&a.f.failed) ? -1 : 0;
+    return run_items(SFX(bwd_item), &a, &a.f.failed, a.f.batch * a.G, s[22]);
 }
