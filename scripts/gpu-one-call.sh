@@ -6,32 +6,34 @@
 # Prepare here (a machine with a package registry): scripts/gpu-wheels.sh (fills .whl/,
 # git-ignored: the packages the GPU image lacks, fla, mamba-ssm's source tarball and, in
 # .whl/ssd/, mamba-ssm's Python part built without CUDA). Then the one call:
-#   run(command="scripts/gpu-one-call.sh", carry=[".whl"], timeout_s=570)
+#   run(command="scripts/gpu-one-call.sh", carry=[".whl"], timeout_s=540)
 # A second, shorter call on the still-warm machine (warm 30 s) re-runs chosen steps, e.g.
 #   run(command="STEPS=setup,kernel-tests,bench-scan TOTAL_S=240 scripts/gpu-one-call.sh",
-#       carry=[".whl"], timeout_s=280)
-# (setup is quick when /tmp/site is already installed; bench JSON stays in /tmp/gpu-bench).
+#       carry=[".whl"], timeout_s=270)
+# (setup runs anyway where /tmp/site is not installed yet; bench JSON stays in /tmp/gpu-bench).
 #
 # Time plan (limit per step in s; H100/H200, 16 cores; each step gets min(limit, what is
 # left of TOTAL_S=510 less 10 s kept for the end), a step with under 5 s left is skipped):
 #    15 setup         .whl/*.whl -> /tmp/site; .whl/ssd (mamba-ssm's Triton SSD) -> /tmp/site-ssd
-#    25 env           nvidia-smi, python/torch/CUDA/Triton/fla versions, `ssm-workbench doctor`
+#    20 env           nvidia-smi, python/torch/CUDA/Triton/fla versions, `ssm-workbench doctor`
 #    75 kernel-tests  tests/test_triton_kernels.py, test_selective_scan.py, test_triton_aot.py
-#                     compiled on the GPU (TRITON_INTERPRET unset), -n 4, no -x
-#    35 bench-scan    scan alone b8 d128 n16, L 1024 / 4096, triton vs torch (vs mamba-ssm's
+#                     compiled on the GPU (TRITON_INTERPRET unset), -n 8, no -x
+#    40 bench-scan    scan alone b8 d128 n16, L 1024 / 4096, triton vs torch (vs mamba-ssm's
 #                     H100 0.47 / 0.85 ms from FACTS.md when mamba-ssm is not built)
 #    25 bench-b64     train step b64 L784: Mamba[triton] vs Transformer (d64, 2 layers)
 #    25 bench-b8      train step b8 L4096: likewise
 #    30 bench-stream  2^20 tokens streamed through Mamba[triton]
 #    60 fla-tests     tests/test_gpu_fla.py: fla's kernels vs the float64 references, -n 8
-#    60 bench-fla     b8 L4096: Mamba-2 torch / fla / mamba_ssm (SSD), Gated DeltaNet torch / fla
+#    35 bench-mamba2  b8 L4096: Mamba-2 with torch / fla / mamba_ssm (mamba-ssm's Triton SSD)
+#    25 bench-gdn     b8 L4096: Gated DeltaNet with torch / fla
 #    20 bench-16k     peak memory b8 L16384: Mamba[triton] vs Transformer
 #    90 mad           profiles/mad-selective-copying.toml, timed (--runs-per-gpu 6: all at once)
 #    10 mad-report    leftover runs killed; per run the NVML samples from the store; accuracy
 #    30 model-tests   Mamba, Mamba-2, Mamba-3, linear-RNN tests on the GPU machine, -n 8
 #    10 (end)         the targets table once more, the summary
 #   ---
-#   510 s = 8.5 min; timeout_s=570 leaves a minute for `timeout`'s kill grace (5 s a step).
+#   510 s = 8.5 min; the script ends within ~TOTAL_S + 5 s (a step past its limit is killed
+#   5 s later; the next step's limit counts from then), so timeout_s=540 is enough.
 # mamba-ssm's CUDA build (Mamba-1's selective_scan_cuda, ~165 s) does not fit: the scan target
 # then uses FACTS.md's H100 numbers (scripts/gpu_targets.py); `gpu-session.sh build-mamba`
 # builds it in a call of its own. Mamba-2's `mamba_ssm` backend needs only mamba-ssm's pure
@@ -67,7 +69,8 @@ export BENCH_DIR="${BENCH_DIR:-/tmp/gpu-bench}"
 export TEST_TIMEOUT="${TEST_TIMEOUT:-120}" MAD_RUNS_PER_GPU="${MAD_RUNS_PER_GPU:-6}"
 TOTAL_S="${TOTAL_S:-510}"
 CAP_SCALE="${CAP_SCALE:-1}"
-ALL_STEPS="setup,env,kernel-tests,bench-scan,bench-b64,bench-b8,bench-stream,fla-tests,bench-fla,bench-16k,mad,mad-report,model-tests"
+ALL_STEPS="setup,env,kernel-tests,bench-scan,bench-b64,bench-b8,bench-stream,fla-tests,bench-mamba2"
+ALL_STEPS="$ALL_STEPS,bench-gdn,bench-16k,mad,mad-report,model-tests"
 STEPS=",${STEPS:-$ALL_STEPS},"
 DEADLINE=$((T0 + TOTAL_S))
 END_S=10    # kept at the end: the targets table from the last JSON, the summary
@@ -181,7 +184,7 @@ PY
 
 step_kernel_tests() {
   # shellcheck disable=SC2046
-  $PY -m pytest $(pytest_args 4) tests/test_triton_kernels.py tests/test_selective_scan.py \
+  $PY -m pytest $(pytest_args 8) tests/test_triton_kernels.py tests/test_selective_scan.py \
     tests/test_triton_aot.py
 }
 
@@ -243,17 +246,22 @@ PY
   cuda_rc "$rc"
 }
 
-step_bench_fla() {
-  local b="$WB bench --device $DEV --batch 8 --d-model 64 --n-layers 2 --repeats 10 --warmup 3"
-  b="$b --timeout 100 --seq-lens 4096 --format md"
+# the linear-RNN layers per backend, as a markdown table (no target reads them)
+bench_md() {
+  # shellcheck disable=SC2086
+  $WB bench --device "$DEV" --batch 8 --d-model 64 --n-layers 2 --repeats 10 --warmup 3 \
+    --timeout 100 --seq-lens 4096 --format md "$@"
+  cuda_rc $?
+}
+
+step_bench_mamba2() {
   echo "### Mamba-2: torch vs fla vs mamba_ssm (mamba-ssm's Triton SSD, from $SSD_SITE)"
-  # shellcheck disable=SC2086
-  PYTHONPATH="$SSD_SITE:$PYTHONPATH" $b --models mamba2 --backend torch,fla,mamba_ssm
-  local rc=$?
-  echo; echo "### Gated DeltaNet: torch vs fla"
-  # shellcheck disable=SC2086
-  $b --models gated_deltanet --backend torch,fla || rc=$?
-  cuda_rc "$rc"
+  PYTHONPATH="$SSD_SITE:$PYTHONPATH" bench_md --models mamba2 --backend torch,fla,mamba_ssm
+}
+
+step_bench_gdn() {
+  echo "### Gated DeltaNet: torch vs fla"
+  bench_md --models gated_deltanet --backend torch,fla
 }
 
 step_mad() {
@@ -314,9 +322,9 @@ step() {
   echo "===== $name: $status (exit $rc) in $secs s" | tee -a "$OUT/$file"
 }
 
-export -f no_cuda cuda_rc targets bench_json pytest_args step_setup step_env step_kernel_tests \
+export -f no_cuda cuda_rc targets bench_json bench_md pytest_args step_setup step_env step_kernel_tests \
   step_fla_tests step_model_tests step_bench_scan step_bench_b64 step_bench_b8 step_bench_stream \
-  step_bench_16k step_bench_fla step_mad step_mad_report
+  step_bench_16k step_bench_mamba2 step_bench_gdn step_mad step_mad_report
 
 # CUDA or a rehearsal (decided before setup: torch is the image's either way)
 if [ "${GPU_REHEARSAL:-0}" = 1 ] || ! $PY -c "import torch, sys; sys.exit(not torch.cuda.is_available())" 2>/dev/null; then
@@ -326,19 +334,22 @@ else
   export REHEARSAL=0 DEV=cuda
   unset TRITON_INTERPRET    # compiled Triton: tests/conftest.py sets the interpreter only without CUDA
 fi
+# a fresh machine needs the wheels whatever STEPS says
+[ "$REHEARSAL" = 0 ] && [ ! -e "$SITE/.installed" ] && STEPS=",setup$STEPS"
 export BENCH="$WB bench --device $DEV --d-model 64 --n-layers 2 --repeats 20 --warmup 5 --timeout 100"
 MAD_STORE="${MAD_STORE:-$(mktemp -d /tmp/wb-mad-store.XXXX)}"   # a fresh store: every run anew
 export MAD_STORE SSM_WORKBENCH_STORE="${SSM_WORKBENCH_STORE:-/tmp/wb-store}"
 
 step setup        15 env.txt
-step env          25 env.txt
+step env          20 env.txt
 step kernel-tests 75 tests.txt
-step bench-scan   35 bench.md
+step bench-scan   40 bench.md
 step bench-b64    25 bench.md
 step bench-b8     25 bench.md
 step bench-stream 30 bench.md
 step fla-tests    60 tests.txt
-step bench-fla    60 bench.md
+step bench-mamba2 35 bench.md
+step bench-gdn    25 bench.md
 step bench-16k    20 bench.md
 step mad          90 mad.txt 10     # keeps 10 s for mad-report, which kills what it left
 step mad-report   10 mad.txt
