@@ -91,13 +91,13 @@ def toml_value(v) -> str:
 
 
 def tiny_profile_text(name: str = "tiny", *, schema_version: int = 1, models=("lstm",), seq_lens=(10,),
-                      seeds=None, examples=(32, 8), d_model: int = 8, n_layers: int = 1, task=None,
-                      tail: str = "", **train) -> str:
+                      seeds=None, grid=None, examples=(32, 8), d_model: int = 8, n_layers: int = 1,
+                      task=None, tail: str = "", **train) -> str:
     """A tiny MAD selective-copying profile (vocab 8, 2 tokens to copy: a run trains in
     seconds on a CPU) as TOML text, one key a line as a person writes it, so a test can
-    still edit it with ``str.replace``. ``models``: names or dicts (inline tables); ``task``:
-    more [task] keys (a dict); ``train``: the [train] keys, in order; ``tail``: TOML lines
-    after them, as written."""
+    still edit it with ``str.replace``. ``models``: names or dicts (inline tables); ``grid``:
+    the [sweep.grid] (schema 2), {dotted key: values}; ``task``: more [task] keys (a dict);
+    ``train``: the [train] keys, in order; ``tail``: TOML lines after them, as written."""
     lines = [f"schema_version = {schema_version}", f"name = {toml_value(name)}", "[task]",
              'name = "mad_selective_copying"', "vocab_size = 8", "num_tokens_to_copy = 2",
              f"num_train_examples = {examples[0]}", f"num_test_examples = {examples[1]}",
@@ -105,6 +105,8 @@ def tiny_profile_text(name: str = "tiny", *, schema_version: int = 1, models=("l
              "[sweep]", f"models = {toml_value(models)}", f"seq_lens = {toml_value(seq_lens)}"]
     if seeds is not None:
         lines.append(f"seeds = {toml_value(seeds)}")
+    if grid:
+        lines += ["[sweep.grid]", *(f"{toml_value(k)} = {toml_value(v)}" for k, v in grid.items())]
     lines += ["[model]", f"d_model = {d_model}", f"n_layers = {n_layers}", "[train]"]
     lines += [f"{k} = {toml_value(v)}" for k, v in train.items()]
     lines += filter(None, tail.splitlines())

@@ -11,6 +11,7 @@ import pytest
 pytest.importorskip("tensorboardX")
 event_accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
 
+from helpers import tiny_profile_text  # noqa: E402
 from tasks import metrics as task_metrics  # noqa: E402
 from workbench.cli import main  # noqa: E402
 from workbench.results import tensorboard as tb  # noqa: E402
@@ -18,38 +19,17 @@ from workbench.spec.profile import expand, loads  # noqa: E402
 from workbench.store import Store  # noqa: E402
 from workbench.train import worker  # noqa: E402
 
-GRID = """
-schema_version = 2
-name = "tb"
-[task]
-name = "mad_selective_copying"
-vocab_size = 8
-num_tokens_to_copy = 2
-num_train_examples = 64
-num_test_examples = 16
-[sweep]
-models = ["lstm", {{ name = "transformer", label = "attn" }}]
-seq_lens = [10]
-seeds = [0, 1]
-[sweep.grid]
-"train.lr" = [1e-3, 3e-3]
-[model]
-d_model = 16
-n_layers = 1
-[train]
-steps = {steps}
-batch_size = 8
-eval_every = {eval_every}
-log_every = {log_every}
-warmup_steps = 0
-device = "cpu"
-{extra}
-"""
+
+def grid_text(steps=20, eval_every=10, log_every=5, extra=""):
+    """2 models x 2 learning rates x 2 seeds; ``extra``: TOML lines after [train]'s keys."""
+    return tiny_profile_text("tb", schema_version=2, models=["lstm", {"name": "transformer", "label": "attn"}],
+                             seeds=[0, 1], grid={"train.lr": [1e-3, 3e-3]}, examples=(64, 16), d_model=16,
+                             steps=steps, batch_size=8, eval_every=eval_every, log_every=log_every,
+                             warmup_steps=0, device="cpu", tail=extra)
 
 
 def specs(steps=20, eval_every=10, log_every=5, extra=""):
-    return [s.to_dict() for s in expand(loads(GRID.format(steps=steps, eval_every=eval_every,
-                                                          log_every=log_every, extra=extra)))]
+    return [s.to_dict() for s in expand(loads(grid_text(steps, eval_every, log_every, extra)))]
 
 
 def read(folder):
@@ -136,11 +116,13 @@ def test_profile_check_says_tensorboardx_is_missing(tmp_path, monkeypatch):
     from workbench.spec.profile import ProfileError, load
 
     path = tmp_path / "p.toml"
-    path.write_text(GRID.format(steps=20, eval_every=10, log_every=5, extra="tensorboard = true"))
+    text = grid_text(extra="tensorboard = true")
+    path.write_text(text)
     load(str(path))  # installed: valid
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n == "tensorboardX" else real(n, *a))
-    with pytest.raises(ProfileError, match=r"train.tensorboard \(line 26\).*ssm-workbench\[tensorboard\]"):
+    line = text.splitlines().index("tensorboard = true") + 1
+    with pytest.raises(ProfileError, match=rf"train.tensorboard \(line {line}\).*ssm-workbench\[tensorboard\]"):
         load(str(path))
 
 
