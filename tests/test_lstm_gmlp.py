@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import models
-from helpers import run_steps
+from helpers import previous_token_accuracy, run_steps
 
 
 def test_lstm_shapes_state_size_and_backend():
@@ -87,31 +87,11 @@ def test_gated_mlp_bad_mult():
         models.build("gated_mlp", d_model=8, n_layers=1, mult=0)
 
 
-def _previous_token_accuracy(name: str, steps: int = 60, **options) -> float:
-    """Train embedding + backbone + head to output the previous token; test accuracy."""
-    torch.manual_seed(0)
-    vocab, d = 8, 32
-    emb = torch.nn.Embedding(vocab, d)
-    m = models.build(name, d_model=d, n_layers=1, **options)
-    head = torch.nn.Linear(d, vocab)
-    opt = torch.optim.Adam([*emb.parameters(), *m.parameters(), *head.parameters()], lr=1e-2)
-    for _ in range(steps):
-        tok = torch.randint(0, vocab, (16, 12))
-        logits = head(m(emb(tok)))[:, 1:]
-        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, vocab), tok[:, :-1].reshape(-1))
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    with torch.no_grad():
-        tok = torch.randint(0, vocab, (128, 16))
-        return (head(m(emb(tok)))[:, 1:].argmax(-1) == tok[:, :-1]).float().mean().item()
-
-
 def test_lstm_learns_previous_token_but_gated_mlp_cannot():
     """The control does its job: with no position mixing the previous token is invisible,
     so the gated MLP stays at chance (1/8) while the LSTM solves the task."""
-    assert _previous_token_accuracy("lstm") > 0.9
-    assert _previous_token_accuracy("gated_mlp") < 0.25
+    assert previous_token_accuracy("lstm") > 0.9
+    assert previous_token_accuracy("gated_mlp") < 0.25
 
 
 def test_lstm_chunked_forward_matches_full():
