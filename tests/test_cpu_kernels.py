@@ -2,6 +2,8 @@
 conv, against the sequential reference and PyTorch's conv1d; building, caching, fallback."""
 from __future__ import annotations
 
+import shutil
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -220,3 +222,20 @@ def test_a_kernel_library_is_built_once_and_says_why_it_cannot_run(monkeypatch):
     monkeypatch.setattr(forgetting_attn_cpu._LIBRARY, "loaded", (None, "not built"))
     assert forgetting_attn_cpu.unsupported(torch.zeros(1, 1, 1, 272)) == "head dimension 272 > 256"
     assert forgetting_attn_cpu.unsupported(torch.zeros(1, 1, 1, 256)) == "not built"
+
+
+def test_an_edited_header_builds_anew_even_when_no_library_lists_it(monkeypatch, tmp_path):
+    """The cache key covers every csrc/*.h, listed or not: a header that a source includes
+    but a KernelLibrary forgot to name must not leave a stale library loaded."""
+    src = tmp_path / "csrc"
+    shutil.copytree(cpu_kernels._SRC_DIR, src)
+    monkeypatch.setattr(cpu_kernels, "_SRC_DIR", src)
+    listed = ("cpu_kernels.c",)             # names no header at all
+    before = cpu_kernels._source_bytes(listed)
+    assert cpu_kernels._source_bytes(listed) == before
+    (src / "kernel_common.h").write_text((src / "kernel_common.h").read_text() + "\n/* edited */\n")
+    edited = cpu_kernels._source_bytes(listed)
+    assert edited != before
+    # a header's name counts too: the same bytes under another name are another source
+    (src / "kernel_common.h").rename(src / "zz_common.h")
+    assert cpu_kernels._source_bytes(listed) != edited

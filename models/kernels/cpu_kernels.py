@@ -37,7 +37,7 @@ ABI_VERSION = 5
 _MIN_ITEMS = 8           # backward work items per call (at least; see SelectiveScanCPU.backward)
 CHUNK_LEN = 32          # steps between stored states; backward recomputes a chunk at a time
 _SRC_DIR = Path(__file__).parent / "csrc"
-_SOURCES = ("cpu_kernels.c", "selective_scan_impl.h", "causal_conv1d_impl.h",
+_SOURCES = ("cpu_kernels.c", "kernel_common.h", "selective_scan_impl.h", "causal_conv1d_impl.h",
             "linear_rnn_impl.h", "dplr_impl.h")
 # -ffp-contract=fast: a * b + c as one fused multiply-add where the CPU has one (ISO C mode
 # forbids the compiler to contract by itself; the linear-RNN kernel's inner loops are FMAs)
@@ -95,6 +95,15 @@ def _compile(cc: str, out: Path, extra: list[str], main: str = _SOURCES[0]) -> s
     return ""
 
 
+def _source_bytes(sources: tuple[str, ...]) -> bytes:
+    """The bytes the cache key hashes: the named sources, then every header in csrc/ by
+    name. The headers are taken whether listed or not, as any source may include any of
+    them (kernel_common.h serves two libraries): a forgotten name must not let an edited
+    header load a stale library."""
+    names = list(sources) + sorted(p.name for p in _SRC_DIR.glob("*.h") if p.name not in sources)
+    return b"".join(name.encode() + b"\0" + (_SRC_DIR / name).read_bytes() for name in names)
+
+
 def build_library(stem: str, sources: tuple[str, ...], abi: tuple[str, int],
                   entry_points: tuple[str, ...], what: str) -> tuple[ctypes.CDLL | None, str]:
     """Build (or find in the cache) the library of ``csrc/<sources[0]>`` and load it.
@@ -116,7 +125,7 @@ def build_library(stem: str, sources: tuple[str, ...], abi: tuple[str, int],
                                  timeout=30).stdout
     except (OSError, subprocess.TimeoutExpired) as exc:
         return None, f"C compiler {cc} does not run: {exc}"
-    source_bytes = b"".join((_SRC_DIR / name).read_bytes() for name in sources)
+    source_bytes = _source_bytes(sources)
     abi_fn, abi_version = abi
     errors = []
     for extra in _FLAG_SETS:

@@ -37,7 +37,8 @@ from models.kernels import cpu_kernels as _ck
 ABI_VERSION = 1
 DMAX = 256               # largest head dimension the kernel takes (csrc: DMAX)
 JT = 16                  # keys per score tile: kt and vt are padded to a multiple of it
-_LIBRARY = _ck.KernelLibrary("forgetting_attn", ("forgetting_attn.c", "forgetting_attn_impl.h"),
+_LIBRARY = _ck.KernelLibrary("forgetting_attn", ("forgetting_attn.c", "kernel_common.h",
+                                                  "forgetting_attn_impl.h"),
                              ("fa_abi_version", ABI_VERSION), ("fa_fwd", "fa_bwd"),
                              "forgetting-attention CPU kernel")
 load = _LIBRARY.load
