@@ -128,7 +128,7 @@ def backward_trace(name: str, L: int) -> None:
     print(f"{name} L={L}: after the forward {_status_mib('VmRSS') - base:.0f} MiB, its peak "
           f"{_status_mib('VmHWM') - base:.0f} MiB")
     loss.backward()
-    print(f"  node  RSS (peak so far) before it, MiB above the step's start")
+    print("  node  RSS (peak so far) before it, MiB above the step's start")
     for i, (mib, hwm, what) in enumerate(rows):
         print(f"  {i:4d} {mib:6.0f} ({hwm:6.0f})  {what}")
     print(f"  after the backward {_status_mib('VmRSS') - base:.0f} ({_status_mib('VmHWM') - base:.0f})")

@@ -107,7 +107,7 @@ class SlidingWindowAttention(nn.Module):
     def _attend(self, x: torch.Tensor, state: SWAState) -> tuple[torch.Tensor, SWAState]:
         """x: (batch, L, d_model) after the state -> (y (batch, L, d_model), next state)."""
         b, L, _ = x.shape
-        w, c = self.window, self.window - 1
+        c = self.window - 1
         k_cache, v_cache, n_valid = state
         q, k, v = self.qkv(x).view(b, L, 3, self.n_heads, self.d_head).unbind(2)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))             # (b, h, L, d_head)

@@ -44,7 +44,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from models.attention.attention import MLP, CausalSelfAttention
-from models.common import PreNormResidual, ResidualStack, make_norm
+from models.common import PreNormResidual, ResidualStack
 from models.hybrid.hybrid_pattern import make_recurrent
 from models.ssm.mamba import Mamba
 

@@ -36,8 +36,6 @@ default) lets the operator pick its tuned size for the device (``linear_rnn.CPU_
 """
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.nn as nn
 import torch.nn.functional as F

@@ -10,8 +10,8 @@ from rich.console import Console
 from workbench.execute import executor
 from workbench.store import StoreError, default_store_dir
 from workbench.store.progress import command, no_store_at
-# one table of state colours for the CLI and the TUI
-from workbench.store.states import STATE_STYLES as STATE_STYLE
+# one table of state colours for the CLI and the TUI (the CLI modules import it from here)
+from workbench.store.states import STATE_STYLES as STATE_STYLE  # noqa: F401
 
 
 class NoStore(StoreError):

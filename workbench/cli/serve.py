@@ -12,7 +12,6 @@ another machine is SSH port forwarding (``ssh -L 8000:127.0.0.1:8000 host``).
 """
 from __future__ import annotations
 
-import argparse
 import errno
 import ipaddress
 import shlex
