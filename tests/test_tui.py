@@ -95,6 +95,14 @@ async def poll_view(pilot, screen: RunScreen) -> None:
     await settle(pilot)
 
 
+async def fill_form(pilot, p) -> SweepForm:
+    """The sweep form filled from profile ``p`` and settled; returns it."""
+    form = pilot.app.query_one(SweepForm)
+    await form.fill(p)
+    await settle(pilot)
+    return form
+
+
 async def open_compare(pilot) -> CompareScreen:
     """``p`` on the runs table: the compare screen of the cursor's run's profile, shown and
     polled once; returns it."""

@@ -16,7 +16,7 @@ from textual.widgets import DataTable, Input, Select, Static
 
 from helpers import open_form
 from test_curves import sweep
-from test_tui import FakeScheduler, make_app, open_compare, poll, settle, tiny_profile, type_into
+from test_tui import FakeScheduler, fill_form, make_app, open_compare, poll, settle, tiny_profile, type_into
 from workbench.store import Store
 from workbench.tui import paths
 from workbench.tui.app import WorkbenchApp, launch_summary
@@ -226,9 +226,7 @@ async def test_relaunching_a_profile_queues_none_and_says_so(store, tmp_path, mo
     said, real_notify = [], app.notify
     app.notify = lambda message, *a, **k: (said.append(str(message)), real_notify(message, *a, **k))[1]
     async with app.run_test(size=(120, 40)) as pilot:
-        form = app.query_one(SweepForm)
-        await form.fill(tiny_profile())
-        await settle(pilot)
+        form = await fill_form(pilot, tiny_profile())
         for _ in range(2):
             await pilot.press("f2")
             form.action_launch()
@@ -467,9 +465,7 @@ async def test_the_save_dialog_remembers_the_last_path(store, tmp_path):
     elsewhere = tmp_path / "elsewhere"
     app = make_app(store, tmp_path)
     async with app.run_test(size=(120, 40)) as pilot:
-        form = app.query_one(SweepForm)
-        await form.fill(tiny_profile("first"))
-        await settle(pilot)
+        form = await fill_form(pilot, tiny_profile("first"))
         await pilot.press("f2", "ctrl+s")
         await pilot.pause()
         box = app.screen.query_one("#path", Input)

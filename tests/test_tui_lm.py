@@ -11,7 +11,7 @@ import pytest
 
 from textual.widgets import Input, Select, Static
 
-from test_tui import SIZE, make_app, settle, store, type_into  # noqa: F401
+from test_tui import SIZE, fill_form, make_app, settle, store, type_into  # noqa: F401
 from workbench.spec import profile as profiles
 from workbench.tui.dialogs import PathScreen
 from workbench.tui.model_picker import ModelPicker
@@ -140,9 +140,7 @@ async def test_a_bad_token_budget_is_refused_under_the_budget(store, tmp_path):
     src = corpus(tmp_path)
     app = make_app(store, tmp_path)
     async with app.run_test(size=SIZE) as pilot:
-        form = app.query_one(SweepForm)
-        await form.fill(profiles.loads(LM_PROFILE.format(source=src)))
-        await settle(pilot)
+        form = await fill_form(pilot, profiles.loads(LM_PROFILE.format(source=src)))
         await type_into(pilot, "#budget", "1.5k2")
         assert "not a number of tokens" in await wait_budget_steps(pilot, form)
         assert form.build_profile() is None
@@ -183,7 +181,7 @@ def lm_runs(store, models=("lstm", "transformer"), seeds=(0,)) -> list[int]:
 
 
 async def test_compare_puts_training_tokens_or_flops_on_the_x_axis(store, tmp_path):
-    from test_tui_compare import view_poll
+    from test_tui import poll_view
     from workbench.tui.compare_view import CompareScreen
     from workbench.tui.plots import CurvePlot
 
@@ -194,7 +192,7 @@ async def test_compare_puts_training_tokens_or_flops_on_the_x_axis(store, tmp_pa
     async with app.run_test(size=SIZE) as pilot:
         screen = CompareScreen(store, ids)
         app.push_screen(screen)
-        await view_poll(pilot, screen)
+        await poll_view(pilot, screen)
         loss = screen.query_one("#compare-loss", CurvePlot)
         await pilot.press("l")  # train loss -> eval loss (what these runs logged)
         assert screen.loss_metric == ("eval", "loss") and loss.curves
@@ -218,7 +216,7 @@ async def test_compare_puts_training_tokens_or_flops_on_the_x_axis(store, tmp_pa
         # a run without a count has no point against FLOPs, and the plot says why
         screen = CompareScreen(store, [bare])
         app.push_screen(screen)
-        await view_poll(pilot, screen)
+        await poll_view(pilot, screen)
         await pilot.press("l", "x", "x", "x", "x")
         assert screen.axis == "flops" and not screen.query_one("#compare-loss", CurvePlot).curves
         assert "record no token or FLOP count" in screen.query_one("#compare-loss", CurvePlot).empty_text
@@ -377,9 +375,7 @@ async def test_a_profile_with_a_recipe_and_size_loads_and_saves_the_keys_it_wrot
     p = profiles.load(path)
     app = make_app(store, tmp_path)
     async with app.run_test(size=SIZE) as pilot:
-        form = app.query_one(SweepForm)
-        await form.fill(p)
-        await settle(pilot)
+        form = await fill_form(pilot, p)
         assert app.query_one("#recipe", Select).value == "transformer++"
         assert app.query_one("#size", Select).value == "tiny-1m"
         # what the presets fill is empty, its placeholder says from where
@@ -403,9 +399,7 @@ async def test_picking_a_recipe_and_size_in_the_form_empties_what_they_fill(stor
     src = corpus(tmp_path)
     app = make_app(store, tmp_path)
     async with app.run_test(size=SIZE) as pilot:
-        form = app.query_one(SweepForm)
-        await form.fill(profiles.loads(LM_PROFILE.format(source=src)))
-        await settle(pilot)
+        form = await fill_form(pilot, profiles.loads(LM_PROFILE.format(source=src)))
         assert app.query_one("#recipe", Select).value == "none"
         assert app.query_one("#betas", Input).value == "0.9, 0.999" and app.query_one("#d_model", Input).value == "16"
         app.query_one("#weight_decay", Input).value = "0.2"  # typed: stays
@@ -434,9 +428,7 @@ async def test_the_lm_options_say_what_they_take_and_a_bad_pair_is_shown_as_type
     src = corpus(tmp_path)
     app = make_app(store, tmp_path)
     async with app.run_test(size=SIZE) as pilot:
-        form = app.query_one(SweepForm)
-        await form.fill(profiles.loads(LM_PROFILE.format(source=src)))
-        await settle(pilot)
+        form = await fill_form(pilot, profiles.loads(LM_PROFILE.format(source=src)))
         assert "bytes char bpe or id" in text(form.query_one("#unit-param-tokenizer", Static))
         assert form.query_one("#param-tokenizer", Input).suggester is not None
         # vocab_size is a BPE's: with the bytes tokenizer the task refuses it, under vocab_size

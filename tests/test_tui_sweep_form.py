@@ -7,7 +7,7 @@ import threading
 import models
 from textual.widgets import Input, Static
 
-from test_tui import SIZE, FakeScheduler, make_app, settle, store, tiny_profile, type_into  # noqa: F401
+from test_tui import SIZE, FakeScheduler, fill_form, make_app, settle, store, tiny_profile, type_into  # noqa: F401
 from workbench.spec import profile as profiles
 from workbench.tui.model_picker import Entry, ModelPicker, matches
 from workbench.tui.sweep_form import SweepForm
@@ -230,9 +230,7 @@ async def test_executor_and_slurm_settings(store, tmp_path):
 
     app = make_app(store, tmp_path)
     async with app.run_test(size=SIZE) as pilot:
-        form = app.query_one(SweepForm)
-        await form.fill(tiny_profile())
-        await settle(pilot)
+        form = await fill_form(pilot, tiny_profile())
         assert form.build_profile().executor == "local"
         form.query_one("#executor", Select).value = "slurm"
         await type_into(pilot, "#slurm", 'partition=gpu, time=04:00:00, gpus_per_run=2, extra=["--exclusive"]')
