@@ -13,6 +13,7 @@ from workbench.results import export
 from workbench.results import aggregate as agg
 from workbench.store import Store
 from workbench.tui.results_view import NONE, ResultsView, over_options
+from workbench.tui.runs_table import RunsTable
 
 SIZE = (160, 48)
 
@@ -226,8 +227,6 @@ async def test_runs_table_shows_grid_values_and_task_setting(store, tmp_path):
     app = make_app(store, tmp_path)
     async with app.run_test(size=SIZE) as pilot:
         await settle(pilot)
-        from workbench.tui.runs_table import RunsTable
-
         table = app.query_one(RunsTable)
         assert [plain(table, rid, "grid") for rid in ids[:4]] == \
             ["lr=1e-4 wd=0", "lr=1e-4 wd=0.1", "lr=1e-3 wd=0", "lr=1e-3 wd=0.1"]
@@ -241,8 +240,6 @@ async def test_runs_table_sorts_by_any_column(store, tmp_path):
     app = make_app(store, tmp_path)
     async with app.run_test(size=SIZE) as pilot:
         await settle(pilot)
-        from workbench.tui.runs_table import RunsTable
-
         table = app.query_one(RunsTable)
         assert str(table.columns["id"].label) == "id ▲" and row_ids(table) == ids
         table.move_cursor(row=1)  # run ids[1]
@@ -281,8 +278,6 @@ async def test_runs_table_filters_by_profile_model_state(store, tmp_path):
     async with app.run_test(size=SIZE) as pilot:
         await settle(pilot)
         from workbench.tui.run_filter import FilterScreen
-        from workbench.tui.runs_table import RunsTable
-
         table = app.query_one(RunsTable)
         assert table.row_count == 17
         await pilot.press("slash")
@@ -325,7 +320,6 @@ async def test_runs_table_filters_by_profile_model_state(store, tmp_path):
 async def test_kill_and_resume_every_marked_run_after_one_confirmation(store, tmp_path, monkeypatch):
     from workbench.execute import resume
     from workbench.tui.dialogs import ConfirmScreen
-    from workbench.tui.runs_table import RunsTable
 
     ids = grid_store(store)
     sched = FakeScheduler()
@@ -383,8 +377,6 @@ async def test_small_terminal_keeps_state_progress_accuracy(store, tmp_path, siz
     async with app.run_test(size=size) as pilot:
         await settle(pilot)
         await pilot.pause()
-        from workbench.tui.runs_table import RunsTable
-
         table = app.query_one(RunsTable)
         header = next(line for line in screen_lines(app) if " id ▲" in line)
         for name in ("state", "progress", "accuracy", "model"):
