@@ -402,24 +402,23 @@ async def test_help_lists_every_key_of_the_screen(store, tmp_path, where, shows,
         assert not isinstance(app.screen, HelpScreen)
 
 
+async def run_command(pilot, words: str) -> None:
+    """ctrl+p, ``words`` typed into the command palette, and enter on what it found."""
+    await pilot.press("ctrl+p")
+    await pilot.pause()
+    await pilot.press(*words)
+    await pilot.pause(0.5)
+    await settle(pilot)
+    await pilot.press("enter")
+    await settle(pilot)
+
+
 async def test_command_palette_has_the_apps_commands(store, tmp_path):
     app = make_app(store, tmp_path)
     async with app.run_test(size=(120, 40)) as pilot:
-        await pilot.press("ctrl+p")
-        await pilot.pause()
-        await pilot.press(*"new sweep")
-        await pilot.pause(0.5)
-        await settle(pilot)
-        await pilot.press("enter")
-        await settle(pilot)
+        await run_command(pilot, "new sweep")
         assert app.query_one("TabbedContent").active == "sweep"
-        await pilot.press("ctrl+p")
-        await pilot.pause()
-        await pilot.press(*"open profile")
-        await pilot.pause(0.5)
-        await settle(pilot)
-        await pilot.press("enter")
-        await settle(pilot)
+        await run_command(pilot, "open profile")
         assert isinstance(app.screen, PathScreen)
 
 
