@@ -209,20 +209,21 @@ def tiny_lm_corpus(folder, text: str, docs: int = 20):
     return folder
 
 
-def tiny_lm_profile_text(corpus, name: str, *, models=("mamba",), n_layers: int = 1, head: str = "",
-                         **train) -> str:
+def tiny_lm_profile_text(corpus, name: str, *, schema_version: int = 1, models=("mamba",), seq_len: int = 32,
+                         n_layers: int = 1, num_test_examples: int = 2, head: str = "", task=None, **train) -> str:
     """A byte-level ``lm`` profile on ``corpus`` (``tiny_lm_corpus``) that trains d_model 16 for
     4 steps of batch 4 at L 32 on the CPU, evaluating once: seconds. ``head``: lines after
-    the name (an executor and its [slurm] table); ``train``: more [train] keys, in order."""
-    import json
-
-    lines = ["schema_version = 1", f"name = {json.dumps(name)}", *filter(None, head.splitlines()),
-             "[task]", 'name = "lm"', f"source = {json.dumps(str(corpus))}", 'tokenizer = "bytes"',
-             "valid_fraction = 0.2", "test_fraction = 0.2", "num_test_examples = 2", "[sweep]",
-             f"models = {json.dumps(list(models))}", "seq_lens = [32]", "[model]", "d_model = 16",
-             f"n_layers = {n_layers}", "[train]", "steps = 4", "batch_size = 4",
-             *(f"{k} = {json.dumps(v)}" for k, v in train.items()),
-             "eval_every = 4", "log_every = 2", 'device = "cpu"']
+    the name (a recipe, an executor and its [slurm] table); ``task``: more [task] keys (a
+    dict); ``train``: [train] keys over those defaults (steps, batch_size, eval_every,
+    log_every, device), in order; one given as None is left out (``steps=None, tokens=320``)."""
+    train = {"steps": 4, "batch_size": 4, "eval_every": 4, "log_every": 2, "device": "cpu", **train}
+    lines = [f"schema_version = {schema_version}", f"name = {toml_value(name)}", *filter(None, head.splitlines()),
+             "[task]", 'name = "lm"', f"source = {toml_value(str(corpus))}", 'tokenizer = "bytes"',
+             "valid_fraction = 0.2", "test_fraction = 0.2", f"num_test_examples = {num_test_examples}",
+             *(f"{k} = {toml_value(v)}" for k, v in (task or {}).items()), "[sweep]",
+             f"models = {toml_value(models)}", f"seq_lens = [{seq_len}]", "[model]", "d_model = 16",
+             f"n_layers = {n_layers}", "[train]",
+             *(f"{k} = {toml_value(v)}" for k, v in train.items() if v is not None)]
     return "\n".join(lines) + "\n"
 
 

@@ -12,6 +12,7 @@ import os
 import pytest
 
 import models
+from helpers import tiny_lm_profile_text
 from workbench.spec.profile import ProfileError, expand, loads
 
 BASE = """
@@ -171,30 +172,6 @@ def test_parameter_counts_are_within_5_percent_of_nominal(size, gpt3, mamba):
 
 
 # ----------------------------------------------------------------------------- a real run
-LM = """
-schema_version = 2
-name = "tokens-run"
-recipe = "mamba"
-[task]
-name = "lm"
-source = "{source}"
-tokenizer = "bytes"
-valid_fraction = 0.2
-test_fraction = 0.2
-num_test_examples = 4
-[sweep]
-models = ["lstm"]
-seq_lens = [16]
-[model]
-d_model = 16
-n_layers = 1
-[train]
-tokens = 320
-batch_size = 4
-eval_every = 100
-log_every = 2
-device = "cpu"
-"""
 
 
 def test_a_token_budget_trains_exactly_those_tokens_through_the_worker(tmp_path, monkeypatch):
@@ -206,7 +183,9 @@ def test_a_token_budget_trains_exactly_those_tokens_through_the_worker(tmp_path,
     corpus.mkdir()
     for i in range(20):
         (corpus / f"d{i}.txt").write_text(f"document {i}: " + "the quick brown fox " * (i + 3), "utf-8")
-    (s,) = expand(loads(LM.format(source=corpus)))
+    (s,) = expand(loads(tiny_lm_profile_text(corpus, "tokens-run", schema_version=2, head='recipe = "mamba"',
+                                             models=["lstm"], seq_len=16, num_test_examples=4, steps=None,
+                                             tokens=320, eval_every=100)))
     assert s.budget["steps"] == 5                       # 320 / (4 x 16)
     store = Store(tmp_path / "st")
     (rid,) = store.add_runs([s.to_dict()])

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 import tasks
+from helpers import tiny_lm_profile_text
 from tasks.lm import tokenfile
 from tasks.lm.split import SplitRule
 from tasks.metrics import AccuracyCounts
@@ -393,40 +394,18 @@ def test_parameters_are_checked_when_built():
     assert "lm" in tasks.names() and "\n" not in tasks.describe("lm")
 
 
-PROFILE = """
-schema_version = 1
-name = "lm-tiny-test"
-[task]
-name = "lm"
-source = "{source}"
-tokenizer = "bytes"
-valid_fraction = 0.2
-test_fraction = 0.2
-num_test_examples = 4
-{extra}
-[sweep]
-models = ["lstm"]
-seq_lens = [16]
-[model]
-d_model = 16
-n_layers = 1
-[train]
-steps = 6
-batch_size = 4
-lr = 3e-3
-warmup_steps = 1
-eval_every = 3
-log_every = 3
-device = "cpu"
-"""
+def profile_text(corpus, **task) -> str:
+    """6 steps of an LSTM at L 16 on ``corpus``, evaluated twice; ``task``: more [task] keys."""
+    return tiny_lm_profile_text(corpus, "lm-tiny-test", models=["lstm"], seq_len=16, num_test_examples=4, task=task,
+                                steps=6, lr=3e-3, warmup_steps=1, eval_every=3, log_every=3)
 
 
 def test_profile_validation_names_unknown_keys(corpus):
     from workbench.spec.profile import ProfileError, loads
 
-    loads(PROFILE.format(source=corpus, extra=""))
+    loads(profile_text(corpus))
     with pytest.raises(ProfileError, match="bogus"):
-        loads(PROFILE.format(source=corpus, extra="bogus = 1"))
+        loads(profile_text(corpus, bogus=1))
 
 
 def test_a_tiny_run_through_the_worker_records_lm_metrics(tmp_path, corpus):
@@ -434,7 +413,7 @@ def test_a_tiny_run_through_the_worker_records_lm_metrics(tmp_path, corpus):
     from workbench.store import Store
     from workbench.train import worker
 
-    spec = expand(loads(PROFILE.format(source=corpus, extra="")))[0].to_dict()
+    spec = expand(loads(profile_text(corpus)))[0].to_dict()
     store = Store(tmp_path / "st")
     (rid,) = store.add_runs([spec])
     store.mark_started(rid, os.getpid(), "cpu", "cpu0")
