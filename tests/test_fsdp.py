@@ -169,11 +169,11 @@ def test_the_memory_estimate_shards_the_training_state():
 def test_dry_run_says_how_the_ranks_hold_the_model(tmp_path, extra, says):
     import json
 
-    from tests.test_distributed import PROFILE
+    from tests.test_distributed import profile_text
     from tests.test_estimate import cli
 
     prof = tmp_path / "p.toml"
-    prof.write_text(PROFILE.format(model="lstm", steps=4, extra="devices = 2\n" + extra))
+    prof.write_text(profile_text("lstm", 4, "devices = 2\n" + extra))
     r = cli(tmp_path, "run", "--dry-run", str(prof))
     assert r.returncode == 0, r.stdout + r.stderr
     assert f"  ranks: 2 per run, {says}" in r.stdout
