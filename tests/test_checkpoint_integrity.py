@@ -18,7 +18,7 @@ from tests.test_resume import (FIXED, attempt, metric_rows, new_run, outcome, sw
 from tests.test_resume import fake_popen, no_live_worker  # noqa: F401  (fixtures)
 from workbench.train import checkpoint
 from workbench import cli
-from workbench.execute import resume, scheduler
+from workbench.execute import scheduler
 from workbench.spec.run_spec import spec_key
 from workbench.store.progress import command
 

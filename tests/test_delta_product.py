@@ -10,7 +10,6 @@ import importlib
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 import models
 from models.kernels import linear_rnn as lr

@@ -206,7 +206,7 @@ def test_unfinished_settings_are_counted_as_profile_check_counts_them(tmp_path, 
     err = capsys.readouterr().err
     assert "no setting of profile 'p' has all its runs finished yet: 0 of its 2 run(s) (1 setting(s) x " \
            "2 model(s)) finished" in err
-    assert f"runs --profile p`" in err
+    assert "runs --profile p`" in err
 
 
 @pytest.mark.parametrize("argv", [["runs"], ["show", "1"], ["kill", "1"], ["export", "--profile", "p"],

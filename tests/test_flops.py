@@ -13,7 +13,6 @@ import math
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 import models
 from helpers import tiny_profile_text

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from models.kernels import generalized_delta as gd
 from models.kernels import generalized_delta_cpu as gdc

@@ -203,7 +203,6 @@ def test_mamba_uses_cuda_kernels_when_available(monkeypatch):
 def test_backend_compiled_option_reaches_the_scan(monkeypatch):
     """backend="compiled" builds, reports itself, and computes what "torch" does (here with a
     broken compiler, so the test stays fast: it must warn and fall back to eager kernels)."""
-    from models.kernels import selective_scan as ss
 
     monkeypatch.setattr(scan_compiled, "_compiled_forward", scan_compiled._Compiled(scan_compiled._block_forward))
     monkeypatch.setattr(scan_compiled, "_compiled_backward", scan_compiled._Compiled(scan_compiled._block_backward))

@@ -26,7 +26,6 @@ from workbench.tui.help_screen import TITLES, HelpScreen, own_bindings
 from workbench.tui.model_picker import ModelPicker
 from workbench.tui.plots import CurvePlot, MetricPlot, flat_range
 from workbench.tui.run_view import RunScreen
-from workbench.tui.runs_table import RunsTable
 from workbench.tui.sweep_form import RECHECK_S, SweepForm, default_eval_every
 from workbench.tui.system_panel import age_note
 
