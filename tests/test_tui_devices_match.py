@@ -1,8 +1,8 @@
 """Pilot tests of the sweep form's devices field (train.devices: validated, round-tripped,
 checked against this machine's GPUs with the scheduler's own rule, in the launch summary),
 its models matched by size ([sweep.match]: set, solved per model by the profile's own
-solver, refused with the reason, round-tripped), and of an evaluation profile loaded and
-then launched (refused in one line, never a launch of the form's other sweep)."""
+solver, refused with the reason, round-tripped), and of an evaluation profile loaded
+(into the evaluation form) and then launched (never a launch of the sweep form's sweep)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -208,19 +208,28 @@ async def test_a_target_a_model_cannot_meet_is_refused_with_the_reason(store, tm
 
 
 # --------------------------------------------------------------------------- eval profiles
-async def test_ctrl_r_after_an_evaluation_profile_does_not_launch_the_forms_sweep(store, tmp_path):  # noqa: F811
+async def test_ctrl_r_after_an_evaluation_profile_does_not_launch_the_forms_sweep(store, tmp_path,  # noqa: F811
+                                                                                    monkeypatch):
+    from textual.widgets import TabbedContent
+
+    from test_lm_eval_tasks import fake_index
+
+    from workbench.cli import eval_cmd
+
+    fake_index(monkeypatch)  # the evaluation form checks the task names: not against lm-eval's real index
+    started = []  # its runs are queued, never started here (no scheduler process)
+    monkeypatch.setattr(eval_cmd, "_start", lambda st, ids, *a: started.append(ids))
     path = Path(__file__).resolve().parent.parent / "profiles" / "zero-shot-table3.toml"
     app = make_app(store, tmp_path)
     async with app.run_test(size=SIZE) as pilot:
         form = await open_form(pilot)
         form.query_one("#models", ModelPicker).set_picked(["lstm"])
         await load(pilot, form, path)
-        await pilot.press("ctrl+r")
+        assert app.query_one(TabbedContent).active == "eval"  # opened in the evaluation form
+        await pilot.press("ctrl+r")  # the evaluation form's launch: its evaluation runs
         await settle(pilot)
-        status = text(form.query_one("#form-status", Static)).strip()
-        assert not app.scheduler.submitted
-        assert "\n" not in status and "evaluation profile" in status and f"run {path}" in status
-        assert status.startswith("not launched (ctrl+r again launches the form's sweep 'sweep')"), status
-        await pilot.press("ctrl+r")  # asked twice: the form's own sweep
+        assert not app.scheduler.submitted and all(r.spec["kind"] == "eval" for r in store.runs())
+        await pilot.press("f2")
+        await pilot.press("ctrl+r")  # on the sweep form: its own sweep
         await settle(pilot)
         assert len(app.scheduler.submitted) == 1

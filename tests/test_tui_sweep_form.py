@@ -248,9 +248,15 @@ async def test_executor_and_slurm_settings(store, tmp_path):
         assert again.slurm == prof.slurm and again.executor == "slurm"
 
 
-async def test_loading_an_evaluation_profile_is_refused_in_one_line(store, tmp_path):  # noqa: F811
+async def test_loading_an_evaluation_profile_opens_it_in_the_evaluation_form(store, tmp_path, monkeypatch):  # noqa: F811
     from pathlib import Path
 
+    from textual.widgets import TabbedContent
+
+    from test_lm_eval_tasks import fake_index
+    from workbench.tui.eval_form import EvalForm
+
+    fake_index(monkeypatch)  # the evaluation form checks the task names: not against lm-eval's real index
     path = Path(__file__).resolve().parent.parent / "profiles" / "zero-shot-table3.toml"
     assert profiles.is_eval_data(profiles.tomllib.loads(path.read_text()))  # an [eval] table
     app = make_app(store, tmp_path)
@@ -263,8 +269,9 @@ async def test_loading_an_evaluation_profile_is_refused_in_one_line(store, tmp_p
         app.screen.query_one("#path", Input).value = str(path)
         await pilot.press("enter")
         await settle(pilot)
-        assert app.screen.query(SweepForm)  # back on the form, which is unchanged
-        status = text(form.query_one("#form-status", Static))
-        assert "\n" not in status.strip() and "evaluation profile" in status, status
-        assert f"run {path}" in status and f"eval --from {path}" in status, status
-        assert picker.picked == ["hyena"] and form.form_data() == before
+        assert app.query_one(TabbedContent).active == "eval"  # the evaluation form (F4) has it
+        ev = app.query_one(EvalForm)
+        assert ev.query_one("#ev-name", Input).value == "zero-shot-table3"
+        assert f"loaded {path}" in str(ev.query_one("#eval-status", Static).render())
+        assert picker.picked == ["hyena"] and form.form_data() == before  # the sweep form is unchanged
+        assert not app.scheduler.submitted

@@ -1,5 +1,6 @@
-"""The ssm-workbench TUI application: tabs for the runs table and the sweep form; the run
-view is a pushed screen. The widgets live in their own modules; this file wires them up.
+"""The ssm-workbench TUI application: tabs for the runs table, the sweep form, the results and
+the evaluation form (:mod:`workbench.tui.eval_form`); the run view is a pushed screen. The
+widgets live in their own modules; this file wires them up.
 
 ``?`` shows every key of the current screen (:mod:`workbench.tui.help_screen`), and the
 command palette (ctrl+p) holds the app's own commands (:mod:`workbench.tui.commands`).
@@ -31,6 +32,7 @@ from workbench.tui import paths
 from workbench.tui.background import PollsStore
 from workbench.tui.commands import WorkbenchCommands
 from workbench.tui.dialogs import ConfirmScreen
+from workbench.tui.eval_form import EvalForm
 from workbench.tui.help_screen import HelpScreen, KeysFooter, sections_for
 from workbench.tui.marked_actions import RESUMABLE
 from workbench.tui.form_checks import launch_extras
@@ -81,7 +83,7 @@ def launch_summary(name: str, ids: Any, cmd: str = "ssm-workbench") -> str:
 
 
 class WorkbenchApp(PollsStore, App):
-    CSS_PATH = ["app.tcss", "results.tcss"]
+    CSS_PATH = ["app.tcss", "results.tcss", "eval_form.tcss"]
     TITLE = "ssm-workbench"
     # the screens' -narrow / -wide classes (app.tcss): the sweep form's two columns and the
     # compare view's legend beside the plots need 100 columns
@@ -98,6 +100,7 @@ class WorkbenchApp(PollsStore, App):
         Binding("f1", "show_tab('runs')", "Runs", show=False),
         Binding("f2", "show_tab('sweep')", "New sweep", show=False),
         Binding("f3", "show_tab('results')", "Results", show=False),
+        Binding("f4", "show_tab('eval')", "New eval", show=False),
     ]
 
     def __init__(self, store: Store, profiles_dir: Path = Path("profiles"),
@@ -134,6 +137,8 @@ class WorkbenchApp(PollsStore, App):
                 yield SweepForm(self.profiles_dir, state_dir=self.store.root, id="sweep-form")
             with TabPane("Results (F3)", id="results"):
                 yield ResultsView(self.store, self.store_lock, self.figures_dir, id="results-view")
+            with TabPane("New eval (F4)", id="eval"):
+                yield EvalForm(self.profiles_dir, id="eval-form")
         yield KeysFooter()
 
     def on_mount(self) -> None:
@@ -149,7 +154,7 @@ class WorkbenchApp(PollsStore, App):
         self.query_one(TabbedContent).active = tab
         # the form opens on its model list: typing there filters, space picks, ? is help
         # (on the profile name, with its text selected, ? or a filter replaced the name)
-        target = {"runs": RunsTable, "sweep": "#models", "results": "#results-table"}[tab]
+        target = {"runs": RunsTable, "sweep": "#models", "results": "#results-table", "eval": "#ev-models"}[tab]
         self.query_one(target).focus()
         if tab == "results":  # read now, not at the next 2 s tick (once the tab is drawn)
             self.call_after_refresh(self.query_one(ResultsView).refresh_data)
@@ -224,7 +229,7 @@ class WorkbenchApp(PollsStore, App):
         # 'q' would be a typo away in the form (lists and switches don't take letters):
         # there ctrl+q quits, as the form's footer says
         if action == "quit_key" and isinstance(self.screen.focused, Widget) and \
-                any(isinstance(a, SweepForm) for a in self.screen.focused.ancestors_with_self):
+                any(isinstance(a, (SweepForm, EvalForm)) for a in self.screen.focused.ancestors_with_self):
             return False
         return True
 
@@ -341,6 +346,18 @@ class WorkbenchApp(PollsStore, App):
         self.action_show_tab("runs")
         self.poll_runs()
 
+    @on(EvalForm.Queued)
+    def _evals_queued(self, message: EvalForm.Queued) -> None:
+        self._goto_run = (message.ids or [None])[0]
+        self.action_show_tab("runs")
+        self.poll_runs()
+
+    @on(SweepForm.EvalProfileLoaded)
+    def _eval_profile_loaded(self, message: SweepForm.EvalProfileLoaded) -> None:
+        """ctrl+o in the sweep form read an evaluation profile: into the evaluation form."""
+        self.action_show_tab("eval")
+        self.query_one(EvalForm).loaded(message.path, message.profile, message.absent)
+
     # ------------------------------------------------------------------ help, palette commands
     def action_help(self) -> None:
         if isinstance(self.screen, HelpScreen):
@@ -370,6 +387,14 @@ class WorkbenchApp(PollsStore, App):
     def action_launch_sweep(self) -> None:
         self._to_tabs("sweep")
         self.query_one(SweepForm).action_launch()
+
+    def action_open_eval_profile(self) -> None:
+        self._to_tabs("eval")
+        self.query_one(EvalForm).action_load()
+
+    def action_launch_eval(self) -> None:
+        self._to_tabs("eval")
+        self.query_one(EvalForm).action_launch()
 
     def action_compare_marked(self) -> None:
         self._to_tabs("runs")

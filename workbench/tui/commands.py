@@ -1,7 +1,7 @@
 """The workbench's own commands in Textual's command palette (ctrl+p).
 
 A :class:`textual.command.Provider` over the app's actions: what a user looks for by name
-rather than by key (new sweep, open profile, compare the marked runs, export the results
+rather than by key (new sweep, new evaluation, open profile, compare the marked runs, export the results
 table, write figures, the help screen). Each command calls the app's action, which goes
 back to the main screen first when needed, so it works from any screen.
 """
@@ -17,6 +17,10 @@ COMMANDS: list[tuple[str, str, str]] = [
     ("Open profile", "load a profile (TOML) into the sweep form (ctrl+o there)", "open_profile"),
     ("Save profile", "save the sweep form as a profile (ctrl+s there)", "save_profile"),
     ("Launch sweep", "validate the sweep form and queue its runs (ctrl+r there)", "launch_sweep"),
+    ("New evaluation", "open the evaluation form: lm-eval tasks on models (F4)", "show_tab('eval')"),
+    ("Open evaluation profile", "load an evaluation profile into the evaluation form (ctrl+o there)",
+     "open_eval_profile"),
+    ("Launch evaluation", "validate the evaluation form and queue its runs (ctrl+r there)", "launch_eval"),
     ("Runs", "the runs table (F1)", "show_tab('runs')"),
     ("Compare marked runs", "overlay the curves of the runs marked with space (c in the runs table)",
      "compare_marked"),

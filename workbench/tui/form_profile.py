@@ -5,7 +5,6 @@ form has no field for. A mixin of :class:`~workbench.tui.sweep_form.SweepForm`.
 """
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any, Callable
 
 from textual.widgets import Input, Select, Switch
@@ -20,18 +19,6 @@ from workbench.tui.form_fields import (GRID_INPUTS, LABELS, STEP_KINDS, TRAIN_IN
                                        parse_grid_values, parse_model_options, parse_param, parse_settings,
                                        required_params, split_list)
 from workbench.tui.model_picker import ModelPicker
-
-
-def eval_refusal(path: str | Path, state_dir: str | Path | None) -> str:
-    """One line: ``path`` is an evaluation profile, which the form (training sweeps) does
-    not edit, and the commands that run it."""
-    import shlex
-
-    from workbench.store.progress import command
-
-    cmd, f = command(state_dir), shlex.quote(str(path))
-    return (f"{path} is an evaluation profile ([eval]), not a training sweep the form edits: "
-            f"run it with `{cmd} run {f}` (or `{cmd} eval --from {f}`)")
 
 
 class FormProfile:

@@ -27,6 +27,7 @@ TITLES = {
     "SweepForm": "Sweep form (F2)",
     "ModelPicker": "Model list in the sweep form",
     "ResultsView": "Results (F3)",
+    "EvalForm": "Evaluation form (F4)",
     "RunScreen": "Run view",
     "CompareScreen": "Compare view",
 }
@@ -39,8 +40,8 @@ OWN_KEYS = {
 }
 # Textual's own keys that every screen has (not in any workbench BINDINGS)
 GENERAL = [("tab / shift+tab", "move the focus to the next / previous control"),
-           ("ctrl+p", "command palette: the workbench's commands (new sweep, open profile, "
-                      "compare marked, export, figures) and Textual's")]
+           ("ctrl+p", "command palette: the workbench's commands (new sweep, new evaluation, open "
+                      "profile, compare marked, export, figures) and Textual's")]
 KEY_NAMES = {"escape": "esc", "space": "space", "up": "↑", "down": "↓", "left": "←", "right": "→",
              "slash": "/", "backslash": "\\"}
 

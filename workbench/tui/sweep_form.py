@@ -45,7 +45,7 @@ from workbench.tui.form_fields import PARAM_SUGGESTIONS, PARAM_UNITS
 from workbench.tui.form_live import FormLive
 from workbench.tui.form_match import FormMatch
 from workbench.tui.form_presets import RECIPE_OPTIONS, SIZE_OPTIONS, FormPresets
-from workbench.tui.form_profile import FormProfile, eval_refusal  # noqa: F401 (eval_refusal: here before)
+from workbench.tui.form_profile import FormProfile
 from workbench.tui.formatting import set_text
 from workbench.tui.model_picker import ModelPicker
 
@@ -90,6 +90,14 @@ class SweepForm(FormLive, FormMatch, FormPresets, FormProfile, Vertical):
             super().__init__()
             self.profile = profile
 
+    class EvalProfileLoaded(Message):
+        """ctrl+o read an evaluation profile (``absent``: the data it needs that is absent
+        here): the app puts it in the evaluation form."""
+
+        def __init__(self, path: Path, profile: profiles.EvalProfile, absent: str = "") -> None:
+            super().__init__()
+            self.path, self.profile, self.absent = path, profile, absent
+
     def __init__(self, profiles_dir: Path, state_dir: Path | None = None, **kwargs: Any) -> None:
         """``state_dir``: where the last profile path is remembered (the store folder;
         :mod:`workbench.tui.paths`); None remembers for this session only."""
@@ -118,7 +126,6 @@ class SweepForm(FormLive, FormMatch, FormPresets, FormProfile, Vertical):
         self._match_timer: Timer | None = None  # [sweep.match] solved after typing pauses (FormMatch)
         self._match_seq = 0  # only the latest solve's answer is shown
         self._gpus: list[str] | None = None  # this machine's GPU ids, read when first needed
-        self.refused_eval = ""  # the refusal of an evaluation profile just loaded: ctrl+r says it once more
         saved = paths.load_state(state_dir).get("profile_path") if state_dir is not None else None
         self.last_path: Path | None = Path(saved) if saved else None
 
@@ -312,7 +319,6 @@ class SweepForm(FormLive, FormMatch, FormPresets, FormProfile, Vertical):
         if not (isinstance(event, Input.Changed) and event.input.id in ("name", "description", "eval_every")):
             self._schedule_budget_steps()
             self.schedule_match()
-        self.refused_eval = ""  # an edit: ctrl+r is about this form's sweep again
         if self._errors_shown:
             # once typing pauses: a full check (the registry's too) takes 50-200 ms
             if self._recheck_timer is not None:
@@ -520,11 +526,10 @@ class SweepForm(FormLive, FormMatch, FormPresets, FormProfile, Vertical):
                     prof = profiles.load(path)
                 except DataAbsent as e:  # valid, and editable: only a launch needs the data
                     prof, absent = e.profile, str(e).split("\n", 1)[1]
-                if isinstance(prof, profiles.EvalProfile):  # no sweep, task or budget to edit
-                    self.refused_eval = eval_refusal(path, self.state_dir)
-                    raise ProfileError(self.refused_eval)
+                if isinstance(prof, profiles.EvalProfile):  # no sweep to edit: the evaluation form (F4) takes it
+                    self.post_message(self.EvalProfileLoaded(Path(path), prof, absent))
+                    return
                 await self.fill(prof)
-                self.refused_eval = ""
             except ProfileError as e:
                 self.set_status(str(e), bad=True)
                 self.notify(str(e), title="cannot load profile", severity="error", markup=False)
@@ -538,11 +543,6 @@ class SweepForm(FormLive, FormMatch, FormPresets, FormProfile, Vertical):
         self.app.push_screen(PathScreen("Load profile from", str(folder) + "/", browse=folder), done)
 
     def action_launch(self) -> None:
-        if self.refused_eval:  # ctrl+o just refused an evaluation profile: not this form's sweep, unasked
-            self.set_status(f"not launched (ctrl+r again launches the form's sweep {self._text('name')!r}): "
-                            f"{self.refused_eval}", bad=True)
-            self.refused_eval = ""
-            return
         prof = self.build_profile(need_data=True)  # the runs read the [[needs]] paths
         if prof is not None:
             text, _ = run_count_text(self._sweep_data(), prof.task.name)
