@@ -152,7 +152,8 @@ async def test_launch_queues_the_eval_runs_with_their_tasks(store, tmp_path, off
         assert len(store.runs(profile="evtest")) == 2
 
 
-async def test_an_unknown_task_is_refused_at_the_field_with_its_closest_name(store, tmp_path):  # noqa: F811
+async def test_an_unknown_task_is_refused_at_the_field_with_its_closest_name(store, tmp_path,  # noqa: F811
+                                                                              monkeypatch):
     app = make_app(store, tmp_path)
     async with app.run_test(size=SIZE) as pilot:
         form = await open_form(pilot)
@@ -166,6 +167,15 @@ async def test_an_unknown_task_is_refused_at_the_field_with_its_closest_name(sto
         await type_into(pilot, "#ev-tasks", "my_choice")  # corrected: the message goes
         await checked(pilot, form)
         assert text(form.query_one("#err-ev-tasks", Static)).strip() == ""
+        # misspelt again and launched before the form's own check answers: the launch's
+        # check (eval --from's) refuses it
+        monkeypatch.setattr(eval_form, "CHECK_S", 60)
+        await type_into(pilot, "#ev-tasks", "my_choise")
+        await pilot.press("ctrl+r")
+        await settle(pilot)
+        assert store.runs(profile="evtest") == []
+        assert "'my_choise' (closest: my_choice)" in text(form.query_one("#err-ev-tasks", Static))
+        assert text(form.query_one("#eval-status", Static)).startswith("not launched: unknown lm-eval task")
 
 
 async def test_no_models_and_a_bad_limit_are_refused_at_their_fields(store, tmp_path):  # noqa: F811
