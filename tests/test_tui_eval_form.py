@@ -3,7 +3,8 @@ types it, saved as an evaluation profile that the loader reads back equal (and l
 again into the form), launched into a scratch store through eval --from's own steps (the
 runs queued with their tasks, shown in the Runs tab), unknown task names refused under the
 field with their closest names (checked in a worker) and no models and a bad limit refused
-at their fields. (ctrl+o of an evaluation profile in the sweep form: test_tui_sweep_form.)
+at their fields; the palette's command and the help's keys. (ctrl+o of an evaluation
+profile in the sweep form: test_tui_sweep_form.)
 
 No network: the tasks are a local lm-eval YAML folder (include), lm-eval's own names are a
 small fixed set (test_lm_eval_tasks.fake_index), the models are local folders, and the
@@ -107,10 +108,24 @@ async def test_filled_saved_and_loaded_back_equal(store, tmp_path):  # noqa: F81
     assert profiles.load(again).model_dump() == prof.model_dump()
 
 
-async def test_table3_profile_round_trips_with_what_the_form_has_no_field_for(store, tmp_path):  # noqa: F811
+async def test_palette_help_and_the_table3_profile_round_trip(store, tmp_path):  # noqa: F811
+    """The palette opens the form, the help lists its keys; the Table 3 profile loaded and
+    saved loads back equal, with what the form has no field for (published numbers)."""
+    from test_tui_first_hour import run_command
+    from workbench.tui.help_screen import HelpScreen, own_bindings
+
     app = make_app(store, tmp_path)
     async with app.run_test(size=SIZE) as pilot:
-        form = await open_form(pilot)
+        await run_command(pilot, "new evaluation")
+        assert app.query_one(TabbedContent).active == "eval" and app.focused.id == "ev-models"
+        app.action_help()  # (? in a text field is a character: the palette's "Keys of this screen")
+        await pilot.pause()
+        got = text(app.screen.query_one("#help-text", Static))
+        assert "Evaluation form (F4)" in got and all(b.tooltip in got for b in own_bindings(EvalForm))
+        await pilot.press("escape")
+        await pilot.pause()
+        assert not isinstance(app.screen, HelpScreen)
+        form = app.query_one(EvalForm)
         await through_dialog(pilot, "ctrl+o", TABLE3)  # its hub ids are not cached here: loaded all the same
         assert form.query_one("#ev-tasks", Input).value.startswith("lambada_openai, hellaswag")
         assert "Mamba-130M=state-spaces/mamba-130m-hf" in form.query_one("#ev-models", Input).value
@@ -140,8 +155,8 @@ async def test_launch_queues_the_eval_runs_with_their_tasks(store, tmp_path, off
         assert sorted(r.spec["label"] for r in runs) == sorted(["first", str(tmp_path / "m2")])
         assert all(r.spec["eval"]["limit"] == 10 and r.state == "pending" for r in runs)
         assert offline == [(sorted(r.id for r in runs), "local")]  # handed to this machine's scheduler
-        await pilot.pause(0.6)
-        await settle(pilot)
+        await pilot.pause()
+        await settle(pilot)  # (the Runs tab's poll)
         assert app.query_one(TabbedContent).active == "runs"
         table = app.query_one(RunsTable)
         assert {str(r.id) for r in runs} <= set(table.rows)
@@ -194,16 +209,3 @@ async def test_no_models_and_a_bad_limit_are_refused_at_their_fields(store, tmp_
         assert "greater than 0" in text(form.query_one("#err-ev-limit", Static))
         assert not store.runs()
 
-
-async def test_the_palette_opens_the_form_and_the_help_lists_its_keys(store, tmp_path):  # noqa: F811
-    from test_tui_first_hour import run_command
-    from workbench.tui.help_screen import own_bindings
-
-    app = make_app(store, tmp_path)
-    async with app.run_test(size=SIZE) as pilot:
-        await run_command(pilot, "new evaluation")
-        assert app.query_one(TabbedContent).active == "eval" and app.focused.id == "ev-models"
-        app.action_help()  # (? in a text field is a character: the palette's "Keys of this screen")
-        await pilot.pause()
-        got = text(app.screen.query_one("#help-text", Static))
-        assert "Evaluation form (F4)" in got and all(b.tooltip in got for b in own_bindings(EvalForm))
