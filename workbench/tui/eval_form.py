@@ -101,7 +101,8 @@ def format_models(models) -> str:
 def queue_evals(store, prof: EvalProfile) -> tuple[list[int], list[str]]:
     """Queue (or find) the runs of ``prof`` and start them, as ``eval --from FILE --detach``
     does (workbench/cli/eval_cmd.py's run_specs: ``_sources``, ``_submit``, ``_start``; no
-    console output). Returns the run ids and a line per run."""
+    console output). Returns the run ids and a line per run. (The one import of the cli
+    layer from the TUI: those steps belong in execute/, where both could import them.)"""
     from workbench.cli import eval_cmd
 
     specs = eval_profile.eval_specs(prof)
@@ -439,9 +440,7 @@ class EvalForm(Vertical):
 
     def action_launch(self) -> None:
         if lm_eval_tasks.skipped():  # as `eval` and `run FILE`: nothing is queued without lm-eval
-            from workbench.cli.eval_cmd import INSTALL_HINT
-
-            self.set_status(INSTALL_HINT, bad=True)
+            self.set_status(f"not launched: lm-eval is not installed ({lm_eval_tasks.INSTALL})", bad=True)
             return
         prof = self.build_profile()
         if prof is None:
