@@ -1,4 +1,6 @@
 """Small helpers shared by the model tests."""
+import time
+
 import torch
 
 
@@ -231,7 +233,6 @@ def tiny_lm_profile_text(corpus, name: str, *, schema_version: int = 1, models=(
 def wait_for(pred, timeout=120.0, poll=0.05):
     """``pred()``'s first true value, polled every ``poll`` seconds; an AssertionError after
     ``timeout`` seconds (for workers, schedulers and jobs in processes of their own)."""
-    import time
 
     end = time.time() + timeout
     while time.time() < end:
@@ -253,6 +254,30 @@ def drawn_words(app, widget) -> str:
     user reads there, whatever is drawn over it)."""
     r = widget.region
     return " ".join(" ".join(line[r.x:r.right].split()) for line in screen_lines(app)[r.y:r.bottom])
+
+
+async def workers_done(app) -> None:
+    """Wait until no worker of ``app`` runs. A poll worker that a newer poll cancels (the
+    views' exclusive polls do so under load) counts as done; a failed worker still raises.
+    (Textual's ``workers.wait_for_complete`` raises WorkerCancelled for the cancelled one.)"""
+    from textual.worker import WorkerCancelled
+
+    while running := [w for w in app.workers if not w.is_finished]:
+        for w in running:
+            try:
+                await w.wait()
+            except WorkerCancelled:
+                pass
+
+
+async def until(pilot, cond, timeout: float = 10.0) -> None:
+    """Let the app run until ``cond()`` holds: for work done by message handlers (a Select's
+    Changed event mounting inputs), which one pause may not finish on a loaded machine."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached in time")
+        await pilot.pause(0.02)
 
 
 async def open_form(pilot):

@@ -17,6 +17,7 @@ import pytest
 from textual.widgets import Input
 
 from test_curves import sweep
+from helpers import workers_done
 from test_tui import FakeScheduler
 from workbench.store import Store
 from workbench.tui import run_view
@@ -66,9 +67,9 @@ def make(tmp_path, monkeypatch) -> WorkbenchApp:
 async def settled(pilot) -> None:
     pilot.app.sub_title = "store"  # not the temporary path
     for _ in range(3):  # the 2 Hz polls: let each view read and draw
-        await pilot.app.workers.wait_for_complete()
+        await workers_done(pilot.app)
         await pilot.pause(0.3)
-    await pilot.app.workers.wait_for_complete()
+    await workers_done(pilot.app)
     for inp in pilot.app.screen.query(Input):  # a blinking cursor is on in some pictures only
         inp.cursor_blink = False
     await pilot.pause()

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import tiny_profile_text
+from helpers import tiny_profile_text, workers_done
 from workbench.train import checkpoint, worker
 from workbench import cli
 from workbench.execute import resume
@@ -209,10 +209,10 @@ async def test_the_tui_reads_a_read_only_store(tmp_path):
     store = Store(folder, readonly=True)
     app = WorkbenchApp(store=store, profiles_dir=tmp_path / "profiles")
     async with app.run_test(size=(160, 48)) as pilot:
-        await pilot.app.workers.wait_for_complete()
+        await workers_done(pilot.app)
         await pilot.pause()
         app.poll_runs()
-        await pilot.app.workers.wait_for_complete()
+        await workers_done(pilot.app)
         await pilot.pause()
         assert [r.state for r in app.runs_seen] == ["finished", "running"]  # nothing reaped
         assert app.query_one(RunsTable).row_count == 2

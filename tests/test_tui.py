@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import tasks
+from helpers import until, workers_done
 from textual.widget import Widget
 from textual.widgets import DataTable, Input, Select, Static, Switch
 
@@ -68,7 +69,7 @@ def tiny_profile(name: str = "tiny", models=("lstm", "transformer"), seq_lens=(1
 
 
 async def settle(pilot) -> None:
-    await pilot.app.workers.wait_for_complete()
+    await workers_done(pilot.app)
     await pilot.pause()
 
 
@@ -271,6 +272,7 @@ async def test_task_switch_and_model_options(store, tmp_path):
         form = app.query_one(SweepForm)
         app.query_one("#models", ModelPicker).set_picked(["transformer"])
         app.query_one("#task", Select).value = "mqar"
+        await until(pilot, lambda: form.query("#param-num_kv_pairs"))
         await settle(pilot)
         assert form.query("#param-num_kv_pairs") and not form.query("#param-num_tokens_to_copy")
         assert not form.query("#param-seq_len")  # comes from the sequence lengths
