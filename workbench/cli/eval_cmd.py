@@ -41,6 +41,9 @@ def add_parser(sub) -> None:
     p.add_argument("--num-fewshot", type=int, help="few-shot examples (default: the task's, mostly 0)")
     p.add_argument("--batch-size", type=int, default=8, help="sequences per forward (default 8)")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    p.add_argument("--devices", type=int, default=1, metavar="N",
+                   help="ranks, each holding the model, that split each task's documents (default 1; "
+                        "on a GPU machine one GPU each)")
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32",
                    help="weights' dtype for Hugging Face models (default float32)")
     p.add_argument("--max-length", type=int, help="context length in tokens (default: the model "
@@ -94,7 +97,8 @@ def specs_of(args) -> list[dict]:
                              label=args.label[i] if args.label else model,
                              include=include, limit=args.limit, num_fewshot=args.num_fewshot,
                              batch_size=args.batch_size, device=args.device, dtype=args.dtype,
-                             max_length=args.max_length, bootstrap_iters=args.bootstrap_iters))
+                             max_length=args.max_length, bootstrap_iters=args.bootstrap_iters,
+                             devices=args.devices))
     return out
 
 
@@ -231,6 +235,11 @@ def cmd_eval(args) -> int:
             check_task_names(specs)
         if args.executor == "slurm" and args.inline:
             raise ValueError("--inline runs the evaluations in this process: not with --executor slurm")
+        if (args.executor or "local") == "local":
+            check_devices(specs)
+        elif any(int(s["eval"].get("devices", 1)) > 1 for s in specs):
+            raise ValueError("devices > 1 runs on this machine's scheduler; a Slurm evaluation is one "
+                             "process (its ranks are not split across a job yet)")
     except ProfileError as e:
         print(e, file=sys.stderr)
         return 2
@@ -242,6 +251,30 @@ def cmd_eval(args) -> int:
     return run_specs(_store(args), specs, args.profile, fresh=args.fresh, quiet=args.quiet,
                      inline=args.inline, detach=args.detach, executor=args.executor or "local",
                      slurm=args.slurm_settings)
+
+
+def check_devices(specs: list[dict]) -> None:
+    """A run asking for more ranks than this machine has GPUs is refused before it is
+    queued, in the scheduler's words (one rank per GPU; without a GPU they are CPU processes)."""
+    from workbench.execute.scheduler import devices_refusal, visible_gpus
+
+    gpus = visible_gpus()
+    for s in specs:
+        why = devices_refusal(int(s["eval"].get("devices", 1)), gpus, key="eval.devices")
+        if why:
+            raise ValueError(why)
+
+
+def ranks_lines(specs: list[dict]) -> list[str]:
+    """One line per distinct eval.devices > 1 of the runs: how many ranks each runs on (as
+    `run --dry-run` says a training run's ranks)."""
+    out: dict[str, None] = {}
+    for s in specs:
+        n = int(s["eval"].get("devices", 1))
+        if n > 1:
+            out[f"  ranks: {n} per run (each holds the whole model and scores 1 document in {n} of "
+                f"each task; rank 0 gathers the metrics and writes the run)"] = None
+    return list(out)
 
 
 def _dry_run(specs: list[dict], args) -> int:
@@ -258,6 +291,8 @@ def _dry_run(specs: list[dict], args) -> int:
     for s in specs:
         t.add_row(s["label"], s["model"], ", ".join(s["eval"]["tasks"]), ", ".join(s["eval"]["include"]))
     console.print(t)
+    for line in ranks_lines(specs):
+        console.print(line, markup=False, highlight=False, soft_wrap=True)
     where = " as Slurm jobs" if args.executor == "slurm" else ""
     console.print(f"{len(specs)} evaluation run(s) would be launched{where} into profile {args.profile!r} "
                   f"(task names checked; dry run: nothing queued)", markup=False, highlight=False, soft_wrap=True)
@@ -285,6 +320,7 @@ def _submit(store, specs: list[dict], fresh: bool) -> tuple[list[int], list[str]
             ids.append(going.id)
             notes.append(f"run {going.id}: {s['label']} is {going.state}; watching it")
         elif again is not None and store.requeue(again.id, {"eval": "next task", "requested": time.time()}):
+            store.set_info(again.id, {"devices": s["eval"]["devices"]})  # this request's ranks (run_devices)
             ids.append(again.id)
             notes.append(f"run {again.id}: {s['label']} was {again.state}; it goes on at its next task")
         else:

@@ -473,6 +473,12 @@ def _run_evals(prof, args) -> int:
     if note:
         Console(stderr=True).print(f"{args.profile}: {note}", markup=False, highlight=False, soft_wrap=True)
     specs = eval_specs(prof)
+    try:
+        if prof.executor == "local":
+            eval_cmd.check_devices(specs)  # more ranks than GPUs: refused before anything is queued
+    except ValueError as e:
+        print(f"{args.profile}: {e}", file=sys.stderr)
+        return 2
     if args.dry_run:
         if getattr(args, "format", None) == "json":
             print(json.dumps([{"label": s["label"], "model": s["model"], **s["eval"]} for s in specs], indent=1))
@@ -484,6 +490,8 @@ def _run_evals(prof, args) -> int:
         for s in specs:
             t.add_row(s["label"], s["model"], ", ".join(s["eval"]["tasks"]))
         console.print(t)
+        for line in eval_cmd.ranks_lines(specs):
+            console.print(line, markup=False, highlight=False, soft_wrap=True)
         where = " as Slurm jobs" if prof.executor == "slurm" else ""
         console.print(f"profile {prof.name}: {len(specs)} evaluation run(s) would be launched{where} "
                       f"({summary(prof)}; dry run: nothing queued)", markup=False, highlight=False, soft_wrap=True)

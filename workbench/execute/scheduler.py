@@ -84,13 +84,13 @@ def visible_gpus() -> list[str]:
     return _visible_gpus()
 
 
-def devices_refusal(n: int, gpus: list[str]) -> str | None:
+def devices_refusal(n: int, gpus: list[str], key: str = "train.devices") -> str | None:
     """Why a run on ``n`` devices can never start on a machine with ``gpus`` (more GPUs
     than there are: one rank per GPU), or None. Without a GPU its ranks are CPU processes
     (see the module doc). Used by :meth:`Scheduler.refuse` and by the TUI's form, which says
     it before a launch."""
     if gpus and n > len(gpus):
-        return (f"train.devices = {n}, but this machine shows {len(gpus)} GPU(s) "
+        return (f"{key} = {n}, but this machine shows {len(gpus)} GPU(s) "
                 f"({', '.join(gpus)}): one rank per GPU")
     return None
 
@@ -151,7 +151,8 @@ class Scheduler:
     def refuse(self, run) -> str | None:
         """Why ``run`` can never start here (more GPUs than visible), or None."""
         gpus = list(dict.fromkeys(s for d, s in self.slots if d == "cuda"))
-        return devices_refusal(run_devices(run.spec, run.info), gpus)
+        key = "eval.devices" if run.spec.get("kind") == "eval" else "train.devices"
+        return devices_refusal(run_devices(run.spec, run.info), gpus, key)
 
     def free_slot(self, busy: Counter[str]) -> tuple[str, str] | None:
         """The (device, slot) with the most room left (first listed on ties), or None."""

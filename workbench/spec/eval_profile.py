@@ -86,6 +86,8 @@ class EvalSection(_Strict):
     max_length: Int | None = Field(default=None, gt=0)
     bootstrap_iters: Int = Field(default=100000, ge=0)
     seed: Int = Field(default=0, ge=0)
+    # ranks, each holding the model, that split each task's documents (one rank's numbers)
+    devices: Int = Field(default=1, ge=1)
 
     @field_validator("tasks", "include")
     @classmethod
@@ -167,6 +169,9 @@ class EvalProfile(_Strict):
             bad = slurm_refusal(self.slurm, self.eval.device)
             if bad:
                 raise _FieldError(("slurm", bad[0]), bad[1])
+            if self.eval.devices > 1:
+                raise _FieldError(("eval", "devices"), "devices > 1 runs on this machine's scheduler; a "
+                                  "Slurm evaluation is one process (its ranks are not split across a job yet)")
         return self
 
     @property
@@ -195,7 +200,8 @@ def eval_specs(p: EvalProfile) -> list[dict]:
     include = [os.path.abspath(os.path.expanduser(d)) for d in e.include]
     return [eval_spec(_resolve(m.model), list(e.tasks), profile=p.name, label=m.label, include=include,
                       limit=e.limit, num_fewshot=e.num_fewshot, batch_size=e.batch_size, device=e.device,
-                      dtype=e.dtype, max_length=e.max_length, bootstrap_iters=e.bootstrap_iters, seed=e.seed)
+                      dtype=e.dtype, max_length=e.max_length, bootstrap_iters=e.bootstrap_iters, seed=e.seed,
+                      devices=e.devices)
             for m in e.models]
 
 

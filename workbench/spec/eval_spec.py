@@ -13,6 +13,9 @@ DEFAULTS: dict[str, Any] = {
     "tasks": [], "include": [], "limit": None, "num_fewshot": None, "batch_size": 8,
     "device": "auto", "dtype": "float32", "max_length": None, "backend": "auto",
     "max_gen_toks": 256, "bootstrap_iters": 100000, "seed": 0,
+    # ranks, each holding the model, that lm-eval splits the documents between
+    # (workbench/train/eval_run.py); the numbers are one rank's, so spec_key ignores it
+    "devices": 1,
 }
 
 
@@ -29,6 +32,9 @@ def eval_spec(model: str, tasks: list[str], *, profile: str = "eval", label: str
     cfg["include"] = [str(p) for p in cfg["include"]]
     if cfg["limit"] is not None and not cfg["limit"] > 0:
         raise ValueError(f"eval: limit must be > 0, not {cfg['limit']}")
+    devices = cfg["devices"]
+    if isinstance(devices, bool) or not isinstance(devices, int) or devices < 1:
+        raise ValueError(f"eval: devices must be an integer >= 1, not {devices!r}")
     if int(cfg["batch_size"]) < 1:
         raise ValueError(f"eval: batch_size must be >= 1, not {cfg['batch_size']}")
     label = label or model

@@ -137,7 +137,8 @@ def run_devices(spec: dict, info: dict | None = None) -> int:
     """How many devices (ranks) a stored run trains on: ``resume --devices N``'s choice in
     its info, else its spec's ``train.devices``, else 1 (read by the scheduler, which
     reserves them, and by the worker, which starts that many ranks)."""
-    n = (info or {}).get("devices") or (spec.get("train") or {}).get("devices") or 1
+    n = ((info or {}).get("devices") or (spec.get("train") or {}).get("devices")
+         or (spec.get("eval") or {}).get("devices") or 1)  # an evaluation run's eval.devices
     return int(n)
 
 
@@ -153,4 +154,6 @@ def spec_key(spec: dict) -> str:
     s = json.loads(json.dumps(spec))  # tuples -> lists, as the store holds them
     s.pop("index", None)
     s["train"] = {k: v for k, v in (s.get("train") or {}).items() if k not in NEUTRAL_TRAIN_KEYS}
+    if isinstance(s.get("eval"), dict):  # an evaluation's ranks give one rank's numbers
+        s["eval"].pop("devices", None)
     return json.dumps(s, sort_keys=True)

@@ -21,6 +21,14 @@ evaluation is queued, shown, killed and resumed like a training run. The run
 
 So ``export --metric acc``, ``report`` (a profile's ``[[published]]`` with ``eval_set`` =
 the task) and the Results tab read these numbers like any others.
+
+With ``eval.devices = N > 1`` the worker starts N ranks as for training
+(workbench/train/distributed.py: rank 0 the scheduler's worker, ranks 1..N-1 its children;
+or torchrun / srun), each joins the group first (:func:`join`: its device, gloo on the CPU,
+nccl on a GPU, the group's timeouts) and loads the model; lm-eval gives each rank every N-th
+document and gathers the per-document metrics to rank 0 (workbench/train/lm_eval_adapter.py),
+which alone writes the run's rows. Rank 0 decides which tasks are done and tells the others,
+so every rank runs the same tasks; the numbers equal one rank's (tests/test_lm_eval_ranks.py).
 """
 from __future__ import annotations
 
@@ -81,20 +89,52 @@ def _stop_in_this_process_only(stop) -> dict:
     return {sig: signal.signal(sig, handler) for sig in stop.SIGNALS}
 
 
-def run_eval(store, run_id: int, spec: dict, stop) -> str:
+def join(spec: dict, ranks):
+    """(this rank's device, the group or None for one process). On several ranks the group
+    is joined before anything else, so a rank that cannot start fails every rank's start
+    (the rendezvous' limit, distributed.JOIN_TIMEOUT); each rank takes GPU ``local_rank``,
+    or on the CPU its share of the cores."""
+    import os
+
+    import torch
+
+    from workbench.train import distributed
+    from workbench.train.measure import pick_device
+
+    cfg = {**DEFAULTS, **(spec.get("eval") or {})}
+    try:
+        device = pick_device(cfg["device"], "eval.device")
+    except ValueError as e:
+        raise RunFailed(str(e)) from None
+    if ranks is None:
+        return device, None
+    if device.type == "cuda":
+        if ranks.local_rank >= torch.cuda.device_count():
+            raise RunFailed(f"rank {ranks.rank} needs GPU {ranks.local_rank}, but this node shows "
+                            f"{torch.cuda.device_count()} (eval.devices = {ranks.world})")
+        torch.cuda.set_device(ranks.local_rank)
+        device = torch.device("cuda", ranks.local_rank)
+    elif "OMP_NUM_THREADS" not in os.environ:  # the scheduler's worker_env sets it; inline runs do not
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // ranks.world))
+    return device, distributed.Group(ranks, device)
+
+
+def run_eval(store, run_id: int, spec: dict, stop, device=None, group=None, info: dict | None = None) -> str:
     """Evaluate the run's model on its tasks (module doc); returns a one-line summary.
-    ``stop`` (a StopFlag) raises Stopped when a signal arrives; the tasks done stay done."""
+    ``stop`` (a StopFlag) raises Stopped when a signal arrives; the tasks done stay done.
+    On several ranks: ``device`` and ``group`` from :func:`join`; a rank >= 1 passes a
+    NullWriter as ``store`` and the run's ``info`` as rank 0 read it."""
     import signal
 
     previous = _stop_in_this_process_only(stop)
     try:
-        return _run_eval(store, run_id, spec, stop)
+        return _run_eval(store, run_id, spec, stop, device, group, info)
     finally:
         for sig, h in previous.items():
             signal.signal(sig, h)
 
 
-def _run_eval(store, run_id: int, spec: dict, stop) -> str:
+def _run_eval(store, run_id: int, spec: dict, stop, device, group, info) -> str:
     import torch
 
     try:
@@ -103,19 +143,18 @@ def _run_eval(store, run_id: int, spec: dict, stop) -> str:
         raise RunFailed("evaluation needs lm-evaluation-harness: pip install 'ssm-workbench[eval]'") from None
     from workbench.train import eval_models
     from workbench.train.lm_eval_adapter import WorkbenchLM
-    from workbench.train.measure import pick_device
 
     t0 = time.time()
     cfg = {**DEFAULTS, **(spec.get("eval") or {})}
-    try:
-        device = pick_device(cfg["device"], "eval.device")
-    except ValueError as e:
-        raise RunFailed(str(e)) from None
+    if device is None:
+        device, group = join(spec, None)
+    leader = group is None or group.rank == 0
     for folder in cfg["include"]:
         from pathlib import Path
         if not Path(folder).is_dir():
             raise RunFailed(f"task folder {folder} does not exist")
-    info = (store.get(run_id).info or {}) if hasattr(store, "get") else {}
+    if info is None:
+        info = (store.get(run_id).info or {}) if hasattr(store, "get") else {}
     try:
         # a Slurm job's run:N comes as read from the store at submission (info's eval_source)
         lm = eval_models.load(spec["model"], device, store_root=getattr(store, "root", None),
@@ -123,7 +162,8 @@ def _run_eval(store, run_id: int, spec: dict, stop) -> str:
                               source=info.get("eval_source"))
     except eval_models.ModelRefError as e:
         raise RunFailed(str(e)) from None
-    adapter = WorkbenchLM(lm, batch_size=int(cfg["batch_size"]), max_gen_toks=int(cfg["max_gen_toks"]))
+    adapter = WorkbenchLM(lm, batch_size=int(cfg["batch_size"]), max_gen_toks=int(cfg["max_gen_toks"]),
+                          group=group)
     manager = task_manager(cfg["tasks"], cfg["include"])
     unknown = [t for t in cfg["tasks"] if t not in manager.all_tasks]
     if unknown:  # `eval` and `run` check the names first (spec/lm_eval_tasks.py); a run queued by hand may not
@@ -138,14 +178,21 @@ def _run_eval(store, run_id: int, spec: dict, stop) -> str:
     sets_of: dict[str, list[str]] = dict(info.get("eval_sets") or {}) if info.get("resume") else {}
     done = [t for t in (info.get("eval_done") or []) if t in cfg["tasks"] and sets_of.get(t)] \
         if info.get("resume") else []
+    if group is not None:  # rank 0's list is the run's: every rank then runs the same tasks
+        done = group.gather_objects(done)[0]
     store.set_info(run_id, {"eval_model": lm.info, "lm_eval_version": getattr(lm_eval, "__version__", "?"),
                             "max_length": lm.max_length})
+    if group is not None:
+        store.set_info(run_id, {"ranks": {"world": group.world, "launcher": group.ranks.launcher,
+                                          "backend": group.backend}})
     tasks = cfg["tasks"]
     store.heartbeat(run_id, progress=len(done) / len(tasks), step=len(done), total_steps=len(tasks),
                     backend=lm.info.get("backend") or lm.info.get("kind"), device=str(device))
-    print(f"[eval] run {run_id}: {lm.name} ({lm.info.get('kind')}, {lm.info.get('params', 0):,} parameters, "
-          f"max length {lm.max_length}) on {', '.join(tasks)}"
-          f"{f'; {len(done)} done before' if done else ''}", flush=True)
+    if leader:
+        ranks = f"; {group.world} ranks ({group.backend}), each scoring 1 document in {group.world}" if group else ""
+        print(f"[eval] run {run_id}: {lm.name} ({lm.info.get('kind')}, {lm.info.get('params', 0):,} parameters, "
+              f"max length {lm.max_length}) on {', '.join(tasks)}"
+              f"{f'; {len(done)} done before' if done else ''}{ranks}", flush=True)
     beat = {"t": 0.0}
 
     def within(n: int, total: int) -> None:
@@ -157,6 +204,15 @@ def _run_eval(store, run_id: int, spec: dict, stop) -> str:
 
     adapter.progress = within
     for task in tasks:
+        if group is not None:
+            # every rank at the same task and decision, or the run fails here: out of step,
+            # lm-eval's collectives would pair unrelated calls or wait out the group's timeout
+            plans = group.gather_objects(("task", task, task in done))
+            if any(plan != plans[0] for plan in plans):
+                raise RunFailed("ranks out of step: " + "; ".join(
+                    f"rank {r} at {plan[1]} ({'done' if plan[2] else 'to run'})"
+                    if isinstance(plan, tuple) and plan[:1] == ("task",) else f"rank {r} elsewhere ({plan!r:.60})"
+                    for r, plan in enumerate(plans)))
         if task in done:
             continue
         stop.raise_if_set()
@@ -167,6 +223,9 @@ def _run_eval(store, run_id: int, spec: dict, stop) -> str:
                 num_fewshot=cfg["num_fewshot"], bootstrap_iters=int(cfg["bootstrap_iters"]),
                 log_samples=False, random_seed=cfg["seed"], numpy_random_seed=1234 + cfg["seed"],
                 torch_random_seed=1234 + cfg["seed"], fewshot_random_seed=1234 + cfg["seed"])
+        if not leader:  # lm-eval aggregated this rank's share on rank 0, which stores it
+            done.append(task)
+            continue
         if res is None:
             raise RunFailed(f"lm-eval returned no results for {task}")
         counts = res.get("n-samples", {})
@@ -186,7 +245,10 @@ def _run_eval(store, run_id: int, spec: dict, stop) -> str:
         store.set_info(run_id, {"eval_done": done, "eval_sets": sets_of})
         store.heartbeat(run_id, progress=len(done) / len(tasks), step=len(done), total_steps=len(tasks))
         print(f"[eval] run {run_id}: {task} done in {time.time() - t:.1f} s", flush=True)
-    store.set_info(run_id, {"generation": adapter.generation})
+    generation = adapter.generation
+    if group is not None:  # every rank generated for its own documents
+        generation = {k: sum(g[k] for g in group.gather_objects(generation)) for k in generation}
+    store.set_info(run_id, {"generation": generation})
     store.set_results(run_id, {"wall_s": time.time() - t0,
                                "params": float(lm.info.get("params", 0))}, eval_set="")
     return f"{lm.name}: {len(tasks)} task(s) in {time.time() - t0:.1f} s"

@@ -19,6 +19,16 @@ adapter only scores tokens. Its three requests:
 
 The model side is a :class:`LoadedLM` (workbench/train/eval_models.py builds them from a
 Hugging Face folder or hub id, or from a workbench run's checkpoint).
+
+On several ranks (``eval.devices = N``; workbench/train/eval_run.py joins the group) each
+rank's adapter holds the whole model and lm-eval's evaluator gives it every N-th document
+(``rank``, ``world_size``); the evaluator then calls ``all_gather`` (request counts, to pad
+the ranks to equal work), ``barrier`` and ``gather_object`` (each rank's per-document
+metrics to rank 0), here over torch.distributed (distributed.Group: gloo on the CPU, the
+Python objects over gloo also on a GPU run). lm-eval concatenates the gathered lists rank
+by rank; :func:`in_document_order` hands them to it in the documents' order instead, so
+rank 0 aggregates the very list one process would: float sums in the same order, and
+bootstrapped standard errors (a seeded resampling of that list) equal to one rank's.
 """
 from __future__ import annotations
 
@@ -65,11 +75,12 @@ class WorkbenchLM(TemplateLM):
     forward in the log-likelihood requests; ``max_gen_toks``: the default generation
     budget (the harness's ``hf`` model uses 256)."""
 
-    def __init__(self, lm: LoadedLM, batch_size: int = 8, max_gen_toks: int = 256):
+    def __init__(self, lm: LoadedLM, batch_size: int = 8, max_gen_toks: int = 256, group=None):
         super().__init__()
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, not {batch_size}")
         self.lm, self.batch_size, self.max_gen_toks = lm, int(batch_size), int(max_gen_toks)
+        self.group = group  # a workbench.train.distributed.Group on several ranks, else None
         self.generation = {"streamed": 0, "recomputed": 0}  # how generate_until ran (tests read it)
         # called as progress(done, total) after each batch of log-likelihoods and each
         # generation: an evaluation run shows how far into a task it is (a task of 10,000
@@ -88,6 +99,39 @@ class WorkbenchLM(TemplateLM):
     @property
     def max_length(self) -> int:
         return self.lm.max_length
+
+    @property
+    def device(self) -> torch.device:
+        return self.lm.device  # where lm-eval puts the tensors it all-gathers
+
+    # -- several ranks (module doc) -----------------------------------------------------
+    @property
+    def rank(self) -> int:
+        return self.group.rank if self.group is not None else 0
+
+    @property
+    def world_size(self) -> int:
+        return self.group.world if self.group is not None else 1
+
+    def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Every rank's ``tensor`` concatenated in rank order along dim 0 (a 0-d tensor, as
+        lm-eval sends its request count, counts as shape (1,)): (world * n, ...)."""
+        if self.group is None:
+            return tensor
+        return torch.cat(self.group.gather(torch.atleast_1d(tensor)))
+
+    def gather_object(self, obj, dst: int = 0):
+        """Rank ``dst``: every rank's ``obj`` (picklable) as a list in rank order, with the
+        per-document lists put in document order (:func:`in_document_order`); others: None."""
+        if self.group is None:
+            return [obj]
+        out = [None] * self.world_size if self.rank == dst else None
+        self.group.dist.gather_object(obj, out, dst=dst, group=self.group.control)
+        return in_document_order(out) if out is not None else None
+
+    def barrier(self) -> None:
+        if self.group is not None:
+            self.group.dist.barrier(group=self.group.control)
 
     def tok_encode(self, string: str, add_special_tokens: bool | None = None, **kwargs) -> list[int]:
         return list(self.lm.encode(string, add_special_tokens))
@@ -195,3 +239,39 @@ class WorkbenchLM(TemplateLM):
             if s:
                 text = text.split(s)[0]
         return text
+
+
+def in_document_order(parts: list) -> list:
+    """The ranks' gathered objects ``parts`` (rank order) with their per-document lists in
+    the documents' order. lm-eval's evaluator gathers ``{task: {(metric, filter): [value per
+    document]}}`` from each rank, rank r holding documents r, r + N, r + 2N, ...
+    (``lm_eval.utils.create_iterator``), and chains the lists rank by rank; here the lists
+    at each key path are interleaved back (document d = rank d % N's (d // N)-th) into rank
+    0's entry, the others' emptied, so that chain is the one-process list. Anything not a
+    dict of lists is left as gathered."""
+    if not parts or not all(isinstance(p, dict) for p in parts):
+        return parts
+
+    def merge(items: list):
+        if all(isinstance(x, dict) for x in items):
+            keys = list(dict.fromkeys(k for x in items for k in x))
+            if not all(all(k in x for x in items) for k in keys):
+                return None  # the ranks disagree on the keys: leave it to lm-eval
+            got = {k: merge([x[k] for x in items]) for k in keys}
+            return None if any(v is None for v in got.values()) else got
+        if all(isinstance(x, list) for x in items):
+            n, world = sum(len(x) for x in items), len(items)
+            if any(len(x) != (n - r + world - 1) // world for r, x in enumerate(items)):
+                return None  # not the round-robin split's sizes
+            return [items[d % world][d // world] for d in range(n)]
+        return None
+
+    merged = merge(parts)
+    if merged is None:
+        return parts
+    return [merged] + [_emptied(p) for p in parts[1:]]
+
+
+def _emptied(obj):
+    """``obj`` with every list at its leaves empty (same keys, so lm-eval's chain finds them)."""
+    return {k: _emptied(v) for k, v in obj.items()} if isinstance(obj, dict) else []

@@ -130,8 +130,9 @@ def _start_ranks(store, run_id: int, r, argv: list[str]) -> tuple[distributed.Ra
     ranks = distributed.from_env()
     if ranks is not None:
         if ranks.world != world:
-            raise RunFailed(f"started as {ranks.world} ranks ({ranks.launcher}), but the run asks for "
-                            f"{world} (train.devices)")
+            key = "eval.devices" if r.spec.get("kind") == "eval" else "train.devices"
+        raise RunFailed(f"started as {ranks.world} ranks ({ranks.launcher}), but the run asks for "
+                        f"{world} ({key})")
         return ranks, None
     if world == 1:
         return None, None
@@ -155,22 +156,23 @@ def _start_ranks(store, run_id: int, r, argv: list[str]) -> tuple[distributed.Ra
     return launcher.rank0(), launcher
 
 
-def _rank_failure(trainer, launcher, e: BaseException) -> str | None:
-    """A peer rank's failure behind rank 0's error ``e``, as the run's one line, if any."""
+def _rank_failure(group, launcher, e: BaseException) -> str | None:
+    """A peer rank's failure behind rank 0's error ``e`` (``group``: the run's
+    distributed.Group, or None), as the run's one line, if any."""
     line = launcher.wait_failure() if launcher is not None else None
-    said = trainer.group.failure() if trainer is not None and trainer.group is not None else None
+    said = group.failure() if group is not None else None
     if said and line:
         return f"{line}: {said.split(': ', 1)[-1]}"
     if line or said:
         return line or said
     lost = type(e).__name__ == "DistBackendError" or any(
         k in str(e) for k in ("by peer", "Connection reset", "Broken pipe"))
-    if trainer is not None and trainer.group is not None and lost:
+    if group is not None and lost:
         # a rank this process did not start (torchrun, srun) died without a word (a signal):
         # its launcher's own log names it
         first = str(e).splitlines()[0][:200] if str(e) else type(e).__name__
-        return (f"another rank of {trainer.group.world} ({trainer.group.ranks.launcher}) stopped without "
-                f"an error of its own (killed?); see {trainer.group.ranks.launcher}'s output: {first}")
+        return (f"another rank of {group.world} ({group.ranks.launcher}) stopped without "
+                f"an error of its own (killed?); see {group.ranks.launcher}'s output: {first}")
     return None
 
 
@@ -189,7 +191,7 @@ def _run(store: Store, run_id: int, t_start: float, stop: StopFlag, argv: list[s
         print(f"run {run_id} is {r.state}; nothing to do", file=sys.stderr)
         return 0
     if r.spec.get("kind") == "eval":  # an lm-eval run (workbench/train/eval_run.py)
-        return _run_eval(store, run_id, r.spec, stop)
+        return _run_eval(store, run_id, r, stop, argv or [])
     bg = start_sampler(store, run_id)
     trainer = events = launcher = None
     try:
@@ -279,7 +281,8 @@ def _run(store: Store, run_id: int, t_start: float, stop: StopFlag, argv: list[s
             raise  # run() records it, with the space it frees first
         tb = traceback.format_exc()
         print(tb, file=sys.stderr, flush=True)
-        peer = _rank_failure(trainer, launcher, e) if (launcher or (trainer and trainer.group)) else None
+        group = trainer.group if trainer is not None else None
+        peer = _rank_failure(group, launcher, e) if (launcher or group) else None
         if peer:  # a collective broke because another rank died: that rank's failure is the run's
             store.finish(run_id, "failed", peer)
             print(f"[worker] run {run_id} failed: {peer}", flush=True)
@@ -311,14 +314,18 @@ def _live_events(store, run_id: int, spec: dict):
     return live
 
 
-def _run_eval(store, run_id: int, spec: dict, stop: StopFlag) -> int:
+def _run_eval(store, run_id: int, r, stop: StopFlag, argv: list[str]) -> int:
     """An evaluation run: its tasks one by one, each one's results kept as it ends, so a
-    stopped run resumes at the first task it has not finished."""
-    from workbench.train.eval_run import run_eval
+    stopped run resumes at the first task it has not finished. With eval.devices = N > 1
+    this process is rank 0 and starts the others as for training (:func:`_start_ranks`)."""
+    from workbench.train.eval_run import join, run_eval
 
     bg = start_sampler(store, run_id)
+    group = launcher = None
     try:
-        summary = run_eval(store, run_id, spec, stop)
+        ranks, launcher = _start_ranks(store, run_id, r, argv)
+        device, group = join(r.spec, ranks)
+        summary = run_eval(store, run_id, r.spec, stop, device, group)
         stop.defer = True
         store.finish(run_id, "finished")
         print(f"[worker] run {run_id} finished: {summary}", flush=True)
@@ -338,10 +345,19 @@ def _run_eval(store, run_id: int, spec: dict, stop: StopFlag) -> int:
             raise
         tb = traceback.format_exc()
         print(tb, file=sys.stderr, flush=True)
+        peer = _rank_failure(group, launcher, e) if (launcher or group) else None
+        if peer:  # a collective broke because another rank died: that rank's failure is the run's
+            store.finish(run_id, "failed", peer)
+            print(f"[worker] run {run_id} failed: {peer}", flush=True)
+            return 1
         store.finish(run_id, "failed", f"{type(e).__name__}: {e}\n{tb[-4000:]}")
         return 1
     finally:
         bg.stop()
+        if group is not None:  # first, so ranks waiting in a collective fail at once
+            group.close()
+        if launcher is not None:
+            launcher.stop(grace_s=10.0)
 
 
 def _set_cpu_threads(spec: RunSpec, world: int = 1) -> None:
@@ -459,6 +475,8 @@ def run_peer(store_dir: str | None, run_id: int, run_file: str | None, ranks: di
     tag = f"rank {ranks.rank} of {ranks.world}"
     try:
         r, root, resume = _peer_view(store_dir, run_file, run_id)
+        if r.spec.get("kind") == "eval":
+            return _eval_peer(r, root, run_id, ranks, tag)
         spec = RunSpec.from_dict(r.spec)
         if r.info.get("sharding"):  # as rank 0 reads it
             spec.train.sharding = run_sharding(r.spec, r.info)
@@ -490,6 +508,32 @@ def run_peer(store_dir: str | None, run_id: int, run_file: str | None, ranks: di
     finally:
         if trainer is not None and trainer.group is not None:
             trainer.group.close()
+
+
+def _eval_peer(r, root, run_id: int, ranks: distributed.Ranks, tag: str) -> int:
+    """Rank >= 1 of an evaluation run: score its share of each task's documents (rank 0
+    gathers and stores the numbers), never writing the run."""
+    from workbench.train.eval_run import join, run_eval
+
+    stop = StopFlag()
+    for sig in StopFlag.SIGNALS:
+        signal.signal(sig, stop.handler)
+    group = None
+    try:
+        device, group = join(r.spec, ranks)
+        run_eval(distributed.NullWriter(root), run_id, r.spec, stop, device, group, info=r.info)
+        return 0
+    except Stopped:  # kill's signal reached every rank; rank 0 records it
+        return 0
+    except BaseException as e:
+        line = f"{tag}: {type(e).__name__}: {e}".splitlines()[0][:500]
+        _say(f"[{tag}] run {run_id}: {traceback.format_exc()}", err=True)
+        if group is not None:
+            group.say_failed(line)
+        return 1
+    finally:
+        if group is not None:
+            group.close()
 
 
 def main(argv: list[str] | None = None) -> int:
