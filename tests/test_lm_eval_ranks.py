@@ -89,6 +89,8 @@ def test_devices_is_checked_and_does_not_change_an_evaluations_identity(tmp_path
     assert loads(text + "devices = 3\n").eval.devices == 3
     with pytest.raises(ProfileError, match="devices"):
         loads(text + "devices = 0\n")
+    with pytest.raises(ProfileError, match="a Slurm evaluation is one process"):  # not split across a job yet
+        loads('executor = "slurm"\n' + text + "devices = 2\n")
     # more ranks than GPUs: refused in the scheduler's words, before anything is queued
     monkeypatch.setattr(scheduler, "visible_gpus", lambda: ["0"])
     with pytest.raises(ValueError, match=r"eval.devices = 2, but this machine shows 1 GPU\(s\) \(0\)"):
