@@ -214,11 +214,11 @@ async def test_ctrl_r_after_an_evaluation_profile_does_not_launch_the_forms_swee
 
     from test_lm_eval_tasks import fake_index
 
-    from workbench.cli import eval_cmd
+    from workbench.execute import eval_queue
 
     fake_index(monkeypatch)  # the evaluation form checks the task names: not against lm-eval's real index
     started = []  # its runs are queued, never started here (no scheduler process)
-    monkeypatch.setattr(eval_cmd, "_start", lambda st, ids, *a: started.append(ids))
+    monkeypatch.setattr(eval_queue, "start", lambda st, ids, *a: started.append(ids))
     path = Path(__file__).resolve().parent.parent / "profiles" / "zero-shot-table3.toml"
     app = make_app(store, tmp_path)
     async with app.run_test(size=SIZE) as pilot:

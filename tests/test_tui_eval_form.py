@@ -8,7 +8,7 @@ profile in the sweep form: test_tui_sweep_form.)
 
 No network: the tasks are a local lm-eval YAML folder (include), lm-eval's own names are a
 small fixed set (test_lm_eval_tasks.fake_index), the models are local folders, and the
-runs are queued but not started (eval_cmd._start recorded, not run)."""
+runs are queued but not started (eval_queue.start recorded, not run)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -18,7 +18,7 @@ from textual.widgets import Input, Select, Static, TabbedContent
 
 from test_lm_eval_tasks import fake_index, needs_lm_eval, write_task
 from test_tui import SIZE, make_app, settle, store, type_into  # noqa: F401
-from workbench.cli import eval_cmd
+from workbench.execute import eval_queue
 from workbench.spec import profile as profiles
 from workbench.tui import eval_form
 from workbench.tui.eval_form import EvalForm
@@ -31,10 +31,10 @@ TABLE3 = Path(__file__).resolve().parent.parent / "profiles" / "zero-shot-table3
 @pytest.fixture(autouse=True)
 def offline(monkeypatch):
     """lm-eval's own names as a small fixed set (no 10-50 s index), and runs queued but not
-    started (no scheduler process): the calls to eval_cmd._start are recorded."""
+    started (no scheduler process): the calls to eval_queue.start are recorded."""
     fake_index(monkeypatch)
     started: list[tuple] = []
-    monkeypatch.setattr(eval_cmd, "_start", lambda st, ids, executor, slurm, sources:
+    monkeypatch.setattr(eval_queue, "start", lambda st, ids, executor, slurm, sources:
                         started.append((list(ids), executor)))
     return started
 

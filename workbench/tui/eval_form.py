@@ -17,7 +17,7 @@ seed, ...) is kept, so load -> save writes the same profile. The profile is read
 checked by eval_profile's own model (:func:`form_profile`) and written by
 :func:`profile_data` (eval_profile has no serialiser: this is the smallest one, a
 ``model_dump`` without the empty tables). A launch queues the runs as ``eval --from FILE``
-does (:func:`queue_evals`: eval_cmd's own steps) in a worker; the app then shows them in
+does (:func:`queue_evals`: workbench/execute/eval_queue.py) in a worker; the app then shows them in
 the Runs tab.
 """
 from __future__ import annotations
@@ -100,16 +100,11 @@ def format_models(models) -> str:
 
 def queue_evals(store, prof: EvalProfile) -> tuple[list[int], list[str]]:
     """Queue (or find) the runs of ``prof`` and start them, as ``eval --from FILE --detach``
-    does (workbench/cli/eval_cmd.py's run_specs: ``_sources``, ``_submit``, ``_start``; no
-    console output). Returns the run ids and a line per run. (The one import of the cli
-    layer from the TUI: those steps belong in execute/, where both could import them.)"""
-    from workbench.cli import eval_cmd
+    does (workbench/execute/eval_queue.py, which the CLI calls too; no console output).
+    Returns the run ids and a line per run."""
+    from workbench.execute import eval_queue
 
-    specs = eval_profile.eval_specs(prof)
-    sources = eval_cmd._sources(store, specs) if prof.executor == "slurm" else {}
-    ids, notes = eval_cmd._submit(store, specs, False)
-    eval_cmd._start(store, ids, prof.executor, prof.slurm, sources)
-    return ids, notes
+    return eval_queue.queue(store, eval_profile.eval_specs(prof), prof.executor, prof.slurm)
 
 
 def _problem_lines(e: ProfileError) -> list[tuple[str | None, str]]:
