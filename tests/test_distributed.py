@@ -324,3 +324,21 @@ def test_the_memory_estimate_is_per_device():
     one, two = run(None), run(2)
     assert one.parts["weights"] == two.parts["weights"] and one.parts["optimizer"] == two.parts["optimizer"]
     assert two.parts["activations"] == pytest.approx(one.parts["activations"] / 2, rel=0.01)
+
+
+def test_a_rank_takes_its_own_gpu_and_is_refused_where_the_node_has_too_few(monkeypatch):
+    """Ranks.pin (training's and evaluation's ranks): rank r's device is cuda:local_rank, made
+    current; a node with fewer GPUs refuses in one line naming the setting; CPU unchanged."""
+    from workbench.train.stop import RunFailed
+
+    made_current = []
+    monkeypatch.setattr(torch.cuda, "set_device", made_current.append)
+    r = distributed.Ranks(rank=3, world=4, local_rank=1, launcher="srun")
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert r.pin(torch.device("cuda"), "train.devices") == torch.device("cuda", 1)
+    assert made_current == [1]
+    assert r.pin(torch.device("cpu"), "train.devices") == torch.device("cpu")
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    with pytest.raises(RunFailed, match=r"^rank 3 needs GPU 1, but this node shows 1 \(eval.devices = 4\)$"):
+        r.pin(torch.device("cuda"), "eval.devices")
+    assert made_current == [1]

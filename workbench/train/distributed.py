@@ -47,6 +47,8 @@ from dataclasses import dataclass
 
 import torch
 
+from workbench.train.stop import RunFailed
+
 FAILED_KEY = "ssmwb/failed/"  # + rank: a rank's one-line error, in the group's store
 # a collective waits this long for a peer (rank 0 evaluates while the others wait at the
 # step's agreement, so it must outlast the longest evaluation)
@@ -69,6 +71,18 @@ class Ranks:
     @property
     def leader(self) -> bool:
         return self.rank == 0
+
+    def pin(self, device: torch.device, key: str) -> torch.device:
+        """This rank's device: on CUDA its own GPU (local rank, made current), refused in one
+        line naming ``key`` (the setting that asked for the ranks) when the node shows fewer
+        GPUs; any other device unchanged."""
+        if device.type != "cuda":
+            return device
+        if self.local_rank >= torch.cuda.device_count():
+            raise RunFailed(f"rank {self.rank} needs GPU {self.local_rank}, but this node shows "
+                            f"{torch.cuda.device_count()} ({key} = {self.world})")
+        torch.cuda.set_device(self.local_rank)
+        return torch.device("cuda", self.local_rank)
 
 
 def from_env(env: Mapping[str, str] = os.environ) -> Ranks | None:

@@ -108,13 +108,8 @@ def join(spec: dict, ranks):
         raise RunFailed(str(e)) from None
     if ranks is None:
         return device, None
-    if device.type == "cuda":
-        if ranks.local_rank >= torch.cuda.device_count():
-            raise RunFailed(f"rank {ranks.rank} needs GPU {ranks.local_rank}, but this node shows "
-                            f"{torch.cuda.device_count()} (eval.devices = {ranks.world})")
-        torch.cuda.set_device(ranks.local_rank)
-        device = torch.device("cuda", ranks.local_rank)
-    elif "OMP_NUM_THREADS" not in os.environ:  # the scheduler's worker_env sets it; inline runs do not
+    device = ranks.pin(device, "eval.devices")
+    if device.type != "cuda" and "OMP_NUM_THREADS" not in os.environ:  # the scheduler's worker_env sets it; inline runs do not
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // ranks.world))
     return device, distributed.Group(ranks, device)
 

@@ -24,7 +24,6 @@ from torch import nn
 from tasks import metrics as task_metrics
 from workbench.train import checkpoint, distributed, sharded
 from workbench.train.loss_window import LossTracker
-from workbench.train.stop import RunFailed
 
 
 class RankLossTracker(LossTracker):
@@ -65,13 +64,7 @@ class RankState:
     from every rank (``rngs``; ``whole``, also kept on rank 0 after :meth:`unshard`)."""
 
     def __init__(self, ranks: distributed.Ranks, device: torch.device, sharding: str | None):
-        if device.type == "cuda":
-            if ranks.local_rank >= torch.cuda.device_count():
-                raise RunFailed(f"rank {ranks.rank} needs GPU {ranks.local_rank}, but this node shows "
-                                f"{torch.cuda.device_count()} (train.devices = {ranks.world})")
-            torch.cuda.set_device(ranks.local_rank)
-            device = torch.device("cuda", ranks.local_rank)
-        self.device = device
+        self.device = device = ranks.pin(device, "train.devices")
         self.group = distributed.Group(ranks, device)
         self.lead = self.group.rank == 0
         # under FSDP the model is sharded per block when training starts; rank 0 evaluates
