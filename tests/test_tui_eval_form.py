@@ -69,6 +69,7 @@ async def fill(pilot, form: EvalForm, tmp_path: Path, tasks: str = "my_choice") 
     await type_into(pilot, "#ev-tasks", tasks)
     await type_into(pilot, "#ev-limit", "10")
     await type_into(pilot, "#ev-batch", "4")
+    await type_into(pilot, "#ev-devices", "2")
     form.query_one("#ev-device", Select).value = "cpu"
     await checked(pilot, form)
     return folder, tmp_path / "m2"
@@ -95,7 +96,7 @@ async def test_filled_saved_and_loaded_back_equal(store, tmp_path):  # noqa: F81
     assert isinstance(prof, profiles.EvalProfile) and prof.name == "evtest"
     assert [(m.label, m.model) for m in prof.eval.models] == [("first", str(tmp_path / "m1")), (str(m2), str(m2))]
     assert prof.eval.tasks == ["my_choice"] and prof.eval.include == [str(folder)]
-    assert (prof.eval.limit, prof.eval.batch_size, prof.eval.device) == (10, 4, "cpu")
+    assert (prof.eval.limit, prof.eval.batch_size, prof.eval.device, prof.eval.devices) == (10, 4, "cpu", 2)
     # loaded into a new form: the same fields, saved again: the same profile
     app = make_app(store, tmp_path)
     async with app.run_test(size=SIZE) as pilot:
@@ -103,6 +104,7 @@ async def test_filled_saved_and_loaded_back_equal(store, tmp_path):  # noqa: F81
         await through_dialog(pilot, "ctrl+o", out)
         assert form.query_one("#ev-models", Input).value == f"first={tmp_path / 'm1'}, {m2}"
         assert form.query_one("#ev-limit", Input).value == "10"
+        assert form.query_one("#ev-devices", Input).value == "2"
         again = tmp_path / "again.toml"
         await through_dialog(pilot, "ctrl+s", again)
     assert profiles.load(again).model_dump() == prof.model_dump()
@@ -207,5 +209,8 @@ async def test_no_models_and_a_bad_limit_are_refused_at_their_fields(store, tmp_
         await type_into(pilot, "#ev-limit", "-1")
         await pilot.pause()
         assert "greater than 0" in text(form.query_one("#err-ev-limit", Static))
+        await type_into(pilot, "#ev-devices", "0")
+        await pilot.pause()
+        assert "greater than or equal to 1" in text(form.query_one("#err-ev-devices", Static))
         assert not store.runs()
 

@@ -51,7 +51,8 @@ DTYPES = ("float32", "bfloat16", "float16")
 FIELD_OF = {("name",): "ev-name", ("description",): "ev-description", ("eval", "models"): "ev-models",
             ("eval", "tasks"): "ev-tasks", ("eval", "include"): "ev-include", ("eval", "limit"): "ev-limit",
             ("eval", "batch_size"): "ev-batch", ("eval", "num_fewshot"): "ev-fewshot",
-            ("eval", "dtype"): "ev-dtype", ("eval", "device"): "ev-device", ("executor",): "ev-executor",
+            ("eval", "dtype"): "ev-dtype", ("eval", "device"): "ev-device", ("eval", "devices"): "ev-devices",
+            ("executor",): "ev-executor",
             ("slurm",): "ev-slurm"}
 
 
@@ -173,6 +174,8 @@ class EvalForm(Vertical):
                                            value="float32", compact=True), "ev-dtype")
             yield FieldRow("device", Select([(d, d) for d in ("auto", "cpu", "cuda")], id="ev-device",
                                             allow_blank=False, value="auto", compact=True), "ev-device")
+            yield FieldRow("devices", Input("1", id="ev-devices", compact=True), "ev-devices",
+                           unit="ranks, one process each; lm-eval splits the documents")
             yield Static("Where", classes="section")
             yield FieldRow("executor", Select([("this machine", "local"), ("Slurm: a job per model", "slurm")],
                                               id="ev-executor", allow_blank=False, value="local", compact=True),
@@ -206,6 +209,7 @@ class EvalForm(Vertical):
         ev["include"] = split_list(self._text("ev-include"))
         numbers = (("ev-limit", "limit", float, "a number > 0, e.g. 100 (documents) or 0.1 (a fraction)"),
                    ("ev-batch", "batch_size", int, "a whole number > 0, e.g. 8"),
+                   ("ev-devices", "devices", int, "a whole number > 0, e.g. 2"),
                    ("ev-fewshot", "num_fewshot", int, "a whole number >= 0, or empty for the task's own"))
         for fid, key, kind, want in numbers:
             text = self._text(fid)
@@ -365,6 +369,7 @@ class EvalForm(Vertical):
         values = {"ev-name": prof.name, "ev-description": prof.description, "ev-models": format_models(e.models),
                   "ev-tasks": ", ".join(e.tasks), "ev-include": ", ".join(e.include),
                   "ev-limit": "" if e.limit is None else f"{e.limit:g}", "ev-batch": str(e.batch_size),
+                  "ev-devices": str(e.devices),
                   "ev-fewshot": "" if e.num_fewshot is None else str(e.num_fewshot),
                   "ev-slurm": format_settings(prof.slurm.model_dump(mode="json", exclude_unset=True,
                                                                     exclude_none=True))}
