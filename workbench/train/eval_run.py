@@ -89,6 +89,22 @@ def _stop_in_this_process_only(stop) -> dict:
     return {sig: signal.signal(sig, handler) for sig in stop.SIGNALS}
 
 
+def bootstrap_pools_from_a_clean_process() -> None:
+    """lm-eval bootstraps standard errors (perplexity, F1, ...) in a ``multiprocessing.Pool``.
+    Under the default start method on Linux (fork), each pool worker is a fork of this
+    process, which runs threads (the heartbeat, the system sampler, tqdm's monitor, OpenMP
+    and allocator threads): a worker forked while one of them held a lock waits on it
+    forever, and the pool's own ``terminate`` then waits on that worker (seen: an eval run
+    hung at "bootstrapping for stddev: perplexity"). Pools now start from a forkserver, a
+    fresh single-threaded process with lm-eval's metrics imported once; the resamples and
+    their seeds are lm-eval's, so the numbers are the same."""
+    import multiprocessing as mp
+
+    if mp.get_start_method(allow_none=True) != "forkserver":
+        mp.set_start_method("forkserver", force=True)
+    mp.set_forkserver_preload(["lm_eval.api.metrics"])
+
+
 def join(spec: dict, ranks):
     """(this rank's device, the group or None for one process). On several ranks the group
     is joined before anything else, so a rank that cannot start fails every rank's start
@@ -122,6 +138,7 @@ def run_eval(store, run_id: int, spec: dict, stop, device=None, group=None, info
     import signal
 
     previous = _stop_in_this_process_only(stop)
+    bootstrap_pools_from_a_clean_process()
     try:
         return _run_eval(store, run_id, spec, stop, device, group, info)
     finally:
