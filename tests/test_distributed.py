@@ -342,3 +342,22 @@ def test_a_rank_takes_its_own_gpu_and_is_refused_where_the_node_has_too_few(monk
     with pytest.raises(RunFailed, match=r"^rank 3 needs GPU 1, but this node shows 1 \(eval.devices = 4\)$"):
         r.pin(torch.device("cuda"), "eval.devices")
     assert made_current == [1]
+
+
+def test_a_worker_started_as_ranks_takes_its_rank_and_refuses_another_count(monkeypatch):
+    """worker._start_ranks under torchrun or srun: the given rank when the world is the run's
+    devices (the launcher is theirs, none of its own), else one line naming the setting."""
+    from types import SimpleNamespace
+
+    from workbench.train.stop import RunFailed
+
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    two = SimpleNamespace(spec={"train": {"devices": 2}}, info={})
+    ranks, launcher = worker._start_ranks(None, 7, two, [])
+    assert (ranks.rank, ranks.world, ranks.local_rank, launcher) == (1, 2, 1, None)
+    four = SimpleNamespace(spec={"kind": "eval", "eval": {"devices": 4}}, info={})
+    with pytest.raises(RunFailed, match=r"^started as 2 ranks \(torchrun\), but the run asks for 4 "
+                                        r"\(eval.devices\)$"):
+        worker._start_ranks(None, 7, four, [])

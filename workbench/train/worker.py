@@ -131,8 +131,8 @@ def _start_ranks(store, run_id: int, r, argv: list[str]) -> tuple[distributed.Ra
     if ranks is not None:
         if ranks.world != world:
             key = "eval.devices" if r.spec.get("kind") == "eval" else "train.devices"
-        raise RunFailed(f"started as {ranks.world} ranks ({ranks.launcher}), but the run asks for "
-                        f"{world} ({key})")
+            raise RunFailed(f"started as {ranks.world} ranks ({ranks.launcher}), but the run asks for "
+                            f"{world} ({key})")
         return ranks, None
     if world == 1:
         return None, None
