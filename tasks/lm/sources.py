@@ -27,7 +27,6 @@ file larger than memory is never read whole).
 from __future__ import annotations
 
 import glob
-import hashlib
 import json
 import os
 import sys
@@ -272,9 +271,10 @@ class Source:
         return sum(os.path.getsize(f) for f in self.files)
 
     def fingerprint(self) -> dict:
-        """What identifies the corpus in the cache key, without reading it: the files' paths,
-        sizes and modification times, or the dataset reference (a hub dataset is taken to
-        be what its id, config and split name; a local dataset folder adds its files')."""
+        """What identifies the corpus in the cache key: the files' paths and a hash of their
+        contents (tasks/lm/fingerprint.py; cached by path, size and mtime, so text is read
+        only after a file changed), or the dataset reference (a hub dataset is taken to be
+        what its id, config and split name; a local dataset folder adds its files')."""
         fp = {"spec": self.spec, "document": self.document, "max_documents": self.max_documents}
         files = self.files
         if self.hf:
@@ -285,11 +285,8 @@ class Source:
             fp["python"] = sys.version
         if any(f.lower().endswith(RECORD_SUFFIXES) for f in files):
             fp["column"] = self.text_column
-        h = hashlib.sha256()
-        for f in files:
-            st = os.stat(f)
-            h.update(f"{os.path.abspath(f)}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
-        fp["files"] = [len(files), h.hexdigest()]
+        from tasks.lm.fingerprint import files_digest
+        fp["files"] = [len(files), files_digest(files)]
         return fp
 
     def documents(self) -> Iterator[Document]:
