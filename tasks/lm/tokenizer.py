@@ -249,3 +249,78 @@ def fit(kind: str, texts: Callable[[], Iterable[str]], vocab_size: int | None) -
     if kind == "char":
         return json.dumps(train_chars(texts()))
     return train_bpe(texts(), int(vocab_size)).to_str()
+
+
+# -- kept with a run's weights ------------------------------------------------------------
+CONFIG_FILE = "tokenizer_config.json"   # kind and end-of-text token (as a checkpoint folder's)
+TOKENIZER_FILE = "tokenizer.json"       # a BPE's / pretrained tokenizer's own JSON (tokenizers)
+CHARS_FILE = "chars.json"               # a char tokenizer's vocabulary: its code points, in id order
+
+
+def _write(path: str, text: str) -> None:
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def save(tok: LMTokenizer, folder: str) -> list[str]:
+    """Write ``tok`` into ``folder`` as files a reader rebuilds it from without the corpus:
+    ``tokenizer.json`` (the ``tokenizers`` library's own file: ``Tokenizer.from_file`` and
+    ``PreTrainedTokenizerFast(tokenizer_file=...)`` read it) for a BPE or pretrained one,
+    ``chars.json`` (the code points, id = position) for ``char``, and ``tokenizer_config.json``
+    (kind, ``eos_token``, identity) last, so a folder holding it holds the rest. Returns
+    the names written."""
+    os.makedirs(folder, exist_ok=True)
+    config = {"kind": tok.kind, "identity": tok.identity(), "vocab_size": tok.vocab_size,
+              "eot_id": int(tok.eot_id)}
+    names = []
+    if isinstance(tok, HFTokenizer):
+        _write(os.path.join(folder, TOKENIZER_FILE), tok.tok.to_str())
+        config["eos_token"] = tok.tok.id_to_token(int(tok.eot_id))
+        names.append(TOKENIZER_FILE)
+    elif isinstance(tok, CharTokenizer):
+        _write(os.path.join(folder, CHARS_FILE), json.dumps([int(c) for c in tok.cps]))
+        names.append(CHARS_FILE)
+    elif not isinstance(tok, BytesTokenizer):
+        raise ValueError(f"lm: cannot keep a tokenizer of kind {tok.kind!r}")
+    _write(os.path.join(folder, CONFIG_FILE), json.dumps(config, indent=1))
+    return names + [CONFIG_FILE]
+
+
+def saved(folder: str) -> bool:
+    return os.path.isfile(os.path.join(folder, CONFIG_FILE))
+
+
+def load_saved(folder: str) -> LMTokenizer:
+    """The tokenizer :func:`save` wrote into ``folder``: the same ids as when it was saved
+    (a BPE is read from its file, never fitted again). A ValueError naming the file when
+    a file is missing or unreadable."""
+    cfg_path = os.path.join(folder, CONFIG_FILE)
+    try:
+        with open(cfg_path, encoding="utf-8") as f:
+            cfg = json.load(f)
+        kind = cfg["kind"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"lm: the kept tokenizer {cfg_path} cannot be read ({e})") from None
+    if kind == "bytes":
+        return BytesTokenizer()
+    if kind == "char":
+        path = os.path.join(folder, CHARS_FILE)
+        try:
+            with open(path, encoding="utf-8") as f:
+                return CharTokenizer(json.load(f))
+        except (OSError, ValueError) as e:
+            raise ValueError(f"lm: the kept tokenizer {path} cannot be read ({e})") from None
+    path = os.path.join(folder, TOKENIZER_FILE)
+    tk = _tokenizers()
+    try:
+        tok = tk.Tokenizer.from_file(path)
+    except Exception as e:  # the library raises a bare Exception on a missing or malformed file
+        raise ValueError(f"lm: the kept tokenizer {path} cannot be read ({e})") from None
+    eot = tok.token_to_id(cfg.get("eos_token") or EOT)
+    if eot is None:
+        raise ValueError(f"lm: the kept tokenizer {path} has no end-of-text token {cfg.get('eos_token')!r}")
+    return HFTokenizer(tok, kind, cfg.get("identity") or {"kind": kind}, eot)

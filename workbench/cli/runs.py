@@ -192,6 +192,32 @@ def cmd_runs(args) -> int:
     return 0
 
 
+def _data_lines(r, store_root) -> list[str]:
+    """What an lm run trained on (its info's ``data``, tasks/lm/fingerprint.py) and where its
+    tokenizer is kept, for ``show``; a run its replay trained again on a changed corpus says so."""
+    info = r.info or {}
+    data = info.get("data")
+    out = []
+    if isinstance(data, dict) and data.get("fingerprint"):
+        tokens = data.get("tokens") or {}
+        split = " / ".join(f"{s} {n:,}" for s, n in tokens.items()) if tokens else "?"
+        tok = (data.get("tokenizer") or {}).get("kind", "?")
+        out.append(f"data: {data.get('source')!r} fingerprint {data['fingerprint']} "
+                   f"(token cache {data.get('cache_key')}); tokens {split}; tokenizer {tok}")
+    elif r.task == "lm":
+        out.append("data: no fingerprint recorded (trained before runs kept one)")
+    if r.task == "lm":
+        from workbench.store.layout import checkpoint_folder  # (train/checkpoint.py imports torch)
+
+        where = checkpoint_folder(info.get("slurm_shared") or store_root, r.id)
+        kept = (where / "tokenizer_config.json").is_file()
+        out.append(f"tokenizer: {'kept in ' + str(where) if kept else 'not kept (none written yet)'}")
+    sup = info.get("superseded_by")
+    if isinstance(sup, dict):
+        out.append(f"superseded by run {sup.get('run')}: {sup.get('why')}")
+    return out
+
+
 def cmd_show(args) -> int:
     import json
 
@@ -209,6 +235,8 @@ def cmd_show(args) -> int:
     note = r.stall_note()
     if note:
         c.print(f"[yellow]stalled:[/yellow] {note}; not declared crashed while its process exists")
+    for line in _data_lines(r, store.root):
+        c.print(line, markup=False, highlight=False)
     c.print_json(json.dumps({"spec": r.spec, "info": r.info}, default=str))
     res = store.results([r.id]).get(r.id, {})
     for es, vals in sorted(res.items()):

@@ -373,6 +373,10 @@ class Submission(list):
         self.skipped: list[int] = []
         self.attached: list[int] = []
         self.refused: list[tuple[int, str]] = []
+        # finished lm runs whose corpus changed since they trained: (old id, why), trained
+        # again as new runs; ``data_note`` says so in one line (None when none)
+        self.data_changed: list[tuple[int, str]] = []
+        self.data_note: str | None = None
 
 
 def submit(store: Store, profile, jobs: int | None = None, runs_per_gpu: int | None = None,
@@ -405,11 +409,20 @@ def submit(store: Store, profile, jobs: int | None = None, runs_per_gpu: int | N
             store.recognise_finished(r.id)
         have: dict[str, list] = {}
         for r in store.runs(profile=profile.name):
+            if (r.info or {}).get("superseded_by"):  # trained on a corpus since changed
+                continue
             have.setdefault(spec_key(r.spec), []).append(r)
+        data_now, replaced = _DataCheck(), []
         order: list[int | None] = []  # an existing run's id, or None for a new one
         new = []
         for s in specs:
             r = _best_match(have.get(spec_key(s), []))
+            why = data_now(r) if r is not None and r.state == "finished" else None
+            if why:  # its results are the old corpus's: the spec is trained again, as a new run
+                have[spec_key(s)].remove(r)
+                out.data_changed.append((r.id, why))
+                replaced.append(len(order))  # where the new run's id will stand in ``out``
+                r = None
             if r is None:
                 new.append(s)
                 order.append(None)
@@ -430,11 +443,49 @@ def submit(store: Store, profile, jobs: int | None = None, runs_per_gpu: int | N
         out.queued = store.add_runs(new)
         fresh_ids = iter(out.queued)
         out.extend(i if i is not None else next(fresh_ids) for i in order)
+        if out.data_changed:
+            _supersede(store, profile.name, out, [out[i] for i in replaced])
     executor = executor_named(getattr(profile, "executor", None))
     executor.adopt(store, out.queued + out.resumed + out.restarted, profile)
     executor.submit(store, out.queued + out.resumed + out.restarted + out.attached, jobs,
                     resolve_runs_per_gpu(runs_per_gpu, profile))
     return out
+
+
+class _DataCheck:
+    """Whether a finished ``lm`` run's corpus still holds what it trained on (its info's
+    ``data`` fingerprint, tasks/lm/fingerprint.py), one line when not; each distinct task
+    setting's source is fingerprinted once per replay (a stat per file while unchanged)."""
+
+    def __init__(self):
+        self.now: dict[str, str | None] = {}
+
+    def __call__(self, r) -> str | None:
+        recorded = (r.info or {}).get("data")
+        if r.task != "lm" or not isinstance(recorded, dict) or not recorded.get("fingerprint"):
+            return None  # not an lm run, or one trained before fingerprints were kept
+        import json
+
+        from tasks.lm import fingerprint
+
+        params = r.spec.get("task_params") or {}
+        key = json.dumps(params, sort_keys=True, default=str) + recorded["fingerprint"]
+        if key not in self.now:
+            self.now[key] = fingerprint.changed(params, recorded)
+        return self.now[key]
+
+
+def _supersede(store: Store, profile: str, out: Submission, new_ids: list[int]) -> None:
+    """Mark each finished run whose corpus changed with the new run that trains its spec
+    again (info ``superseded_by``: later replays match the new run, not the old one), and
+    say so in ``out.data_note``, one line for the profile."""
+    for (old_id, why), new_id in zip(out.data_changed, new_ids):
+        store.set_info(old_id, {"superseded_by": {"run": new_id, "why": why}})
+    whys = list(dict.fromkeys(why for _, why in out.data_changed))
+    more = f" (and {len(whys) - 1} other source(s))" if len(whys) > 1 else ""
+    out.data_note = (f"profile {profile}: {whys[0]}{more}; its {len(new_ids)} finished run(s) "
+                     f"({', '.join(str(i) for i, _ in out.data_changed)}) are trained again as new "
+                     f"run(s) ({', '.join(map(str, new_ids))})")
 
 
 def _best_match(runs: list):

@@ -320,6 +320,26 @@ def save_weights(store_root: str | Path, run_id: int, key: str, step: int, model
                  "weights_only": True, "model": model_state}, weights_path(store_root, run_id))
 
 
+def tokenizer_folder(store_root: str | Path, run_id: int) -> Path:
+    """Where an ``lm`` run keeps its tokenizer: beside its weights, in the checkpoint folder
+    (tasks/lm/tokenizer.py's files: ``tokenizer.json`` or ``chars.json``, and
+    ``tokenizer_config.json``), as a Hugging Face checkpoint folder keeps its own."""
+    return folder(store_root, run_id)
+
+
+def save_tokenizer(where: str | Path, task) -> list[str]:
+    """Keep the tokenizer ``task`` (an ``lm`` task) trained with beside the run's weights,
+    so ``eval run:N`` reads the same ids whatever happens to the corpus afterwards (a BPE
+    fitted again on an edited corpus would give other ids to the same weights) into the
+    run's checkpoint folder ``where`` (:func:`tokenizer_folder`). Written when absent;
+    returns the file names written (none when already there)."""
+    from tasks.lm import tokenizer as toks
+
+    if toks.saved(str(where)):
+        return []
+    return toks.save(task.tokenizer, str(where))
+
+
 def remove(store_root: str | Path, run_id: int) -> None:
     """Delete a run's checkpoint folder (a finished run needs none)."""
     d = folder(store_root, run_id)

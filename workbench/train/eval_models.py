@@ -3,7 +3,8 @@
 A model reference is one of
 
 - ``run:N``: run N of the store, an ``lm``-task run: its spec rebuilds the composed model
-  (workbench/train/compose.py) and the task's own tokenizer (tasks/lm), its weights come
+  (workbench/train/compose.py), its tokenizer is the one kept beside its weights (never
+  fitted again: a BPE refit on an edited corpus gives other ids), its weights come
   from ``checkpoints/N/weights.pt`` (what a finished ``lm`` run keeps) or, for a run that
   stopped before its end, its resumable checkpoint ``last.pt``;
 - a Hugging Face causal LM: a local folder (``save_pretrained``'s files) or a hub id
@@ -200,7 +201,42 @@ def run_source(store_root: str | Path, run_id: int) -> dict:
     # a run trained by a Slurm job keeps its checkpoints in the job's shared folder
     # (workbench.execute.slurm.files_root, read here from the info: train/ sits below execute/)
     files = (r.info or {}).get("slurm_shared") or str(store_root)
-    return {"run_id": run_id, "spec": r.spec, "label": r.label, "state": r.state, "files_root": str(files)}
+    # what it trained on (info "data", tasks/lm/fingerprint.py) and when it was queued: a run
+    # without a kept tokenizer is rebuilt only while its corpus is what it was (_run_tokenizer)
+    return {"run_id": run_id, "spec": r.spec, "label": r.label, "state": r.state, "files_root": str(files),
+            "data": (r.info or {}).get("data"), "created": r.created}
+
+
+def _run_tokenizer(src: dict, root, run_id: int, task):
+    """The tokenizer run ``run_id`` trained with: the one kept beside its weights
+    (workbench/train/checkpoint.py save_tokenizer), never fitted again. A run that kept none
+    (trained before tokenizers were kept) has it rebuilt from its corpus only while the
+    corpus is what the run trained on (its recorded fingerprint, or else no file of the
+    corpus modified since the run was queued); otherwise a ModelRefError saying so."""
+    from tasks.lm import fingerprint
+    from tasks.lm import tokenizer as toks
+    from workbench.train import checkpoint
+
+    where = checkpoint.tokenizer_folder(root, run_id)
+    if toks.saved(str(where)):
+        try:
+            return toks.load_saved(str(where)), "kept"
+        except ValueError as e:
+            raise ModelRefError(f"model run:{run_id}: {e}") from None
+    params = src["spec"].get("task_params") or {}
+    try:
+        why = fingerprint.changed(params, src.get("data"))
+        if why is None and not (src.get("data") or {}).get("fingerprint") and src.get("created"):
+            newer = fingerprint.newer_files(params, float(src["created"]))
+            if newer:
+                why = (f"the corpus {params.get('source', 'stdlib')!r} changed since the run trained "
+                       f"({len(newer)} file(s) modified after it was queued, e.g. {newer[0]})")
+    except (OSError, ValueError) as e:
+        why = f"its corpus cannot be read ({str(e).splitlines()[0]})"
+    if why:
+        raise ModelRefError(f"model run:{run_id} kept no tokenizer (trained before runs kept one) and {why}: "
+                            "a tokenizer rebuilt now would not be the one its weights learned")
+    return task.tokenizer, "rebuilt"
 
 
 def load_run(store_root: str | Path | None, run_id: int, device: torch.device, *,
@@ -223,10 +259,11 @@ def load_run(store_root: str | Path | None, run_id: int, device: torch.device, *
     except checkpoint.CheckpointError as e:
         raise ModelRefError(f"model run:{run_id}: {e}") from None
     task = tasks.build(spec.task, **spec.task_params)
+    tok, tok_from = _run_tokenizer(src, root, run_id, task)
+    task._tok = tok  # the model's vocabulary (a char tokenizer's size) is the kept tokenizer's too
     model = build_model(task, spec.model, d_model=spec.d_model, n_layers=spec.n_layers, **spec.model_options)
     model.load_state_dict(state["model"])
     model.to(device).eval()
-    tok = task.tokenizer
     bb = model.backbone
     streams = all(hasattr(bb, m) for m in ("init_state", "forward_with_state", "step"))
 
@@ -246,5 +283,5 @@ def load_run(store_root: str | Path | None, run_id: int, device: torch.device, *
         max_length=int(max_length or spec.seq_len or DEFAULT_MAX_LENGTH), device=device,
         start=start if streams else None, step=step if streams else None,
         info={"kind": "workbench-run", "run_id": run_id, "model": spec.model, "label": src["label"],
-              "weights": str(path), "step": state.get("step"), "tokenizer": tok.kind,
+              "weights": str(path), "step": state.get("step"), "tokenizer": tok.kind, "tokenizer_from": tok_from,
               "params": sum(p.numel() for p in model.parameters())})

@@ -427,6 +427,8 @@ class Trainer:
         """Write the checkpoint atomically and record it in the run's info."""
         t = time.perf_counter()
         size = checkpoint.save(self.checkpoint_state(step, stop_reason, done), self.ckpt_path)
+        if self.spec.task == "lm":  # `eval run:N` of a checkpointed run reads the same ids
+            checkpoint.save_tokenizer(self.ckpt_path.parent, self.task)
         self.saved = {"step": step, "done": done}
         self.store.set_info(self.run_id, {"checkpoint": {
             "path": str(self.ckpt_path), "step": step, "train_done": done, "time": time.time(),

@@ -236,6 +236,8 @@ def _run(store: Store, run_id: int, t_start: float, stop: StopFlag, argv: list[s
         info = run_info(trainer)
         if resumed:
             info["resumed"] = r.info.get("resumed", []) + [resumed]
+        if spec.task == "lm":  # the data it trains on, by content (shown by `show`, checked by replay)
+            info["data"] = _data_identity(trainer.task, r.info.get("data"), resumed is not None)
         store.set_info(run_id, info)
         store.heartbeat(run_id, backend=trainer.model.backend, device=str(dev))
         print(f"[worker] run {run_id}: {r.label} on {r.task} L={r.seq_len} seed={r.seed} "
@@ -266,6 +268,7 @@ def _run(store: Store, run_id: int, t_start: float, stop: StopFlag, argv: list[s
                                                trainer.model.state_dict())
                 store.set_info(run_id, {"weights": {"path": str(checkpoint.weights_path(store.root, run_id)),
                                                     "bytes": size}})
+                checkpoint.save_tokenizer(checkpoint.tokenizer_folder(store.root, run_id), trainer.task)
             except Exception as e:  # the run is finished and recorded; only its later evaluation is lost
                 _say(f"[worker] run {run_id}: its weights could not be kept: {e}", err=True)
         print(f"[worker] run {run_id} finished: {summary}", flush=True)
@@ -358,6 +361,20 @@ def _run_eval(store, run_id: int, r, stop: StopFlag, argv: list[str]) -> int:
             group.close()
         if launcher is not None:
             launcher.stop(grace_s=10.0)
+
+
+def _data_identity(task, before: dict | None, resuming: bool) -> dict:
+    """What the run trains on (tasks/lm/fingerprint.py: source, content fingerprint, token
+    cache key, tokenizer, tokens per split). A resumed run whose corpus changed since it
+    started is refused: its weights so far were trained on the other text."""
+    from tasks.lm.fingerprint import data_identity
+
+    now = data_identity(task)
+    if resuming and before and before.get("fingerprint") not in (None, now["fingerprint"]):
+        raise RunFailed(f"cannot resume: the corpus {now['source']!r} changed since the run started "
+                        f"(fingerprint {before['fingerprint'][:12]} then, {now['fingerprint'][:12]} now); "
+                        "`resume --restart` trains it from step 0 on the corpus as it is")
+    return now
 
 
 def _set_cpu_threads(spec: RunSpec, world: int = 1) -> None:
