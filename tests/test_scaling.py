@@ -140,18 +140,22 @@ def test_too_few_points_are_refused_naming_the_model():
         scaling.fit([(1e15, 3.0), (1e16, 2.5)], "irreducible", "gla")
 
 
-def test_a_profile_with_a_one_point_model_is_refused_in_one_line(store, capsys):
+def test_a_profile_with_a_one_point_model_shows_it_as_no_fit(store, capsys):
+    # issue 41: a model with too few sizes is a row that says so, not a refusal of the table
     add_run(store, "gla", 1e15, 0, 3.0, d_model=32)
-    with pytest.raises(scaling.ScalingError) as e:
-        scaling.analyse(store, "lm-scaling")
-    assert str(e.value).splitlines() == [
-        "model 'gla': 1 point; fitting L = a C^-b needs 2 or more of distinct compute"]
+    res = scaling.analyse(store, "lm-scaling")
+    g = res["groups"]["gla"]
+    assert (g.status, g.note, g.fit) == ("too_few_sizes", "1 point: no fit", None)
+    assert list(res["fits"]) == ["transformer", "mamba"]
     root = str(store.root)
-    assert cli.main(["--store", root, "export", "--profile", "lm-scaling", "--scaling"]) == 2
-    assert "model 'gla': 1 point" in capsys.readouterr().err
+    assert cli.main(["--store", root, "export", "--profile", "lm-scaling", "--scaling"]) == 0
+    assert "| gla | 1 | 1.00e+15 | – | 1 point: no fit | – |" in capsys.readouterr().out
     assert cli.main(["--store", root, "plot", "lm-scaling", "--kind", "scaling",
-                     "--out", str(store.root / "figs")]) == 2
-    assert "model 'gla': 1 point" in capsys.readouterr().err
+                     "--out", str(store.root / "figs")]) == 0
+    capsys.readouterr()
+    # nothing to fit at all (no run with the metric and a compute) is still refused in one line
+    with pytest.raises(scaling.ScalingError, match="has both 'bits_per_byte' and a training compute"):
+        scaling.analyse(store, "lm-scaling", "bits_per_byte")
 
 
 # --------------------------------------------------------------------------- from a store

@@ -245,21 +245,32 @@ async def test_run_view_shows_perplexity_bits_per_byte_and_tokens_seen(store, tm
 
 # --------------------------------------------------------------------------- results: fits
 def scaling_grid(store) -> list[int]:
-    """Finished runs of lstm and transformer at three compute budgets each (the lengths
-    stand in for sizes), loss = a C^-b with b 0.1 and 0.2 exactly, and two seeds."""
+    """Finished runs of lstm and transformer at three widths each (a "model.d_model" grid:
+    sizes, which a fit may span; lengths may not, issue 41), loss = a C^-b with b 0.1 and 0.2
+    exactly, and two seeds."""
     import os
 
-    from test_curves import sweep
+    import tomli_w
 
-    ids = sweep(store, seq_lens=(16, 32, 64))  # lstm/transformer x 3 lengths x seeds 0/1
+    prof = profiles.loads(tomli_w.dumps({
+        "schema_version": 2, "name": "cmp",
+        "task": {"name": "mad_selective_copying", "vocab_size": 8, "num_tokens_to_copy": 2,
+                 "num_train_examples": 64, "num_test_examples": 16},
+        "sweep": {"models": ["lstm", "transformer"], "seq_lens": [16], "seeds": [0, 1],
+                  "grid": {"model.d_model": [16, 32, 64]}},
+        "model": {"n_layers": 1},
+        "train": {"steps": 4, "batch_size": 4, "device": "cpu"},
+    }))
+    ids = store.add_runs(s.to_dict() for s in profiles.expand(prof))  # lstm/transformer x 3 widths x seeds 0/1
     runs = {r.id: r for r in store.runs(ids=ids)}
     for rid in ids:
         r = runs[rid]
         b = 0.1 if r.model == "lstm" else 0.2
-        C = 1e12 * r.seq_len
+        d = r.fields["d_model"]
+        C = 1e12 * d
         store.mark_started(rid, os.getpid(), "cpu", None)
         store.set_results(rid, {"loss": 50.0 * C ** -b, "accuracy": 0.5, "train_flops": C,
-                                "tokens_trained": 1000.0 * r.seq_len, "flops_per_token": 1e9})
+                                "tokens_trained": 1000.0 * d, "flops_per_token": 1e9})
         store.finish(rid, "finished")
     return ids
 

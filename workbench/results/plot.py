@@ -360,37 +360,48 @@ def scaling_figure(store: Store, profile: str | None, metric: str = "loss", form
                    bootstrap: int = 0, run_ids: Iterable[int] | None = None,
                    states: Iterable[str] = ("finished",), title: str | None = None,
                    colors: dict[str, str] | None = None, result: dict | None = None) -> "Figure":
-    """``metric`` against training FLOPs (log-log), one colour per model: the points, the
-    fit of :func:`workbench.results.scaling.analyse` over the model's measured range (dashed
-    beyond it, out to the figure's whole range) and its ± 1 se band; raises ValueError
-    (ScalingError) with too few points."""
+    """``metric`` against training FLOPs (log-log), one colour per model (and one marker and
+    dash per value of the settings that split its fits): the points of every row of
+    :func:`workbench.results.scaling.analyse`; for a law, its fit over the row's measured range
+    (dotted beyond it, out to the range of the laws at the same settings) and its ± 1 se band;
+    a row that is no law (too few sizes, a rising or not decreasing loss) gets no line, and its
+    legend entry says why. Raises ValueError (ScalingError) where there is nothing to fit."""
     import numpy as np
 
     from workbench.results import scaling
+    from workbench.results.figure_base import MARKERS
 
     res = result or scaling.analyse(store, profile, metric, form, bootstrap=bootstrap,
                                     run_ids=run_ids, states=states)
+    groups = res["groups"]
     fits = res["fits"]
     runs = store.runs(profile=profile, states=tuple(states), ids=None if run_ids is None else list(run_ids))
     colors = colors or profile_colors(store, profile, runs)
-    cs = [c for f in fits.values() for c, _, _ in f.points]
-    lo_all, hi_all = min(cs), max(cs)
+    styles = _styles([g.model for g in groups.values()], colors)
+    seen: dict[str, int] = {}
     with _style():
         fig, ax = _new_figure()
-        for (model, f), (color, _ls, marker) in zip(fits.items(), _styles(list(fits), colors)):
+        for (label, g), (color, _ls, marker) in zip(groups.items(), styles):
+            k = seen[g.model] = seen.get(g.model, -1) + 1  # a model's k-th setting: its own marker
+            marker = MARKERS[(MARKERS.index(marker) + k) % len(MARKERS)]
+            f = g.fit
+            ax.plot([c for c, _, _ in g.points], [v for _, v, _ in g.points], linestyle="none",
+                    marker=marker, markersize=6, markerfacecolor="none", markeredgewidth=1.3, color=color,
+                    label=f"_{label} points" if g.ok else f"{label}: {g.note}")
+            if not g.ok:
+                continue
             lo, hi = f.compute_range
             xs = np.geomspace(lo, hi, 64)
-            ax.plot([c for c, _, _ in f.points], [v for _, v, _ in f.points], linestyle="none",
-                    marker=marker, markersize=6, markerfacecolor="none", markeredgewidth=1.3,
-                    color=color, label=f"_{model} points")
             se = f"{f.b:.3f} ± {f.b_se:.3f}" if f.b_se is not None else f"{f.b:.3f} (no se: {len(f.points)} points)"
-            ax.plot(xs, f.predict(xs), color=color, linewidth=1.5, label=f"{model}: b = {se}")
-            if (lo_all, hi_all) != (lo, hi):  # the fit extrapolated over the other models' range
-                for a, b in ((lo_all, lo), (hi, hi_all)):
-                    if b > a:
-                        ext = np.geomspace(a, b, 16)
-                        ax.plot(ext, f.predict(ext), color=color, linewidth=1.0, linestyle=":",
-                                label=f"_{model} extrapolated")
+            ax.plot(xs, f.predict(xs), color=color, linewidth=1.5, linestyle=("-", "-.")[k % 2],
+                    label=f"{label}: b = {se}")
+            # the other laws at the same settings: the fit extrapolated over their range
+            cs = [c for h in groups.values() if h.ok and h.context == g.context for c, _, _ in h.points]
+            for a, b in ((min(cs), lo), (hi, max(cs))):
+                if b > a:
+                    ext = np.geomspace(a, b, 16)
+                    ax.plot(ext, f.predict(ext), color=color, linewidth=1.0, linestyle=":",
+                            label=f"_{label} extrapolated")
             band = f.band(xs)
             if band is not None:
                 ax.fill_between(xs, band[0], band[1], color=color, alpha=0.2, linewidth=0)
@@ -402,9 +413,11 @@ def scaling_figure(store: Store, profile: str | None, metric: str = "loss", form
         how = sorted({f.se_method.split(" (")[0] for f in fits.values()})
         band_text = "band 16–84th pct. of the fits" if bootstrap else "band ± 1 se"
         head = (profile or "runs") + (f" — {res['task']}" if res.get("task") else "")
+        fitted = (f"fit {law} along size; b ± se ({', '.join(how)}); {band_text}" if fits else
+                  f"no law: {scaling.MIN_SIZES}+ sizes with a falling {metric} needed")
         ax.set_title(title or f"{head}: {metric_title(metric)} against training compute\n"
-                              f"fit {law}; b ± se ({', '.join(how)}); {band_text}; points: mean over seeds")
-        ys = [v for f in fits.values() for _, v, _ in f.points]
+                              f"{fitted}; points: mean over seeds")
+        ys = [v for g in groups.values() for _, v, _ in g.points]
         if max(ys) / min(ys) < 10:  # under a decade: plain numbers, not 3x10^0
             from matplotlib.ticker import FuncFormatter
 

@@ -6,9 +6,26 @@ gives one measurement. The compute is the run's ``train_flops`` result (flops_pe
 steps x batch x input length, :mod:`workbench.train.compute`), else ``flops_per_token`` x
 ``tokens_trained``. Runs that differ only by seed are one *point*: the mean compute and the
 mean metric over the seeds (the aggregation's :func:`~workbench.results.aggregate.summarize`),
-so a size trained with three seeds weighs as much as one trained with one. A fit needs two
-points of distinct compute per model (three with the irreducible term); fewer is refused
-with one line per model saying how many it has (:class:`ScalingError`).
+so a size trained with three seeds weighs as much as one trained with one.
+
+**Along size only.** The points of one fit differ in nothing but the model's size: the run
+fields ``d_model``, ``n_layers``, ``size`` and their grid keys (``model.d_model``,
+``model.n_layers``, ``model.size``), the options a size or ``[sweep.match]`` solves
+(``opt.<name>``, :mod:`workbench.spec.expand` records them), and the training budget where a
+grid varies it (``train.steps``, ``train.tokens``, ``train.flops``, ``train.tokens_per_param``,
+``train.epochs``). Every other field that differs between runs of a model (``task``, its
+settings such as ``task.tokenizer`` or ``task.vocab_size``, ``seq_len``, ``task_setting``, any
+other grid key such as ``train.lr``) splits the fits: one row per model and value of each
+(:func:`split_axes`), named by the values that tell it apart (``mamba · task.tokenizer=bpe``).
+A loss in bytes and a loss in BPE tokens, or four tasks, are never one law.
+
+**A law, or why not** (:func:`judge`; ``status`` in every table). A row is a law (``ok``) with
+:data:`MIN_SIZES` (3) or more distinct computes, an exponent ``b > 0`` and a metric lower at
+every larger compute. Otherwise it says so instead of showing numbers: ``too_few_sizes``
+("2 points: no fit": no fit is made, a line through two points is no evidence of a law),
+``rises`` ("loss rises: b = -1.82, not a law") or ``not_decreasing``; those rows get no a, b
+or multiplier in the tables (JSON keeps a rejected fit's numbers under ``rejected_fit``), and
+the figure draws their points without a line, the legend saying why.
 
 **Fits** (per model, ``x = ln C``):
 
@@ -32,9 +49,10 @@ The uncertainty band drawn by ``plot --kind scaling`` is the fitted value ± one
 error, propagated from the parameters' covariance by the delta method (with the bootstrap:
 the 16th..84th percentiles of the resampled curves).
 
-**Compute multiplier.** For a model M and a reference R, at a stated compute ``C*``
-(``at``; by default the geometric mean of the smallest and largest training compute among
-all fitted points of the table, the same ``C*`` for every row)::
+**Compute multiplier.** For a model M and a reference R at the same settings (the same values
+of the axes that split the fits), both laws, at a stated compute ``C*`` (``at``; by default the
+geometric mean of the smallest and largest training compute among the points of the table's
+laws, the same ``C*`` for every row)::
 
     multiplier(M vs R) = C_R / C*,   where L_R(C_R) = L_M(C*)
 
@@ -49,7 +67,8 @@ compute (M is more compute-efficient); ``< 1``: M needs more; the reference agai
 is exactly 1. For the power law ``C_R = (a_R / L)**(1/b_R)``; with the irreducible term
 ``C_R = (a_R / (L - E_R))**(1/b_R)``, infinite where ``L <= E_R`` (the reference never gets
 there). It extrapolates R's fit when ``C_R`` falls outside R's measured range (``extrapolated``
-in the result says so).
+in the result says so). Where either row is no law, or R's fit never reaches M's loss (the
+irreducible form), there is no multiplier: the table says why, never ``inf``.
 """
 from __future__ import annotations
 
@@ -139,6 +158,29 @@ class Fit:
 
 
 # --------------------------------------------------------------------------- points
+# Fields that make a point of a fit differ from another: the model's size (width, depth, a
+# size preset, and the options a size or [sweep.match] solves, recorded as ``opt.<name>``)
+# and, where a grid varies it, the training budget. Every other field of a run (task, its
+# settings, sequence length, any other grid axis) separates fits instead.
+SIZE_FIELDS = frozenset({"d_model", "n_layers", "size", "model.d_model", "model.n_layers", "model.size"})
+SIZE_PREFIXES = ("opt.",)
+NOT_SETTINGS = frozenset({"model", "seed", "run_id", "profile", "eval_set", "__metrics__", "__grid__"})
+MIN_SIZES = 3          # distinct training computes a law needs (fewer: "no fit")
+STATUSES = {"ok": "a law", "too_few_sizes": "no fit", "rises": "not a law (b <= 0)",
+            "not_decreasing": "not a law (points do not decrease)"}
+
+
+def _budget_fields() -> frozenset:
+    from workbench.spec.schema import BUDGET_KEYS  # a grid over the budget moves along compute
+
+    return frozenset(f"train.{k}" for k in BUDGET_KEYS)
+
+
+def is_size_field(key: str) -> bool:
+    """Whether run field ``key`` may differ between the points of one fit (see SIZE_FIELDS)."""
+    return key in SIZE_FIELDS or key.startswith(SIZE_PREFIXES) or key in _budget_fields()
+
+
 def run_compute(rec: dict) -> float | None:
     """A record's training compute: ``train_flops``, else flops_per_token x tokens_trained."""
     c = rec.get("train_flops")
@@ -154,28 +196,91 @@ def _config_key(rec: dict) -> tuple:
     return tuple(sorted((k, repr(v)) for k, v in rec.items() if k not in skip))
 
 
-def points_by_model(recs: Iterable[dict], metric: str = "loss", eval_set: str = "") -> \
-        tuple[dict[str, list[tuple[float, float, int]]], dict[str, int]]:
-    """({model: [(C, L, seeds)] sorted by C}, {model: runs without a compute or the metric}),
-    models in the order their first run appears (the profile's run order)."""
-    groups: dict[str, dict[tuple, list[tuple[float, float]]]] = {}
-    missing: dict[str, int] = {}
+def _settings(rec: dict) -> dict[str, Any]:
+    """A record's fields that are not its model, seed, size, bookkeeping or metrics."""
+    metrics = set(rec.get("__metrics__", ()))
+    return {k: v for k, v in rec.items() if k not in NOT_SETTINGS and k not in metrics and not is_size_field(k)}
+
+
+def split_axes(recs: Sequence[dict]) -> list[str]:
+    """The settings that differ between runs of one model (task, task.tokenizer, seq_len, a
+    grid axis such as train.lr, ...): one fit per value of each, never one across them.
+    Ordered task, task setting, length, task parameters, the grid's keys, then the rest."""
+    seen: dict[str, dict[str, set]] = {}   # model -> key -> values (repr)
+    keys: dict[str, None] = {}
     for r in recs:
-        if r.get("eval_set", "") != eval_set:
-            continue
-        model = str(r.get("model"))
-        groups.setdefault(model, {})
+        s = _settings(r)
+        keys.update(dict.fromkeys(s))
+        seen.setdefault(str(r.get("model")), {})
+    for r in recs:
+        s = _settings(r)
+        per = seen[str(r.get("model"))]
+        for k in keys:
+            per.setdefault(k, set()).add(repr(s.get(k)))
+    axes = {k for per in seen.values() for k, vals in per.items() if len(vals) > 1}
+    grid = list(dict.fromkeys(k for r in recs for k in r.get("__grid__", ())))
+
+    def order(k: str) -> tuple:
+        fixed = {"task": 0, "task_setting": 1, "seq_len": 2}
+        if k in fixed:
+            return (fixed[k], 0, k)
+        if k in grid:
+            return (4, grid.index(k), k)
+        return (3 if k.startswith("task.") else 5, 0, k)
+
+    return sorted(axes, key=order)
+
+
+def _value(v: Any) -> str:
+    if v is None:
+        return "–"
+    return f"{v:g}" if isinstance(v, float) else str(v)
+
+
+def _labels(keys: Sequence[tuple[str, tuple]], axes: Sequence[str]) -> dict[tuple, str]:
+    """A name per (model, settings) group: the model, then only the settings that tell it
+    from the other groups ('mamba · task.tokenizer=bpe'; four tasks: 'mamba · task=parity',
+    not each task's parameters too). Walks ``axes`` in order, naming an axis where the groups
+    that agree with this one on the axes named so far still differ in it (so names are unique)."""
+    out = {}
+    for key in keys:
+        model, ctx = key
+        vals = dict(ctx)
+        cands = [dict(c) for _, c in keys]
+        shown = []
+        for k in axes:
+            if len({repr(c.get(k)) for c in cands}) > 1:
+                shown.append(k)
+                cands = [c for c in cands if repr(c.get(k)) == repr(vals.get(k))]
+        out[key] = model + (" · " + ", ".join(f"{k}={_value(vals.get(k))}" for k in shown) if shown else "")
+    return out
+
+
+def points_by_group(recs: Iterable[dict], metric: str = "loss", eval_set: str = "") -> \
+        tuple[dict[tuple, list[tuple[float, float, int]]], dict[tuple, int], list[str], dict[tuple, str]]:
+    """The points of each fit: ({(model, settings): [(C, L, seeds)] sorted by C}, {group: runs
+    without a compute or the metric}, the axes that split the fits, {group: its label}).
+    A group's runs differ only in size and seed (:func:`split_axes`); runs differing only by
+    seed are one point (mean compute, mean metric). Groups in the order of their first run."""
+    recs = [r for r in recs if r.get("eval_set", "") == eval_set]
+    axes = split_axes(recs)
+    groups: dict[tuple, dict[tuple, list[tuple[float, float]]]] = {}
+    missing: dict[tuple, int] = {}
+    for r in recs:
+        s = _settings(r)
+        key = (str(r.get("model")), tuple((k, s.get(k)) for k in axes))
+        groups.setdefault(key, {})
         c, v = run_compute(r), r.get(metric)
         if c is None or v is None or not (isinstance(v, (int, float)) and v > 0 and math.isfinite(v)):
-            missing[model] = missing.get(model, 0) + 1
+            missing[key] = missing.get(key, 0) + 1
             continue
-        groups[model].setdefault(_config_key(r), []).append((c, float(v)))
-    out: dict[str, list[tuple[float, float, int]]] = {}
-    for model, cfgs in groups.items():
+        groups[key].setdefault(_config_key(r), []).append((c, float(v)))
+    out: dict[tuple, list[tuple[float, float, int]]] = {}
+    for key, cfgs in groups.items():
         pts = [(summarize(c for c, _ in ms)["mean"], summarize(v for _, v in ms)["mean"], len(ms))
                for ms in cfgs.values()]
-        out[model] = sorted(pts)
-    return out, missing
+        out[key] = sorted(pts)
+    return out, missing, axes, _labels(list(out), axes)
 
 
 # --------------------------------------------------------------------------- fits
@@ -385,13 +490,66 @@ def multiplier(m: Fit, ref: Fit, at: float) -> float:
 
 
 # --------------------------------------------------------------------------- a profile
+@dataclass
+class Group:
+    """One fit's row: a model at one value of every setting that is not its size (``context``,
+    {} where none varies), its points, and whether they make a law (module docstring):
+    ``status`` one of STATUSES, ``note`` its words for the table ('2 points: no fit', 'loss
+    rises: b = -1.82, not a law'), ``fit`` the fitted law (kept for a rejected fit too, which
+    no table shows as a result), and its compute multiplier against the reference model at
+    the same settings (None with ``multiplier_note`` saying why)."""
+    label: str
+    model: str
+    context: dict[str, Any]
+    points: list[tuple[float, float, int]]
+    status: str
+    note: str
+    fit: Fit | None = None
+    missing: int = 0
+    multiplier: float | None = None
+    multiplier_se: float | None = None
+    multiplier_note: str = ""
+    extrapolated: bool | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+
+def judge(points: Sequence[tuple], form: str, label: str, metric: str, bootstrap: int = 0,
+          missing: int = 0) -> tuple[str, str, Fit | None]:
+    """(status, note, fit) of one group's points: fewer than MIN_SIZES distinct computes is
+    no fit; a fit whose b <= 0 (the metric does not fall with compute) or whose points do not
+    decrease along compute is made but rejected."""
+    n_distinct = _distinct([c for c, _, _ in points]) if points else 0
+    if n_distinct < max(MIN_SIZES, MIN_POINTS[form]):
+        what = f"{len(points)} point{'s' if len(points) != 1 else ''}"
+        if n_distinct != len(points):
+            what += f" ({n_distinct} distinct FLOPs)"
+        extra = f"; {missing} run(s) without {metric} or a compute" if missing else ""
+        return "too_few_sizes", f"{what}: no fit{extra}", None
+    f = fit(points, form, label, bootstrap)
+    if not f.b > 0:
+        word = "rises" if f.b < 0 else "is flat"
+        return "rises", f"{metric} {word}: b = {f.b:.2f}, not a law", f
+    pts = sorted(points)
+    for (c0, l0, _), (c1, l1, _) in zip(pts, pts[1:]):
+        if c1 > c0 and l1 >= l0:
+            return "not_decreasing", f"not decreasing at {c1:.2g}: b = {f.b:.2f}, not a law", f
+    return "ok", "", f
+
+
 def analyse(store, profile: str | None, metric: str = "loss", form: str = "power",
             reference: str | None = None, at: float | None = None, bootstrap: int = 0,
             run_ids: Iterable[int] | None = None, states: Iterable[str] = ("finished",),
             eval_set: str = "") -> dict[str, Any]:
-    """Fit every model of a profile's finished runs. Returns {'fits': {model: Fit}, 'reference',
-    'at', 'multipliers': {model: float}, 'metric', 'form', 'profile', 'task', 'missing'}.
-    Raises ScalingError (one line per model with too few points, or a bad metric/reference)."""
+    """Fit each model of a profile's finished runs along size, once per value of every other
+    setting that varies (:func:`points_by_group`), and judge each fit (:func:`judge`).
+    Returns {'groups': {label: Group} (every row), 'fits': {label: Fit} (the laws only),
+    'axes', 'reference', 'at' (None without a law), 'multipliers' / 'multiplier_se' /
+    'extrapolated': {label: ...}, 'metric', 'form', 'profile', 'task', 'missing', 'eval_set'}.
+    Raises ScalingError where there is nothing to fit (no runs, no run with the metric and a
+    compute), for a metric that is not loss-like, an unknown reference or a bad ``at``."""
     recs = records(store, profile=profile, states=tuple(states))
     if run_ids is not None:
         keep = set(run_ids)
@@ -403,40 +561,52 @@ def analyse(store, profile: str | None, metric: str = "loss", form: str = "power
     if c is not None and c.better != "min":
         raise ScalingError(f"{metric!r} is not a loss-like metric (lower is better); use loss, "
                            "perplexity or bits_per_byte")
-    pts, missing = points_by_model(recs, metric, eval_set)
+    pts, missing, axes, labels = points_by_group(recs, metric, eval_set)
     if not any(pts.values()):
         have = sorted({k for r in recs for k in r.get("__metrics__", ())})
         raise ScalingError(f"no run in {where} has both {metric!r} and a training compute "
                            f"(train_flops, or flops_per_token and tokens_trained); metrics: {', '.join(have)}")
-    need = MIN_POINTS[form]
-    short = [m for m, p in pts.items() if _distinct([x[0] for x in p] or [1.0]) < need or not p]
-    if short:
-        lines = []
-        for m in short:
-            line = _too_few(m, pts[m], need, form)
-            if missing.get(m):
-                line += f" ({missing[m]} finished run(s) without {metric} or a training compute)"
-            lines.append(line)
-        raise ScalingError("\n".join(lines))
-    fits = {m: fit(p, form, m, bootstrap) for m, p in pts.items()}
-    reference = reference or next(iter(fits))
-    if reference not in fits:
-        raise ScalingError(f"reference {reference!r} is not a model of {where}; models: {', '.join(fits)}")
+    models = list(dict.fromkeys(m for m, _ in pts))
+    reference = reference or models[0]
+    if reference not in models:
+        raise ScalingError(f"reference {reference!r} is not a model of {where}; models: {', '.join(models)}")
     if at is not None and not (at > 0 and math.isfinite(at)):
         raise ScalingError(f"the compute to read multipliers at must be a positive number of FLOPs, not {at}")
-    if at is None:
-        cs = [c for f in fits.values() for c, _, _ in f.points]
+    groups: dict[str, Group] = {}
+    by_key: dict[tuple, Group] = {}
+    for key, p in pts.items():
+        status, note, f = judge(p, form, labels[key], metric, bootstrap, missing.get(key, 0))
+        g = Group(labels[key], key[0], dict(key[1]), p, status, note, f, missing.get(key, 0))
+        groups[g.label] = by_key[key] = g
+    laws = [g for g in groups.values() if g.ok]
+    if at is None and laws:
+        cs = [c for g in laws for c, _, _ in g.points]
         at = math.sqrt(min(cs) * max(cs))
-    ref = fits[reference]
-    mult = {m: multiplier(f, ref, at) for m, f in fits.items()}
-    mult_se = {m: multiplier_se(f, ref, at) for m, f in fits.items()}
-    lo, hi = ref.compute_range
-    extrapolated = {m: not (lo <= v * at <= hi) for m, v in mult.items() if math.isfinite(v)}
+    for (model, ctx), g in by_key.items():
+        ref = by_key.get((reference, ctx))
+        if not g.ok:
+            g.multiplier_note = "no law"
+        elif ref is None:
+            g.multiplier_note = f"no {reference} runs at these settings"
+        elif not ref.ok:
+            g.multiplier_note = f"{ref.label}: {ref.note}"
+        else:
+            mult = multiplier(g.fit, ref.fit, at)
+            if math.isfinite(mult) and mult > 0:
+                lo, hi = ref.fit.compute_range
+                g.multiplier, g.multiplier_se = mult, multiplier_se(g.fit, ref.fit, at)
+                g.extrapolated = not (lo <= mult * at <= hi)
+            else:
+                g.multiplier_note = f"{ref.label}'s fit never reaches this {metric}"
     tasks = sorted({str(r.get("task")) for r in recs})
-    return {"fits": fits, "reference": reference, "at": at, "multipliers": mult, "multiplier_se": mult_se,
-            "extrapolated": extrapolated, "metric": metric, "form": form, "profile": profile,
-            "task": tasks[0] if len(tasks) == 1 else "several tasks", "missing": missing,
-            "eval_set": eval_set}
+    return {"groups": groups, "fits": {g.label: g.fit for g in laws}, "axes": axes,
+            "reference": reference, "at": at,
+            "multipliers": {k: g.multiplier for k, g in groups.items()},
+            "multiplier_se": {k: g.multiplier_se for k, g in groups.items()},
+            "extrapolated": {k: g.extrapolated for k, g in groups.items() if g.extrapolated is not None},
+            "metric": metric, "form": form, "profile": profile,
+            "task": tasks[0] if len(tasks) == 1 else "several tasks",
+            "missing": {labels[k]: n for k, n in missing.items()}, "eval_set": eval_set}
 
 
 # --------------------------------------------------------------------------- the table
@@ -452,51 +622,86 @@ def _law(form: str) -> str:
     return "L(C) = a·C^-b" if form == "power" else "L(C) = E + a·C^-b"
 
 
+def _groups(res: dict) -> dict[str, Group]:
+    return res["groups"]
+
+
 def caption(res: dict) -> str:
-    """What the table shows, in one paragraph (fit, uncertainty, multiplier's definition)."""
-    fits = list(res["fits"].values())
-    how = sorted({f.se_method.split(" (")[0] for f in fits})
-    fitters = sorted({f.fitter for f in fits})
+    """What the table shows, in one paragraph: what a row is fitted along and what makes it a
+    law, the fit and its uncertainty, and the multiplier's definition."""
+    groups = list(_groups(res).values())
+    laws = [g.fit for g in groups if g.ok]
+    made = [g.fit for g in groups if g.fit is not None]
+    how = sorted({f.se_method.split(" (")[0] for f in laws})
+    fitters = sorted({f.fitter for f in made}) or ["none"]
     what = catalogue.describe(res["metric"])
-    return (f"{res['metric']}: {what}, against training FLOPs C per model, {_law(res['form'])} "
-            f"(fit: {', '.join(fitters)}; one point per configuration, mean over seeds); "
-            f"b ± its standard error ({', '.join(how)}); multiplier (± its standard error, delta "
-            f"method, where both fits have a covariance) vs {res['reference']}: the "
-            f"compute {res['reference']} needs to reach this model's fitted {res['metric']} at "
-            f"C* = {res['at']:.3g} FLOPs, divided by C* (> 1: more compute-efficient than "
-            f"{res['reference']}); * marks a reference's fit extrapolated past its measured range")
+    per = "per model" + (f" and value of {', '.join(res['axes'])}" if res.get("axes") else "")
+    text = (f"{res['metric']}: {what}, against training FLOPs C {per}, {_law(res['form'])} "
+            f"(fit: {', '.join(fitters)}; along size only: a row's points differ in nothing but "
+            f"width, depth, size or training budget; one point per size, mean over seeds); a law "
+            f"needs {MIN_SIZES} or more sizes, b > 0 and a {res['metric']} that falls at every "
+            f"larger size: a row without one says why in its b cell and has no a, b or multiplier")
+    if not laws:
+        return text + "; no row here is a law"
+    return text + (
+        f"; b ± its standard error ({', '.join(how)}); multiplier (± its standard error, delta "
+        f"method, where both fits have a covariance) vs {res['reference']} at the same settings: the "
+        f"compute {res['reference']} needs to reach this row's fitted {res['metric']} at "
+        f"C* = {res['at']:.3g} FLOPs, divided by C* (> 1: more compute-efficient than "
+        f"{res['reference']}); only between two laws; * marks a reference's fit extrapolated past "
+        f"its measured range")
+
+
+def _mult_text(g: Group, digits: int) -> str:
+    if g.multiplier is None:
+        return "–" if not g.ok else f"– ({g.multiplier_note})"
+    return _g(g.multiplier, digits) + (f" ± {_g(g.multiplier_se, 2)}" if g.multiplier_se is not None else "") + \
+        ("*" if g.extrapolated else "")
 
 
 def rows(res: dict, digits: int = 3) -> tuple[list[str], list[list[str]]]:
+    """The table's header and rows: one row per group; a row that is no law has '–' for a
+    (and E) and multiplier, and the reason in its b cell."""
     irr = res["form"] == "irreducible"
     header = ["model", "points", "FLOPs range", "a", "b"] + (["E"] if irr else []) + \
         [f"multiplier vs {res['reference']}"]
     body = []
-    for m, f in res["fits"].items():
-        lo, hi = f.compute_range
-        mult = res["multipliers"][m]
-        se = res.get("multiplier_se", {}).get(m)
-        mt = _g(mult, digits) + (f" ± {_g(se, 2)}" if se is not None else "") + \
-            ("*" if res["extrapolated"].get(m) else "")
-        row = [m, str(len(f.points)), f"{lo:.2e}..{hi:.2e}", _g(f.a, digits), _b_text(f, digits)]
-        if irr:
-            row.append(f"{f.E:.{digits}f}" + (f" ± {f.E_se:.{digits}f}" if f.E_se is not None else ""))
-        body.append(row + [mt])
+    for g in _groups(res).values():
+        cs = [c for c, _, _ in g.points]
+        span = "–" if not cs else f"{cs[0]:.2e}" if min(cs) == max(cs) else f"{min(cs):.2e}..{max(cs):.2e}"
+        f = g.fit
+        if g.ok:
+            row = [g.label, str(len(g.points)), span, _g(f.a, digits), _b_text(f, digits)]
+            if irr:
+                row.append(f"{f.E:.{digits}f}" + (f" ± {f.E_se:.{digits}f}" if f.E_se is not None else ""))
+        else:
+            row = [g.label, str(len(g.points)), span, "–", g.note] + (["–"] if irr else [])
+        body.append(row + [_mult_text(g, digits)])
     return header, body
 
 
+def _json_row(res: dict, g: Group) -> dict:
+    f = g.fit if g.ok else None
+    rejected = None
+    if g.fit is not None and not g.ok:
+        rejected = {"a": g.fit.a, "b": g.fit.b, "E": g.fit.E, "b_se": g.fit.b_se}
+    return {"model": g.model, "label": g.label, "settings": g.context, "status": g.status,
+            "status_text": g.note or "a law", "metric": res["metric"], "form": res["form"],
+            "points": len(g.points),
+            "data": [{"train_flops": c, res["metric"]: v, "seeds": n} for c, v, n in g.points],
+            "a": f and f.a, "a_se": f and f.a_se, "b": f and f.b, "b_se": f and f.b_se,
+            "E": f and f.E, "E_se": f and f.E_se, "se_method": f and f.se_method,
+            "fitter": g.fit.fitter if g.fit is not None else None, "rejected_fit": rejected,
+            "reference": res["reference"], "at_flops": res["at"], "multiplier": g.multiplier,
+            "multiplier_se": g.multiplier_se, "multiplier_extrapolated": g.extrapolated,
+            "multiplier_note": g.multiplier_note or None}
+
+
 def to_json(res: dict) -> list[dict]:
-    out = []
-    for m, f in res["fits"].items():
-        mult = res["multipliers"][m]
-        out.append({"model": m, "metric": res["metric"], "form": f.form, "points": len(f.points),
-                    "data": [{"train_flops": c, res["metric"]: v, "seeds": n} for c, v, n in f.points],
-                    "a": f.a, "a_se": f.a_se, "b": f.b, "b_se": f.b_se, "E": f.E, "E_se": f.E_se,
-                    "se_method": f.se_method, "fitter": f.fitter, "reference": res["reference"],
-                    "at_flops": res["at"], "multiplier": mult if math.isfinite(mult) else None,
-                    "multiplier_se": res.get("multiplier_se", {}).get(m),
-                    "multiplier_extrapolated": res["extrapolated"].get(m)})
-    return out
+    """One object per row: ``status`` (one of STATUSES) and ``status_text``; a, b, E and their
+    errors only for a law (a rejected fit's numbers under ``rejected_fit``); ``multiplier``
+    null unless both this row and the reference's at the same settings are laws."""
+    return [_json_row(res, g) for g in _groups(res).values()]
 
 
 def render(res: dict, fmt: str = "md", digits: int = 3) -> str:
@@ -505,19 +710,25 @@ def render(res: dict, fmt: str = "md", digits: int = 3) -> str:
         raise ValueError(f"unknown format {fmt!r}; expected md, csv, latex or json")
     if fmt == "json":
         return json.dumps(to_json(res), indent=2) + "\n"
-    if fmt == "csv":  # long and loadable: numbers unformatted
+    if fmt == "csv":  # long and loadable: numbers unformatted, a column per setting that splits the fits
         buf = io.StringIO()
         w = csv.writer(buf, lineterminator="\n")
         irr = res["form"] == "irreducible"
-        w.writerow(["model", "metric", "form", "points", "flops_min", "flops_max", "a", "a_se", "b", "b_se"]
-                   + (["E", "E_se"] if irr else []) + ["se_method", "reference", "at_flops", "multiplier", "multiplier_se"])
+        axes = list(res.get("axes") or ())
+        w.writerow(["model"] + axes + ["metric", "form", "points", "flops_min", "flops_max", "a", "a_se", "b", "b_se"]
+                   + (["E", "E_se"] if irr else []) + ["se_method", "reference", "at_flops", "multiplier",
+                                                       "multiplier_se", "status", "status_text"])
         num = lambda v: "" if v is None else f"{v:.6g}"  # noqa: E731
-        for m, f in res["fits"].items():
-            lo, hi = f.compute_range
-            w.writerow([m, res["metric"], f.form, len(f.points), num(lo), num(hi), num(f.a), num(f.a_se),
-                        num(f.b), num(f.b_se)] + ([num(f.E), num(f.E_se)] if irr else [])
-                       + [f.se_method, res["reference"], num(res["at"]), num(res["multipliers"][m]),
-                          num(res.get("multiplier_se", {}).get(m))])
+        for g in _groups(res).values():
+            cs = [c for c, _, _ in g.points]
+            f = g.fit if g.ok else None
+            fv = lambda name: num(getattr(f, name)) if f is not None else ""  # noqa: E731
+            w.writerow([g.model] + [_value(g.context.get(k)) for k in axes]
+                       + [res["metric"], res["form"], len(g.points), num(min(cs) if cs else None),
+                          num(max(cs) if cs else None), fv("a"), fv("a_se"), fv("b"), fv("b_se")]
+                       + ([fv("E"), fv("E_se")] if irr else [])
+                       + [f.se_method if f is not None else "", res["reference"], num(res["at"]),
+                          num(g.multiplier), num(g.multiplier_se), g.status, g.note or "a law"])
         return buf.getvalue()
     header, body = rows(res, digits)
     if fmt == "md":
@@ -528,7 +739,8 @@ def render(res: dict, fmt: str = "md", digits: int = 3) -> str:
 
     lines = ["\\begin{table}[t]", "\\centering", "\\begin{tabular}{l" + "c" * (len(header) - 1) + "}",
              "\\toprule", " & ".join(_tex_escape(h) for h in header) + " \\\\", "\\midrule"]
-    lines += [" & ".join(_tex_escape(c).replace("±", "$\\pm$") for c in r) + " \\\\" for r in body]
+    lines += [" & ".join(_tex_escape(c).replace("±", "$\\pm$").replace("·", "$\\cdot$") for c in r) + " \\\\"
+              for r in body]
     cap = _tex_escape(caption(res)).replace("·", "$\\cdot$")
     lines += ["\\bottomrule", "\\end{tabular}", "\\caption{" + cap + "}", "\\end{table}"]
     return "\n".join(lines) + "\n"

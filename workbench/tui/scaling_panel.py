@@ -1,7 +1,11 @@
 """The Results tab's scaling fits: for a profile whose runs form a scaling grid (each model
-trained at two or more compute budgets), each model's power law L(C) = a·C^-b of a loss-like
-metric against training FLOPs, its exponent b and its compute multiplier against the first
-model: :func:`workbench.results.scaling.analyse`, the table ``export --scaling`` prints.
+trained at several sizes), each model's power law L(C) = a·C^-b of a loss-like metric against
+training FLOPs, fitted along size only (one row per model and value of every other setting
+that varies, such as task.tokenizer), its exponent b and its compute multiplier against the
+first model at the same settings: :func:`workbench.results.scaling.analyse`, the table
+``export --scaling`` prints. A row that is no law (fewer than three sizes, a loss that rises
+or does not decrease with compute) says why in its b cell, in yellow, and gets no line on the
+plot; with no law at all the title says why per row.
 
 Beside the table (wide terminals) a log-log plot of the points, one colour per model, with
 the fitted lines; ``x`` in the Results tab puts training tokens on its x axis instead of
@@ -51,10 +55,19 @@ def analyse_all(store, profile: str, recs: list[dict]) -> dict[str, Any]:
 
 
 def token_points(recs: list[dict], metric: str) -> dict[str, list[tuple[float, float, int]]]:
-    """{model: [(training tokens, metric, seeds)]}: the fits' points with tokens trained
-    in place of the compute (grouped over seeds the same way)."""
+    """{row label: [(training tokens, metric, seeds)]}: the fits' points with tokens trained
+    in place of the compute (grouped along size and over seeds the same way)."""
     swapped = [{**r, "train_flops": r.get("tokens_trained"), "flops_per_token": None} for r in recs]
-    return scaling.points_by_model(swapped, metric)[0]
+    pts, _, _, labels = scaling.points_by_group(swapped, metric)
+    return {labels[k]: p for k, p in pts.items()}
+
+
+def no_law_text(res: dict) -> str:
+    """Why no row of ``res`` is a law: each distinct reason with the rows it holds for."""
+    why: dict[str, list[str]] = {}
+    for g in res["groups"].values():
+        why.setdefault(g.note, []).append(g.label)
+    return "; ".join(f"{', '.join(labels)}: {note}" for note, labels in why.items())
 
 
 def short(cell: str) -> str:
@@ -98,7 +111,7 @@ class ScalingPanel(Vertical):
         if fits and res is None:
             res = f"no finished run has {m}"
         key = (m, self.axis, res if not isinstance(res, dict) else
-               (res["reference"], tuple((name, tuple(f.points)) for name, f in res["fits"].items())))
+               (res["reference"], tuple((name, g.status, tuple(g.points)) for name, g in res["groups"].items())))
         if key == self._shown:
             return
         self._shown = key
@@ -109,7 +122,10 @@ class ScalingPanel(Vertical):
         title = self.query_one("#scaling-title", Static)
         table = self.query_one("#scaling-table", DataTable)
         table.clear(columns=True)
-        if isinstance(res, str):  # not (yet) a grid with enough points per model
+        if isinstance(res, dict) and not res["fits"]:  # rows, but none is a law: say why
+            res = self.result = no_law_text(res)
+            self._title = None
+        if isinstance(res, str):  # not (yet) a grid with enough sizes per model
             set_text(title, Text.assemble(("Scaling fits", "bold"), f" of {m} against training FLOPs: ",
                                           ("none yet: ", "yellow"), res.replace("\n", "; ")))
             set_text(self.query_one("#scaling-caption", Static), "")
@@ -119,11 +135,13 @@ class ScalingPanel(Vertical):
         header, body = scaling.rows(res)
         for i, h in enumerate(header):
             table.add_column(h, key=str(i))
-        for i, row in enumerate(body):  # the model in its colour on the plot: the legend
+        for i, (row, g) in enumerate(zip(body, res["groups"].values())):  # the row's colour on the plot
             colour = COLOURS[i % len(COLOURS)].replace("orange", "dark_orange")
-            # 1.6e13, not 1.6e+13: the multiplier column still fits 80 columns
+            # 1.6e13, not 1.6e+13: the multiplier column still fits 80 columns; a row that is
+            # no law has its reason in the b cell, in yellow
             table.add_row(Text(row[0], style=f"bold {colour}"),
-                          *(Text(short(c), justify="right") for c in row[1:]))
+                          *(Text(short(c), justify="right", style="" if g.ok or j != 3 else "yellow")
+                            for j, c in enumerate(row[1:])))
         law = "L(C) = a·C^-b" if res["form"] == "power" else "L(C) = E + a·C^-b"
         self._title = (m, law)
         self._show_title()
@@ -159,19 +177,21 @@ class ScalingPanel(Vertical):
         plt.xlabel(X_AXES[self.axis])
         plt.xscale("log")
         plt.yscale("log")
-        pts = ({m: f.points for m, f in res["fits"].items()} if self.axis == "flops"
+        pts = ({m: g.points for m, g in res["groups"].items()} if self.axis == "flops"
                else token_points(self.recs, metric))
         xs_all = [c for p in pts.values() for c, _, _ in p]
         if xs_all:  # plotext writes 16000000000000.0 on a log axis: short labels instead
             ticks = log_ticks(min(xs_all), max(xs_all))
             plt.xticks(ticks, [short(f"{t:.2g}") for t in ticks])
-        for i, (model, fit) in enumerate(res["fits"].items()):
+        for i, (label, g) in enumerate(res["groups"].items()):
             colour = COLOURS[i % len(COLOURS)]
-            p = pts.get(model) or []
+            p = pts.get(label) or []
             if p:
                 # no legend inside the plot (it hid the points): the table's names are in these colours
-                plt.scatter([c for c, _, _ in p], [v for _, v, _ in p], color=colour, marker="●")
-            if self.axis == "flops":  # the law is in FLOPs: its line only there
+                plt.scatter([c for c, _, _ in p], [v for _, v, _ in p], color=colour,
+                            marker="●" if g.ok else "○")
+            fit = g.fit
+            if g.ok and self.axis == "flops":  # a law, and in FLOPs: its line only there
                 lo, hi = fit.compute_range
                 xs = [lo * (hi / lo) ** (k / (FIT_POINTS - 1)) for k in range(FIT_POINTS)] if hi > lo else [lo]
                 ys = [float(y) for y in fit.predict(xs)]
@@ -191,6 +211,6 @@ class ScalingPanel(Vertical):
         res = self.result
         if not isinstance(res, dict):
             return {}
-        pts = ({m: f.points for m, f in res["fits"].items()} if self.axis == "flops"
+        pts = ({m: g.points for m, g in res["groups"].items()} if self.axis == "flops"
                else token_points(self.recs, res["metric"]))
         return {m: [c for c, _, _ in p] for m, p in pts.items()}
