@@ -241,6 +241,8 @@ def cmd_run(args) -> int:
     if _refuse_too_big(ests, args.force):
         return 2
     store = _store(args)
+    if warning := name_reuse_warning(store, prof, args.profile):
+        Console(stderr=True).print(warning, markup=False, highlight=False, soft_wrap=True)
     try:
         ids = scheduler.submit(store, prof, jobs=args.jobs, runs_per_gpu=args.runs_per_gpu, fresh=args.fresh)
     except ExecutorError as e:
@@ -312,6 +314,32 @@ def cmd_run(args) -> int:
     console.print(f"all {len(runs)} run(s) finished. Table: {command(store.root)} export --profile "
                   f"{shlex.quote(prof.name)}", markup=False, highlight=False, soft_wrap=True)
     return 0
+
+
+def name_reuse_warning(store, prof, path: str) -> str | None:
+    """One line when the store already holds runs under ``prof``'s name that are another
+    sweep (another task, task parameter, training setting or grid axis:
+    :mod:`workbench.spec.sweep_identity`), naming the difference and a fresh name to use
+    instead; None when the name is free or holds this same sweep (a replay, which goes on
+    skipping its finished runs: the warning changes nothing that is queued)."""
+    from workbench.spec import sweep_identity
+    from workbench.spec.profile import expand
+
+    def held_under(name: str) -> list[dict]:
+        return [r.spec for r in store.runs(profile=name)]
+
+    held = held_under(prof.name)
+    if not held:
+        return None
+    specs = [s.to_dict() for s in expand(prof)]
+    diffs = sweep_identity.differences(specs, held)
+    if not diffs:
+        return None
+    base = sweep_identity.proposal_base(specs, held, prof.name)
+    fresh = sweep_identity.fresh_name(base, specs, held_under, avoid=[prof.name])
+    return (f"warning: profile {prof.name!r} in store {store.root} already holds {len(held)} run(s) of another "
+            f"sweep ({sweep_identity.one_line(diffs)}; this sweep's value vs the store's): their results will "
+            f"be read as one sweep; rename it (name = \"{fresh}\" in {path}, or --set name={fresh})")
 
 
 def _budget_lines(specs) -> list[str]:

@@ -1,4 +1,5 @@
-"""Modal dialogs: a yes/no confirmation and a path prompt (save / load profile)."""
+"""Modal dialogs: a yes/no confirmation, a path prompt (save / load profile) and the
+question a launch asks when its profile name already holds another sweep."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -30,6 +31,45 @@ class ConfirmScreen(ModalScreen[bool]):
 
     def action_answer(self, yes: bool) -> None:
         self.dismiss(yes)
+
+
+class NameClashScreen(ModalScreen["str | None"]):
+    """A launch into a profile name whose runs in the store are another sweep (issue 41:
+    four tasks under one name came out averaged as seeds). Names what differs and offers a
+    fresh name (enter or f, the default), the same profile anyway (s), or no launch (esc);
+    dismisses with ``"fresh"``, ``"same"`` or None."""
+
+    SHOWN = 8  # differences listed; the others are counted
+
+    BINDINGS = [
+        Binding("enter,f", "answer('fresh')", "Fresh name"),
+        Binding("s", "answer('same')", "Same profile"),
+        Binding("escape,c", "answer(None)", "Cancel"),
+    ]
+
+    def __init__(self, name: str, fresh: str, diffs: list[str], held: int) -> None:
+        """``name``: the profile name asked about; ``fresh``: the one proposed instead;
+        ``diffs``: "key this-sweep's vs the store's" lines; ``held``: runs under ``name``."""
+        super().__init__()
+        self.profile_name, self.fresh, self.diffs, self.held = name, fresh, diffs, held
+
+    def compose(self) -> ComposeResult:
+        shown = self.diffs[:self.SHOWN]
+        more = len(self.diffs) - len(shown)
+        lines = [f"  • {d}" for d in shown] + ([f"  • and {more} more"] if more > 0 else [])
+        text = (f"Profile '{self.profile_name}' already holds {self.held} run(s) of another sweep "
+                f"(this sweep's value vs the store's):\n" + "\n".join(lines) +
+                f"\n\nUnder one name their results would be compared and averaged as one sweep.")
+        with Vertical(classes="dialog", id="name-clash"):
+            yield Label("Launch under which profile name?", classes="dialog-title")
+            yield Static(text, id="clash-text", markup=False)
+            yield Static(f"enter / f  launch as '{self.fresh}' (a fresh name)\n"
+                         f"s          launch into '{self.profile_name}' anyway\n"
+                         f"esc        do not launch", id="clash-choices", markup=False)
+        yield Footer()
+
+    def action_answer(self, answer: str | None) -> None:
+        self.dismiss(answer)
 
 
 class PathScreen(ModalScreen["Path | None"]):

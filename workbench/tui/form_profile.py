@@ -194,6 +194,7 @@ class FormProfile:
     async def _fill(self, prof: Profile) -> None:
         d = profiles.to_dict(prof)
         self._base = d
+        self._auto_name = None  # the profile's own name: a launch into another sweep asks (SweepForm._launch_named)
         self._auto = {}  # the profile's budget and learning rate stay when the task changes
         self._loaded_models = list(d["sweep"]["models"])
         await self._show_task(prof.task.name, prof.task.params())

@@ -49,6 +49,7 @@ from workbench.tui.form_profile import FormProfile
 from workbench.tui.formatting import set_text
 from workbench.tui.model_picker import ModelPicker
 
+DEFAULT_NAME = "sweep"  # the name field's starting value: never launched under (a fresh one is proposed)
 RECHECK_S = 0.25  # after a failed save/launch, the form is checked again this long after typing stops
 
 
@@ -126,6 +127,10 @@ class SweepForm(FormLive, FormMatch, FormPresets, FormProfile, Vertical):
         self._match_timer: Timer | None = None  # [sweep.match] solved after typing pauses (FormMatch)
         self._match_seq = 0  # only the latest solve's answer is shown
         self._gpus: list[str] | None = None  # this machine's GPU ids, read when first needed
+        # the name field's value while the form chose it (the default, then the name it
+        # proposed at a launch): such a name follows the sweep; a typed or loaded one is the
+        # user's (None), and a launch into it asks when the store holds another sweep there
+        self._auto_name: str | None = DEFAULT_NAME
         saved = paths.load_state(state_dir).get("profile_path") if state_dir is not None else None
         self.last_path: Path | None = Path(saved) if saved else None
 
@@ -139,7 +144,7 @@ class SweepForm(FormLive, FormMatch, FormPresets, FormProfile, Vertical):
         with _Columns(id="form-columns"):
             with Vertical(id="form-left", classes="form-column"):
                 yield Static("Profile", classes="section")
-                yield FieldRow("name", Input("sweep", id="name", compact=True), "name")
+                yield FieldRow("name", Input(DEFAULT_NAME, id="name", compact=True), "name")
                 yield FieldRow("description", Input("", id="description", compact=True), "description")
                 yield Static("Models (type to filter; space picks)", classes="section")
                 yield ModelPicker(id="models")
@@ -555,10 +560,76 @@ class SweepForm(FormLive, FormMatch, FormPresets, FormProfile, Vertical):
             if refusal is not None:  # a run that cannot fit is not launched (the CLI has --force)
                 self.set_status(refusal, bad=True)
                 return
-            # the app replaces this with the ids once the runs are queued
-            extra = launch_extras(prof)
-            self.set_status(text.replace("will launch", "launching", 1) + (f"; {extra}" if extra else ""))
-            self.post_message(self.Launch(prof))
+            self._launch_named(prof, text)
+
+    # ------------------------------------------------------------------ the profile name at a launch
+    def _held_under(self, name: str) -> list[dict[str, Any]]:
+        """The specs of the runs the app's store holds under profile ``name`` ([] without a
+        store, or when it cannot be read: the launch itself then says why)."""
+        store = getattr(self.app, "store", None)
+        if store is None:
+            return []
+        lock = getattr(self.app, "store_lock", None)
+        try:
+            if lock is None:
+                return [r.spec for r in store.runs(profile=name)]
+            with lock:
+                return [r.spec for r in store.runs(profile=name)]
+        except Exception:
+            return []
+
+    def _launch_named(self, prof: Profile, text: str) -> None:
+        """Launch ``prof`` under a name that holds no other sweep (issue 41 item 1; the rule
+        is :mod:`workbench.spec.sweep_identity`'s). A name the form chose itself (the
+        default ``sweep``, or one it proposed before) becomes the task's name, or the first
+        of ``task-2``, ``task-3``, ... that is free or holds this same sweep (a replay:
+        its finished runs are skipped). A typed or loaded name whose runs in the store are
+        another sweep asks first (:class:`~workbench.tui.dialogs.NameClashScreen`): a fresh
+        name (the default), that name anyway, or no launch."""
+        from workbench.spec import sweep_identity
+        from workbench.tui.dialogs import NameClashScreen
+
+        try:
+            specs = [s.to_dict() for s in profiles.expand(prof)]
+        except ProfileError as e:
+            self.set_status(str(e), bad=True)
+            return
+        if self._auto_name is not None and prof.name == self._auto_name:
+            name = sweep_identity.fresh_name(prof.task.name, specs, self._held_under)
+            self._go(prof, text, name)
+            return
+        held = self._held_under(prof.name)
+        diffs = sweep_identity.differences(specs, held)
+        if not diffs:
+            self._go(prof, text, prof.name)
+            return
+        base = sweep_identity.proposal_base(specs, held, prof.name)
+        fresh = sweep_identity.fresh_name(base, specs, self._held_under, avoid=[prof.name])
+        self.set_status(f"profile {prof.name!r} holds another sweep: " + sweep_identity.one_line(diffs), bad=True)
+
+        def answered(answer: str | None) -> None:
+            if answer == "fresh":
+                self._go(prof, text, fresh)
+            elif answer == "same":
+                self._go(prof, text, prof.name)
+            else:
+                self.set_status(f"not launched: profile {prof.name!r} holds another sweep "
+                                f"({sweep_identity.one_line(diffs)}); give the sweep a name of its own")
+
+        self.app.push_screen(NameClashScreen(prof.name, fresh, diffs, len(held)), answered)
+
+    def _go(self, prof: Profile, text: str, name: str) -> None:
+        """Post the launch of ``prof`` under ``name`` (the name field shows it; a name the
+        form proposed stays the form's own, so the next sweep gets its own again)."""
+        if name != prof.name:
+            self._auto_name = name
+            self.query_one("#name", Input).value = name
+            prof = prof.model_copy(update={"name": name})
+        # the app replaces this with the ids once the runs are queued
+        extra = launch_extras(prof)
+        self.set_status(text.replace("will launch", "launching", 1) + f" as profile {name!r}"
+                        + (f"; {extra}" if extra else ""))
+        self.post_message(self.Launch(prof))
 
 
 class _Columns(VerticalScroll, can_focus=False):
