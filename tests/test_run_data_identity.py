@@ -165,7 +165,7 @@ def test_a_replay_after_the_corpus_changed_trains_the_runs_again(tmp_path):
     assert changed.data_changed and changed.data_changed[0][0] == rid
     note = changed.data_note
     assert note.startswith("profile identity: the corpus") and "changed since the run trained" in note
-    assert f"({rid})" in note and f"({new})" in note and "\n" not in note
+    assert note.endswith(f"finished run(s) {rid} trained again as new run(s) {new}") and "\n" not in note
     assert store.get(rid).info["superseded_by"]["run"] == new
     train(store, new)
     assert store.get(new).info["data"]["fingerprint"] != store.get(rid).info["data"]["fingerprint"]
@@ -173,3 +173,53 @@ def test_a_replay_after_the_corpus_changed_trains_the_runs_again(tmp_path):
 
     last = submit(store, profile(corpus))  # the new run stands for the spec now
     assert last.skipped == [new] and last.queued == [] and last.data_note is None
+
+
+def test_a_run_is_not_resumed_on_a_changed_corpus(tmp_path, monkeypatch):
+    """Its weights so far learned the old text: resuming refuses, in one line naming the
+    corpus; `resume --restart` is the way on."""
+    import signal
+
+    from workbench.execute import resume
+    from workbench.train.stop import Stopped
+
+    corpus = tiny_lm_corpus(tmp_path / "corpus", TEXT, docs=40)
+    store = Store(tmp_path / "st")
+    (rid,) = submit(store, profile(corpus))
+    with pytest.MonkeyPatch.context() as mp:  # stopped once trained, before its final results
+        mp.setattr(worker, "record_final", lambda *a, **k: (_ for _ in ()).throw(Stopped(signal.SIGTERM)))
+        store.mark_started(rid, os.getpid(), "cpu", None)
+        worker.run(str(store.root), rid)
+    r = store.get(rid)
+    assert r.state == "preempted" and checkpoint.path_for(store.root, rid).is_file(), (r.state, r.error)
+    monkeypatch.setattr(resume, "pid_alive", lambda *a: False)  # this process was its worker
+    edit(corpus)
+    assert resume.requeue(store, rid) == "resumed"
+    store.mark_started(rid, os.getpid(), "cpu", None)
+    worker.run(str(store.root), rid)
+    r = store.get(rid)
+    assert r.state == "failed" and r.error.startswith("cannot resume: the corpus") and "\n" not in r.error
+    assert "changed since the run started" in r.error and "resume --restart" in r.error
+
+
+def test_every_tokenizer_kind_is_kept_and_read_back_with_the_same_ids(tmp_path):
+    from tasks.lm import tokenizer as toks
+
+    text = "the cat sat on the mat . zebras 🦓 munch kiwis é"
+    bpe = toks.train_bpe([TEXT] * 4, 280)
+    (tmp_path / "pre").mkdir()
+    bpe.save(str(tmp_path / "pre" / "tokenizer.json"))
+    made = {"bytes": toks.BytesTokenizer(), "char": toks.CharTokenizer(toks.train_chars([TEXT])),
+            "bpe": toks.from_fitted("bpe", bpe.to_str()), "pretrained": toks.load_pretrained(str(tmp_path / "pre"))}
+    for kind, tok in made.items():
+        folder = tmp_path / "kept" / kind
+        names = toks.save(tok, str(folder))
+        assert names[-1] == "tokenizer_config.json" and toks.saved(str(folder))
+        back = toks.load_saved(str(folder))
+        assert back.kind == tok.kind and back.identity() == tok.identity(), kind
+        assert (back.vocab_size, back.eot_id) == (tok.vocab_size, tok.eot_id), kind
+        assert back.encode(text).tolist() == tok.encode(text).tolist(), kind
+        assert back.encode_batch([text], True)[0][1].tolist() == tok.encode_batch([text], True)[0][1].tolist()
+    (tmp_path / "kept" / "bpe" / "tokenizer.json").write_text("{not json")
+    with pytest.raises(ValueError, match=r"kept tokenizer .*tokenizer.json cannot be read"):
+        toks.load_saved(str(tmp_path / "kept" / "bpe"))

@@ -256,7 +256,7 @@ def cmd_run(args) -> int:
     for rid, why in getattr(ids, "refused", []):
         console.print(f"  run {rid} not requeued: {why}", markup=False, highlight=False)
     if getattr(ids, "data_note", None):  # finished runs whose corpus changed: trained again
-        console.print(ids.data_note, markup=False, highlight=False)
+        console.print(ids.data_note, markup=False, highlight=False, soft_wrap=True)
     try:
         with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.percentage:>5.1f}%"),
                       TextColumn("{task.fields[status]}"), TimeElapsedColumn(),

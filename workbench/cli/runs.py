@@ -236,7 +236,7 @@ def cmd_show(args) -> int:
     if note:
         c.print(f"[yellow]stalled:[/yellow] {note}; not declared crashed while its process exists")
     for line in _data_lines(r, store.root):
-        c.print(line, markup=False, highlight=False)
+        c.print(line, markup=False, highlight=False, soft_wrap=True)
     c.print_json(json.dumps({"spec": r.spec, "info": r.info}, default=str))
     res = store.results([r.id]).get(r.id, {})
     for es, vals in sorted(res.items()):

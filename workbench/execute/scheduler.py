@@ -483,9 +483,9 @@ def _supersede(store: Store, profile: str, out: Submission, new_ids: list[int]) 
         store.set_info(old_id, {"superseded_by": {"run": new_id, "why": why}})
     whys = list(dict.fromkeys(why for _, why in out.data_changed))
     more = f" (and {len(whys) - 1} other source(s))" if len(whys) > 1 else ""
-    out.data_note = (f"profile {profile}: {whys[0]}{more}; its {len(new_ids)} finished run(s) "
-                     f"({', '.join(str(i) for i, _ in out.data_changed)}) are trained again as new "
-                     f"run(s) ({', '.join(map(str, new_ids))})")
+    out.data_note = (f"profile {profile}: {whys[0]}{more}; finished run(s) "
+                     f"{', '.join(str(i) for i, _ in out.data_changed)} trained again as new "
+                     f"run(s) {', '.join(map(str, new_ids))}")
 
 
 def _best_match(runs: list):
