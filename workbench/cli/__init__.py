@@ -111,8 +111,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--run", type=int, action="append", metavar="ID",
                    help="--format tensorboard: only these runs (repeatable; default every run of --profile)")
     p.add_argument("--scaling", action="store_true",
-                   help="the scaling table instead: per model the power-law fit of --metric (default "
-                        "loss) against training FLOPs, a, b ± se, (E), compute multiplier vs --reference")
+                   help="the scaling table instead: per model (and value of each other setting that "
+                        "varies, e.g. task.tokenizer) the power-law fit of --metric (default loss) "
+                        "against training FLOPs along size, a, b ± se, (E), compute multiplier vs "
+                        "--reference; a row with < 3 sizes or a loss that does not fall says why")
     p.add_argument("--kind", choices=["table", "scaling"], default="table",
                    help="table (the default) or scaling (the same as --scaling)")
     p.add_argument("--reference", metavar="MODEL",

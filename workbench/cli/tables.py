@@ -154,8 +154,10 @@ def _export_tensorboard(args, store, states) -> int:
 
 
 def _export_scaling(args, store, states) -> int:
-    """``export --scaling``: the fits of workbench/results/scaling.py as a table; 2 when a
-    model has too few points (one line each) or the input is bad."""
+    """``export --scaling``: the fits of workbench/results/scaling.py as a table, one row per
+    model and value of every setting that is not its size; a row that is no law says why in
+    the table (its status), and when no row is one a line on stderr says so. 2 when there is
+    nothing to fit or the input is bad."""
     from workbench.results import scaling
 
     metrics = [m.strip() for text in (args.metric or ["loss"]) for m in text.split(",") if m.strip()]
@@ -169,6 +171,8 @@ def _export_scaling(args, store, states) -> int:
     except ValueError as e:
         print(e, file=sys.stderr)
         return 2
+    if not res["fits"]:
+        print(f"no scaling law among the {len(res['groups'])} row(s): each says why", file=sys.stderr)
     return _write_out(text, args.output)
 
 

@@ -34,7 +34,7 @@ def add_parser(sub) -> None:
     """Add the ``plot`` subcommand to an argparse subparsers object."""
     p = sub.add_parser(
         "plot", help="write PNG and SVG figures (learning curves, metric vs length, eval sets, MQAR vs width, "
-                     "scaling: loss vs training FLOPs with power-law fits)",
+                     "scaling: loss vs training FLOPs with power-law fits along size)",
         description="Write matplotlib figures (PNG 150 dpi + SVG) of a profile's runs or of chosen "
                     "runs: learning curves grouped over seeds with bands, a metric against sequence "
                     "length per model, a metric against the len=N / dist=N eval sets. Each path "
