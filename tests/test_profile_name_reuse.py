@@ -105,7 +105,9 @@ async def test_the_default_name_becomes_each_tasks_own(store, tmp_path):  # noqa
         form = await ready_form(pilot)
         assert form.query_one("#name", Input).value == "sweep"
         for task in ("parity", "cycle_navigation", "modular_arithmetic"):
-            await launch(pilot, form, task)
+            await set_task(pilot, form, task)
+            assert form.query_one("#name", Input).value == task  # proposed as the task is picked
+            await launch(pilot, form)
             assert not isinstance(app.screen, NameClashScreen)
             assert sched.submitted[-1].name == task
             assert form.query_one("#name", Input).value == task  # the form shows the name it used

@@ -339,6 +339,12 @@ class SweepForm(FormLive, FormMatch, FormPresets, FormProfile, Vertical):
     @on(Select.Changed, "#task")
     async def _task_changed(self, event: Select.Changed) -> None:
         if event.value != self._params_task and event.value is not Select.NULL:
+            if self._auto_name is not None and self._text("name") == self._auto_name:
+                # a name the form chose follows the task (made free of other sweeps at the launch)
+                from workbench.spec.sweep_identity import name_base
+
+                self._auto_name = name_base(str(event.value))
+                self.query_one("#name", Input).value = self._auto_name
             await self._show_task(str(event.value))
             self._apply_task_training(str(event.value))
             self._show_run_count()
@@ -627,8 +633,7 @@ class SweepForm(FormLive, FormMatch, FormPresets, FormProfile, Vertical):
             prof = prof.model_copy(update={"name": name})
         # the app replaces this with the ids once the runs are queued
         extra = launch_extras(prof)
-        self.set_status(text.replace("will launch", "launching", 1) + f" as profile {name!r}"
-                        + (f"; {extra}" if extra else ""))
+        self.set_status(text.replace("will launch", "launching", 1) + (f"; {extra}" if extra else ""))
         self.post_message(self.Launch(prof))
 
 
