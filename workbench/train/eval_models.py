@@ -12,12 +12,17 @@ A model reference is one of
   models/hub.py, which honours ``HF_HUB_OFFLINE`` and ``HF_HOME``). Mamba checkpoints (``model_type =
   "mamba"``) run on the workbench's own Mamba (models/pretrained.py; it matches
   ``transformers``' to 5e-7) and generate from its recurrent state; any other runs through
-  ``transformers``' ``AutoModelForCausalLM`` and generates from its KV cache. The tokenizer
-  is the folder's, through ``transformers``' ``AutoTokenizer``, called as the harness's
-  ``hf`` model calls it.
+  ``transformers``' ``AutoModelForCausalLM`` and generates from its own cache, passed by the
+  keyword its ``forward`` takes (:func:`cache_keyword`: ``cache`` in transformers 5.x,
+  ``past_key_values`` / ``cache_params`` before; an unknown keyword would vanish into
+  ``**kwargs`` and every step would run without state). Generation ends at the generation
+  config's ``eos_token_id`` (what ``model.generate`` stops at). The tokenizer is the
+  folder's, through ``transformers``' ``AutoTokenizer``, called as the harness's ``hf``
+  model calls it.
 """
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 
 import torch
@@ -95,6 +100,42 @@ def _hf_text(tok) -> tuple:
     return encode, decode, eot, prefix
 
 
+# the names transformers' causal LMs have given their cache argument, newest first
+CACHE_KEYWORDS = ("cache", "past_key_values", "cache_params")
+
+
+def cache_keyword(model) -> str | None:
+    """The keyword ``model.forward`` takes its cache by (read from its signature, so a
+    renamed argument is noticed instead of being swallowed by ``**kwargs``), or None."""
+    params = inspect.signature(model.forward).parameters
+    return next((k for k in CACHE_KEYWORDS if k in params), None)
+
+
+def _returned_cache(out, keyword: str, what: str):
+    """The cache a forward returned (under ``keyword`` or a name of CACHE_KEYWORDS)."""
+    for name in (keyword, *CACHE_KEYWORDS):
+        if name in out.keys():
+            return out[name]
+    raise ModelRefError(f"{what} returned no cache (its output has {', '.join(out.keys())}): "
+                        "generation cannot carry its state")
+
+
+def _eos_ids(folder: Path, cfg, eot: int, generation_config=None) -> tuple[int, ...]:
+    """The ids ``model.generate`` stops after: the generation config's ``eos_token_id``
+    (generation_config.json, else the model config's), else the tokenizer's EOS."""
+    gen = generation_config
+    if gen is None:
+        from transformers import GenerationConfig
+        try:
+            gen = GenerationConfig.from_pretrained(str(folder), local_files_only=True)
+        except OSError:  # no generation_config.json: generate derives it from config.json
+            gen = GenerationConfig.from_model_config(cfg)
+    ids = getattr(gen, "eos_token_id", None)
+    if ids is None:
+        return (eot,)
+    return tuple(int(i) for i in (ids if isinstance(ids, (list, tuple)) else [ids]))
+
+
 def _max_length(cfg, tok, max_length: int | None) -> int:
     if max_length:
         return int(max_length)
@@ -120,7 +161,7 @@ def load_hf(ref: str, device: torch.device, *, dtype: str = "float32", max_lengt
     common = dict(name=ref, encode=encode, decode=decode, eot_id=eot, prefix_id=prefix,
                   max_length=_max_length(cfg, tok, max_length), device=device)
     if getattr(cfg, "model_type", None) == "mamba":
-        return _workbench_mamba(folder, device, torch_dtype, backend, common)
+        return _workbench_mamba(folder, device, torch_dtype, backend, dict(common, eos_ids=_eos_ids(folder, cfg, eot)))
     from transformers import AutoModelForCausalLM
     model = AutoModelForCausalLM.from_pretrained(str(folder), local_files_only=True, dtype=torch_dtype)
     model.to(device).eval()
@@ -128,17 +169,30 @@ def load_hf(ref: str, device: torch.device, *, dtype: str = "float32", max_lengt
     def logits(ids: torch.Tensor) -> torch.Tensor:
         return model(ids).logits
 
-    def start(ids: torch.Tensor):
-        out = model(ids, use_cache=True)
-        return out.logits[:, -1], out.past_key_values
+    keyword, what = cache_keyword(model), f"{type(model).__name__}.forward"
+    positions = "cache_position" in inspect.signature(model.forward).parameters  # transformers 4.x
 
-    def step(tok_t: torch.Tensor, cache):
-        out = model(tok_t[:, None], past_key_values=cache, use_cache=True)
-        return out.logits[:, -1], out.past_key_values
+    def start(ids: torch.Tensor):
+        if keyword is None:  # refused, not recomputed without state
+            import transformers
+            raise ModelRefError(
+                f"{what} (transformers {transformers.__version__}) takes none of the cache keywords "
+                f"{', '.join(CACHE_KEYWORDS)}: the workbench cannot carry its state through generation; "
+                "use a transformers version the workbench knows (see pyproject.toml)")
+        kw = {"cache_position": torch.arange(ids.shape[1], device=ids.device)} if positions else {}
+        out = model(ids, use_cache=True, **kw)
+        return out.logits[:, -1], (_returned_cache(out, keyword, what), ids.shape[1])
+
+    def step(tok_t: torch.Tensor, state):
+        cache, seen = state
+        kw = {"cache_position": torch.tensor([seen], device=tok_t.device)} if positions else {}
+        out = model(tok_t[:, None], use_cache=True, **{keyword: cache}, **kw)
+        return out.logits[:, -1], (_returned_cache(out, keyword, what), seen + 1)
 
     return LoadedLM(logits=logits, start=start, step=step, **common,
+                    eos_ids=_eos_ids(folder, cfg, eot, model.generation_config),
                     info={"kind": "transformers", "model_type": cfg.model_type, "folder": str(folder),
-                          "params": sum(p.numel() for p in model.parameters())})
+                          "cache_keyword": keyword, "params": sum(p.numel() for p in model.parameters())})
 
 
 def _workbench_mamba(folder: Path, device, torch_dtype, backend: str, common: dict) -> LoadedLM:

@@ -11,11 +11,22 @@ adapter only scores tokens. Its three requests:
   batches, longest first; the left is truncated to ``max_length`` as ``hf`` does).
 - ``loglikelihood_rolling``: a document's log-likelihood over the harness's disjoint
   rolling windows (``lm_eval.utils.get_rolling_token_windows``, one token of context).
-- ``generate_until``: greedy decoding, one request at a time, until a stop string or
-  ``max_gen_toks``. A model that can carry state (``LoadedLM.start`` / ``step``: the
-  recurrent state of Mamba-like backbones, the KV cache of ``transformers`` models) reads
-  the context once and then costs one token per step; any other is run again over the
-  whole sequence for every new token.
+- ``generate_until``: greedy decoding, one request at a time, token for token what the
+  harness's ``hf`` model gets from ``model.generate(do_sample=False)`` (issue 41 item 3):
+  it stops after an end-of-text token (``LoadedLM.eos_ids``, the generation config's
+  ``eos_token_id`` as ``generate`` reads it), after a stop string (lm-eval's ``until`` plus
+  the EOS text), checked as lm-eval's ``MultiTokenEOSCriteria`` checks it (the string in
+  the last len(its tokens) + 2 generated tokens decoded *with* special tokens, so ``</s>``
+  matches), or after ``max_gen_toks`` tokens; the text is then decoded without special
+  tokens and cut before the first stop string. A budget the context window cannot hold
+  (``max_gen_toks >= max_length``) is refused, as the ``hf`` model refuses it. A model that
+  can carry state (``LoadedLM.start`` / ``step``: the recurrent state of Mamba-like
+  backbones, the cache of ``transformers`` models) reads the context once and then costs
+  one token per step; any other is run again over the whole sequence for every new token.
+
+A log-likelihood continuation longer than the context window cannot be scored (its first
+tokens would have to be predicted from outside the window): refused in one line, where the
+``hf`` model stops on a bare assertion.
 
 The model side is a :class:`LoadedLM` (workbench/train/eval_models.py builds them from a
 Hugging Face folder or hub id, or from a workbench run's checkpoint).
@@ -56,6 +67,8 @@ class LoadedLM:
     ``step(tok, state)``: tok long (batch,) -> (logits (batch, vocab), next state): the
     streaming pair, None where the model has no state to carry.
     ``encode(text, add_special_tokens)`` -> ids, ``decode(ids, skip_special)`` -> text.
+    ``eos_ids``: the token ids after which generation ends (``model.generate``'s
+    ``eos_token_id``); None: ``eot_id`` alone.
     """
     name: str
     logits: Callable[[torch.Tensor], torch.Tensor]
@@ -68,6 +81,7 @@ class LoadedLM:
     start: Callable[[torch.Tensor], tuple[torch.Tensor, Any]] | None = None
     step: Callable[[torch.Tensor, Any], tuple[torch.Tensor, Any]] | None = None
     info: dict = field(default_factory=dict)  # what was loaded (kind, backend, parameters)
+    eos_ids: tuple[int, ...] | None = None
 
 
 class WorkbenchLM(TemplateLM):
@@ -82,6 +96,7 @@ class WorkbenchLM(TemplateLM):
         self.lm, self.batch_size, self.max_gen_toks = lm, int(batch_size), int(max_gen_toks)
         self.group = group  # a workbench.train.distributed.Group on several ranks, else None
         self.generation = {"streamed": 0, "recomputed": 0}  # how generate_until ran (tests read it)
+        self.generated: list[list[int]] = []  # the tokens of the last generate_until's answers, in order
         # called as progress(done, total) after each batch of log-likelihoods and each
         # generation: an evaluation run shows how far into a task it is (a task of 10,000
         # documents takes hours on a small GPU; progress per finished task alone sat at 0%)
@@ -143,6 +158,14 @@ class WorkbenchLM(TemplateLM):
     @torch.no_grad()
     def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, **kwargs) -> list[tuple[float, bool]]:
         """requests: [(key, context_enc, continuation_enc)] -> [(log p(continuation), greedy)]."""
+        for _, _, cont in requests:  # before any forward: one line, not a shape error halfway
+            if len(cont) > self.max_length:
+                raise ValueError(
+                    f"lm-eval asked for the log-likelihood of a continuation of {len(cont)} tokens, longer "
+                    f"than the model's context window ({self.max_length} tokens): its first "
+                    f"{len(cont) - self.max_length} token(s) cannot be predicted from inside one window, "
+                    "so it cannot be scored (lm-eval's hf model refuses it too); use a model or "
+                    "max_length with a longer context, or a task with shorter continuations")
         out: list[tuple[float, bool] | None] = [None] * len(requests)
         # longest first, so a batch pads little (the order of the answers is restored)
         order = sorted(range(len(requests)), key=lambda i: -(len(requests[i][1]) + len(requests[i][2])))
@@ -194,8 +217,9 @@ class WorkbenchLM(TemplateLM):
     # -- generation ---------------------------------------------------------------------
     @torch.no_grad()
     def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
+        """Greedy continuations (module doc): what lm-eval's hf model answers, request by request."""
         eos = self.tok_decode([self.eot_token_id], skip_special_tokens=False)
-        out = []
+        out, self.generated = [], []
         for req in requests:
             context, gen_kwargs = req.args
             kw = normalize_gen_kwargs(dict(gen_kwargs), self.max_gen_toks)
@@ -204,18 +228,31 @@ class WorkbenchLM(TemplateLM):
                                  "for sampling (do_sample = true)")
             until = handle_stop_sequences(kw.get("until"), eos=eos)
             budget = int(kw["max_gen_toks"])
-            ctx = self.tok_encode(context)[-max(self.max_length - budget, 1):]
-            text = self._greedy(ctx, budget, until)
+            if budget >= self.max_length:  # the hf model: max_length - max_gen_toks must be > 0
+                raise ValueError(
+                    f"the task asks to generate up to {budget} tokens (max_gen_toks), which leaves no room "
+                    f"for its context in the model's window of {self.max_length} tokens (lm-eval's hf model "
+                    "refuses it too): lower max_gen_toks in the task's generation_kwargs, or give the "
+                    "model a longer max_length")
+            ctx = self.tok_encode(context)[-(self.max_length - budget):]
+            text, toks = self._greedy(ctx, budget, until)
+            self.generated.append(toks)
             self.cache_hook.add_partial("generate_until", (context, gen_kwargs), text)
             out.append(text)
             if self.progress is not None:
                 self.progress(len(out), len(requests))
         return out
 
-    def _greedy(self, ctx: list[int], budget: int, until: list[str]) -> str:
-        """Greedy tokens after ``ctx`` until a stop string appears or ``budget`` tokens; the
-        text before the first stop string."""
+    def _greedy(self, ctx: list[int], budget: int, until: list[str]) -> tuple[str, list[int]]:
+        """Greedy tokens after ``ctx`` until an end-of-text token, a stop string or ``budget``
+        tokens, each stop checked as ``model.generate`` with lm-eval's stopping criteria
+        checks it (module doc); -> (the text before the first stop string, the tokens)."""
         dev, new = self.lm.device, []
+        eos_ids = set(self.lm.eos_ids if self.lm.eos_ids is not None else (self.lm.eot_id,))
+        # lm-eval's MultiTokenEOSCriteria: the stop string within the last len(its tokens) + 2
+        # generated tokens, decoded with special tokens (a multi-token string may come out
+        # in other pieces than its own encoding)
+        stops = [(s, len(self.tok_encode(s, add_special_tokens=False)) + 2) for s in until if s]
         ids = torch.tensor([ctx], dtype=torch.long, device=dev)
         stream = self.lm.start is not None and self.lm.step is not None
         self.generation["streamed" if stream else "recomputed"] += 1
@@ -223,22 +260,24 @@ class WorkbenchLM(TemplateLM):
             logits, state = self.lm.start(ids)                          # (1, vocab)
         else:
             logits = self.lm.logits(ids)[:, -1]
-        text = ""
-        for _ in range(budget):
+        for n in range(budget):
             tok = logits.argmax(-1)                                       # (1,)
             new.append(int(tok))
-            text = self.tok_decode(new)
-            if any(s and s in text for s in until):
+            if new[-1] in eos_ids or any(s in self.tok_decode(new[-k:], skip_special_tokens=False)
+                                         for s, k in stops):
                 break
+            if n + 1 == budget:
+                break  # no forward for a token that will not be generated
             if stream:
                 logits, state = self.lm.step(tok, state)
             else:
                 ids = torch.cat([ids, tok[:, None]], dim=1)[:, -self.max_length:]
                 logits = self.lm.logits(ids)[:, -1]
+        text = self.tok_decode(new)  # without special tokens, as the hf model decodes its answer
         for s in until:  # cut at the first stop string, as the harness's models do
             if s:
                 text = text.split(s)[0]
-        return text
+        return text, new
 
 
 def in_document_order(parts: list) -> list:
