@@ -89,8 +89,9 @@ def test_dry_run_lists_the_evaluations_and_queues_nothing(tmp_path, monkeypatch,
     from workbench.cli import main
 
     fake_index(monkeypatch, ["tiny_mc", "tiny_lambada"])  # the task names are checked: as lm-eval's
+    from test_eval_preflight import fake_checkpoint
 
-    (tmp_path / "m").mkdir()
+    fake_checkpoint(tmp_path / "m")  # a folder is checked as a checkpoint (config, weights, tokenizer)
     (tmp_path / "t").mkdir()
     f = tmp_path / "tiny.toml"
     f.write_text(text(str(tmp_path / "m"), str(tmp_path / "t")))

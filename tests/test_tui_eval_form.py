@@ -60,8 +60,10 @@ async def fill(pilot, form: EvalForm, tmp_path: Path, tasks: str = "my_choice") 
     """Fill the form as a user: two local models (one labelled), the task folder, tasks, a
     limit and a batch size, device cpu."""
     folder = write_task(tmp_path / "my-tasks")
-    for m in ("m1", "m2"):
-        (tmp_path / m).mkdir()
+    from test_eval_preflight import fake_checkpoint
+
+    for m in ("m1", "m2"):  # checked as checkpoints (config, weights, tokenizer) when the form is
+        fake_checkpoint(tmp_path / m)
     # the long paths pasted (typed key by key they take seconds), the rest typed
     form.query_one("#ev-models", Input).value = f"first={tmp_path / 'm1'}, {tmp_path / 'm2'}"
     form.query_one("#ev-include", Input).value = str(folder)

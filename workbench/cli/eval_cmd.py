@@ -2,7 +2,12 @@
 runs of the store (workbench/train/eval_run.py).
 
 MODEL: a Hugging Face causal LM (a local folder or a hub id such as
-``state-spaces/mamba-130m-hf``), or ``run:N``, a finished ``lm`` run of the store. Tasks:
+``state-spaces/mamba-130m-hf``), or ``run:N``, a finished ``lm`` run of the store (one still
+training, or stopped, is refused: ``--allow-unfinished`` scores its last checkpoint, recorded
+as ``run:N@stepS``, an evaluation of its own). Every model is checked before anything is
+queued (workbench/execute/eval_queue.py ``preflight``: the run exists, is an lm run, has
+finished; a folder has its weights whole and a tokenizer that fits them), each refusal one
+line. Tasks:
 lm-eval's own names (``lambada_openai``, ``hellaswag``, ...) and the tasks of the folders
 given with ``--include`` (lm-eval YAML files with local data files). One run per model, queued
 on the local scheduler like a training run; the command waits with a progress bar per run
@@ -59,6 +64,9 @@ def add_parser(sub) -> None:
                    help="a display label per MODEL, in order (default: the model reference)")
     p.add_argument("--fresh", action="store_true", help="evaluate again even when the store holds "
                    "this evaluation")
+    p.add_argument("--allow-unfinished", action="store_true",
+                   help="score a run:N that has not finished (still training, stopped) at its last checkpoint; "
+                        "recorded with the step (run:N@stepS), never as the run's result")
     p.add_argument("--executor", choices=["local", "slurm"],
                    help="where the runs execute (default: --from's profile's `executor`, else local); "
                         "slurm: one sbatch job per model (one task, one device)")
@@ -100,7 +108,7 @@ def specs_of(args) -> list[dict]:
                              include=include, limit=args.limit, num_fewshot=args.num_fewshot,
                              batch_size=args.batch_size, device=args.device, dtype=args.dtype,
                              max_length=args.max_length, bootstrap_iters=args.bootstrap_iters,
-                             devices=args.devices))
+                             devices=args.devices, allow_unfinished=args.allow_unfinished))
     return out
 
 
@@ -117,6 +125,8 @@ def _profile_specs(args) -> list[dict]:
         raise ValueError("--from PROFILE.toml names the models, tasks and task folders: give no MODEL, "
                          "--tasks, --include or --label beside it")
     overrides = [f"slurm.{kv}" for kv in args.slurm]
+    if getattr(args, "allow_unfinished", False):
+        overrides.append("eval.allow_unfinished=true")
     if args.executor:
         overrides.append(f'executor="{args.executor}"')
     try:
@@ -182,11 +192,14 @@ def check_task_names(specs: list[dict]) -> None:
 
 
 def run_specs(store, specs: list[dict], profile: str, *, fresh: bool = False, quiet: bool = False,
-              inline: bool = False, detach: bool = False, executor: str = "local", slurm=None) -> int:
+              inline: bool = False, detach: bool = False, executor: str = "local", slurm=None,
+              checked: bool = False) -> int:
     """Queue (or find) the runs of ``specs`` and start, wait for and summarise them: what
     ``eval`` does after reading its arguments, and ``run`` does for an evaluation profile.
     ``executor``: "local" (the scheduler of this machine) or "slurm" (an sbatch job per run
-    with ``slurm``, a SlurmSettings; workbench/execute/slurm.py)."""
+    with ``slurm``, a SlurmSettings; workbench/execute/slurm.py). The models are checked
+    first (eval_queue.preflight, each refusal a line on stderr, exit 2) unless ``checked``
+    says the caller did."""
     from workbench.cli.common import _console
     from workbench.execute.executor import ExecutorError
     from workbench.store.progress import command
@@ -194,9 +207,12 @@ def run_specs(store, specs: list[dict], profile: str, *, fresh: bool = False, qu
 
     console = _console()
     try:
+        if not checked:
+            specs = eval_queue.preflight(store, specs)
         sources = eval_queue.sources(store, specs) if executor == "slurm" else {}
-    except ModelRefError as e:
-        print(f"eval: {e}", file=sys.stderr)
+    except (ModelRefError, eval_queue.Refused) as e:  # one line a model
+        for line in str(e).splitlines():
+            print(f"eval: {line}", file=sys.stderr)
         return 2
     ids, notes = eval_queue.submit(store, specs, fresh)
     for line in notes:
@@ -248,11 +264,37 @@ def cmd_eval(args) -> int:
     except ValueError as e:
         print(f"eval: {e}", file=sys.stderr)
         return 2
+    store = None
+    try:
+        store, specs = checked_specs(args, specs)
+    except ValueError as e:  # eval_queue.Refused, ModelRefError: one line a model
+        for line in str(e).splitlines():
+            print(f"eval: {line}", file=sys.stderr)
+        return 2
     if args.dry_run:
         return _dry_run(specs, args)
-    return run_specs(_store(args), specs, args.profile, fresh=args.fresh, quiet=args.quiet,
-                     inline=args.inline, detach=args.detach, executor=args.executor or "local",
-                     slurm=args.slurm_settings)
+    return run_specs(store if store is not None else _store(args), specs, args.profile, fresh=args.fresh,
+                     quiet=args.quiet, inline=args.inline, detach=args.detach, executor=args.executor or "local",
+                     slurm=args.slurm_settings, checked=True)
+
+
+def checked_specs(args, specs: list[dict]):
+    """(the store, or None where there is none and no model needs it; ``specs`` through
+    eval_queue.preflight). A dry run creates no store: a ``run:N`` there reads an existing
+    one, and none at all means no such run."""
+    from workbench.cli.common import _store, store_root
+    from workbench.store.progress import no_store_at
+
+    store = None
+    runs = any(s["model"].startswith("run:") for s in specs)
+    if not args.dry_run:
+        store = _store(args)
+    elif runs and not no_store_at(store_root(args)):
+        store = _store(args, create=False)
+    if store is None and runs:
+        first = next(s["model"] for s in specs if s["model"].startswith("run:"))
+        raise ValueError(f"model {first}: no such run (no store at {store_root(args)})")
+    return store, eval_queue.preflight(store, specs)
 
 
 def check_devices(specs: list[dict]) -> None:
@@ -291,13 +333,14 @@ def _dry_run(specs: list[dict], args) -> int:
     for col in ("model", "checkpoint", "tasks", "include"):
         t.add_column(col, no_wrap=col in ("model", "checkpoint"))
     for s in specs:
-        t.add_row(s["label"], s["model"], ", ".join(s["eval"]["tasks"]), ", ".join(s["eval"]["include"]))
+        t.add_row(s["label"], s["fields"].get("checkpoint", s["model"]), ", ".join(s["eval"]["tasks"]),
+                  ", ".join(s["eval"]["include"]))
     console.print(t)
     for line in ranks_lines(specs):
         console.print(line, markup=False, highlight=False, soft_wrap=True)
     where = " as Slurm jobs" if args.executor == "slurm" else ""
     console.print(f"{len(specs)} evaluation run(s) would be launched{where} into profile {args.profile!r} "
-                  f"(task names checked; dry run: nothing queued)", markup=False, highlight=False, soft_wrap=True)
+                  f"(models and task names checked; dry run: nothing queued)", markup=False, highlight=False, soft_wrap=True)
     return 0
 
 

@@ -1,11 +1,103 @@
 """Evaluation runs into the store and onto an executor: what ``ssm-workbench eval`` and the
 TUI's evaluation form (workbench/tui/eval_form.py) both do once the specs are built
-(workbench/spec/eval_profile.py, eval_spec.py). ``submit`` finds or adds the runs, ``sources``
-reads the ``run:N`` models a Slurm job needs, ``start`` hands pending runs to the executor;
-``queue`` is the three in order."""
+(workbench/spec/eval_profile.py, eval_spec.py). ``preflight`` checks the models before
+anything is queued, ``submit`` finds or adds the runs, ``sources`` reads the ``run:N`` models
+a Slurm job needs, ``start`` hands pending runs to the executor; ``queue`` is the four in order.
+
+``preflight`` is where a bad model is refused in one line instead of failing in its run
+seconds later: a ``run:N`` must exist, be an ``lm`` run and have finished (its kept weights
+readable), unless ``allow_unfinished`` asks for its last checkpoint, which is then recorded
+with its step (``eval_spec.at_checkpoint``: ``run:1@step660``, a run of its own, never the
+run's result); a folder must be a whole checkpoint with a tokenizer that fits it
+(models/checkpoint_check.py)."""
 from __future__ import annotations
 
 import time
+
+
+class Refused(ValueError):
+    """Models that cannot be evaluated, found before anything was queued: ``lines``, one
+    line each (the message is the lines, one a line)."""
+
+    def __init__(self, lines: list[str]) -> None:
+        self.lines = list(dict.fromkeys(lines))
+        super().__init__("\n".join(self.lines))
+
+
+def preflight(store, specs: list[dict]) -> list[dict]:
+    """``specs`` as they are to be queued, every model checked first (module doc); a
+    :class:`Refused` naming every bad one. ``store`` (may be None when there is none:
+    then no ``run:N`` exists) is read, never written. An evaluation of an unfinished run
+    comes back as the evaluation of its checkpoint's step; one of a finished run asked
+    with ``allow_unfinished`` comes back without it (the same run as without the flag)."""
+    from pathlib import Path
+
+    from models.checkpoint_check import folder_problems
+    from workbench.train.eval_models import ModelRefError
+
+    out, problems = [], []
+    for s in specs:
+        ref = s["model"]
+        if ref.startswith("run:"):
+            try:
+                out.append(_run_model(store, s))
+            except ModelRefError as e:
+                problems.append(str(e))
+            continue
+        if Path(ref).expanduser().is_dir():
+            problems += folder_problems(ref)
+        out.append(s)
+    if problems:
+        raise Refused(problems)
+    return out
+
+
+def _run_model(store, s: dict) -> dict:
+    """The spec of an evaluation of ``run:N`` (preflight's rules), or a ModelRefError."""
+    from workbench.spec.eval_spec import at_checkpoint, finished_form
+    from workbench.train import checkpoint
+    from workbench.train.eval_models import ModelRefError, run_id_of
+
+    ref = s["model"]
+    rid = run_id_of(ref)
+    r = store.get(rid) if store is not None else None
+    if r is None:
+        raise ModelRefError(f"model {ref}: no such run in {store.root if store is not None else 'the store (none here)'}")
+    if r.spec.get("kind") == "eval" or r.task != "lm":
+        raise ModelRefError(f"model {ref}: a {r.spec.get('kind', r.task)!r} run; only runs of the lm task are "
+                            "language models lm-eval can score")
+    # a run trained by a Slurm job keeps its files in the job's shared folder (as eval_models.run_source)
+    files = (r.info or {}).get("slurm_shared") or str(store.root)
+    if r.state == "finished":
+        weights = checkpoint.weights_path(files, rid)
+        if not weights.is_file():
+            raise ModelRefError(f"model {ref} has no weights in the store: a finished lm run keeps {weights}; "
+                                f"runs finished before this version kept none")
+        try:
+            checkpoint.read_header(weights)
+        except checkpoint.CheckpointError as e:
+            raise ModelRefError(f"model {ref}: {e}") from None
+        return finished_form(s)
+    last, step, damaged = checkpoint.path_for(files, rid), None, None
+    if last.is_file():
+        try:
+            step = checkpoint.read_header(last).step
+        except checkpoint.CheckpointError as e:
+            damaged = str(e)
+        if step is None and damaged is None:  # a format-1 file: its step is in the run's info
+            step = ((r.info or {}).get("checkpoint") or {}).get("step")
+    total = f" of {r.total_steps:,}" if r.total_steps else ""
+    if not s["eval"].get("allow_unfinished"):
+        at = f"its last checkpoint is at step {step:,}{total}" if step is not None else "it has no checkpoint"
+        raise ModelRefError(f"model {ref} is {r.state}, not finished ({at}): its numbers would not be the run's; "
+                            f"evaluate it once it has finished, or give --allow-unfinished ([eval] "
+                            f"allow_unfinished = true) to score that checkpoint as {ref}@step{step if step is not None else 'N'}")
+    if damaged:
+        raise ModelRefError(f"model {ref}: {damaged}")
+    if step is None:
+        raise ModelRefError(f"model {ref} is {r.state} and has no checkpoint to score (train.checkpoint_every or "
+                            f"train.checkpoint_minutes write one while it trains)")
+    return at_checkpoint(s, step)
 
 
 def submit(store, specs: list[dict], fresh: bool) -> tuple[list[int], list[str]]:
@@ -18,6 +110,11 @@ def submit(store, specs: list[dict], fresh: bool) -> tuple[list[int], list[str]]
     for s in specs:
         have = [] if fresh else [r for r in store.runs(profile=s["profile"])
                                  if r.spec.get("kind") == "eval" and spec_key(r.spec) == spec_key(s)]
+        mid = [r for r in have if _scored_mid_training(r, s)]
+        for r in mid:  # before this version an unfinished run:N was scored under the finished one's spec
+            notes.append(f"run {r.id} scored {s['model']} at its checkpoint of step {_eval_step(r)} before the run "
+                         f"had finished: not counted as its evaluation")
+        have = [r for r in have if r not in mid]
         done = next((r for r in have if r.state == "finished"), None)
         going = next((r for r in have if r.state in ("pending", "running")), None)
         again = next((r for r in have if r.state in UNFINISHED), None)
@@ -69,9 +166,28 @@ def start(store, ids: list[int], executor: str, slurm, sources: dict[str, dict])
 
 
 def queue(store, specs: list[dict], executor: str, slurm, fresh: bool = False) -> tuple[list[int], list[str]]:
-    """``sources`` (Slurm only), ``submit`` and ``start`` in order: the run ids and a line per
-    run. A ModelRefError (a ``run:N`` that is no lm run) comes before anything is queued."""
+    """``preflight``, ``sources`` (Slurm only), ``submit`` and ``start`` in order: the run ids
+    and a line per run. A :class:`Refused` (each bad model in a line) or ModelRefError comes
+    before anything is queued."""
+    specs = preflight(store, specs)
     found = sources(store, specs) if executor == "slurm" else {}
     ids, notes = submit(store, specs, fresh)
     start(store, ids, executor, slurm, found)
     return ids, notes
+
+
+def _eval_step(r) -> int | None:
+    return ((r.info or {}).get("eval_model") or {}).get("step")
+
+
+def _scored_mid_training(r, s: dict) -> bool:
+    """Whether stored evaluation run ``r``, found for ``s`` (an evaluation of a finished
+    ``run:N``, no checkpoint step in its spec), scored that run's resumable checkpoint
+    instead of its final weights (its info's ``eval_model.weights`` is not
+    ``weights.pt``): such an answer is not the run's evaluation."""
+    from workbench.train import checkpoint
+
+    if not s["model"].startswith("run:") or s["eval"].get("checkpoint_step") is not None:
+        return False
+    weights = ((r.info or {}).get("eval_model") or {}).get("weights")
+    return bool(weights) and not str(weights).endswith(checkpoint.WEIGHTS_FILE)

@@ -14,6 +14,7 @@ table instead of ``[task]``/``[sweep]``/``[train]``) describes evaluations to ru
     tasks = ["lambada_openai", "hellaswag"]   # lm-eval task names
     include = ["my_tasks"]                    # optional folders of lm-eval task YAML files
     batch_size = 8                            # and: limit, num_fewshot, dtype, device, ...
+    # allow_unfinished = true                 # score an unfinished run:N's last checkpoint
     [[published]]
     model = "Mamba-130M"
     eval_set = "lambada_openai"               # an lm-eval task of [eval] tasks
@@ -35,7 +36,7 @@ from typing import Literal
 
 from pydantic import Field, PrivateAttr, field_validator, model_validator
 
-from workbench.spec.schema import (MAX_NAME, SCHEMA_VERSIONS, Float, Int, Need, ProfileError, PublishedValue,
+from workbench.spec.schema import (MAX_NAME, SCHEMA_VERSIONS, Bool, Float, Int, Need, ProfileError, PublishedValue,
                                    _FieldError, _short, _Strict)
 from workbench.spec.slurm_settings import SlurmSettings
 
@@ -88,6 +89,9 @@ class EvalSection(_Strict):
     seed: Int = Field(default=0, ge=0)
     # ranks, each holding the model, that split each task's documents (one rank's numbers)
     devices: Int = Field(default=1, ge=1)
+    # a run:N that has not finished is refused unless this is true; then its last checkpoint
+    # is scored, recorded with its step (run:1@step660), never as the run's result
+    allow_unfinished: Bool = False
 
     @field_validator("tasks", "include")
     @classmethod
@@ -201,7 +205,7 @@ def eval_specs(p: EvalProfile) -> list[dict]:
     return [eval_spec(_resolve(m.model), list(e.tasks), profile=p.name, label=m.label, include=include,
                       limit=e.limit, num_fewshot=e.num_fewshot, batch_size=e.batch_size, device=e.device,
                       dtype=e.dtype, max_length=e.max_length, bootstrap_iters=e.bootstrap_iters, seed=e.seed,
-                      devices=e.devices)
+                      devices=e.devices, allow_unfinished=e.allow_unfinished)
             for m in e.models]
 
 
@@ -227,9 +231,14 @@ def absent_needs(p: EvalProfile) -> list[Need]:
 def check(p: EvalProfile, path: str, where) -> None:
     """What the schema cannot see: each model names something loadable (``run:N``, a
     folder, a hub id; a path named by [[needs]] may be absent) and each include folder
-    exists. (lm-eval itself, an optional extra, is asked for by ``run``, not here: the file
-    is valid without it.) Raises ProfileError listing the problems, else DataAbsent when
-    needed data is absent, else returns."""
+    exists. A folder is checked as a checkpoint (models/checkpoint_check.py: config.json,
+    weights present and whole, a tokenizer whose ids fit the embedding), each problem one
+    line naming the file. (lm-eval itself, an optional extra, is asked for by ``run``, not
+    here: the file is valid without it; a ``run:N`` needs the store, which
+    workbench/execute/eval_queue.py's ``preflight`` reads before anything is queued.)
+    Raises ProfileError listing the problems, else DataAbsent when needed data is absent,
+    else returns."""
+    from models.checkpoint_check import folder_problems
     from workbench.spec.check import DataAbsent, _hub_id, _problems_text, _refers
 
     problems: list[str] = []
@@ -240,8 +249,10 @@ def check(p: EvalProfile, path: str, where) -> None:
             if not ref[4:].isdigit():
                 problems.append(f"  eval.models[{i}].model{where('eval', 'models', i, 'model')}: {ref!r}: "
                                 f"a run is written run:N (N its id)")
-        elif not (os.path.isdir(os.path.expanduser(ref)) or _hub_id(ref)
-                  or any(_refers(ref, n) for n in needed)):
+        elif os.path.isdir(os.path.expanduser(ref)):
+            problems += [f"  eval.models[{i}].model{where('eval', 'models', i, 'model')}: {line}"
+                         for line in folder_problems(ref)]
+        elif not (_hub_id(ref) or any(_refers(ref, n) for n in needed)):
             problems.append(f"  eval.models[{i}].model{where('eval', 'models', i, 'model')}: {ref!r} is no "
                             f"folder here, no Hugging Face hub id (owner/name) and no run:N")
     for i, d in enumerate(p.eval.include):

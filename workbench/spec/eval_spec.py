@@ -5,6 +5,7 @@ spec here, so the same settings find the same run; workbench/train/eval_run.py r
 """
 from __future__ import annotations
 
+import json
 from typing import Any
 
 KIND = "eval"
@@ -20,9 +21,13 @@ DEFAULTS: dict[str, Any] = {
 
 
 def eval_spec(model: str, tasks: list[str], *, profile: str = "eval", label: str | None = None,
-              store_root: str | None = None, **options: Any) -> dict:
+              store_root: str | None = None, allow_unfinished: bool = False, **options: Any) -> dict:
     """The stored spec of an evaluation of ``model`` (a hub id, a folder, or ``run:N``) on
-    ``tasks``; ``options`` are :data:`DEFAULTS`' keys (unknown ones are an error)."""
+    ``tasks``; ``options`` are :data:`DEFAULTS`' keys (unknown ones are an error).
+    ``allow_unfinished``: a ``run:N`` that has not finished may be scored at its last
+    checkpoint (``eval --allow-unfinished``, ``[eval] allow_unfinished``); kept in the spec
+    only when given, so the specs (and the stored runs they find) of every other evaluation
+    stay as they were. :func:`at_checkpoint` then records which step is scored."""
     bad = sorted(set(options) - set(DEFAULTS))
     if bad:
         raise ValueError(f"eval: unknown option(s) {', '.join(bad)}; known: {', '.join(DEFAULTS)}")
@@ -37,7 +42,34 @@ def eval_spec(model: str, tasks: list[str], *, profile: str = "eval", label: str
         raise ValueError(f"eval: devices must be an integer >= 1, not {devices!r}")
     if int(cfg["batch_size"]) < 1:
         raise ValueError(f"eval: batch_size must be >= 1, not {cfg['batch_size']}")
+    if allow_unfinished:
+        cfg["allow_unfinished"] = True
     label = label or model
     return {"kind": KIND, "profile": profile, "model": model, "label": label, "task": TASK,
             "seq_len": None, "seed": int(cfg["seed"]), "index": 0, "eval": cfg,
             "fields": {"model": label, "task": TASK, "seed": int(cfg["seed"]), "checkpoint": model}}
+
+
+def at_checkpoint(spec: dict, step: int) -> dict:
+    """``spec`` (an evaluation of an unfinished ``run:N``) as the evaluation of that run's
+    checkpoint at ``step``: the step is in its settings (``eval.checkpoint_step``: the run
+    checks it loads that step, workbench/train/eval_run.py) and in its label and checkpoint
+    column (``run:1@step660``), so it is its own run of the store, never the same cached
+    answer as the finished run's evaluation, and never shown as the run's result."""
+    out = json.loads(json.dumps(spec))
+    out["eval"]["checkpoint_step"] = int(step)
+    out["eval"]["allow_unfinished"] = True
+    tag = f"@step{int(step)}"
+    out["label"] = out["label"] if out["label"].endswith(tag) else out["label"] + tag
+    out["fields"]["model"] = out["label"]
+    out["fields"]["checkpoint"] = f"{spec['model']}{tag}"
+    return out
+
+
+def finished_form(spec: dict) -> dict:
+    """``spec`` without ``allow_unfinished``: what an evaluation of a run that has finished
+    is, asked with the flag or not (the same stored run answers both)."""
+    out = json.loads(json.dumps(spec))
+    out["eval"].pop("allow_unfinished", None)
+    out["eval"].pop("checkpoint_step", None)
+    return out

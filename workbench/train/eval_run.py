@@ -174,6 +174,10 @@ def _run_eval(store, run_id: int, spec: dict, stop, device, group, info) -> str:
                               source=info.get("eval_source"))
     except eval_models.ModelRefError as e:
         raise RunFailed(str(e)) from None
+    want = cfg.get("checkpoint_step")  # an unfinished run:N, asked for at this step (eval_spec.at_checkpoint)
+    if want is not None and lm.info.get("step") != want:
+        raise RunFailed(f"model {spec['model']}: its weights are at step {lm.info.get('step')} now, not the step "
+                        f"{want} this evaluation was asked for (it trained on, or finished, since): evaluate it again")
     adapter = WorkbenchLM(lm, batch_size=int(cfg["batch_size"]), max_gen_toks=int(cfg["max_gen_toks"]),
                           group=group)
     manager = task_manager(cfg["tasks"], cfg["include"])

@@ -7,8 +7,9 @@ opens the writer, installs the signal handlers, reads the run's typed spec
 (``RunSpec.from_dict``), starts the system sampler (``sysmon.Sampler``: system rows at 1 Hz
 and the heartbeat every ``HEARTBEAT_S``), hands the run to the :class:`Trainer`
 (workbench/train/trainer.py), records the final results (workbench/train/summary.py) and the
-terminal state (finished, or failed with the error text), and asks Slurm to requeue a job
-near its time limit.
+terminal state (finished, or failed with one readable line: a RunFailed's message, or for
+any other exception :func:`error_line`'s type, message and place, while the traceback goes
+to the run's log), and asks Slurm to requeue a job near its time limit.
 
 Checkpoints (workbench/train/checkpoint.py) are saved every ``train.checkpoint_every`` steps and
 ``train.checkpoint_minutes`` minutes, and on SIGTERM or SIGUSR1: inside the training loop the
@@ -290,7 +291,7 @@ def _run(store: Store, run_id: int, t_start: float, stop: StopFlag, argv: list[s
             store.finish(run_id, "failed", peer)
             print(f"[worker] run {run_id} failed: {peer}", flush=True)
             return 1
-        store.finish(run_id, "failed", f"{type(e).__name__}: {e}\n{tb[-4000:]}")
+        store.finish(run_id, "failed", error_line(e))  # the traceback: printed above, into the run's log
         return 1
     finally:
         bg.stop()
@@ -353,7 +354,7 @@ def _run_eval(store, run_id: int, r, stop: StopFlag, argv: list[str]) -> int:
             store.finish(run_id, "failed", peer)
             print(f"[worker] run {run_id} failed: {peer}", flush=True)
             return 1
-        store.finish(run_id, "failed", f"{type(e).__name__}: {e}\n{tb[-4000:]}")
+        store.finish(run_id, "failed", error_line(e))  # the traceback: printed above, into the run's log
         return 1
     finally:
         bg.stop()
@@ -387,6 +388,23 @@ def _set_cpu_threads(spec: RunSpec, world: int = 1) -> None:
     if n is not None and n != torch.get_num_threads():
         torch.set_num_threads(n)
         print(f"[worker] {n} CPU thread(s): {why}", flush=True)
+
+
+def error_line(e: BaseException, limit: int = 600) -> str:
+    """A run's stored error for an exception nobody turned into a message: its type, its
+    message on one line, and where it was raised (the last frame, as ``folder/file.py:N``),
+    e.g. ``SafetensorError: Error while deserializing header: ... (safetensors/torch.py:313)``.
+    ``show`` and the TUI print this; the full traceback goes to the run's log (the worker
+    prints it to stderr, which the scheduler and Slurm send there)."""
+    text = " ".join(line.strip() for line in str(e).splitlines() if line.strip())
+    if len(text) > limit:
+        text = text[:limit - 3] + "..."
+    frames = traceback.extract_tb(e.__traceback__) if e.__traceback__ is not None else []
+    where = ""
+    if frames:
+        parts = Path(frames[-1].filename).parts
+        where = f" ({'/'.join(parts[-2:])}:{frames[-1].lineno}; traceback in the run's log)"
+    return f"{type(e).__name__}: {text}{where}" if text else f"{type(e).__name__}{where}"
 
 
 def _say(text: str, err: bool = False) -> None:

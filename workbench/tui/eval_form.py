@@ -4,7 +4,10 @@ save it (ctrl+s, a file ``ssm-workbench run FILE`` and ``eval --from FILE`` acce
 one (ctrl+o; the sweep form hands evaluation profiles over to this form), launch it (ctrl+r).
 
 - models: hub ids (owner/name), ``run:N`` (a finished lm run), local folders, comma-separated;
-  ``label=model`` names one (else its label is the model as written);
+  ``label=model`` names one (else its label is the model as written); a folder is checked as
+  a checkpoint as it is typed (eval_profile.check), a ``run:N`` at launch, before anything is
+  queued (eval_queue.preflight: it exists, is an lm run, has finished unless the profile's
+  ``allow_unfinished`` asks for its last checkpoint), each refusal a line under the field;
 - tasks: lm-eval task, group or tag names, checked as they are typed against lm-eval's own
   names and the include folders' (:mod:`workbench.spec.lm_eval_tasks`) in a thread worker
   (indexing lm-eval's tasks takes seconds the first time; the UI never waits on it); an
@@ -68,6 +71,8 @@ def profile_data(p: EvalProfile) -> dict[str, Any]:
             d.pop(key, None)
     if not d.get("description"):
         d.pop("description", None)
+    if not d["eval"].get("allow_unfinished"):  # the default: files written before it was a key stay as they were
+        d["eval"].pop("allow_unfinished", None)
     if d.get("slurm") == SlurmSettings().model_dump(mode="json", exclude_none=True):
         d.pop("slurm")
     return d
@@ -455,7 +460,9 @@ class EvalForm(Vertical):
 
     @work(thread=True, group="scheduler")
     def _queue(self, prof: EvalProfile) -> None:
+        from workbench.execute import eval_queue
         from workbench.store import Store
+        from workbench.train.eval_models import ModelRefError
 
         def say(text: str, bad: bool = False) -> None:
             self.app.call_from_thread(self.set_status, text, bad)
@@ -468,12 +475,22 @@ class EvalForm(Vertical):
             lines = [line.strip().partition(": ")[2] for line in str(e).splitlines()[1:]]
             self.app.call_from_thread(self._refused_tasks, "; ".join(lines) or str(e))
             return
+        except (ModelRefError, eval_queue.Refused) as e:  # eval_queue.preflight: a model refused, nothing queued
+            self.app.call_from_thread(self._refused_models, str(e).splitlines())
+            return
         except Exception as e:  # a failed launch must not take the UI down
             say(f"launch failed: {e}", True)
             return
         finally:
             store.close()
         self.app.call_from_thread(self._queued, prof, ids, notes)
+
+    def _refused_models(self, lines: list[str]) -> None:
+        """The models eval_queue.preflight refused (as ``eval`` does): under the models field,
+        one line each, and nothing launched."""
+        self._set_error("ev-models", "\n".join(lines))
+        self.set_status("not launched:\n" + "\n".join(f"• {x}" for x in lines), bad=True)
+        self._errors_shown = True
 
     def _refused_tasks(self, msg: str) -> None:
         self._set_error("ev-tasks", msg)
