@@ -90,12 +90,7 @@ def current(task_params: dict) -> str:
     (reads no text while the files' sizes and times are those of a cached digest)."""
     from tasks.lm.sources import Source
 
-    p = task_params or {}
-    src = Source(p.get("source", "stdlib"), text_column=p.get("text_column", "text"),
-                 document=p.get("document", "file"), hf_config=p.get("hf_config"),
-                 hf_split=p.get("hf_split", "train"), streaming=bool(p.get("streaming", False)),
-                 max_documents=int(p.get("max_documents", 0) or 0))
-    return source_fingerprint(src)
+    return source_fingerprint(Source.of_params(task_params))   # as the task builds it
 
 
 def changed(task_params: dict, recorded: dict | None) -> str | None:
@@ -120,10 +115,7 @@ def newer_files(task_params: dict, since: float) -> list[str]:
     no fingerprint (trained before they were kept) is checked."""
     from tasks.lm.sources import Source
 
-    p = task_params or {}
-    src = Source(p.get("source", "stdlib"), document=p.get("document", "file"),
-                 text_column=p.get("text_column", "text"), hf_config=p.get("hf_config"),
-                 hf_split=p.get("hf_split", "train"))
+    src = Source.of_params(task_params)
     files = src.files
     if src.hf:
         local = os.path.expanduser(src.ref)

@@ -8,8 +8,9 @@ A source is named by one string (``source`` of the ``lm`` task):
 - a local file, folder (every non-hidden file under it, recursively) or glob (``*``, ``?``,
   ``[``; ``**`` recurses). Files ending ``.jsonl`` / ``.json`` are JSON lines and
   ``.parquet`` files Parquet, one document per record's ``text_column``; any other file is
-  UTF-8 text (invalid bytes replaced), one document per file, per line or per paragraph
-  (``document = "file" | "line" | "paragraph"``);
+  UTF-8 text (invalid bytes replaced; ``profile check`` refuses binary, tasks/lm/preflight.py),
+  one document per file, per line or per paragraph (``document = "file" | "line" |
+  "paragraph"``), or one file cut by position (``"position"``);
 - ``"hf:REF"``: a Hugging Face dataset through the ``datasets`` library (the ``lm``
   extra): REF is a hub id (``hf:wikitext``, with ``hf_config`` / ``hf_split``), a folder
   written by ``save_to_disk``, or a local data file read by ``datasets``' own loaders
@@ -18,6 +19,27 @@ A source is named by one string (``source`` of the ``lm`` task):
   (``HF_DATASETS_OFFLINE=1`` / ``HF_HUB_OFFLINE=1``) is honoured as tasks/hub_data.py
   says (a snapshot in the Hub cache, else ``datasets``' prepared tables), and a corpus
   that cannot be had is one line saying how to fetch it.
+
+``document = "auto"`` (the default) is ``"file"`` for a source of several files (a folder, a
+glob, ``stdlib``), but a source that is ONE text file (nanoGPT's ``input.txt``) would be one
+document, which lands whole in one split and leaves the others empty. So one text file is
+split without being asked (:meth:`Source.mode`), deterministically:
+
+- by paragraph (blank-line separated, as ``"paragraph"``; hash-split like any documents)
+  when it has at least ``PARAGRAPHS_PER_SPLIT / min(valid_fraction, test_fraction)``
+  paragraphs (1,000 at the default 2% fractions: about 20 paragraphs expected in each of
+  valid and test), counted in its first ``SCAN_BYTES`` (64 MiB);
+- else by position (``"position"``), as nanoGPT cuts its one file: the first ``1 - valid -
+  test`` of its bytes train, the next ``valid_fraction`` valid, the last ``test_fraction``
+  test, each cut moved forward to just after the next newline (within 64 KiB; else to the
+  next UTF-8 character boundary). The three slices are documents whose split is pinned
+  (tasks/lm/split.py's PinnedKey), not hashed.
+
+The resolved mode is what the corpus fingerprint records (and so the token cache key): a
+folder's key is what it was before ``"auto"`` existed (``"file"``), one file split by
+paragraph has the key an explicit ``document = "paragraph"`` has, and one file cut by
+position has a key of its own. (One file with ``document = "file"`` written out stays one
+document; tasks/lm/preflight.py refuses it before launch, naming the empty splits.)
 
 Each document is a :class:`Document`: ``key`` (the bytes the train/valid/test split hashes:
 the record's text, or a file's first 64 KiB and its size, so a file is split without reading
@@ -28,6 +50,7 @@ from __future__ import annotations
 
 import glob
 import json
+import math
 import os
 import sys
 import sysconfig
@@ -36,7 +59,11 @@ from typing import Callable, Iterable, Iterator
 
 PIECE_BYTES = 4 << 20      # a long text file is read and tokenised in pieces of about this size
 KEY_BYTES = 64 << 10       # a file's split key: its first 64 KiB and its size
-DOCUMENT_MODES = ("file", "line", "paragraph")
+DOCUMENT_MODES = ("auto", "file", "line", "paragraph", "position")
+PARAGRAPHS_PER_SPLIT = 20  # one file splits by paragraph when valid and test expect this many
+SCAN_BYTES = 64 << 20      # ... counted in its first 64 MiB
+CUT_WINDOW = 64 << 10      # a position cut moves to just after a newline at most this far
+DEFAULT_FRACTIONS = (0.02, 0.02)   # the lm task's valid_fraction, test_fraction
 RECORD_SUFFIXES = (".jsonl", ".json", ".parquet")
 HF_PREFIX = "hf:"
 LM_EXTRA = "pip install 'ssm-workbench[lm]'"
@@ -92,13 +119,18 @@ def local_files(spec: str) -> list[str]:
     return sorted(files)
 
 
-def _file_pieces(path: str, mode: str) -> Iterator[str]:
-    """A text file's text, cut after newlines into pieces of about PIECE_BYTES (cut in bytes:
-    a newline byte is never inside a multi-byte UTF-8 character)."""
+def _file_pieces(path: str, mode: str = "file", start: int = 0, end: int | None = None) -> Iterator[str]:
+    """A text file's text (bytes ``[start, end)`` of it, else all), cut after newlines into
+    pieces of about PIECE_BYTES (cut in bytes: a newline byte is never inside a multi-byte
+    UTF-8 character)."""
     with open(path, "rb") as f:
+        f.seek(start)
+        left = None if end is None else max(0, end - start)
         rest = b""
         while True:
-            block = f.read(PIECE_BYTES)
+            block = f.read(PIECE_BYTES if left is None else min(PIECE_BYTES, left))
+            if left is not None:
+                left -= len(block)
             if not block:
                 break
             block = rest + block
@@ -135,6 +167,59 @@ def _text_documents(path: str, mode: str) -> Iterator[Document]:
                 para = []
     if para:
         yield _record("".join(para).rstrip("\r\n"))
+
+
+def count_paragraphs(path: str, stop: int, scan: int = SCAN_BYTES) -> int:
+    """Paragraphs (runs of non-blank lines, as ``document = "paragraph"`` cuts them) in the
+    file's first ``scan`` bytes, counting no further than ``stop``."""
+    n, read, blank = 0, 0, True
+    for piece in _file_pieces(path):
+        for line in piece.splitlines():
+            if line.strip():
+                if blank:
+                    n += 1
+                    if n >= stop:
+                        return n
+                blank = False
+            else:
+                blank = True
+        read += len(piece)   # characters: at most the bytes they came from
+        if read >= scan:
+            break
+    return n
+
+
+def _cut_after_newline(f, size: int, at: int) -> int:
+    """The offset just after the first newline at or after ``at`` (looking CUT_WINDOW bytes
+    ahead), else ``at`` moved past UTF-8 continuation bytes: a cut inside no character."""
+    if at <= 0 or at >= size:
+        return min(max(at, 0), size)
+    f.seek(at)
+    window = f.read(CUT_WINDOW)
+    nl = window.find(b"\n")
+    if nl >= 0:
+        return at + nl + 1
+    k = 0
+    while k < len(window) and 0x80 <= window[k] < 0xC0:
+        k += 1
+    return at + k
+
+
+def position_cuts(path: str, valid_fraction: float, test_fraction: float) -> list[tuple[str, int, int]]:
+    """``[(split, start, end)]`` of one file cut by position (module doc): train, valid, test."""
+    size = os.path.getsize(path)
+    with open(path, "rb") as f:
+        a = _cut_after_newline(f, size, int(size * (1 - valid_fraction - test_fraction)))
+        b = max(a, _cut_after_newline(f, size, int(size * (1 - test_fraction))))
+    return [("train", 0, a), ("valid", a, b), ("test", b, size)]
+
+
+def _position_documents(path: str, valid_fraction: float, test_fraction: float) -> Iterator[Document]:
+    from tasks.lm.split import PinnedKey
+
+    for split, start, end in position_cuts(path, valid_fraction, test_fraction):
+        key = PinnedKey(f"{os.path.abspath(path)}\0{split}\0{start}-{end}".encode(), split)
+        yield Document(key, lambda s=start, e=end: _file_pieces(path, "file", s, e))
 
 
 def _record(text: str) -> Document:
@@ -175,12 +260,20 @@ def _parquet_documents(path: str, column: str) -> Iterator[Document]:
                 yield _record(text)
 
 
-def file_documents(path: str, mode: str, column: str) -> Iterator[Document]:
+def is_record_file(path: str) -> bool:
+    """Whether a file holds records (JSON lines, Parquet) rather than text."""
+    return path.lower().endswith(RECORD_SUFFIXES)
+
+
+def file_documents(path: str, mode: str, column: str,
+                   fractions: tuple[float, float] = DEFAULT_FRACTIONS) -> Iterator[Document]:
     lower = path.lower()
     if lower.endswith((".jsonl", ".json")):
         return _jsonl_documents(path, column)
     if lower.endswith(".parquet"):
         return _parquet_documents(path, column)
+    if mode == "position":
+        return _position_documents(path, *fractions)
     return _text_documents(path, mode)
 
 
@@ -242,11 +335,24 @@ def hf_documents(ref: str, config: str | None, split: str, streaming: bool,
 class Source:
     spec: str
     text_column: str = "text"
-    document: str = "file"
+    document: str = "auto"
     hf_config: str | None = None
     hf_split: str = "train"
     streaming: bool = False
     max_documents: int = 0
+    fractions: tuple[float, float] = DEFAULT_FRACTIONS   # (valid, test): for one file's cut
+
+    @classmethod
+    def of_params(cls, p: dict) -> "Source":
+        """The source of an ``lm`` task with parameters ``p`` (a run's spec), as the task
+        builds it: the same documents, mode and fingerprint."""
+        p = p or {}
+        return cls(p.get("source", "stdlib"), text_column=p.get("text_column", "text"),
+                   document=p.get("document", "auto"), hf_config=p.get("hf_config"),
+                   hf_split=p.get("hf_split", "train"), streaming=bool(p.get("streaming", False)),
+                   max_documents=int(p.get("max_documents", 0) or 0),
+                   fractions=(p.get("valid_fraction", DEFAULT_FRACTIONS[0]),
+                              p.get("test_fraction", DEFAULT_FRACTIONS[1])))
 
     def __post_init__(self) -> None:
         if self.document not in DOCUMENT_MODES:
@@ -263,6 +369,32 @@ class Source:
             self.root, self.files = stdlib_files()
         else:
             self.files = local_files(self.spec)
+        self._mode: str | None = None
+        if self.document == "position" and not self.one_text_file:
+            raise ValueError(f"lm: document = 'position' cuts one text file into train / valid / test; "
+                             f"source {self.spec!r} names {len(self.files) or 'a dataset, not'} "
+                             f"{'files' if len(self.files) != 1 else 'file'}")
+
+    @property
+    def one_text_file(self) -> bool:
+        """A local source of exactly one text (not JSON lines / Parquet) file."""
+        return not self.hf and len(self.files) == 1 and not is_record_file(self.files[0])
+
+    @property
+    def mode(self) -> str:
+        """The document mode in effect: ``document``, with ``"auto"`` resolved (module doc):
+        ``"file"`` unless the source is one text file, which is split by ``"paragraph"``
+        when it has enough paragraphs, else by ``"position"``. Read once (a few KiB of the
+        file as a rule), on first use: building the task reads nothing."""
+        if self._mode is None:
+            mode = self.document
+            if mode == "auto":
+                mode = "file"
+                if self.one_text_file:
+                    need = math.ceil(PARAGRAPHS_PER_SPLIT / min(self.fractions))
+                    mode = "paragraph" if count_paragraphs(self.files[0], need) >= need else "position"
+            self._mode = mode
+        return self._mode
 
     def size_hint(self) -> int | None:
         """Bytes to read, for the progress bar (local files; None for a dataset)."""
@@ -275,7 +407,9 @@ class Source:
         contents (tasks/lm/fingerprint.py; cached by path, size and mtime, so text is read
         only after a file changed), or the dataset reference (a hub dataset is taken to be
         what its id, config and split name; a local dataset folder adds its files')."""
-        fp = {"spec": self.spec, "document": self.document, "max_documents": self.max_documents}
+        fp = {"spec": self.spec, "document": self.mode, "max_documents": self.max_documents}
+        if self.mode == "position":  # where the cuts fall
+            fp["fractions"] = list(self.fractions)
         files = self.files
         if self.hf:
             fp.update(config=self.hf_config, split=self.hf_split, column=self.text_column)
@@ -294,7 +428,8 @@ class Source:
         if self.hf:
             it = hf_documents(self.ref, self.hf_config, self.hf_split, self.streaming, self.text_column)
         else:
-            it = (d for f in self.files for d in file_documents(f, self.document, self.text_column))
+            mode = self.mode
+            it = (d for f in self.files for d in file_documents(f, mode, self.text_column, self.fractions))
         for n, doc in enumerate(it):
             if self.max_documents and n >= self.max_documents:
                 return

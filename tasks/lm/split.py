@@ -6,6 +6,12 @@ tokenizer, and unchanged for the other documents when one is added or removed (t
 of hash-split corpora such as C4's validation carving). Identical documents share a key
 and therefore a split. ``u = blake2b(key) / 2**64``; ``u < test`` is test, ``u < test +
 valid`` valid, the rest train.
+
+One exception: a key that is a :class:`PinnedKey` names its split itself. The slices of a
+single text file cut by position (tasks/lm/sources.py, ``document = "position"``: the
+first ``1 - valid - test`` of its bytes train, the next ``valid`` valid, the last ``test``
+test, as nanoGPT cuts its one ``input.txt``) are such documents: their split is where they
+lie in the file, not a hash.
 """
 from __future__ import annotations
 
@@ -13,6 +19,19 @@ import hashlib
 from dataclasses import dataclass
 
 SPLITS = ("train", "valid", "test")
+
+
+class PinnedKey(bytes):
+    """A document key whose split is given (``.split``), not drawn from its hash."""
+
+    split: str
+
+    def __new__(cls, value: bytes, split: str):
+        if split not in SPLITS:
+            raise ValueError(f"lm: a pinned split is one of {', '.join(SPLITS)}, got {split!r}")
+        key = super().__new__(cls, value)
+        key.split = split
+        return key
 
 
 @dataclass(frozen=True)
@@ -33,6 +52,8 @@ class SplitRule:
                 "test": self.test_fraction}
 
     def of(self, key: bytes) -> str:
+        if isinstance(key, PinnedKey):
+            return key.split
         u = int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little") / 2.0 ** 64
         if u < self.test_fraction:
             return "test"

@@ -3,13 +3,18 @@
 ``tasks.build("lm", source="stdlib", tokenizer="bpe", vocab_size=4096, seq_len=256)``
 
 - data: the corpus (tasks/lm/sources.py), split by document into train / valid / test
-  (tasks/lm/split.py, ``valid_fraction`` / ``test_fraction`` of the documents), tokenised
+  (tasks/lm/split.py, ``valid_fraction`` / ``test_fraction`` of the documents; a source
+  that is one text file is split by paragraph, or cut by position as nanoGPT cuts its
+  ``input.txt``, unless ``document`` says otherwise: sources.py's module doc), tokenised
   once into cached token files (tasks/lm/tokenfile.py) by the tokenizer named
   (tasks/lm/tokenizer.py: ``bytes``, ``char``, ``bpe`` with ``vocab_size``, or a
   pretrained one, whose ``vocab_size`` may give the embedding rows, padded as Mamba pads
   GPT-NeoX's 50,277 ids to 50,280). Building the task reads nothing; the corpus is tokenised
   the first time data (or, for ``char`` and pretrained tokenizers without ``vocab_size``,
   the vocabulary size) is asked for, so ``profile check`` and the sweep form stay fast.
+  Before launch they call :meth:`LMTask.preflight` (tasks/lm/preflight.py): an empty or
+  binary corpus, or a split too small for one context, is refused in one line with the
+  tokens each split would get, counted from bytes without tokenising.
 - inputs: ``seq_len`` consecutive tokens; targets: the next token at every position
   (documents are joined by the end-of-text id, which is predicted like any token).
 - training: fresh batches of windows at uniformly random offsets in the training tokens,
@@ -38,7 +43,7 @@ from tasks.metrics import AccuracyCounts
 from tasks.registry import register
 from tasks.lm import tokenfile
 from tasks.lm import tokenizer as toks
-from tasks.lm.sources import Source
+from tasks.lm.sources import DEFAULT_FRACTIONS, Source
 from tasks.lm.split import SplitRule
 
 BPE_DEFAULT_VOCAB = 4096
@@ -57,8 +62,8 @@ class LMTask(Task):
                    "perplexity, bits per byte.")
 
     def __init__(self, source: str = "stdlib", tokenizer: str = "bytes", vocab_size: int | None = None,
-                 seq_len: int = 256, document: str = "file", text_column: str = "text",
-                 valid_fraction: float = 0.02, test_fraction: float = 0.02,
+                 seq_len: int = 256, document: str = "auto", text_column: str = "text",
+                 valid_fraction: float = DEFAULT_FRACTIONS[0], test_fraction: float = DEFAULT_FRACTIONS[1],
                  num_test_examples: int = 64, num_valid_examples: int | None = None,
                  hf_config: str | None = None, hf_split: str = "train", streaming: bool = False,
                  max_documents: int = 0):
@@ -86,10 +91,11 @@ class LMTask(Task):
                 raise ValueError(f"lm: {name} must be a non-empty string, got {v!r}")
         if hf_config is not None and not isinstance(hf_config, str):
             raise ValueError(f"lm: hf_config must be a string, got {hf_config!r}")
+        self.split = SplitRule(valid_fraction, test_fraction)
         self.source = Source(source, text_column=text_column, document=document, hf_config=hf_config,
                              hf_split=hf_split, streaming=check_bool("streaming", streaming),
-                             max_documents=check_int("max_documents", max_documents, 0))
-        self.split = SplitRule(valid_fraction, test_fraction)
+                             max_documents=check_int("max_documents", max_documents, 0),
+                             fractions=(valid_fraction, test_fraction))
         self.fixed_train = False
         self.num_train_examples = 0   # fresh windows every step: budgets are steps (or tokens)
         self.tokens_per_example = self.seq_len   # a target at every position
@@ -107,6 +113,42 @@ class LMTask(Task):
             if self.split.of(doc.key) == "train":
                 yield from doc.pieces()
 
+    def _fit_key(self) -> str:
+        """The cache name of a fitted ``char`` / ``bpe`` tokenizer of this corpus and split."""
+        kind = self.tokenizer_name
+        key = tokenfile.key_of({"fit": kind, "source": self.source.fingerprint(),
+                                "split": self.split.identity(),
+                                "bpe": [getattr(self, "bpe_vocab", None), toks.BPE_VERSION]})
+        return f"{kind}-{key}"
+
+    def _data_key(self, tok: toks.LMTokenizer) -> tuple[dict, str]:
+        identity = {"source": self.source.fingerprint(), "split": self.split.identity(),
+                    "tokenizer": tok.identity()}
+        return identity, f"{tok.kind}-{tokenfile.key_of(identity)}"
+
+    def cached_split_tokens(self) -> dict[str, int] | None:
+        """Tokens per split from the prepared token cache when it exists already, else None;
+        fits and tokenises nothing (a ``char`` / ``bpe`` tokenizer is used only when its fit
+        is cached: tokenfile.cached_fit keeps it at ``<cache>/tokenizers/<name>.json``)."""
+        try:
+            if self._tok is None and self.tokenizer_name in ("char", "bpe"):
+                fit = tokenfile.cache_root() / "tokenizers" / f"{self._fit_key()}.json"
+                if not fit.is_file():
+                    return None
+            _, key = self._data_key(self.tokenizer)
+            found, _ = tokenfile.load(tokenfile.cache_root() / key, key)
+        except (OSError, ValueError, KeyError):
+            return None
+        return None if found is None else {s: len(f) for s, f in found.tokens.items()}
+
+    def preflight(self) -> str:
+        """Before launch (tasks/lm/preflight.py): a ValueError naming the source and the
+        tokens each split would get when the corpus cannot train this task (empty, binary,
+        a split shorter than seq_len + 1); else one line of what each split gets."""
+        from tasks.lm import preflight
+
+        return preflight.check(self)
+
     @property
     def tokenizer(self) -> toks.LMTokenizer:
         if self._tok is None:
@@ -114,10 +156,7 @@ class LMTask(Task):
             if kind == "bytes":
                 self._tok = toks.BytesTokenizer()
             elif kind in ("char", "bpe"):
-                key = tokenfile.key_of({"fit": kind, "source": self.source.fingerprint(),
-                                        "split": self.split.identity(),
-                                        "bpe": [getattr(self, "bpe_vocab", None), toks.BPE_VERSION]})
-                fitted = tokenfile.cached_fit(tokenfile.cache_root(), f"{kind}-{key}",
+                fitted = tokenfile.cached_fit(tokenfile.cache_root(), self._fit_key(),
                                               lambda: toks.fit(kind, self._train_texts,
                                                                getattr(self, "bpe_vocab", None)))
                 self._tok = toks.from_fitted(kind, fitted)
@@ -143,11 +182,9 @@ class LMTask(Task):
     def data(self) -> tokenfile.Prepared:
         if self._data is None:
             tok = self.tokenizer
-            identity = {"source": self.source.fingerprint(), "split": self.split.identity(),
-                        "tokenizer": tok.identity()}
-            key = tokenfile.key_of(identity)
+            identity, key = self._data_key(tok)
             data = tokenfile.prepare(
-                tokenfile.cache_root(), f"{tok.kind}-{key}", self.source.documents, self.split,
+                tokenfile.cache_root(), key, self.source.documents, self.split,
                 lambda: tok, identity, total=self.source.size_hint(),
                 label=f"lm: tokenising {self.source.spec} ({tok.kind})")
             if tok.vocab_size > self.vocab_size:

@@ -84,6 +84,9 @@ def cmd_profile_check(args) -> int:
             out.print(f"{mark} {f}: profile '{p.name}', {summary(p, n)}", markup=False, highlight=False,
                       soft_wrap=True)
             _print_estimates(out, ests, per_run=False)
+            from workbench.spec.check import data_notes  # the lm corpus: tokens per split
+            for note in data_notes(p):
+                out.print(f"  {note}", markup=False, highlight=False, soft_wrap=True)
             if _refuse_too_big(ests, args.force):
                 invalid += 1
                 too_big += 1

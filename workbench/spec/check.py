@@ -281,7 +281,10 @@ def _check_registries(p: Profile, path: str, where: _Where) -> None:
                 problems.append(f"  {label}{w(*ts.loc, bad[0]) if bad else ''}: {e}")
                 break
             if any(isinstance(v, str) and v in waiting for v in params.values()):
-                continue  # it reads data the profile says is not fetched yet (raised below)
+                # it reads data the profile says is not fetched yet (raised below); values
+                # that read nothing are still checked where building needs no data
+                problems += _check_without_data(name, params, waiting, ts, w)
+                continue
             # build the task once per length: bad values (a missing data file, a length
             # too short for the tokens to copy) are caught here, before any run starts
             built = None
@@ -290,7 +293,9 @@ def _check_registries(p: Profile, path: str, where: _Where) -> None:
                 ck = _json_key([name, kwargs])
                 if ck not in built_tasks:
                     try:
-                        built_tasks[ck] = (tasks.build(name, **kwargs), None)
+                        built_task = tasks.build(name, **kwargs)
+                        preflight(built_task)
+                        built_tasks[ck] = (built_task, None)
                     except (ValueError, TypeError, OSError) as e:
                         built_tasks[ck] = (None, e)
                 built, err = built_tasks[ck]
@@ -373,6 +378,60 @@ def _check_registries(p: Profile, path: str, where: _Where) -> None:
         raise DataAbsent(path, p, absent)
 
 
+def preflight(task) -> str:
+    """The task's own check of its data before launch, where it has one (``preflight()``:
+    the ``lm`` task counts what each split of its corpus would get, tasks/lm/preflight.py):
+    ValueError in one line when the data cannot train it; else a line saying what the data
+    gives ('' for nothing to say). A missing optional library is such a ValueError too."""
+    check = getattr(task, "preflight", None)
+    if check is None:
+        return ""
+    try:
+        return check() or ""
+    except ImportError as e:
+        raise ValueError(str(e)) from None
+
+
+def data_notes(p: Profile) -> list[str]:
+    """What each distinct task setting's data gives (the ``lm`` task: tokens per split), one
+    line each, for ``profile check`` to show under a valid profile. Builds the tasks again
+    (cheap) and asks their :func:`preflight`, whose counts are memoised from the check."""
+    import tasks
+
+    notes: list[str] = []
+    for ts in task_settings(p):
+        for tc in _combos(p, "task"):
+            params = {**ts.params, **{k.split(".", 1)[1]: v for k, v in tc.items()}}
+            for L in ts.seq_lens:
+                try:
+                    note = preflight(tasks.build(ts.task.name, **{**params, **({"seq_len": L} if L else {})}))
+                except Exception:  # noqa: BLE001 - the check proper reports problems; notes are extra
+                    continue
+                if note and note not in notes:
+                    notes.append(note)
+    return notes
+
+
+def _check_without_data(name: str, params: dict[str, Any], waiting: set[str], ts: TaskSetting,
+                        w: _Where) -> list[str]:
+    """A task whose data is not here yet (absent [[needs]], a Hub id not cached): build it
+    anyway, and report a refusal that names a parameter other than the data's (a
+    ``streaming = 0.5``, a ``vocab_size = 3.5``); a refusal about the absent data itself, or
+    an error of reading it, is the data's (reported as absent, or read by the run)."""
+    import tasks
+
+    try:
+        tasks.build(name, **params)
+    except (ValueError, TypeError) as e:
+        key = _mentioned(str(e), [k for k, v in params.items() if not (isinstance(v, str) and v in waiting)])
+        if key is not None:
+            setting = f" ({ts.setting})" if ts.setting != "baseline" else ""
+            return [f"  task {name!r}{setting}{w(*ts.loc, key)}: {e}"]
+    except Exception:  # noqa: BLE001 - reading data that is not here: the run's concern
+        pass
+    return []
+
+
 def _check_tensorboard(p: Profile, where: _Where) -> list[str]:
     """train.tensorboard = true needs tensorboardX where the runs start (said before they do)."""
     import importlib.util
@@ -396,6 +455,12 @@ def _check_budgets(p: Profile, where: _Where) -> list[str]:
         return []
     try:
         expand(p)
+    except (ValueError, TypeError) as e:  # a task the budget builds (to count FLOPs) refused a value
+        key = _mentioned(str(e), [k for _, t in p.task_entries() for k in t.params()])
+        if key is not None:
+            return [f"  task.{key}{where('task', key)}: {e}"]
+        head = f"train.{kinds[0]}" if kinds else "sweep.match"
+        return [f"  {head}{where(*head.split('.'))}: {e}"]
     except ProfileError as e:
         msg = str(e).removeprefix(p.name + ": ")
         if msg.startswith("sweep.match: "):  # [sweep.match]: a target a model cannot meet

@@ -107,7 +107,7 @@ PARAM_UNITS: dict[tuple[str, str], str] = {
     ("lm", "source"): "file/dir/glob/hf:ID",  # (20 columns at most: what 120 columns show)
     ("lm", "tokenizer"): "bytes char bpe or id",  # or a tokenizer.json folder / hub id
     ("lm", "vocab_size"): "bpe only (4096)",
-    ("lm", "document"): "file/line/paragraph",
+    ("lm", "document"): "auto file line para…",  # auto: 1 file split by paragraph/position
     ("lm", "text_column"): "jsonl/parquet/hf",
     ("lm", "hf_config"): "hf: sources",
     ("lm", "hf_split"): "hf: sources",
@@ -116,7 +116,7 @@ PARAM_UNITS: dict[tuple[str, str], str] = {
 }
 PARAM_SUGGESTIONS: dict[tuple[str, str], list[str]] = {
     ("lm", "tokenizer"): ["bytes", "char", "bpe", "EleutherAI/gpt-neox-20b"],  # (Mamba's and Pythia's)
-    ("lm", "document"): ["file", "line", "paragraph"],
+    ("lm", "document"): ["auto", "file", "line", "paragraph", "position"],
     ("lm", "source"): ["stdlib", "hf:"],
 }
 
