@@ -170,6 +170,8 @@ def test_a_replay_after_the_corpus_changed_trains_the_runs_again(tmp_path):
     train(store, new)
     assert store.get(new).info["data"]["fingerprint"] != store.get(rid).info["data"]["fingerprint"]
     assert store.results([new])[new][""]["loss"] != old
+    from workbench.results.aggregate import records  # the tables pool the new run alone
+    assert {r["run_id"] for r in records(store, profile="identity")} == {new}
 
     last = submit(store, profile(corpus))  # the new run stands for the spec now
     assert last.skipped == [new] and last.queued == [] and last.data_note is None

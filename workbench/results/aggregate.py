@@ -42,6 +42,9 @@ class SelectionError(ValueError):
 def records(store, profile: str | None = None, states: Iterable[str] = ("finished",)) -> list[dict]:
     """One flat record per (run, eval set): run fields + eval_set + metric values."""
     runs = store.runs(profile=profile, states=list(states))
+    # a run a replay trained again because its corpus changed (info superseded_by) stands
+    # for data that is gone: its numbers are not pooled with its successor's
+    runs = [r for r in runs if not (r.info or {}).get("superseded_by")]
     res = store.results(r.id for r in runs)
     out = []
     for r in runs:
