@@ -177,7 +177,7 @@ def two_models(tmp_path):
                 add(store, model, seed, {"": {"accuracy": base + 0.02 * seed, "step_time_ms": 5.0 + seed,
                                               "peak_mem_mb": 100.0 + L, "params": 1000.0,
                                               "eval_sequences": 256.0}}, seq_len=L,
-                    **{"train.lr": 0.1 if seed == 0 else 0.01})
+                    **{"train.lr": 0.1 if model == "lstm" else 0.01})  # one lr per model
     add(store, "gru", 0, {"": {"accuracy": 0.99, "params": 500.0}}, seq_len=64)  # a single run
     return store
 
@@ -249,10 +249,15 @@ def test_latex_corner_counts_and_single_runs(two_models):
 def test_rows_by_a_dotted_grid_key_and_task_setting(two_models, capsys):
     assert cli.main(["--store", str(two_models.root), "export", "--rows", "train.lr", "--cols",
                      "task_setting", "--metric", "step_time_ms"]) == 0
-    out = capsys.readouterr().out
-    assert out.splitlines()[0] == "| train.lr \\ task_setting | task_setting=baseline |"
-    assert "| 0.01 | 6.000 ± 0.000 |" in out and "| 0.1 | **5.000 ± 0.000** |" in out  # no spread: 5 < 6
-    assert "| – |" not in out.splitlines()[2]  # the gru run has no train.lr: its own row, last
+    got = capsys.readouterr()
+    out = got.out
+    # a cell of one lr holds one model's runs at two lengths: seq_len becomes a row key
+    # (issue 41: a cell averages over seeds only), said on stderr
+    assert "seq_len varies within cells: added as a row key" in got.err
+    assert out.splitlines()[0] == "| train.lr/seq_len \\ task_setting | task_setting=baseline |"
+    assert "| train.lr=0.01, seq_len=64 | **5.500 ± 0.707** |" in out  # ties with lr 0.1 at 64
+    assert "| train.lr=0.1, seq_len=128 | **5.500 ± 0.707** |" in out
+    assert "train.lr=None" in out.splitlines()[-3]  # the gru run has no train.lr: its own row, last
 
 
 def test_report_eval_set_table_leaves_out_the_validation_set(tmp_path):

@@ -96,7 +96,11 @@ async def test_results_tab_best_over_and_select_on(store, tmp_path):
             await pilot.press("b")
         await settle(pilot)
         assert "no best-over: every run of a cell counts" in text(caption)
-        assert cells(table)["lstm"] == ["0.825 ± 0.126"]  # all six lstm runs
+        # the two learning rates are not pooled as seeds (issue 41): train.lr becomes a row
+        # key, and the caption says so
+        assert "train.lr varies within cells: added as a row key" in text(caption)
+        assert cells(table)["model=lstm, train.lr=0.01"] == ["0.710 ± 0.010"]
+        assert cells(table)["model=lstm, train.lr=0.1"] == ["0.940 ± 0.010"]
         await pilot.press("b")  # back to all keys
         await settle(pilot)
         assert view.selection()[0] == ["train.lr", "train.weight_decay"]
@@ -105,7 +109,9 @@ async def test_results_tab_best_over_and_select_on(store, tmp_path):
         view.query_one("#results-rows", Select).value = "train.lr"
         await settle(pilot)
         assert view.selection()[0] == ["train.weight_decay"]
-        assert sorted(cells(table)) == ["0.01", "0.1"]
+        # each cell one model's runs: the model is added as a row key (issue 41)
+        assert sorted(cells(table)) == ["train.lr=0.01, model=lstm", "train.lr=0.01, model=mamba",
+                                        "train.lr=0.1, model=lstm", "train.lr=0.1, model=mamba"]
 
 
 async def test_results_tab_w_on_a_full_disk_leaves_no_file_and_says_so(store, tmp_path, monkeypatch):

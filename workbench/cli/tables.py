@@ -117,12 +117,15 @@ def cmd_export(args) -> int:
             print(f"no run has field {f!r}; fields: {', '.join(export.fields_of(recs))}", file=sys.stderr)
             return 2
     try:
-        text = export.render(recs, metrics, rows, cols, args.format, args.digits, best_over=best_over,
-                             select_on=args.select_on, select_metric=args.select_metric,
-                             json_all=not args.metric)
+        if args.format not in export.FORMATS:
+            raise ValueError(f"unknown format {args.format!r}; expected md, csv, latex or json")
+        b = export.build(recs, metrics, rows, cols, best_over, args.select_on, args.select_metric)
+        text = export.render_built(b, cols, args.format, args.digits, json_all=not args.metric)
     except ValueError as e:
         print(e, file=sys.stderr)
         return 2
+    if b["added"]:  # like with like: said on stderr, so a CSV or JSON on stdout stays clean
+        print(export.agg.split_note(b["added"]), file=sys.stderr)
     return _write_out(text, args.output)
 
 

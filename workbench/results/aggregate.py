@@ -15,6 +15,13 @@ into every eval set's record).
   that point's runs. ``select_on="validation"`` (the default) reads eval set ``"valid"``,
   ``"test"`` reads eval set ``""`` (the anchors' practice; tables then say "selected on
   test"). Missing validation results raise :class:`SelectionError`, never fall back.
+- :func:`pooled_keys` / :func:`split_keys`: **like with like.** A group of records may
+  differ in the seed only (and in the eval set and bookkeeping); ``pooled_keys`` names the
+  run fields that still vary inside some group of the caller's keys (a profile name that
+  holds two sweeps: four tasks, two tokenizers), ``split_keys`` the fewest of them that,
+  added to the keys, leave every group one configuration. Tables add those as row keys
+  and say so (:func:`split_note`); surfaces whose layout is fixed refuse naming the key
+  (:func:`refuse_pooling`, :class:`PoolingError`).
 - :func:`winners`: the cells of a column marked best. **Rule**: among the column's cells
   with n >= 2, the best mean (by the metric's direction) is marked, and so is every other
   cell that Welch's t-test (two-sided, 5%) does not find different from it (tied-best).
@@ -33,6 +40,22 @@ from workbench.results.stats import t_quantile, welch_p
 ALPHA = 0.05
 SPLIT_EVAL_SET = {"validation": "valid", "test": ""}  # select_on -> the eval set it reads
 BOOKKEEPING = {"run_id", "profile", "eval_set", "__metrics__", "__grid__"}
+
+
+# run fields that tell runs apart without making them different configurations: the seed
+# is what a group averages over; the rest is bookkeeping or the eval set (a column of its own)
+NOT_CONFIG = {"seed"}
+# which differing key to name/add first: the task, the model's size, then the grid's axes
+SPLIT_FIRST = ("task", "model", "size", "recipe", "task_setting")
+
+
+class PoolingError(ValueError):
+    """Runs that differ in more than the seed would be averaged together (one line naming
+    the key and its values). ``keys``: the differing keys, most telling first."""
+
+    def __init__(self, message: str, keys: list[str]):
+        super().__init__(message)
+        self.keys = keys
 
 
 class SelectionError(ValueError):
@@ -213,6 +236,88 @@ def best_over(recs: list[dict], over: list[str], metric: str, by: list[str],
                         "mean": points[chosen]["mean"], "n": points[chosen]["n"],
                         "candidates": len(points)})
     return kept, choices
+
+
+def _ident(v: Any) -> str:
+    """A hashable, type-keeping identity of a field value (1 and 1.0 and '1' stay apart,
+    lists and dicts by content)."""
+    import json
+
+    return json.dumps(v, sort_keys=True, default=str)
+
+
+def config_keys(recs: Iterable[dict]) -> list[str]:
+    """The run fields that make a configuration: every field of the records but the seed,
+    bookkeeping (run id, profile, eval set) and metrics (values measured, run-level ones
+    such as params and flops included), in the records' field order."""
+    recs = list(recs)
+    metrics = {m for r in recs for m in r.get("__metrics__", ())}
+    return [k for k in dict.fromkeys(k for r in recs for k in r)
+            if k not in BOOKKEEPING and k not in metrics and k not in NOT_CONFIG]
+
+
+def pooled_keys(recs: list[dict], by: list[str], ignore: Iterable[str] = ()) -> dict[str, list]:
+    """{key: its values} for every configuration key (:func:`config_keys`, less ``by`` and
+    ``ignore``) whose value differs between two records of one group of ``by``; a key one
+    record lacks counts as the value None. Empty: every group differs only by seed. Keys
+    in :data:`SPLIT_FIRST` order, then the grid's axes, then the records' field order."""
+    skip = set(by) | set(ignore) | {"eval_set"}
+    keys = [k for k in config_keys(recs) if k not in skip]
+    seen: dict[str, dict[str, Any]] = {}
+    for rs in group(recs, [k for k in by if k != "eval_set"]).values():
+        for k in keys:
+            vals = {_ident(r.get(k)): r.get(k) for r in rs}
+            if len(vals) > 1:
+                seen.setdefault(k, {}).update(vals)
+    grid = grid_keys(recs)
+    order = {k: (0, SPLIT_FIRST.index(k)) if k in SPLIT_FIRST else (1, grid.index(k)) if k in grid
+             else (2, i) for i, k in enumerate(keys)}
+    return {k: sorted(seen[k].values(), key=sort_key) for k in sorted(seen, key=order.__getitem__)}
+
+
+def split_keys(recs: list[dict], by: list[str], ignore: Iterable[str] = ()) -> list[str]:
+    """The keys to add to ``by`` so that no group pools runs that differ in more than the
+    seed: the first differing key of :func:`pooled_keys`, again until none differs. Adding
+    one at a time keeps the list short: once ``task`` is a key, the task's own parameters
+    (``task.vocab_size``, ``task_setting``) no longer differ inside a group. ``ignore``:
+    keys allowed to differ (``best_over``'s keys, chosen among before the table)."""
+    added: list[str] = []
+    while True:
+        diff = pooled_keys(recs, list(by) + added, ignore)
+        if not diff:
+            return added
+        added.append(next(iter(diff)))
+
+
+def split_note(keys: list[str], where: str = "row") -> str:
+    """The one line a table prints when it added keys: 'task varies within cells: added as
+    a row key'. Empty for no keys."""
+    if not keys:
+        return ""
+    names = ", ".join(keys)
+    verb = "varies" if len(keys) == 1 else "vary"
+    return (f"{names} {verb} within cells: added as {'a ' if len(keys) == 1 else ''}{where} "
+            f"key{'s' if len(keys) > 1 else ''} (a cell averages over seeds only)")
+
+
+def refuse_pooling(recs: list[dict], by: list[str], what: str, ignore: Iterable[str] = ()) -> None:
+    """Raise :class:`PoolingError` when a group of ``by`` holds runs that differ in more
+    than the seed: '<what>: runs of model=lstm, seq_len=32 differ in 'task.tokenizer'
+    (bpe, bytes): ...'. For surfaces whose layout is fixed (score, report)."""
+    diff = pooled_keys(recs, by, ignore)
+    if not diff:
+        return
+    key = next(iter(diff))
+    group_of = next(gk for gk, rs in group(recs, [k for k in by if k != "eval_set"]).items()
+                    if len({_ident(r.get(key)) for r in rs}) > 1)
+    where = ", ".join(f"{k}={v}" for k, v in zip([k for k in by if k != "eval_set"], group_of))
+    vals = ", ".join("(unset)" if v is None else str(v) for v in diff[key])
+    more = f" (and {', '.join(list(diff)[1:])})" if len(diff) > 1 else ""
+    raise PoolingError(
+        f"{what}: runs of {where or 'one group'} differ in {key!r} ({vals}){more}; averaging them "
+        f"as seeds would mix different things: the profile name holds more than one sweep "
+        f"(give each its own profile name, or compare them with `export --rows ...,{key}`)",
+        list(diff))
 
 
 def fields_of(recs: list[dict]) -> list[str]:

@@ -107,18 +107,46 @@ def build(recs: list[dict], metrics: list[str], rows: list[str], cols: list[str]
           best_over: list[str] | None = None, select_on: str = "validation",
           select_metric: str | None = None) -> dict:
     """Everything the formats print: {'tables': [{'metric', 'table', 'best'}], 'records'
-    (after selection), 'choices', 'select_on', 'select_metric', 'best_over'}."""
+    (after selection), 'choices', 'select_on', 'select_metric', 'best_over', 'rows' (the
+    row keys laid out: ``rows`` and then 'added'), 'added'}.
+
+    Like with like: run fields other than the seed that vary inside a cell (a profile name
+    holding four tasks, two tokenizers, a grid axis neither laid out nor selected over)
+    are added as row keys (:func:`workbench.results.aggregate.split_keys`), listed in
+    'added' and said by :func:`workbench.results.aggregate.split_note`. The ``best_over``
+    keys may vary (they are chosen among): the keys are found within each grid point, so
+    each added key also splits the selection, and checked again after it."""
     choices: list[dict] = []
     sel_metric = None
+    over = list(best_over or [])
+    added = agg.split_keys(recs, rows + cols + over)
+    rows = list(rows) + added
     if best_over:
         sel_metric = select_metric or default_select_metric(metrics)
         recs, choices = agg.best_over(recs, best_over, sel_metric, rows + cols, select_on)
+        more = agg.split_keys(recs, rows + cols)  # after selection: one point per cell
+        added += more
+        rows += more
     tables = []
     for m in metrics:
         t = table(recs, m, rows, cols)
-        tables.append({"metric": m, "table": t, "best": best_cells(t, m)})
+        tables.append({"metric": m, "table": t, "best": _best_within(t, m, len(rows) - len(added))})
     return {"tables": tables, "records": recs, "choices": choices, "select_on": select_on,
-            "select_metric": sel_metric, "best_over": list(best_over or [])}
+            "select_metric": sel_metric, "best_over": list(best_over or []), "rows": rows,
+            "added": added}
+
+
+def _best_within(t: dict, metric: str, asked: int) -> set[tuple]:
+    """:func:`best_cells`, compared only among rows that agree on the added row keys (those
+    after the first ``asked``): a column's best parity cell is not beaten by a cycle
+    navigation cell."""
+    if not t["rows"] or asked >= len(t["rows"][0]):
+        return best_cells(t, metric)
+    out: set[tuple] = set()
+    for part in dict.fromkeys(rk[asked:] for rk in t["rows"]):
+        sub = {**t, "rows": [rk for rk in t["rows"] if rk[asked:] == part]}
+        out |= best_cells(sub, metric)
+    return out
 
 
 def _selection_note(b: dict) -> str:
@@ -137,7 +165,8 @@ def _caption(metric: str, t: dict, b: dict) -> str:
     if catalogue.better(metric):
         text += f"; {WINNER_RULE}"
     note = _selection_note(b)
-    return text + (f"; {note}" if note else "")
+    split = agg.split_note(b.get("added") or [])
+    return text + (f"; {note}" if note else "") + (f"; {split}" if split else "")
 
 
 def _choice_rows(b: dict, rows: list[str], cols: list[str]) -> tuple[list[str], list[list[str]]]:
@@ -277,6 +306,15 @@ def render(recs: list[dict], metric: str | list[str], rows: list[str], cols: lis
         raise ValueError(f"unknown format {fmt!r}; expected md, csv, latex or json")
     metrics = [metric] if isinstance(metric, str) else list(metric)
     b = build(recs, metrics, rows, cols, best_over, select_on, select_metric)
+    return render_built(b, cols, fmt, digits, json_all)
+
+
+def render_built(b: dict, cols: list[str], fmt: str, digits: int = 3, json_all: bool = False) -> str:
+    """:func:`render` of :func:`build`'s result (whose 'added' a caller may say first)."""
+    if fmt not in FORMATS:
+        raise ValueError(f"unknown format {fmt!r}; expected md, csv, latex or json")
+    rows = b["rows"]  # with the keys that vary within the asked-for cells (b["added"])
+    metrics = [tb["metric"] for tb in b["tables"]]
     if fmt == "json":
         return json.dumps(to_json(b["records"], rows + cols, None if json_all else metrics,
                                   b["choices"], b["best_over"]), indent=2)

@@ -23,7 +23,7 @@ from typing import Any
 from workbench.spec import profile as prof
 from workbench.spec.eval_profile import PUBLISHED_METRICS, EvalProfile
 from workbench.results.export import fmt_cell, write_atomic
-from workbench.results.aggregate import SPLIT_EVAL_SET, summarize
+from workbench.results.aggregate import SPLIT_EVAL_SET, PoolingError, refuse_pooling, summarize
 from workbench.store import Store
 
 BEGIN, END = "<!-- report:begin -->", "<!-- report:end -->"
@@ -38,6 +38,19 @@ def _runs_by_label(store: Store, p: prof.Profile) -> dict[tuple[str, Any], list]
     for runs in out.values():
         runs.sort(key=lambda r: r.seed)
     return out
+
+
+def _like_with_like(p: prof.Profile, runs: dict[tuple[str, Any], list]) -> None:
+    """Every row of a training profile's report averages one (label, seq_len)'s runs as
+    seeds, so they may differ in the seed only. When the profile's name in the store also
+    holds another sweep's runs (another task, another ``task.tokenizer``), the report is
+    refused with a ProfileError naming the key
+    (:func:`workbench.results.aggregate.refuse_pooling`) rather than averaging them."""
+    fields = [{**r.fields, "model": label, "seq_len": L} for (label, L), rs in runs.items() for r in rs]
+    try:
+        refuse_pooling(fields, ["model", "seq_len"], f"report of {p.name!r}")
+    except PoolingError as e:
+        raise prof.ProfileError(str(e)) from None
 
 
 def _history_value(store: Store, run_id: int, metric: str, epoch: float | None,
@@ -196,6 +209,7 @@ def profile_section(store: Store, path: str | Path, digits: int = 3) -> str:
     if isinstance(p, EvalProfile):
         return eval_section(store, path, p, digits)
     runs = _runs_by_label(store, p)
+    _like_with_like(p, runs)
     all_runs = store.runs(profile=p.name)
     results = store.results([r.id for rs in runs.values() for r in rs])
     seeds = sorted({r.seed for rs in runs.values() for r in rs})

@@ -137,6 +137,14 @@ def compute(store, profile: str, expected: Iterable[dict] | None = None,
     for r in recs:
         r["task_setting"] = r.get("task_setting") or "baseline"
     recs = [r for r in recs if setting_of(r) in complete]
+    # like with like on the runs themselves, not only on the expected fields: a profile file
+    # names one sweep, but its name in the store may hold another's runs (two tokenizers,
+    # another task's parameters) with the same setting; within one grid point they may
+    # differ in the seed only (the best-over keys are chosen among, so they may differ)
+    try:
+        agg.refuse_pooling(recs, SETTING + list(over), f"no MAD score of {profile!r}")
+    except agg.PoolingError as e:
+        raise ScoreError(str(e)) from None
     choices: list[dict] = []
     if over and recs:
         try:

@@ -6,6 +6,12 @@ over seeds; the best cells of each column are highlighted by the Welch rule of
 :func:`workbench.results.aggregate.winners` (the best mean and every cell not significantly
 different from it; cells of one run never).
 
+Like with like: a cell averages runs that differ in the seed only. Where the chosen rows
+and columns leave runs of different configurations in one cell (a profile name holding
+four tasks, two tokenizers, a grid key neither laid out nor selected over), the differing
+keys become row keys (:func:`workbench.results.export.build`) and the caption's first line
+says so ("task varies within cells: added as a row key").
+
 Grids: ``b`` chooses the grid keys each cell takes the best over (by default every grid key
 of the profile's runs, :func:`workbench.results.aggregate.grid_keys`; then each smaller set,
 then none) and ``v`` the split the choice is made on (validation, the default, or test,
@@ -269,11 +275,12 @@ class ResultsView(PollsStore, Vertical):
         # on lambada and piqa, perplexity on lambada only; its run-level eval set has neither)
         shown = [ck for ck in t["cols"] if any((t["cells"].get((rk, ck)) or {}).get("mean") is not None
                                                for rk in t["rows"])] or t["cols"]
-        table.add_column(f"{rows} \\ {cols}", key="__row__")
+        row_fields = b["rows"]  # rows, then the keys that vary within its cells (b["added"])
+        table.add_column(f"{'/'.join(row_fields)} \\ {cols}", key="__row__")
         for ck in shown:
             table.add_column(export._col_header([cols], ck), key=repr(ck))
         for rk in t["rows"]:
-            cells: list[Any] = [export._label([rows], rk)]
+            cells: list[Any] = [export._label(row_fields, rk)]
             for ck in shown:
                 text = export.fmt_cell(t["cells"].get((rk, ck)), count=count)
                 cells.append(Text(text, style="bold green" if (rk, ck) in best else "",
@@ -297,7 +304,9 @@ class ResultsView(PollsStore, Vertical):
         ns = sorted({a["n"] for a in t["cells"].values() if a and a.get("mean") is not None})
         how = {"max": "highest", "min": "lowest"}.get(catalogue.better(metric) or "", "")
         rule = self.rule_text(b)
+        split = agg.split_note(b.get("added") or [])
         return Text.assemble(
+            (f"{split}\n" if split else "", "bold yellow"),
             (f"{metric}", "bold"), f": {catalogue.describe(metric)}; mean ± std over "
             f"{'/'.join(map(str, ns))} run(s) per cell",
             (f"; green: {how} of each column, and ties within seed noise (Welch 5%; one run never)"
@@ -317,8 +326,8 @@ class ResultsView(PollsStore, Vertical):
             set_text(line, "")
             return
         _, _, rows, cols = self.current()
-        fields = {rows: row_keys[coord.row][0], cols: col_keys[coord.column - 1][0]}
-        by = [k for k in (rows, cols) if k != "eval_set" and k not in b["best_over"]]
+        fields = {**dict(zip(b["rows"], row_keys[coord.row])), cols: col_keys[coord.column - 1][0]}
+        by = [k for k in (*b["rows"], cols) if k != "eval_set" and k not in b["best_over"]]
         c = next((c for c in b["choices"] if all(c.get(k) == fields[k] for k in by)), None)
         if c is None:
             set_text(line, "")
