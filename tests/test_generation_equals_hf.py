@@ -238,7 +238,7 @@ def test_a_forward_without_a_known_cache_keyword_is_refused_not_recomputed(made,
 def test_a_budget_the_context_cannot_hold_is_refused_as_hf_refuses_it(made):
     from lm_eval.models.huggingface import HFLM
 
-    with pytest.raises(ValueError, match=rf"generate up to {CONTEXT} tokens \(max_gen_toks\).*window of {CONTEXT}") as e:
+    with pytest.raises(ValueError, match=rf"max_gen_toks = {CONTEXT} leaves no room for a context in the model's window of {CONTEXT} tokens") as e:
         ours(made["llama"], prompts(1), [" a"], CONTEXT)
     assert "\n" not in str(e.value)
     hf = HFLM(pretrained=str(made["llama"]), device="cpu", batch_size=1, dtype="float32")
@@ -258,7 +258,7 @@ def test_a_continuation_longer_than_the_context_is_refused_in_one_line(made):
     long = " ".join(WORDS * 3)  # > 64 tokens
     assert len(lm.tok_encode(long)) > CONTEXT
     reqs = [Instance("loglikelihood", {}, ("the cat", " sat"), 0), Instance("loglikelihood", {}, ("the cat", " " + long), 1)]
-    with pytest.raises(ValueError, match=rf"continuation of \d+ tokens, longer than the model's context window \({CONTEXT} tokens\)") as e:
+    with pytest.raises(ValueError, match=rf"a continuation of \d+ tokens is longer than the model's context window of {CONTEXT} tokens") as e:
         lm.loglikelihood(reqs)
     assert "\n" not in str(e.value)
     assert len(lm.loglikelihood(reqs[:1])) == 1

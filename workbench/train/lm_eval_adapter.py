@@ -161,11 +161,9 @@ class WorkbenchLM(TemplateLM):
         for _, _, cont in requests:  # before any forward: one line, not a shape error halfway
             if len(cont) > self.max_length:
                 raise ValueError(
-                    f"lm-eval asked for the log-likelihood of a continuation of {len(cont)} tokens, longer "
-                    f"than the model's context window ({self.max_length} tokens): its first "
-                    f"{len(cont) - self.max_length} token(s) cannot be predicted from inside one window, "
-                    "so it cannot be scored (lm-eval's hf model refuses it too); use a model or "
-                    "max_length with a longer context, or a task with shorter continuations")
+                    f"a continuation of {len(cont)} tokens is longer than the model's context window of "
+                    f"{self.max_length} tokens: its first {len(cont) - self.max_length} cannot be predicted "
+                    "from inside one window, so it cannot be scored (lm-eval's hf model refuses it too)")
         out: list[tuple[float, bool] | None] = [None] * len(requests)
         # longest first, so a batch pads little (the order of the answers is restored)
         order = sorted(range(len(requests)), key=lambda i: -(len(requests[i][1]) + len(requests[i][2])))
@@ -230,10 +228,9 @@ class WorkbenchLM(TemplateLM):
             budget = int(kw["max_gen_toks"])
             if budget >= self.max_length:  # the hf model: max_length - max_gen_toks must be > 0
                 raise ValueError(
-                    f"the task asks to generate up to {budget} tokens (max_gen_toks), which leaves no room "
-                    f"for its context in the model's window of {self.max_length} tokens (lm-eval's hf model "
-                    "refuses it too): lower max_gen_toks in the task's generation_kwargs, or give the "
-                    "model a longer max_length")
+                    f"max_gen_toks = {budget} leaves no room for a context in the model's window of "
+                    f"{self.max_length} tokens (lm-eval's hf model refuses it too): lower the task's "
+                    "max_gen_toks or raise max_length")
             ctx = self.tok_encode(context)[-(self.max_length - budget):]
             text, toks = self._greedy(ctx, budget, until)
             self.generated.append(toks)
