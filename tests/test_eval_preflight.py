@@ -334,3 +334,30 @@ async def test_the_eval_form_refuses_an_unfinished_run_at_launch(tmp_path, monke
         assert status.startswith("not launched:") and f"run:{running} is running, not finished" in status, status
         assert "--allow-unfinished" in str(form.query_one("#err-ev-models", Static).render())
         assert store.runs(profile="evtest") == [] and started == []
+
+
+@needs_lm_eval
+def test_profile_check_and_run_dry_run_refuse_an_unfinished_run_of_an_evaluation_profile(tmp_path, tasks,
+                                                                                         capsys):
+    from workbench.cli import main
+    from workbench.store import Store
+
+    store = Store(tmp_path / "st")
+    running = lm_run(store, tmp_path, "running", step=660)
+    f = tmp_path / "ev.toml"
+    body = (f'schema_version = 2\nname = "ev"\n[eval]\nmodels = [{{ label = "mine", model = "run:{running}" }}]\n'
+            f'tasks = ["my_choice"]\ninclude = ["{tasks}"]\n')
+    f.write_text(body)
+    st = ["--store", str(tmp_path / "st")]
+    assert main([*st, "profile", "check", str(f)]) == 2
+    err = capsys.readouterr().err
+    assert f"{f}: model run:{running} is running, not finished" in err, err
+    assert main([*st, "run", str(f), "--dry-run"]) == 2
+    assert f"model run:{running} is running, not finished" in capsys.readouterr().err
+    f.write_text(body + "allow_unfinished = true\n")
+    assert main([*st, "profile", "check", str(f)]) == 0
+    capsys.readouterr()
+    assert main([*st, "run", str(f), "--dry-run"]) == 0
+    assert "mine@step660" in capsys.readouterr().out
+    assert main(["--store", str(tmp_path / "none"), "profile", "check", str(f)]) == 2
+    assert "no such run" in capsys.readouterr().err and not (tmp_path / "none").exists()

@@ -278,16 +278,18 @@ def cmd_eval(args) -> int:
                      slurm=args.slurm_settings, checked=True)
 
 
-def checked_specs(args, specs: list[dict]):
+def checked_specs(args, specs: list[dict], create: bool | None = None):
     """(the store, or None where there is none and no model needs it; ``specs`` through
-    eval_queue.preflight). A dry run creates no store: a ``run:N`` there reads an existing
-    one, and none at all means no such run."""
+    eval_queue.preflight: a ValueError, one line a refused model). ``create`` (default: not
+    a dry run) opens the store as a launch does; else no store is created: a ``run:N`` reads
+    an existing one, and none at all means no such run (``run --dry-run`` and ``profile
+    check`` of an evaluation profile ask the same)."""
     from workbench.cli.common import _store, store_root
     from workbench.store.progress import no_store_at
 
     store = None
     runs = any(s["model"].startswith("run:") for s in specs)
-    if not args.dry_run:
+    if create if create is not None else not getattr(args, "dry_run", False):
         store = _store(args)
     elif runs and not no_store_at(store_root(args)):
         store = _store(args, create=False)

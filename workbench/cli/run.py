@@ -63,8 +63,17 @@ def cmd_profile_check(args) -> int:
                 progress.step("checking lm-eval task names (the first time: indexing lm-eval's tasks)")
                 try:
                     note = check_tasks(p, f)
+                    from workbench.cli.eval_cmd import checked_specs
+                    from workbench.spec.eval_profile import eval_specs
+
+                    checked_specs(args, eval_specs(p), create=False)  # run:N in the store (eval_queue.preflight)
                 except ProfileError as e:
                     err.print(str(e), markup=False, highlight=False, soft_wrap=True)
+                    invalid += 1
+                    continue
+                except ValueError as e:  # one line a refused model
+                    for line in str(e).splitlines():
+                        err.print(f"{f}: {line}", markup=False, highlight=False, soft_wrap=True)
                     invalid += 1
                     continue
                 out.print(f"✓ {f}: profile '{p.name}', {_summary(p)}", markup=False, highlight=False,
@@ -513,6 +522,12 @@ def _run_evals(prof, args) -> int:
         print(f"{args.profile}: {e}", file=sys.stderr)
         return 2
     if args.dry_run:
+        try:  # the models, as a launch checks them (eval_queue.preflight; no store created)
+            specs = eval_cmd.checked_specs(args, specs, create=False)[1]
+        except ValueError as e:
+            for line in str(e).splitlines():
+                print(f"{args.profile}: {line}", file=sys.stderr)
+            return 2
         if getattr(args, "format", None) == "json":
             print(json.dumps([{"label": s["label"], "model": s["model"], **s["eval"]} for s in specs], indent=1))
             return 0
