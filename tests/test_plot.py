@@ -249,9 +249,12 @@ def test_distance_sets_and_no_marker_when_training_lengths_differ(store):
     assert list(ax.get_xticks()) == [8, 30]
     assert ax.get_xlabel() == "distance from first trigger to end (tokens)"
     assert not [ln for ln in ax.get_lines() if ln.get_label().startswith("training length")]
-    c = errorbar(ax, "s6")  # L=16 and L=32 runs pooled: 6 values per distance
-    v = [set_acc("s6", L, seed, 16) for L in (16, 32) for seed in SEEDS]
-    assert c.lines[0].get_ydata()[0] == pytest.approx(statistics.fmean(v))
+    # runs trained at L=16 and L=32 are never pooled as seeds (issue 41): a line each
+    assert "lines apart by seq_len" in ax.get_title()
+    for L in (16, 32):
+        c = errorbar(ax, f"s6 L={L}")
+        v = [set_acc("s6", L, seed, 16) for seed in SEEDS]
+        assert c.lines[0].get_ydata()[0] == pytest.approx(statistics.fmean(v))
     with pytest.raises(ValueError, match="no eval sets named pos=N in profile 'sweep'; eval sets there: dist=30"):
         plot.eval_sets_figure(store, "sweep", "accuracy", "pos")
 
@@ -266,7 +269,9 @@ def test_a_model_keeps_its_colour_in_every_figure_of_a_profile(store):
     # s6 is the profile's second model even in a figure of s6's runs alone
     assert {ln.get_color() for ln in curves_ax.get_lines()} == {colors["s6"]}
     assert errorbar(length_ax, "s6").lines[0].get_color() == colors["s6"]
-    assert errorbar(sets_ax, "s6").lines[0].get_color() == colors["s6"]
+    # (its lines at two training lengths, drawn apart, keep the model's colour)
+    assert errorbar(sets_ax, "s6 L=16").lines[0].get_color() == colors["s6"]
+    assert errorbar(sets_ax, "s6 L=32").lines[0].get_color() == colors["s6"]
     assert colors["s6"] != colors["lstm"]
 
 

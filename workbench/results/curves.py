@@ -20,7 +20,7 @@ import bisect
 from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
-from workbench.results.aggregate import summarize
+from workbench.results.aggregate import split_keys, summarize
 from workbench.store import Run, Store, queries
 
 X_AXES = ("step", "epoch", "wall", "tokens", "flops")
@@ -100,6 +100,11 @@ def group_labels(groups: dict[tuple, list[Run]]) -> dict[tuple, str]:
         runs = [firsts[k] for k in keys]
         names = sorted({f for r in runs for f in r.fields} - {"model", "seed"}, key=_field_order)
         varying = [f for f in names if len({repr(r.fields.get(f)) for r in runs}) > 1]
+        # the fewest of them that tell the groups apart (four tasks: 'task=parity', not
+        # also each task's own parameters, which follow the task)
+        fewest = split_keys([dict(r.fields) for r in runs], [])
+        if fewest and len({tuple(repr(r.fields.get(f)) for f in fewest) for r in runs}) == len(runs):
+            varying = sorted(fewest, key=_field_order)
         for k, r in zip(keys, runs):
             parts = [f"{profile}: {label}" if several_profiles else label]
             parts += [f"{'L' if f == 'seq_len' else f.split('.', 1)[-1]}={r.fields.get(f)}"

@@ -39,7 +39,7 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterable, Sequence
 
-from workbench.results.aggregate import records, sort_key
+from workbench.results.aggregate import records, sort_key, split_keys
 from workbench.results.curves import BANDS, CURVE_METRICS, X_AXES, X_LABELS, curves
 from workbench.results.figure_base import (  # noqa: F401  (model_colors: this module's API too)
     FIGSIZE, REFERENCE_LABEL, _check_band, _draw_series, _id_ranges, _legend, _log2_x, _log_y, _missing_metric, _mpl,
@@ -60,6 +60,39 @@ AXIS_WORDS = {"step": "optimizer step", "epoch": "epoch", "wall": "wall time",
               "tokens": "training tokens", "flops": "training FLOPs"}
 CURVE_POINTS = 1000  # thin very long series (curves.combine's budget): the figure is ~1000 px wide
 _EVAL_SET = re.compile(r"^([A-Za-z_]\w*)=(-?\d+(?:\.\d+)?)$")
+
+
+# --------------------------------------------------------------------------- like with like
+def _apart(recs: list[dict], by: list[str], ignore: Sequence[str] = ()) -> tuple[list[dict], list[str]]:
+    """The records with each line's name (the ``model`` field, which :func:`_series` draws a
+    line per) extended by the run fields that vary inside one point of ``by`` besides the
+    seed (:func:`workbench.results.aggregate.split_keys`): four tasks under one profile
+    name are four lines ``mamba task=parity``, ..., never one line averaged over them.
+    Returns (records, the keys added)."""
+    added = split_keys(recs, by, ignore)
+    if not added:
+        return recs, []
+    def name(r: dict) -> str:
+        return " ".join([str(r.get("model"))] + [f"{'L' if k == 'seq_len' else k.split('.', 1)[-1]}"
+                                                 f"={r.get(k)}" for k in added])
+    return [{**r, "model": name(r), "__line_of__": r.get("model")} for r in recs], added
+
+
+def _colors_apart(colors: dict[str, str], recs: list[dict], added: list[str]) -> dict[str, str]:
+    """``colors`` plus each split line's name in its model's colour (lines of one model
+    told apart by marker and name, as a model keeps its colour in every figure)."""
+    if not added:
+        return colors
+    out = dict(colors)
+    for r in recs:
+        base = r.get("__line_of__")  # the model _apart named the line after
+        if base in colors:
+            out.setdefault(r["model"], colors[base])
+    return out
+
+
+def _apart_note(added: list[str]) -> str:
+    return f"; lines apart by {', '.join(added)}" if added else ""
 
 
 # --------------------------------------------------------------------------- curves
@@ -182,9 +215,10 @@ def vs_length_figure(store: Store, profile: str | None, metric: str = "accuracy"
     if len(lengths) < 2:
         raise ValueError(f"every run in {where} has sequence length {lengths[0]}: a figure against "
                          "length needs runs at two or more lengths (the curves and eval-set figures apply)")
+    with_metric, added = _apart(with_metric, ["model", "seq_len"])
     series = _series(with_metric, metric, lambda r: r["seq_len"], band)
     runs = store.runs(ids=[r["run_id"] for r in with_metric])
-    colors = colors or profile_colors(store, profile, runs)
+    colors = _colors_apart(colors or profile_colors(store, profile, runs), with_metric, added)
     with _style():
         fig, ax = _new_figure()
         _draw_series(ax, series, colors)
@@ -197,7 +231,7 @@ def vs_length_figure(store: Store, profile: str | None, metric: str = "accuracy"
         head = f"{profile or 'runs ' + _id_ranges(run_ids or []).replace('_', ',')}"
         task = _one_or_many((r["task"] for r in with_metric), "several tasks")
         head += (f" — {task}" if task else "") + (f", on {device}" if device else "")
-        how = _seeds_text((n for s in series.values() for n in s["n"]), band)
+        how = _seeds_text((n for s in series.values() for n in s["n"]), band) + _apart_note(added)
         ax.set_title(title or f"{head}\n{metric_title(metric)} against training length; {how}")
         _legend(fig, ax)
     return fig
@@ -245,10 +279,11 @@ def eval_sets_figure(store: Store, profile: str | None, metric: str = "accuracy"
     with_metric = [r for r in sets if r.get(metric) is not None]
     if not with_metric:
         raise ValueError(_missing_metric(sets, metric, f"the {prefix}= eval sets of {where}"))
+    with_metric, added = _apart(with_metric, ["model", "eval_set"])
     series = _series(with_metric, metric, lambda r: _eval_set_x(r, prefix), band)
     xs = sorted({x for s in series.values() for x in s["x"]})
     runs = store.runs(ids=[r["run_id"] for r in with_metric])
-    colors = colors or profile_colors(store, profile, runs)
+    colors = _colors_apart(colors or profile_colors(store, profile, runs), with_metric, added)
     train_lens = {r.seq_len for r in runs}
     with _style():
         fig, ax = _new_figure()
@@ -267,7 +302,7 @@ def eval_sets_figure(store: Store, profile: str | None, metric: str = "accuracy"
         head = (profile or f"runs {_id_ranges(run_ids or []).replace('_', ',')}") \
             + (f" — {task}" if task else "") + (f", trained at L={lens}" if lens else "")
         what = {"len": "test length", "dist": "trigger-to-end distance"}.get(prefix, f"{prefix}")
-        how = _seeds_text((n for s in series.values() for n in s["n"]), band)
+        how = _seeds_text((n for s in series.values() for n in s["n"]), band) + _apart_note(added)
         ax.set_title(title or f"{head}\n{metric_title(metric)} against {what}; {how}")
         _legend(fig, ax)
     return fig
@@ -308,15 +343,18 @@ def mqar_figure(store: Store, profile: str | None, band: str = "std",
         raise ValueError(f"the mqar runs in {where} have no train.lr grid: nothing to take the maximum over")
     widths = sorted({r["d_model"] for r in recs if r.get("d_model") is not None})
     panels_by = [k for k in MQAR_PANEL if len({r.get(k) for r in recs}) > 1] or ["seq_len"]
-    by = ["model", "d_model", *panels_by, "task_setting"]
-    kept, _ = best_over(recs, ["train.lr"], metric, [k for k in by if any(k in r for r in recs)], select_on)
+    by = [k for k in ["model", "d_model", *panels_by, "task_setting"] if any(k in r for r in recs)]
+    # like with like: what else varies within a (model, width, panel) point beyond the seed
+    # and the lr chosen among (another task parameter, another grid key) makes its own line
+    recs, added = _apart(recs, by + ["train.lr"])
+    kept, _ = best_over(recs, ["train.lr"], metric, by + added, select_on)
     kept = [r for r in kept if r["eval_set"] == "" and r.get(metric) is not None]
     panels: dict[tuple, list[dict]] = {}
     for r in kept:
         panels.setdefault(tuple(r.get(k) for k in panels_by), []).append(r)
     panels = dict(sorted(panels.items(), key=lambda kv: tuple(sort_key(v) for v in kv[0])))
     runs = store.runs(ids=[r["run_id"] for r in kept])
-    colors = colors or profile_colors(store, profile, runs)
+    colors = _colors_apart(colors or profile_colors(store, profile, runs), kept, added)
     _mpl()
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -339,7 +377,7 @@ def mqar_figure(store: Store, profile: str | None, band: str = "std",
         _y_axis(axes[0], metric, False)
         on = "selected on test" if select_on == "test" else "selected on validation"
         fig.suptitle(f"{profile or 'runs'}: MQAR {metric_title(metric)} against width\nmax over "
-                     f"learning rates ({on}); {_seeds_text(ns, band)}")
+                     f"learning rates ({on}); {_seeds_text(ns, band)}{_apart_note(added)}")
         _legend(fig, axes[-1])
     return fig
 
