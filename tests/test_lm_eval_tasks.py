@@ -49,7 +49,9 @@ def write_task(folder: Path, name: str = "my_choice") -> Path:
 def eval_profile(path: Path, tasks: list[str], include: list[str] = (), extra: str = "") -> Path:
     """An evaluation profile of one model (a folder beside it: no hub id, which offline
     would make the profile need data) on ``tasks``."""
-    (path.parent / "model").mkdir(exist_ok=True)
+    from test_eval_preflight import fake_checkpoint
+
+    fake_checkpoint(path.parent / "model")  # a folder is checked as a checkpoint (config, weights, tokenizer)
     path.write_text(
         'schema_version = 2\nname = "names"\n' + extra +
         f'[eval]\nmodels = [{{ label = "m", model = "{path.parent / "model"}" }}]\ntasks = {json.dumps(tasks)}\n'
@@ -145,9 +147,12 @@ def test_eval_refuses_an_unknown_task_before_queueing_and_dry_run_lists_the_runs
     assert err.startswith("eval: unknown lm-eval task 'my_choise' (closest: my_choice)") and err.count("\n") == 1
     assert not st.exists()
     assert main(["--store", str(st), "eval", "someone/tiny-lm", "run:3", "--tasks", "my_choice,piqa",
+                 "--include", str(tasks), "--dry-run"]) == 2  # the models are checked too: no store, no run:3
+    assert capsys.readouterr().err == f"eval: model run:3: no such run (no store at {st})\n"
+    assert main(["--store", str(st), "eval", "someone/tiny-lm", "other/lm", "--tasks", "my_choice,piqa",
                  "--include", str(tasks), "--dry-run"]) == 0
     out = capsys.readouterr().out
-    assert "someone/tiny-lm" in out and "run:3" in out and "my_choice, piqa" in out
+    assert "someone/tiny-lm" in out and "other/lm" in out and "my_choice, piqa" in out
     assert "2 evaluation run(s) would be launched" in out and not st.exists()
 
 
