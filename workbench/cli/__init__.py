@@ -9,6 +9,7 @@
     ssm-workbench plot [PROFILE]       figures (PNG + SVG): curves, metric vs length, eval sets, scaling
     ssm-workbench serve                the TUI in a browser (127.0.0.1 by default)
     ssm-workbench eval MODEL... --tasks T1,T2 [--include DIR]   lm-eval tasks on HF models / lm runs
+    ssm-workbench sample run:N|MODEL --prompt TEXT [--seed S]   text from an lm run / HF model, streamed
     ssm-workbench runs | show ID | kill ID...
     ssm-workbench models | tasks
     ssm-workbench profile check FILE...   validate; parameters and estimated peak memory
@@ -186,11 +187,12 @@ def parser() -> argparse.ArgumentParser:
 
     from workbench.results import plot_cli  # each imports its heavy libraries only when run
     from workbench.execute import resume
-    from workbench.cli import eval_cmd, serve
+    from workbench.cli import eval_cmd, sample, serve
 
     plot_cli.add_parser(sub)
     serve.add_parser(sub)
     eval_cmd.add_parser(sub)
+    sample.add_parser(sub)
     resume.add_parser(sub)
 
     p = sub.add_parser("bench", help="speed/memory benchmark table (see `bench --help`)", add_help=False)

@@ -1,0 +1,168 @@
+"""Decoding text from a :class:`~workbench.train.lm_eval_adapter.LoadedLM`, one token at a
+time: what ``ssm-workbench sample`` (workbench/cli/sample.py), the run view's sample modal
+(workbench/tui/sample_screen.py) and ``bench --generate`` run.
+
+:func:`decode` reads the prompt once and then costs one token per step where the model can
+carry its state (``LoadedLM.start`` / ``step``: a recurrent state for the workbench's
+Mamba-like backbones, the key/value cache of a ``transformers`` model); a model without
+them (the workbench's Transformer) is run again over its last ``max_length`` tokens for
+every new token, as nanoGPT's ``sample.py`` crops its context. The next token is the
+argmax at temperature 0 (greedy), else a draw from the softmax of the logits divided by
+the temperature, restricted to the ``top_k`` largest logits, drawn by ``torch.multinomial``
+with the caller's ``torch.Generator`` on the CPU (so one seed gives the same text on any
+device). Decoding stops after an end-of-text token (``LoadedLM.eos_ids``, else its
+``eot_id``; ``stop_ids=()`` never stops) or after ``max_new`` tokens.
+
+:func:`prompt_ids` turns the prompt into ids (an empty prompt is the model's prefix token;
+one longer than the model's window is refused: its first tokens would be outside what the
+model was trained to see), :func:`new_tokens` caps the budget where a cache has positions
+(a ``transformers`` model's window) and :class:`TextStream` turns the ids into text as they
+come, holding back a character whose bytes are not all generated yet.
+
+This module imports no lm-eval: ``LoadedLM`` is only a type here.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Callable, Iterable
+
+import torch
+
+if TYPE_CHECKING:  # pragma: no cover
+    from workbench.train.lm_eval_adapter import LoadedLM
+
+
+class PromptError(ValueError):
+    """A prompt that cannot be decoded from; the message is one line."""
+
+
+def carries_state(lm: "LoadedLM") -> bool:
+    """Whether ``lm`` reads its prompt once and then steps token by token (start/step)."""
+    return lm.start is not None and lm.step is not None
+
+
+def stop_ids_of(lm: "LoadedLM") -> tuple[int, ...]:
+    """The ids after which generation ends: ``lm.eos_ids`` (what ``model.generate`` stops
+    at), else the model's end-of-text token."""
+    return tuple(lm.eos_ids) if lm.eos_ids is not None else (int(lm.eot_id),)
+
+
+def prompt_ids(lm: "LoadedLM", text: str) -> list[int]:
+    """``text`` as the ids decoding starts from: the tokenizer's encoding (a Hugging Face
+    tokenizer adds its BOS as it is configured to), the prefix token alone for an empty
+    text; a :class:`PromptError` when it is longer than the model's window."""
+    ids = [int(i) for i in lm.encode(text, None)] if text else []
+    if not ids:
+        ids = [int(lm.prefix_id)]
+    if len(ids) > lm.max_length:
+        raise PromptError(f"the prompt is {len(ids):,} tokens, longer than {lm.name}'s window of "
+                          f"{lm.max_length:,} tokens: shorten it (its first tokens would be outside "
+                          "what the model was trained to see)")
+    return ids
+
+
+def new_tokens(lm: "LoadedLM", n_prompt: int, wanted: int) -> tuple[int, str | None]:
+    """(tokens to generate, a one-line note or None). A ``transformers`` model's cache has
+    positions up to its window (a learned position table ends there), so prompt + tokens
+    is kept within ``max_length``; a recurrent state has no such end, and recomputation
+    slides the window."""
+    if carries_state(lm) and lm.info.get("kind") == "transformers" and n_prompt + wanted > lm.max_length:
+        room = max(lm.max_length - n_prompt, 0)
+        return room, (f"{wanted:,} tokens after a {n_prompt:,}-token prompt pass {lm.name}'s window of "
+                      f"{lm.max_length:,} tokens: generating {room:,}")
+    return wanted, None
+
+
+def next_token(logits: torch.Tensor, temperature: float = 0.0, top_k: int | None = None,
+               generator: torch.Generator | None = None) -> torch.Tensor:
+    """The next token of each row. logits float (batch, vocab) -> long (batch,), on the
+    logits' device. Temperature 0: the argmax. Else a draw (``torch.multinomial``, one
+    sample, on the CPU with ``generator``) from softmax(logits / temperature) over the
+    ``top_k`` largest logits (None or 0: all)."""
+    if temperature < 0:
+        raise ValueError(f"temperature must be >= 0, not {temperature}")
+    if temperature == 0:
+        return logits.argmax(-1)
+    x = logits.float() / float(temperature)                          # (batch, vocab)
+    if top_k and top_k < x.shape[-1]:
+        kth = torch.topk(x, int(top_k), dim=-1).values[..., -1:]     # (batch, 1)
+        x = x.masked_fill(x < kth, float("-inf"))
+    probs = torch.softmax(x, dim=-1).cpu()
+    return torch.multinomial(probs, 1, generator=generator).squeeze(-1).to(logits.device)
+
+
+@torch.no_grad()
+def decode(lm: "LoadedLM", prompt_ids: list[int], max_new: int, temperature: float = 0.0,
+           top_k: int | None = None, generator: torch.Generator | None = None,
+           on_token: Callable[[int], object] | None = None,
+           stop_ids: Iterable[int] | None = None) -> list[int]:
+    """Up to ``max_new`` tokens after ``prompt_ids`` (a non-empty list of ids), one sequence.
+
+    The prompt is read once: ``lm.start(ids (1, P))`` -> (logits (1, vocab), state), then
+    each token costs ``lm.step(tok (1,), state)`` -> (logits (1, vocab), state); a model
+    without start/step runs ``lm.logits(ids (1, <= max_length))`` -> (1, L, vocab) over the
+    last ``max_length`` tokens for every token instead. Tokens are chosen by
+    :func:`next_token`. ``on_token(id)`` is called with each token as it is chosen (a true
+    return stops decoding after it: a closed window, a cancelled worker). Returns the new
+    ids in order, ending with the stop token where one ended it (``stop_ids``, default
+    :func:`stop_ids_of`; ``()``: none)."""
+    if not prompt_ids:
+        raise PromptError("decoding needs at least one prompt token (the prefix token for an empty prompt)")
+    stops = set(stop_ids_of(lm) if stop_ids is None else (int(i) for i in stop_ids))
+    out: list[int] = []
+    if max_new <= 0:
+        return out
+    ids = torch.tensor([list(prompt_ids)], dtype=torch.long, device=lm.device)   # (1, P)
+    stream = carries_state(lm)
+    if stream:
+        logits, state = lm.start(ids)                                           # (1, vocab)
+    else:
+        logits = lm.logits(ids[:, -lm.max_length:])[:, -1]                      # (1, vocab)
+    for n in range(max_new):
+        tok = next_token(logits, temperature, top_k, generator)                  # (1,)
+        out.append(int(tok))
+        if on_token is not None and on_token(out[-1]):
+            break
+        if out[-1] in stops or n + 1 == max_new:
+            break  # no forward for a token that will not be generated
+        if stream:
+            logits, state = lm.step(tok, state)
+        else:
+            ids = torch.cat([ids, tok[:, None]], dim=1)
+            logits = lm.logits(ids[:, -lm.max_length:])[:, -1]
+    return out
+
+
+class TextStream:
+    """Token ids -> the text each adds, for printing as they are generated.
+
+    Each :meth:`push` decodes a short context (the last prompt tokens, so a SentencePiece
+    word keeps its leading space) plus the ids since, and returns what is new; text ending
+    in U+FFFD (a character whose bytes are not all generated yet) is held back until the
+    next push or :meth:`flush`. The context is cut back now and then, so the cost per token
+    stays bounded."""
+
+    CONTEXT = 4
+    RESET = 64
+
+    def __init__(self, decode: Callable[[list[int]], str], context: Iterable[int] = ()) -> None:
+        self._decode = decode
+        self.ids = [int(i) for i in context][-self.CONTEXT:]
+        self.done = len(self._decode(self.ids)) if self.ids else 0
+
+    def push(self, tok: int) -> str:
+        self.ids.append(int(tok))
+        full = self._decode(self.ids)
+        new = full[self.done:]
+        if new.endswith("\ufffd"):
+            return ""
+        self.done = len(full)
+        if len(self.ids) > self.RESET:
+            self.ids = self.ids[-self.CONTEXT:]
+            self.done = len(self._decode(self.ids))
+        return new
+
+    def flush(self) -> str:
+        """What is held back (an unfinished character, shown as U+FFFD)."""
+        full = self._decode(self.ids) if self.ids else ""
+        new, self.done = full[self.done:], len(full)
+        return new
