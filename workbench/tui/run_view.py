@@ -88,6 +88,7 @@ class RunScreen(PollsStore, Screen):
     BINDINGS = [
         Binding("escape,backspace", "app.pop_screen", "Back to runs"),
         Binding("k", "kill", "Kill run"),
+        Binding("g", "sample", "Sample text"),
     ]
 
     def __init__(self, store: Store, run_id: int, lock: threading.Lock | None = None) -> None:
@@ -244,6 +245,16 @@ class RunScreen(PollsStore, Screen):
     # ------------------------------------------------------------------ actions
     def action_kill(self) -> None:
         self.post_message(KillRequested(self.run_id))
+
+    def action_sample(self) -> None:
+        """Text from a finished lm run, in a window (workbench/tui/sample_screen.py)."""
+        from workbench.tui.sample_screen import SampleScreen, refusal
+
+        why = refusal(self.run)
+        if why:
+            self.notify(why, severity="warning", markup=False)
+            return
+        self.app.push_screen(SampleScreen(self.store, self.run_id, self.lock))
 
 
 def _figure(name: str, value: float, stderr: float | None = None) -> str:
