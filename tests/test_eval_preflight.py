@@ -361,3 +361,31 @@ def test_profile_check_and_run_dry_run_refuse_an_unfinished_run_of_an_evaluation
     assert "mine@step660" in capsys.readouterr().out
     assert main(["--store", str(tmp_path / "none"), "profile", "check", str(f)]) == 2
     assert "no such run" in capsys.readouterr().err and not (tmp_path / "none").exists()
+
+
+def test_an_unfinished_runs_checkpoint_is_kept_at_the_step_asked_for(tmp_path):
+    """Training goes on after the evaluation is queued (its checkpoint replaced by a rename,
+    as the trainer saves it): the evaluation still loads the step it was asked for, from
+    the links ``submit`` made; a checkpoint replaced between the check and the queueing is
+    recorded with the step actually kept."""
+    from workbench.execute import eval_queue
+    from workbench.spec.eval_spec import eval_spec
+    from workbench.store import Store
+    from workbench.train import checkpoint
+
+    store = Store(tmp_path / "st")
+    running = lm_run(store, tmp_path, "running", step=660)
+    live = checkpoint.path_for(store.root, running)
+    (s,) = eval_queue.preflight(store, [eval_spec(f"run:{running}", ["t"], allow_unfinished=True)])
+    (rid,), _ = eval_queue.submit(store, [s], fresh=False)
+    checkpoint.save({"run_id": running, "step": 720, "model": {}}, live)
+    src = store.get(rid).info["eval_source"]
+    assert src["run_id"] == running and src["files_root"] != str(store.root)
+    assert checkpoint.read_header(checkpoint.path_for(src["files_root"], running)).step == 660
+    assert checkpoint.read_header(live).step == 720
+    (s,) = eval_queue.preflight(store, [eval_spec(f"run:{running}", ["t"], allow_unfinished=True)])
+    checkpoint.save({"run_id": running, "step": 780, "model": {}}, live)  # between the check and the queueing
+    (rid2,), notes = eval_queue.submit(store, [s], fresh=False)
+    r = store.get(rid2)
+    assert r.spec["eval"]["checkpoint_step"] == 780 and r.label == f"run:{running}@step780", notes
+    assert checkpoint.read_header(checkpoint.path_for(r.info["eval_source"]["files_root"], running)).step == 780

@@ -9,7 +9,13 @@ seconds later: a ``run:N`` must exist, be an ``lm`` run and have finished (its k
 readable), unless ``allow_unfinished`` asks for its last checkpoint, which is then recorded
 with its step (``eval_spec.at_checkpoint``: ``run:1@step660``, a run of its own, never the
 run's result); a folder must be a whole checkpoint with a tokenizer that fits it
-(models/checkpoint_check.py)."""
+(models/checkpoint_check.py).
+
+The checkpoint of a run still training is replaced every ``checkpoint_every`` steps, and an
+evaluation may wait for a slot: ``submit`` keeps the step asked for as hard links to the
+checkpoint folder's files (:func:`snapshot`; the checkpoint is replaced by a rename, so a
+link keeps the old file's bytes; a copy where links are refused), and the evaluation loads
+them (its info's ``eval_source``)."""
 from __future__ import annotations
 
 import time
@@ -103,11 +109,17 @@ def _run_model(store, s: dict) -> dict:
 def submit(store, specs: list[dict], fresh: bool) -> tuple[list[int], list[str]]:
     """Runs for ``specs``: the store's own where it has them (finished: shown again;
     unfinished: requeued to go on at the next task), else new ones."""
+    from workbench.spec.eval_spec import at_checkpoint
     from workbench.spec.run_spec import spec_key
     from workbench.store.run import UNFINISHED
 
     ids, notes = [], []
     for s in specs:
+        source = None
+        if s["eval"].get("checkpoint_step") is not None:  # an unfinished run's checkpoint: kept as it is now
+            source, step = snapshot(store, s)
+            if step != s["eval"]["checkpoint_step"]:  # it was replaced since preflight read it
+                s = at_checkpoint(s, step)
         have = [] if fresh else [r for r in store.runs(profile=s["profile"])
                                  if r.spec.get("kind") == "eval" and spec_key(r.spec) == spec_key(s)]
         mid = [r for r in have if _scored_mid_training(r, s)]
@@ -131,6 +143,8 @@ def submit(store, specs: list[dict], fresh: bool) -> tuple[list[int], list[str]]
             notes.append(f"run {again.id}: {s['label']} was {again.state}; it goes on at its next task")
         else:
             (rid,) = store.add_runs([s])
+            if source is not None:
+                store.set_info(rid, {"eval_source": source})
             ids.append(rid)
             notes.append(f"run {rid}: {s['label']} on {', '.join(s['eval']['tasks'])}")
     return ids, notes
@@ -158,7 +172,7 @@ def start(store, ids: list[int], executor: str, slurm, sources: dict[str, dict])
     if not pending:
         return
     for r in pending:
-        if r.spec["model"] in sources:
+        if r.spec["model"] in sources and not (r.info or {}).get("eval_source"):  # a snapshot's is kept
             store.set_info(r.id, {"eval_source": sources[r.spec["model"]]})
     ex = executor_named(executor)
     ex.adopt(store, [r.id for r in pending], SimpleNamespace(slurm=slurm))
@@ -191,3 +205,49 @@ def _scored_mid_training(r, s: dict) -> bool:
         return False
     weights = ((r.info or {}).get("eval_model") or {}).get("weights")
     return bool(weights) and not str(weights).endswith(checkpoint.WEIGHTS_FILE)
+
+
+def snapshot(store, s: dict) -> tuple[dict, int]:
+    """The checkpoint folder of unfinished run ``s["model"]`` as it is now, kept for its
+    evaluation: its files hard-linked (else copied) into ``snapshots/runN-stepS/`` beside
+    the run's files, laid out as a store's checkpoint folder. Returns (the ``eval_source``
+    that makes the evaluation load it, as eval_models.run_source reads a run; the step kept)."""
+    import os
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    from workbench.train import checkpoint
+    from workbench.train.eval_models import ModelRefError, run_id_of, run_source
+
+    rid = run_id_of(s["model"])
+    src = run_source(store.root, rid)
+    live = checkpoint.folder(src["files_root"], rid)
+    base = Path(src["files_root"]) / "snapshots"
+    base.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".run{rid}-", dir=base))
+    try:
+        dest = checkpoint.folder(tmp, rid)
+        dest.mkdir(parents=True)
+        # the checkpoint first: the files beside it (its tokenizer) do not change as it trains
+        names = sorted((f.name for f in live.iterdir() if f.is_file() and not f.name.startswith(".")),
+                       key=lambda n: n != checkpoint.path_for(tmp, rid).name)
+        for name in names:
+            try:
+                os.link(live / name, dest / name)
+            except FileNotFoundError:
+                continue
+            except OSError:
+                shutil.copy2(live / name, dest / name)
+        try:
+            step = checkpoint.read_header(checkpoint.path_for(tmp, rid)).step
+        except checkpoint.CheckpointError as e:
+            raise ModelRefError(f"model {s['model']}: {e}") from None
+        if step is None:
+            step = s["eval"]["checkpoint_step"]
+        final = base / f"run{rid}-step{step}"
+        if not final.exists():
+            tmp.rename(final)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return {**src, "files_root": str(final)}, int(step)

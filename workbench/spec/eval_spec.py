@@ -56,11 +56,13 @@ def at_checkpoint(spec: dict, step: int) -> dict:
     checks it loads that step, workbench/train/eval_run.py) and in its label and checkpoint
     column (``run:1@step660``), so it is its own run of the store, never the same cached
     answer as the finished run's evaluation, and never shown as the run's result."""
+    import re
+
     out = json.loads(json.dumps(spec))
     out["eval"]["checkpoint_step"] = int(step)
     out["eval"]["allow_unfinished"] = True
     tag = f"@step{int(step)}"
-    out["label"] = out["label"] if out["label"].endswith(tag) else out["label"] + tag
+    out["label"] = re.sub(r"@step\d+$", "", out["label"]) + tag  # a step given before is replaced
     out["fields"]["model"] = out["label"]
     out["fields"]["checkpoint"] = f"{spec['model']}{tag}"
     return out
