@@ -87,8 +87,9 @@ def group_runs(runs: Iterable[Run], by_seed: bool = True) -> dict[tuple, list[Ru
 
 def group_labels(groups: dict[tuple, list[Run]]) -> dict[tuple, str]:
     """A short legend label per group: the model's label (prefixed by the profile when
-    several are in view), plus only those run fields that tell apart groups sharing that
-    label (e.g. ``mamba L=256``), then the seed or the number of seeds."""
+    several are in view), plus the fewest run fields that tell apart groups sharing that
+    label (e.g. ``mamba L=256``; four tasks: ``mamba task=parity``, not each task's own
+    parameters too), then the seed or the number of seeds."""
     firsts = {k: rs[0] for k, rs in groups.items()}
     several_profiles = len({r.profile for r in firsts.values()}) > 1
     seeds_vary = len({r.seed for rs in groups.values() for r in rs}) > 1

@@ -6,6 +6,13 @@ Rows and columns are any run field (``model``, ``task``, ``seq_len``, ``seed``,
 heads). Cells aggregate every finished run (and eval set) that shares the row and column
 values; the numbers come from :mod:`workbench.results` (catalogue and aggregation).
 
+Like with like: a cell averages runs that differ in the seed only. Run fields the rows and
+columns leave varying inside a cell (a profile name holding four tasks or two tokenizers,
+a grid key neither laid out nor taken the best over) become extra row keys, said in one
+line (``task varies within cells: added as a row key``: on stderr by the CLI, in the
+caption of Markdown and LaTeX), and a column's best cells are compared only among rows
+with the same values of those keys.
+
 - several metrics: one table per metric (Markdown, LaTeX), one long CSV with a ``metric``
   column, one JSON list with every requested metric;
 - ``best_over`` grid keys: per table cell, only the runs of the grid point with the best

@@ -22,6 +22,12 @@ Four kinds, each written as ``<stem>.png`` (150 dpi) and ``<stem>.svg``:
   each exponent b ± se (Kaplan et al. 2020's L(C) form; with ``irreducible`` Hoffmann et
   al. 2022's E + a C^-b).
 
+The length, eval-set and MQAR figures draw one line per configuration: run fields besides
+the seed that vary within one point of a model's line (a second task under the profile's
+name, runs trained at two lengths on an eval-set figure) split the line, named after the
+key (``mamba task=parity``, ``s6 L=32``) in the model's colour, and the title says
+"lines apart by ...".
+
 Lengths double in every shipped sweep, so length axes are log2; time and memory grow over
 orders of magnitude, so those y axes are log. A model keeps its colour in every figure of a
 profile (:func:`model_colors`, keyed by model label in the profile's run order).

@@ -11,6 +11,10 @@
 3. **eval sets**: with several eval sets (induction heads' test lengths and distances),
    the final accuracy per eval set, one row per run (per seed), plus the mean row.
 
+Each row averages one (model, seq_len)'s runs over seeds; when the profile's name in the
+store also holds another sweep's runs (another task, ``task.tokenizer``, ...), the report
+is refused naming the key that differs, rather than averaging different things.
+
 Everything is read from the store; nothing is typed. ``--into FILE`` replaces the part of
 FILE between ``<!-- report:begin -->`` and ``<!-- report:end -->`` (appending the markers
 if absent), so hand-written sections of docs/RESULTS.md stay as they are.

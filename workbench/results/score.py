@@ -23,6 +23,11 @@ Selection: ``select_on="test"`` is mad-lab's rule (it picks the best ``test_acc`
 default ``"validation"`` picks on eval set "valid" and reports test numbers. Every output
 says which, and "selected on test" where so.
 
+Like with like: within one grid point of one setting the runs may differ in the seed only.
+That is checked on the fields the profile expands to and on the store's runs themselves
+(a profile name may also hold another sweep's runs: another tokenizer, another task
+parameter); either refuses naming the key (:func:`workbench.results.aggregate.refuse_pooling`).
+
 Missing settings: a setting is *scored* only when every run it should have (each grid
 point x seed) has finished; a model whose settings are not all scored is listed in
 ``missing``. The CLI then refuses to print a score unless ``--allow-partial``, where a task
