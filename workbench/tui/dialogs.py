@@ -39,6 +39,10 @@ class NameClashScreen(ModalScreen["str | None"]):
     fresh name (enter or f, the default), the same profile anyway (s), or no launch (esc);
     dismisses with ``"fresh"``, ``"same"`` or None."""
 
+    DEFAULT_CSS = """
+    NameClashScreen { align: center middle; }
+    NameClashScreen #clash-choices { margin-top: 1; }
+    """
     SHOWN = 8  # differences listed; the others are counted
 
     BINDINGS = [
