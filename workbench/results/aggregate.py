@@ -316,7 +316,7 @@ def refuse_pooling(recs: list[dict], by: list[str], what: str, ignore: Iterable[
     raise PoolingError(
         f"{what}: runs of {where or 'one group'} differ in {key!r} ({vals}){more}; averaging them "
         f"as seeds would mix different things: the profile name holds more than one sweep "
-        f"(give each its own profile name, or compare them with `export --rows ...,{key}`)",
+        f"(give each its own profile name, or compare them: `export --rows model,{key}`)",
         list(diff))
 
 
