@@ -239,3 +239,18 @@ def test_report_refuses_two_sweeps_under_one_name(tmp_path, capsys):
         store2.set_results(rid, {"accuracy": 0.9}, "")
         store2.finish(rid, "finished")
     assert "0.900 ± 0.000 (n=2)" in report.render(store2, [str(path)])
+
+
+def test_a_list_valued_grid_key_is_added_and_selected_over():
+    """A grid value may be a list (a hybrid's layer pattern): added as a row key it groups
+    (no 'unhashable type'), and best_over over it keeps the chosen point's runs."""
+    recs = [{"model": "h", "seq_len": 8, "seed": s, "model.pattern": p, "accuracy": a, "eval_set": es,
+             "run_id": i, "__metrics__": ["accuracy"], "__grid__": ("model.pattern",)}
+            for i, (s, p, a) in enumerate([(0, ["m", "a"], 0.9), (1, ["m", "a"], 0.8),
+                                           (0, ["a", "a"], 0.5), (1, ["a", "a"], 0.6)])
+            for es in ("", "valid")]
+    b = export.build(recs, ["accuracy"], ["model"], ["seq_len"])
+    assert b["added"] == ["model.pattern"] and len(b["tables"][0]["table"]["rows"]) == 2
+    b = export.build(recs, ["accuracy"], ["model"], ["seq_len"], best_over=["model.pattern"])
+    assert b["added"] == [] and {r["run_id"] for r in b["records"]} == {0, 1}  # the best pattern's runs
+    assert b["choices"][0]["chosen"] == {"model.pattern": ("m", "a")}

@@ -133,11 +133,21 @@ def summarize(values: Iterable, ci: bool = True) -> dict[str, Any]:
     return {"mean": mean, "std": std, "n": n, "ci95": half}
 
 
+def _hashable(v: Any) -> Any:
+    """A value usable in a group key: lists as tuples, dicts as their JSON (a grid value
+    may be a list, e.g. a hybrid's layer pattern, and such a key may be laid out)."""
+    if isinstance(v, list):
+        return tuple(_hashable(x) for x in v)
+    if isinstance(v, dict):
+        return _ident(v)
+    return v
+
+
 def group(recs: list[dict], by: list[str]) -> dict[tuple, list[dict]]:
     """Records by their values of ``by``, keys sorted (numbers numerically)."""
     groups: dict[tuple, list[dict]] = {}
     for r in recs:
-        groups.setdefault(tuple(r.get(f) for f in by), []).append(r)
+        groups.setdefault(tuple(_hashable(r.get(f)) for f in by), []).append(r)
     return dict(sorted(groups.items(), key=lambda kv: tuple(sort_key(v) for v in kv[0])))
 
 
@@ -160,7 +170,8 @@ def table(recs: list[dict], metric: str, rows: list[str], cols: list[str]) -> di
 def _two_level(recs, rows, cols):
     out: dict[tuple, list] = {}
     for r in recs:
-        out.setdefault((tuple(r.get(f) for f in rows), tuple(r.get(f) for f in cols)), []).append(r)
+        out.setdefault((tuple(_hashable(r.get(f)) for f in rows), tuple(_hashable(r.get(f)) for f in cols)),
+                       []).append(r)
     return out.items()
 
 
@@ -229,7 +240,7 @@ def best_over(recs: list[dict], over: list[str], metric: str, by: list[str],
                   for pk, ps in group(sel, over).items()}
         pick = max if how == "max" else min
         chosen = pick(points, key=lambda pk: points[pk]["mean"])
-        ids = {r["run_id"] for r in rs if tuple(r.get(k) for k in over) == chosen}
+        ids = {r["run_id"] for r in rs if tuple(_hashable(r.get(k)) for k in over) == chosen}
         kept += [r for r in rs if r["run_id"] in ids]
         choices.append({**dict(zip(by, gkey)), "chosen": dict(zip(over, chosen)),
                         "select_on": select_on, "metric": metric,
