@@ -48,7 +48,7 @@ def paragraphs(n: int, seed: int = 0) -> str:
     rng = random.Random(seed)
     out = []
     for _ in range(n):
-        words = [rng.choice(WORDS) for _ in range(rng.randint(40, 60))]
+        words = [rng.choice(WORDS) for _ in range(rng.randint(65, 95))]
         out.append(" ".join(words[:25]) + "\n" + " ".join(words[25:]) + ".")
     return "\n\n".join(out) + "\n"
 
@@ -59,13 +59,13 @@ def build(source, **kw):
 
 def check_text(tmp_path, source, **task) -> str:
     """A profile on ``source`` (bytes tokenizer, L 256, the task's default fractions) loaded
-    as `profile check` / `run` load it: '' when valid, else the error text."""
+    as `profile check` / `run` load it (check_data): '' when valid, else the error text."""
     text = tiny_lm_profile_text(source, "pre", schema_version=2, seq_len=256, task=task)
     text = text.replace("valid_fraction = 0.2\n", "").replace("test_fraction = 0.2\n", "")
     path = tmp_path / "p.toml"
     path.write_text(text)
     try:
-        P.load(str(path))
+        P.load(str(path), check_data=True)
         return ""
     except P.ProfileError as e:
         return str(e)
@@ -255,8 +255,10 @@ def test_run_and_dry_run_refuse_before_queuing_and_the_form_names_the_source(tmp
     from workbench.spec.check import registry_problems
 
     p = P.load(str(prof), check_registries=False)
-    (loc, msg), = registry_problems(p)
+    (loc, msg), = registry_problems(p)   # the form's launch: under the source field
     assert loc == ("task", "source") and "is an empty file (0 bytes)" in msg
+    assert registry_problems(p, need_data=False) == []   # its save: the profile is not wrong
+    assert P.load(str(prof)).task.name == "lm"   # and it opens, to be edited (the form's load)
 
 
 def test_profile_check_shows_the_tokens_each_split_gets(tmp_path):

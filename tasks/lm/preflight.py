@@ -102,6 +102,7 @@ def binary_reason(path: str) -> str | None:
 
 
 _MEMO: dict[tuple, Counts] = {}
+MEMO_SIZE = 8
 
 
 def _signature(src: sources.Source, rule: SplitRule) -> tuple:
@@ -120,7 +121,8 @@ def count(src: sources.Source, rule: SplitRule) -> Counts | None:
         return None
     key = _signature(src, rule)
     if key not in _MEMO:
-        _MEMO.clear()   # one corpus' counts at a time are what a check repeats
+        while len(_MEMO) >= MEMO_SIZE:   # the oldest first (a check repeats a few corpora)
+            _MEMO.pop(next(iter(_MEMO)))
         _MEMO[key] = _count(src, rule)
     return _MEMO[key]
 

@@ -41,7 +41,7 @@ def cmd_profile_check(args) -> int:
         for i, f in enumerate(args.files):
             progress.file(i, f)
             try:
-                p = load(f, overrides=args.set)
+                p = load(f, overrides=args.set, check_data=True)
             except DataAbsent as e:
                 absent += 1
                 out.print(f"↓ {f}: profile '{e.profile.name}', {_summary(e.profile)}: needs data that is "
@@ -235,7 +235,7 @@ def cmd_run(args) -> int:
 
     console = _console()
     try:
-        prof = load(args.profile, overrides=args.set)
+        prof = load(args.profile, overrides=args.set, check_data=True)  # data: before anything is queued
     except ProfileError as e:
         Console(stderr=True).print(str(e), markup=False, highlight=False, soft_wrap=True)
         return 2

@@ -223,10 +223,12 @@ def _build_on_meta_once(name: str, d_model: int, n_layers: int, options: dict[st
         raise _META_BUILT[key]
 
 
-def _check_registries(p: Profile, path: str, where: _Where) -> None:
+def _check_registries(p: Profile, path: str, where: _Where, data: bool = False) -> None:
     """Model and task names and their options must exist in the registries, and their
     values build (a model on the meta device, the task for every length), at every task
-    setting and grid point (each distinct task or model configuration once)."""
+    setting and grid point (each distinct task or model configuration once). ``data``:
+    whether each built task's data is checked too (:func:`preflight`: what a launch will
+    read; a profile opened or saved to be edited is not wrong for data too small)."""
     import models
     import tasks
     from workbench.spec.compose_options import check_compose_options, split_options
@@ -294,7 +296,8 @@ def _check_registries(p: Profile, path: str, where: _Where) -> None:
                 if ck not in built_tasks:
                     try:
                         built_task = tasks.build(name, **kwargs)
-                        preflight(built_task)
+                        if data:
+                            preflight(built_task)
                         built_tasks[ck] = (built_task, None)
                     except (ValueError, TypeError, OSError) as e:
                         built_tasks[ck] = (None, e)
@@ -634,8 +637,9 @@ def registry_problems(prof: Profile, need_data: bool = True) -> list[tuple[tuple
     :class:`_Where`; given :class:`_PathNumbers` instead of a text's lines, the path comes
     back as the check named it, with no TOML written and read again.
 
-    ``need_data``: whether absent [[needs]] paths are problems (a launch reads them; a
-    save does not, and nothing in such a profile is wrong)."""
+    ``need_data``: whether absent [[needs]] paths, and data the tasks cannot train on (an
+    empty or binary corpus, a split shorter than a context), are problems (a launch reads
+    them; a save does not, and nothing in such a profile is wrong)."""
     where = _Where("")
     where.lines = numbers = _PathNumbers()
     problems = _check_grid(prof, where)
@@ -643,7 +647,7 @@ def registry_problems(prof: Profile, need_data: bool = True) -> list[tuple[tuple
         text = _problems_text("form", problems)
     else:
         try:
-            _check_registries(prof, "form", where)
+            _check_registries(prof, "form", where, data=need_data)
             return []
         except DataAbsent as e:  # one line per absent path, with its command
             if not need_data:

@@ -43,10 +43,11 @@ from workbench.spec.eval_profile import validate as validate_eval
 from workbench.spec.where import _validation_message, _Where
 
 def loads(text: str, path: str = "<string>", check_registries: bool = True,
-          overrides: list[str] | None = None) -> Profile | EvalProfile:
-    """Validate profile ``text``; ``overrides`` as for :func:`load` (applied to the parsed
-    data, so line numbers in messages stay those of ``text``). A text with an ``[eval]``
-    table is an evaluation profile (:class:`EvalProfile`), any other a training one."""
+          overrides: list[str] | None = None, check_data: bool = False) -> Profile | EvalProfile:
+    """Validate profile ``text``; ``overrides`` and ``check_data`` as for :func:`load`
+    (applied to the parsed data, so line numbers in messages stay those of ``text``). A text
+    with an ``[eval]`` table is an evaluation profile (:class:`EvalProfile`), any other a
+    training one."""
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
@@ -66,7 +67,7 @@ def loads(text: str, path: str = "<string>", check_registries: bool = True,
     if problems:
         raise ProfileError(_problems_text(path, problems))
     if check_registries:
-        _check_registries(prof, path, where)
+        _check_registries(prof, path, where, data=check_data)
     return prof
 
 
@@ -88,16 +89,20 @@ def _decode(raw: bytes, path: str) -> str:
 
 
 def load(path: str | Path, check_registries: bool = True,
-         overrides: list[str] | None = None) -> Profile:
+         overrides: list[str] | None = None, check_data: bool = False) -> Profile:
     """Read and validate a profile; ``overrides`` are ``dotted.key=TOML value`` settings
     (``run --set``) applied before validation, e.g. ``task.data_path="/data/aclImdb"``.
-    Every failure, unreadable or non-UTF-8 files included, is a :class:`ProfileError`."""
+    ``check_data``: also whether each task's data can train it here (the ``lm`` corpus:
+    not empty, not binary, every split at least a context: workbench/spec/check.py's
+    ``preflight``), as ``profile check`` and ``run`` ask before anything is queued; a
+    profile opened to be edited is valid without it. Every failure, unreadable or
+    non-UTF-8 files included, is a :class:`ProfileError`."""
     p = Path(path)
     try:
         raw = p.read_bytes()
     except OSError as e:
         raise ProfileError(f"{path}: cannot read profile: {e.strerror}") from None
-    return loads(_decode(raw, str(path)), str(path), check_registries, overrides)
+    return loads(_decode(raw, str(path)), str(path), check_registries, overrides, check_data)
 
 
 def apply_overrides(data: dict[str, Any], overrides: list[str], path: str = "<string>") -> dict[tuple, str]:
