@@ -288,15 +288,10 @@ def count(module: nn.Module, seq_len: int) -> FlopCount:
 
 
 def build_for_count(name: str, d_model: int, n_layers: int, **options: Any) -> nn.Module:
-    """Build ``name`` for counting: on the meta device (no memory) where the factory allows,
-    else on the CPU."""
+    """Build ``name`` for counting (models.registry.build_shapes): on the CPU while small,
+    on the meta device (no memory) past that, on the CPU where an init needs real tensors."""
     import models
-    try:
-        with torch.device("meta"):
-            return models.build(name, d_model=d_model, n_layers=n_layers, **options)
-    except Exception:  # some initialisations compute on real tensors (HiPPO, ...); a real
-        # error (an unknown option, a bad value) is raised again by the CPU build
-        return models.build(name, d_model=d_model, n_layers=n_layers, **options)
+    return models.registry.build_shapes(name, d_model=d_model, n_layers=n_layers, **options)
 
 
 def flops(name: str, seq_len: int, d_model: int = 64, n_layers: int = 2, **options: Any) -> FlopCount:

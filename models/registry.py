@@ -193,3 +193,102 @@ def state_size(module: nn.Module) -> int | None:
 
 def backend(module: nn.Module) -> str:
     return str(getattr(module, "backend", "torch"))
+
+
+# --------------------------------------------------------------------------- building to count
+# A model built only to be counted (parameters, state size, its options checked) needs no
+# real weights. The meta device allocates nothing, but its first elementwise operation
+# imports torch's meta registrations and torch._dynamo (2-5 s of a cold process, most of
+# a dry run's time); a small model is built on the CPU faster than that import.
+# So: the CPU while the tensors made stay under SHAPES_CPU_NUMEL elements in all (an
+# init of that many floats is a few milliseconds), the meta device past it.
+SHAPES_CPU_NUMEL = 1 << 22
+
+
+class _OverBudget(Exception):
+    """The build made more tensor elements than :data:`SHAPES_CPU_NUMEL` (internal)."""
+
+
+def _factory_numel(func, args, kwargs) -> int:
+    """Elements a factory call (torch.empty(3, 4), torch.zeros((3, 4)), ...) will make, told
+    from its arguments before it allocates; 0 where that cannot be told."""
+    import torch
+
+    size = kwargs.get("size", args[0] if args else None)
+    if isinstance(size, torch.Tensor):
+        return 0
+    if isinstance(size, (tuple, list, torch.Size)):
+        dims = size
+    elif isinstance(size, int) and func in _SIZED:
+        dims = [a for a in args if isinstance(a, int)]
+    else:
+        return 0
+    try:
+        return math.prod(int(d) for d in dims)
+    except (TypeError, ValueError):
+        return 0
+
+
+_SIZED: set = set()
+
+
+def _budget_mode(limit: int):
+    """A torch function mode that raises _OverBudget once the tensors made pass ``limit``
+    elements: a factory's size is checked before it allocates, every result after."""
+    import torch
+    from torch.overrides import TorchFunctionMode
+
+    if not _SIZED:
+        _SIZED.update({torch.empty, torch.zeros, torch.ones, torch.rand, torch.randn, torch.full,
+                       torch.Tensor.new_empty, torch.Tensor.new_zeros, torch.Tensor.new_ones})
+
+    class Budget(TorchFunctionMode):
+        made = 0
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            if _factory_numel(func, args, kwargs) > limit - self.made:
+                raise _OverBudget
+            out = func(*args, **kwargs)
+            if isinstance(out, torch.Tensor) and not isinstance(out, nn.Parameter):
+                self.made += out.numel()
+                if self.made > limit:
+                    raise _OverBudget
+            return out
+
+    return Budget()
+
+
+def build_for_shapes(make: Callable[[], nn.Module], limit: int = SHAPES_CPU_NUMEL) -> nn.Module:
+    """``make()`` built to be counted, not run: on the CPU (one thread, the global random
+    state left as it was) when its tensors stay under ``limit`` elements, else on the meta
+    device, else (an init computing on real tensors, e.g. S4's DPLR) on the CPU without a
+    limit. Parameter shapes, counts and state sizes are the same wherever it is built; an
+    error of the model itself (a bad option value) is raised as the build raises it."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with torch.random.fork_rng(devices=[]):
+            try:
+                with _budget_mode(limit):
+                    return make()
+            except (_OverBudget, MemoryError):
+                pass
+            except RuntimeError as e:  # an allocation the system refused
+                if "alloc" not in str(e).lower() and "memory" not in str(e).lower():
+                    raise
+            try:
+                with torch.device("meta"):
+                    return make()
+            except (RuntimeError, NotImplementedError):  # an init computing on real tensors
+                return make()
+    finally:
+        torch.set_num_threads(threads)
+
+
+def build_shapes(name: str, d_model: int = 64, n_layers: int = 2, **options: Any) -> nn.Module:
+    """:func:`build` for counting (:func:`build_for_shapes`): parameters and state size as the
+    real model's, built in milliseconds where it is small and without memory where not."""
+    return build_for_shapes(lambda: build(name, d_model=d_model, n_layers=n_layers, **options))

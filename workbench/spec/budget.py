@@ -45,7 +45,6 @@ def _task(name: str, params_json: str):
 def _count(model: str, seq_len: int, d_model: int, n_layers: int, options_json: str,
            task_name: str, task_json: str) -> tuple[float | None, int | None, str]:
     """(flops_per_token of the composed model, non-embedding parameters, why not)."""
-    import torch
     import torch.nn as nn
 
     import models
@@ -60,8 +59,7 @@ def _count(model: str, seq_len: int, d_model: int, n_layers: int, options_json: 
         return None, None, f"{type(e).__name__}: {e}"
     task = _task(task_name, task_json)
     try:  # the ends need the vocabulary: a pretrained tokenizer absent here (offline) has none
-        with torch.device("meta"):
-            ends = [make_encoder(task, d_model), make_head(task, d_model)]
+        ends = [models.registry.build_for_shapes(lambda f=f: f(task, d_model)) for f in (make_encoder, make_head)]
     except (ValueError, OSError, ImportError) as e:
         return None, c.params.non_embedding, str(e).splitlines()[0]
     w = [sum(m.in_features * m.out_features for m in e.modules() if isinstance(m, nn.Linear)) for e in ends]

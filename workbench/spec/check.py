@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import math
 import re
+from collections import Counter
 from typing import Any
 
 from pydantic import ValidationError
 
-from workbench.spec.expand import (GRID_SECTIONS, TaskSetting, _combos, _Sections, _show, resolve_model,
-                                   task_settings)
+from workbench.spec.expand import (GRID_SECTIONS, MatchRefused, TaskSetting, _combos, _Sections, _show,
+                                   resolve_model, task_settings)
 from workbench.spec.schema import (ModelChoice, ModelSection, Profile, ProfileError, TrainSection, _FieldError,
                                    _json_key)
 from workbench.spec.where import _format_loc, _Where
@@ -47,13 +48,10 @@ def _build_on_meta(name: str, d_model: int, n_layers: int, options: dict[str, An
     n_heads not dividing d_model) are reported before any run; ValueError / TypeError
     propagate, anything the meta device itself cannot do is ignored (the run will tell).
     (Pretrained models are checked by :func:`_check_folders` instead.)"""
-    import torch
-
     import models
 
-    try:
-        with torch.device("meta"):
-            models.build(name, d_model=d_model, n_layers=n_layers, **options)
+    try:  # on the CPU where small (milliseconds), on meta where not: models.registry.build_shapes
+        models.registry.build_shapes(name, d_model=d_model, n_layers=n_layers, **options)
     except (TypeError, ValueError):
         raise
     except Exception:
@@ -326,12 +324,20 @@ def _check_registries(p: Profile, path: str, where: _Where, data: bool = False) 
             if (target is None or c.name == target) and own:
                 problems.append(f"  sweep.grid '{key}'{_grid_at(where, key)}: model {c.display!r} sets its own "
                                 f"{opt}{where('sweep', 'models', i, opt)}, which wins over the grid")
-    for i, choice in enumerate(choices):
+    labels = [c.display for c in choices]
+    counts = Counter(labels)  # (a count per label: list.count per entry was quadratic)
+    dupes = sorted(x for x, n in counts.items() if n > 1)
+    checked: set[str] = set()
+    for i, choice in enumerate(choices if not dupes else ()):  # duplicates: refused before any build
         try:
             models.entry(choice.name)
         except KeyError as e:
             problems.append(f"  sweep.models{where('sweep', 'models', i)}: {e}")
             continue
+        key = choice.model_dump_json(exclude={"label"})
+        if key in checked:  # the same entry again (another label): checked once
+            continue
+        checked.add(key)
         for mc in _combos(p, "model"):
             msec = sections.get("model", mc)
             w = _point_where(p, where, mc)
@@ -363,12 +369,10 @@ def _check_registries(p: Profile, path: str, where: _Where, data: bool = False) 
                 key = _mentioned(str(e), opts)
                 at = where("model", "options", name, *([key] if key else []))
                 problems.append(f"  model.options.{name}{at}: {e}")
-    labels = [c.display for c in choices]
     for i, pub in enumerate(p.published):
         if pub.model not in labels:
             problems.append(f"  published[{i}].model{where('published', i, 'model')}: {pub.model!r} is not a "
                             f"model label of the sweep ({', '.join(labels)})")
-    dupes = sorted({x for x in labels if labels.count(x) > 1})
     if dupes:
         problems.append(f"  sweep.models{where('sweep', 'models')}: duplicate model label(s) {', '.join(dupes)}; "
                         f"give each a distinct 'label'")
@@ -466,6 +470,8 @@ def _check_budgets(p: Profile, where: _Where) -> list[str]:
         return [f"  {head}{where(*head.split('.'))}: {e}"]
     except ProfileError as e:
         msg = str(e).removeprefix(p.name + ": ")
+        if isinstance(e, MatchRefused):  # every model the target cannot be met for, each its reason
+            return [f"  sweep.match{where('sweep', 'match')}: {why}" for why in e.reasons]
         if msg.startswith("sweep.match: "):  # [sweep.match]: a target a model cannot meet
             return [f"  sweep.match{where('sweep', 'match')}: {msg.removeprefix('sweep.match: ')}"]
         return [f"  train.{kinds[0]}{where('train', kinds[0])}: {msg}"]

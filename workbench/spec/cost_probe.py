@@ -236,14 +236,13 @@ def _sizes(net) -> tuple[int, int, int]:
 
 
 def _weights_on_meta(task, model: str, d_model: int, n_layers: int, options: dict[str, Any]):
-    """(parameters, weight bytes, trainable bytes) of the composed model, counted on the
-    meta device (nothing allocated), or None where that cannot be done (a pretrained model
+    """(parameters, weight bytes, trainable bytes) of the composed model, counted without
+    its real weights (models.registry.build_shapes: the CPU where small, the meta device
+    where not, so nothing big is allocated), or None where that cannot be done (a pretrained model
     reads its checkpoint; a model the meta device cannot build). Decides whether to probe.
-    The backbone is built once per configuration (a meta build of a Transformer takes a
-    tenth of a second; the MAD benchmark asks for it with 17 task shapes), the task's
+    The backbone is built once per configuration (the MAD benchmark asks for it with 17
+    task shapes), the task's
     encoder and head (small) each time."""
-    import torch
-
     import models
     from tasks.heads import make_encoder, make_head
     from workbench.spec.compose_options import split_options
@@ -257,11 +256,10 @@ def _weights_on_meta(task, model: str, d_model: int, n_layers: int, options: dic
     small.seq_len = PROBE_LENS[-1]
     try:
         if key not in _BACKBONE_WEIGHTS:
-            with torch.device("meta"):
-                _BACKBONE_WEIGHTS[key] = _sizes(models.build(model, d_model=d_model, n_layers=n_layers,
-                                                             **backbone_opts))
-        with torch.device("meta"):
-            encoder, head = make_encoder(small, d_model), make_head(small, d_model)
+            _BACKBONE_WEIGHTS[key] = _sizes(models.registry.build_shapes(model, d_model=d_model,
+                                                                         n_layers=n_layers, **backbone_opts))
+        encoder, head = (models.registry.build_for_shapes(lambda f=f: f(small, d_model))
+                         for f in (make_encoder, make_head))
         tied = resolve_init(small, model, **compose_opts)["tie_embeddings"]
     except Exception:  # the real probe will build it (or say why not)
         _BACKBONE_WEIGHTS.setdefault(key, None)

@@ -133,6 +133,7 @@ def expand(p: Profile) -> list[RunSpec]:
                     for point in points]
     except (ValidationError, ValueError) as e:  # a profile built without loads()
         raise ProfileError(f"{p.name}: invalid sweep.grid: {e}") from None
+    refused: dict[str, str] = {}  # [sweep.match]: every model the target cannot be met for
     for ts in task_settings(p):
         for choice in p.sweep.model_choices():
             for L in ts.seq_lens:
@@ -141,7 +142,12 @@ def expand(p: Profile) -> list[RunSpec]:
                     opts, d_model, n_layers = res.options, res.d_model, res.n_layers
                     matched = None
                     if p.sweep.match is not None:
-                        d_model, opts, matched = _match(p, choice, msec, d_model, n_layers, opts)
+                        try:
+                            d_model, opts, matched = _match(p, choice, msec, d_model, n_layers, opts)
+                        except MatchRefused as e:  # the others are still solved, to name them all
+                            for why in e.reasons:
+                                refused.setdefault(why, choice.display)
+                            continue
                     train_r = res.train_section if res.train_section is not None else train
                     params = {**ts.params, **{k[5:]: v for k, v in point.items() if k.startswith("task.")}}
                     bparams = dict(params, **({"seq_len": L} if L is not None else {}))
@@ -175,7 +181,21 @@ def expand(p: Profile) -> list[RunSpec]:
                             grid=dict(point) if v2 else None, task_setting=ts.setting if v2 else None,
                             budget=budget, size=res.size, recipe=res.recipe, match=matched,
                         ))
+    if refused:
+        raise MatchRefused(p.name, {why: label for why, label in refused.items()})
     return specs
+
+
+class MatchRefused(ProfileError):
+    """[sweep.match]: the target cannot be met for some of the sweep's models. ``reasons``:
+    each distinct reason (one per model and configuration, in sweep order) -> the model's
+    label; the message names them all, in one line."""
+
+    def __init__(self, name: str, reasons: dict[str, str]):
+        self.reasons = reasons
+        models = list(dict.fromkeys(reasons.values()))
+        head = "" if len(reasons) == 1 else f"{len(models)} model(s) cannot be matched ({', '.join(models)}): "
+        super().__init__(f"{name}: sweep.match: {head}" + "; ".join(reasons))
 
 
 def summary(p: Profile, n_runs: int | None = None) -> str:
@@ -235,7 +255,7 @@ def _match(p: Profile, choice: ModelChoice, msec: ModelSection, d_model: int, n_
         s = match.solve(choice.name, target, value, d_model=d_model, n_layers=n_layers, options=opts,
                         written=written)
     except match.MatchError as e:
-        raise ProfileError(f"{p.name}: sweep.match: {e}") from None
+        raise MatchRefused(p.name, {str(e): choice.display}) from None
     solved = dict(s.solved)
     d_model = solved.pop("d_model", d_model)
     return d_model, {**opts, **solved}, s.to_dict()

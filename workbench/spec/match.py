@@ -28,8 +28,9 @@ expand_v, attention mlp_mult) is solved at the width just below the target.
 
 The search is over integers and respects each model's divisibility constraints (heads,
 head width, expand_k x d_model, ...) by building the model: a value its factory refuses is
-skipped. Counting builds on the meta device (no memory, no initialisation), falling back
-to the CPU for the few factories that compute on real tensors (S4's DPLR init). Both
+skipped. Counting builds with models.registry.build_shapes: on the CPU while the model is
+small (milliseconds), on the meta device (no memory) past that, and on the CPU again for the
+few factories that compute on real tensors (S4's DPLR init). Both
 counts grow with the knob, so a bracketing then bisection search finds the smallest value
 at or above the target; of it and the largest valid value below, the nearer is taken.
 A target no value meets within the tolerance is a :class:`MatchError` saying why.
@@ -71,7 +72,22 @@ def _show(values: dict[str, Any]) -> str:
 
 
 class MatchError(ValueError):
-    """A target a model cannot meet, with the reason."""
+    """A target a model cannot meet, with the reason. ``nearest``: the counts the model
+    does reach nearest the target (offered instead), empty where it has no such knob."""
+
+    def __init__(self, message: str, nearest: tuple[int, ...] = ()):
+        super().__init__(message)
+        self.nearest = tuple(nearest)
+
+
+# family -> why a model of it has no fixed-size state (models.state_size is None); each
+# family its own reason (a Hyena convolution is not attention)
+_NO_STATE = {
+    "attention": "attention's KV cache grows with the length",
+    "hybrid": "its attention layers' KV cache grows with the length",
+    "conv": "its long convolution reads the whole sequence, so what it keeps grows with the length",
+    "ssm": "its long convolution reads the whole sequence, so what it keeps grows with the length",
+}
 
 
 @dataclass(frozen=True)
@@ -116,8 +132,6 @@ def _measure(model: str, target: str, knob: str, value: int, d_model: int, n_lay
              options_json: str) -> int | None:
     """The model's count at ``knob = value``; None where the factory refuses the value.
     A model without a fixed-size state raises MatchError."""
-    import torch
-
     import models
     from models.compute import param_counts
 
@@ -127,23 +141,16 @@ def _measure(model: str, target: str, knob: str, value: int, d_model: int, n_lay
     else:
         opts[knob] = value
 
-    def build(device: str):
-        with torch.device(device):
-            return models.build(model, d_model=d_model, n_layers=n_layers, **opts)
-
     try:
-        try:
-            m = build("meta")
-        except (RuntimeError, NotImplementedError):  # an init computing on real tensors
-            m = build("cpu")
+        m = models.registry.build_shapes(model, d_model=d_model, n_layers=n_layers, **opts)
     except (ValueError, AssertionError, RuntimeError, ZeroDivisionError):
         return None  # this value breaks a divisibility constraint (heads, head width, ...)
     if target == "params":
         return param_counts(m).non_embedding
     s = models.state_size(m)
     if s is None:
-        raise MatchError(f"model {model!r} cannot be matched by state_size: it has no fixed-size state "
-                         f"(attention's KV cache grows with the length)")
+        why = _NO_STATE.get(models.registry.entry(model).family, "models.state_size gives none for it")
+        raise MatchError(f"model {model!r} cannot be matched by state_size: it has no fixed-size state ({why})")
     return int(s)
 
 
@@ -241,12 +248,25 @@ def solve(model: str, target: str, value: int, *, d_model: int, n_layers: int,
             cands.append(({knob: d, fine: x}, c))
     best = min(cands, key=lambda t: abs(t[1] / value - 1))
     s = Solved(target, value, best[0], best[1])
-    if abs(s.error) > TOLERANCE + 1e-9 and len(cands) == 1:
+    if abs(s.error) > TOLERANCE + 1e-9:
+        raise _unmet(model, target, value, knob, cands)
+    return s
+
+
+def _unmet(model: str, target: str, value: int, knob: str, cands: list[tuple[dict, int]]) -> MatchError:
+    """The MatchError of a target no value meets within the tolerance: what the nearest
+    values give, and the nearest count the model reaches, offered as the target to set."""
+    nearest = sorted({c for _, c in cands}, key=lambda c: (abs(c / value - 1), c))
+    offer = f"; the nearest it reaches: {target} = {nearest[0]:,}"
+    if len(cands) == 1:
         (k, c), = cands
+        # (the count named is the nearest it reaches)
         why = (f"even the smallest {_show(k)} that builds gives {c:,}" if c > value
                else f"out of reach: {knob} up to {KNOB_MAX[knob]} gives at most {c:,}")
-        raise MatchError(f"model {model!r} cannot meet {target} {value:,}: {why}")
-    if abs(s.error) > TOLERANCE + 1e-9:
-        near = " and ".join(f"{_show(k)} gives {c:,} ({c / value - 1:+.1%})" for k, c in cands)
-        raise MatchError(f"model {model!r} cannot meet {target} {value:,} within {TOLERANCE:.0%}: {near}")
-    return s
+        return MatchError(f"model {model!r} cannot meet {target} {value:,}: {why}", tuple(nearest))
+    by_count = {}
+    for k, c in sorted(cands, key=lambda t: t[1]):
+        by_count.setdefault(c, k)
+    near = " and ".join(f"{_show(k)} gives {c:,} ({c / value - 1:+.1%})" for c, k in by_count.items())
+    return MatchError(f"model {model!r} cannot meet {target} {value:,} within {TOLERANCE:.0%}: {near}{offer}",
+                      tuple(nearest))

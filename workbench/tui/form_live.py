@@ -19,6 +19,7 @@ from textual.widgets import Static
 
 import tasks
 from workbench.spec import profile as profiles
+from workbench.spec.expand import MatchRefused
 from workbench.spec.profile import Profile, ProfileError
 from workbench.tui.form_checks import budget_steps_text, plain_message
 from workbench.tui.form_fields import EXAMPLES, STEP_KINDS, default_eval_every, field_for, split_list
@@ -153,6 +154,8 @@ class FormLive:
             why = plain_message(first, self._label(fid, tuple(first["loc"])), EXAMPLES.get(fid))
             text = why if budget else f"the steps show once the form is valid ({why})"
             ok, steps = not budget, None
+        except MatchRefused:  # said in full under "match size" (form_match), not again here
+            text, ok, steps = "no step count while a model cannot be matched (see match size)", False, None
         except (ProfileError, ValueError) as e:
             text, ok, steps = str(e).splitlines()[0], False, None
         except Exception as e:  # a hint never takes the form down, and never stays "counting"

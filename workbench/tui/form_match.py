@@ -27,6 +27,7 @@ from rich.text import Text
 from textual.widgets import Input, Select, Static
 
 from workbench.spec import profile as profiles
+from workbench.spec.expand import MatchRefused
 from workbench.spec.profile import Profile, ProfileError
 from workbench.tui.form_fields import LABELS, _fmt, _model_name, parse_count
 from workbench.tui.formatting import set_text
@@ -143,8 +144,10 @@ class FormMatch:
         self.run_worker(lambda: self._solve(data, seq), thread=True, group="match", exit_on_error=False)
 
     def _solve(self, data: dict[str, Any], seq: int) -> None:
-        """(thread) Each picked model's profile expanded: its solved values or the refusal."""
+        """(thread) Each picked model's profile expanded: its solved values or the refusal
+        (every model's own, in full), and which models cannot be matched."""
         lines: list[tuple[str, bool]] = []
+        unmatched: list[str] = []
         for entry in data["sweep"]["models"] or []:
             one = copy.deepcopy(data)
             one["sweep"]["models"] = [entry]
@@ -159,19 +162,26 @@ class FormMatch:
                 where = ".".join(str(p) for p in err["loc"])
                 lines = [(f"the solved sizes show once the form is valid ({where}: {err['msg']})", False)]
                 break
+            except MatchRefused as e:  # each reason in full (one per configuration of the model)
+                unmatched.append(label)
+                lines += [(why if why.startswith(("model ", label)) else f"{label}: {why}", False)
+                          for why in e.reasons]
             except (ProfileError, ValueError) as e:
                 msg = str(e).splitlines()[0].removeprefix(f"{one['name']}: ").removeprefix("sweep.match: ")
                 lines.append((f"{label}: {msg}" if not msg.startswith(("model ", label)) else msg, False))
             except Exception as e:  # a hint never takes the form down
                 lines.append((f"{label}: not solved: {type(e).__name__}: {e}", False))
         try:
-            self.app.call_from_thread(self._show_match, seq, lines)
+            self.app.call_from_thread(self._show_match, seq, lines, False, unmatched)
         except RuntimeError:  # the app closed meanwhile
             pass
 
-    def _show_match(self, seq: int, lines: list[tuple[str, bool]], keep: bool = False) -> None:
-        """Show the solved lines (refusals in red); ``keep``: a progress line that waits
-        for the answer (shown only when nothing was shown before)."""
+    def _show_match(self, seq: int, lines: list[tuple[str, bool]], keep: bool = False,
+                    unmatched: list[str] | None = None) -> None:
+        """Show the solved lines (refusals in red), each in full; ``keep``: a progress line
+        that waits for the answer (shown only when nothing was shown before);
+        ``unmatched``: the models the target cannot be met for (the run count says that
+        nothing launches while they are picked)."""
         if seq != self._match_seq:  # an older answer than the form shows now
             return
         hint = self.query_one("#match-solved", Static)
@@ -180,9 +190,26 @@ class FormMatch:
         text = Text()
         for i, (line, ok) in enumerate(lines):
             text.append(("\n" if i else "") + line, style="" if ok else "red")
-        set_text(hint, text)
+        if getattr(hint, "_wb_content", None) != text:
+            # laid out again on every change: a line wraps, so its height is not its count
+            # of newlines (set_text's shortcut kept one line's height and cut the rest)
+            hint._wb_content = text
+            hint.update(text, layout=True)
         if hint.display != bool(lines):
             hint.display = bool(lines)
+        if not keep:
+            self._match_unmatched = list(unmatched or [])
+            self._show_run_count()
+
+    def match_count_note(self, text: str, ok: bool) -> tuple[str, bool]:
+        """The run count's line as it will really be: while a picked model cannot be
+        matched, a launch is refused, so none of the counted runs would start."""
+        names = [n for n in getattr(self, "_match_unmatched", []) or []]
+        if not names or not ok or self.match_target() is None:
+            return text, ok
+        return (f"no run launches while {len(names)} model{'' if len(names) == 1 else 's'} cannot be "
+                f"matched ({', '.join(names)}: see match size); unpick {'it' if len(names) == 1 else 'them'} "
+                f"or change the target ({text.removeprefix('will launch ')} otherwise)"), False
 
     # ------------------------------------------------------------------ devices
     def gpus(self) -> list[str]:
