@@ -370,3 +370,15 @@ async def test_the_run_view_samples_a_finished_lm_run_in_a_window(runs, tmp_path
         await pilot.pause()
         assert isinstance(app.screen, RunScreen)
     store.close()
+
+
+def test_a_key_value_cache_is_kept_within_the_window(llama, capsys):
+    """A transformers model's cache has positions up to its window (64 here): prompt +
+    tokens past it generates what fits, said in one line."""
+    lm = load(str(llama))
+    n = len(prompt_ids(lm, "the cat sat on"))
+    rc, out, err = sample(capsys, str(llama), "--prompt", "the cat sat on", "--tokens", "100", "--temperature", "0",
+                          "--ignore-eos")
+    assert rc == 0, err
+    assert f"100 tokens after a {n}-token prompt pass {llama}'s window of 64 tokens: generating {64 - n}" in err
+    assert f"sample: {64 - n} tokens in" in err
