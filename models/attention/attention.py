@@ -153,6 +153,105 @@ class CausalSelfAttention(nn.Module):
         # The KV cache grows with the sequence: no fixed-size recurrent state.
         return None
 
+    # -- decoding with a key/value cache -------------------------------------------------
+    def init_state(self, batch: int, capacity: int = 0, limit: int | None = None) -> "KVCache":
+        """An empty :class:`KVCache` for ``batch`` sequences, room for ``capacity`` positions
+        now (it grows in chunks of CACHE_CHUNK as it fills), never more than ``limit``."""
+        p = self.qkv.weight
+        return KVCache(batch, self.n_heads, self.d_head, capacity, p.device, p.dtype, limit)
+
+    def forward_with_state(self, x: torch.Tensor, cache: "KVCache") -> tuple[torch.Tensor, "KVCache"]:
+        """x: (batch, length, d_model), the positions after the ``cache.length`` already
+        cached -> (y (batch, length, d_model), the cache with x's keys and values added).
+
+        Equal to :meth:`forward` over the whole sequence, restricted to x's positions. The
+        cache is updated in place (its buffers are preallocated) and returned. xPos's
+        centre is fixed by the first chunk (its middle, as :meth:`forward` takes it): every
+        later query and key is scaled about the same centre, so it cancels in q . k."""
+        b, length, _ = x.shape
+        n = cache.length
+        q, k, v = self.qkv(x).view(b, length, 3, self.n_heads, self.d_head).unbind(2)
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))           # (batch, heads, length, d_head)
+        if self.rotary is not None:
+            if cache.centre is None:
+                cache.centre = n + length / 2
+            positions = torch.arange(n, n + length, device=x.device)
+            q = self.rotary(q, positions, is_key=False, centre=cache.centre)
+            k = self.rotary(k, positions, is_key=True, centre=cache.centre)
+        keys, values = cache.append(k, v)                          # (batch, heads, n + length, d_head)
+        if n == 0:         # the prompt: the same call as forward's
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scale)
+        elif length == 1:  # one new token sees every cached key: no mask
+            y = F.scaled_dot_product_attention(q, keys, values, scale=self.scale)
+        else:              # a chunk after cached positions: query i sees keys <= n + i
+            mask = (torch.arange(n + length, device=x.device)[None, :]
+                    <= torch.arange(n, n + length, device=x.device)[:, None])
+            y = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=self.scale)
+        y = y.transpose(1, 2).reshape(b, length, self.d_model)
+        return self.out_proj(y), cache
+
+    def step(self, x_t: torch.Tensor, cache: "KVCache") -> tuple[torch.Tensor, "KVCache"]:
+        """One token x_t: (batch, d_model) -> (y_t (batch, d_model), the cache one longer)."""
+        y, cache = self.forward_with_state(x_t[:, None, :], cache)
+        return y[:, 0], cache
+
+
+CACHE_CHUNK = 256   # positions a KVCache grows by (rounded up to) when it is full
+
+
+class CacheFull(ValueError):
+    """A KV cache asked to hold more positions than its limit; the message is one line."""
+
+
+class KVCache:
+    """One attention layer's keys and values so far, for decoding token by token.
+
+    ``k``, ``v``: preallocated (batch, heads, capacity, d_head) buffers; positions
+    0 .. ``length``-1 hold the keys (after RoPE / xPos) and values seen. A full buffer is
+    replaced by one rounded up to the next multiple of CACHE_CHUNK positions (one copy
+    every CACHE_CHUNK tokens, not a ``torch.cat`` per token). ``limit`` (None: none) is
+    the most positions it may hold (a position table's length): past it :meth:`append`
+    raises :class:`CacheFull`. ``centre`` is the xPos centre fixed by the first chunk.
+    """
+
+    __slots__ = ("k", "v", "length", "limit", "centre")
+
+    def __init__(self, batch: int, heads: int, d_head: int, capacity: int = 0, device=None,
+                 dtype=None, limit: int | None = None):
+        capacity = min(capacity, limit) if limit is not None else capacity
+        self.k = torch.zeros(batch, heads, capacity, d_head, device=device, dtype=dtype)
+        self.v = torch.zeros_like(self.k)
+        self.length, self.limit, self.centre = 0, limit, None
+
+    def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Add (batch, heads, L, d_head) keys and values after the cached ones -> views of
+        all keys and values so far, (batch, heads, length, d_head)."""
+        n, L = self.length, k.shape[2]
+        need = n + L
+        if self.limit is not None and need > self.limit:
+            raise CacheFull(f"the key/value cache holds at most {self.limit:,} positions (max_len): "
+                            f"{n:,} cached + {L:,} new = {need:,}")
+        if need > self.k.shape[2]:
+            cap = -(-need // CACHE_CHUNK) * CACHE_CHUNK
+            cap = min(cap, self.limit) if self.limit is not None else cap
+            k_new = self.k.new_zeros(*self.k.shape[:2], cap, self.k.shape[3])
+            v_new = torch.zeros_like(k_new)
+            k_new[:, :, :n] = self.k[:, :, :n]
+            v_new[:, :, :n] = self.v[:, :, :n]
+            self.k, self.v = k_new, v_new
+        self.k[:, :, n:need] = k
+        self.v[:, :, n:need] = v
+        self.length = need
+        return self.k[:, :, :need], self.v[:, :, :need]
+
+    def tensors(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The keys and values held, (batch, heads, length, d_head) each (views)."""
+        return self.k[:, :, :self.length], self.v[:, :, :self.length]
+
+    def nbytes(self) -> int:
+        """Bytes of the keys and values held (the positions filled, not the buffer's spare room)."""
+        return sum(t.numel() * t.element_size() for t in self.tensors())
+
 
 class MLP(nn.Module):
     """Position-wise feed-forward: Linear(d, mult*d) -> GELU -> Linear(mult*d, d)."""
@@ -168,6 +267,16 @@ class MLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: (batch, length, d_model) -> same shape; no mixing across positions."""
         return self.fc2(self.drop(F.gelu(self.fc1(x))))
+
+    # stateless in decoding: the same map per position (for the Transformer's per-layer chain)
+    def init_state(self, batch: int, *_, **__) -> tuple:
+        return ()
+
+    def forward_with_state(self, x: torch.Tensor, state: tuple) -> tuple[torch.Tensor, tuple]:
+        return self(x), state
+
+    def step(self, x_t: torch.Tensor, state: tuple) -> tuple[torch.Tensor, tuple]:
+        return self(x_t), state
 
     def state_size(self) -> int:
         return 0

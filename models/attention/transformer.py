@@ -14,14 +14,20 @@ Attention is multi-head, causal (always), with positions chosen by ``pos``:
   attention layer; see ``models.attention.attention``.
 - ``"none"``: no positions at all (a causal Transformer can still infer some position
   from the mask, but this is the ablation, not a sensible baseline).
+
+Decoding (``init_state`` / ``forward_with_state`` / ``step``, the interface of the recurrent
+backbones): each attention layer keeps a key/value cache (``models.attention.attention.KVCache``,
+preallocated and grown in chunks), so a prompt is read once and each new token costs one
+query against the cached keys; positions continue from the cache's length. The cache holds
+at most ``max_len`` positions: past it, a one-line ``CacheFull`` error.
 """
 from __future__ import annotations
 
 import torch
 import torch.nn as nn
 
-from models.attention.attention import MLP, CausalSelfAttention, sinusoidal_positions
-from models.common import ResidualStack
+from models.attention.attention import MLP, CacheFull, CausalSelfAttention, sinusoidal_positions
+from models.common import ResidualStack, stack_with_state
 
 TRANSFORMER_POSITIONS = ("absolute", "learned", "rope", "xpos", "none")
 
@@ -71,3 +77,33 @@ class Transformer(nn.Module):
 
     def state_size(self) -> None:
         return None  # attention keeps a KV cache that grows with length
+
+    # -- decoding with a key/value cache (init_state / forward_with_state / step) ----------
+    def init_state(self, batch: int, capacity: int = 0) -> list:
+        """Per sub-layer: a :class:`~models.attention.attention.KVCache` for each attention
+        layer (room for ``capacity`` positions now, at most ``max_len``), ``()`` for each MLP."""
+        return [layer.mixer.init_state(batch, capacity, self.max_len) for layer in self.stack.layers]
+
+    def _positions_at(self, offset: int, length: int, x: torch.Tensor) -> torch.Tensor:
+        """x (batch, length, d_model) at positions offset .. offset+length-1 plus its
+        absolute / learned positions; a CacheFull past ``max_len``."""
+        if offset + length > self.max_len:
+            raise CacheFull(f"position {offset + length - 1:,} is past the Transformer's max_len={self.max_len:,} "
+                            f"(its key/value cache and position table): {offset:,} cached + {length:,} new")
+        if self.pos == "absolute":
+            x = x + sinusoidal_positions(length, self.d_model, offset, device=x.device, dtype=x.dtype)
+        elif self.pos == "learned":
+            x = x + self.pos_emb[offset:offset + length].to(x.dtype)
+        return x
+
+    def forward_with_state(self, x: torch.Tensor, state: list) -> tuple[torch.Tensor, list]:
+        """x: (batch, length, d_model) after the positions cached in ``state`` -> (y, state).
+        Chaining chunks equals one forward over their concatenation; the caches are
+        updated in place."""
+        x = self._positions_at(state[0].length, x.shape[1], x)
+        return stack_with_state(self.stack, self.emb_drop(x), state, "forward_with_state")
+
+    def step(self, x_t: torch.Tensor, state: list) -> tuple[torch.Tensor, list]:
+        """One token x_t: (batch, d_model) -> (y_t (batch, d_model), state one position longer)."""
+        x_t = self._positions_at(state[0].length, 1, x_t[:, None, :])[:, 0]
+        return stack_with_state(self.stack, x_t, state, "step")
