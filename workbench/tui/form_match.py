@@ -198,8 +198,16 @@ class FormMatch:
         if hint.display != bool(lines):
             hint.display = bool(lines)
         if not keep:
+            # the run count as it will really be (every edit that changes the count solves
+            # again, so this note follows the count's own update)
             self._match_unmatched = list(unmatched or [])
             self._show_run_count()
+            count = self.query_one("#run-count", Static)
+            base = str(getattr(count, "_wb_content", "") or "")
+            note, ok = self.match_count_note(base, not count.has_class("bad"))
+            if note != base:
+                count.set_class(not ok, "bad")
+                set_text(count, Text(note))
 
     def match_count_note(self, text: str, ok: bool) -> tuple[str, bool]:
         """The run count's line as it will really be: while a picked model cannot be
