@@ -23,6 +23,7 @@ from workbench.spec.expand import MatchRefused
 from workbench.spec.profile import Profile, ProfileError
 from workbench.tui.form_checks import budget_steps_text, plain_message
 from workbench.tui.form_fields import EXAMPLES, STEP_KINDS, default_eval_every, field_for, split_list
+from workbench.tui.form_input import now
 from workbench.tui.formatting import set_text
 
 COUNT_PAUSE_S = 0.25  # the steps are counted this long after typing stops
@@ -133,6 +134,7 @@ class FormLive:
             self._schedule_budget_steps()
             return
         data, errors = self.form_data()
+        self._budget_read_at = now()  # its answer writes no field edited after this
         if "budget" in errors or not self._text("budget"):
             self._show_budget_steps(self._budget_seq, errors.get("budget", ""), False, None)
             return
@@ -176,5 +178,6 @@ class FormLive:
         if steps != self._budget_steps:
             self._budget_steps = steps
             if steps:
-                self._follow_eval(default_eval_every("steps", str(min(steps))))
+                self._follow_eval(default_eval_every("steps", str(min(steps))),
+                                  getattr(self, "_budget_read_at", 0.0))
             self._show_eval_unit()

@@ -25,6 +25,7 @@ from workbench.spec import profile as profiles
 from workbench.spec.recipes import RECIPE_NAMES, RECIPES, SIZES
 from workbench.spec.schema import TrainSection
 from workbench.tui.form_fields import TRAIN_INPUTS
+from workbench.tui.form_input import put
 
 NONE = "none"  # the Selects' "no preset" value
 RECIPE_OPTIONS = [(NONE, NONE)] + [(n, n) for n in RECIPE_NAMES]
@@ -153,10 +154,11 @@ class FormPresets:
         if es == {}:
             del data["train"]["early_stopping"]
 
-    def preset_changed(self) -> None:
+    def preset_changed(self, since: float) -> None:
         """A recipe or size picked (or a match target set, FormMatch): the fields it fills that hold the form's own starting
         values are emptied (it fills them); fields no preset fills any more get those
-        values back where they are empty."""
+        values back where they are empty. Only fields not edited since ``since`` (when
+        the preset changed: form_input.put), so keys typed meanwhile are kept."""
         recipe, size = self.presets()
         filled = preset_fields(recipe, size) | self.match_fills()  # (FormMatch: the width a match solves)
         auto = getattr(self, "_auto", {})
@@ -164,9 +166,9 @@ class FormPresets:
             field = self.query_one(f"#{fid}", Input)
             text = field.value.strip()
             if fid in filled and text in (default, auto.get(fid)):
-                field.value = ""
+                put(field, "", since)
             elif fid not in filled and not text and fid != "eval_every":
-                field.value = auto.get(fid, default)
+                put(field, auto.get(fid, default), since)
         self._show_placeholders()
 
     def _show_placeholders(self) -> None:

@@ -42,6 +42,7 @@ from workbench.tui.form_fields import (ALIASES, BUDGET_KINDS, DEFAULT_BUDGET, DE
                                        required_params, task_cpu_note, task_param_defaults,
                                        task_train_defaults)
 from workbench.tui.form_fields import PARAM_SUGGESTIONS, PARAM_UNITS
+from workbench.tui.form_input import FormInput, now, put
 from workbench.tui.form_live import FormLive
 from workbench.tui.form_match import FormMatch
 from workbench.tui.form_presets import RECIPE_OPTIONS, SIZE_OPTIONS, FormPresets
@@ -144,12 +145,12 @@ class SweepForm(FormLive, FormMatch, FormPresets, FormProfile, Vertical):
         with _Columns(id="form-columns"):
             with Vertical(id="form-left", classes="form-column"):
                 yield Static("Profile", classes="section")
-                yield FieldRow("name", Input(DEFAULT_NAME, id="name", compact=True), "name")
-                yield FieldRow("description", Input("", id="description", compact=True), "description")
+                yield FieldRow("name", FormInput(DEFAULT_NAME, id="name", compact=True), "name")
+                yield FieldRow("description", FormInput("", id="description", compact=True), "description")
                 yield Static("Models (type to filter; space picks)", classes="section")
                 yield ModelPicker(id="models")
                 yield Static("", id="err-models", classes="field-error")
-                yield FieldRow("model options", Input("", id="model_options", compact=True,
+                yield FieldRow("model options", FormInput("", id="model_options", compact=True,
                                                       placeholder="e.g. transformer.pos=rope"),
                                "model_options")
             with VerticalScroll(id="form-right", classes="form-column"):
@@ -160,19 +161,19 @@ class SweepForm(FormLive, FormMatch, FormPresets, FormProfile, Vertical):
                 yield Static("", id="task-note", classes="hint")
                 yield Vertical(id="task-params")
                 yield Static("Sweep", classes="section")
-                yield FieldRow("sequence lengths", Input(DEFAULT_LENGTHS, id="seq_lens", compact=True,
+                yield FieldRow("sequence lengths", FormInput(DEFAULT_LENGTHS, id="seq_lens", compact=True,
                                                          placeholder="e.g. 64, 256"), "seq_lens",
                                unit="tokens")
-                yield FieldRow("seeds", Input("0", id="seeds", compact=True, placeholder="e.g. 0, 1, 2"),
+                yield FieldRow("seeds", FormInput("0", id="seeds", compact=True, placeholder="e.g. 0, 1, 2"),
                                "seeds")
                 # [sweep.match]: every model solved to one size; the values solved, per model
-                yield FieldRow("match size", Input("", id="match_value", compact=True, placeholder="off (e.g. 1M)"),
+                yield FieldRow("match size", FormInput("", id="match_value", compact=True, placeholder="off (e.g. 1M)"),
                                "match_value", unit=Select(MATCH_KINDS, id="match_kind", allow_blank=False,
                                                           value="params", compact=True))
                 yield Static("", id="match-solved", classes="hint")
                 yield Static("", id="run-count")
                 yield Static("Training", classes="section")
-                yield FieldRow("train for", Input(DEFAULT_BUDGET, id="budget", compact=True), "budget",
+                yield FieldRow("train for", FormInput(DEFAULT_BUDGET, id="budget", compact=True), "budget",
                                unit=Select(BUDGET_KINDS, id="budget_kind", allow_blank=False, value="steps",
                                            compact=True))
                 # a token / FLOP / tokens-per-parameter budget: the steps it becomes per run
@@ -185,14 +186,14 @@ class SweepForm(FormLive, FormMatch, FormPresets, FormProfile, Vertical):
                 for fid, label, _, default in TRAIN_INPUTS:
                     if fid == "eval_every":
                         default = self._eval_auto
-                    yield FieldRow(label, Input(default, id=fid, compact=True), fid, unit=UNITS.get(fid))
+                    yield FieldRow(label, FormInput(default, id=fid, compact=True), fid, unit=UNITS.get(fid))
                 # [sweep.grid] axes: each value list multiplies the runs (empty: no grid)
-                yield FieldRow("lr grid", Input("", id="grid_lr", compact=True,
+                yield FieldRow("lr grid", FormInput("", id="grid_lr", compact=True,
                                                 placeholder="e.g. 1e-4, 5e-4, 1e-3"), "grid_lr",
                                unit="a run per value")
-                yield FieldRow("weight decay grid", Input("", id="grid_wd", compact=True,
+                yield FieldRow("weight decay grid", FormInput("", id="grid_wd", compact=True,
                                                           placeholder="e.g. 0, 0.01, 0.1"), "grid_wd")
-                yield FieldRow("other grid axes", Input("", id="grid_axes", compact=True,
+                yield FieldRow("other grid axes", FormInput("", id="grid_axes", compact=True,
                                                         placeholder="e.g. model.d_model = 64, 128"),
                                "grid_axes", unit="key = values; ...")
                 yield FieldRow("lr schedule", Select([("cosine", "cosine"), ("constant", "constant")],
@@ -202,12 +203,12 @@ class SweepForm(FormLive, FormMatch, FormPresets, FormProfile, Vertical):
                 yield FieldRow("early stop on", Select([("eval accuracy", "accuracy"), ("eval loss", "loss")],
                                                        id="es_metric", allow_blank=False, value="accuracy",
                                                        compact=True), "es_metric")
-                yield FieldRow("patience", Input("0", id="patience", compact=True), "patience",
+                yield FieldRow("patience", FormInput("0", id="patience", compact=True), "patience",
                                unit="evaluations (0 = off)")
                 yield FieldRow("device", Select([(d, d) for d in ("auto", "cpu", "cuda")], id="device",
                                                 allow_blank=False, value="auto", compact=True), "device")
                 # ranks a run trains on (train.devices) and how they hold the model (train.sharding)
-                yield FieldRow("devices", Input("", id="devices", compact=True, placeholder="1"), "devices",
+                yield FieldRow("devices", FormInput("", id="devices", compact=True, placeholder="1"), "devices",
                                unit=Select(SHARDING_KINDS, id="sharding", allow_blank=False, value="ddp",
                                            compact=True))
                 yield Static("", id="devices-note", classes="hint")  # what N ranks mean on this machine
@@ -215,7 +216,7 @@ class SweepForm(FormLive, FormMatch, FormPresets, FormProfile, Vertical):
                 yield FieldRow("executor", Select([("this machine", "local"), ("Slurm: a job per run", "slurm")],
                                                   id="executor", allow_blank=False, value="local",
                                                   compact=True), "executor")
-                yield FieldRow("Slurm settings", Input("", id="slurm", compact=True,
+                yield FieldRow("Slurm settings", FormInput("", id="slurm", compact=True,
                                                        placeholder="partition=gpu, time=04:00:00"), "slurm")
                 yield Static("#SBATCH settings as key=value: partition, account, qos, time, gpus_per_run, "
                              "cpus_per_run, mem, extra=[...], signal_s, requeue, shared_dir, setup=[...]",
@@ -225,7 +226,7 @@ class SweepForm(FormLive, FormMatch, FormPresets, FormProfile, Vertical):
 
     async def on_mount(self) -> None:
         await self._show_task(self.query_one("#task", Select).value)
-        self._apply_task_training(str(self.query_one("#task", Select).value))
+        self._apply_task_training(str(self.query_one("#task", Select).value), now())
         for hint in ("#budget-steps", "#match-solved", "#devices-note"):
             self.query_one(hint, Static).display = False
         self._show_run_count()
@@ -259,17 +260,21 @@ class SweepForm(FormLive, FormMatch, FormPresets, FormProfile, Vertical):
     # ------------------------------------------------------------------ units and defaults
     @on(Input.Changed, "#budget")
     @on(Select.Changed, "#budget_kind")
-    def _budget_changed(self) -> None:
+    def _budget_changed(self, event: Message) -> None:
         """'evaluate every' follows the budget (about EVALS_PER_RUN evaluations a run)
         until the user types a value of their own. A budget in tokens, FLOPs or tokens per
         parameter is followed once its steps are known (:meth:`_show_budget_steps`)."""
-        self._follow_eval(default_eval_every(str(self._select("budget_kind")), self._text("budget")))
+        self._follow_eval(default_eval_every(str(self._select("budget_kind")), self._text("budget")), event.time)
         self._show_eval_unit()
 
-    def _follow_eval(self, auto: str | None) -> None:
+    def _follow_eval(self, auto: str | None, since: float) -> None:
+        """'evaluate every' to ``auto`` where it holds the form's value or nothing, and
+        has not been edited since ``since`` (when the change it follows happened:
+        form_input.put; a cleared field being retyped keeps what is typed)."""
         field = self.query_one("#eval_every", Input)
         if auto is not None and field.value.strip() in ("", self._eval_auto):
-            field.value = auto
+            if not put(field, auto, since):
+                return  # typed since: the user's value, not the form's any more
         if auto is not None:
             self._eval_auto = auto
 
@@ -301,8 +306,8 @@ class SweepForm(FormLive, FormMatch, FormPresets, FormProfile, Vertical):
     @on(Select.Changed, "#recipe")
     @on(Select.Changed, "#size")
     @on(Input.Changed, "#match_value")
-    def _presets_changed(self) -> None:
-        self.preset_changed()  # (FormPresets: a plain mixin, whose @on handlers Textual would not see)
+    def _presets_changed(self, event: Message) -> None:
+        self.preset_changed(event.time)  # (FormPresets: a plain mixin, whose @on handlers Textual would not see)
 
     @on(Input.Changed, "#devices")
     @on(Select.Changed, "#sharding")
@@ -343,37 +348,45 @@ class SweepForm(FormLive, FormMatch, FormPresets, FormProfile, Vertical):
                 # a name the form chose follows the task (made free of other sweeps at the launch)
                 from workbench.spec.sweep_identity import name_base
 
-                self._auto_name = name_base(str(event.value))
-                self.query_one("#name", Input).value = self._auto_name
-            await self._show_task(str(event.value))
-            self._apply_task_training(str(event.value))
+                if put(self.query_one("#name", Input), name_base(str(event.value)), event.time):
+                    self._auto_name = name_base(str(event.value))
+            await self._show_task(str(event.value), since=event.time)
+            self._apply_task_training(str(event.value), event.time)
             self._show_run_count()
             self._recheck()
 
-    def _apply_task_training(self, name: str) -> None:
+    def _apply_task_training(self, name: str, since: float | None = None) -> None:
         """The task's budget, learning rate, model options and lengths
         (:func:`task_train_defaults`) into the fields that still hold what the form put
-        there itself; a value the user typed stays."""
+        there itself and were not edited since ``since`` (the task's change); a value the
+        user typed stays."""
+        since = now() if since is None else since
         for fid, value in task_train_defaults(name).items():
             if fid == "budget" and self._select("budget_kind") != "steps":
                 continue
             field = self.query_one(f"#{fid}", Input)
-            if fid in self._auto and field.value.strip() == self._auto[fid]:
-                field.value = value
+            if fid in self._auto and field.value.strip() == self._auto[fid] and put(field, value, since):
                 self._auto[fid] = value
                 if fid == "budget":  # "evaluate every" follows now, not on the Changed event
-                    self._follow_eval(default_eval_every("steps", value))
+                    self._follow_eval(default_eval_every("steps", value), since)
 
-    async def _show_task(self, name: str, values: dict[str, Any] | None = None) -> None:
+    async def _show_task(self, name: str, values: dict[str, Any] | None = None,
+                         since: float | None = None) -> None:
         """Generate one input per task parameter (seq_len comes from the sweep's lengths),
         holding ``values`` (a loaded profile's) or else the form's starting values for the
-        task (:func:`task_param_defaults`), the registry's for the others."""
+        task (:func:`task_param_defaults`), the registry's for the others. ``since``: when
+        the task changed; what was typed after it into a parameter the new task also has
+        is kept (the inputs are built anew, and a late rebuild must not drop keys)."""
         self._params_task = name
         self.query_one("#task-desc", Static).update(Text(tasks.describe(name)))
         note = self.query_one("#task-note", Static)  # defaults that will not learn on a CPU say so
         note.update(Text(task_cpu_note(name)))
         note.display = bool(task_cpu_note(name))
         box = self.query_one("#task-params", Vertical)
+        typed = {} if since is None else {
+            w.id.removeprefix("param-"): w.value for w in box.query(Input)
+            if w.id and getattr(w, "changed_at", 0.0) > since}
+        refocus = next((w.id for w in box.query(Input) if w.has_focus), None)
         await box.remove_children()
         values = task_param_defaults(name) if values is None else values
         required = required_params(name)
@@ -381,15 +394,17 @@ class SweepForm(FormLive, FormMatch, FormPresets, FormProfile, Vertical):
         for p, default in tasks.parameters(name).items():
             if p == "seq_len":
                 continue
-            text = _fmt(values.get(p, default))
+            text = typed[p] if p in typed else _fmt(values.get(p, default))
             hint = ("required" if p in required else "not set" if default is None
                     else f"default {_fmt(default)}")
             offered = PARAM_SUGGESTIONS.get((name, p))
             suggester = SuggestFromList(offered, case_sensitive=False) if offered else None
-            rows.append(FieldRow(f"  {p}", Input(text, id=f"param-{p}", compact=True, placeholder=hint,
+            rows.append(FieldRow(f"  {p}", FormInput(text, id=f"param-{p}", compact=True, placeholder=hint,
                                                  suggester=suggester),
                                  f"param-{p}", unit=PARAM_UNITS.get((name, p))))
         await box.mount_all(rows)
+        if refocus is not None and box.query(f"#{refocus}"):
+            box.query_one(f"#{refocus}").focus()  # the same parameter keeps the keys coming
 
     def build_profile(self, focus: bool = True, need_data: bool | None = None) -> Profile | None:
         """Validate the form; show every problem next to its field (and all of them in

@@ -1,0 +1,120 @@
+"""The sweep form keeps every keystroke and shows where the focus is (issue 42 items 3, 4).
+
+Keystrokes: the form fills some fields itself, from a change or a background result that
+was started earlier (form_input.put). The background work is slowed on purpose here (it
+waits on an event the test sets), keys are typed at full speed, and each field must hold
+exactly what was typed: before the fix, the late result wrote the form's value into a
+field the user had just cleared, and the keys typed after it were appended to it.
+
+Focus: at 80x24 the focused field is on screen after any number of Tabs, no focus stop is
+invisible, and a field's problem shows as soon as the field is left.
+"""
+from __future__ import annotations
+
+import threading
+
+from textual.widgets import Input, Select, Static
+
+from test_tui import FakeScheduler, make_app, settle, store  # noqa: F401
+from workbench.tui import form_live
+from workbench.tui.model_picker import ModelPicker
+from workbench.tui.sweep_form import SweepForm
+
+NARROW = (80, 24)
+
+
+async def open_form(pilot) -> SweepForm:
+    await pilot.press("f2")
+    await settle(pilot)
+    return pilot.app.query_one(SweepForm)
+
+
+def value(form: SweepForm, fid: str) -> str:
+    return form.query_one(f"#{fid}", Input).value
+
+
+async def test_a_late_step_count_never_overwrites_a_cleared_and_retyped_field(store, tmp_path, monkeypatch):
+    """A token budget's steps are counted in a thread; while the count is held back, the
+    user clears "evaluate every" and, once the late count has come in, types their own."""
+    gate = threading.Event()
+    started = threading.Event()
+    real = form_live.budget_steps_text
+
+    def slow(specs):
+        started.set()
+        gate.wait(10)  # a loaded machine: the answer comes late
+        return real(specs)
+
+    monkeypatch.setattr(form_live, "budget_steps_text", slow)
+    app = make_app(store, tmp_path, FakeScheduler())
+    async with app.run_test(size=(160, 48)) as pilot:
+        form = await open_form(pilot)
+        form.query_one("#models", ModelPicker).set_picked(["transformer"])
+        form.query_one("#budget_kind", Select).value = "tokens"
+        await settle(pilot)
+        form.query_one("#budget", Input).focus()
+        await pilot.press("ctrl+u", *"50000")
+        for _ in range(200):  # the count of "50000" tokens is under way, held back
+            if started.is_set():
+                break
+            await pilot.pause(0.05)
+        assert started.is_set()
+        form.query_one("#eval_every", Input).focus()
+        await pilot.press("ctrl+u")  # cleared: the late count must not fill it
+        gate.set()
+        await settle(pilot)
+        await pilot.press(*"7")
+        await settle(pilot)
+        assert value(form, "budget") == "50000"
+        assert value(form, "eval_every") == "7"
+
+
+def type_now(field: Input, text: str) -> None:
+    """Clear ``field`` and type ``text`` into it as its key handler does, before the form
+    handles any message (the form lags behind the keys, as under load)."""
+    field.action_delete_left_all()
+    field.action_end()
+    for ch in text:
+        field.insert_text_at_cursor(ch)
+
+
+async def test_changes_handled_late_never_overwrite_a_field_cleared_since(store, tmp_path):
+    """The budget is retyped and a task picked; before the form handles either change the
+    user clears "evaluate every" and the name; the late handlers (evaluate every follows
+    the budget and the task; the name follows the task) must leave both cleared fields
+    alone, so what is typed next is all they hold."""
+    app = make_app(store, tmp_path, FakeScheduler())
+    async with app.run_test(size=(160, 48)) as pilot:
+        form = await open_form(pilot)
+        task = form.query_one("#task", Select)
+        task.value = "mqar"  # its handler runs after the keys below
+        type_now(form.query_one("#budget", Input), "50000")
+        type_now(form.query_one("#eval_every", Input), "")
+        type_now(form.query_one("#name", Input), "")
+        await settle(pilot)
+        await pilot.pause(0.5)  # every timer the changes started has fired
+        await settle(pilot)
+        for fid, text in (("eval_every", "7"), ("name", "lm-tok")):
+            field = form.query_one(f"#{fid}", Input)
+            field.action_end()
+            for ch in text:
+                field.insert_text_at_cursor(ch)
+        await settle(pilot)
+        assert str(task.value) == "mqar"
+        assert [value(form, f) for f in ("budget", "eval_every", "name")] == ["50000", "7", "lm-tok"]
+
+
+async def test_a_task_switch_keeps_what_was_typed_into_a_parameter_it_also_has(store, tmp_path):
+    """The task's parameter inputs are built anew at a switch; a value typed into a
+    parameter both tasks have, after the switch was made and before it was handled, is
+    kept in the new input."""
+    app = make_app(store, tmp_path, FakeScheduler())
+    async with app.run_test(size=(160, 48)) as pilot:
+        form = await open_form(pilot)
+        task = form.query_one("#task", Select)
+        assert form.query("#param-vocab_size")
+        task.value = "mqar"  # both have vocab_size
+        type_now(form.query_one("#param-vocab_size", Input), "77")
+        await settle(pilot)
+        assert form._params_task == "mqar"
+        assert value(form, "param-vocab_size") == "77"
