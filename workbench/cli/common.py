@@ -52,7 +52,9 @@ def _console(stderr: bool = False) -> Console:
     would otherwise be squeezed to 80 and truncate run names)."""
     import shutil
 
-    return Console(width=shutil.get_terminal_size((160, 24)).columns, stderr=stderr)
+    # emoji=False: run labels, model references and paths are printed as written (rich would
+    # turn "run:abc:" into "run🔤"); no command prints an emoji code on purpose
+    return Console(width=shutil.get_terminal_size((160, 24)).columns, stderr=stderr, emoji=False)
 
 
 def _fmt(v, digits=4):

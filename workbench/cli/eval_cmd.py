@@ -58,6 +58,12 @@ def add_parser(sub) -> None:
     p.add_argument("--bootstrap-iters", type=int, default=100000,
                    help="bootstrap resamples for standard errors of non-mean metrics such as "
                         "perplexity (lm-eval's default 100000; 0 = none)")
+    p.add_argument("--output-path", metavar="DIR",
+                   help="also write lm-eval's own files here, as lm_eval --output_path does: per task a "
+                        "results_<date>.json under DIR/<model>/ (not part of the run's identity)")
+    p.add_argument("--log-samples", action="store_true",
+                   help="with --output-path: per task also samples_<task>_<date>.jsonl, every document's "
+                        "prompt, responses and metrics (lm_eval --log_samples)")
     p.add_argument("--profile", default="eval", help="the store's profile name for these runs "
                    "(default 'eval'): what export/report --profile selects")
     p.add_argument("--label", action="append", default=[],
@@ -96,9 +102,14 @@ def specs_of(args) -> list[dict]:
     from pathlib import Path
     include = []
     for d in args.include:
-        if not Path(d).is_dir():
+        if not Path(d).expanduser().is_dir():
             raise ValueError(f"--include {d}: no such folder")
-        include.append(str(Path(d).resolve()))
+        include.append(str(Path(d).expanduser().resolve()))
+    for model in args.models:
+        bad = run_ref_problem(model)
+        if bad:
+            raise ValueError(bad)
+    outputs = output_options(args)
     out = []
     for i, model in enumerate(args.models):
         # a local folder is stored by its absolute path: the worker runs elsewhere
@@ -108,8 +119,31 @@ def specs_of(args) -> list[dict]:
                              include=include, limit=args.limit, num_fewshot=args.num_fewshot,
                              batch_size=args.batch_size, device=args.device, dtype=args.dtype,
                              max_length=args.max_length, bootstrap_iters=args.bootstrap_iters,
-                             devices=args.devices, allow_unfinished=args.allow_unfinished))
+                             devices=args.devices, allow_unfinished=args.allow_unfinished, **outputs))
     return out
+
+
+def run_ref_problem(ref: str) -> str | None:
+    """Why ``ref`` is no model reference when it starts with ``run:`` and what follows is not a
+    run id (``run:abc``), in one line; else None (checked before lm-eval's task names)."""
+    if ref.startswith("run:") and not ref[4:].isdigit():
+        return f"model {ref!r}: a run is written run:N, N its id (a whole number), e.g. run:12"
+    return None
+
+
+def output_options(args) -> dict:
+    """``--output-path DIR`` (an absolute path: the worker runs elsewhere) and ``--log-samples``
+    as eval_spec options; --log-samples without a folder is refused (lm-eval's CLI refuses it too)."""
+    from pathlib import Path
+
+    if getattr(args, "log_samples", False) and not getattr(args, "output_path", None):
+        raise ValueError("--log-samples writes lm-eval's per-document files into --output-path DIR: give it too")
+    if not getattr(args, "output_path", None):
+        return {}
+    out = Path(args.output_path).expanduser().resolve()
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--output-path {args.output_path}: not a folder")
+    return {"output_path": str(out), "log_samples": bool(args.log_samples)}
 
 
 def _profile_specs(args) -> list[dict]:
@@ -121,9 +155,10 @@ def _profile_specs(args) -> list[dict]:
     from workbench.spec.eval_profile import EvalProfile, check_tasks, eval_specs
     from workbench.spec.profile import ProfileError, load
 
-    if args.models or args.tasks or args.include or args.label:
-        raise ValueError("--from PROFILE.toml names the models, tasks and task folders: give no MODEL, "
-                         "--tasks, --include or --label beside it")
+    if args.models or args.tasks or args.include or args.label or args.output_path or args.log_samples:
+        raise ValueError("--from PROFILE.toml names the models, tasks, task folders and outputs: give no "
+                         "MODEL, --tasks, --include, --label, --output-path or --log-samples beside it "
+                         "([eval] output_path, log_samples)")
     overrides = [f"slurm.{kv}" for kv in args.slurm]
     if getattr(args, "allow_unfinished", False):
         overrides.append("eval.allow_unfinished=true")
@@ -327,6 +362,7 @@ def _dry_run(specs: list[dict], args) -> int:
     """The runs ``eval`` would queue (task names checked, model references as given; no
     download, no store)."""
     from rich.table import Table
+    from rich.text import Text
 
     from workbench.cli.common import _console
 
@@ -335,8 +371,8 @@ def _dry_run(specs: list[dict], args) -> int:
     for col in ("model", "checkpoint", "tasks", "include"):
         t.add_column(col, no_wrap=col in ("model", "checkpoint"))
     for s in specs:
-        t.add_row(s["label"], s["fields"].get("checkpoint", s["model"]), ", ".join(s["eval"]["tasks"]),
-                  ", ".join(s["eval"]["include"]))
+        t.add_row(*(Text(v) for v in (s["label"], s["fields"].get("checkpoint", s["model"]),  # as typed: no markup
+                                      ", ".join(s["eval"]["tasks"]), ", ".join(s["eval"]["include"]))))
     console.print(t)
     for line in ranks_lines(specs):
         console.print(line, markup=False, highlight=False, soft_wrap=True)
@@ -364,7 +400,9 @@ def _wait(store, ids: list[int], console, quiet: bool) -> int | None:
     from workbench.store.progress import command
 
     try:
-        with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[status]}"),
+        # the description holds the run's label as the user wrote it: plain text (no markup, no
+        # emoji codes: a label "run:abc:" is not "run🔤"); the status is ours, with its colour markup
+        with Progress(TextColumn("{task.description}", markup=False), BarColumn(), TextColumn("{task.fields[status]}"),
                       TimeElapsedColumn(), console=console, disable=quiet) as progress:
             bars = {r.id: progress.add_task(f"#{r.id} {r.label}", total=1.0, status=r.state)
                     for r in store.runs(ids=ids)}
@@ -394,6 +432,7 @@ def _summary(store, ids: list[int], console, profile: str) -> int:
     """Each run's numbers per task (acc, acc_norm, perplexity with standard errors); 1 if
     any run did not finish."""
     from rich.table import Table
+    from rich.text import Text
 
     from workbench.store.progress import command
 
@@ -411,7 +450,8 @@ def _summary(store, ids: list[int], console, profile: str) -> int:
             other = ", ".join(f"{k} {v:.4g}" for k, v in vals.items()
                               if v is not None and k not in ("acc", "acc_norm", "perplexity", "samples")
                               and not k.endswith("_stderr"))
-            table.add_row(str(r.id), r.label, task, cell("acc"), cell("acc_norm"), cell("perplexity"), other)
+            table.add_row(str(r.id), Text(r.label), Text(task), cell("acc"), cell("acc_norm"), cell("perplexity"),
+                          other)
     console.print(table)
     bad = [r for r in runs if r.state != "finished"]
     for r in bad:

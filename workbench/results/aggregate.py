@@ -161,10 +161,30 @@ def table(recs: list[dict], metric: str, rows: list[str], cols: list[str]) -> di
     recs = on_eval_set(recs, rows + cols)
     cells: dict[tuple, dict] = {}
     for (rk, ck), rs in _two_level(recs, rows, cols):
-        cells[(rk, ck)] = summarize(r.get(metric) for r in rs)
+        cells[(rk, ck)] = with_stderr(summarize(r.get(metric) for r in rs), rs, metric)
     row_keys = sorted({rk for rk, _ in cells}, key=lambda k: tuple(sort_key(v) for v in k))
     col_keys = sorted({ck for _, ck in cells}, key=lambda k: tuple(sort_key(v) for v in k))
-    return {"rows": row_keys, "cols": col_keys, "cells": cells}
+    return {"rows": row_keys, "cols": col_keys, "cells": cells, "evaluation": is_evaluation(recs)}
+
+
+def is_evaluation(recs: list[dict]) -> bool:
+    """Whether every record is an evaluation run's (lm-eval's numbers, one run per model and
+    task: their spread is lm-eval's standard error, not a std over seeds)."""
+    from workbench.spec.eval_spec import TASK
+
+    return bool(recs) and all(r.get("task") == TASK for r in recs)
+
+
+def with_stderr(summary: dict[str, Any], rs: list[dict], metric: str) -> dict[str, Any]:
+    """``summary`` (of one cell) with ``stderr``: the standard error its one run stored
+    beside the metric (lm-eval's ``<metric>_stderr``), when the cell is one run that has one;
+    a cell of several runs keeps its std over them."""
+    vals = [r.get(metric) for r in rs if r.get(metric) is not None]
+    if summary["n"] == 1 and len(vals) == 1:
+        se = _clean(r.get(f"{metric}_stderr") for r in rs if r.get(metric) is not None)
+        if se:
+            return {**summary, "stderr": se[0]}
+    return summary
 
 
 def _two_level(recs, rows, cols):

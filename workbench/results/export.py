@@ -66,11 +66,14 @@ def aggregate(values: list) -> dict[str, Any]:
 def fmt_cell(a: dict | None, digits: int = 3, latex: bool = False, count: bool = False,
              mark_single: bool = False) -> str:
     """'0.812 ± 0.013'; counts as integers ('256'); one run: the mean, with '(n=1)' when
-    ``mark_single``; no value: a dash."""
+    ``mark_single``, or with the standard error it stored (lm-eval's), '0.600 ± 0.245', and
+    then '(stderr)' when ``mark_single``; no value: a dash."""
     if not a or a["mean"] is None:
         return "--" if latex else "–"
     m, s, n = a["mean"], a.get("std"), a["n"]
     pm = " $\\pm$ " if latex else " ± "
+    if n == 1 and a.get("stderr") is not None and not count:  # one lm-eval run: its standard error
+        return f"{m:.{digits}f}{pm}{a['stderr']:.{digits}f}" + (" (stderr)" if mark_single else "")
     if count:
         if not s and float(m).is_integer():
             text = f"{int(m)}"
@@ -165,11 +168,18 @@ def _selection_note(b: dict) -> str:
             f"{b['select_metric']}, {split}; the cell shows that point's test numbers")
 
 
+def spread_text(t: dict) -> str:
+    """What a table's '±' is: lm-eval's standard error for evaluation runs (one run per cell),
+    else the std over the cells' runs ('mean ± std over 1/3 run(s) per cell')."""
+    if t.get("evaluation"):
+        return "one evaluation run per cell, ± lm-eval's standard error (where the metric has one)"
+    ns = sorted({a["n"] for a in t["cells"].values() if a and a.get("mean") is not None})
+    return f"mean ± std over {'/'.join(map(str, ns))} run(s) per cell"
+
+
 def _caption(metric: str, t: dict, b: dict) -> str:
-    ns = sorted({a["n"] for a in t["cells"].values()})
-    text = (f"{metric}: {catalogue.describe(metric)}; mean ± std over "
-            f"{'/'.join(map(str, ns))} run(s) per cell")
-    if catalogue.better(metric):
+    text = f"{metric}: {catalogue.describe(metric)}; {spread_text(t)}"
+    if catalogue.better(metric) and not t.get("evaluation"):  # one run a cell: none is ever marked
         text += f"; {WINNER_RULE}"
     note = _selection_note(b)
     split = agg.split_note(b.get("added") or [])
@@ -188,16 +198,25 @@ def _choice_rows(b: dict, rows: list[str], cols: list[str]) -> tuple[list[str], 
 def _grid(t: dict, metric: str, rows: list[str], cols: list[str], digits: int, latex: bool,
           best: set, bold) -> tuple[list[str], list[list[str]]]:
     corner = "/".join(rows) + " \\ " + "/".join(cols) if cols else "/".join(rows)
-    header = [corner] + [_col_header(cols, c) for c in t["cols"]]
+    shown = shown_cols(t)
+    header = [corner] + [_col_header(cols, c) for c in shown]
     count = catalogue.is_count(metric)
     body = []
     for rk in t["rows"]:
         row = [_label(rows, rk)]
-        for ck in t["cols"]:
+        for ck in shown:
             text = fmt_cell(t["cells"].get((rk, ck)), digits, latex, count, mark_single=True)
             row.append(bold(text) if (rk, ck) in best else text)
         body.append(row)
     return header, body
+
+
+def shown_cols(t: dict) -> list[tuple]:
+    """The table's columns that hold a number for its metric (an evaluation's tasks: acc on
+    lambada and piqa, perplexity on lambada only; its run-level eval set '' has neither), or
+    all of them when none does (as the TUI's Results tab lays them out)."""
+    return [ck for ck in t["cols"] if any((t["cells"].get((rk, ck)) or {}).get("mean") is not None
+                                          for rk in t["rows"])] or t["cols"]
 
 
 def _md(b: dict, rows, cols, digits) -> str:
@@ -282,9 +301,10 @@ def _csv(b: dict, rows, cols) -> str:
 
 def to_json(recs: list[dict], by: list[str], metrics: list[str] | None = None,
             choices: list[dict] | None = None, best_over: list[str] | None = None) -> list[dict]:
-    """One record per group of ``by``: its fields, each metric (all the records hold when
-    ``metrics`` is None) as {"mean", "std", "n", "ci95"}, the run ids, and with best_over
-    the grid point chosen for the group ("selected")."""
+    """One record per group of ``by`` that holds a value of some metric: its fields, each
+    metric (all the records hold when ``metrics`` is None) as {"mean", "std", "n", "ci95"}
+    (and "stderr", a one-run group's stored standard error: lm-eval's), the run ids, and with
+    best_over the grid point chosen for the group ("selected")."""
     recs = agg.on_eval_set(recs, by)
     names = metrics if metrics else sorted({k for r in recs for k in r.get("__metrics__", ())} - set(by))
     sel_by = [k for k in by if k != "eval_set" and k not in (best_over or [])]
@@ -293,7 +313,9 @@ def to_json(recs: list[dict], by: list[str], metrics: list[str] | None = None,
     for key, rs in group(recs, by).items():
         rec: dict[str, Any] = dict(zip(by, key))
         for n in names:
-            rec[n] = agg.summarize(r.get(n) for r in rs)
+            rec[n] = agg.with_stderr(agg.summarize(r.get(n) for r in rs), rs, n)
+        if names and not any(rec[n]["n"] for n in names):
+            continue  # no value of any metric asked for (an evaluation's run-level eval set ''): no record
         rec["run_ids"] = sorted(r["run_id"] for r in rs)
         c = chosen.get(tuple(rec.get(k) for k in sel_by))
         if c:

@@ -15,6 +15,7 @@ table instead of ``[task]``/``[sweep]``/``[train]``) describes evaluations to ru
     include = ["my_tasks"]                    # optional folders of lm-eval task YAML files
     batch_size = 8                            # and: limit, num_fewshot, dtype, device, ...
     # allow_unfinished = true                 # score an unfinished run:N's last checkpoint
+    # output_path = "lm-eval-out"             # lm-eval's results JSON per task there; log_samples = true: per-document JSONL too
     [[published]]
     model = "Mamba-130M"
     eval_set = "lambada_openai"               # an lm-eval task of [eval] tasks
@@ -92,6 +93,17 @@ class EvalSection(_Strict):
     # a run:N that has not finished is refused unless this is true; then its last checkpoint
     # is scored, recorded with its step (run:1@step660), never as the run's result
     allow_unfinished: Bool = False
+    # lm-eval's own files (results JSON per task; with log_samples, per-document JSONL) in
+    # this folder, as lm_eval --output_path DIR --log_samples writes them (no number changes)
+    output_path: str | None = Field(default=None, min_length=1)
+    log_samples: Bool = False
+
+    @model_validator(mode="after")
+    def _samples_need_a_folder(self):
+        if self.log_samples and not self.output_path:
+            raise _FieldError(("log_samples",), "log_samples writes lm-eval's per-document files into "
+                              "output_path: give output_path too")
+        return self
 
     @field_validator("tasks", "include")
     @classmethod
@@ -202,10 +214,12 @@ def eval_specs(p: EvalProfile) -> list[dict]:
 
     e = p.eval
     include = [os.path.abspath(os.path.expanduser(d)) for d in e.include]
+    outputs = {"output_path": os.path.abspath(os.path.expanduser(e.output_path)),
+               "log_samples": e.log_samples} if e.output_path else {}
     return [eval_spec(_resolve(m.model), list(e.tasks), profile=p.name, label=m.label, include=include,
                       limit=e.limit, num_fewshot=e.num_fewshot, batch_size=e.batch_size, device=e.device,
                       dtype=e.dtype, max_length=e.max_length, bootstrap_iters=e.bootstrap_iters, seed=e.seed,
-                      devices=e.devices, allow_unfinished=e.allow_unfinished)
+                      devices=e.devices, allow_unfinished=e.allow_unfinished, **outputs)
             for m in e.models]
 
 

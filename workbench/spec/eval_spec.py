@@ -18,22 +18,34 @@ DEFAULTS: dict[str, Any] = {
     # (workbench/train/eval_run.py); the numbers are one rank's, so spec_key ignores it
     "devices": 1,
 }
+# where lm-eval's own files go (its results JSON, and with log_samples its per-document JSONL
+# per task, as ``lm_eval --output_path DIR --log_samples`` writes them): kept in the spec only
+# when asked for, and left out of its identity (run_spec.spec_key): they change no number
+OUTPUTS: dict[str, Any] = {"output_path": None, "log_samples": False}
 
 
 def eval_spec(model: str, tasks: list[str], *, profile: str = "eval", label: str | None = None,
               store_root: str | None = None, allow_unfinished: bool = False, **options: Any) -> dict:
     """The stored spec of an evaluation of ``model`` (a hub id, a folder, or ``run:N``) on
-    ``tasks``; ``options`` are :data:`DEFAULTS`' keys (unknown ones are an error).
+    ``tasks``; ``options`` are :data:`DEFAULTS`' and :data:`OUTPUTS`' keys (unknown ones are
+    an error; an output folder is stored only when given, as an absolute path by the caller).
     ``allow_unfinished``: a ``run:N`` that has not finished may be scored at its last
     checkpoint (``eval --allow-unfinished``, ``[eval] allow_unfinished``); kept in the spec
     only when given, so the specs (and the stored runs they find) of every other evaluation
     stay as they were. :func:`at_checkpoint` then records which step is scored."""
-    bad = sorted(set(options) - set(DEFAULTS))
+    bad = sorted(set(options) - set(DEFAULTS) - set(OUTPUTS))
     if bad:
-        raise ValueError(f"eval: unknown option(s) {', '.join(bad)}; known: {', '.join(DEFAULTS)}")
+        raise ValueError(f"eval: unknown option(s) {', '.join(bad)}; known: {', '.join([*DEFAULTS, *OUTPUTS])}")
     if not tasks:
         raise ValueError("eval: no tasks given")
+    outputs = {k: options.pop(k) for k in OUTPUTS if k in options}
+    if outputs.get("log_samples") and not outputs.get("output_path"):
+        raise ValueError("eval: log_samples writes lm-eval's per-document files into output_path: give output_path too")
     cfg = {**DEFAULTS, **options, "tasks": list(tasks)}
+    if outputs.get("output_path"):  # unset outputs stay out: every other spec stays as it was
+        cfg["output_path"] = str(outputs["output_path"])
+        if outputs.get("log_samples"):
+            cfg["log_samples"] = True
     cfg["include"] = [str(p) for p in cfg["include"]]
     if cfg["limit"] is not None and not cfg["limit"] > 0:
         raise ValueError(f"eval: limit must be > 0, not {cfg['limit']}")

@@ -38,7 +38,7 @@ NEUTRAL_TRAIN_KEYS = ("checkpoint_every", "checkpoint_minutes", "tensorboard", "
 # spec and train keys written only when set (added after stores existed: a spec without
 # them keeps its spec_key)
 OPTIONAL_KEYS = ("grid", "task_setting", "budget", "size", "recipe", "match")
-OPTIONAL_TRAIN_KEYS = ("tokens", "flops", "tokens_per_param", "devices", "sharding")
+OPTIONAL_TRAIN_KEYS = ("tokens", "bytes", "flops", "tokens_per_param", "devices", "sharding")
 
 
 @dataclass
@@ -156,4 +156,6 @@ def spec_key(spec: dict) -> str:
     s["train"] = {k: v for k, v in (s.get("train") or {}).items() if k not in NEUTRAL_TRAIN_KEYS}
     if isinstance(s.get("eval"), dict):  # an evaluation's ranks give one rank's numbers
         s["eval"].pop("devices", None)
+        for k in ("output_path", "log_samples"):  # where lm-eval's files are written: no number changes
+            s["eval"].pop(k, None)
     return json.dumps(s, sort_keys=True)

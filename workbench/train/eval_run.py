@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import math
 import time
+from contextlib import contextmanager
 from typing import Any
 
 from workbench.train.stop import RunFailed
@@ -55,6 +56,73 @@ def metrics_of(values: dict[str, Any]) -> dict[str, float | None]:
         elif v is None or v == "N/A":  # a standard error lm-eval could not compute
             out[name] = None
     return out
+
+
+@contextmanager
+def quiet_git_hash():
+    """lm-eval records ``git describe`` of the current folder in its results (``git_hash``,
+    lm_eval/loggers/utils.py ``get_git_commit_hash``, called by ``simple_evaluate`` through
+    the name lm_eval.evaluator imported): outside a git repository git prints ``fatal: not a
+    git repository`` on the inherited stderr, once per task in an evaluation run's log. Within
+    this block that name asks git the same question with its stderr discarded (the hash
+    recorded is the same; lm-eval's files are untouched), and is restored after."""
+    import subprocess
+
+    import lm_eval.evaluator as evaluator
+
+    real = evaluator.get_git_commit_hash
+
+    def quiet() -> str | None:
+        try:
+            out = subprocess.run(["git", "describe", "--always"], capture_output=True, check=False)  # noqa: S607
+        except OSError:  # no git on this machine
+            return None
+        return out.stdout.decode().strip() if out.returncode == 0 else None
+
+    evaluator.get_git_commit_hash = quiet
+    try:
+        yield
+    finally:
+        evaluator.get_git_commit_hash = real
+
+
+def output_tracker(cfg: dict):
+    """lm-eval's EvaluationTracker writing into ``cfg["output_path"]`` (None when the
+    evaluation asked for no output folder): the files ``lm_eval --output_path DIR
+    [--log_samples]`` writes, made by lm-eval's own code (:func:`write_outputs`)."""
+    if not cfg.get("output_path"):
+        return None
+    from lm_eval.loggers import EvaluationTracker
+
+    return EvaluationTracker(output_path=str(cfg["output_path"]))
+
+
+def write_outputs(tracker, res: dict, model: str) -> list[str]:
+    """One task's ``results_<date>.json`` (and with log_samples its
+    ``samples_<task>_<date>.jsonl``) under ``<output_path>/<model, sanitized>/``, as lm-eval's
+    CLI writes them (lm_eval/_cli/run.py: ``save_results_aggregated`` then
+    ``save_results_samples`` per task of ``configs``). The model's folder is named from its
+    reference (``run:3`` -> ``run__3``, a folder's path as lm-eval's ``pretrained=`` path):
+    simple_evaluate names a model object ``CUSTOM`` with a random name. The paths written."""
+    from pathlib import Path
+
+    from lm_eval.utils import sanitize_model_name
+
+    general = tracker.general_config_tracker
+    general.model_name = model
+    general.model_name_sanitized = sanitize_model_name(model)
+    res = dict(res)
+    samples = res.pop("samples", None)
+    tracker.save_results_aggregated(results=res, samples=samples)
+    folder = Path(tracker.output_path) / general.model_name_sanitized
+    written = [folder / f"results_{tracker.date_id}.json"]
+    for name in res.get("configs", {}) if samples else ():
+        tracker.save_results_samples(task_name=name, samples=samples[name])
+        written.append(folder / f"samples_{name}_{tracker.date_id}.jsonl")
+    missing = [str(p) for p in written if not p.is_file()]
+    if missing:  # lm-eval logs a failure to write as a warning and goes on: a run says so
+        raise RunFailed(f"lm-eval could not write {', '.join(missing)} (eval.output_path {tracker.output_path})")
+    return [str(p) for p in written]
 
 
 def task_manager(tasks: list[str], include: list[str]):
@@ -233,17 +301,22 @@ def _run_eval(store, run_id: int, spec: dict, stop, device, group, info) -> str:
             continue
         stop.raise_if_set()
         t = time.time()
-        with torch.no_grad():
+        tracker = output_tracker(cfg) if leader else None
+        with torch.no_grad(), quiet_git_hash():
             res = lm_eval.simple_evaluate(
                 model=adapter, tasks=[task], task_manager=manager, limit=cfg["limit"],
                 num_fewshot=cfg["num_fewshot"], bootstrap_iters=int(cfg["bootstrap_iters"]),
-                log_samples=False, random_seed=cfg["seed"], numpy_random_seed=1234 + cfg["seed"],
+                log_samples=bool(cfg.get("log_samples")), evaluation_tracker=tracker,
+                random_seed=cfg["seed"], numpy_random_seed=1234 + cfg["seed"],
                 torch_random_seed=1234 + cfg["seed"], fewshot_random_seed=1234 + cfg["seed"])
         if not leader:  # lm-eval aggregated this rank's share on rank 0, which stores it
             done.append(task)
             continue
         if res is None:
             raise RunFailed(f"lm-eval returned no results for {task}")
+        if tracker is not None:
+            for path in write_outputs(tracker, res, spec["model"]):
+                print(f"[eval] run {run_id}: {task}: wrote {path}", flush=True)
         counts = res.get("n-samples", {})
         sets_of[task] = []
         for name, values in res["results"].items():

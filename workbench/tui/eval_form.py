@@ -62,10 +62,22 @@ FIELD_OF = {("name",): "ev-name", ("description",): "ev-description", ("eval", "
 # ------------------------------------------------------------------ profile <-> data
 def profile_data(p: EvalProfile) -> dict[str, Any]:
     """The profile as TOML data that :func:`workbench.spec.profile.loads` reads back equal:
-    its fields without unset options, empty tables or default Slurm settings."""
+    its fields without unset options, settings at their defaults (``bootstrap_iters =
+    100000``, ``dtype = "float32"``, ...), empty tables or default Slurm settings; a whole
+    number of documents as an integer (``limit = 10``, not the model's ``10.0``: only a
+    fraction < 1 is a float)."""
+    from workbench.spec.eval_profile import EvalSection
     from workbench.spec.slurm_settings import SlurmSettings
 
     d = p.model_dump(mode="json", exclude_none=True)
+    for key, f in EvalSection.model_fields.items():
+        if not f.is_required() and key in d["eval"] and d["eval"][key] == f.get_default(call_default_factory=True):
+            d["eval"].pop(key)
+    limit = d["eval"].get("limit")
+    if isinstance(limit, float) and limit >= 1 and limit.is_integer():
+        d["eval"]["limit"] = int(limit)
+    if d.get("executor") == "local":  # the default
+        d.pop("executor")
     for key in ("published", "needs"):
         if not d.get(key):
             d.pop(key, None)
@@ -331,11 +343,13 @@ class EvalForm(Vertical):
         tasks, include = split_list(self._text("ev-tasks")), split_list(self._text("ev-include"))
         self._verdict = None
         self._set_error("ev-tasks", "")
+        absent = [d for d in include if not Path(d).expanduser().is_dir()]
+        # a folder that is not there is said under its field at once, not only at save/launch
+        self._set_error("ev-include", f"include: no such folder {', '.join(map(repr, absent))}" if absent else "")
         if not tasks:
             self._hint("")
             return
         why = lm_eval_tasks.skipped()
-        absent = [d for d in include if not Path(d).expanduser().is_dir()]
         if why or absent:
             self._hint(why or f"task names not checked: task folder(s) {', '.join(absent)} absent")
             return

@@ -301,14 +301,13 @@ class ResultsView(PollsStore, Vertical):
                 f"{b['select_metric']}; each cell shows its chosen grid point's test numbers)")
 
     def caption(self, b: dict, t: dict, metric: str) -> Text:
-        ns = sorted({a["n"] for a in t["cells"].values() if a and a.get("mean") is not None})
-        how = {"max": "highest", "min": "lowest"}.get(catalogue.better(metric) or "", "")
+        # evaluation runs (one a cell): '±' is lm-eval's standard error, and no cell is marked
+        how = "" if t.get("evaluation") else {"max": "highest", "min": "lowest"}.get(catalogue.better(metric) or "", "")
         rule = self.rule_text(b)
         split = agg.split_note(b.get("added") or [])
         return Text.assemble(
             (f"{split}\n" if split else "", "bold yellow"),
-            (f"{metric}", "bold"), f": {catalogue.describe(metric)}; mean ± std over "
-            f"{'/'.join(map(str, ns))} run(s) per cell",
+            (f"{metric}", "bold"), f": {catalogue.describe(metric)}; {export.spread_text(t)}",
             (f"; green: {how} of each column, and ties within seed noise (Welch 5%; one run never)"
              if how else "", "green"),
             "\n", (rule, "bold yellow" if b["best_over"] and b["select_on"] == "test" else "bold"))

@@ -108,6 +108,10 @@ class RunScreen(PollsStore, Screen):
             with Vertical(id="plots"):
                 yield MetricPlot("loss", "loss", id="loss-plot")
                 yield MetricPlot("accuracy", "accuracy", ylim=(0.0, 1.0), id="acc-plot")
+                # an evaluation run has no curves: its numbers per task take the plots' place
+                table = VerticalScroll(Static("", id="eval-table"), id="eval-results")
+                table.styles.height, table.display = "1fr", False
+                yield table
             with VerticalScroll(id="run-side"):
                 yield SystemPanel(id="system")
                 yield Static("", id="run-error")
@@ -156,6 +160,10 @@ class RunScreen(PollsStore, Screen):
                 if not plot.series:
                     plot.redraw()
         self._apply_metrics(snap.metrics)
+        evaluation = snap.run.spec.get("kind") == "eval"
+        for plot in self.query(MetricPlot):
+            plot.display = not evaluation
+        self.query_one("#eval-results").display = evaluation
         set_text(self.query_one("#run-title", Static), self._title(snap.run, self.lm))
         self.query_one(SystemPanel).show(snap.system, snap.run)
         shown = (snap.run.state, snap.run.error, json.dumps(snap.results, sort_keys=True),
@@ -223,11 +231,16 @@ class RunScreen(PollsStore, Screen):
         else:
             err.display = False
         res = self.query_one("#run-results", Static)
+        if run.spec.get("kind") == "eval":  # per task in the plots' place; the run's own figures here
+            self.query_one("#eval-table", Static).update(eval_table(run, results))
+            results = {k: v for k, v in results.items() if not k}
         if results:
             out = Text()
             for eval_set, values in sorted(results.items()):
-                out.append(f"{eval_set or 'default eval set'}\n", style="bold")
-                narrow = any(k.endswith("_stderr") for k in values)  # values with '± SE': wider
+                default = "the whole run" if run.spec.get("kind") == "eval" else "default eval set"
+                out.append(f"{eval_set or default}\n", style="bold")
+                # values with '± SE' (and an evaluation's run-level figures): wider, in a narrower name column
+                narrow = any(k.endswith("_stderr") for k in values) or run.spec.get("kind") == "eval"
                 for name, value in values.items():
                     # not measured here (e.g. GPU figures on a CPU run); a standard error
                     # (lm-eval's <metric>_stderr) goes beside its metric
@@ -257,11 +270,43 @@ class RunScreen(PollsStore, Screen):
         self.app.push_screen(SampleScreen(self.store, self.run_id, self.lock))
 
 
+def eval_table(run: Run, results: dict[str, dict[str, float | None]]):
+    """An evaluation run's numbers as a table, one line per task and metric: the value with
+    lm-eval's standard error beside it where it has one (``0.600 ± 0.245``), and the
+    documents scored; what the run view shows instead of (empty) curves."""
+    from rich.table import Table
+
+    tasks = [t for t in (run.spec.get("eval") or {}).get("tasks", []) if t]
+    sets = sorted((k for k in results if k), key=lambda k: (k not in tasks, tasks.index(k) if k in tasks else 0, k))
+    if not sets:
+        waiting = {"pending": "waiting for the run to start...", "running": "no task finished yet..."}
+        return Text(waiting.get(run.state, f"run {run.state} before any task finished"), style="dim")
+    t = Table(title="lm-eval results (± lm-eval's standard error)", title_justify="left", expand=False,
+              box=None, pad_edge=False, header_style="bold")
+    t.add_column("task", no_wrap=True)
+    t.add_column("metric", no_wrap=True)
+    t.add_column("value ± stderr", justify="right", no_wrap=True)
+    t.add_column("samples", justify="right", no_wrap=True)
+    for eval_set in sets:
+        values = results[eval_set]
+        names = [k for k, v in values.items() if v is not None and k != "samples"
+                 and not (k.endswith("_stderr") and k.removesuffix("_stderr") in values)]
+        samples = values.get("samples")
+        for i, name in enumerate(names):
+            t.add_row(Text(eval_set if i == 0 else ""), Text(name),
+                      _figure(name, values[name], values.get(f"{name}_stderr")),
+                      _figure("samples", samples) if i == 0 and samples is not None else "")
+    return t
+
+
 def _figure(name: str, value: float, stderr: float | None = None) -> str:
-    """A result as the side panel shows it: accuracies (a fraction: 'accuracy', lm-eval's
+    """A result as the side panel shows it: counts (catalogue's: params, samples) as
+    integers with thousands separators, accuracies (a fraction: 'accuracy', lm-eval's
     'acc', 'acc_norm') with three decimals (1.000 beside 0.997), other figures 5 digits;
     '± SE' after it where the run stored a standard error."""
     m = catalogue.get(name)
+    if m is not None and m.count and float(value).is_integer():
+        return f"{int(value):,}"
     frac = "accuracy" in name or (m is not None and m.unit == "fraction")
     shown = accuracy(value) if frac else number(value, 5)
     if stderr is not None:
