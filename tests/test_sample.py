@@ -5,7 +5,7 @@ pass: at every token the whole sequence is run again (``LoadedLM.logits``) and t
 token is the argmax, or a ``torch.multinomial`` draw from a seeded generator over the top-k
 softmax of logits / temperature. ``sample`` carries the recurrent state (a Mamba run) or the
 key/value cache (a Hugging Face Llama) instead, and must give the same tokens; the
-Transformer run has no state to carry and must say that it recomputes. Runs are trained in
+Transformer run carries its key/value cache; a model without start/step must say that it recomputes. Runs are trained in
 this process (d_model 16, 4 steps on the CPU); the Llama is a random tiny checkpoint written
 to a temporary folder (tests/test_generation_equals_hf.py's)."""
 from __future__ import annotations
@@ -154,7 +154,7 @@ def test_sample_of_a_run_equals_decoding_by_full_recompute(runs, capsys, model, 
                           "--temperature", str(temperature), "--top-k", str(top_k), "--seed", str(seed))
     assert rc == 0, err
     assert out == text_of(lm, PROMPT, want, stops)
-    assert "recurrent state carried" in err if model == "mamba" else "recomputed for every token" in err
+    assert ("recurrent state carried" if model == "mamba" else "key/value cache carried") in err
     # the function bench --generate reuses gives the same ids
     g = torch.Generator().manual_seed(seed)
     assert decode(lm, prompt_ids(lm, PROMPT), 20, temperature, top_k or None, g) == want
@@ -216,7 +216,21 @@ def test_the_state_is_carried_not_recomputed(runs, llama, capsys, monkeypatch):
         rc, out, err = sample(capsys, *store, ref, "--prompt", "the", "--tokens", "10", "--ignore-eos")
         assert rc == 0, err
         assert made[-1].calls == {"logits": 0, "start": 1, "step": 9}, ref  # 10 tokens: one start, 9 steps
-    # the Transformer run has no start/step: the window again for every token, and it says so
+    # the Transformer run carries its key/value cache (issue 43) the same way
+    rc, out, err = sample(capsys, "--store", str(runs["root"]), f"run:{runs['transformer']}", "--prompt", "the",
+                          "--tokens", "10", "--ignore-eos")
+    assert rc == 0 and made[-1].calls == {"logits": 0, "start": 1, "step": 9}
+    assert "key/value cache carried" in err
+    # a model without start/step: the window again for every token, and it says so
+    real = eval_models.load
+
+    def stateless(*a, **kw):
+        lm = real(*a, **kw)
+        lm.start = lm.step = None
+        return lm
+
+    monkeypatch.setattr(eval_models, "load", stateless)
+    made = counting_load(monkeypatch)
     rc, out, err = sample(capsys, "--store", str(runs["root"]), f"run:{runs['transformer']}", "--prompt", "the",
                           "--tokens", "10", "--ignore-eos")
     assert rc == 0 and made[-1].calls["logits"] == 10

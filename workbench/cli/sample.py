@@ -109,10 +109,10 @@ def describe(lm) -> str:
 
 
 def how(lm) -> str:
-    from workbench.train.decode import carries_state
+    from workbench.train.decode import carries_state, keeps_cache
 
     if carries_state(lm):
-        return "key/value cache carried" if lm.info.get("kind") == "transformers" else "recurrent state carried"
+        return "key/value cache carried" if keeps_cache(lm) else "recurrent state carried"
     return (f"no state to carry ({lm.info.get('model') or lm.info.get('kind')} has no start/step): "
             f"the whole window is recomputed for every token")
 

@@ -60,12 +60,19 @@ def prompt_ids(lm: "LoadedLM", text: str) -> list[int]:
     return ids
 
 
+def keeps_cache(lm: "LoadedLM") -> bool:
+    """Whether ``lm`` decodes with a key/value cache (a ``transformers`` model, the
+    workbench's Transformer: ``info["carries"]``) rather than a fixed-size recurrent state."""
+    return carries_state(lm) and (lm.info.get("kind") == "transformers"
+                                  or lm.info.get("carries") == "key/value cache")
+
+
 def new_tokens(lm: "LoadedLM", n_prompt: int, wanted: int) -> tuple[int, str | None]:
-    """(tokens to generate, a one-line note or None). A ``transformers`` model's cache has
-    positions up to its window (a learned position table ends there), so prompt + tokens
-    is kept within ``max_length``; a recurrent state has no such end, and recomputation
-    slides the window."""
-    if carries_state(lm) and lm.info.get("kind") == "transformers" and n_prompt + wanted > lm.max_length:
+    """(tokens to generate, a one-line note or None). A key/value cache has positions up
+    to the model's window (a learned position table ends there; the workbench's
+    Transformer was trained on that many), so prompt + tokens is kept within
+    ``max_length``; a recurrent state has no such end, and recomputation slides the window."""
+    if keeps_cache(lm) and n_prompt + wanted > lm.max_length:
         room = max(lm.max_length - n_prompt, 0)
         return room, (f"{wanted:,} tokens after a {n_prompt:,}-token prompt pass {lm.name}'s window of "
                       f"{lm.max_length:,} tokens: generating {room:,}")

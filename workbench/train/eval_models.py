@@ -320,6 +320,10 @@ def load_run(store_root: str | Path | None, run_id: int, device: torch.device, *
     model.to(device).eval()
     bb = model.backbone
     streams = all(hasattr(bb, m) for m in ("init_state", "forward_with_state", "step"))
+    # what decoding carries: the Transformer's key/value cache (positions up to its window, as a
+    # transformers model's; decode.new_tokens) or a fixed-size recurrent state
+    carried = (("key/value cache" if callable(getattr(bb, "state_size", None)) and bb.state_size() is None
+                else "recurrent state") if streams else None)
 
     def start(ids):
         y, st = bb.forward_with_state(model.encoder(ids), bb.init_state(ids.shape[0]))
@@ -338,4 +342,5 @@ def load_run(store_root: str | Path | None, run_id: int, device: torch.device, *
         start=start if streams else None, step=step if streams else None,
         info={"kind": "workbench-run", "run_id": run_id, "model": spec.model, "label": src["label"],
               "weights": str(path), "step": state.get("step"), "tokenizer": tok.kind, "tokenizer_from": tok_from,
+              "carries": carried,
               "params": sum(p.numel() for p in model.parameters())})
