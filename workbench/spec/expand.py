@@ -149,6 +149,7 @@ def expand(p: Profile) -> list[RunSpec]:
                                 refused.setdefault(why, choice.display)
                             continue
                     train_r = res.train_section if res.train_section is not None else train
+                    train_r = task_early_stopping(train_r, ts.task.name)
                     params = {**ts.params, **{k[5:]: v for k, v in point.items() if k.startswith("task.")}}
                     bparams = dict(params, **({"seq_len": L} if L is not None else {}))
                     try:
@@ -215,6 +216,17 @@ def summary(p: Profile, n_runs: int | None = None) -> str:
 
 
 _RESOLVED: dict[str, Any] = {}
+
+
+def task_early_stopping(train: TrainSection, task: str) -> TrainSection:
+    """``train`` with the task's early-stopping metric where the profile did not write one:
+    eval loss for a language model (``lm``: its accuracy says little), else as it is (the
+    schema's eval accuracy). Only where early stopping is on (``patience`` > 0): while it
+    is off the metric changes nothing, and the spec (and its spec_key) stays as before."""
+    es = train.early_stopping
+    if task != "lm" or not es.patience or "metric" in es.model_fields_set or es.metric == "loss":
+        return train
+    return train.model_copy(update={"early_stopping": es.model_copy(update={"metric": "loss"})})
 
 
 def resolve_model(p: Profile, choice: ModelChoice, msec: ModelSection, train: TrainSection) -> recipes.Resolved:

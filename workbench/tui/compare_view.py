@@ -11,7 +11,9 @@ language models), ``b`` band std / min..max / none, ``g`` group seeds
 or show every run, ``l`` / ``a`` which loss (train or eval loss, eval perplexity or bits per byte) / accuracy metric (only those the runs logged),
 ``f`` write the figures (PNG + SVG, matplotlib) of what is shown into the profile's folder
 (:mod:`workbench.tui.paths`). Under 100 columns the legend goes under the plots, so the
-group names are not cut.
+group names are not cut. The legend's last two columns are each group's last value of the
+metric each plot shows, headed by that metric's short name (:data:`LEGEND_NAMES`:
+``train loss``, ``eval bpb``, ``eval acc``), so they follow ``l`` and ``a``.
 """
 from __future__ import annotations
 
@@ -38,6 +40,11 @@ from workbench.tui.plots import COLOURS, CurvePlot
 POLL_S = 0.5
 LOSS_METRICS = [("train", "loss"), ("eval", "loss"), ("eval", "perplexity"), ("eval", "bits_per_byte")]
 ACC_METRICS = [("eval", "accuracy"), ("eval", "sequence_accuracy"), ("train", "accuracy")]
+# the legend's headers for the metric each plot shows (short: the legend sits beside the plots)
+LEGEND_NAMES = {("train", "loss"): "train loss", ("eval", "loss"): "eval loss",
+                ("eval", "perplexity"): "eval ppl", ("eval", "bits_per_byte"): "eval bpb",
+                ("eval", "accuracy"): "eval acc", ("eval", "sequence_accuracy"): "eval seq acc",
+                ("train", "accuracy"): "train acc"}
 
 
 def _next(options: list, current: Any) -> Any:
@@ -103,9 +110,7 @@ class CompareScreen(PollsStore, Screen):
 
     def on_mount(self) -> None:
         self.title = f"compare {self.what}"
-        legend = self.query_one("#compare-legend", DataTable)
-        for label in ("", "group", "runs", "state", "loss", "acc"):
-            legend.add_column(label, key=label or "colour")
+        self._legend_columns()
         self.poll()
         self.set_interval(POLL_S, self.poll)
 
@@ -165,10 +170,23 @@ class CompareScreen(PollsStore, Screen):
             return f"no {name} against {cv.X_LABELS[self.axis]}: these runs logged it, but {why} (x: another axis)"
         return f"no {name} yet" if live else f"no {name}: these runs ended without logging it"
 
+    def _legend_columns(self) -> None:
+        """The legend's columns, the last two headed by the metrics the plots show (built
+        anew when ``l`` or ``a`` changed one: a column's width follows its header)."""
+        table = self.query_one("#compare-legend", DataTable)
+        heads = [LEGEND_NAMES.get(m, cv.CURVE_METRICS.get(m, m[1])) for m in (self.loss_metric, self.acc_metric)]
+        if [str(table.columns[k].label) for k in ("loss", "acc") if k in table.columns] == heads:
+            return
+        table.clear(columns=True)
+        for key, label in (("colour", ""), ("group", "group"), ("runs", "runs"), ("state", "state"),
+                           ("loss", heads[0]), ("acc", heads[1])):
+            table.add_column(label, key=key)
+
     def _show_legend(self, order, labels, colour_of, loss, acc) -> None:
         table = self.query_one("#compare-legend", DataTable)
         groups = cv.group_runs(self.runs, self.by_seed)
         last = {c.label: c.mean[-1] for c in loss}, {c.label: c.mean[-1] for c in acc}
+        self._legend_columns()
         table.clear()
         for k in order:
             label, rs = labels[k], groups[k]

@@ -13,6 +13,12 @@ override them all, so:
   write: saving leaves out those still unchanged (:meth:`FormPresets.drop_unwritten`), so
   load -> save writes the keys the file wrote, and the runs resolve the same.
 
+The early-stopping metric follows the task as the form's own choice (:func:`task_es_metric`:
+eval loss for a language model, eval accuracy otherwise) until the user picks one; a
+language model's eval loss is left out of the saved profile while early stopping is off
+(it changes nothing then, and the runs keep the identity they had before this default:
+:func:`workbench.spec.expand.task_early_stopping` gives lm runs eval loss once it is on).
+
 A mixin of :class:`~workbench.tui.sweep_form.SweepForm` (with FormProfile).
 """
 from __future__ import annotations
@@ -39,6 +45,18 @@ CONTROL_KEYS: dict[str, tuple[str, ...]] = {
     **{fid: (section, fid) for fid, _, section, _ in TRAIN_INPUTS},
 }
 DEFAULTS = {fid: default for fid, _, _, default in TRAIN_INPUTS}
+
+
+def task_es_metric(tasks: list[str] | str) -> str:
+    """The early-stopping metric the form starts a sweep of ``tasks`` with: eval loss when
+    every task is a language model (``lm``), else eval accuracy."""
+    names = [tasks] if isinstance(tasks, str) else list(tasks)
+    return "loss" if names and all(t == "lm" for t in names) else "accuracy"
+
+
+def _off(es: dict[str, Any]) -> bool:
+    """Early stopping off in the form's data: no patience (or 0) and no target."""
+    return str(es.get("patience", "0")).strip() in ("", "0") and es.get("target") is None
 
 
 def preset_fields(recipe: str | None, size: str | None) -> set[str]:
@@ -81,6 +99,8 @@ class FormPresets:
     def _preset_init(self) -> None:
         # control id -> the value it showed for a key the loaded profile does not write
         self._unwritten: dict[str, Any] = {}
+        self._es_task: str = ""  # the task the early-stopping metric last followed
+        self._es_written = False  # the loaded profile wrote train.early_stopping.metric
 
     def _control_value(self, fid: str) -> Any:
         w = self.query_one(f"#{fid}")
@@ -97,6 +117,11 @@ class FormPresets:
         presets, the preset keys it does not write emptied, and what every control showed
         for a key it does not write remembered (``d``: :func:`profiles.to_dict`)."""
         self._unwritten = {}
+        names = [t.name for _, t in prof.task_entries()]
+        self._es_written = "metric" in prof.train.early_stopping.model_fields_set
+        self._es_task = names[0] if len(set(names)) == 1 else ""
+        if not self._es_written:  # what the runs resolve to (an lm sweep: eval loss)
+            self.query_one("#es_metric", Select).value = task_es_metric(names)
         with self.query_one("#recipe", Select).prevent(Select.Changed), \
                 self.query_one("#size", Select).prevent(Select.Changed):
             self.query_one("#recipe", Select).value = prof.recipe or NONE
@@ -151,8 +176,19 @@ class FormPresets:
                 d = d.get(p, {})
             d.pop(key, None)
         es = data.get("train", {}).get("early_stopping")
+        task = (data.get("task") or {}).get("name")
+        if es and not self._es_written and es.get("metric") == "loss" == task_es_metric(task or "") and _off(es):
+            del es["metric"]  # lm's default, off: the spec as before (see the module docstring)
         if es == {}:
             del data["train"]["early_stopping"]
+
+    def es_metric_follows(self, task: str) -> None:
+        """The task changed: the early-stopping metric becomes the new task's default where
+        it still shows the previous task's (a metric the user picked stays)."""
+        sel = self.query_one("#es_metric", Select)
+        if sel.value == task_es_metric(getattr(self, "_es_task", "")):
+            sel.value = task_es_metric(task)
+        self._es_task = task
 
     def preset_changed(self, since: float) -> None:
         """A recipe or size picked (or a match target set, FormMatch): the fields it fills that hold the form's own starting

@@ -4,6 +4,11 @@ A series whose values are all equal (an accuracy stuck at 0, a loss at its floor
 get plotext's own -1..1-style range around it; :func:`flat_range` gives it a range that
 starts at zero instead, so 0 sits at the bottom and a constant reads as what it is. An
 empty plot says why it is empty (``empty_text``: waiting, or the run failed).
+
+A :class:`MetricPlot` keeps its points by step and draws them against ``xscale`` x step
+under ``xlabel``: a language model's run view sets the tokens a step and "training tokens"
+(the count is known from the run's info, maybe after the first points came), so its
+curves read against the tokens seen, with short tick labels (512k, 2.6e8).
 """
 from __future__ import annotations
 
@@ -62,6 +67,7 @@ class MetricPlot(PlotextPlot):
         self.title, self.ylabel, self.ylim = title, ylabel, ylim
         self.series: dict[str, tuple[list[float], list[float]]] = {}
         self.xmax: float | None = None  # the run's total steps: both plots share one x range
+        self.xlabel, self.xscale = "step", 1.0  # x drawn = step x xscale (LM: tokens a step)
         self.empty_text = "waiting for metrics..."  # the run view says why when the run ended
         self.draws = 0  # how many times the data was replotted (tests check the throttle)
 
@@ -81,7 +87,7 @@ class MetricPlot(PlotextPlot):
         plt.clear_data()
         plt.clear_figure()
         plt.title(self.title)
-        plt.xlabel("step")
+        plt.xlabel(self.xlabel)
         plt.ylabel(self.ylabel)
         flat = flat_range(y for _, ys in self.series.values() for y in ys)
         if self.ylim is not None:
@@ -89,10 +95,15 @@ class MetricPlot(PlotextPlot):
         elif flat is not None:
             plt.ylim(*flat)
         if self.xmax:
-            plt.xlim(0, self.xmax)
+            plt.xlim(0, self.xmax * self.xscale)
         budget = max(200, 4 * self.size.width)  # braille: 2 dots per cell, x2 to spare
+        if self.xscale != 1.0:  # tokens: long counts as 512k / 2.6e8 ticks
+            short_ticks(plt, [0.0, *([self.xmax * self.xscale] if self.xmax else []),
+                              *(x * self.xscale for xs, _ in self.series.values() for x in xs)])
         for i, (label, (xs, ys)) in enumerate(self.series.items()):
             xs, ys = thin(xs, budget), thin(ys, budget)
+            if self.xscale != 1.0:
+                xs = [x * self.xscale for x in xs]
             plt.plot(xs, ys, label=label, color=COLOURS[i % len(COLOURS)], marker="braille")
         if not self.series:
             plt.text(self.empty_text, x=0.5, y=0.5, alignment="center")

@@ -68,6 +68,9 @@ def over_options(keys: list[str]) -> list[str]:
 
 
 DEFAULT_METRICS = ("accuracy", "acc", "perplexity", "loss")  # the first of these a profile holds is shown first
+# a profile of language models (task lm) opens on bits per byte: it compares tokenizers,
+# where a next-token accuracy says little and loss per token does not compare
+LM_METRICS = ("bits_per_byte", "perplexity", "loss")
 
 
 def over_keys(label: str | None) -> list[str]:
@@ -186,8 +189,9 @@ class ResultsView(PollsStore, Vertical):
         metric, rows, cols, over = (self._value(f) if f in self.chosen else None
                                     for f in ("metric", "rows", "cols", "over"))
         # accuracy first; lm-eval's (an evaluation run's) before run-level counts like params
+        firsts = LM_METRICS if recs and all(r.get("task") == "lm" for r in recs) else DEFAULT_METRICS
         self._set_options("metric", metrics, metric if metric in metrics else
-                          next((m for m in DEFAULT_METRICS if m in metrics), metrics[0]))
+                          next((m for m in firsts if m in metrics), metrics[0]))
         rows = rows if rows in fields else "model"
         # eval sets as columns when there are any (accuracy against test length), else the
         # sequence lengths (one column of mean ± std over seeds when there is one length)

@@ -3,9 +3,17 @@ each run's cells (:func:`row_cells`) and whether they changed (:func:`row_key`),
 in few characters (:func:`grid_labels`, :func:`compact`), the sort order (:func:`order`) and
 which columns fit a width (:func:`layout`). Plain functions of :class:`~workbench.store.Run`
 rows, used by :mod:`workbench.tui.runs_table` and tested without an app.
+
+Language-model runs (task ``lm``) show their latest eval bits per byte in the accuracy
+column (read by :func:`table_runs` into the run's info as :data:`LM_FIGURE`): a next-token
+accuracy says little of a language model, and its loss in nats per token does not compare
+runs with different tokenizers, where bits per byte does. The column's header says what it
+holds (:func:`accuracy_header`: ``bpb`` when every row shown is a language model's,
+``acc|bpb`` when some are).
 """
 from __future__ import annotations
 
+import weakref
 from typing import Any, Iterable
 
 from rich.text import Text
@@ -16,10 +24,67 @@ from workbench.store import STATES, Run, Store, progress
 from workbench.tui.formatting import accuracy, duration, number, percent, state_text
 
 
+LM_FIGURE = "eval_bits_per_byte"  # an lm run's info key, set on read (never stored)
+_LM_SEEN: "weakref.WeakKeyDictionary[Store, dict[int, tuple]]" = weakref.WeakKeyDictionary()
+
+
 def table_runs(store: Store, profile: str | None = None) -> list[Run]:
     """The runs as the table shows them: :func:`workbench.store.progress.table_runs` with each
-    run's grid point and task setting (the app's poll reads with this)."""
-    return progress.table_runs(store, profile, grid=True)
+    run's grid point and task setting, and each language model's latest eval bits per byte
+    (:func:`lm_figures`; the app's poll reads with this)."""
+    runs = progress.table_runs(store, profile, grid=True)
+    lm_figures(store, runs)
+    return runs
+
+
+def lm_figures(store: Store, runs: list[Run]) -> None:
+    """Set ``info[LM_FIGURE]`` of every ``lm`` run of ``runs`` to its latest eval bits per
+    byte (its last evaluation's; the final results' where no evaluation logged one). Read
+    from the store only for runs whose step, state or accuracy moved since the last read
+    through this Store (an evaluation moves them), so a poll of a finished sweep reads
+    nothing."""
+    seen = _LM_SEEN.setdefault(store, {})
+    lm = [r for r in runs if r.task == "lm"]
+    stale = [r.id for r in lm if seen.get(r.id, (None,))[0] != (r.state, r.step, r.last_accuracy, r.ended)]
+    cur = store.conn.cursor()
+    cur.row_factory = None
+    got: dict[int, float | None] = {}
+    for i in range(0, len(stale), 500):  # (SQLite's limit on bound parameters)
+        ids = stale[i:i + 500]
+        marks = ",".join("?" * len(ids))
+        got.update(cur.execute(
+            f"SELECT run_id, value FROM metrics AS m WHERE split='eval' AND name='bits_per_byte' "
+            f"AND run_id IN ({marks}) AND step=(SELECT MAX(step) FROM metrics WHERE run_id=m.run_id "
+            f"AND split='eval' AND name='bits_per_byte')", ids).fetchall())
+        missing = [rid for rid in ids if got.get(rid) is None]
+        if missing:
+            got.update(cur.execute(
+                f"SELECT run_id, value FROM results WHERE eval_set='' AND name='bits_per_byte' "
+                f"AND run_id IN ({','.join('?' * len(missing))})", missing).fetchall())
+    for r in lm:
+        sig = (r.state, r.step, r.last_accuracy, r.ended)
+        if r.id in stale:
+            seen[r.id] = (sig, got.get(r.id))
+        value = seen[r.id][1]
+        if value is not None:
+            r.info = {**(r.info or {}), LM_FIGURE: value}
+
+
+def lm_figure(run: Run) -> float | None:
+    """A language model's figure for the accuracy column (None for other runs)."""
+    return (run.info or {}).get(LM_FIGURE) if run.task == "lm" else None
+
+
+def _bpb(v: float) -> str:
+    """Bits per byte in the accuracy column's five characters: 1.234, 12.35."""
+    return f"{v:.3f}" if v < 10 else f"{v:.4g}"
+
+
+def accuracy_header(runs: Iterable[Run]) -> str:
+    """The accuracy column's header for the rows ``runs``: ``accuracy`` (no language model
+    among them), ``bpb`` (all are) or ``acc|bpb`` (some are)."""
+    kinds = {r.task == "lm" for r in runs}
+    return "bpb" if kinds == {True} else "acc|bpb" if True in kinds else "accuracy"
 
 
 # (column key, header, fixed content width or None = measured from the cells). The columns
@@ -109,7 +174,7 @@ def row_key(run: Run, marked: bool) -> tuple | None:
         return None
     return (marked, run.profile, run.label, run.task, run.seq_len, run.seed, run.state,
             run.progress, run.last_loss, run.last_accuracy, run.started, run.ended, run.device,
-            run.slot, executor.describe(run))
+            run.slot, executor.describe(run), lm_figure(run))
 
 
 def _t(s: str, justify: str = "left") -> Text:
@@ -131,7 +196,9 @@ def row_cells(run: Run, marked: bool = False, labels: dict[str, str] | None = No
         "state": state_text(run.state),
         "progress": _t(percent(run.progress), "right"),
         "loss": _t(number(run.last_loss), "right"),
-        "accuracy": _t(accuracy(run.last_accuracy), "right"),
+        # a language model: its eval bits per byte (the header says so: accuracy_header)
+        "accuracy": _t(accuracy(run.last_accuracy) if run.task != "lm" else
+                       "" if lm_figure(run) is None else _bpb(lm_figure(run)), "right"),
         "elapsed": _t(duration(run.elapsed), "right"),
         # which GPU, when there are several: the scheduler's slot is the CUDA index; Slurm
         # runs: the job id and Slurm's state (PENDING with its reason, TIMEOUT, NODE_FAIL...)
@@ -152,7 +219,7 @@ def sort_value(run: Run, column: str, grid_keys: list[str]) -> Any:
     if column == "model":
         return run.label
     if column == "accuracy":
-        return run.last_accuracy
+        return run.last_accuracy if run.task != "lm" else lm_figure(run)
     if column == "loss":
         return run.last_loss
     if column == "elapsed":

@@ -1,10 +1,16 @@
 """The run view: loss and accuracy curves streaming from the store, the run's config,
 final results, error text and a system panel.
 
-Language-model runs (those that log perplexity or tokens trained) show in the title their
-latest eval perplexity and bits per byte and the tokens (and training FLOPs) seen so far:
-the run's step x its recorded tokens a step (and FLOPs per token), so the count moves with
-every heartbeat, not only at evaluations.
+Language-model runs (task ``lm``, or runs that log perplexity or tokens trained) are shown
+through what language modelling measures, not accuracy (a next-token accuracy says little,
+whole-sequence accuracy is always 0): the second plot is eval bits per byte (the figure
+that compares tokenizers) instead of eval accuracy, both plots against the training
+tokens (step x the run's tokens a step) where the run records them, and the title gives
+train loss, eval loss, eval perplexity and bits per byte, each labelled, and the tokens
+(and training FLOPs) seen so far: the run's step x its recorded tokens a step (and FLOPs
+per token), so the count moves with every heartbeat, not only at evaluations. The title's
+fields wrap whole onto a second line where the terminal is too narrow (:func:`wrap_fields`),
+never cut inside one.
 
 The screen polls at ~2 Hz in a thread worker. Metrics are fetched incrementally (rows after
 the last rowid seen) and the plots are redrawn only when rows arrived, so an idle or
@@ -45,6 +51,9 @@ ACC_SERIES = {("train", "accuracy"): "train acc", ("eval", "accuracy"): "eval ac
 # a language model's latest figures, shown in the title (tasks/lm logs them at evaluations)
 LM_FIGURES = {("eval", "perplexity"): "ppl", ("eval", "bits_per_byte"): "bpb",
               ("train", "tokens_trained"): "tokens"}
+# a language model's second plot (in place of ACC_SERIES): bits per byte compares tokenizers
+LM_SERIES = {("eval", "bits_per_byte"): "eval bpb"}
+FIELD_GAP = "  "  # between the title's fields
 
 
 @dataclass
@@ -100,6 +109,7 @@ class RunScreen(PollsStore, Screen):
         self._nvml_checked = False
         self._shown: tuple | None = None  # what the side panels last showed
         self.lm: dict[str, float] = {}  # LM_FIGURES' latest values, by their short name
+        self.lm_view = False  # plots set up for a language model (set_lm_plots)
 
     def compose(self) -> ComposeResult:
         yield Header()
@@ -159,12 +169,16 @@ class RunScreen(PollsStore, Screen):
                 plot.empty_text = text
                 if not plot.series:
                     plot.redraw()
+        if snap.run.task == "lm" or self.lm_view:
+            self.set_lm_plots(snap.run)
         self._apply_metrics(snap.metrics)
         evaluation = snap.run.spec.get("kind") == "eval"
         for plot in self.query(MetricPlot):
             plot.display = not evaluation
         self.query_one("#eval-results").display = evaluation
-        set_text(self.query_one("#run-title", Static), self._title(snap.run, self.lm))
+        title = self.query_one("#run-title", Static)
+        width = (title.content_size.width or self.size.width - 2) or None  # (none before the first layout)
+        set_text(title, self._title(snap.run, self.lm, width))
         self.query_one(SystemPanel).show(snap.system, snap.run)
         shown = (snap.run.state, snap.run.error, json.dumps(snap.results, sort_keys=True),
                  json.dumps(snap.run.info, sort_keys=True, default=str))
@@ -183,6 +197,15 @@ class RunScreen(PollsStore, Screen):
             if key in LOSS_SERIES:
                 loss.append(LOSS_SERIES[key], r["step"], r["value"])
                 touched.add(loss)
+                if key == ("eval", "loss") and r["value"] is not None:
+                    self.lm["eval loss"] = r["value"]
+            elif self.lm_view and key in LM_SERIES:
+                acc.append(LM_SERIES[key], r["step"], r["value"])
+                touched.add(acc)
+                if r["value"] is not None:
+                    self.lm[LM_FIGURES[key]] = r["value"]
+            elif self.lm_view and key in ACC_SERIES:
+                continue  # a language model's accuracy: not plotted (bits per byte is)
             elif key in ACC_SERIES:
                 acc.append(ACC_SERIES[key], r["step"], r["value"])
                 touched.add(acc)
@@ -191,33 +214,51 @@ class RunScreen(PollsStore, Screen):
         for plot in touched:
             plot.redraw()
 
+    def set_lm_plots(self, run: Run) -> None:
+        """A language model's plots: eval bits per byte in the accuracy plot's place, and
+        both plots against training tokens once the run records its tokens a step."""
+        acc = self.query_one("#acc-plot", MetricPlot)
+        if not self.lm_view:
+            self.lm_view = True
+            acc.title, acc.ylabel, acc.ylim = "eval bits per byte", "bits/byte", None
+            acc.series = {}
+            acc.redraw()
+        per_step = (run.info or {}).get("tokens_per_step")
+        for plot in self.query(MetricPlot):
+            if per_step and plot.xscale != per_step:
+                plot.xscale, plot.xlabel = float(per_step), "training tokens"
+                plot.redraw()
+
     # ------------------------------------------------------------------ rendering
     @staticmethod
-    def _title(run: Run, lm: dict[str, float] | None = None) -> Text:
-        t = Text.assemble(
-            (f"run {run.id}  ", "bold"), (run.label, "bold cyan"), f"  {run.task}",
-            f"  L={run.seq_len}" if run.seq_len is not None else "", f"  seed {run.seed}  ",
-            state_text(run.state),
-            f"  {percent(run.progress)}  step {run.step}" + (f"/{run.total_steps}" if run.total_steps else ""),
-            f"  {duration(run.elapsed)}",
-            f"  {run.device or ''}" + (f" ({run.backend})" if run.backend else ""),
-        )
-        if run.last_loss is not None:
-            t.append(f"  loss {number(run.last_loss)}")
-        if run.last_accuracy is not None:
-            t.append(f"  acc {accuracy(run.last_accuracy)}")
+    def _title(run: Run, lm: dict[str, float] | None = None, width: int | None = None) -> Text:
+        """The title line: the run, its state and progress, then its figures, each
+        labelled train or eval (a language model's: train loss, eval loss, perplexity, bits
+        per byte, tokens seen); wrapped between whole fields to ``width``."""
         lm = lm or {}
-        for name in ("ppl", "bpb"):
-            if name in lm:
-                t.append(f"  {name} {number(lm[name])}")
-        if lm or run.task == "lm":  # tokens seen: live from the step where the run counts them
+        fields = [
+            Text.assemble((f"run {run.id}", "bold")), Text(run.label, "bold cyan"), Text(run.task),
+            *([Text(f"L={run.seq_len}")] if run.seq_len is not None else []), Text(f"seed {run.seed}"),
+            state_text(run.state),
+            Text(f"{percent(run.progress)}  step {run.step}" + (f"/{run.total_steps}" if run.total_steps else "")),
+            Text(duration(run.elapsed)),
+            *([Text(f"{run.device}" + (f" ({run.backend})" if run.backend else ""))] if run.device else []),
+        ]
+        is_lm = run.task == "lm" or any(k in lm for k in ("ppl", "bpb", "tokens"))
+        if run.last_loss is not None:  # the heartbeat's: the mean training loss of the last steps
+            fields.append(Text(f"train loss {number(run.last_loss)}"))
+        if is_lm:
+            for key, name in (("eval loss", "eval loss"), ("ppl", "eval ppl"), ("bpb", "eval bpb")):
+                if key in lm:
+                    fields.append(Text(f"{name} {number(lm[key])}"))
+        elif run.last_accuracy is not None:
+            fields.append(Text(f"eval acc {accuracy(run.last_accuracy)}"))
+        if is_lm:  # tokens seen: live from the step where the run counts them
             per_step, fpt = (run.info or {}).get("tokens_per_step"), (run.info or {}).get("flops_per_token")
             tokens = run.step * per_step if per_step else lm.get("tokens")
             if tokens is not None:
-                t.append(f"  {count(tokens)} tokens")
-                if fpt:
-                    t.append(f" ({tokens * fpt:.3g} FLOPs)")
-        return t
+                fields.append(Text(f"{count(tokens)} tokens" + (f" ({tokens * fpt:.3g} FLOPs)" if fpt else "")))
+        return wrap_fields(fields, width)
 
     def _show_side(self, run: Run, results: dict[str, dict[str, float | None]]) -> None:
         err = self.query_one("#run-error", Static)
@@ -268,6 +309,24 @@ class RunScreen(PollsStore, Screen):
             self.notify(why, severity="warning", markup=False)
             return
         self.app.push_screen(SampleScreen(self.store, self.run_id, self.lock))
+
+
+def wrap_fields(fields: list[Text], width: int | None) -> Text:
+    """``fields`` joined by :data:`FIELD_GAP`, a line break before any field that would cross
+    ``width`` (None: one line), so a field is never cut in two (``eval bpb`` at a line's end,
+    its value on the next)."""
+    out, used = Text(), 0
+    for f in fields:
+        n = len(f.plain)
+        if used and width and used + len(FIELD_GAP) + n > width:
+            out.append("\n")
+            used = 0
+        elif used:
+            out.append(FIELD_GAP)
+            used += len(FIELD_GAP)
+        out.append_text(f)
+        used += n
+    return out
 
 
 def eval_table(run: Run, results: dict[str, dict[str, float | None]]):

@@ -39,8 +39,8 @@ from textual.widgets import DataTable
 from workbench.store import Run
 from workbench.tui.marked_actions import MarkedRunActions
 from workbench.tui.messages import OpenRun
-from workbench.tui.run_cells import (COLUMNS, FIXED, HEADERS, KEEP, MEASURED, SORTABLE, WIDTHS, column_width,
-                                     grid_labels, layout, order, row_cells, row_key)
+from workbench.tui.run_cells import (COLUMNS, FIXED, HEADERS, KEEP, MEASURED, SORTABLE, WIDTHS, accuracy_header,
+                                     column_width, grid_labels, layout, order, row_cells, row_key)
 from workbench.tui.run_filter import FilterScreen, RunFilter
 
 REBUILD_AT = 20  # rows leaving at once from which the table is rebuilt, not pruned
@@ -100,10 +100,12 @@ class RunsTable(MarkedRunActions, DataTable):
                                          for k, *_ in COLUMNS}
         self._first: dict[str, str] = {}  # each measured column's first value
         self._varies: set[str] = set()  # the measured columns whose value differs between rows
+        self._acc_header = HEADERS["accuracy"]  # run_cells.accuracy_header of the rows shown
 
     # ------------------------------------------------------------------ columns
     def _header(self, key: str) -> Text:
-        label = HEADERS[key]
+        # the accuracy column holds language models' bits per byte: its header says so
+        label = self._acc_header if key == "accuracy" else HEADERS[key]
         if key == self.sort_column:
             return Text(f"{label} {'▼' if self.sort_reverse else '▲'}", style="bold")
         return Text(label)
@@ -204,6 +206,12 @@ class RunsTable(MarkedRunActions, DataTable):
         if self.filter:
             runs = [r for r in runs if self.filter(r)]
         ids = {r.id for r in runs}
+        acc_header = accuracy_header(runs)  # (no wider than "accuracy": the widths stay)
+        if acc_header != self._acc_header:
+            self._acc_header = acc_header
+            if "accuracy" in self.columns:
+                self.columns["accuracy"].label = self._header("accuracy")
+                self.refresh()
         gone = [i for i in self._cells if i not in ids]
         rebuild = len(gone) >= REBUILD_AT
         cursor_run = self.current_run_id if rebuild else None

@@ -361,6 +361,7 @@ class SweepForm(FormLive, FormMatch, FormPresets, FormProfile, Vertical):
         there itself and were not edited since ``since`` (the task's change); a value the
         user typed stays."""
         since = now() if since is None else since
+        self.es_metric_follows(name)  # (FormPresets: lm stops early on eval loss)
         for fid, value in task_train_defaults(name).items():
             if fid == "budget" and self._select("budget_kind") != "steps":
                 continue
