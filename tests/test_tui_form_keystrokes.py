@@ -118,3 +118,25 @@ async def test_a_task_switch_keeps_what_was_typed_into_a_parameter_it_also_has(s
         await settle(pilot)
         assert form._params_task == "mqar"
         assert value(form, "param-vocab_size") == "77"
+
+
+async def test_names_typed_and_picked_in_the_model_list_at_full_speed(store, tmp_path):
+    """Two models typed and picked in the list (letters filter, space picks) with every key
+    sent at once: both are picked, and the second filter starts anew after the first
+    pick instead of running the two names together."""
+    from textual import events
+
+    app = make_app(store, tmp_path, FakeScheduler())
+    async with app.run_test(size=(160, 48)) as pilot:
+        form = await open_form(pilot)
+        picker = form.query_one("#models", ModelPicker)
+        picker.focus()
+        await settle(pilot)
+        keys = [*"gated_deltaproduct", "space", *"forgetting_transformer", "space"]
+        for k in keys:  # all queued before any is handled
+            name = {"_": "underscore", "space": "space"}.get(k, k)
+            app._driver.send_message(events.Key(name, " " if k == "space" else k))
+        await pilot.pause(0.5)
+        await settle(pilot)
+        assert picker.filter_input.value == "forgetting_transformer"
+        assert set(picker.picked) == {"gated_deltaproduct", "forgetting_transformer"}

@@ -89,12 +89,39 @@ class _PickList(SelectionList):
             self.character = character
 
     def on_key(self, event) -> None:
+        if event.key == "space":
+            # picked here, in the order of the keys (the space binding would run only once
+            # the key bubbled up to the app: after the letters typed behind it)
+            event.stop()
+            event.prevent_default()
+            if self.highlighted is not None and not self.get_option_at_index(self.highlighted).disabled:
+                self._toggle_highlighted_selection()  # at once (OptionList's select posts a message)
+            picker = next((a for a in self.ancestors if isinstance(a, ModelPicker)), None)
+            if picker is not None:
+                picker._fresh = True
+            return
         # handled here, before any binding: the letters are the filter's even where an
         # ancestor binds them (the app's q), and the focus stays in the list
         if event.key == "backspace" or (event.character and event.is_printable and event.character not in " ?"):
             event.stop()
             event.prevent_default()
-            self.post_message(self.Typed(None if event.key == "backspace" else event.character))
+            character = None if event.key == "backspace" else event.character
+            picker = next((a for a in self.ancestors if isinstance(a, ModelPicker)), None)
+            if picker is not None:  # the filter and the list follow at once, before the next key
+                picker.typed(character)  # (a space after it picks from the new list)
+            else:
+                self.post_message(self.Typed(character))
+
+    def _on_option_list_option_highlighted(self, event: OptionList.OptionHighlighted) -> None:
+        if not 0 <= event.option_index < self.option_count:  # from before a rebuild: gone
+            event.stop()
+            event.prevent_default()
+
+    def action_select(self) -> None:
+        super().action_select()
+        picker = next((a for a in self.ancestors if isinstance(a, ModelPicker)), None)
+        if picker is not None:  # a letter after a pick starts a new filter, even before the
+            picker._fresh = True  # SelectedChanged message is handled (issue 42 item 3)
 
     def render_line(self, y: int) -> Strip:
         # SelectionList maps screen line to option index one to one (so prompts never wrap:
@@ -219,6 +246,7 @@ class ModelPicker(Vertical):
         lst = self._list
         # rebuilding re-selects the picked entries: that is no change to report
         query = self.filter_input.value
+        self._built_query = query
         with lst.prevent(SelectionList.SelectedChanged):
             lst.clear_options()
             lst.add_options(self._options(query))
@@ -239,6 +267,8 @@ class ModelPicker(Vertical):
     @on(Input.Changed, "#models-filter")
     def _filter_changed(self, event: Input.Changed) -> None:
         event.stop()  # the form's own Input.Changed handlers are for its fields
+        if self.filter_input.value == getattr(self, "_built_query", None):
+            return  # the list shows this filter already (typed in the list: built at once)
         self._picked = set(self.picked)  # keep the picks of entries about to be hidden
         self._rebuild()
 
@@ -260,18 +290,26 @@ class ModelPicker(Vertical):
 
     @on(_PickList.Typed)
     def _typed_in_list(self, event: _PickList.Typed) -> None:
-        """Filter text typed in the list: the focus stays there (space then picks the best
-        match); a letter after a pick starts a new filter, the next ones extend it."""
         event.stop()
+        self.typed(event.character)
+
+    def typed(self, character: str | None) -> None:
+        """Filter text typed in the list (``character`` None: backspace): the focus stays
+        there (space then picks the best match); a letter after a pick starts a new filter,
+        the next ones extend it. Called by the list as each key arrives, and the list is
+        rebuilt at once: under load, keys handled later than the list's own space key made
+        a filter of two names run together and a space toggle a stale entry (issue 42)."""
         box = self.filter_input
-        if event.character is None:
+        if character is None:
             box.value = box.value[:-1]
         elif self._fresh:
-            box.value = event.character
+            box.value = character
         else:
-            box.value += event.character
+            box.value += character
         self._fresh = False
         box.cursor_position = len(box.value)
+        self._picked = set(self.picked)  # keep the picks of entries about to be hidden
+        self._rebuild()
 
     def on_descendant_focus(self, event: events.DescendantFocus) -> None:
         if event.widget is self._list and event.widget is not self._had_focus:
