@@ -59,8 +59,12 @@ carrying only the recurrent state, and reports wall time, tokens/s and peak RSS;
 recurrent models (every model with ``forward_with_state``: mamba, mamba2, gla, retnet,
 deltanet, ...), one streamed run each.
 
+``--generate`` measures autoregressive decoding instead of the training step (prefill,
+per-token time, tokens/s, state bytes per sequence, against ``--prompt-lens`` and ``--batch``
+1,8,32; ``--figure DIR``): workbench.cli.bench_generate.
+
 The parts, one module each: bench_args (the options), bench_models (the training-step table),
-bench_scan, bench_ops, bench_stream, bench_estimate, bench_triton (the other measurements),
+bench_scan, bench_ops, bench_stream, bench_estimate, bench_triton, bench_generate (the other measurements),
 bench_tables (columns and output); this module runs them and measures one ``--one`` config.
 """
 from __future__ import annotations
@@ -73,7 +77,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from workbench.cli import (bench_args, bench_estimate, bench_models, bench_ops, bench_scan,
+from workbench.cli import (bench_args, bench_estimate, bench_generate, bench_models, bench_ops, bench_scan,
                            bench_stream, bench_triton)
 # the names tests and scripts read from here
 from workbench.cli.bench_estimate import ESTIMATE_MODELS  # noqa: F401
@@ -94,7 +98,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def measure(spec: dict[str, Any]) -> dict[str, Any]:
     """One config measured in this process (what ``--one SPEC`` runs and prints)."""
-    fn = {"stream": measure_stream, "scan": measure_scan, "op": measure_op}.get(spec["kind"], measure_one)
+    fn = {"stream": measure_stream, "scan": measure_scan, "op": measure_op,
+          "generate": bench_generate.measure_generate}.get(spec["kind"], measure_one)
     return fn(spec)
 
 
@@ -128,14 +133,16 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("--warmup must be >= 0")
 
     # in this order: a bad --ops or --triton-compile stops the command after what comes before
-    runs = bench_models.train_rows(args, _run_subprocess)
+    # --generate measures decoding only (workbench.cli.bench_generate)
+    runs = [] if args.generate else bench_models.train_rows(args, _run_subprocess)
     scan = bench_scan.scan_rows(args, _run_subprocess)
     ops = bench_ops.op_rows(args, _run_subprocess)
     estimate = bench_estimate.estimate_rows(args, _run_subprocess)
     triton_compile = bench_triton.compile_rows(args)
     stream = bench_stream.stream_rows(args, _run_subprocess)
+    generate = bench_generate.generate_rows(args, _run_subprocess)
     sections = {"runs": runs, "scan": scan, "ops": ops, "stream": stream, "estimate": estimate,
-                "triton_compile": triton_compile}
+                "triton_compile": triton_compile, "generate": generate}
     print(render(sections, args.format))
     return 1 if any("error" in r for rows in sections.values() for r in rows) else 0
 

@@ -46,13 +46,27 @@ def _option(text: str) -> tuple[str, Any]:
     return key.strip(), value
 
 
+class _Parser(argparse.ArgumentParser):
+    """``--batch`` takes a comma list (``batches``) for --generate; every other table
+    measures one batch size (``batch``, default 8)."""
+
+    def parse_known_args(self, args=None, namespace=None):
+        ns, rest = super().parse_known_args(args, namespace)
+        ns.batches = ns.batch
+        if ns.batch is not None and len(ns.batch) > 1 and not ns.generate:
+            self.error("--batch: one size (a comma list is for --generate)")
+        ns.batch = ns.batch[0] if ns.batch else 8
+        return ns, rest
+
+
 def build_parser(description: str) -> argparse.ArgumentParser:
     """Every bench option; ``description`` heads ``--help``."""
-    p = argparse.ArgumentParser(prog="ssm-workbench bench", description=description)
+    p = _Parser(prog="ssm-workbench bench", description=description)
     p.add_argument("--models", type=_csv_list, default=None,
                    help="comma-separated registry names (default: mamba,transformer where registered)")
     p.add_argument("--seq-lens", type=_int_list, default=[256, 1024])
-    p.add_argument("--batch", type=_positive, default=8)
+    p.add_argument("--batch", type=_int_list, default=None,
+                   help="batch size (default 8); with --generate a comma list (default 1,8,32)")
     p.add_argument("--d-model", type=_positive, default=64)
     p.add_argument("--n-layers", type=_positive, default=2)
     p.add_argument("--backend", type=_csv_list, default=None,
@@ -96,5 +110,16 @@ def build_parser(description: str) -> argparse.ArgumentParser:
     p.add_argument("--stream-mode", default="chunked", choices=["chunked", "step"])
     p.add_argument("--stream-model", type=_csv_list, default=["mamba"],
                    help="recurrent model(s) to stream, comma-separated")
+    p.add_argument("--generate", action="store_true",
+                   help="autoregressive decoding (workbench.cli.bench_generate): prefill, per-token time, "
+                        "tokens/s and state bytes per (model, --prompt-lens, --batch); --models default "
+                        "transformer,mamba,mamba2,gated_deltanet")
+    p.add_argument("--prompt-lens", type=_int_list, default=None,
+                   help="--generate: prompt lengths (default 256,1024,4096; at most 16384)")
+    p.add_argument("--gen-tokens", type=_positive, default=32,
+                   help="--generate: timed decode steps (after --warmup untimed ones)")
+    p.add_argument("--vocab", type=_positive, default=512, help="--generate: ids of the random LM head")
+    p.add_argument("--figure", metavar="DIR", default=None,
+                   help="--generate: write DIR/generate.png and .svg (throughput vs batch, latency vs prompt)")
     p.add_argument("--one", metavar="SPEC_JSON", help=argparse.SUPPRESS)  # internal: one config
     return p
