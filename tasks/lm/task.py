@@ -80,7 +80,9 @@ class LMTask(Task):
                                        258, 1 << 20)   # 256 bytes + end of text + a merge
         elif vocab_size is not None and tokenizer in toks.BUILTIN:
             raise ValueError(f"lm: vocab_size is the size of a trained BPE (tokenizer = 'bpe') or a "
-                             f"pretrained tokenizer's embedding rows; tokenizer {tokenizer!r} has its own")
+                             f"pretrained tokenizer's embedding rows; tokenizer {tokenizer!r} has its own "
+                             f"(to pair tokenizers and sizes in a grid: \"task.tokenizer\" = [\"bytes\", "
+                             f"{{name = \"bpe\", vocab_size = 2048}}])")
         elif vocab_size is not None:
             # a pretrained tokenizer's rows of the embedding and head, at least its ids: Mamba
             # pads GPT-NeoX-20B's 50,277 ids to 50,280 (a multiple of 8). Known without the
@@ -126,10 +128,12 @@ class LMTask(Task):
                     "tokenizer": tok.identity()}
         return identity, f"{tok.kind}-{tokenfile.key_of(identity)}"
 
-    def cached_split_tokens(self) -> dict[str, int] | None:
-        """Tokens per split from the prepared token cache when it exists already, else None;
-        fits and tokenises nothing (a ``char`` / ``bpe`` tokenizer is used only when its fit
-        is cached: tokenfile.cached_fit keeps it at ``<cache>/tokenizers/<name>.json``)."""
+    def _cached_prepared(self) -> tokenfile.Prepared | None:
+        """The prepared token cache when it exists already, else None; fits and tokenises
+        nothing (a ``char`` / ``bpe`` tokenizer is used only when its fit is cached:
+        tokenfile.cached_fit keeps it at ``<cache>/tokenizers/<name>.json``)."""
+        if self._data is not None:
+            return self._data
         try:
             if self._tok is None and self.tokenizer_name in ("char", "bpe"):
                 fit = tokenfile.cache_root() / "tokenizers" / f"{self._fit_key()}.json"
@@ -139,7 +143,31 @@ class LMTask(Task):
             found, _ = tokenfile.load(tokenfile.cache_root() / key, key)
         except (OSError, ValueError, KeyError):
             return None
+        return found
+
+    def cached_split_tokens(self) -> dict[str, int] | None:
+        """Tokens per split from the prepared token cache when it exists already, else None
+        (:meth:`_cached_prepared`: nothing is fitted or tokenised)."""
+        found = self._cached_prepared()
         return None if found is None else {s: len(f) for s, f in found.tokens.items()}
+
+    @staticmethod
+    def _bytes_per_token(meta: dict) -> float:
+        train = meta["splits"]["train"]
+        return train["text_bytes"] / max(train["tokens"], 1)
+
+    def train_bytes_per_token(self) -> float:
+        """UTF-8 bytes of text per token of the training split (its text bytes / its tokens,
+        end-of-text tokens included, as the training windows hold them; meta.json's counts):
+        what turns a budget in bytes of text (``train.bytes``) into tokens, so runs of
+        different tokenizers see the same text. Prepares the data when it is not yet."""
+        return self._bytes_per_token(self.data.meta)
+
+    def cached_train_bytes_per_token(self) -> float | None:
+        """:meth:`train_bytes_per_token` from the prepared cache when present, else None
+        (tokenises nothing: for a dry run)."""
+        found = self._cached_prepared()
+        return None if found is None else self._bytes_per_token(found.meta)
 
     def preflight(self) -> str:
         """Before launch (tasks/lm/preflight.py): a ValueError naming the source and the

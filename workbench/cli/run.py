@@ -377,6 +377,13 @@ def _budget_lines(specs) -> list[str]:
         if "steps" not in b:  # epochs
             out[f"  {s.label} L={b['seq_len']}{point}: {kind} {asked}: {per_token}{params}"] = None
             continue
+        if b["steps"] is None:  # train.bytes before its corpus is tokenised (budget.resolve_bytes)
+            out[f"  {s.label} L={b['seq_len']}{point}: {kind} {asked}: steps from bytes, resolved at launch "
+                f"(the tokenizer's bytes per token on the training split) x {b['tokens_per_step']:,} tokens, "
+                f"{per_token}{params}"] = None
+            continue
+        if kind == "bytes":  # resolved from the prepared token cache
+            asked += f" at {b['bytes_per_token']:.3f} bytes/token ({b.get('resolved', 'resolved')})"
         became = f" -> {b['steps']:,} steps" if kind != "steps" else ""
         out[f"  {s.label} L={b['seq_len']}{point}: {kind} {asked}{became} x "
             f"{b['tokens_per_step']:,} = {b['tokens']:,} tokens, {per_token}{flops}{params}"] = None
@@ -394,7 +401,8 @@ def _dry_run(prof, ests, args) -> int:
     from workbench.spec.budget import run_compute
 
     specs = expand(prof)
-    grid_keys = list(prof.sweep.grid)
+    # the runs' grid keys: a task.tokenizer table adds task.vocab_size (expand.grid_values)
+    grid_keys = list(dict.fromkeys([*prof.sweep.grid, *(k for s in specs for k in (s.grid or {}))]))
     v2 = prof.schema_version >= 2
     refused = _refuse_too_big(ests, args.force)
     if args.format == "json":
@@ -425,7 +433,7 @@ def _dry_run(prof, ests, args) -> int:
     rows = []
     for spec, e in zip(specs, ests):
         rows.append([e.model, e.task, *([spec.task_setting] if v2 else []), _fmt(e.seq_len), str(e.seed),
-                     *(_fmt(spec.grid[k]) for k in grid_keys), fmt_count(e.params),
+                     *(_fmt((spec.grid or {}).get(k)) for k in grid_keys), fmt_count(e.params),
                      e.peak_text(), e.device, e.fits_text()])
     # Columns chosen for the terminal's width as `runs` does (issue 32: at 80 columns every
     # cell read 'transf…', 'train…'): these whole, always; then the sweep's axes that vary,

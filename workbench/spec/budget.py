@@ -10,6 +10,15 @@ backward; the run's ``seq_len``, else its task's default length). For one run:
   each family's term) plus 6 x the task encoder's and head's Linear weights per token (the
   de-embedding, which Chinchilla counts; a pooled head once per sequence). So the run's
   ``train/flops`` at its last step is the budget, up to one step.
+- ``train.bytes = B`` (bytes of UTF-8 text; the ``lm`` task): tokens = B / b, with b the
+  tokenizer's bytes per token on the training split (its token files' counts: the split's
+  text bytes / its tokens, end-of-text tokens included as the training windows hold them),
+  steps = ceil(tokens / tokens per step). So every tokenizer of a comparison sees the same
+  text, where a budget in tokens gives a BPE of ~4 bytes a token ~4x the text of ``bytes``.
+  b is known once the corpus is tokenised: the spec's budget keeps ``steps`` None and the
+  worker resolves it when it prepares the data (:func:`resolve_bytes`; recorded in the
+  run's info as ``budget``), the dry run shows it from the prepared cache when present
+  (:func:`run_compute`), else says it is resolved at launch.
 - ``train.tokens_per_param = r``: tokens = r x N, steps = ceil(tokens / tokens per step),
   with N the backbone's **non-embedding** parameters (``models.flops(...).params
   .non_embedding``: Kaplan et al. 2020's N; the task's token embedding and head are left
@@ -21,7 +30,8 @@ backward; the run's ``seq_len``, else its task's default length). For one run:
 Steps round up, so a run trains at least its budget, by less than one step. The RunSpec
 keeps the budget asked (``train.tokens`` ...) and records what it became in its
 ``budget``: ``{"asked": {key: value}, "steps", "tokens_per_step", "tokens", "flops_per_token",
-"flops", "params_non_embedding"}``; the worker's plan takes ``budget["steps"]``.
+"flops", "params_non_embedding"}`` (a bytes budget: ``bytes_per_token`` too, and ``steps``,
+``tokens``, ``flops`` None until resolved); the worker's plan takes ``budget["steps"]``.
 """
 
 from __future__ import annotations
@@ -86,6 +96,13 @@ def run_budget(train, *, model: str, d_model: int, n_layers: int, options: dict[
                                f"by; give train.steps or train.epochs")
     per_step = train.batch_size * L
     fpt, params, why = _count(model, L, d_model, n_layers, json.dumps(options, sort_keys=True), task, tp)
+    if kind == "bytes":
+        if not hasattr(_task(task, tp), "train_bytes_per_token"):
+            raise ProfileError(f"train.bytes: task {task!r} has no text to count bytes of (only the lm "
+                               f"task's corpus has); give train.tokens or train.steps")
+        return {"asked": {kind: asked}, "steps": None, "tokens_per_step": per_step, "seq_len": L,
+                "tokens": None, "bytes_per_token": None, "flops_per_token": fpt, "flops": None,
+                "params_non_embedding": params}
     if kind == "tokens":
         tokens = asked
     elif kind == "tokens_per_param":
@@ -106,15 +123,54 @@ def run_budget(train, *, model: str, d_model: int, n_layers: int, options: dict[
             "flops": None if fpt is None else fpt * steps * per_step, "params_non_embedding": params}
 
 
+def resolve_bytes(budget: dict[str, Any], bytes_per_token: float, warmup_steps: int = 0) -> dict[str, Any]:
+    """A ``train.bytes`` budget record with its steps filled in from the tokenizer's bytes
+    per token on the training split: steps = ceil(bytes / bytes_per_token / tokens per
+    step), at least one; ``tokens``, ``flops`` and ``bytes`` (the text those steps cover,
+    at that rate) follow. ValueError, in one line, when the rate is not positive or the
+    warm-up is longer than the steps."""
+    asked = budget["asked"]["bytes"]
+    if not bytes_per_token > 0:
+        raise ValueError(f"train.bytes: the training split has no text ({bytes_per_token} bytes per token)")
+    per_step = budget["tokens_per_step"]
+    steps = max(1, math.ceil(asked / bytes_per_token / per_step - 1e-9))
+    if warmup_steps > steps:
+        raise ValueError(f"train.warmup_steps = {warmup_steps} is longer than the whole run: train.bytes = "
+                         f"{asked:,} at {bytes_per_token:.4g} bytes per token is {steps} step(s) of "
+                         f"{per_step:,} tokens")
+    fpt = budget.get("flops_per_token")
+    tokens = steps * per_step
+    return {**budget, "steps": steps, "tokens": tokens, "bytes_per_token": bytes_per_token,
+            "bytes": tokens * bytes_per_token, "flops": None if fpt is None else fpt * tokens}
+
+
+def cached_bytes_per_token(spec) -> float | None:
+    """A run's bytes per token on its training split from the prepared token cache when
+    its corpus was tokenised already (the lm task's ``cached_train_bytes_per_token``), else
+    None; tokenises nothing."""
+    task = _task(spec.task, json.dumps(spec.task_params, sort_keys=True))
+    peek = getattr(task, "cached_train_bytes_per_token", None)
+    return peek() if peek is not None else None
+
+
 def run_compute(spec) -> dict[str, Any] | None:
     """What one run (a RunSpec) trains, whatever its budget, for ``run --dry-run``: its
-    ``budget`` record when it has one; for ``train.steps`` the same keys (``asked`` is
+    ``budget`` record when it has one (a ``train.bytes`` budget resolved from the prepared
+    token cache when present, ``resolved = "prepared cache"``; else its steps stay None,
+    resolved at launch); for ``train.steps`` the same keys (``asked`` is
     ``{"steps": n}``); for ``train.epochs`` only ``flops_per_token`` (and ``seq_len``,
     ``params_non_embedding``): the tokens of an epoch are known once the data is. None
     when the run has no sequence length to count tokens by. ``flops_per_token`` is None
     (``why`` says why) where the model or the task's ends cannot be counted here (a
     pretrained checkpoint or tokenizer that is absent)."""
     if spec.budget:
+        if spec.budget.get("steps") is None and "bytes" in spec.budget.get("asked", {}):
+            bpt = cached_bytes_per_token(spec)
+            if bpt:
+                try:
+                    return {**resolve_bytes(spec.budget, bpt), "resolved": "prepared cache"}
+                except ValueError:
+                    pass
         return spec.budget
     tp = json.dumps(spec.task_params, sort_keys=True)
     L = spec.seq_len if spec.seq_len is not None else getattr(_task(spec.task, tp), "seq_len", None)

@@ -15,7 +15,7 @@ from pydantic import ValidationError
 from workbench.spec.expand import (GRID_SECTIONS, MatchRefused, TaskSetting, _combos, _Sections, _show,
                                    resolve_model, task_settings)
 from workbench.spec.schema import (ModelChoice, ModelSection, Profile, ProfileError, TrainSection, _FieldError,
-                                   _json_key)
+                                   _json_key, grid_values)
 from workbench.spec.where import _format_loc, _Where
 
 # The checkpoint each pretrained model's folder option expects, for the hint a missing
@@ -125,6 +125,8 @@ def _point_where(p: Profile, where: _Where, point: dict[str, Any], setting: Task
         if sec == "task":
             for loc, _ in p.task_entries():
                 extra[(*loc, *rest)] = origin
+                for sub in (v if isinstance(v, dict) else ()):  # a task.tokenizer table's vocab_size
+                    extra[(*loc, sub)] = origin
         else:
             extra[(sec, *rest)] = origin
     if setting is not None and setting.variant is not None:
@@ -273,7 +275,7 @@ def _check_registries(p: Profile, path: str, where: _Where, data: bool = False) 
         label, name = _format_loc(ts.loc), ts.task.name
         for tc in _combos(p, "task"):
             w = _point_where(p, where, tc, ts)
-            params = {**ts.params, **{k.split(".", 1)[1]: v for k, v in tc.items()}}
+            params = {**ts.params, **{k.split(".", 1)[1]: v for k, v in grid_values(tc).items()}}
             try:
                 tasks.check_params(name, params)
             except TypeError as e:
@@ -408,7 +410,7 @@ def data_notes(p: Profile) -> list[str]:
     notes: list[str] = []
     for ts in task_settings(p):
         for tc in _combos(p, "task"):
-            params = {**ts.params, **{k.split(".", 1)[1]: v for k, v in tc.items()}}
+            params = {**ts.params, **{k.split(".", 1)[1]: v for k, v in grid_values(tc).items()}}
             for L in ts.seq_lens:
                 try:
                     note = preflight(tasks.build(ts.task.name, **{**params, **({"seq_len": L} if L else {})}))

@@ -16,14 +16,16 @@ from workbench.spec import recipes
 from workbench.spec.budget import run_budget
 from workbench.spec.run_spec import RunSpec
 from workbench.spec.schema import (FROM_FILE, ModelChoice, ModelSection, Profile, ProfileError, TaskSection,
-                                   TrainSection, _json_key)
+                                   TrainSection, _json_key, grid_values)
 
 # --------------------------------------------------------------------------- grid and task settings
 GRID_SECTIONS = ("train", "model", "task")
 
 
 def _show(v: Any) -> str:
-    """A value as TOML writes it (strings quoted, booleans lower case)."""
+    """A value as TOML writes it (strings quoted, booleans lower case; a table inline)."""
+    if isinstance(v, dict):  # a task.tokenizer table: {name = "bpe", vocab_size = 2048}
+        return "{" + ", ".join(f"{k} = {_show(x)}" for k, x in v.items()) + "}"
     return tomli_w.dumps({"v": v}).strip()[4:]
 
 
@@ -150,7 +152,8 @@ def expand(p: Profile) -> list[RunSpec]:
                             continue
                     train_r = res.train_section if res.train_section is not None else train
                     train_r = task_early_stopping(train_r, ts.task.name)
-                    params = {**ts.params, **{k[5:]: v for k, v in point.items() if k.startswith("task.")}}
+                    flat = grid_values(point)  # a task.tokenizer table: tokenizer and vocab_size
+                    params = {**ts.params, **{k[5:]: v for k, v in flat.items() if k.startswith("task.")}}
                     bparams = dict(params, **({"seq_len": L} if L is not None else {}))
                     try:
                         budget = run_budget(train_r, model=choice.name, d_model=d_model, n_layers=n_layers,
@@ -173,13 +176,13 @@ def expand(p: Profile) -> list[RunSpec]:
                         if res.recipe is not None:
                             fields["recipe"] = res.recipe["name"]
                         if v2:
-                            fields.update(point)
+                            fields.update(flat)
                             fields["task_setting"] = ts.setting
                         specs.append(RunSpec(
                             profile=p.name, model=choice.name, label=choice.display, model_options=opts,
                             d_model=d_model, n_layers=n_layers, task=ts.task.name, task_params=task_params,
                             seq_len=L, seed=seed, train=train_r, index=len(specs), fields=fields,
-                            grid=dict(point) if v2 else None, task_setting=ts.setting if v2 else None,
+                            grid=dict(flat) if v2 else None, task_setting=ts.setting if v2 else None,
                             budget=budget, size=res.size, recipe=res.recipe, match=matched,
                         ))
     if refused:

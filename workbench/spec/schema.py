@@ -167,6 +167,67 @@ def _flatten_grid(v: Any) -> Any:
     return out
 
 
+# A task.tokenizer grid value may be a table that sets the tokenizer and its vocabulary size
+# together, one grid axis: "task.tokenizer" = ["bytes", {name = "bpe", vocab_size = 2048}]
+# (a `task.vocab_size` axis beside it would pair every size with every tokenizer, and
+# bytes has none). grid_values() turns such a point into plain task parameters.
+TOKENIZER_GRID_KEY = "task.tokenizer"
+TOKENIZER_TABLE_KEYS = ("name", "vocab_size")
+# the lm task's tokenizers whose vocabulary is their own (tasks/lm/tokenizer.py): bytes has
+# 256 bytes + end of text, char one id per character of the corpus
+FIXED_VOCAB = {"bytes": "257 ids: 256 bytes and end of text", "char": "one id per character of the corpus"}
+
+
+def _check_tokenizer_tables(grid: dict[str, list]) -> None:
+    """The table values of a ``task.tokenizer`` axis: only ``name`` (a tokenizer, required)
+    and ``vocab_size`` (an integer, not for a tokenizer with its own vocabulary), and no
+    ``task.vocab_size`` axis beside them. Each problem a _FieldError at the value's key."""
+    for j, v in enumerate(grid.get(TOKENIZER_GRID_KEY, [])):
+        if not isinstance(v, dict):
+            continue
+        at = (TOKENIZER_GRID_KEY, j)
+        unknown = [k for k in v if k not in TOKENIZER_TABLE_KEYS]
+        if unknown:
+            raise _FieldError((*at, unknown[0]), f"unknown key {unknown[0]!r} in a task.tokenizer table "
+                              f"(it takes name and vocab_size)")
+        name = v.get("name")
+        if not isinstance(name, str) or not name:
+            raise _FieldError(at, "a task.tokenizer table needs name = \"bpe\" (or another tokenizer) "
+                              "beside its vocab_size")
+        if "vocab_size" not in v:
+            continue
+        size = v["vocab_size"]
+        if isinstance(size, bool) or not isinstance(size, int):
+            raise _FieldError((*at, "vocab_size"), f"vocab_size must be an integer, got {size!r}")
+        if name in FIXED_VOCAB:
+            raise _FieldError((*at, "vocab_size"), f"tokenizer {name!r} has its own vocabulary "
+                              f"({FIXED_VOCAB[name]}): vocab_size goes with \"bpe\" (or a pretrained "
+                              f"tokenizer's embedding rows)")
+        if "task.vocab_size" in grid:
+            raise _FieldError(at, "task.tokenizer tables set vocab_size and sweep.grid also has "
+                              "'task.vocab_size': vary it in one place")
+
+
+def grid_values(point: dict[str, Any]) -> dict[str, Any]:
+    """A grid point with each ``task.tokenizer`` table turned into plain settings:
+    ``{"task.tokenizer": {"name": "bpe", "vocab_size": 2048}}`` -> ``{"task.tokenizer":
+    "bpe", "task.vocab_size": 2048}``, so a run's task parameters, fields and grid hold
+    both (results tables and the no-pooling rule tell them apart). Points without tables
+    come back as they are (same keys, same order: their runs' identity is unchanged)."""
+    v = point.get(TOKENIZER_GRID_KEY)
+    if not isinstance(v, dict):
+        return point
+    out: dict[str, Any] = {}
+    for k, x in point.items():
+        if k == TOKENIZER_GRID_KEY:
+            out[k] = x.get("name")
+            if "vocab_size" in x:
+                out["task.vocab_size"] = x["vocab_size"]
+        else:
+            out[k] = x
+    return out
+
+
 class MatchSection(_Strict):
     """[sweep.match]: every model of the sweep solved to one size (workbench.spec.match):
     non-embedding parameters or floats of recurrent state, within 2%."""
@@ -199,6 +260,7 @@ class SweepSection(_Strict):
     def _distinct_grid(cls, v: dict[str, list]) -> dict[str, list]:
         for key, values in v.items():
             _distinct_values(f"value(s) of {key}", values)
+        _check_tokenizer_tables(v)
         return v
 
     @field_validator("seq_lens")
@@ -244,16 +306,21 @@ class EarlyStopping(_Strict):
     target: Float | None = Field(default=None, gt=0, le=1)
 
 
-BUDGET_KEYS = ("epochs", "steps", "tokens", "flops", "tokens_per_param")
+BUDGET_KEYS = ("epochs", "steps", "tokens", "bytes", "flops", "tokens_per_param")
 # budgets turned into steps when a profile expands (workbench.spec.budget); a RunSpec keeps
-# the one asked and records the steps in its ``budget``
-STEP_BUDGETS = ("tokens", "flops", "tokens_per_param")
+# the one asked and records the steps in its ``budget``. ``bytes`` (of UTF-8 text, the lm
+# task's) becomes steps when the worker has the data: only then is the tokenizer's bytes
+# per token on the training split known (budget.resolve_bytes)
+STEP_BUDGETS = ("tokens", "bytes", "flops", "tokens_per_param")
 
 
 class TrainSection(_Strict):
     epochs: Int | None = Field(default=None, gt=0)
     steps: Int | None = Field(default=None, gt=0)
     tokens: Int | None = Field(default=None, gt=0)      # batch_size x seq_len tokens a step
+    # bytes of UTF-8 text (the lm task): tokens = bytes / the tokenizer's bytes per token on
+    # the training split, so runs of different tokenizers see the same text
+    bytes: Int | None = Field(default=None, gt=0)
     flops: Float | None = Field(default=None, gt=0)     # training FLOPs (models.flops' count)
     # x the backbone's non-embedding parameters (Chinchilla's rule: about 20)
     tokens_per_param: Float | None = Field(default=None, gt=0)
@@ -312,7 +379,7 @@ class TrainSection(_Strict):
         if len(given) != 1:
             got = f"got {', '.join('train.' + k for k in given)}" if given else "got none"
             raise ValueError("give exactly one of train.epochs or train.steps, or a budget in "
-                             f"train.tokens, train.flops or train.tokens_per_param ({got})")
+                             f"train.tokens, train.bytes, train.flops or train.tokens_per_param ({got})")
         # (in epochs mode the total is known only with the task: _check_budget)
         if self.steps is not None and self.warmup_steps > self.steps:
             raise _FieldError("warmup_steps", f"warmup_steps = {self.warmup_steps} is longer than the "

@@ -118,11 +118,30 @@ class Trainer:
             if not per_epoch:
                 raise RunFailed(f"task {self.task.name} draws fresh batches: give train.steps, not epochs")
             return self.cfg.epochs * per_epoch, per_epoch
-        if self.cfg.steps is None:  # train.tokens / flops / tokens_per_param: steps from expand
+        if self.cfg.steps is None:  # train.tokens / bytes / flops / tokens_per_param: steps from expand
             if not self.spec.budget:
                 raise RunFailed("the run's spec has a token or FLOP budget but no steps (spec.budget)")
+            if self.spec.budget.get("steps") is None:  # train.bytes: resolved now that the data is here
+                self.spec.budget = self._resolve_bytes(self.spec.budget)
             return self.spec.budget["steps"], per_epoch
         return self.cfg.steps, per_epoch
+
+    def _resolve_bytes(self, budget: dict) -> dict:
+        """A ``train.bytes`` budget's steps from the tokenizer's bytes per token on the
+        training split, measured on the prepared data (workbench.spec.budget.resolve_bytes),
+        recorded in the run's info as ``budget`` (steps, tokens, bytes_per_token, bytes)."""
+        from workbench.spec.budget import resolve_bytes
+
+        rate = getattr(self.task, "train_bytes_per_token", None)
+        if "bytes" not in budget.get("asked", {}) or rate is None:
+            raise RunFailed(f"the run's budget {budget.get('asked')} has no steps, and task {self.task.name} "
+                            f"cannot count bytes of text")
+        try:
+            resolved = resolve_bytes(budget, rate(), self.cfg.warmup_steps)
+        except ValueError as e:
+            raise RunFailed(str(e)) from None
+        self.store.set_info(self.run_id, {"budget": resolved})
+        return resolved
 
     def _resident_train(self) -> Batch | None:
         """The fixed training set on the device (moved once), or None to index it on the

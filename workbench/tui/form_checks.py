@@ -63,6 +63,10 @@ def budget_steps_text(specs: list) -> tuple[str, bool, list[int] | None]:
     budgets = [(s.label, s.budget) for s in specs if s.budget]
     if not budgets:
         return "", True, None
+    if any(b.get("steps") is None for _, b in budgets):  # train.bytes: steps known once tokenised
+        per_step = sorted({b["tokens_per_step"] for _, b in budgets})
+        return (f"= steps from bytes of text, resolved at launch from the tokenizer's bytes per token "
+                f"({_span(per_step, lambda v: f'{v:,}')} tokens a step)"), True, None
     steps = [b["steps"] for _, b in budgets]
     per_step = sorted({b["tokens_per_step"] for _, b in budgets})
     tokens = [b["tokens"] for _, b in budgets]

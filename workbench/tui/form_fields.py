@@ -145,33 +145,36 @@ def task_train_defaults(task: str) -> dict[str, str]:
 # The budget's unit: (label in the form, train key). A token, FLOP or tokens-per-parameter
 # budget becomes steps per run when the profile expands (workbench/spec/budget.py); the
 # form shows the steps it becomes (SweepForm._show_budget_steps).
-BUDGET_KINDS = [("steps", "steps"), ("epochs", "epochs"), ("tokens", "tokens"), ("FLOPs", "flops"),
-                ("tokens/param", "tokens_per_param")]
+BUDGET_KINDS = [("steps", "steps"), ("epochs", "epochs"), ("tokens", "tokens"), ("bytes of text", "bytes"),
+                ("FLOPs", "flops"), ("tokens/param", "tokens_per_param")]
 STEP_KINDS = ("steps", "epochs")  # budgets counted in optimizer steps or epochs themselves
 _SUFFIXES = {"k": 1e3, "m": 1e6, "g": 1e9, "b": 1e9, "t": 1e12, "p": 1e15, "e": 1e18}
 
 
 def parse_budget(text: str, kind: str) -> int | float | str:
-    """The budget as the profile holds it: tokens a whole number, FLOPs and tokens per
-    parameter a number; '2M', '1.5e9', '3e18' and '1,000,000' are read for tokens and FLOPs
-    (k, M, G or B, T, P, E: powers of 1000). Steps and epochs stay as typed (pydantic checks
-    them). ValueError with a one-line reason when it is not a number."""
+    """The budget as the profile holds it: tokens and bytes of text a whole number, FLOPs and
+    tokens per parameter a number; '2M', '1.5e9', '3e18' and '1,000,000' are read for tokens,
+    bytes and FLOPs (k, M, G or B, T, P, E: powers of 1000; bytes also as '50MB', '2GB').
+    Steps and epochs stay as typed (pydantic checks them). ValueError with a one-line reason
+    when it is not a number."""
     text = text.strip()
     if kind in STEP_KINDS:
         return text
     raw = text.replace(",", "").replace("_", "")
     scale = 1.0
+    if kind == "bytes" and raw[-1:] in "bB" and raw[-2:-1].lower() in "kmgtpe" and raw[:-2]:
+        raw = raw[:-1]  # train.bytes: '50MB' is 50M bytes of text
     if kind != "tokens_per_param" and raw[-1:].lower() in _SUFFIXES and raw[:-1]:
         scale, raw = _SUFFIXES[raw[-1].lower()], raw[:-1]
     try:
         value = float(raw) * scale
     except ValueError:
-        unit = "tokens" if kind == "tokens" else "FLOPs" if kind == "flops" else "tokens per parameter"
+        unit = {"tokens": "tokens", "bytes": "bytes", "flops": "FLOPs"}.get(kind, "tokens per parameter")
         raise ValueError(f"{text!r} is not a number of {unit} (e.g. "
-                         f"{ {'tokens': '2M', 'flops': '1e15'}.get(kind, '20') })") from None
-    if kind == "tokens":
+                         f"{ {'tokens': '2M', 'bytes': '50MB', 'flops': '1e15'}.get(kind, '20') })") from None
+    if kind in ("tokens", "bytes"):
         if not math.isfinite(value) or value != int(value):
-            raise ValueError(f"{text!r} is not a whole number of tokens")
+            raise ValueError(f"{text!r} is not a whole number of {kind}")
         return int(value)
     return value
 
@@ -423,7 +426,7 @@ def field_for(loc: tuple) -> str | None:
     if head == "model":
         return sub if sub in ("d_model", "n_layers") else "model_options" if sub == "options" else None
     if head == "train":
-        if sub in ("", "epochs", "steps", "tokens", "flops", "tokens_per_param"):
+        if sub in ("", "epochs", "steps", "tokens", "bytes", "flops", "tokens_per_param"):
             return "budget"  # "give exactly one of epochs or steps" is a train-level error
         if sub == "early_stopping":
             return {"metric": "es_metric"}.get(keys[2] if len(keys) > 2 else "", "patience")
