@@ -140,3 +140,51 @@ async def test_names_typed_and_picked_in_the_model_list_at_full_speed(store, tmp
         await settle(pilot)
         assert picker.filter_input.value == "forgetting_transformer"
         assert set(picker.picked) == {"gated_deltaproduct", "forgetting_transformer"}
+
+
+def inside(widget, box) -> bool:
+    r, b = widget.region, box.region
+    return r.height > 0 and r.width > 0 and r.y >= b.y and r.bottom <= b.bottom and r.x >= b.x and r.right <= b.right
+
+
+async def test_tab_at_80x24_always_lands_on_a_field_in_view(store, tmp_path):
+    """Forty Tabs through the form at 80x24: every focus stop inside the form is a field
+    (no container or hidden widget takes the focus unseen) and lies in the scrolled pane's
+    visible area."""
+    app = make_app(store, tmp_path, FakeScheduler())
+    async with app.run_test(size=NARROW) as pilot:
+        form = await open_form(pilot)
+        pane = form.query_one("#form-columns")
+        seen = []
+        for _ in range(40):
+            await pilot.press("tab")
+            await pilot.pause()
+            w = app.focused
+            if w is None or form not in w.ancestors:
+                continue  # the app's tab bar
+            seen.append(w.id)
+            assert w.display and w.visible, f"{w.id} takes the focus unseen"
+            assert inside(w, pane), f"{w.id} ({w.region}) is focused off-screen ({pane.region})"
+        assert "budget" in seen and "eval_every" in seen and "slurm" in seen
+        assert len(seen) == len(set(seen)) or seen.count(seen[0]) == 2  # one pass (wrapping once)
+
+
+async def test_a_bad_value_says_so_when_its_field_is_left(store, tmp_path):
+    """A value the schema refuses shows its message under the field as soon as the focus
+    leaves it, before any save; corrected and left again, the message goes."""
+    app = make_app(store, tmp_path, FakeScheduler())
+    async with app.run_test(size=NARROW) as pilot:
+        form = await open_form(pilot)
+        field = form.query_one("#batch_size", Input)
+        field.focus()
+        await pilot.pause()
+        await pilot.press("ctrl+u", *"abc", "tab")
+        await settle(pilot)
+        err = form.query_one("#err-batch_size", Static)
+        assert err.display and "batch size" in str(err.render())
+        assert not form.query_one("#form-status", Static).display  # no save was asked for
+        field.focus()
+        await pilot.pause()
+        await pilot.press("ctrl+u", *"16", "tab")
+        await settle(pilot)
+        assert not err.display

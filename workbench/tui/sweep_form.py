@@ -153,7 +153,7 @@ class SweepForm(FormLive, FormMatch, FormPresets, FormProfile, Vertical):
                 yield FieldRow("model options", FormInput("", id="model_options", compact=True,
                                                       placeholder="e.g. transformer.pos=rope"),
                                "model_options")
-            with VerticalScroll(id="form-right", classes="form-column"):
+            with _RightColumn(id="form-right", classes="form-column"):
                 yield Static("Task", classes="section")
                 yield FieldRow("task", Select([(n, n) for n in task_names], id="task", allow_blank=False,
                                               value=first, compact=True), "task")
@@ -418,6 +418,15 @@ class SweepForm(FormLive, FormMatch, FormPresets, FormProfile, Vertical):
         self._need_data = need_data
         if self._select("task") != self._params_task:
             return None  # the new task's parameter inputs are being built (_task_changed)
+        prof, errors, general = self._problems(need_data)
+        self._show_errors(errors, general, focus)
+        return prof
+
+    def _problems(self, need_data: bool, registry: bool = True
+                  ) -> tuple[Profile | None, dict[str, str], list[str]]:
+        """(the profile or None, each field's problems, the problems of no one field):
+        the schema's, the lengths' and (``registry``, once the schema passes) the
+        registry's, as the loader checks them."""
         data, errors = self.form_data()
         general: list[str] = []
 
@@ -444,15 +453,34 @@ class SweepForm(FormLive, FormMatch, FormPresets, FormProfile, Vertical):
                     loc += key if isinstance(key, tuple) else (key,)
                 fid = field_for(loc)
                 add(fid, plain_message(err, self._label(fid, loc), EXAMPLES.get(fid)))
-        if prof is not None and not errors and not general:
+        if registry and prof is not None and not errors and not general:
             # the registry checks (model/task names, options) the loader applies
             problems = registry_problems(prof, need_data)
             for loc, msg in problems:
                 add(field_for(loc) if loc else None, msg)
             if problems:
                 prof = None
-        self._show_errors(errors, general, focus)
-        return prof if not errors and not general else None
+        return (prof if not errors and not general else None), errors, general
+
+    # ------------------------------------------------------------------ focus
+    def on_descendant_focus(self, event) -> None:
+        """The focused field's whole row (its message line included) scrolled into view,
+        in the pane that holds it (issue 42 item 4: at 80x24 the focus went off-screen)."""
+        row = next((a for a in event.widget.ancestors if isinstance(a, FieldRow)), None)
+        target = row if row is not None else event.widget
+        self.call_after_refresh(target.scroll_visible, animate=False)
+
+    @on(Input.Blurred)
+    def _field_left(self, event: Input.Blurred) -> None:
+        """A field's problem shown as it is left (not only at save): the schema's and the
+        lengths' checks of the whole form, shown under this field only (the others keep
+        theirs until they are left, saved or corrected)."""
+        fid = ALIASES.get(event.input.id, event.input.id) if event.input.id else None
+        if fid is None or not self.is_attached or not self.query(f"#err-{fid}") \
+                or self._select("task") != self._params_task:
+            return
+        _, errors, _ = self._problems(need_data=False, registry=False)
+        self._set_error(fid, errors.get(fid, ""))
 
     def _label(self, fid: str | None, loc: tuple) -> str:
         """The form's name for a field (a task parameter: 'task parameter P')."""
@@ -651,6 +679,11 @@ class SweepForm(FormLive, FormMatch, FormPresets, FormProfile, Vertical):
         extra = launch_extras(prof)
         self.set_status(text.replace("will launch", "launching", 1) + (f"; {extra}" if extra else ""))
         self.post_message(self.Launch(prof))
+
+
+class _RightColumn(VerticalScroll, can_focus=False):
+    """The right column (wide terminals scroll it on its own): no focus stop of its own,
+    which Tab would land on unseen (its fields take the focus, and scroll it)."""
 
 
 class _Columns(VerticalScroll, can_focus=False):
