@@ -145,7 +145,8 @@ class SampleScreen(ModalScreen[None]):
     def _generate(self, s: dict) -> None:
         import torch
 
-        from workbench.train.decode import TextStream, carries_state, decode, new_tokens, prompt_ids, stop_ids_of
+        from workbench.train.decode import (TextStream, carries_state, decode, keeps_cache, new_tokens, prompt_ids,
+                                            stop_ids_of)
         if self.lm is None:
             self.lm = self._load()
         lm = self.lm
@@ -154,7 +155,7 @@ class SampleScreen(ModalScreen[None]):
         stops = stop_ids_of(lm)
         stream = TextStream(lambda xs: lm.decode(xs, True), context=ids)
         self.mode = "state" if carries_state(lm) else "recompute"
-        how = ("recurrent state carried" if self.mode == "state" else
+        how = (("key/value cache carried" if keeps_cache(lm) else "recurrent state carried") if self.mode == "state" else
                "no state to carry: the window is recomputed for every token")
         how += f"; {note}" if note else ""
         self._later(self._status, f"generating ({how})...")
