@@ -164,6 +164,11 @@ def test_eval_writes_lm_evals_files_with_log_samples_and_no_git_noise(made, tmp_
     plain_spec = eval_spec(run.spec["model"], ["tiny_mc"], include=[str(made["tasks"])], bootstrap_iters=10,
                            device="cpu")
     assert spec_key(plain_spec) == spec_key(run.spec)  # the folder changes no number: the same run
+    other = tmp_path / "elsewhere"
+    assert main(args[:-3] + ["--output-path", str(other)]) == 0  # found again: says where its files are
+    said = " ".join(capfd.readouterr().out.split())  # (the console wraps long lines)
+    assert "evaluated on these tasks already" in said and f"--fresh writes them into {other}" in said, said
+    assert not other.exists()
 
 
 def test_log_samples_needs_an_output_folder(tmp_path, capsys):

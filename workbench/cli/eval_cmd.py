@@ -15,7 +15,12 @@ on the local scheduler like a training run; the command waits with a progress ba
 this process instead, one after the other. Asking again for the same evaluation (same
 model, tasks and settings, in the same ``--profile``) does not evaluate twice: a finished run
 is shown again, an unfinished one goes on at its next task (``--fresh``: a new run).
-Results: ``export --profile eval --metric acc,acc_norm,perplexity --cols eval_set``.
+Results: ``export --profile eval --metric acc,acc_norm,perplexity --cols eval_set`` (each value
+with lm-eval's standard error beside it). ``--output-path DIR [--log-samples]`` also writes
+lm-eval's own files, as ``lm_eval --output_path DIR --log_samples`` does (per task a
+``results_<date>.json`` and ``samples_<task>_<date>.jsonl`` under ``DIR/<model>/``); the
+folder is not part of the run's identity. Labels and model references are printed as written
+(no rich markup or emoji codes: ``run:abc:`` is not ``run🔤``).
 """
 from __future__ import annotations
 

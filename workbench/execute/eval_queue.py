@@ -133,7 +133,7 @@ def submit(store, specs: list[dict], fresh: bool) -> tuple[list[int], list[str]]
         if done is not None:
             ids.append(done.id)
             notes.append(f"run {done.id}: {s['label']} was evaluated on these tasks already (--fresh to "
-                         f"evaluate again)")
+                         f"evaluate again)" + _outputs_note(done, s))
         elif going is not None:
             ids.append(going.id)
             notes.append(f"run {going.id}: {s['label']} is {going.state}; watching it")
@@ -148,6 +148,17 @@ def submit(store, specs: list[dict], fresh: bool) -> tuple[list[int], list[str]]
             ids.append(rid)
             notes.append(f"run {rid}: {s['label']} on {', '.join(s['eval']['tasks'])}")
     return ids, notes
+
+
+def _outputs_note(r, s: dict) -> str:
+    """What a finished run found again does not do: write lm-eval's files into an output
+    folder it was not run with (the folder is not part of its identity, run_spec.spec_key)."""
+    want = (s["eval"].get("output_path"), bool(s["eval"].get("log_samples")))
+    had = (r.spec["eval"].get("output_path"), bool(r.spec["eval"].get("log_samples")))
+    if want[0] is None or want == had:
+        return ""
+    where = f"into {had[0]}" if had[0] else "into no output folder"
+    return f"; it wrote lm-eval's files {where}: --fresh writes them into {want[0]}"
 
 
 def sources(store, specs: list[dict]) -> dict[str, dict]:

@@ -17,7 +17,12 @@ evaluation is queued, shown, killed and resumed like a training run. The run
 - records each finished task and the eval sets it wrote in its info (``eval_done``,
   ``eval_sets``) and its progress as step = tasks done of total_steps = tasks: a run stopped
   (killed, preempted) and resumed goes on at the first task whose results it does not hold;
-- at the end stores run-level ``wall_s`` and ``params`` under eval set ``""`` and finishes.
+- at the end stores run-level ``wall_s`` and ``params`` under eval set ``""`` and finishes;
+- with ``eval.output_path`` writes lm-eval's own files per task through lm-eval's
+  EvaluationTracker (:func:`write_outputs`: ``results_<date>.json``, and with
+  ``eval.log_samples`` the per-document ``samples_<task>_<date>.jsonl``), as lm-eval's CLI does;
+- lm-eval's ``git describe`` (the ``git_hash`` of its results) is asked with git's stderr
+  discarded (:func:`quiet_git_hash`): no ``fatal: not a git repository`` in the log per task.
 
 So ``export --metric acc``, ``report`` (a profile's ``[[published]]`` with ``eval_set`` =
 the task) and the Results tab read these numbers like any others.
