@@ -123,3 +123,20 @@ def test_a_cache_past_max_len_is_refused_in_one_line():
         bb.step(torch.randn(1, D), state)
     msg = str(e.value)
     assert "\n" not in msg and "max_len=10" in msg and "10 cached + 1 new" in msg
+
+
+def test_a_workbench_transformer_run_generates_within_its_window():
+    """sample / the run view: a run whose backbone keeps a key/value cache (load_run's
+    info["carries"]) keeps prompt + tokens within its window, as a transformers model does;
+    a recurrent state has no such end."""
+    from types import SimpleNamespace
+
+    from workbench.train.decode import new_tokens
+
+    def lm(carries):
+        return SimpleNamespace(name="run:2", start=object(), step=object(), max_length=64,
+                               info={"kind": "workbench-run", "carries": carries})
+
+    assert new_tokens(lm("key/value cache"), 10, 100) == (
+        54, "100 tokens after a 10-token prompt pass run:2's window of 64 tokens: generating 54")
+    assert new_tokens(lm("recurrent state"), 10, 100) == (100, None)
