@@ -188,3 +188,39 @@ async def test_a_bad_value_says_so_when_its_field_is_left(store, tmp_path):
         await pilot.press("ctrl+u", *"16", "tab")
         await settle(pilot)
         assert not err.display
+
+
+async def test_a_run_without_a_gpu_says_so_in_one_line():
+    """The system panel of a CPU run: CPU, process memory and that there is no GPU on one
+    line (five lines before, above the run's results at 80x24)."""
+    from textual.app import App
+
+    from workbench.tui.system_panel import SystemPanel
+
+    class Host(App):
+        def compose(self):
+            yield SystemPanel(id="sys")
+
+    app = Host()
+    async with app.run_test(size=NARROW) as pilot:
+        panel = app.query_one(SystemPanel)
+        panel.nvml_note = "no NVIDIA GPU found (NVML: driver not loaded)"
+        panel.show([{"t": None, "cpu_percent": 150.0, "rss_mb": 321.0, "gpu_util": None,
+                     "gpu_mem_used_mb": None, "gpu_mem_total_mb": None, "gpu_name": None}])
+        await pilot.pause()
+        shown = str(panel.query_one("#sys-text", Static).render())
+        assert shown.strip().count("\n") == 0, shown
+        assert "CPU 150%" in shown and "321 MiB" in shown and "No NVIDIA GPU" in shown
+
+
+def test_a_narrow_runs_table_keeps_the_grid_point_over_a_full_task_setting():
+    """At 80 columns, a task setting and a grid point both vary between the rows and the
+    seed does not: the task is cut to leave the grid point room (it tells the runs apart)
+    and the seed column, 0 on every row, is not shown."""
+    from workbench.tui.run_cells import layout
+
+    natural = {"id": 2, "model": 11, "task": 22, "grid": 30, "profile": 12, "seq_len": 4, "seed": 1,
+               "loss": 6, "elapsed": 6, "device": 4}
+    shown = layout(78, natural, {"task", "grid"}, set())
+    assert "grid" in shown and "task" in shown and "seed" not in shown
+    assert sum(w + 2 for w in shown.values()) <= 78

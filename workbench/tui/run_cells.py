@@ -279,9 +279,14 @@ def layout(avail: int, natural: dict[str, int], varies: set[str], empty: set[str
     ranked = sorted(KEEP, key=lambda k: rank(k, varies, empty))  # stable: KEEP order within
     for i, k in enumerate(ranked):
         need = width[k] + 2 * PAD
-        # a truncatable column leaves room for the later varying axes that cannot shrink
+        # a truncatable column leaves room for the later varying axes that cannot shrink,
+        # and for the later varying axes that can, at their least width: a task setting
+        # shown in full must not crowd out the grid point that tells two runs apart (at
+        # 80x24 a seed column, 0 on every row, took what was left; issue 42 item 4)
         later = 0 if k not in TRUNCATE else sum(
-            width[j] + 2 * PAD for j in ranked[i + 1:] if rank(j, varies, empty) <= 2 and j not in TRUNCATE)
+            width[j] + 2 * PAD for j in ranked[i + 1:] if rank(j, varies, empty) <= 2 and j not in TRUNCATE) + sum(
+            min(width[j], TRUNCATE[j]) + 2 * PAD for j in ranked[i + 1:]
+            if rank(j, varies, empty) == 1 and j in TRUNCATE)
         if used + need + later <= avail:
             out[k] = width[k]
             used += need

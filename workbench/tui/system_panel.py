@@ -1,5 +1,6 @@
 """The system panel of a run: GPU memory/utilisation from NVML where the worker had a
-driver, otherwise CPU % and process memory, from the ``system`` rows the worker writes.
+driver, otherwise CPU % and process memory on one line, from the ``system`` rows the
+worker writes.
 
 A run that is not running writes no samples: its panel then says how old the last one is
 and that it is not live (:func:`age_note`); so does a running run's panel when its samples
@@ -87,14 +88,15 @@ class SystemPanel(Vertical):
             out.append("utilisation, last samples:", style="dim")
             data = [r["gpu_util"] or 0.0 for r in rows]
         else:
+            # one line (issue 42 item 4: five lines of it pushed a run's results down at
+            # 80x24); why NVML found no GPU is `ssm-workbench doctor`'s to say in full
+            parts = []
             if last["cpu_percent"] is not None:
-                out.append(f"CPU {last['cpu_percent']:.0f}%\n")
+                parts.append(f"CPU {last['cpu_percent']:.0f}%")
             if last["rss_mb"] is not None:
-                out.append(f"process memory (RSS) {last['rss_mb']:,.0f} MiB\n")
-            out.append("No NVIDIA GPU found: showing CPU and process memory.\n", style="yellow")
-            if self.nvml_note:  # sysmon's reason, e.g. "no NVIDIA GPU found (NVML: ...)"
-                out.append(self.nvml_note.replace("no NVIDIA GPU found ", "") + "\n", style="dim")
-            out.append("CPU %, last samples:", style="dim")
+                parts.append(f"process memory {last['rss_mb']:,.0f} MiB")
+            out.append(" · ".join(parts) + (" · " if parts else ""))
+            out.append("No NVIDIA GPU (CPU % below)", style="yellow")
             data = [r["cpu_percent"] or 0.0 for r in rows]
         set_text(text, out)
         if list(spark.data or []) != data:  # a new sample arrived
