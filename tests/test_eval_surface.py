@@ -257,3 +257,29 @@ def test_labels_are_printed_as_written_not_as_emoji(tmp_path, capsys):
     assert "run:abc:" in text and "🔤" not in text, text
     common._console().print("queued run:abc: again", markup=False)
     assert "run:abc: again" in capsys.readouterr().out
+
+
+async def test_the_results_tab_shows_stderrs_beside_values_not_as_metrics_to_cycle(store, tmp_path):  # noqa: F811
+    from textual.widgets import DataTable
+
+    from workbench.tui.results_view import ResultsView
+
+    stored_eval(store)
+    app = make_app(store, tmp_path)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.press("f3")
+        await settle(pilot)
+        view = app.query_one(ResultsView)
+        seen = []
+        for _ in range(12):
+            seen.append(view.current()[1])
+            await pilot.press("m")
+            await settle(pilot)
+        assert "acc" in seen and not any(m.endswith("_stderr") for m in seen), seen
+        while view.current()[1] != "acc":
+            await pilot.press("m")
+            await settle(pilot)
+        table = view.query_one("#results-table", DataTable)
+        assert [str(c) for c in table.get_row_at(0)[1:]] == ["0.200 ± 0.200", "0.600 ± 0.245"]
+        caption = str(view.query_one("#results-caption", Static).render())
+        assert "± lm-eval's standard error" in caption and "0/1 run(s)" not in caption, caption

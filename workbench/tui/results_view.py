@@ -184,6 +184,9 @@ class ResultsView(PollsStore, Vertical):
         when they still apply; the others take defaults that follow the data (columns
         become the eval sets once a run has them)."""
         metrics = agg.metrics_of(recs) or list(catalogue.CATALOGUE)
+        # lm-eval's <metric>_stderr is shown beside its metric (aggregate.with_stderr), not as a
+        # metric of its own to cycle through
+        metrics = [m for m in metrics if not (m.endswith("_stderr") and m.removesuffix("_stderr") in metrics)]
         fields = agg.fields_of(recs) if recs else ["model", "seq_len", "seed", "eval_set"]
         has_sets = any(r.get("eval_set") not in ("", "valid") for r in recs)  # not just validation
         metric, rows, cols, over = (self._value(f) if f in self.chosen else None
