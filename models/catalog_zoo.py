@@ -145,12 +145,12 @@ def forgetting_transformer(d_model: int, n_layers: int, n_heads: int = 4, channe
     (fla's parallel_forgetting_attn on CUDA when installed, the C kernel on a CPU when it
     builds, else torch), torch (shift-trick fused SDPA), cpu, ref, fla.
     Parameters per layer: 4 d^2 + (d + 1) n_heads + the MLP's and norms'."""
-    from models.common import ResidualStack
     from models.attention.forgetting_attention import ForgettingAttention
+    from models.ssm.mamba import RecurrentStack   # a ResidualStack that also decodes (init_state / step)
 
-    return ResidualStack(d_model, n_layers,
-                         lambda i: ForgettingAttention(d_model, n_heads=n_heads, dropout=dropout, backend=backend),
-                         norm=norm, dropout=dropout, channel_mixer=channel_mixer, mlp_mult=mlp_mult)
+    return RecurrentStack(d_model, n_layers,
+                          lambda i: ForgettingAttention(d_model, n_heads=n_heads, dropout=dropout, backend=backend),
+                          norm=norm, dropout=dropout, channel_mixer=channel_mixer, mlp_mult=mlp_mult)
 
 
 BASED_CODES = "CBW"
