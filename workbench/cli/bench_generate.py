@@ -49,8 +49,11 @@ GENERATE_COLUMNS = ["model", "prompt_len", "batch", "params", "prefill_ms", "dec
 
 
 def state_bytes(state: Any) -> int:
-    """Bytes of the tensors in a decoding state: nested lists / tuples / dicts of tensors;
-    an object with ``nbytes()`` (a KVCache: its filled positions) counts what that says."""
+    """Bytes of the tensors in a decoding state: nested lists / tuples / dicts / dataclasses
+    (FoX's) of tensors; an object with ``nbytes()`` (a KVCache: its filled positions) counts
+    what that says."""
+    import dataclasses
+
     import torch
 
     if isinstance(state, torch.Tensor):
@@ -59,6 +62,8 @@ def state_bytes(state: Any) -> int:
         return int(state.nbytes())
     if isinstance(state, dict):
         return sum(state_bytes(v) for v in state.values())
+    if dataclasses.is_dataclass(state) and not isinstance(state, type):
+        return sum(state_bytes(getattr(state, f.name)) for f in dataclasses.fields(state))
     if isinstance(state, (list, tuple)):
         return sum(state_bytes(v) for v in state)
     return 0
