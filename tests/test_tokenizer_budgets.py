@@ -246,3 +246,13 @@ def test_the_form_reads_a_bytes_budget_and_says_when_its_steps_are_known(corpus)
         parse_budget("1.5", "bytes")
     text, ok, steps = budget_steps_text(expand(loads(profile(corpus))))
     assert ok and steps is None and text.startswith("= steps from bytes of text, resolved at launch")
+
+
+def test_the_forms_grid_axes_write_and_read_tokenizer_tables(corpus):
+    from workbench.tui.form_fields import format_grid_values, parse_grid_axes
+
+    values = loads(profile(corpus)).sweep.grid["task.tokenizer"]
+    text = format_grid_values(values)
+    assert text == '"bytes", {name = "bpe", vocab_size = 512}, {name = "bpe", vocab_size = 1024}'
+    assert parse_grid_axes(f"task.tokenizer = {text}; train.lr = 1e-3, 2e-3") == {
+        "task.tokenizer": values, "train.lr": [1e-3, 2e-3]}

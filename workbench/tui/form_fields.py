@@ -262,16 +262,16 @@ def parse_param(text: str, default: Any) -> Any:
 
 
 def _split_top(text: str, seps: str = ";,") -> list[str]:
-    """Split on ';' or ',' (``seps``) outside [...] and quotes."""
+    """Split on ';' or ',' (``seps``) outside [...], {...} (an inline table) and quotes."""
     parts, cur, depth, quote = [], [], 0, None
     for ch in text:
         if quote:
             quote = None if ch == quote else quote
         elif ch in "\"'":
             quote = ch
-        elif ch == "[":
+        elif ch in "[{":
             depth += 1
-        elif ch == "]":
+        elif ch in "]}":
             depth -= 1
         elif ch in seps and depth == 0:
             parts.append("".join(cur))
@@ -335,7 +335,9 @@ def parse_grid_axes(text: str) -> dict[str, list[Any]]:
 
 
 def format_grid_values(values: list[Any]) -> str:
-    return ", ".join(json.dumps(v) for v in values)  # JSON scalars are TOML literals
+    def one(v: Any) -> str:  # a task.tokenizer table as a TOML inline table: {name = "bpe", vocab_size = 512}
+        return "{" + ", ".join(f"{k} = {one(x)}" for k, x in v.items()) + "}" if isinstance(v, dict) else json.dumps(v)
+    return ", ".join(one(v) for v in values)  # JSON scalars are TOML literals
 
 
 # grid axes with their own input in the Training section; other keys go in "grid axes"
