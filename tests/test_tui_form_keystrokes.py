@@ -224,3 +224,25 @@ def test_a_narrow_runs_table_keeps_the_grid_point_over_a_full_task_setting():
     shown = layout(78, natural, {"task", "grid"}, set())
     assert "grid" in shown and "task" in shown and "seed" not in shown
     assert sum(w + 2 for w in shown.values()) <= 78
+
+
+async def test_erasing_keys_and_letters_typed_at_once_apply_in_order(store, tmp_path):
+    """ctrl+u, backspace and letters sent at once (a fast typist on a loaded machine):
+    the field ends as if each key was applied in turn. Textual ran the Input's erasing
+    bindings only after the letters typed behind them: 'ctrl+u 5 0 0 0 0' left the field
+    empty, as 'bpe' typed right after clearing the tokenizer was lost."""
+    from textual import events
+
+    app = make_app(store, tmp_path, FakeScheduler())
+    async with app.run_test(size=NARROW) as pilot:
+        form = await open_form(pilot)
+        budget = form.query_one("#budget", Input)
+        budget.focus()
+        await settle(pilot)
+        budget.action_end()
+        keys = [("ctrl+u", "\x15"), *[(c, c) for c in "50001"], ("backspace", "\x08"), ("0", "0")]
+        for key, ch in keys:  # all queued before any is handled
+            app._driver.send_message(events.Key(key, ch))
+        await pilot.pause(0.5)
+        await settle(pilot)
+        assert budget.value == "50000"

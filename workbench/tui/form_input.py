@@ -9,6 +9,9 @@ late write would overwrite what they typed (issue 42 item 3: ``50000`` typed int
 budget after clearing it became ``10000``, the auto value written into the cleared field
 with the keys typed after it appended).
 
+Under load Textual also reorders a field's own editing keys against the letters typed
+after them (:data:`EDIT_KEYS`): a FormInput applies them in the order typed.
+
 So every :class:`FormInput` remembers when its value last changed by any other means than
 :func:`put` (a key, a paste, a profile loaded into the form), on the clock Textual stamps
 its messages with, and :func:`put` writes only into a field that has not changed since
@@ -18,8 +21,20 @@ keeps what was typed.
 """
 from __future__ import annotations
 
-from textual import _time
+from textual import _time, events
+from textual.binding import Binding
 from textual.widgets import Input
+
+# Input's own editing keys (backspace, ctrl+u, delete, the cursor keys, ...) -> action.
+# Textual runs a widget's (non-priority) bindings only once the key has bubbled up to the
+# app, while a printable key is inserted by the Input itself as it arrives: under load
+# 'ctrl+u b p e' then erased the 'bpe' typed after it (the keys in the Input's queue were
+# inserted before the binding ran). A FormInput runs them itself, in the order typed.
+EDIT_KEYS: dict[str, str] = {
+    key.strip(): b.action
+    for b in Input.BINDINGS if isinstance(b, Binding) and not b.priority
+    for key in b.key.split(",")
+}
 
 
 def now() -> float:
@@ -37,6 +52,13 @@ class FormInput(Input):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.changed_at = 0.0  # the value it was built with is nobody's edit
+
+    async def _on_key(self, event: events.Key) -> None:
+        action = EDIT_KEYS.get(event.key)
+        if action is not None:  # here, before the keys typed after it (see EDIT_KEYS)
+            event.stop()
+            event.prevent_default()  # (Input's own handler, and the binding, do not run)
+            await self.run_action(action)
 
     def _watch_value(self, value: str) -> None:
         # runs as the value is set (synchronously): a key's edit is stamped before any
