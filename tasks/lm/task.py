@@ -30,6 +30,9 @@ Metrics: ``loss`` is the mean cross-entropy in nats per token; ``extra_metrics``
 ln 2 / the UTF-8 bytes of text their target tokens cover (counted per token at
 tokenisation time, so exact; end-of-text tokens cover none), the number that compares
 models across tokenizers. The worker records ``tokens_trained`` (steps x batch x seq_len).
+A budget in bytes of text (``train.bytes``) becomes steps through
+:meth:`LMTask.train_bytes_per_token` (the training split's text bytes / its tokens, from the
+token files' meta.json), so runs of different tokenizers train on the same amount of text.
 """
 from __future__ import annotations
 
