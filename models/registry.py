@@ -15,6 +15,7 @@ error naming the option and the model instead of being silently dropped.
 """
 from __future__ import annotations
 
+import contextlib
 import inspect
 import math
 from dataclasses import dataclass
@@ -259,9 +260,43 @@ def _budget_mode(limit: int):
     return Budget()
 
 
+_RANDOM_FILLS = ("uniform_", "normal_", "random_", "bernoulli_", "exponential_", "cauchy_", "log_normal_",
+                 "geometric_")
+_INITS = ("uniform_", "normal_", "trunc_normal_", "kaiming_uniform_", "kaiming_normal_", "xavier_uniform_",
+          "xavier_normal_", "orthogonal_", "sparse_")
+
+
+@contextlib.contextmanager
+def zero_random_fills():
+    """Inside, a random initialisation (nn.init's initialisers, a tensor's in-place random
+    fill) writes zeros instead, for a model built to be counted or measured, not trained:
+    its shapes, counts and what a forward keeps for backward are the same whatever the
+    weights' values, and drawing them was most of a small model's build (and seconds for
+    a 50k-vocabulary embedding and head). Zeros are a memset, and no NaN or denormal slows
+    a forward. Computed values (S4's HiPPO matrices, dt's inverse softplus of torch.rand)
+    are computed as always."""
+    import torch
+    import torch.nn.init as init
+    from torch.overrides import TorchFunctionMode
+
+    skip = {getattr(torch.Tensor, n) for n in _RANDOM_FILLS} | {getattr(init, n) for n in _INITS}
+
+    class ZeroFill(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            if func in skip:
+                t = args[0] if args else kwargs["tensor"]
+                with torch.no_grad():
+                    return t.zero_()
+            return func(*args, **kwargs)
+
+    with ZeroFill():
+        yield
+
+
 def build_for_shapes(make: Callable[[], nn.Module], limit: int = SHAPES_CPU_NUMEL) -> nn.Module:
     """``make()`` built to be counted, not run: on the CPU (one thread, the global random
-    state left as it was) when its tensors stay under ``limit`` elements, else on the meta
+    state left as it was, random initialisations written as zeros) when its tensors stay under ``limit`` elements, else on the meta
     device, else (an init computing on real tensors, e.g. S4's DPLR) on the CPU without a
     limit. Parameter shapes, counts and state sizes are the same wherever it is built; an
     error of the model itself (a bad option value) is raised as the build raises it."""
@@ -272,7 +307,7 @@ def build_for_shapes(make: Callable[[], nn.Module], limit: int = SHAPES_CPU_NUME
     try:
         with torch.random.fork_rng(devices=[]):
             try:
-                with _budget_mode(limit):
+                with _budget_mode(limit), zero_random_fills():
                     return make()
             except (_OverBudget, MemoryError):
                 pass

@@ -161,47 +161,17 @@ def saved_bytes(model, inputs, targets) -> tuple[int, int]:
     return sum(seen.values()), max(seen.values(), default=0)
 
 
-_RANDOM_FILLS = ("uniform_", "normal_", "random_", "bernoulli_", "exponential_", "cauchy_", "log_normal_",
-                 "geometric_")
-_INITS = ("uniform_", "normal_", "trunc_normal_", "kaiming_uniform_", "kaiming_normal_", "xavier_uniform_",
-          "xavier_normal_", "orthogonal_", "sparse_")
-
-
-@contextlib.contextmanager
-def _zero_random_fills():
-    """Inside, a random initialisation (nn.init's initialisers, a tensor's in-place random
-    fill) writes zeros instead: what a forward keeps for backward is the same whatever
-    the weights' values, and drawing a probe's random weights (a 50k-vocabulary embedding
-    and head, 24 layers at d_model 768) was a fifth of a cold ``profile check
-    profiles/*.toml``; zeros are a memset, and no NaN or denormal slows the forward.
-    Computed values (S4's HiPPO matrices, dt's inverse softplus of torch.rand) are
-    computed as always."""
-    import torch
-    import torch.nn.init as init
-    from torch.overrides import TorchFunctionMode
-
-    skip = {getattr(torch.Tensor, n) for n in _RANDOM_FILLS} | {getattr(init, n) for n in _INITS}
-
-    class ZeroFill(TorchFunctionMode):
-        def __torch_function__(self, func, types, args=(), kwargs=None):
-            kwargs = kwargs or {}
-            if func in skip:
-                t = args[0] if args else kwargs["tensor"]
-                with torch.no_grad():
-                    return t.zero_()
-            return func(*args, **kwargs)
-
-    with ZeroFill():
-        yield
-
-
 def _build(task, model: str, d_model: int, n_layers: int, options: dict[str, Any]):
     import torch
 
+    from models.registry import zero_random_fills
     from workbench.train.compose import build_model
 
     torch.manual_seed(0)
-    with _zero_random_fills():
+    # a forward keeps the same whatever the weights' values: drawing a probe's random
+    # weights (a 50k-vocabulary embedding and head, 24 layers at d_model 768) was a fifth
+    # of a cold `profile check profiles/*.toml`
+    with zero_random_fills():
         return build_model(task, model, d_model=d_model, n_layers=n_layers, **options)
 
 
