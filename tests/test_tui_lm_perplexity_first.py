@@ -117,6 +117,9 @@ async def test_run_view_plots_bits_per_byte_against_tokens_and_labels_train_and_
                       "eval bpb 1.5"):
             assert field in title.replace("\n", "  "), title
         assert "acc " not in title and "  loss" not in title.replace("train loss", "").replace("eval loss", "")
+        # the side panel's results lead with eval loss, perplexity and bits per byte
+        results = text(screen.query_one("#run-results", Static)).splitlines()
+        assert [line.split()[0] for line in results[1:4]] == ["loss", "perplexity", "bits_per_byte"], results
 
 
 @pytest.mark.parametrize("size", [(120, 40), (80, 24)])
@@ -166,13 +169,17 @@ async def test_compare_legend_names_the_metric_l_switched_to(store, tmp_path):
         await poll_view(pilot, screen)
         legend = screen.query_one("#compare-legend", DataTable)
         heads = lambda: [str(legend.columns[k].label) for k in ("loss", "acc")]  # noqa: E731
-        assert heads() == ["train loss", "eval acc"]
+        assert heads() == ["train loss", "eval bpb"]  # language models: bits per byte, not accuracy
+        assert screen.query_one("#compare-acc").title == "eval bits per byte"
         await pilot.press("l", "l", "l")  # eval loss, perplexity, bits per byte
         await settle(pilot)
         assert screen.loss_metric == ("eval", "bits_per_byte")
-        assert heads() == ["eval bpb", "eval acc"]
+        assert heads()[0] == "eval bpb"
         col = list(legend.columns).index("loss")
         assert [str(legend.get_row_at(i)[col]) for i in range(legend.row_count)] == ["1.5", "1.25"]
+        await pilot.press("a")  # the second plot: perplexity next
+        await settle(pilot)
+        assert screen.acc_metric == ("eval", "perplexity") and heads()[1] == "eval ppl"
 
 
 # --------------------------------------------------------------------------- early stopping

@@ -13,7 +13,9 @@ or show every run, ``l`` / ``a`` which loss (train or eval loss, eval perplexity
 (:mod:`workbench.tui.paths`). Under 100 columns the legend goes under the plots, so the
 group names are not cut. The legend's last two columns are each group's last value of the
 metric each plot shows, headed by that metric's short name (:data:`LEGEND_NAMES`:
-``train loss``, ``eval bpb``, ``eval acc``), so they follow ``l`` and ``a``.
+``train loss``, ``eval bpb``, ``eval acc``), so they follow ``l`` and ``a``. Runs that are
+all language models (task ``lm``) open the second plot on eval bits per byte, ``a`` going
+through perplexity and accuracy (:data:`LM_SECOND`), not on accuracy.
 """
 from __future__ import annotations
 
@@ -40,6 +42,8 @@ from workbench.tui.plots import COLOURS, CurvePlot
 POLL_S = 0.5
 LOSS_METRICS = [("train", "loss"), ("eval", "loss"), ("eval", "perplexity"), ("eval", "bits_per_byte")]
 ACC_METRICS = [("eval", "accuracy"), ("eval", "sequence_accuracy"), ("train", "accuracy")]
+# a language model's second plot: bits per byte first (it compares tokenizers)
+LM_SECOND = [("eval", "bits_per_byte"), ("eval", "perplexity"), ("eval", "accuracy")]
 # the legend's headers for the metric each plot shows (short: the legend sits beside the plots)
 LEGEND_NAMES = {("train", "loss"): "train loss", ("eval", "loss"): "eval loss",
                 ("eval", "perplexity"): "eval ppl", ("eval", "bits_per_byte"): "eval bpb",
@@ -93,6 +97,7 @@ class CompareScreen(PollsStore, Screen):
         self.figures_dir = paths.output_root(store.root, figures_dir)
         self.axis, self.band, self.by_seed = "step", "std", True
         self.loss_metric, self.acc_metric = LOSS_METRICS[0], ACC_METRICS[0]
+        self.second = ACC_METRICS  # what `a` goes through (language models: LM_SECOND)
         self.runs: list[Run] = []
         self.rows: list[Any] = []  # every curve-metric row of these runs read so far
         self.last_rowid = 0
@@ -129,6 +134,9 @@ class CompareScreen(PollsStore, Screen):
             self._dirty = True
         if states != [(r.state, r.started) for r in self.runs]:
             self._dirty = True  # a run started (wall x needs it) or ended
+        if runs and not self.runs and all(r.task == "lm" for r in runs) and self.second is ACC_METRICS:
+            self.second, self.acc_metric = LM_SECOND, LM_SECOND[0]
+            self._dirty = True
         self.runs = runs
         if self._dirty:
             self._dirty = False
@@ -196,7 +204,8 @@ class CompareScreen(PollsStore, Screen):
                 label, ",".join(str(r.id) for r in rs),
                 state_text(states[0]) if len(states) == 1 else Text("/".join(states)),
                 Text(number(last[0].get(label)), justify="right"),
-                Text(accuracy(last[1].get(label)), justify="right"))
+                Text(accuracy(last[1].get(label)) if "accuracy" in self.acc_metric[1] else
+                     number(last[1].get(label)), justify="right"))
 
     # ------------------------------------------------------------------ actions
     def _changed(self) -> None:
@@ -235,7 +244,7 @@ class CompareScreen(PollsStore, Screen):
         self._changed()
 
     def action_cycle_acc(self) -> None:
-        self.acc_metric = self._cycle(ACC_METRICS, self.acc_metric, "accuracy")
+        self.acc_metric = self._cycle(self.second, self.acc_metric, "accuracy")
         self._changed()
 
     def action_figures(self) -> None:

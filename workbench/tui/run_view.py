@@ -53,6 +53,7 @@ LM_FIGURES = {("eval", "perplexity"): "ppl", ("eval", "bits_per_byte"): "bpb",
               ("train", "tokens_trained"): "tokens"}
 # a language model's second plot (in place of ACC_SERIES): bits per byte compares tokenizers
 LM_SERIES = {("eval", "bits_per_byte"): "eval bpb"}
+LM_RESULTS = ("loss", "perplexity", "bits_per_byte")  # a language model's results, listed first
 FIELD_GAP = "  "  # between the title's fields
 
 
@@ -282,7 +283,7 @@ class RunScreen(PollsStore, Screen):
                 out.append(f"{eval_set or default}\n", style="bold")
                 # values with '± SE' (and an evaluation's run-level figures): wider, in a narrower name column
                 narrow = any(k.endswith("_stderr") for k in values) or run.spec.get("kind") == "eval"
-                for name, value in values.items():
+                for name, value in sorted(values.items(), key=lambda kv: _lm_first(run, kv[0])):
                     # not measured here (e.g. GPU figures on a CPU run); a standard error
                     # (lm-eval's <metric>_stderr) goes beside its metric
                     if value is None or (name.endswith("_stderr") and name.removesuffix("_stderr") in values):
@@ -309,6 +310,14 @@ class RunScreen(PollsStore, Screen):
             self.notify(why, severity="warning", markup=False)
             return
         self.app.push_screen(SampleScreen(self.store, self.run_id, self.lock))
+
+
+def _lm_first(run: Run, name: str) -> int:
+    """Where a result goes in the side panel: a language model's eval loss, perplexity and
+    bits per byte first (:data:`LM_RESULTS`), the rest as stored (a stable sort's key)."""
+    if run.task == "lm" and name in LM_RESULTS:
+        return LM_RESULTS.index(name)
+    return len(LM_RESULTS)
 
 
 def wrap_fields(fields: list[Text], width: int | None) -> Text:
