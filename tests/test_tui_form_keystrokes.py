@@ -1,7 +1,7 @@
 """The sweep form keeps every keystroke and shows where the focus is (issue 42 items 3, 4).
 
 Keystrokes: the form fills some fields itself, from a change or a background result that
-was started earlier (form_input.put). The background work is slowed on purpose here (it
+was started earlier (form_fields.put). The background work is slowed on purpose here (it
 waits on an event the test sets), keys are typed at full speed, and each field must hold
 exactly what was typed: before the fix, the late result wrote the form's value into a
 field the user had just cleared, and the keys typed after it were appended to it.

@@ -31,7 +31,7 @@ from workbench.spec import profile as profiles
 from workbench.spec.recipes import RECIPE_NAMES, RECIPES, SIZES
 from workbench.spec.schema import TrainSection
 from workbench.tui.form_fields import TRAIN_INPUTS
-from workbench.tui.form_input import put
+from workbench.tui.form_fields import put
 
 NONE = "none"  # the Selects' "no preset" value
 RECIPE_OPTIONS = [(NONE, NONE)] + [(n, n) for n in RECIPE_NAMES]
@@ -194,7 +194,7 @@ class FormPresets:
         """A recipe or size picked (or a match target set, FormMatch): the fields it fills that hold the form's own starting
         values are emptied (it fills them); fields no preset fills any more get those
         values back where they are empty. Only fields not edited since ``since`` (when
-        the preset changed: form_input.put), so keys typed meanwhile are kept."""
+        the preset changed: form_fields.put), so keys typed meanwhile are kept."""
         recipe, size = self.presets()
         filled = preset_fields(recipe, size) | self.match_fills()  # (FormMatch: the width a match solves)
         auto = getattr(self, "_auto", {})

@@ -33,6 +33,8 @@ from textual.widgets.selection_list import Selection
 
 import models
 
+from workbench.tui.form_fields import FormInput  # (its erasing keys apply in the order typed)
+
 # Families shown first to last: the few baselines before the long SSM grid, so that every
 # family's header is on the first screen of the list; families not named here follow.
 FAMILY_ORDER = ("attention", "rnn", "conv", "mlp", "hybrid", "ssm", "pretrained")
@@ -179,7 +181,7 @@ class ModelPicker(Vertical):
     # ------------------------------------------------------------------ layout
     def compose(self) -> ComposeResult:
         # no select-all on focus: up from the list continues the filter typed there
-        yield Input(placeholder="type to filter: name, family or description (esc clears)",
+        yield FormInput(placeholder="type to filter: name, family or description (esc clears)",
                     id="models-filter", compact=True, select_on_focus=False)
         yield _PickList(*self._options(""), id="models-list", compact=True)
         yield Static("", id="models-picked")

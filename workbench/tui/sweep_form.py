@@ -42,7 +42,7 @@ from workbench.tui.form_fields import (ALIASES, BUDGET_KINDS, DEFAULT_BUDGET, DE
                                        required_params, task_cpu_note, task_param_defaults,
                                        task_train_defaults)
 from workbench.tui.form_fields import PARAM_SUGGESTIONS, PARAM_UNITS
-from workbench.tui.form_input import FormInput, now, put
+from workbench.tui.form_fields import FormInput, now, put
 from workbench.tui.form_live import FormLive
 from workbench.tui.form_match import FormMatch
 from workbench.tui.form_presets import RECIPE_OPTIONS, SIZE_OPTIONS, FormPresets
@@ -270,7 +270,7 @@ class SweepForm(FormLive, FormMatch, FormPresets, FormProfile, Vertical):
     def _follow_eval(self, auto: str | None, since: float) -> None:
         """'evaluate every' to ``auto`` where it holds the form's value or nothing, and
         has not been edited since ``since`` (when the change it follows happened:
-        form_input.put; a cleared field being retyped keeps what is typed)."""
+        form_fields.put; a cleared field being retyped keeps what is typed)."""
         field = self.query_one("#eval_every", Input)
         if auto is not None and field.value.strip() in ("", self._eval_auto):
             if not put(field, auto, since):
