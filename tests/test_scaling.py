@@ -224,7 +224,9 @@ def test_plot_scaling_writes_png_and_svg_with_fits_and_exponents(store, tmp_path
 
 
 def test_without_scipy_the_irreducible_fit_falls_back_to_numpy(store, monkeypatch):
-    monkeypatch.setattr(scaling, "_scipy_curve_fit", lambda: None)
+    from workbench.results import curve_fits
+
+    monkeypatch.setattr(curve_fits, "scipy_curve_fit", lambda: None)
     res = scaling.analyse(store, "lm-scaling", form="irreducible")
     assert {f.fitter for f in res["fits"].values()} == {"numpy-lm"}
     assert "fit: numpy-lm" in scaling.render(res, "md")
