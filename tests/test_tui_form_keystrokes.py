@@ -246,3 +246,24 @@ async def test_erasing_keys_and_letters_typed_at_once_apply_in_order(store, tmp_
         await pilot.pause(0.5)
         await settle(pilot)
         assert budget.value == "50000"
+
+
+async def test_keys_typed_right_after_a_tab_go_to_the_next_field(store, tmp_path):
+    """'tab ctrl+u 7' sent at once from "grad clip": the 7 lands in "evaluate every" (the
+    Tab moves the focus as it arrives) and grad clip keeps its value."""
+    from textual import events
+
+    app = make_app(store, tmp_path, FakeScheduler())
+    async with app.run_test(size=NARROW) as pilot:
+        form = await open_form(pilot)
+        clip = form.query_one("#grad_clip", Input)
+        before = clip.value
+        clip.focus()
+        await settle(pilot)
+        for key, ch in [("tab", "\t"), ("ctrl+u", "\x15"), ("7", "7"), ("shift+tab", None),
+                        ("end", None), ("backspace", "\x08"), ("5", "5")]:
+            app._driver.send_message(events.Key(key, ch))
+        await pilot.pause(0.5)
+        await settle(pilot)
+        assert value(form, "eval_every") == "7"
+        assert clip.value == before[:-1] + "5"

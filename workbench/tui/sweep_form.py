@@ -85,6 +85,11 @@ class SweepForm(FormLive, FormMatch, FormPresets, FormProfile, Vertical):
         Binding("ctrl+o", "load", "Load", tooltip="Load a profile into the form"),
         Binding("ctrl+r", "launch", "Launch", tooltip="Launch the sweep"),
         Binding("ctrl+q", "app.quit", "Quit", tooltip="Quit (runs go on)"),
+        # the focus moves as the key arrives (a priority binding runs in the app's key
+        # order): the Screen's own Tab binding ran only once the key had bubbled up, so the
+        # keys typed right after a Tab went to the field being left (issue 42 item 3)
+        Binding("tab", "app.focus_next", "Next field", show=False, priority=True),
+        Binding("shift+tab", "app.focus_previous", "Previous field", show=False, priority=True),
     ]
 
     class Launch(Message):
