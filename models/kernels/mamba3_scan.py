@@ -75,10 +75,22 @@ def rotate(x: torch.Tensor, theta: torch.Tensor) -> torch.Tensor:
     return torch.cat((turned, tail), dim=-1)
 
 
+def _broadcast(a: tuple, b: tuple) -> torch.Size:
+    """The broadcast of two shapes (torch.broadcast_shapes' rule; that function imports
+    torch's symbolic shapes and sympy on first use, most of a second of a cold process)."""
+    n = max(len(a), len(b))
+    out = []
+    for x, y in zip((1,) * (n - len(a)) + tuple(a), (1,) * (n - len(b)) + tuple(b)):
+        if x != y and 1 not in (x, y):
+            raise RuntimeError(f"shapes {tuple(a)} and {tuple(b)} do not broadcast")
+        out.append(y if x == 1 else x)
+    return torch.Size(out)
+
+
 def _turn(x: torch.Tensor, c: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
     """rotate() with cos and sin given, written into one new tensor (no stack or cat)."""
     R = c.shape[-1]
-    out = torch.empty(torch.broadcast_shapes(x.shape[:-1], c.shape[:-1]) + x.shape[-1:],
+    out = torch.empty(_broadcast(x.shape[:-1], c.shape[:-1]) + x.shape[-1:],
                       dtype=x.dtype, device=x.device)
     out[..., 2 * R:] = x[..., 2 * R:]
     a, b = x[..., 0:2 * R:2], x[..., 1:2 * R:2]
