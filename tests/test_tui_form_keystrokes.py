@@ -267,3 +267,25 @@ async def test_keys_typed_right_after_a_tab_go_to_the_next_field(store, tmp_path
         await settle(pilot)
         assert value(form, "eval_every") == "7"
         assert clip.value == before[:-1] + "5"
+
+
+async def test_the_focus_is_in_view_after_a_burst_of_tabs(store, tmp_path):
+    """Thirteen Tabs sent at once from the budget at 80x24 (after typing into it): the
+    field that ends with the focus is in the scrolled pane's visible area."""
+    from textual import events
+
+    app = make_app(store, tmp_path, FakeScheduler())
+    async with app.run_test(size=NARROW) as pilot:
+        form = await open_form(pilot)
+        pane = form.query_one("#form-columns")
+        budget = form.query_one("#budget", Input)
+        budget.focus()
+        await settle(pilot)
+        keys = [("ctrl+u", "\x15"), *[(c, c) for c in "50000"]] + [("tab", "\t")] * 13
+        for key, ch in keys:
+            app._driver.send_message(events.Key(key, ch))
+        await pilot.pause(0.5)
+        await settle(pilot)
+        w = app.focused
+        assert w.id == "grid_lr" and budget.value == "50000"
+        assert inside(w, pane), f"{w.id} ({w.region}) is focused off-screen ({pane.region})"

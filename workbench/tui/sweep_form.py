@@ -471,9 +471,18 @@ class SweepForm(FormLive, FormMatch, FormPresets, FormProfile, Vertical):
     def on_descendant_focus(self, event) -> None:
         """The focused field's whole row (its message line included) scrolled into view,
         in the pane that holds it (issue 42 item 4: at 80x24 the focus went off-screen)."""
-        row = next((a for a in event.widget.ancestors if isinstance(a, FieldRow)), None)
-        target = row if row is not None else event.widget
-        self.call_after_refresh(target.scroll_visible, animate=False)
+        self.call_after_refresh(self._show_focus)
+        # and once more when the keys typed behind a burst of Tabs have been laid out (a
+        # message line shown or hidden meanwhile moves the rows)
+        self.set_timer(0.1, self._show_focus)
+
+    def _show_focus(self) -> None:
+        """Scroll the field that has the focus now (not the one a late event names) into view."""
+        w = self.app.focused
+        if w is None or self not in w.ancestors:
+            return
+        row = next((a for a in w.ancestors if isinstance(a, FieldRow)), None)
+        (row if row is not None else w).scroll_visible(animate=False)
 
     @on(Input.Blurred)
     def _field_left(self, event: Input.Blurred) -> None:
