@@ -55,6 +55,26 @@ def logged_metrics(store: Store, run_ids: Sequence[int]) -> list[str]:
         "ORDER BY 1", ids)]
 
 
+def latest_values(store: Store, run_ids: Sequence[int], split: str, name: str) -> dict[int, float | None]:
+    """Each run's value of metric (split, name) at its largest step, else its result of that
+    name on eval set "" (what a finished run reports without a logged evaluation); runs with
+    neither are absent. Read in blocks of 500 ids (SQLite's limit on bound parameters)."""
+    ids = list(run_ids)
+    got: dict[int, float | None] = {}
+    for i in range(0, len(ids), 500):
+        block = ids[i:i + 500]
+        got.update((r[0], r[1]) for r in store.conn.execute(
+            f"SELECT run_id, value FROM metrics AS m WHERE split=? AND name=? "
+            f"AND run_id IN ({_marks(len(block))}) AND step=(SELECT MAX(step) FROM metrics "
+            f"WHERE run_id=m.run_id AND split=? AND name=?)", [split, name, *block, split, name]))
+        missing = [rid for rid in block if got.get(rid) is None]
+        if missing:
+            got.update((r[0], r[1]) for r in store.conn.execute(
+                f"SELECT run_id, value FROM results WHERE eval_set='' AND name=? "
+                f"AND run_id IN ({_marks(len(missing))})", [name, *missing]))
+    return got
+
+
 def newest_profile(store: Store) -> str | None:
     """The profile of the run added last, or None when the store holds no run."""
     row = store.conn.execute("SELECT profile FROM runs ORDER BY id DESC LIMIT 1").fetchone()

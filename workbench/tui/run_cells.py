@@ -20,7 +20,7 @@ from rich.text import Text
 
 from workbench.execute import executor
 from workbench.results.aggregate import sort_key
-from workbench.store import STATES, Run, Store, progress
+from workbench.store import STATES, Run, Store, progress, queries
 from workbench.tui.formatting import accuracy, duration, number, percent, state_text
 
 
@@ -46,21 +46,7 @@ def lm_figures(store: Store, runs: list[Run]) -> None:
     seen = _LM_SEEN.setdefault(store, {})
     lm = [r for r in runs if r.task == "lm"]
     stale = [r.id for r in lm if seen.get(r.id, (None,))[0] != (r.state, r.step, r.last_accuracy, r.ended)]
-    cur = store.conn.cursor()
-    cur.row_factory = None
-    got: dict[int, float | None] = {}
-    for i in range(0, len(stale), 500):  # (SQLite's limit on bound parameters)
-        ids = stale[i:i + 500]
-        marks = ",".join("?" * len(ids))
-        got.update(cur.execute(
-            f"SELECT run_id, value FROM metrics AS m WHERE split='eval' AND name='bits_per_byte' "
-            f"AND run_id IN ({marks}) AND step=(SELECT MAX(step) FROM metrics WHERE run_id=m.run_id "
-            f"AND split='eval' AND name='bits_per_byte')", ids).fetchall())
-        missing = [rid for rid in ids if got.get(rid) is None]
-        if missing:
-            got.update(cur.execute(
-                f"SELECT run_id, value FROM results WHERE eval_set='' AND name='bits_per_byte' "
-                f"AND run_id IN ({','.join('?' * len(missing))})", missing).fetchall())
+    got = queries.latest_values(store, stale, "eval", "bits_per_byte")
     for r in lm:
         sig = (r.state, r.step, r.last_accuracy, r.ended)
         if r.id in stale:
