@@ -16,7 +16,7 @@ from workbench.execute.scheduler import devices_refusal
 from workbench.spec import profile as profiles
 from workbench.tui.form_match import devices_text
 from workbench.tui.model_picker import ModelPicker
-from workbench.tui import sweep_form
+from workbench.tui import form_launch
 from workbench.tui.sweep_form import SweepForm
 
 TASK = "mad_selective_copying"
@@ -26,7 +26,7 @@ TASK = "mad_selective_copying"
 def no_memory_probe(monkeypatch):
     """The launch's memory estimate (its probe builds and runs the model: seconds on a busy
     machine) is not what these tests are about: the launches here skip it."""
-    monkeypatch.setattr(sweep_form, "estimate_text", lambda prof: ("peak memory not estimated", None))
+    monkeypatch.setattr(form_launch, "estimate_text", lambda prof: ("peak memory not estimated", None))
 
 
 def text(widget) -> str:
