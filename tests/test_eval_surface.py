@@ -20,7 +20,6 @@ from __future__ import annotations
 import io
 import json
 import os
-from pathlib import Path
 
 import pytest
 from rich.console import Console

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import math
 import os
 import signal
 from pathlib import Path

@@ -8,7 +8,7 @@ built model's parameter counts and state size, so the speed-up cannot drift."""
 from __future__ import annotations
 
 import pytest
-from textual.widgets import Input, Select, Static
+from textual.widgets import Select, Static
 
 import models
 from test_tui import make_app, settle, store, type_into  # noqa: F401

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 
 from helpers import tiny_lm_corpus, tiny_lm_profile_text
 from workbench.execute import scheduler
-from workbench.spec.profile import expand, loads
+from workbench.spec.profile import loads
 from workbench.store import Store
 from workbench.train import checkpoint, worker
 from workbench.train.eval_models import ModelRefError, load_run

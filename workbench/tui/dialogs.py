@@ -63,7 +63,7 @@ class NameClashScreen(ModalScreen["str | None"]):
         lines = [f"  • {d}" for d in shown] + ([f"  • and {more} more"] if more > 0 else [])
         text = (f"Profile '{self.profile_name}' already holds {self.held} run(s) of another sweep "
                 f"(this sweep's value vs the store's):\n" + "\n".join(lines) +
-                f"\n\nUnder one name their results would be compared and averaged as one sweep.")
+                "\n\nUnder one name their results would be compared and averaged as one sweep.")
         with Vertical(classes="dialog", id="name-clash"):
             yield Label("Launch under which profile name?", classes="dialog-title")
             yield Static(text, id="clash-text", markup=False)
