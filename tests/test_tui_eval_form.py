@@ -216,3 +216,27 @@ async def test_no_models_and_a_bad_limit_are_refused_at_their_fields(store, tmp_
         assert "greater than or equal to 1" in text(form.query_one("#err-ev-devices", Static))
         assert not store.runs()
 
+
+
+async def test_keys_sent_at_once_apply_in_order_and_follow_a_tab(store, tmp_path):
+    """'ctrl+u 1 6 tab ctrl+u 3' sent at once into "batch size" (a fast typist on a loaded
+    machine, issue 42 item 3): batch size ends 16 and the field after it 3. Textual ran an
+    Input's erasing bindings after the letters behind them, and a Screen's Tab after the keys
+    typed behind it, so the 3 landed in batch size (FormInput and the form's own Tab)."""
+    from textual import events
+    from textual.widgets import Input
+
+    app = make_app(store, tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        form = await open_form(pilot)
+        batch = form.query_one("#ev-batch", Input)
+        batch.focus()
+        await settle(pilot)
+        for key, ch in [("ctrl+u", "\x15"), ("1", "1"), ("6", "6"), ("tab", "\t"),
+                        ("ctrl+u", "\x15"), ("3", "3")]:
+            app._driver.send_message(events.Key(key, ch))  # all queued before any is handled
+        await pilot.pause(0.5)
+        await settle(pilot)
+        nxt = app.focused
+        assert batch.value == "16"
+        assert isinstance(nxt, Input) and nxt is not batch and nxt.value == "3"

@@ -44,7 +44,7 @@ from workbench.spec import eval_profile, lm_eval_tasks
 from workbench.spec.eval_profile import EvalProfile
 from workbench.spec.profile import DataAbsent, ProfileError
 from workbench.spec.schema import FROM_FILE, SCHEMA_VERSION
-from workbench.tui.form_fields import format_settings, parse_settings, split_list
+from workbench.tui.form_fields import FormInput, format_settings, parse_settings, split_list
 from workbench.tui.formatting import set_text
 from workbench.tui.sweep_form import FieldRow
 
@@ -146,6 +146,10 @@ class EvalForm(Vertical):
         Binding("ctrl+o", "load", "Load", tooltip="Load an evaluation profile into the form"),
         Binding("ctrl+r", "launch", "Launch", tooltip="Queue the evaluation runs (one per model)"),
         Binding("ctrl+q", "app.quit", "Quit", tooltip="Quit (runs go on)"),
+        # the focus moves as the key arrives, so keys typed right after a Tab go to the next
+        # field (as in the sweep form: the Screen's binding ran once the Tab had bubbled up)
+        Binding("tab", "app.focus_next", "Next field", show=False, priority=True),
+        Binding("shift+tab", "app.focus_previous", "Previous field", show=False, priority=True),
     ]
 
     class Queued(Message):
@@ -169,35 +173,35 @@ class EvalForm(Vertical):
     def compose(self) -> ComposeResult:
         with VerticalScroll(id="eval-fields"):
             yield Static("Evaluation profile", classes="section")
-            yield FieldRow("name", Input("eval", id="ev-name", compact=True), "ev-name")
-            yield FieldRow("description", Input("", id="ev-description", compact=True), "ev-description")
+            yield FieldRow("name", FormInput("eval", id="ev-name", compact=True), "ev-name")
+            yield FieldRow("description", FormInput("", id="ev-description", compact=True), "ev-description")
             yield Static("Models and tasks", classes="section")
-            yield FieldRow("models", Input("", id="ev-models", compact=True,
+            yield FieldRow("models", FormInput("", id="ev-models", compact=True,
                                            placeholder="owner/name, run:12, ./folder"), "ev-models",
                            unit="comma-separated; label=model names one")
-            yield FieldRow("tasks", Input("", id="ev-tasks", compact=True,
+            yield FieldRow("tasks", FormInput("", id="ev-tasks", compact=True,
                                           placeholder="lambada_openai, hellaswag"), "ev-tasks",
                            unit="lm-eval tasks, groups or tags")
             yield Static("", id="ev-tasks-check", classes="hint")
-            yield FieldRow("include", Input("", id="ev-include", compact=True, placeholder="none"),
+            yield FieldRow("include", FormInput("", id="ev-include", compact=True, placeholder="none"),
                            "ev-include", unit="folders of your own task YAML files")
             yield Static("Settings", classes="section")
-            yield FieldRow("limit", Input("", id="ev-limit", compact=True, placeholder="all documents"),
+            yield FieldRow("limit", FormInput("", id="ev-limit", compact=True, placeholder="all documents"),
                            "ev-limit", unit="documents per task (a fraction if < 1)")
-            yield FieldRow("batch size", Input("8", id="ev-batch", compact=True), "ev-batch")
-            yield FieldRow("few-shot examples", Input("", id="ev-fewshot", compact=True,
+            yield FieldRow("batch size", FormInput("8", id="ev-batch", compact=True), "ev-batch")
+            yield FieldRow("few-shot examples", FormInput("", id="ev-fewshot", compact=True,
                                                       placeholder="the task's own"), "ev-fewshot")
             yield FieldRow("dtype", Select([(d, d) for d in DTYPES], id="ev-dtype", allow_blank=False,
                                            value="float32", compact=True), "ev-dtype")
             yield FieldRow("device", Select([(d, d) for d in ("auto", "cpu", "cuda")], id="ev-device",
                                             allow_blank=False, value="auto", compact=True), "ev-device")
-            yield FieldRow("devices", Input("1", id="ev-devices", compact=True), "ev-devices",
+            yield FieldRow("devices", FormInput("1", id="ev-devices", compact=True), "ev-devices",
                            unit="ranks, one process each; lm-eval splits the documents")
             yield Static("Where", classes="section")
             yield FieldRow("executor", Select([("this machine", "local"), ("Slurm: a job per model", "slurm")],
                                               id="ev-executor", allow_blank=False, value="local", compact=True),
                            "ev-executor")
-            yield FieldRow("Slurm settings", Input("", id="ev-slurm", compact=True,
+            yield FieldRow("Slurm settings", FormInput("", id="ev-slurm", compact=True,
                                                    placeholder="partition=gpu, time=02:00:00"), "ev-slurm",
                            unit="key=value; an evaluation uses one device")
         yield Static("", id="eval-status")
