@@ -50,6 +50,7 @@ from workbench.tui.form_presets import RECIPE_OPTIONS, SIZE_OPTIONS, FormPresets
 from workbench.tui.form_profile import FormProfile
 from workbench.tui.formatting import set_text
 from workbench.tui.model_picker import ModelPicker
+from workbench.tui.model_options import ModelOptions
 
 DEFAULT_NAME = "sweep"  # the name field's starting value: never launched under (a fresh one is proposed)
 RECHECK_S = 0.25  # after a failed save/launch, the form is checked again this long after typing stops
@@ -155,6 +156,7 @@ class SweepForm(FormLaunch, FormLive, FormMatch, FormPresets, FormProfile, Verti
                 yield FieldRow("description", FormInput("", id="description", compact=True), "description")
                 yield Static("Models (type to filter; space picks)", classes="section")
                 yield ModelPicker(id="models")
+                yield ModelOptions(id="models-options")  # the picked models' options
                 yield Static("", id="err-models", classes="field-error")
                 yield FieldRow("model options", FormInput("", id="model_options", compact=True,
                                                       placeholder="e.g. transformer.pos=rope"),
@@ -238,6 +240,10 @@ class SweepForm(FormLaunch, FormLive, FormMatch, FormPresets, FormProfile, Verti
         self._show_run_count()
         self._show_eval_unit()
         self.set_status("")
+
+    @on(ModelPicker.Changed, "#models")
+    def _show_model_options(self, event: ModelPicker.Changed) -> None:
+        self.query_one("#models-options", ModelOptions).show(event.picker.picked)
 
     # the number of runs follows the sweep axes (and the task, which bounds the lengths)
     @on(ModelPicker.Changed, "#models")
