@@ -53,6 +53,7 @@ async def test_a_late_step_count_never_overwrites_a_cleared_and_retyped_field(st
         form.query_one("#budget_kind", Select).value = "tokens"
         await settle(pilot)
         form.query_one("#budget", Input).focus()
+        started.clear()  # a count of the earlier settings may have started already: wait for this one's
         await pilot.press("ctrl+u", *"50000")
         for _ in range(200):  # the count of "50000" tokens is under way, held back
             if started.is_set():
