@@ -228,7 +228,7 @@ def absent_needs(p: EvalProfile) -> list[Need]:
     hub ids among the models that cannot be had (offline, not in the cache), each with the
     command that fetches it (as spec/check.py's absent_needs for training profiles)."""
     from models import hub
-    from workbench.spec.check import _hub_id, _hub_missing, _norm, _refers
+    from workbench.spec.needs import _hub_id, _hub_missing, _norm, _refers
 
     values = [m.model for m in p.eval.models] + list(p.eval.include)
     out = [n for n in p.needs
@@ -253,7 +253,8 @@ def check(p: EvalProfile, path: str, where) -> None:
     Raises ProfileError listing the problems, else DataAbsent when needed data is absent,
     else returns."""
     from models.checkpoint_check import folder_problems
-    from workbench.spec.check import DataAbsent, _hub_id, _problems_text, _refers
+    from workbench.spec.check import _problems_text
+    from workbench.spec.needs import DataAbsent, _hub_id, _refers
 
     problems: list[str] = []
     needed = [n.path for n in p.needs]
