@@ -8,7 +8,8 @@ stopped coming (more than ``STALE_S`` old)."""
 from __future__ import annotations
 
 import time
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from rich.text import Text
 from textual.app import ComposeResult
