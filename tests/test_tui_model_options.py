@@ -30,6 +30,9 @@ async def test_picked_models_options_are_listed_with_defaults(store, tmp_path):
         text = pane_text(form)
         assert "allow_neg_eigval = false" in text and "num_householder = 2" in text
         assert "negative state-transition eigenvalues" in text  # with what it means
+        # a mixer's own options too (models/option_help.py), not name = default only
+        line = next(x for x in text.splitlines() if "num_householder = 2" in x)
+        assert "Householder) steps per token" in line
         assert "n_heads = 4" not in text.split("gated_deltaproduct")[0]
         picker.set_picked(["gated_deltaproduct", "transformer"])
         await settle(pilot)

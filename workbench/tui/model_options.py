@@ -4,70 +4,30 @@ item 5: the form listed no model's options, so ``allow_neg_eigval``, heads or he
 were known only from the README).
 
 The options and defaults are the registry's (``models.entry(name).options()``: the
-factory's keyword parameters, what ``model options`` in the form accepts). A description
-is taken from the factory's docstring where it names the option in double back-quotes
-(``attn_scale``: ...), else from :data:`GLOSSARY`, the meanings of option names that many
-entries share (the registry checks those names the same way in every entry); an option
-neither explains is shown as name = default only.
+factory's keyword parameters, what ``model options`` in the form accepts); each option's
+one-line meaning is :func:`models.option_help.option_help`'s, which has a line for every
+option of every entry (tests/test_model_option_help.py), so a mixer's own options
+(``num_householder``, ``A_floor``, ...) are explained too, not shown as name = default only.
 
 The pane is a Static: it takes no focus (Tab skips it) and is hidden while no model is
 picked, so the form looks as it did before any pick.
 """
 from __future__ import annotations
 
-import re
 from typing import Any, Iterable
 
 from rich.text import Text
 from textual.widgets import Static
 
 import models
+from models import option_help
 
-# Option names shared by many entries, with what they mean in each of them.
-GLOSSARY = {
-    "n_heads": "heads per layer",
-    "num_v_heads": "value heads (grouped value attention); none: n_heads",
-    "headdim": "head size (channels per head)",
-    "head_dim": "head size (channels per head)",
-    "allow_neg_eigval": "negative state-transition eigenvalues (Grazzi et al. 2025)",
-    "d_state": "state size per channel",
-    "d_conv": "short causal convolution width",
-    "conv_size": "short causal convolution width",
-    "use_short_conv": "short causal convolution before the mixer",
-    "expand": "inner width = expand * d_model",
-    "expand_k": "key width = expand_k * d_model",
-    "expand_v": "value width = expand_v * d_model",
-    "dropout": "dropout probability",
-    "backend": "kernel implementation (auto picks one that runs here)",
-    "chunk_size": "chunk length of the chunked kernel; none: its default",
-    "channel_mixer": "MLP after each mixer: none or swiglu",
-    "mlp_mult": "MLP width = mlp_mult * d_model",
-    "norm": "normalisation layer",
-    "max_len": "longest sequence the positions cover",
-    "window": "attention window (tokens)",
-    "pos": "position encoding",
-    "dt_rank": "rank of the step size projection (auto: ceil(d_model / 16))",
-    "dt_min": "smallest initial step size",
-    "dt_max": "largest initial step size",
-}
-
-_WIDTH = 70  # a description longer than this is cut (one line each, even in a narrow form)
-
-
-def _doc_description(doc: str, option: str) -> str:
-    """What ``doc`` says of ``option`` where it names it as ``option``: the text after it up to
-    the end of the clause (";" or the sentence's full stop); "" where it does not."""
-    flat = " ".join(doc.split())
-    m = re.search(rf"``{re.escape(option)}``\s*:?\s*(.*?)(?:;|\.\s|\.$|$)", flat)
-    if not m:
-        return ""
-    return m.group(1).replace("``", "").strip(" ,")
+_WIDTH = option_help.MAX_LEN  # one line each, even in a narrow form (longer is cut)
 
 
 def describe_option(model: str, option: str) -> str:
-    """One line on ``option`` of ``model``: from the factory's docstring, else the glossary,
-    else ""."""
-    text = _doc_description(models.entry(model).factory.__doc__ or "", option) or GLOSSARY.get(option, "")
+    """One line on ``option`` of ``model`` (models/option_help.py); "" where none is written."""
+    text = option_help.option_help(model, option)
     return text if len(text) <= _WIDTH else text[:_WIDTH - 1].rstrip() + "…"
 
 
