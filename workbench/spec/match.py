@@ -3,7 +3,7 @@
 for every model of a sweep, one integer knob so that the model meets the target within
 :data:`TOLERANCE` (MAD's "iso-param, iso-state" comparisons, done for the user).
 
-Which knob is solved, per registry family (:data:`KNOBS`; also in docs/ARCHITECTURE.md):
+Which knob is solved, per registry family (:data:`KNOBS`):
 
 ==========  ================  =========================================================
 family      params            state_size
