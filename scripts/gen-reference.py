@@ -44,7 +44,7 @@ if str(ROOT) not in sys.path:
 
 
 # ------------------------------------------------------------------------------- profile
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _comments(cls: type) -> dict[str, str]:
     """Field name -> the comment beside it or the comment lines right above it, in ``cls``'s
     own source (ast for the fields, tokenize for the comments)."""
@@ -382,9 +382,7 @@ def _option_rows(p: argparse.ArgumentParser) -> list[str]:
             if a.choices:
                 name += " {" + ",".join(map(str, a.choices)) + "}"
         default = a.default
-        if isinstance(a, argparse._VersionAction):
-            shown = "—"
-        elif default in (None, False, [], argparse.SUPPRESS) or not a.option_strings:
+        if isinstance(a, argparse._VersionAction) or default in (None, False, [], argparse.SUPPRESS) or not a.option_strings:
             shown = "—"
         else:
             shown = f"`{default}`" if not isinstance(default, list) else f"`{','.join(map(str, default))}`"
@@ -419,10 +417,10 @@ def cli_reference() -> str:
     top = cli.parser()
     out = [HEADER.format(src="the argparse parsers (workbench.cli.parser, workbench.cli.bench)"),
            "# Command-line reference\n",
-           "`ssm-workbench` with no command opens the TUI. Every command takes the global "
+           ("`ssm-workbench` with no command opens the TUI. Every command takes the global "
            "`--store DIR` before it (default `$SSM_WORKBENCH_STORE`, else "
            "`~/.local/share/ssm-workbench`). Exit codes: 0 success, 1 a run did not finish, "
-           "2 bad input. The guides, [docs/guide/](../guide/), show the commands at work.\n"]
+           "2 bad input. The guides, [docs/guide/](../guide/), show the commands at work.\n")]
     _command("ssm-workbench", "", top, out, 2)
     bp = bench.build_parser()
     _command("ssm-workbench bench", "speed/memory benchmark table (its own parser)", bp, out, 3)
