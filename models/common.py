@@ -5,6 +5,12 @@ Every backbone in the registry is, unless a documented option says otherwise,
     x -> [x + mixer_i(norm_i(x)) for i in 1..n_layers] -> final norm
 
 where ``mixer_i`` maps (batch, length, d_model) -> (batch, length, d_model) causally.
+
+Also here, for the families to share: :func:`recomputed` (non-reentrant activation
+checkpointing: only a piece's inputs are kept for the backward) and
+:func:`recomputed_in_slices` (the same, computed a slice of steps at a time in the forward
+and again in the backward, so a wide piece's intermediates exist one slice at a time), and
+:func:`causal_conv`, the short causal depthwise conv of Mamba-2 and the delta rules.
 """
 from __future__ import annotations
 
@@ -12,6 +18,7 @@ from typing import Callable
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 
 def recomputed(fn: Callable, *args):
@@ -237,6 +244,28 @@ class PreNormResidual(nn.Module):
         return x + self.dropout(self.mixer(self.norm(x)))
 
 
+class GatedMLP(nn.Module):
+    """The SwiGLU feed-forward (Shazeer 2020), position by position: (batch, length, d_model)
+    -> same, ``W3 [(W1 x) * SiLU(W2 x)]`` with hidden width ``mult * d_model``. It lives here,
+    beside the stack that puts it after each mixer (``channel_mixer="swiglu"``); the
+    gated_mlp entry (models/gated_mlp.py) stacks it alone as the no-mixing control."""
+
+    backend = "torch"
+
+    def __init__(self, d_model: int, mult: float = 2.0, bias: bool = False):
+        super().__init__()
+        d_hidden = max(1, int(round(mult * d_model)))
+        self.W1 = nn.Linear(d_model, d_hidden, bias=bias)   # value
+        self.W2 = nn.Linear(d_model, d_hidden, bias=bias)   # gate
+        self.W3 = nn.Linear(d_hidden, d_model, bias=bias)   # output
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.W3(self.W1(x) * F.silu(self.W2(x)))
+
+    def state_size(self) -> int:
+        return 0  # nothing from earlier positions is needed to produce the next output
+
+
 class ResidualStack(nn.Module):
     """n_layers pre-norm residual blocks and a final norm.
 
@@ -245,7 +274,7 @@ class ResidualStack(nn.Module):
     ``state_size()`` sums the mixers' ``state_size()`` (None if any mixer has none).
 
     ``channel_mixer="swiglu"`` follows every sequence mixer with a pre-norm residual SwiGLU
-    feed-forward (``models.gated_mlp.GatedMLP``, hidden ``mlp_mult * d_model``), the
+    feed-forward (:class:`GatedMLP`, hidden ``mlp_mult * d_model``), the
     Llama-style block that Mamba-2, GLA and Gated DeltaNet language models use:
     x -> x + mixer(norm x) -> x + SwiGLU(norm x). It holds no recurrent state.
     """
@@ -267,8 +296,6 @@ class ResidualStack(nn.Module):
         )
         self.mlps = None
         if channel_mixer == "swiglu":
-            from models.gated_mlp import GatedMLP
-
             self.mlps = nn.ModuleList(
                 PreNormResidual(d_model, GatedMLP(d_model, mlp_mult), norm, dropout)
                 for _ in range(n_layers)

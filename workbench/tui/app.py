@@ -36,7 +36,7 @@ from workbench.tui.eval_form import EvalForm
 from workbench.tui.help_screen import HelpScreen, KeysFooter, sections_for
 from workbench.tui.marked_actions import RESUMABLE
 from workbench.tui.form_checks import launch_extras
-from workbench.tui.formatting import set_text
+from workbench.tui.formatting import id_ranges, set_text
 from workbench.tui.compare_view import CompareScreen
 from workbench.tui.messages import CompareRuns, KillRequested, OpenRun, ResumeRequested
 from workbench.tui.results_view import ResultsView
@@ -47,17 +47,6 @@ from workbench.tui.sweep_form import SweepForm
 
 POLL_S = 0.5  # the runs table follows the store at 2 Hz
 MAX_PROGRESS_LINES = 3  # profiles under way listed under the runs table
-
-
-def id_ranges(ids: list[int]) -> str:
-    """[1, 2, 3, 7, 9, 10] -> '1..3, 7, 9..10'."""
-    out: list[str] = []
-    for i in sorted(ids):
-        if out and out[-1][1] == i - 1:
-            out[-1][1] = i
-        else:
-            out.append([i, i])
-    return ", ".join(str(a) if a == b else f"{a}..{b}" for a, b in out)
 
 
 def launch_summary(name: str, ids: Any, cmd: str = "ssm-workbench") -> str:

@@ -45,7 +45,7 @@ from workbench.spec.eval_profile import EvalProfile
 from workbench.spec.profile import DataAbsent, ProfileError
 from workbench.spec.schema import FROM_FILE, SCHEMA_VERSION
 from workbench.tui.form_fields import FormInput, format_settings, parse_settings, split_list
-from workbench.tui.formatting import set_text
+from workbench.tui.formatting import id_ranges, set_text
 from workbench.tui.sweep_form import FieldRow
 
 CHECK_S = 0.3  # task names are checked this long after typing stops
@@ -516,8 +516,6 @@ class EvalForm(Vertical):
         self._errors_shown = True
 
     def _queued(self, prof: EvalProfile, ids: list[int], notes: list[str]) -> None:
-        from workbench.tui.app import id_ranges
-
         where = " as Slurm jobs" if prof.executor == "slurm" else ""
         text = (f"evaluation {prof.name}: {len(ids)} run{'' if len(ids) == 1 else 's'} (ids {id_ranges(ids)})"
                 f"{where}\n" + "\n".join(notes))

@@ -7,6 +7,18 @@ from rich.text import Text
 from workbench.store.states import STATE_STYLES, state_style  # noqa: F401  (one table for CLI and TUI)
 
 
+def id_ranges(ids: list[int]) -> str:
+    """[1, 2, 3, 7, 9, 10] -> '1..3, 7, 9..10' (the ids a launch queued: the app's sweep
+    summary and the eval form's)."""
+    out: list[list[int]] = []
+    for i in sorted(ids):
+        if out and out[-1][1] == i - 1:
+            out[-1][1] = i
+        else:
+            out.append([i, i])
+    return ", ".join(str(a) if a == b else f"{a}..{b}" for a, b in out)
+
+
 def state_text(state: str) -> Text:
     return Text(state, style=state_style(state))
 
