@@ -93,6 +93,6 @@ def test_state_bytes_counts_nested_states_and_a_caches_filled_positions():
     assert state_bytes(st) == 2 * (2 * 2 * 5 * 8 * 4)      # 2 layers x (k + v) x batch 2, 5 positions
     assert state_bytes([(torch.zeros(3), {"a": torch.zeros(2, dtype=torch.float64)}), ()]) == 3 * 4 + 2 * 8
     fox = models.build("forgetting_transformer", d_model=8, n_layers=1, n_heads=2).eval()
-    with torch.no_grad():                                    # a dataclass state: k, v (2, 5, 2, 4), g (2, 5, 2)
+    with torch.no_grad():                                    # its cache: k, v (2, 2, 5, 4) float32, c (2, 2, 5) float64
         _, st = fox.forward_with_state(torch.randn(2, 5, 8), fox.init_state(2))
-    assert state_bytes(st) == (2 * 2 * 5 * 8 + 2 * 5 * 2) * 4
+    assert state_bytes(st) == 2 * 2 * 5 * 8 * 4 + 2 * 2 * 5 * 8

@@ -33,17 +33,19 @@ each with c re-centred at its first position (k'_j = [k_j, c_s - c_j], from a fl
 against the keys up to its end under a lower-right causal mask: the pairs that carry weight
 then have |c_s - c_j| of one block's decay, and the others (far back) weigh ~exp(-|bias|).
 
-State for step-by-step inference is the KV cache plus the running sum ``c_t``: it grows
-with the length (``state_size()`` is None, as for attention).
+State for step-by-step inference is the KV cache plus the running sum ``c_t``
+(:class:`FoXCache`: preallocated and grown in chunks like the Transformer's KVCache, with
+its ``CacheFull`` past a limit): it grows with the length (``state_size()`` is None, as for
+attention). A decoding step is one query against the cached keys with the bias c_t - c_j.
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+from models.attention.attention import CACHE_CHUNK, CacheFull
 
 BACKENDS = ("auto", "torch", "cpu", "ref", "fla")
 
@@ -178,13 +180,55 @@ def forgetting_attn(q, k, v, g, scale=None, backend: str = "auto", dropout_p: fl
     return forgetting_attn_torch(q, k, v, g, scale, dropout_p)
 
 
-@dataclass
-class FoXState:
-    """What step-by-step inference carries: the KV cache (batch, t, heads, d_head) and the
-    log forget gates so far (batch, t, heads), whose cumulative sum gives D."""
-    k: torch.Tensor
-    v: torch.Tensor
-    g: torch.Tensor
+class FoXCache:
+    """One Forgetting Attention layer's decoding state: its keys, values and the running
+    sum of its log forget gates so far, preallocated and grown as the Transformer's
+    :class:`~models.attention.attention.KVCache` is (one copy every CACHE_CHUNK positions,
+    not a ``torch.cat`` per token), with the same :class:`CacheFull` past ``limit``.
+
+    ``k``, ``v``: (batch, heads, capacity, d_head), positions 0 .. ``length``-1 filled;
+    ``c``: (batch, heads, capacity) float64, c_t = sum_{l <= t} log f_l (the decay bias of
+    query i and key j is c_i - c_j; float64 as :func:`forgetting_attn_torch` sums it, since
+    |c| grows with the position while the differences that carry weight stay small)."""
+
+    __slots__ = ("k", "v", "c", "length", "limit")
+
+    def __init__(self, batch: int, heads: int, d_head: int, capacity: int = 0, device=None,
+                 dtype=None, limit: int | None = None):
+        capacity = min(capacity, limit) if limit is not None else capacity
+        self.k = torch.zeros(batch, heads, capacity, d_head, device=device, dtype=dtype)
+        self.v = torch.zeros_like(self.k)
+        self.c = torch.zeros(batch, heads, capacity, device=device, dtype=torch.float64)
+        self.length, self.limit = 0, limit
+
+    def append(self, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor):
+        """Add (batch, heads, L, d_head) keys and values and (batch, heads, L) log gates
+        after the cached ones -> views of all keys, values and running sums so far."""
+        n, L = self.length, k.shape[2]
+        need = n + L
+        if self.limit is not None and need > self.limit:
+            raise CacheFull(f"the forgetting attention cache holds at most {self.limit:,} positions: "
+                            f"{n:,} cached + {L:,} new = {need:,}")
+        if need > self.k.shape[2]:
+            cap = -(-need // CACHE_CHUNK) * CACHE_CHUNK
+            cap = min(cap, self.limit) if self.limit is not None else cap
+            grown = [t.new_zeros(*t.shape[:2], cap, *t.shape[3:]) for t in (self.k, self.v, self.c)]
+            for new, old in zip(grown, (self.k, self.v, self.c)):
+                new[:, :, :n] = old[:, :, :n]
+            self.k, self.v, self.c = grown
+        self.k[:, :, n:need] = k
+        self.v[:, :, n:need] = v
+        c = torch.cumsum(g.to(torch.float64), dim=-1)
+        if n:
+            c = c + self.c[:, :, n - 1:n]
+        self.c[:, :, n:need] = c
+        self.length = need
+        return self.k[:, :, :need], self.v[:, :, :need], self.c[:, :, :need]
+
+    def nbytes(self) -> int:
+        """Bytes of the positions filled (keys, values and running sums)."""
+        n = self.length
+        return sum(t[:, :, :n].numel() * t.element_size() for t in (self.k, self.v, self.c))
 
 
 class ForgettingAttention(nn.Module):
@@ -215,23 +259,37 @@ class ForgettingAttention(nn.Module):
                             dropout_p=self.dropout if self.training else 0.0)
         return self.out_proj(y.reshape(x.shape))
 
-    def init_state(self, batch: int) -> FoXState:
+    def init_state(self, batch: int, capacity: int = 0, limit: int | None = None) -> FoXCache:
+        """An empty :class:`FoXCache` for ``batch`` sequences: room for ``capacity``
+        positions now (grown in chunks as it fills), never more than ``limit``."""
         p = self.qkv.weight
-        empty = p.new_zeros(batch, 0, self.n_heads, self.d_head)
-        return FoXState(empty, empty.clone(), p.new_zeros(batch, 0, self.n_heads))
+        return FoXCache(batch, self.n_heads, self.d_head, capacity, p.device, p.dtype, limit)
 
-    def forward_with_state(self, x: torch.Tensor, state: FoXState) -> tuple[torch.Tensor, FoXState]:
-        """x: (batch, length, d_model) after the positions in ``state`` -> (y, state with x's
-        keys, values and gates appended)."""
+    def forward_with_state(self, x: torch.Tensor, cache: FoXCache) -> tuple[torch.Tensor, FoXCache]:
+        """x: (batch, length, d_model) after the positions in ``cache`` -> (y, the cache with
+        x's keys, values and gates added in place). The first chunk (a prompt) runs the
+        layer's own operator, as :meth:`forward` does; a later chunk or token attends to
+        the cached keys under the bias c_i - c_j (-inf above the causal diagonal) through
+        ``scaled_dot_product_attention``: one query per token against the cache, no copy of it."""
+        b, L, _ = x.shape
         q, k, v, g = self._project(x)
-        s = FoXState(torch.cat([state.k, k], 1), torch.cat([state.v, v], 1), torch.cat([state.g, g], 1))
-        y = forgetting_attn(q, s.k, s.v, s.g, backend=resolve_backend(self.requested, x.device.type))
-        return self.out_proj(y.reshape(x.shape)), s
+        n = cache.length
+        keys, values, c = cache.append(k.transpose(1, 2), v.transpose(1, 2), g.transpose(1, 2))
+        if n == 0:
+            y = forgetting_attn(q, k, v, g, backend=resolve_backend(self.requested, x.device.type))
+            return self.out_proj(y.reshape(x.shape)), cache
+        bias = c[:, :, n:, None] - c[:, :, None, :]                 # (batch, heads, L, n + L): c_i - c_j
+        if L > 1:   # a chunk after cached positions: query i sees keys <= n + i
+            above = (torch.arange(n + L, device=x.device)[None, :]
+                     > torch.arange(n, n + L, device=x.device)[:, None])
+            bias = bias.masked_fill(above, float("-inf"))
+        y = F.scaled_dot_product_attention(q.transpose(1, 2), keys, values, attn_mask=bias.to(q.dtype))
+        return self.out_proj(y.transpose(1, 2).reshape(x.shape)), cache
 
-    def step(self, x_t: torch.Tensor, state: FoXState) -> tuple[torch.Tensor, FoXState]:
-        """x_t: (batch, d_model) -> (y_t (batch, d_model), next state)."""
-        y, s = self.forward_with_state(x_t[:, None], state)
-        return y[:, 0], s
+    def step(self, x_t: torch.Tensor, cache: FoXCache) -> tuple[torch.Tensor, FoXCache]:
+        """x_t: (batch, d_model) -> (y_t (batch, d_model), the cache one position longer)."""
+        y, cache = self.forward_with_state(x_t[:, None], cache)
+        return y[:, 0], cache
 
     def state_size(self) -> None:
         return None  # the KV cache grows with the length

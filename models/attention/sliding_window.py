@@ -187,9 +187,26 @@ class SlidingWindowAttention(nn.Module):
         return self._attend(x, state)
 
     def step(self, x_t: torch.Tensor, state: SWAState) -> tuple[torch.Tensor, SWAState]:
-        """One token x_t: (batch, d_model) -> (y_t (batch, d_model), next state)."""
-        y, state = self._attend(x_t[:, None, :], state)
-        return y[:, 0], state
+        """One token x_t: (batch, d_model) -> (y_t (batch, d_model), next state).
+
+        The one query against the window - 1 cached keys and its own, the empty slots
+        masked per sequence by a tensor comparison (no test of a tensor's value on the
+        host, so a CUDA loop never waits): a fixed cost per token, whatever the stream's
+        length. Equal to :meth:`forward_with_state` on a one-token chunk."""
+        b = x_t.shape[0]
+        c = self.window - 1
+        k_cache, v_cache, n_valid = state
+        q, k, v = self.qkv(x_t).view(b, 3, self.n_heads, self.d_head).unbind(1)   # (b, h, d_head)
+        k_all = torch.cat([k_cache.to(k.dtype), k[:, :, None]], dim=2)           # (b, h, c + 1, d_head)
+        v_all = torch.cat([v_cache.to(v.dtype), v[:, :, None]], dim=2)
+        new_state = (k_all[:, :, 1:], v_all[:, :, 1:], (n_valid + 1).clamp(max=c))
+        q = q[:, :, None]                                                          # (b, h, 1, d_head)
+        if self.rotary is not None:   # positions from the first cache slot, as _attend counts them
+            q = self.rotary(q, torch.arange(c, c + 1, device=x_t.device))
+            k_all = self.rotary(k_all, torch.arange(c + 1, device=x_t.device))
+        real = torch.arange(c + 1, device=x_t.device)[None, :] >= (c - n_valid)[:, None]   # (b, c + 1)
+        y = F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=real[:, None, None, :])
+        return self.out_proj(y.reshape(b, self.d_model)), new_state
 
     def extra_repr(self) -> str:
         return f"d_model={self.d_model}, n_heads={self.n_heads}, window={self.window}, pos={self.pos}"

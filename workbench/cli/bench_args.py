@@ -119,7 +119,17 @@ def build_parser(description: str) -> argparse.ArgumentParser:
     p.add_argument("--gen-tokens", type=_positive, default=32,
                    help="--generate: timed decode steps (after --warmup untimed ones)")
     p.add_argument("--vocab", type=_positive, default=512, help="--generate: ids of the random LM head")
-    p.add_argument("--figure", metavar="DIR", default=None,
-                   help="--generate: write DIR/generate.png and .svg (throughput vs batch, latency vs prompt)")
+    p.add_argument("--figure", metavar="PATH", default=None,
+                   help="--generate: the Figure-8-style figure (throughput vs batch, latency and memory vs "
+                        "prompt): a folder gets generate.png and .svg, NAME.png or NAME.svg both formats")
+    p.add_argument("--grid", default="product", choices=["product", "axes"],
+                   help="--generate: every (prompt, batch), or the figure's two axes only (every batch at "
+                        "the shortest prompt, every prompt at the smallest batch)")
+    p.add_argument("--from-table", metavar="FILE", default=None,
+                   help="--generate: the rows of an earlier --format json or csv output, not measured again "
+                        "(with --figure: redraw the figure)")
+    p.add_argument("--cuda-graphs", default="auto", choices=["auto", "off"],
+                   help="--generate on CUDA: decode a fixed-size state through a captured CUDA graph (auto) "
+                        "or eagerly (off)")
     p.add_argument("--one", metavar="SPEC_JSON", help=argparse.SUPPRESS)  # internal: one config
     return p

@@ -3,21 +3,27 @@ measurement of the Mamba paper's §4.5 / Figure 8 (a recurrent model generates f
 fixed-size state; a Transformer's key/value cache grows with the prompt).
 
     ssm-workbench bench --generate --models transformer,mamba --prompt-lens 256,1024,4096 --batch 1,8,32
-    ssm-workbench bench --generate --d-model 128 --n-layers 2 --figure figures/
+    ssm-workbench bench --generate --grid axes --prompt-lens 256,1024,4096,16384 --batch 1,4,16,64 \\
+        --d-model 256 --n-layers 4 --format json --figure docs/figures/generation.png > generation.json
+    ssm-workbench bench --generate --from-table generation.json --figure docs/figures/generation.png
 
 For each (model, prompt length, batch) a fresh process (``--one``, as the other tables)
 builds a random language model around the backbone: an embedding and a linear head over
 ``--vocab`` ids (random weights: this measures speed, not text), on CUDA where torch sees
-one (``--device``). It reads a random prompt (batch, prompt_len) once and then generates
-greedily, one token per step for every sequence of the batch, with the same start/step
-as ``ssm-workbench sample`` (workbench.train.eval_models.load_run: the backbone's
-``forward_with_state`` over the prompt, then ``step`` per token, carrying the recurrent
-state or the Transformer's KV cache; the next token is decode.next_token's argmax, kept on
-the device, so the loop never waits for the host). Per row:
+one (``--device``). It reads a random prompt (batch, prompt_len) in one parallel pass
+(``forward_with_state``: the Transformer's causal SDPA, a recurrent family's chunked
+scan) and then generates greedily, one token per step for every sequence of the batch,
+with the same start/step as ``ssm-workbench sample`` (workbench.train.eval_models.load_run:
+``step`` per token, carrying the recurrent state or the Transformer's KV cache). The loop
+is workbench.train.decode.greedy_steps: the next token is the argmax kept on the device,
+no host synchronisation per token (on CUDA each step is timed by events read after the
+loop). On CUDA a fixed-size state decodes through one captured CUDA graph per step
+(decode.graphed_step; ``--cuda-graphs off``: eager, to compare); a KV cache, whose
+length grows, decodes eagerly. Per row:
 
 - prefill_ms:   reading the prompt and the first logits (one call after a short warm-up).
 - decode_ms:    per-token decode time, the median over ``--gen-tokens`` steps after
-                ``--warmup`` untimed ones, each step synchronised on CUDA.
+                ``--warmup`` untimed ones.
 - tok_s:        batch / decode time: tokens generated per second over the batch.
 - state_bytes:  the state (recurrent state or filled KV cache) after the prompt, bytes per
                 sequence: a recurrent family's is constant in the prompt length, the
@@ -25,17 +31,24 @@ the device, so the loop never waits for the host). Per row:
 - peak_mib:     the process's peak (RSS on CPU, the allocator's peak on CUDA); extra_mib:
                 what prefill and decoding added above the built model.
 
-A Transformer is built with ``max_len`` = prompt + tokens (its cache and position table); an
-``--opt max_len`` below that is refused in one line. ``--figure DIR`` writes
-``generate.png`` / ``.svg``: throughput against batch size (longest prompt) and per-token
-latency against prompt length (batch 1 or the smallest), one line per model.
+``--grid product`` (default) measures every (prompt length, batch); ``--grid axes`` the two
+axes of Figure 8 only: every batch at the shortest prompt and every prompt length at the
+smallest batch (64 sequences of 16,384 tokens would hold a 4-layer d_model 256
+Transformer's 8.6 GB of keys and values). A Transformer is built with ``max_len`` = prompt
++ tokens (its cache and position table); an ``--opt max_len`` below that is refused in one
+line. ``--figure PATH`` draws the rows (:func:`figure`): a folder gets ``generate.png`` /
+``.svg``, a file name ending in .png or .svg gets that name in both formats.
+``--from-table FILE`` reads the rows of an earlier ``--format json`` or ``csv`` output
+instead of measuring (to redraw the figure).
 """
 from __future__ import annotations
 
 import argparse
-import statistics
+import csv
+import json
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from workbench.cli.bench_args import Run
@@ -44,14 +57,17 @@ DEFAULT_MODELS = ("transformer", "mamba", "mamba2", "gated_deltanet")
 DEFAULT_PROMPT_LENS = (256, 1024, 4096)
 DEFAULT_BATCHES = (1, 8, 32)
 MAX_PROMPT_LEN = 16384
+GRIDS = ("product", "axes")
 GENERATE_COLUMNS = ["model", "prompt_len", "batch", "params", "prefill_ms", "decode_ms", "tok_s",
                     "state_bytes", "peak_mib", "extra_mib", "backend", "device"]
+_INT_COLUMNS = {"prompt_len", "batch", "params", "tok_s", "state_bytes"}
+_FLOAT_COLUMNS = {"prefill_ms", "decode_ms", "peak_mib", "extra_mib"}
 
 
 def state_bytes(state: Any) -> int:
     """Bytes of the tensors in a decoding state: nested lists / tuples / dicts / dataclasses
-    (FoX's) of tensors; an object with ``nbytes()`` (a KVCache: its filled positions) counts
-    what that says."""
+    of tensors; an object with ``nbytes()`` (a KVCache or FoX's cache: its filled
+    positions) counts what that says."""
     import dataclasses
 
     import torch
@@ -71,12 +87,14 @@ def state_bytes(state: Any) -> int:
 
 def measure_generate(spec: dict[str, Any]) -> dict[str, Any]:
     """One (model, prompt_len, batch) config measured in this process; see the module doc."""
+    import statistics
+
     import torch
     import torch.nn as nn
 
     import models
-    from workbench.train.decode import next_token
-    from workbench.train.measure import ExtraPeak, peak_memory_mb, pick_device, sync
+    from workbench.train.decode import graphed_step, greedy_steps, next_token
+    from workbench.train.measure import ExtraPeak, StepClock, peak_memory_mb, pick_device, sync
 
     device = pick_device(spec["device"], "--device")
     torch.manual_seed(spec.get("seed", 0))
@@ -99,10 +117,10 @@ def measure_generate(spec: dict[str, Any]) -> dict[str, Any]:
         y, st = bb.step(emb(tok), st)
         return head(y), st
 
+    graph_note = "off" if spec.get("cuda_graphs", "auto") == "off" else ""
     with torch.inference_mode():
         logits, st = start(prompt[:, :8])        # warm-up: lazy inits, kernels loaded
-        for _ in range(2):
-            logits, st = step(next_token(logits), st)
+        greedy_steps(step, next_token(logits), st, 2)
         del logits, st
         extra = ExtraPeak(device)
         sync(device)
@@ -112,17 +130,15 @@ def measure_generate(spec: dict[str, Any]) -> dict[str, Any]:
         prefill_ms = (time.perf_counter() - t0) * 1e3
         per_seq = state_bytes(st) / batch
         tok = next_token(logits)
-        for _ in range(spec["warmup"]):
-            logits, st = step(tok, st)
-            tok = next_token(logits)
+        run_step = step
+        if not graph_note:
+            run_step, graph_note = graphed_step(step, tok, st)
+        tok, logits, st = greedy_steps(run_step, tok, st, spec["warmup"])
         sync(device)
-        times = []
-        for _ in range(spec["tokens"]):
-            t0 = time.perf_counter()
-            logits, st = step(tok, st)
-            tok = next_token(logits)
-            sync(device)
-            times.append(time.perf_counter() - t0)
+        clock = StepClock(device)
+        out = torch.empty(batch, spec["tokens"], dtype=torch.long, device=device)
+        tok, logits, st = greedy_steps(run_step, tok, st, spec["tokens"], out=out, clock=clock)
+        times = clock.collect()
         finite = bool(torch.isfinite(logits).all())
     decode_s = statistics.median(times)
     return {
@@ -132,6 +148,7 @@ def measure_generate(spec: dict[str, Any]) -> dict[str, Any]:
         "params": models.param_count(bb),
         "prefill_ms": round(prefill_ms, 2),
         "decode_ms": round(decode_s * 1e3, 3),
+        "decode_min_ms": round(min(times) * 1e3, 3),   # on a loaded machine: the least disturbed step
         "tok_s": round(batch / decode_s),
         "state_bytes": int(per_seq),
         "peak_mib": round(peak_memory_mb(device), 1),
@@ -139,6 +156,8 @@ def measure_generate(spec: dict[str, Any]) -> dict[str, Any]:
         "backend": models.backend(bb),
         "device": str(device),
         "finite": finite,
+        "cuda_graph": not graph_note,
+        "cuda_graph_note": graph_note,
         "d_model": d,
         "n_layers": spec["n_layers"],
         "vocab": vocab,
@@ -149,7 +168,8 @@ def measure_generate(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def plan(args: argparse.Namespace) -> list[dict[str, Any]]:
-    """One spec per (model, prompt_len, batch); SystemExit (one line) on a bad choice."""
+    """One spec per (model, prompt_len, batch) of the grid (``--grid``); SystemExit (one
+    line) on a bad choice."""
     import models
 
     if not args.generate:
@@ -157,9 +177,17 @@ def plan(args: argparse.Namespace) -> list[dict[str, Any]]:
     names = args.models or [m for m in DEFAULT_MODELS if m in models.names()]
     prompt_lens = args.prompt_lens or list(DEFAULT_PROMPT_LENS)
     batches = args.batches or list(DEFAULT_BATCHES)
+    grid = getattr(args, "grid", "product")
+    if grid not in GRIDS:
+        raise SystemExit(f"--grid: {grid!r} is not one of {', '.join(GRIDS)}")
     too_long = [p for p in prompt_lens if p > MAX_PROMPT_LEN]
     if too_long:
         raise SystemExit(f"--prompt-lens: {too_long[0]:,} is past {MAX_PROMPT_LEN:,} tokens")
+    if grid == "product":
+        pairs = [(P, B) for P in prompt_lens for B in batches]
+    else:   # every batch at the shortest prompt, every prompt at the smallest batch
+        p0, b0 = min(prompt_lens), min(batches)
+        pairs = list(dict.fromkeys([(p0, B) for B in batches] + [(P, b0) for P in prompt_lens]))
     tokens = args.gen_tokens
     specs = []
     for name in names:
@@ -167,7 +195,7 @@ def plan(args: argparse.Namespace) -> list[dict[str, Any]]:
         options = {k: v for k, v in args.opt if k in takes}
         if args.backend and "backend" in takes:
             options["backend"] = args.backend[0]
-        for P in prompt_lens:
+        for P, B in pairs:
             opts = dict(options)
             need = P + args.warmup + tokens
             if "max_len" in takes:
@@ -175,64 +203,128 @@ def plan(args: argparse.Namespace) -> list[dict[str, Any]]:
                     raise SystemExit(f"{name}: a {P:,}-token prompt + {args.warmup + tokens:,} generated tokens need "
                                      f"{need:,} cache positions, past --opt max_len={options['max_len']:,}")
                 opts.setdefault("max_len", need)
-            for B in batches:
-                specs.append(dict(kind="generate", model=name, label=name, options=opts, prompt_len=P, batch=B,
-                                  tokens=tokens, warmup=args.warmup, vocab=args.vocab, d_model=args.d_model,
-                                  n_layers=args.n_layers, device=args.device, threads=args.threads))
+            specs.append(dict(kind="generate", model=name, label=name, options=opts, prompt_len=P, batch=B,
+                              tokens=tokens, warmup=args.warmup, vocab=args.vocab, d_model=args.d_model,
+                              n_layers=args.n_layers, device=args.device, threads=args.threads,
+                              cuda_graphs=getattr(args, "cuda_graphs", "auto")))
     return specs
 
 
+def read_table(path: str | Path) -> list[dict[str, Any]]:
+    """The rows of an earlier ``bench --generate`` output: ``--format json`` (its
+    "generate" list) or ``--format csv`` (numbers parsed back); SystemExit in one line
+    naming the file when it is neither."""
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as e:
+        raise SystemExit(f"--from-table {p}: cannot read it ({e.strerror or e})") from None
+    if text.lstrip().startswith("{"):
+        try:
+            rows = json.loads(text).get("generate")
+        except (json.JSONDecodeError, AttributeError):
+            rows = None
+        if not isinstance(rows, list):
+            raise SystemExit(f"--from-table {p}: not the JSON of bench --generate --format json (no 'generate' list)")
+        return rows
+    rows = list(csv.DictReader(text.splitlines()))
+    if not rows or not {"model", "prompt_len", "batch", "decode_ms", "tok_s"} <= set(rows[0]):
+        raise SystemExit(f"--from-table {p}: not a bench --generate table (--format json or csv with the "
+                         f"columns {', '.join(GENERATE_COLUMNS)})")
+    out = []
+    for r in rows:
+        try:
+            out.append({k: (int(v) if k in _INT_COLUMNS else float(v) if k in _FLOAT_COLUMNS else v)
+                        for k, v in r.items()})
+        except ValueError:   # a row that failed: its numbers are empty
+            out.append({"model": r["model"], "error": "no numbers in the table"})
+    return out
+
+
 def generate_rows(args: argparse.Namespace, run: Run) -> list[dict[str, Any]]:
-    """--generate: every spec of :func:`plan` measured by ``run(spec, timeout)``; the
-    figure written when ``--figure`` names a folder."""
-    rows = []
-    for spec in plan(args):
-        res = run(spec, args.timeout)
-        if "error" in res:
-            res = {"model": spec["label"], "prompt_len": spec["prompt_len"], "batch": spec["batch"], **res}
-        rows.append(res)
-        print(f"  generated {spec['label']} prompt={spec['prompt_len']} batch={spec['batch']}",
-              file=sys.stderr, flush=True)
+    """--generate: every spec of :func:`plan` measured by ``run(spec, timeout)`` (or the
+    rows of ``--from-table``); the figure written when ``--figure`` names a path."""
+    if not args.generate:
+        return []
+    if getattr(args, "from_table", None):
+        rows = read_table(args.from_table)
+    else:
+        rows = []
+        for spec in plan(args):
+            res = run(spec, args.timeout)
+            if "error" in res:
+                res = {"model": spec["label"], "prompt_len": spec["prompt_len"], "batch": spec["batch"], **res}
+            rows.append(res)
+            print(f"  generated {spec['label']} prompt={spec['prompt_len']} batch={spec['batch']}",
+                  file=sys.stderr, flush=True)
     if rows and getattr(args, "figure", None):
         paths = figure(rows, args.figure)
         print(f"  figure: {', '.join(str(p) for p in paths)}", file=sys.stderr, flush=True)
     return rows
 
 
-def figure(rows: list[dict[str, Any]], out_dir) -> list:
-    """Figure 8 of the Mamba paper, from the rows: (left) tokens/s against batch size at the
-    longest prompt measured, (right) per-token decode ms against prompt length at the
-    smallest batch; one colour per model. Writes ``generate.png`` and ``.svg``."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
+def _most(ok: list[dict[str, Any]], key: str, other: str, prefer) -> Any:
+    """The value of ``key`` measured at the most values of ``other`` (ties: ``prefer``)."""
+    counts: dict[Any, set] = {}
+    for r in ok:
+        counts.setdefault(r[key], set()).add(r[other])
+    top = max(len(v) for v in counts.values())
+    return prefer(k for k, v in counts.items() if len(v) == top)
 
+
+def figure(rows: list[dict[str, Any]], out) -> list[Path]:
+    """Figure 8 of the Mamba paper, from the rows of a table: (left) tokens/s against batch
+    size at the prompt length measured at the most batch sizes (ties: the longest),
+    (middle) per-token decode ms against prompt length at the batch measured at the most
+    prompt lengths (ties: the smallest), (right) the state or KV cache per sequence (MiB)
+    against prompt length there; one colour and marker per model, log axes ticked at the
+    values measured. ``out``: a folder (``generate.png`` / ``.svg`` in it) or a file name
+    ending in .png / .svg (that stem, both formats). Returns the paths written ([] when no
+    row has numbers)."""
     from workbench.results import figure_base as fb
 
     ok = [r for r in rows if "error" not in r]
     if not ok:
         return []
+    out = Path(out)
+    out_dir, stem = (out.parent, out.stem) if out.suffix.lower() in (".png", ".svg") else (out, "generate")
     labels = list(dict.fromkeys(r["model"] for r in ok))
     colors = fb.model_colors(labels)
-    longest = max(r["prompt_len"] for r in ok)
-    smallest = min(r["batch"] for r in ok)
+    at_prompt = _most(ok, "prompt_len", "batch", max)
+    at_batch = _most(ok, "batch", "prompt_len", min)
+    device = ok[0].get("device", "")
+    shape = ", ".join(f"{k} {ok[0][k]}" for k in ("d_model", "n_layers") if k in ok[0])
     with fb._style():
-        fig = Figure(figsize=(2 * fb.FIGSIZE[0], fb.FIGSIZE[1]), layout="constrained")
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+
+        fig = Figure(figsize=(3 * fb.FIGSIZE[0] * 0.75, fb.FIGSIZE[1]), layout="constrained")
         FigureCanvasAgg(fig)
-        left, right = fig.subplots(1, 2)
+        left, mid, right = fig.subplots(1, 3)
+        xs: dict[Any, set] = {left: set(), mid: set(), right: set()}
         for i, m in enumerate(labels):
             style = dict(color=colors[m], marker=fb.MARKERS[i % len(fb.MARKERS)], label=m)
-            pts = sorted((r["batch"], r["tok_s"]) for r in ok if r["model"] == m and r["prompt_len"] == longest)
-            if pts:
-                left.plot(*zip(*pts), **style)
-            pts = sorted((r["prompt_len"], r["decode_ms"]) for r in ok if r["model"] == m and r["batch"] == smallest)
-            if pts:
-                right.plot(*zip(*pts), **style)
-        device = ok[0].get("device", "")
-        left.set(xscale="log", yscale="log", xlabel="batch size", ylabel="generation throughput (tokens/s)",
-                 title=f"throughput, prompt {longest:,} ({device})")
-        right.set(xscale="log", yscale="log", xlabel="prompt length (tokens)", ylabel="per-token decode time (ms)",
-                  title=f"latency per token, batch {smallest} ({device})")
-        for ax in (left, right):
-            ax.set_xscale("log", base=2)
-        left.legend()
-    return fb.save(fig, out_dir, "generate")
+            mine = [r for r in ok if r["model"] == m]
+            for ax, pts in (
+                    (left, sorted((r["batch"], r["tok_s"]) for r in mine if r["prompt_len"] == at_prompt)),
+                    (mid, sorted((r["prompt_len"], r["decode_ms"]) for r in mine if r["batch"] == at_batch)),
+                    (right, sorted((r["prompt_len"], r["state_bytes"] / 2**20) for r in mine
+                                   if r["batch"] == at_batch and r.get("state_bytes")))):
+                if pts:
+                    ax.plot(*zip(*pts), **style)
+                    xs[ax].update(p[0] for p in pts)
+        left.set(yscale="log", xlabel="batch size", ylabel="generation throughput (tokens/s)",
+                 title=f"throughput, prompt {at_prompt:,} tokens")
+        mid.set(yscale="log", xlabel="prompt length (tokens)", ylabel="per-token decode time (ms)",
+                title=f"latency per token, batch {at_batch}")
+        right.set(yscale="log", xlabel="prompt length (tokens)", ylabel="state or KV cache per sequence (MiB)",
+                  title="memory per sequence")
+        for ax in (left, mid, right):
+            if xs[ax]:
+                fb._log2_x(ax, sorted(xs[ax]))
+        fig.suptitle(f"generation ({device}{', ' + shape if shape else ''}; random weights)")
+        handles, names = left.get_legend_handles_labels()
+        if not handles:
+            handles, names = mid.get_legend_handles_labels()
+        fig.legend(handles, names, loc="outside lower center", ncols=min(5, len(handles)), frameon=False)
+    return fb.save(fig, out_dir, stem)

@@ -97,6 +97,130 @@ def next_token(logits: torch.Tensor, temperature: float = 0.0, top_k: int | None
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1).to(logits.device)
 
 
+def greedy_steps(step: Callable, tok: torch.Tensor, state, n: int, out: torch.Tensor | None = None,
+                 clock=None):
+    """``n`` greedy decoding steps for a batch, with no host synchronisation: each step is
+    ``logits, state = step(tok, state)`` then ``tok = next_token(logits)`` (the argmax, on
+    the device), the tokens written into ``out`` (batch, >= n) long when given. ``clock``
+    (a :class:`workbench.train.measure.StepClock`) times each step (CUDA events on a GPU,
+    read after the loop). No ``.item()``, ``.cpu()`` or branch on a tensor's value inside
+    the loop: on CUDA the host queues step after step while the device works. Returns
+    (last tok (batch,), last logits, state)."""
+    logits = None
+    for i in range(n):
+        if clock is not None:
+            clock.start()
+        logits, state = step(tok, state)
+        tok = next_token(logits)
+        if clock is not None:
+            clock.stop()
+        if out is not None:
+            out[:, i] = tok
+    return tok, logits, state
+
+
+def state_leaves(state) -> list[torch.Tensor] | None:
+    """The tensors of a decoding state that is only nested lists / tuples / dicts of
+    tensors (a fixed-size recurrent state), in a fixed order; None when it holds anything
+    else (a KVCache object, an int counter): such a state changes in ways a CUDA graph
+    cannot replay."""
+    if isinstance(state, torch.Tensor):
+        return [state]
+    if isinstance(state, dict):
+        items = [state[k] for k in sorted(state)]
+    elif isinstance(state, (list, tuple)):
+        items = list(state)
+    else:
+        return None
+    out: list[torch.Tensor] = []
+    for item in items:
+        leaves = state_leaves(item)
+        if leaves is None:
+            return None
+        out.extend(leaves)
+    return out
+
+
+def same_layout(a: list[torch.Tensor], b: list[torch.Tensor] | None) -> bool:
+    """Whether two states' tensors have the same count, shapes, dtypes and devices."""
+    return b is not None and len(a) == len(b) and all(
+        x.shape == y.shape and x.dtype == y.dtype and x.device == y.device for x, y in zip(a, b))
+
+
+class GraphedStep:
+    """A decoding step replayed from one CUDA graph (``device.type == "cuda"`` only).
+
+    Built by :func:`graphed_step` for a state whose tensors keep their shapes from step to
+    step (a recurrent state): the step is captured once on static buffers (the token and
+    the state), with the new state copied back into the state's buffers inside the graph,
+    so each token is one graph launch instead of one kernel launch per operation (what
+    dominates decoding at small widths). Called as the step it replaces: ``(tok, state)
+    -> (logits, state)``; the logits and state returned are the graph's static buffers
+    (valid until the next call)."""
+
+    def __init__(self, step: Callable, tok: torch.Tensor, state, warmup: int = 2):
+        self.tok = tok.clone()
+        self.leaves = [t.clone() for t in state_leaves(state)]
+        self.state = _rebuild(state, iter(self.leaves))
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):       # warm-up off the capture (lazy inits, autotuning),
+            for _ in range(warmup):         # on a copy: a step may update its state in place
+                step(self.tok, _copy(state))
+        torch.cuda.current_stream().wait_stream(side)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            logits, new = step(self.tok, self.state)
+            for dst, src in zip(self.leaves, state_leaves(new)):
+                dst.copy_(src)
+        self.logits = logits
+
+    def __call__(self, tok: torch.Tensor, state):
+        if tok is not self.tok:
+            self.tok.copy_(tok)
+        if state is not self.state:
+            for dst, src in zip(self.leaves, state_leaves(state)):
+                dst.copy_(src)
+        self.graph.replay()
+        return self.logits, self.state
+
+
+def _rebuild(state, leaves):
+    """``state``'s nesting with its tensors replaced, in :func:`state_leaves` order."""
+    if isinstance(state, torch.Tensor):
+        return next(leaves)
+    if isinstance(state, dict):
+        built = {k: _rebuild(state[k], leaves) for k in sorted(state)}
+        return {k: built[k] for k in state}
+    out = [_rebuild(s, leaves) for s in state]
+    return type(state)(out) if isinstance(state, tuple) else out
+
+
+def _copy(state):
+    """A copy of a state of tensors (:func:`state_leaves`), its nesting kept."""
+    return _rebuild(state, iter([t.clone() for t in state_leaves(state)]))
+
+
+def graphed_step(step: Callable, tok: torch.Tensor, state) -> tuple[Callable, str]:
+    """(the step to decode with, why not graphed or ""). On CUDA, for a state of tensors
+    whose shapes one eager step keeps (:func:`state_leaves`, :func:`same_layout`), a
+    :class:`GraphedStep`; elsewhere, or for a growing state (a KV cache), or when capture
+    fails, ``step`` itself and the reason. The CPU path is never changed."""
+    if tok.device.type != "cuda":
+        return step, f"tensors on {tok.device.type}: CUDA graphs need CUDA"
+    leaves = state_leaves(state)
+    if leaves is None:
+        return step, "the state is not a fixed set of tensors (a key/value cache grows)"
+    _, new = step(tok, _copy(state))
+    if not same_layout(leaves, state_leaves(new)):
+        return step, "a step changes the state's shapes"
+    try:
+        return GraphedStep(step, tok, state), ""
+    except Exception as e:   # a step that syncs or branches on a value cannot be captured
+        torch.cuda.synchronize()
+        return step, f"capture failed ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
+
+
 @torch.no_grad()
 def decode(lm: "LoadedLM", prompt_ids: list[int], max_new: int, temperature: float = 0.0,
            top_k: int | None = None, generator: torch.Generator | None = None,
