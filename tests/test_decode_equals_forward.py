@@ -13,10 +13,11 @@ import torch
 import torch.nn as nn
 
 import models
-from models.attention.attention import CACHE_CHUNK, CacheFull
+from models.attention.attention import CACHE_CHUNK, CacheFull, KVCache
 
-# the families the issue names; every other registry entry with a step path is tested too
-NAMED = ("transformer", "mamba", "mamba2", "gated_deltanet", "rwkv7", "sliding_window_attention", "lstm")
+# the families the issue names and the hybrids; every other registry entry with a step path is tested too
+NAMED = ("transformer", "mamba", "mamba2", "gated_deltanet", "rwkv7", "sliding_window_attention", "lstm",
+         "forgetting_transformer", "hybrid", "hybrid_parallel", "mambaformer", "interleaved", "based")
 VOCAB, D, PROMPT, TOTAL = 37, 16, 9, 24
 
 
@@ -75,6 +76,99 @@ def test_decode_logits_equal_the_forward_pass(name):
     dec = lm.decode(ids, PROMPT)
     assert dec.shape == full.shape == (2, TOTAL, VOCAB)
     assert torch.allclose(dec, full, atol=1e-6, rtol=0), (dec - full).abs().amax(-1)
+
+
+# options that make decoding take its other paths: windows shorter than the sequence (the
+# cache slides), hybrids' splits, combiners, projectors and recurrent kinds, patterns mixing
+# attention, sliding windows and recurrent layers
+VARIANTS = [
+    ("sliding_window_attention", dict(window=4)),
+    ("sliding_window_attention", dict(window=1, pos="none")),
+    ("based", dict(window=3, n_layers=3)),
+    ("interleaved", dict(pattern="AW2N", window=4, n_layers=4)),
+    ("interleaved", dict(pattern="MA", n_layers=2, pos="xpos")),
+    ("hybrid", dict(split="linear", combiner="res")),
+    ("hybrid", dict(combiner="null", recurrent="gated_deltanet", t_layers=2)),
+    ("hybrid", dict(channel_mixer="swiglu", pos="xpos")),
+    ("hybrid_parallel", dict(projector="gres", max_len=64)),
+    ("hybrid_parallel", dict(projector="gres-soft", max_len=64, m_layers=2)),
+    ("hybrid_parallel", dict(projector="null", max_len=64)),
+    ("mambaformer", dict(n_layers=1)),
+    ("forgetting_transformer", dict(channel_mixer="none")),
+]
+
+
+@pytest.mark.parametrize("name,options", VARIANTS, ids=[f"{n}-{'-'.join(map(str, o.values()))}" for n, o in VARIANTS])
+@torch.no_grad()
+def test_decode_equals_forward_with_a_chunk_after_steps(name, options):
+    """A prompt, steps, a second chunk after the cached positions (its causal mask offset by
+    them), steps again: the logits of one forward pass over the whole sequence."""
+    options = dict(options)
+    torch.manual_seed(0)
+    lm = LM(models.build(name, d_model=D, **{"n_layers": 2, **options})).double().eval()
+    ids = torch.randint(0, VOCAB, (2, TOTAL), generator=torch.Generator().manual_seed(2))
+    bb = lm.backbone
+    y, state = bb.forward_with_state(lm.emb(ids[:, :7]), bb.init_state(2))
+    out = [lm.head(y)]
+    for t in range(7, 12):
+        y_t, state = bb.step(lm.emb(ids[:, t]), state)
+        out.append(lm.head(y_t)[:, None])
+    y, state = bb.forward_with_state(lm.emb(ids[:, 12:17]), state)
+    out.append(lm.head(y))
+    for t in range(17, TOTAL):
+        y_t, state = bb.step(lm.emb(ids[:, t]), state)
+        out.append(lm.head(y_t)[:, None])
+    dec, full = torch.cat(out, 1), lm(ids)
+    assert torch.allclose(dec, full, atol=1e-8, rtol=0), (dec - full).abs().amax()
+
+
+@pytest.mark.parametrize("name", ["transformer", "hybrid", "hybrid_parallel", "mambaformer", "interleaved"])
+@torch.no_grad()
+def test_a_stack_step_updates_its_state_list_in_place(name):
+    """One pass over the layers per token: the state list a step returns is the one it was
+    given (no container rebuilt per token), its key/value caches the same objects."""
+    torch.manual_seed(0)
+    options = {"pattern": "MA"} if name == "interleaved" else {}
+    bb = models.build(name, d_model=D, n_layers=2, **options).eval()
+    state = bb.init_state(2)
+    _, after = bb.forward_with_state(torch.randn(2, 5, D), state)
+    assert after is state
+    before = [id(s) for s in state]
+    _, after = bb.step(torch.randn(2, D), state)
+    assert after is state and len(state) == len(before)
+    caches = [s for s in state if isinstance(s, KVCache)] or [c for s in state for c in s if isinstance(c, KVCache)]
+    assert caches and all(c.length == 6 for c in caches)
+
+
+@torch.no_grad()
+def test_the_fox_cache_grows_in_chunks_and_is_refused_past_its_limit():
+    from models.attention.forgetting_attention import ForgettingAttention
+
+    torch.manual_seed(0)
+    layer = ForgettingAttention(D, n_heads=2).eval()
+    cache = layer.init_state(1)
+    _, cache = layer.forward_with_state(torch.randn(1, 3, D), cache)
+    assert cache.k.shape[2] == CACHE_CHUNK and cache.length == 3
+    buffers = {cache.k.data_ptr()}
+    for _ in range(CACHE_CHUNK):            # 3 + 256 positions: one growth, not a copy per token
+        _, cache = layer.step(torch.randn(1, D), cache)
+        buffers.add(cache.k.data_ptr())
+    assert len(buffers) == 2 and cache.k.shape[2] == 2 * CACHE_CHUNK and cache.length == 3 + CACHE_CHUNK
+    assert cache.nbytes() == (3 + CACHE_CHUNK) * (2 * D * 4 + 2 * 8)   # k, v float32; c float64 per head
+    full = layer.init_state(1, capacity=64, limit=4)
+    assert full.k.shape[2] == 4
+    _, full = layer.forward_with_state(torch.randn(1, 4, D), full)
+    with pytest.raises(CacheFull) as e:
+        layer.step(torch.randn(1, D), full)
+    assert "\n" not in str(e.value) and "at most 4 positions" in str(e.value) and "4 cached + 1 new" in str(e.value)
+
+
+@torch.no_grad()
+def test_hybrid_parallel_refuses_a_position_past_its_table():
+    bb = models.build("hybrid_parallel", d_model=D, n_layers=1, max_len=6).eval()
+    _, state = bb.forward_with_state(torch.randn(1, 6, D), bb.init_state(1))
+    with pytest.raises(CacheFull, match="position 6 is past hybrid_parallel's max_len=6"):
+        bb.step(torch.randn(1, D), state)
 
 
 @pytest.mark.parametrize("pos", ["absolute", "learned", "rope", "xpos", "none"])

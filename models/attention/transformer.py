@@ -27,7 +27,7 @@ import torch
 import torch.nn as nn
 
 from models.attention.attention import MLP, CacheFull, CausalSelfAttention, sinusoidal_positions
-from models.common import ResidualStack, stack_with_state
+from models.common import ResidualStack
 
 TRANSFORMER_POSITIONS = ("absolute", "learned", "rope", "xpos", "none")
 
@@ -101,9 +101,35 @@ class Transformer(nn.Module):
         Chaining chunks equals one forward over their concatenation; the caches are
         updated in place."""
         x = self._positions_at(state[0].length, x.shape[1], x)
-        return stack_with_state(self.stack, self.emb_drop(x), state, "forward_with_state")
+        return stack_step(self.stack, self.emb_drop(x), state, "forward_with_state")
 
     def step(self, x_t: torch.Tensor, state: list) -> tuple[torch.Tensor, list]:
         """One token x_t: (batch, d_model) -> (y_t (batch, d_model), state one position longer)."""
         x_t = self._positions_at(state[0].length, 1, x_t[:, None, :])[:, 0]
-        return stack_with_state(self.stack, x_t, state, "step")
+        return stack_step(self.stack, x_t, state, "step")
+
+
+def residual_pass(layers, x: torch.Tensor, states: list, method: str, start: int = 0) -> torch.Tensor:
+    """x through pre-norm residual layers (``models.common.PreNormResidual``: x + mixer(norm x)),
+    each mixer called as ``method(norm(x), states[start + i]) -> (y, state)`` ("step": x is
+    (batch, d_model); "forward_with_state": (batch, length, d_model)) and its state put back
+    into ``states`` in place: one pass over the layers, no container rebuilt per token. The
+    dropout module is skipped outside training (it is the identity there)."""
+    for i, layer in enumerate(layers):
+        y, states[start + i] = getattr(layer.mixer, method)(layer.norm(x), states[start + i])
+        x = x + (layer.dropout(y) if layer.training else y)
+    return x
+
+
+def stack_step(stack: ResidualStack, x: torch.Tensor, state: list, method: str = "step") -> tuple[torch.Tensor, list]:
+    """A ResidualStack's decoding pass (``models.common.stack_with_state``'s, with the
+    per-layer states replaced in ``state`` itself, the same list returned): each layer's
+    mixer carries its state (a KV cache, a recurrent state, ``()`` for an MLP), the
+    channel mixers after each (position-wise) run as they are, then the final norm."""
+    mlps = stack.mlps
+    if mlps is None:
+        x = residual_pass(stack.layers, x, state, method)
+    else:
+        for i, layer in enumerate(stack.layers):
+            x = mlps[i](residual_pass((layer,), x, state, method, i))
+    return stack.norm_f(x), state

@@ -35,7 +35,11 @@ positional encoding:
     x -> x + Mamba(norm x) -> n_layers x [ x + Attn(norm x) ; x + Mamba(norm x) ] -> final norm
 
 Both are causal (every part is), report the recurrent branch's ``backend``, and have no fixed-size
-recurrent state (``state_size()`` is None: attention's KV cache grows with length).
+recurrent state (``state_size()`` is None: attention's KV cache grows with length). Both decode
+token by token (``init_state`` / ``forward_with_state`` / ``step``,
+:class:`models.hybrid.hybrid_pattern.DecodingStack`): one list of states per stack, an entry per
+layer (a hybrid block's entry: the list of its sub-layers' caches and states), updated in
+place by one pass over the layers per token.
 """
 from __future__ import annotations
 
@@ -45,7 +49,8 @@ import torch.nn.functional as F
 
 from models.attention.attention import MLP, CausalSelfAttention
 from models.common import PreNormResidual, ResidualStack
-from models.hybrid.hybrid_pattern import make_recurrent
+from models.attention.transformer import residual_pass
+from models.hybrid.hybrid_pattern import DecodingStack, init_mixer_state, make_recurrent
 from models.ssm.mamba import Mamba
 
 COMBINERS = ("null", "res", "gated-res")
@@ -163,8 +168,30 @@ class HybridBlock(nn.Module):
     def state_size(self) -> None:
         return None
 
+    # -- decoding: the attention branch's caches and the recurrent branch's states, one list
+    def init_state(self, batch: int) -> list:
+        """One entry per sub-layer: the attention branch's (a key/value cache per attention
+        layer, ``()`` per MLP), then the recurrent branch's states."""
+        return [init_mixer_state(layer.mixer, batch) for layer in (*self.attn_branch, *self.mamba_branch)]
 
-class Hybrid(ResidualStack):
+    def _decode(self, x: torch.Tensor, state: list, method: str) -> tuple[torch.Tensor, list]:
+        s_a, s_m = (x, x) if self.splitter is None else self.splitter(x).split([self.d_a, self.d_m], dim=-1)
+        y_a = residual_pass(self.attn_branch, s_a, state, method)
+        y_m = residual_pass(self.mamba_branch, s_m, state, method, len(self.attn_branch))
+        if method == "step":   # the combiner weighs (batch, length, width) outputs
+            return self.combine([y_a[:, None], y_m[:, None]])[:, 0], state
+        return self.combine([y_a, y_m]), state
+
+    def forward_with_state(self, x: torch.Tensor, state: list) -> tuple[torch.Tensor, list]:
+        """x: (batch, length, d_model) after the positions in ``state`` -> (y, state updated in place)."""
+        return self._decode(x, state, "forward_with_state")
+
+    def step(self, x_t: torch.Tensor, state: list) -> tuple[torch.Tensor, list]:
+        """One token x_t: (batch, d_model) -> (y_t (batch, d_model), state updated in place)."""
+        return self._decode(x_t, state, "step")
+
+
+class Hybrid(DecodingStack, ResidualStack):
     """n_layers pre-norm residual :class:`HybridBlock` s and a final norm."""
 
     def __init__(self, d_model: int, n_layers: int, t_layers: int = 1, m_layers: int = 1,
@@ -184,8 +211,9 @@ class Hybrid(ResidualStack):
         )
 
 
-class MambaFormer(ResidualStack):
-    """Mamba, then n_layers x (attention, Mamba), all pre-norm residual; no positions."""
+class MambaFormer(DecodingStack, ResidualStack):
+    """Mamba, then n_layers x (attention, Mamba), all pre-norm residual; no positions.
+    Decodes token by token: a key/value cache per attention layer, a state per Mamba."""
 
     def __init__(self, d_model: int, n_layers: int, n_heads: int = 4, norm: str = "rms",
                  dropout: float = 0.0, mamba_kwargs: dict | None = None):

@@ -15,14 +15,17 @@ absolute positions at the input instead of RoPE, GPT-Neo's unscaled attention sc
 default (``attn_scale = 1.0``), LayerNorm in the attention branch and RMSNorm in the Mamba
 branch (each as its own Hugging Face block has it), and the projector family above. The
 Mamba branch takes ``d_inner`` / ``dt_rank`` (the published runs kept mamba-130m-hf's
-1536 / 48). Not reproduced: GPT-Neo's tanh GELU and its attention-output bias.
+1536 / 48). Decodes token by token (``init_state`` / ``forward_with_state`` / ``step``): per
+block a list of its sub-layers' key/value caches (at most ``max_len`` positions, as the
+position table) and Mamba states, updated in place. Not reproduced: GPT-Neo's tanh GELU and its attention-output bias.
 """
 from __future__ import annotations
 
 import torch
 import torch.nn as nn
 
-from models.attention.attention import MLP, CausalSelfAttention
+from models.attention.attention import MLP, CacheFull, CausalSelfAttention
+from models.attention.transformer import residual_pass
 from models.common import PreNormResidual
 from models.ssm.mamba import Mamba
 from models.hybrid.projectors import Combiner, Splitter
@@ -50,6 +53,19 @@ class ParallelBlock(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         s_t, s_m = self.split(x)
         return self.combine([self.attn_branch(s_t), self.mamba_branch(s_m)])
+
+    def init_state(self, batch: int, capacity: int = 0, limit: int | None = None) -> list:
+        """One entry per sub-layer: the GPT-Neo branch's (a key/value cache per attention
+        layer, at most ``limit`` positions; ``()`` per MLP), then the Mamba states."""
+        return [layer.mixer.init_state(batch, capacity, limit) if isinstance(layer.mixer, CausalSelfAttention)
+                else layer.mixer.init_state(batch) for layer in (*self.attn_branch, *self.mamba_branch)]
+
+    def decode(self, x: torch.Tensor, state: list, method: str) -> torch.Tensor:
+        """x: (batch, d) with ``method`` "step" or (batch, length, d) with "forward_with_state"
+        -> the block's output; ``state`` updated in place."""
+        s_t, s_m = self.split(x)
+        return self.combine([residual_pass(self.attn_branch, s_t, state, method),
+                             residual_pass(self.mamba_branch, s_m, state, method, len(self.attn_branch))])
 
 
 class ParallelHybrid(nn.Module):
@@ -87,3 +103,26 @@ class ParallelHybrid(nn.Module):
 
     def state_size(self) -> None:
         return None  # the attention branch's KV cache grows with length
+
+    # -- decoding: per block the list of its sub-layers' caches and states, updated in place
+    def init_state(self, batch: int, capacity: int = 0) -> list:
+        return [block.init_state(batch, capacity, self.max_len) for block in self.blocks]
+
+    def _decode(self, x: torch.Tensor, state: list, method: str) -> tuple[torch.Tensor, list]:
+        n, length = state[0][0].length, (1 if method == "step" else x.shape[1])
+        if n + length > self.max_len:
+            raise CacheFull(f"position {n + length - 1:,} is past hybrid_parallel's max_len={self.max_len:,} "
+                            f"(its learned positions): {n:,} cached + {length:,} new")
+        h = x + self.pos_emb[n:n + length].to(x.dtype)[0 if method == "step" else slice(None)]
+        for block, s in zip(self.blocks, state):
+            h = block.decode(h, s, method)
+        return h, state
+
+    def forward_with_state(self, x: torch.Tensor, state: list) -> tuple[torch.Tensor, list]:
+        """x: (batch, length, d_model) after the positions in ``state`` -> (y, state updated
+        in place); the learned positions continue at the first attention cache's length."""
+        return self._decode(x, state, "forward_with_state")
+
+    def step(self, x_t: torch.Tensor, state: list) -> tuple[torch.Tensor, list]:
+        """One token x_t: (batch, d_model) -> (y_t (batch, d_model), state one token on)."""
+        return self._decode(x_t, state, "step")

@@ -28,7 +28,9 @@ Shared options reach the mixers that take them (by their constructor's signature
 ``backend`` (every mixer with a backend). ``state_size()`` is None when an A layer is
 present (attention's KV cache grows with length), else the sum over layers; a stack
 without A layers is a :class:`models.ssm.mamba.RecurrentStack` (``init_state`` / ``step`` /
-``forward_with_state`` / ``forward_chunked``).
+``forward_with_state`` / ``forward_chunked``); one with A layers decodes too
+(:class:`DecodingStack`: a key/value cache per attention layer, the recurrent states beside
+them, one list updated in place per token).
 """
 from __future__ import annotations
 
@@ -125,11 +127,43 @@ def make_mixer(code: str, d_model: int, shared: dict[str, Any],
     return cls(d_model, **kwargs)
 
 
-class InterleavedStack(ResidualStack):
+def init_mixer_state(mixer: nn.Module, batch: int, capacity: int = 0, limit: int | None = None):
+    """A mixer's empty decoding state: an attention layer's key/value cache (room for
+    ``capacity`` positions now, at most ``limit``), any other mixer's ``init_state(batch)``."""
+    from models.attention.attention import CausalSelfAttention
+
+    if isinstance(mixer, CausalSelfAttention):
+        return mixer.init_state(batch, capacity, limit)
+    return mixer.init_state(batch)
+
+
+class DecodingStack:
+    """``init_state`` / ``forward_with_state`` / ``step`` for a ResidualStack whose layers mix
+    attention (a key/value cache that grows) with recurrent mixers (a fixed-size state):
+    the state is one list, an entry per layer, updated in place by one pass over the
+    layers per token (models.attention.transformer.stack_step). RoPE positions continue
+    from each attention cache's length; chaining chunks equals one forward pass."""
+
+    def init_state(self, batch: int, capacity: int = 0) -> list:
+        return [init_mixer_state(layer.mixer, batch, capacity) for layer in self.layers]
+
+    def forward_with_state(self, x, state: list):
+        """x: (batch, length, d_model) after the positions in ``state`` -> (y, state)."""
+        from models.attention.transformer import stack_step
+        return stack_step(self, x, state, "forward_with_state")
+
+    def step(self, x_t, state: list):
+        """One token x_t: (batch, d_model) -> (y_t (batch, d_model), state one token on)."""
+        from models.attention.transformer import stack_step
+        return stack_step(self, x_t, state, "step")
+
+
+class InterleavedStack(DecodingStack, ResidualStack):
     """Pre-norm residual stack whose layer i runs the mixer of ``layout[i]``.
 
     (batch, length, d_model) -> (batch, length, d_model), causal. ``layout``: the expanded
-    pattern (list of codes), also as the string ``self.pattern_layout``."""
+    pattern (list of codes), also as the string ``self.pattern_layout``. Decodes token by
+    token (:class:`DecodingStack`), attention layers with a key/value cache."""
 
     def __init__(self, d_model: int, n_layers: int, pattern: str = "MMA", n_heads: int = 4,
                  window: int = 64, pos: str = "rope", channel_mixer: str = "swiglu",
@@ -149,10 +183,11 @@ class InterleavedStack(ResidualStack):
         self.pattern_layout = "".join(layout)
 
 
-class RecurrentInterleavedStack(InterleavedStack, RecurrentStack):
+class RecurrentInterleavedStack(RecurrentStack, InterleavedStack):
     """An :class:`InterleavedStack` without attention layers: every mixer has a fixed-size
     state, so the stack has ``init_state`` / ``step`` / ``forward_with_state`` /
-    ``forward_chunked`` (from :class:`models.ssm.mamba.RecurrentStack`)."""
+    ``forward_chunked`` (from :class:`models.ssm.mamba.RecurrentStack`, first in the
+    order of bases; the constructor is InterleavedStack's)."""
 
 
 def build_interleaved(d_model: int, n_layers: int, pattern: str = "MMA", **options: Any
