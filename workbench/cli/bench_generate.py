@@ -46,6 +46,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -164,6 +165,7 @@ def measure_generate(spec: dict[str, Any]) -> dict[str, Any]:
         "tokens": spec["tokens"],
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
+        "load": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None,   # uptime's, at the end
     }
 
 
@@ -190,12 +192,17 @@ def plan(args: argparse.Namespace) -> list[dict[str, Any]]:
         pairs = list(dict.fromkeys([(p0, B) for B in batches] + [(P, b0) for P in prompt_lens]))
     tokens = args.gen_tokens
     specs = []
+    takes_of, options_of = {}, {}
     for name in names:
-        takes = models.entry(name).options()   # unknown model: error listing the known ones
-        options = {k: v for k, v in args.opt if k in takes}
+        takes_of[name] = takes = models.entry(name).options()   # unknown model: error listing the known ones
+        options_of[name] = options = {k: v for k, v in args.opt if k in takes}
         if args.backend and "backend" in takes:
             options["backend"] = args.backend[0]
-        for P, B in pairs:
+    # the models interleaved in time (each config measured for every model before the next),
+    # so a change of the machine's load between configs falls on all models alike
+    for P, B in pairs:
+        for name in names:
+            takes, options = takes_of[name], options_of[name]
             opts = dict(options)
             need = P + args.warmup + tokens
             if "max_len" in takes:
@@ -250,13 +257,16 @@ def generate_rows(args: argparse.Namespace, run: Run) -> list[dict[str, Any]]:
         rows = read_table(args.from_table)
     else:
         rows = []
-        for spec in plan(args):
+        specs = plan(args)
+        for spec in specs:
             res = run(spec, args.timeout)
             if "error" in res:
                 res = {"model": spec["label"], "prompt_len": spec["prompt_len"], "batch": spec["batch"], **res}
             rows.append(res)
             print(f"  generated {spec['label']} prompt={spec['prompt_len']} batch={spec['batch']}",
                   file=sys.stderr, flush=True)
+        order = list(dict.fromkeys(s["label"] for s in specs))   # the table: one model after another
+        rows.sort(key=lambda r: order.index(r["model"]))
     if rows and getattr(args, "figure", None):
         paths = figure(rows, args.figure)
         print(f"  figure: {', '.join(str(p) for p in paths)}", file=sys.stderr, flush=True)
