@@ -71,7 +71,9 @@ async def test_runs_table_shows_lm_runs_bits_per_byte_under_a_header_that_says_s
         app.poll()
         await settle(pilot)
         table = app.query_one(RunsTable)
-        assert str(table.columns["accuracy"].label) == "bpb"
+        # train and eval figures labelled apart (the loss column is the last train loss)
+        assert str(table.columns["accuracy"].label) == "eval bpb"
+        assert str(table.columns["loss"].label) == "train loss"
         cells = [table.get_row(k) for k in table.rows]
         col = list(table.columns).index("accuracy")
         assert [str(c[col]) for c in cells] == ["1.500", "1.250"]  # the last evaluation's, not 0.300
@@ -86,8 +88,8 @@ def test_a_table_of_lm_and_other_runs_says_acc_or_bpb(store, tmp_path):
     lm_store(store, tmp_path)
     sweep(store, models=("lstm",), seeds=(0,))
     runs = table_runs(store)
-    assert accuracy_header(runs) == "acc|bpb"
-    assert accuracy_header([r for r in runs if r.task != "lm"]) == "accuracy"
+    assert accuracy_header(runs) == "eval acc|bpb"
+    assert accuracy_header([r for r in runs if r.task != "lm"]) == "eval acc"
     other = next(r for r in runs if r.task != "lm")
     store.heartbeat(other.id, last_accuracy=0.75)
     other = next(r for r in table_runs(store) if r.task != "lm")
@@ -180,6 +182,35 @@ async def test_compare_legend_names_the_metric_l_switched_to(store, tmp_path):
         await pilot.press("a")  # the second plot: perplexity next
         await settle(pilot)
         assert screen.acc_metric == ("eval", "perplexity") and heads()[1] == "eval ppl"
+
+
+def footer_keys(screen) -> dict[str, str]:
+    from textual.widgets._footer import FooterKey
+
+    return {w.key: w.description for w in screen.query(FooterKey)}
+
+
+async def test_compare_keys_are_named_by_the_metric_their_plot_shows(store, tmp_path):
+    """The footer's ``a`` is not "Acc metric" where the second plot shows a language model's
+    bits per byte or perplexity: ``l`` and ``a`` read as the metric each plot shows now."""
+    from workbench.tui.compare_view import CompareScreen
+
+    ids = lm_store(store, tmp_path)
+    app = make_app(store, tmp_path)
+    async with app.run_test(size=(140, 40)) as pilot:
+        screen = CompareScreen(store, ids)
+        app.push_screen(screen)
+        await poll_view(pilot, screen)
+        await settle(pilot)
+        keys = footer_keys(screen)
+        assert keys["l"] == "train loss" and keys["a"] == "eval bpb", keys
+        await pilot.press("a")
+        await settle(pilot)
+        assert footer_keys(screen)["a"] == "eval ppl"
+        await pilot.press("l")
+        await settle(pilot)
+        assert footer_keys(screen)["l"] == "eval loss"
+        assert "Acc metric" not in footer_keys(screen).values()
 
 
 # --------------------------------------------------------------------------- early stopping

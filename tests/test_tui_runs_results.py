@@ -252,14 +252,14 @@ async def test_runs_table_sorts_by_any_column(store, tmp_path):
         while table.sort_column != "accuracy":
             await pilot.press("s")  # the next column
         await pilot.pause()
-        assert str(table.columns["accuracy"].label) == "accuracy ▲" and str(table.columns["id"].label) == "id"
+        assert str(table.columns["accuracy"].label) == "eval acc ▲" and str(table.columns["id"].label) == "id"
         got = row_ids(table)
         assert got[:4] == [ids[2], ids[0], ids[3], ids[1]]  # 0.1 0.4 0.6 0.9, then no accuracy
         assert got[4:] == ids[4:]
         assert table.current_run_id == ids[1]  # the cursor stays on its run
         await pilot.press("S")  # the other direction; runs without a value still last
         await pilot.pause()
-        assert str(table.columns["accuracy"].label) == "accuracy ▼"
+        assert str(table.columns["accuracy"].label) == "eval acc ▼"
         assert row_ids(table)[:4] == [ids[1], ids[3], ids[0], ids[2]] and row_ids(table)[4:] == ids[4:]
         # the order holds across polls, and a changed value moves its row
         store.conn.execute("UPDATE runs SET last_accuracy=0.95 WHERE id=?", (ids[2],))
@@ -385,7 +385,7 @@ async def test_small_terminal_keeps_state_progress_accuracy(store, tmp_path, siz
         await pilot.pause()
         table = app.query_one(RunsTable)
         header = next(line for line in screen_lines(app) if " id ▲" in line)
-        for name in ("state", "progress", "accuracy", "model"):
+        for name in ("state", "progress", "eval acc", "model"):
             assert f" {name} " in header + " ", (name, header)
         assert len(header.rstrip()) <= size[0]
         # every column shown fits: no horizontal scrolling

@@ -13,7 +13,8 @@ or show every run, ``l`` / ``a`` which loss (train or eval loss, eval perplexity
 (:mod:`workbench.tui.paths`). Under 100 columns the legend goes under the plots, so the
 group names are not cut. The legend's last two columns are each group's last value of the
 metric each plot shows, headed by that metric's short name (:data:`LEGEND_NAMES`:
-``train loss``, ``eval bpb``, ``eval acc``), so they follow ``l`` and ``a``. Runs that are
+``train loss``, ``eval bpb``, ``eval acc``), so they follow ``l`` and ``a``; the footer
+names the two keys the same way (``l train loss  a eval bpb``), not "Loss/Acc metric". Runs that are
 all language models (task ``lm``) open the second plot on eval bits per byte, ``a`` going
 through perplexity and accuracy (:data:`LM_SECOND`), not on accuracy.
 """
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import threading
 from contextlib import nullcontext
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -81,8 +83,11 @@ class CompareScreen(PollsStore, Screen):
         Binding("x", "cycle_axis", "x axis"),
         Binding("b", "cycle_band", "Band"),
         Binding("g", "toggle_group", "Group seeds"),
-        Binding("l", "cycle_loss", "Loss metric"),
-        Binding("a", "cycle_acc", "Acc metric"),
+        # shown in the footer as the metric each key's plot shows now (:meth:`_name_keys`)
+        Binding("l", "cycle_loss", "Loss metric", tooltip="Cycle the first plot: train loss, eval loss, "
+                "eval perplexity, eval bits per byte"),
+        Binding("a", "cycle_acc", "Second metric", tooltip="Cycle the second plot: eval accuracy, sequence "
+                "accuracy, train accuracy (language models: eval bits per byte, perplexity, accuracy)"),
         Binding("f", "figures", "Write figures"),
     ]
 
@@ -163,6 +168,7 @@ class CompareScreen(PollsStore, Screen):
             plot.empty_text = self.empty_text(metric, live)
             plot.show(cv.CURVE_METRICS[metric], cs, xlabel)
         self._show_legend(order, labels, colour_of, loss, acc)
+        self._name_keys()
         set_text(self.query_one("#compare-title", Static),
                  title_text(self.what, len(self.runs), len(order), self.axis, self.band, self.by_seed))
 
@@ -177,6 +183,20 @@ class CompareScreen(PollsStore, Screen):
                    else f"it has no {cv.X_LABELS[self.axis]}")
             return f"no {name} against {cv.X_LABELS[self.axis]}: these runs logged it, but {why} (x: another axis)"
         return f"no {name} yet" if live else f"no {name}: these runs ended without logging it"
+
+    def _name_keys(self) -> None:
+        """The footer names ``l`` and ``a`` by the metric each plot shows (``l train loss``,
+        ``a eval bpb``): a fixed "Acc metric" read as accuracy while a language model's second
+        plot showed bits per byte or perplexity."""
+        keys = self._bindings.key_to_bindings
+        changed = False
+        for key, metric in (("l", self.loss_metric), ("a", self.acc_metric)):
+            name = LEGEND_NAMES.get(metric, cv.CURVE_METRICS.get(metric, metric[1]))
+            if any(b.description != name for b in keys.get(key, [])):
+                keys[key] = [replace(b, description=name) for b in keys[key]]
+                changed = True
+        if changed:
+            self.refresh_bindings()
 
     def _legend_columns(self) -> None:
         """The legend's columns, the last two headed by the metrics the plots show (built

@@ -8,8 +8,10 @@ Language-model runs (task ``lm``) show their latest eval bits per byte in the ac
 column (read by :func:`table_runs` into the run's info as :data:`LM_FIGURE`): a next-token
 accuracy says little of a language model, and its loss in nats per token does not compare
 runs with different tokenizers, where bits per byte does. The column's header says what it
-holds (:func:`accuracy_header`: ``bpb`` when every row shown is a language model's,
-``acc|bpb`` when some are).
+holds (:func:`accuracy_header`: ``eval bpb`` when every row shown is a language model's,
+``eval acc|bpb`` when some are, else ``eval acc``), and the loss column is headed ``train
+loss`` (the last training loss the worker reported): train and eval figures are labelled
+apart, as in the run view and the compare view.
 """
 from __future__ import annotations
 
@@ -67,10 +69,11 @@ def _bpb(v: float) -> str:
 
 
 def accuracy_header(runs: Iterable[Run]) -> str:
-    """The accuracy column's header for the rows ``runs``: ``accuracy`` (no language model
-    among them), ``bpb`` (all are) or ``acc|bpb`` (some are)."""
+    """The accuracy column's header for the rows ``runs``: ``eval acc`` (no language model
+    among them), ``eval bpb`` (all are) or ``eval acc|bpb`` (some are): an evaluation's
+    figure, labelled apart from the train loss beside it."""
     kinds = {r.task == "lm" for r in runs}
-    return "bpb" if kinds == {True} else "acc|bpb" if True in kinds else "accuracy"
+    return "eval bpb" if kinds == {True} else "eval acc|bpb" if True in kinds else "eval acc"
 
 
 # (column key, header, fixed content width or None = measured from the cells). The columns
@@ -81,8 +84,8 @@ def accuracy_header(runs: Iterable[Run]) -> str:
 COLUMNS = [
     ("mark", "", 1), ("id", "id", None), ("profile", "profile", None), ("model", "model", None),
     ("task", "task", None), ("seq_len", "seq_len", None), ("grid", "grid", None), ("seed", "seed", None),
-    ("state", "state", 9), ("progress", "progress", 4), ("loss", "loss", 9),
-    ("accuracy", "accuracy", 5), ("elapsed", "elapsed", 6), ("device", "device", None),
+    ("state", "state", 9), ("progress", "progress", 4), ("loss", "train loss", 9),
+    ("accuracy", "eval acc", 5), ("elapsed", "elapsed", 6), ("device", "device", None),
 ]
 HEADERS = {k: label for k, label, _ in COLUMNS}
 WIDTHS = {k: w for k, _, w in COLUMNS}

@@ -120,10 +120,12 @@ class RunsTable(MarkedRunActions, DataTable):
         for key, width in self._columns.items():
             self.add_column(self._header(key), key=key, width=width)
 
-    @staticmethod
-    def _no_cells() -> dict[str, int]:
-        """The content widths before any row: 0, the format's width for fixed columns."""
-        return {k: WIDTHS[k] if k in FIXED else 0 for k, *_ in COLUMNS}
+    def _no_cells(self) -> dict[str, int]:
+        """The content widths before any row: 0, the format's width for fixed columns (the
+        accuracy column's: its header's, when that is the wider)."""
+        out = {k: WIDTHS[k] if k in FIXED else 0 for k, *_ in COLUMNS}
+        out["accuracy"] = max(out["accuracy"], len(getattr(self, "_acc_header", "")))
+        return out
 
     def _avail(self) -> int:
         return self.size.width - self.styles.scrollbar_size_vertical
@@ -206,9 +208,11 @@ class RunsTable(MarkedRunActions, DataTable):
         if self.filter:
             runs = [r for r in runs if self.filter(r)]
         ids = {r.id for r in runs}
-        acc_header = accuracy_header(runs)  # (no wider than "accuracy": the widths stay)
+        before = (dict(self._natural), set(self._varies), dict(self._first))
+        acc_header = accuracy_header(runs)  # "eval acc|bpb" is wider than the others: a relayout
         if acc_header != self._acc_header:
             self._acc_header = acc_header
+            self._natural["accuracy"] = max(WIDTHS["accuracy"], len(acc_header))
             if "accuracy" in self.columns:
                 self.columns["accuracy"].label = self._header("accuracy")
                 self.refresh()
@@ -223,7 +227,6 @@ class RunsTable(MarkedRunActions, DataTable):
             self._keys.clear()
             self._runs.clear()
             self._order = []
-        before = (dict(self._natural), set(self._varies), dict(self._first))
         new: list[int] = []
         changed: list[tuple[int, dict, dict]] = []
         for run in runs:
