@@ -1,8 +1,10 @@
 """``ssm-workbench bench --generate`` (issue 43): autoregressive decoding measured per
 (model, prompt length, batch). Tiny configs end to end (in process, as test_bench's), the
 table's columns, the state bytes per sequence (a recurrent model's constant in the prompt
-length, the Transformer's cache growing with it), the options refused in one line and the
-figure. No timing is asserted: times are benchmarks."""
+length, the Transformer's cache growing with it), the options refused in one line, the
+--grid axes plan (Figure 8's two axes, models interleaved in time) and the figure drawn from
+a saved json / csv table (--from-table, nothing measured). No timing is asserted: times are
+benchmarks."""
 from __future__ import annotations
 
 import json
@@ -96,3 +98,75 @@ def test_state_bytes_counts_nested_states_and_a_caches_filled_positions():
     with torch.no_grad():                                    # its cache: k, v (2, 2, 5, 4) float32, c (2, 2, 5) float64
         _, st = fox.forward_with_state(torch.randn(2, 5, 8), fox.init_state(2))
     assert state_bytes(st) == 2 * 2 * 5 * 8 * 4 + 2 * 2 * 5 * 8
+
+
+def _table_rows():
+    """A table as bench --generate writes it (numbers made up: the figure only draws them)."""
+    rows = []
+    for m, grow in (("transformer", True), ("mamba", False)):
+        for p, b in [(256, 1), (256, 4), (256, 16), (256, 64), (1024, 1), (4096, 1), (16384, 1)]:
+            rows.append({"model": m, "prompt_len": p, "batch": b, "params": 100, "prefill_ms": 1.0,
+                         "decode_ms": 1.0 + (p / 1024 if grow else 0), "tok_s": 100 * b,
+                         "state_bytes": 512 * p if grow else 4096, "peak_mib": 10.0, "extra_mib": 1.0,
+                         "backend": "torch", "device": "cpu", "d_model": 16, "n_layers": 1})
+    return rows
+
+
+@pytest.mark.parametrize("fmt", ["json", "csv"])
+def test_the_figure_is_drawn_from_a_table(fmt, tmp_path, capsys, monkeypatch):
+    """--from-table reads an earlier --format json / csv output and measures nothing;
+    --figure NAME.png writes NAME.png and NAME.svg."""
+    from workbench.cli import bench_tables
+
+    def no_measuring(spec, timeout):
+        raise AssertionError("--from-table measured a config")
+
+    monkeypatch.setattr(bench, "_run_subprocess", no_measuring)
+    rows = _table_rows()
+    table = tmp_path / f"generation.{fmt}"
+    table.write_text(bench_tables.render({"generate": rows}, fmt))
+    out = tmp_path / "figs" / "generation.png"
+    rc = bench.main(["--generate", "--from-table", str(table), "--figure", str(out)])
+    printed = capsys.readouterr().out
+    assert rc == 0
+    assert parse_md(printed)[0]["model"] == "transformer" and len(parse_md(printed)) == len(rows)
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    svg = (tmp_path / "figs" / "generation.svg").read_text()
+    # the three panels: throughput at prompt 256 (the prompt with most batches), latency and
+    # memory at batch 1 (the batch with most prompts)
+    for text in ("throughput, prompt 256 tokens", "latency per token, batch 1", "memory per sequence"):
+        assert text in svg
+
+
+def test_the_figure_of_rows_without_numbers_is_not_written(tmp_path):
+    from workbench.cli.bench_generate import figure
+
+    assert figure([{"model": "mamba", "error": "timed out"}], tmp_path / "g.png") == []
+    assert not (tmp_path / "g.png").exists()
+
+
+def test_a_table_that_is_not_one_is_refused_in_one_line(tmp_path):
+    bad = tmp_path / "t.json"
+    bad.write_text('{"runs": []}')
+    with pytest.raises(SystemExit) as e:
+        bench.main(["--generate", "--from-table", str(bad)])
+    assert str(e.value) == f"--from-table {bad}: not the JSON of bench --generate --format json (no 'generate' list)"
+    with pytest.raises(SystemExit) as e:
+        bench.main(["--generate", "--from-table", str(tmp_path / "none.csv")])
+    assert str(e.value).startswith(f"--from-table {tmp_path / 'none.csv'}: cannot read it")
+
+
+def test_the_axes_grid_is_figure_8s_two_axes():
+    """--grid axes: every batch at the shortest prompt, every prompt at the smallest batch,
+    the models interleaved in time (each config for every model before the next)."""
+    from workbench.cli.bench_generate import plan
+
+    args = bench.build_parser().parse_args([*TINY, "--models", "transformer,mamba", "--grid", "axes",
+                                            "--prompt-lens", "1024,256,16384", "--batch", "1,4,64"])
+    got = [(s["model"], s["prompt_len"], s["batch"]) for s in plan(args)]
+    pairs = [(256, 1), (256, 4), (256, 64), (1024, 1), (16384, 1)]
+    assert got == [(m, p, b) for p, b in pairs for m in ("transformer", "mamba")]
+    # the Transformer's cache and position table fit the prompt and the generated tokens
+    assert [s["options"]["max_len"] for s in plan(args) if s["model"] == "transformer"] == [p + 4 for p, _ in pairs]
+    product = bench.build_parser().parse_args([*TINY, "--models", "mamba", "--prompt-lens", "8,16", "--batch", "1,2"])
+    assert [(s["prompt_len"], s["batch"]) for s in plan(product)] == [(8, 1), (8, 2), (16, 1), (16, 2)]

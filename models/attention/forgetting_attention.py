@@ -41,6 +41,7 @@ attention). A decoding step is one query against the cached keys with the bias c
 from __future__ import annotations
 
 import math
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F

@@ -48,8 +48,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from models.attention.attention import MLP, CausalSelfAttention
-from models.common import PreNormResidual, ResidualStack
 from models.attention.transformer import residual_pass
+from models.common import PreNormResidual, ResidualStack
 from models.hybrid.hybrid_pattern import DecodingStack, init_mixer_state, make_recurrent
 from models.ssm.mamba import Mamba
 

@@ -27,8 +27,8 @@ import torch.nn as nn
 from models.attention.attention import MLP, CacheFull, CausalSelfAttention
 from models.attention.transformer import residual_pass
 from models.common import PreNormResidual
-from models.ssm.mamba import Mamba
 from models.hybrid.projectors import Combiner, Splitter
+from models.ssm.mamba import Mamba
 
 
 class ParallelBlock(nn.Module):

@@ -19,6 +19,13 @@ model was trained to see), :func:`new_tokens` caps the budget where a cache has 
 (a ``transformers`` model's window) and :class:`TextStream` turns the ids into text as they
 come, holding back a character whose bytes are not all generated yet.
 
+:func:`greedy_steps` is the batched loop ``bench --generate`` times: greedy steps with no
+host synchronisation (the argmax stays on the device, no ``.item()`` or branch on a value),
+so on CUDA the host queues steps while the device works; :func:`graphed_step` replays a
+fixed-size recurrent state's step from one CUDA graph on CUDA (one launch per token) and
+leaves every other case, and the CPU, as they are. :func:`decode` reads each token on the
+host because it streams them (``on_token``) and stops at a stop id.
+
 This module imports no lm-eval: ``LoadedLM`` is only a type here.
 """
 from __future__ import annotations
