@@ -1,4 +1,5 @@
-"""Registry entries for pretrained backbones read from local checkpoint folders (models.pretrained).
+"""Registry entries for pretrained backbones read from local checkpoint folders (models.pretrained):
+``pretrained_mamba``, ``pretrained_causal_lm`` and ``pretrained_hybrid``.
 
 ``d_model`` and ``n_layers`` are the checkpoint's; the values a profile passes are ignored
 (compose reads the width from the built backbone). ``train_mode``: ``full`` fine-tunes

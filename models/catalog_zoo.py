@@ -1,4 +1,9 @@
-"""Registry entries for attention, recurrent, convolutional and S4-family models, blocks and hybrids."""
+"""Registry entries for attention, recurrent, convolutional and S4-family models, blocks and hybrids.
+
+The entries: ``transformer``, ``sliding_window_attention``, ``forgetting_transformer``,
+``lstm``, ``gated_mlp``, ``hybrid``, ``hybrid_parallel``, ``mambaformer``, ``interleaved``,
+``based`` (the rest are in the other ``catalog_*`` modules).
+"""
 from __future__ import annotations
 
 from models.registry import register
