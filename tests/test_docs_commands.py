@@ -310,6 +310,16 @@ def test_every_registry_model_is_in_the_readme_models_table():
     assert not missing, f"registry entries missing from README.md's models table: {missing}"
 
 
+def test_commands_cannot_reach_the_network(tmp_path, shared_cache):
+    """The guard every command runs under: a Python process started with the page's
+    environment cannot open a connection off this machine (the loopback stays open)."""
+    env = _scratch(tmp_path, shared_cache)
+    rc, out = _shell(f"{sys.executable} -c \"import socket; socket.create_connection(('192.0.2.1', 443), timeout=5)\"",
+                     env, timeout=60)
+    assert rc != 0 and "network access refused by the docs test" in out, out
+    assert env["HF_HUB_OFFLINE"] == "1" and env["SSM_WORKBENCH_STORE"].startswith(str(tmp_path))
+
+
 def test_quick_commands(tmp_path, shared_cache, monkeypatch, capsys):
     """The everyday ```console blocks, page by page, each page in a fresh scratch world.
     ``ssm-workbench`` commands run in this process (seconds each); others through bash."""
