@@ -236,6 +236,7 @@ def test_layer_pieces_equal_plain_maths_with_gradients(name, backend, monkeypatc
         pytest.skip("no C kernels")
     monkeypatch.setattr(common, "SLICE_LEN", 8)
     monkeypatch.setattr(mamba2, "OP_SEGMENT_LEN", 8)
+    monkeypatch.setattr(mamba2, "WHOLE_MAX_BYTES", 0)   # the sliced path (long chunks')
     m, plain = _layer(name, backend), LAYERS[name][1]
     (x,) = _inputs((2, 29, 16))
     out, want = m(x), plain(m, x)
@@ -269,6 +270,7 @@ def test_layer_keeps_its_input_and_the_operators_output_only(name, monkeypatch):
         return get
     monkeypatch.setattr(mamba2.lrb, "get_op", wrap(mamba2.lrb.get_op))
     monkeypatch.setattr(linear_mixers, "get_op", wrap(linear_mixers.get_op))
+    monkeypatch.setattr(mamba2, "WHOLE_MAX_BYTES", 0)   # the sliced path (long chunks')
     m = _layer(name, "torch")
     (x,) = _inputs((2, 64, 16))
     seen, outside = set(), [0]

@@ -30,7 +30,10 @@ oracle), ``fla`` (flash-linear-attention's ``chunk_simple_gla``, CUDA only),
 it imports, else fla when it imports, else torch; on CPU torch. The conv is the same on
 every backend (see ``Mamba2._conv``). ``step`` is plain PyTorch whatever the backend.
 
-Training memory: in_proj's output is never kept whole. The conv's B, C part and the value
+Training memory and speed: on a CPU, a chunk whose in_proj output fits WHOLE_MAX_BYTES
+(64 MiB: batch 2 x 2048 steps at d_model 256 is 19 MiB) runs ``Mamba2._mix_whole``: in_proj
+and the conv once each, plain autograd (the fast path at language-model shapes). Larger
+chunks, and every other device, keep in_proj's output never whole: the conv's B, C part and the value
 x * dt (the operator's inputs) and the gate / D skip / norm / out_proj (one piece after the
 operator) are each recomputed from the layer input u in the backward, a slice of steps at a
 time (``models.common.recomputed_in_slices``); autograd keeps u, B, C, x * dt, dt, the
@@ -63,6 +66,10 @@ BACKENDS = ("auto", "torch", "ref", "fla", "cpu", "mamba_ssm")
 Mamba2State = tuple[torch.Tensor, torch.Tensor]  # (conv_state, ssm_state)
 
 OP_SEGMENT_LEN = 4096  # steps per call of the cpu operator under autograd (Mamba2._ssd)
+
+# On a CPU, a chunk whose in_proj output is at most this many bytes runs Mamba2._mix_whole
+# (in_proj and the conv once, plain autograd); larger ones the sliced, recomputing path
+WHOLE_MAX_BYTES = 64 * 2**20
 
 
 def _atleast_f32(t: torch.Tensor) -> torch.Tensor:
@@ -317,10 +324,12 @@ class Mamba2(nn.Module):
         k1 = self.d_conv - 1
         resolved = resolve_backend(self.backend_choice, u.device.type)
         self._last_backend = resolved
-        w_dt, b_dt = self._part("dt")[:2]
-        dt_raw = F.linear(u, w_dt, b_dt)                                 # (b, L, nheads)
         A = -torch.exp(_atleast_f32(self.A_log))                       # (nheads,)
         D = _atleast_f32(self.D)
+        if resolved != "mamba_ssm" and self._whole(u):
+            return self._mix_whole(resolved, u, left, A, D, initial_state, want_state)
+        w_dt, b_dt = self._part("dt")[:2]
+        dt_raw = F.linear(u, w_dt, b_dt)                                 # (b, L, nheads)
         gate_out = [*self._part("z")[:2], self.norm.weight, self.out_proj.weight, self.out_proj.bias]
         if resolved == "mamba_ssm":
             x, B, C = self._heads(recomputed_in_slices(self._proj_conv, 1, k1, u,
@@ -344,6 +353,30 @@ class Mamba2(nn.Module):
                          want_state)
         return recomputed_in_slices(self._skip_gate_out, 2, k1, o, u, *x_part, D,
                                     *gate_out), S
+
+    def _whole(self, u: torch.Tensor) -> bool:
+        """Whether the chunk u runs :meth:`_mix_whole`: on a CPU when in_proj's output for it
+        is at most WHOLE_MAX_BYTES (2 x 2048 steps at d_model 256: 19 MiB)."""
+        width = self.in_proj.out_features
+        return (u.device.type == "cpu"
+                and u.shape[0] * u.shape[1] * width * u.element_size() <= WHOLE_MAX_BYTES)
+
+    def _mix_whole(self, resolved: str, u, left, A, D, initial_state, want_state: bool):
+        """:meth:`_mix` for a chunk small enough to keep in_proj's output (``_whole``): one
+        in_proj product and one conv over all conv_dim channels, plain autograd, nothing
+        recomputed. The sliced path computes the x part's projection and conv twice in the
+        forward and twice more in the backward, and z once more: about 1.4x the matrix work
+        of a layer and 4x the conv, most of Mamba-2's step at LM shapes (2 x 2048, d_model
+        256: 52% of the step was elementwise passes and the repeated products). Same
+        arithmetic otherwise (the equality tests run both)."""
+        z, xBC, dt_raw = self._split_in(u)
+        x, B, C = self._heads(self._conv(xBC, self.conv1d.weight, self.conv1d.bias, left))
+        dt = F.softplus(_atleast_f32(dt_raw) + _atleast_f32(self.dt_bias))  # (b, L, nheads)
+        xf = _atleast_f32(x)
+        o, S = self._ssd(resolved, _atleast_f32(C), _atleast_f32(B), xf * dt[..., None],
+                         dt * A, initial_state, want_state)
+        y = (o.to(xf.dtype) + D[:, None] * xf).flatten(-2).to(x.dtype)   # (b, L, d_inner)
+        return self.out_proj(self.norm(y, z)), S
 
     def _ssd(self, resolved: str, C, B, v, g, initial_state, want_state: bool):
         """The SSD as ``simple_gla``: C, B (b, L, ngroups, d_state), v = x * dt (b, L,

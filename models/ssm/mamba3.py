@@ -48,6 +48,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from models.common import recomputed
 from models.kernels import linear_rnn_backends as lrb
 from models.kernels import mamba3_scan
 
@@ -99,6 +100,11 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+
+
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """:class:`RMSNorm`'s arithmetic with the weight passed in."""
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
 
 
 def _positive_int(name, value):
@@ -178,29 +184,73 @@ class Mamba3(nn.Module):
             return self.backend_choice
 
     # -- pieces --------------------------------------------------------------------------
-    def _inputs(self, u: torch.Tensor):
-        """u (b, L, d_model) -> dict of the scan's inputs (module doc), heads broadcast."""
+    def _split(self, u: torch.Tensor):
+        """u (b, L, d_model) -> in_proj's parts z, x, Braw, Craw, dd_dt, dd_A, trap, angle."""
         di, h, r = self.d_inner, self.nheads, self.mimo_rank
         gn = self.ngroups * self.d_state * r
-        z, x, Braw, Craw, dd_dt, dd_A, trap, ang = torch.split(
-            self.in_proj(u), [di, di, gn, gn, h, h, h, self.num_angles], dim=-1)
-        f = torch.float64 if u.dtype == torch.float64 else torch.float32
-        def grp(t):   # (..., r * ngroups * N) -> (..., r, nheads, N): head i reads group i // (h / g)
-            return t.unflatten(-1, (r, self.ngroups, self.d_state)).to(f).repeat_interleave(
-                h // self.ngroups, dim=-2)
-        B = self.B_norm(grp(Braw)) + self.B_bias.transpose(0, 1).to(f)   # (b, L, r, h, N)
-        C = self.C_norm(grp(Craw)) + self.C_bias.transpose(0, 1).to(f)
+        return torch.split(self.in_proj(u), [di, di, gn, gn, h, h, h, self.num_angles], dim=-1)
+
+    def _params(self):
+        """The parameters :meth:`_scan_inputs` reads, in its order (passed in, so that
+        :func:`models.common.recomputed` reaches their gradients)."""
+        return (self.dt_bias, self.B_bias, self.C_bias, self.B_norm.weight, self.C_norm.weight,
+                getattr(self, "mimo_x", None))
+
+    def _scan_inputs(self, x, Braw, Craw, dd_dt, dd_A, trap, ang, dt_bias, B_bias, C_bias,
+                     B_w, C_w, mimo_x):
+        """in_proj's parts (but z) and the parameters of :meth:`_params` -> dict of the scan's
+        inputs (module doc), heads broadcast. B and C are normalised per group, before they
+        are broadcast to the heads (the same numbers as normalising each head's copy, at
+        1 / heads of the work and memory)."""
+        h, r = self.nheads, self.mimo_rank
+        f = torch.float64 if x.dtype == torch.float64 else torch.float32
+
+        def grp(t, w, bias):   # (..., r * ngroups * N) -> (..., r, nheads, N), + bias
+            t = _rms_norm(t.unflatten(-1, (r, self.ngroups, self.d_state)).to(f), w,
+                          self.B_norm.eps)
+            t = (t.expand(*t.shape[:-2], h, self.d_state) if self.ngroups == 1   # head i reads
+                 else t.repeat_interleave(h // self.ngroups, dim=-2))           # group i // (h / g)
+            return t + bias.transpose(0, 1).to(f)
+        B, C = grp(Braw, B_w, B_bias), grp(Craw, C_w, C_bias)            # (b, L, r, h, N)
         xh = x.unflatten(-1, (h, self.headdim))
-        v = xh.to(f)[..., None, :, :] * self.mimo_x.transpose(0, 1).to(f) if r > 1 else xh
+        v = xh.to(f)[..., None, :, :] * mimo_x.transpose(0, 1).to(f) if r > 1 else xh
         if r == 1:
             B, C = B[..., 0, :, :], C[..., 0, :, :]
         A = -heavy_tail(dd_A.to(f)).clamp(max=-self.A_floor)
-        dt = F.softplus(dd_dt.to(f) + self.dt_bias.to(f))
+        dt = F.softplus(dd_dt.to(f) + dt_bias.to(f))
         omega = None
         if self.num_angles:
             omega = (torch.tanh(ang.to(f)) * math.pi)[..., None, :].expand(*ang.shape[:-1], h,
                                                                             self.num_angles)
-        return dict(z=z, x=v, raw=(Braw, Craw, dd_dt, trap, ang), q=C, k=B, adt=A * dt, dt=dt, lam=torch.sigmoid(trap.to(f)), omega=omega)
+        return dict(x=v, q=C, k=B, adt=A * dt, dt=dt, lam=torch.sigmoid(trap.to(f)), omega=omega)
+
+    def _inputs(self, u: torch.Tensor):
+        """u (b, L, d_model) -> dict of the scan's inputs (module doc), heads broadcast, with
+        z and in_proj's raw parts (``raw``: Braw, Craw, dd_dt, trap, angle)."""
+        z, x, Braw, Craw, dd_dt, dd_A, trap, ang = self._split(u)
+        p = self._scan_inputs(x, Braw, Craw, dd_dt, dd_A, trap, ang, *self._params())
+        return dict(p, z=z, raw=(Braw, Craw, dd_dt, trap, ang))
+
+    def _siso_scan(self, backend, x, Braw, Craw, dd_dt, dd_A, trap, ang, *params):
+        """The SISO scan's output y (b, L, h, P), no D skip, from in_proj's parts and the
+        parameters of :meth:`_params` (:meth:`_mix_recomputed`'s piece)."""
+        p = self._scan_inputs(x, Braw, Craw, dd_dt, dd_A, trap, ang, *params)
+        return mamba3_scan.mamba3(p["q"], p["k"], p["x"], p["adt"], p["dt"], p["lam"],
+                                  p["omega"], None, False, backend=backend,
+                                  chunk_size=self.chunk_size)[0]
+
+    def _mix_recomputed(self, u, backend: str) -> torch.Tensor:
+        """The SISO forward from a zero state (training's forward) on the chunked scan: the
+        scan and its inputs (normalised B and C per head, rotated, scaled; the trapezoid's
+        correction) are one piece recomputed in the backward (:func:`models.common.recomputed`),
+        so autograd keeps in_proj's output and the scan's output y per layer instead of
+        about ten (b, L, heads, d_state) tensors: 197 -> ~50 MiB per layer at 2 x 2048,
+        d_model 256, where Mamba keeps 59. The scan's forward runs twice; its C kernel is
+        ~5% of the step. Same arithmetic as :meth:`_inputs` + ``mamba3_scan.mamba3``."""
+        z, x, Braw, Craw, dd_dt, dd_A, trap, ang = self._split(u)
+        y = recomputed(functools.partial(self._siso_scan, backend), x, Braw, Craw, dd_dt, dd_A,
+                       trap, ang, *self._params())
+        return self._out(y, dict(x=x.unflatten(-1, (self.nheads, self.headdim)), z=z))
 
     def _out(self, y: torch.Tensor, p: dict) -> torch.Tensor:
         """D skip, gate and out_proj: y (b, L, h, P), MIMO (b, L, r, h, P) -> (b, L, d_model)."""
@@ -224,6 +274,9 @@ class Mamba3(nn.Module):
         if self.mimo_rank > 1 and resolved == "mamba_ssm":
             resolved = lrb.resolve("auto", u.device.type)   # no MIMO kernel wired: the SSD's
         self._last_backend = resolved
+        if (state is None and not want_state and self.mimo_rank == 1
+                and resolved not in ("mamba_ssm", "ref")):
+            return self._mix_recomputed(u, resolved), None
         p = self._inputs(u)
         if self.mimo_rank > 1:
             fn = functools.partial(mamba3_scan.mamba3_mimo, backend=resolved,
