@@ -145,6 +145,76 @@ class _DeltaBase(LinearRNNMixer):
         return (self._heads(q), self._rows(k, self.n_heads), self._rows(v, self.num_v_heads),
                 beta, nxt)
 
+    # -- decode: one token without the sequence machinery (issue 43 item 1) -------------
+    def step(self, x_t: torch.Tensor, state: tuple) -> tuple[torch.Tensor, tuple]:
+        """One token: x_t (batch, d_model) -> (y_t, next state). Without autograd (decode:
+        ``torch.no_grad`` / ``inference_mode``) the fused step :meth:`_fast_step`; with
+        autograd recording, the reference path (the sequence code at T = 1 and the op's
+        ``*_ref``), which the tests hold the fused step to."""
+        if torch.is_grad_enabled():
+            return super().step(x_t, state)
+        return self._fast_step(x_t, state)
+
+    def _x_weights(self) -> list[torch.Tensor]:
+        """The weights applied to x_t, stacked into one matmul per step: q, k, v, beta, then
+        the subclass's (its gate and output-gate projections)."""
+        return [self.q_proj.weight, self.k_proj.weight, self.v_proj.weight, self.b_proj.weight]
+
+    def _step_gate(self, x_t, parts):
+        """The step's log-decay from the matmul's ``parts`` (q, k, v, b, then the
+        subclass's): None (no decay), (batch, v heads) or (batch, v heads, head_k_dim)."""
+        return None
+
+    def _step_out(self, o, x_t, parts):
+        """o (batch, v heads, head_v_dim) -> y_t (batch, d_model): DeltaNet's normed o_proj."""
+        return F.linear(rms_norm(o, self.o_norm.weight, self.o_norm.eps).flatten(-2),
+                        self.o_proj.weight)
+
+    def _fast_step(self, x_t, state):
+        """The decode step in a few whole-batch ops (no autograd): one matmul for every
+        projection of x_t (the stacked weights kept between steps while the parameters are
+        unchanged: :func:`_stacked_weights`), the short conv as a window product over
+        [cache | x_t], L2-normalised q / k, then the delta-rule update of S in place of the
+        op's ``*_ref`` loop (decay, then n Householder writes, then o = scale S^T q).
+        Equal to the reference step to rounding (tests/test_linear_rnn_fast_paths.py)."""
+        S = state[0]
+        ws = self._x_weights()
+        y = F.linear(x_t, _stacked_weights(self, ws))
+        parts = y.split([w.shape[0] for w in ws], dim=-1)
+        B, n, H, Hv = x_t.shape[0], self.num_householder, self.n_heads, self.num_v_heads
+        dk, dv = self.head_k_dim, self.head_v_dim
+        dt = torch.float32 if x_t.dtype in (torch.float16, torch.bfloat16) else x_t.dtype
+        qkv = torch.cat(parts[:3], -1)
+        conv = self.qkv_conv1d
+        if conv is not None:
+            window = torch.cat([state[1].to(qkv.dtype), qkv[..., None]], -1)   # (B, C, W)
+            pre = (window * conv.weight[:, 0]).sum(-1)
+            if conv.bias is not None:
+                pre = pre + conv.bias
+            qkv, nxt = F.silu(pre), (window[..., 1:].contiguous(),)
+        else:
+            qkv, nxt = F.silu(qkv), ()
+        q, k, v = qkv.to(dt).split(self._split, dim=-1)
+        q = F.normalize(q.view(B, H, dk), dim=-1)
+        k = F.normalize(k.view(B, n, H, dk), dim=-1)
+        v = v.view(B, n, Hv, dv)
+        beta = parts[3].to(dt).sigmoid().view(B, n, Hv)
+        if self.allow_neg_eigval:
+            beta = beta * 2.0
+        if Hv != H:                                     # grouped value heads
+            q, k = q.repeat_interleave(Hv // H, 1), k.repeat_interleave(Hv // H, 2)
+        S = S.to(dt)
+        g = self._step_gate(x_t, parts)
+        if g is not None:
+            g = g.to(dt).exp()
+            S = S * (g[..., None] if g.dim() == 3 else g[..., None, None])
+        for j in range(n):
+            kj = k[:, j]
+            err = v[:, j] - (kj.unsqueeze(-2) @ S).squeeze(-2)          # v - S^T k
+            S = S + kj[..., None] * (beta[:, j, :, None] * err)[..., None, :]
+        o = ((q.unsqueeze(-2) @ S).squeeze(-2) * dk ** -0.5).to(x_t.dtype)
+        return self._step_out(o, x_t, parts), (S, *nxt)
+
     def _qkv(self, h, x, w, conv_w, conv_b, left):
         """silu(shortconv(x W^T)) (silu(x W^T) without the conv): x (batch, T, d_model) ->
         (batch, T - h, key_dim (1 + n) + value_dim n), time-major; the first h steps of x
@@ -153,6 +223,23 @@ class _DeltaBase(LinearRNNMixer):
         if conv_w is None:
             return F.silu(y)
         return causal_conv(y, conv_w, conv_b, None if h else left, silu=True)[:, h:]
+
+def _stacked_weights(module: nn.Module, weights: list[torch.Tensor]) -> torch.Tensor:
+    """torch.cat(weights), kept on ``module`` and reused while every weight is the same
+    tensor at the same version (an optimiser step, ``load_state_dict`` or ``.to`` changes
+    one, and the next call stacks them anew): a decode step then reads the stacked copy
+    instead of copying every projection again. Only for steps without autograd."""
+    try:
+        key = tuple((w.data_ptr(), w._version, w.dtype, w.device) for w in weights)
+    except RuntimeError:            # inference tensors carry no version: do not cache
+        return torch.cat(weights)
+    hit = module.__dict__.get("_stacked_cache")
+    if hit is not None and hit[0] == key:
+        return hit[1]
+    stacked = torch.cat(weights)
+    module.__dict__["_stacked_cache"] = (key, stacked)
+    return stacked
+
 
 class DeltaNet(_DeltaBase):
     """DeltaNet (Schlag, Irie & Schmidhuber, "Linear Transformers Are Secretly Fast Weight
@@ -231,6 +318,20 @@ class _GatedBase(_DeltaBase):
     def _inputs(self, x, extras):
         q, k, v, beta, nxt = self._qkv_beta(x, extras)
         return [q, k, v, self.log_gate(x), beta], {"use_qk_l2norm_in_kernel": True}, nxt
+
+    def _x_weights(self):
+        extra = [self.a_proj.weight] if self.use_forget_gate else []
+        return [*super()._x_weights(), *extra, self.g_proj.weight]
+
+    def _step_gate(self, x_t, parts):
+        if not self.use_forget_gate:
+            return None
+        return -self.A_log.exp() * F.softplus(parts[4] + self.dt_bias)
+
+    def _step_out(self, o, x_t, parts):
+        gate = parts[-1].view(*o.shape)
+        return F.linear((rms_norm(o, self.o_norm.weight, self.o_norm.eps) * F.silu(gate))
+                        .flatten(-2), self.o_proj.weight)
 
     def _output(self, o, x):
         # norm, gate and o_proj in one piece recomputed from (o, x) slice by slice in the

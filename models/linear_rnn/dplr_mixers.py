@@ -19,7 +19,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from models.common import recomputed_in_slices, rms_norm
-from models.linear_rnn.delta_mixers import _GatedBase, _int_option, _softplus_inv_dt
+from models.linear_rnn.delta_mixers import _DeltaBase, _GatedBase, _int_option, _softplus_inv_dt
 from models.kernels import generalized_delta
 from models.kernels.linear_rnn_backends import BackendError, get_op
 from models.linear_rnn.linear_mixers import LinearRNNMixer, _dims
@@ -85,6 +85,19 @@ class KimiDeltaAttention(_RefStep, _GatedBase):
         self.dt_bias._no_weight_decay = True
         self.g_proj = nn.Sequential(nn.Linear(d_model, r, bias=False),
                                     nn.Linear(r, self.value_dim, bias=True))
+
+    def _x_weights(self):
+        return [*_DeltaBase._x_weights(self), self.f_proj[0].weight, self.g_proj[0].weight]
+
+    def _step_gate(self, x_t, parts):
+        f = F.linear(parts[4], self.f_proj[1].weight) + self.dt_bias
+        return -self.A_log.exp()[:, None] * F.softplus(f.view(x_t.shape[0], self.num_v_heads, -1))
+
+    def _step_out(self, o, x_t, parts):
+        lin2 = self.g_proj[1]
+        gate = F.linear(parts[5], lin2.weight, lin2.bias).view(*o.shape)
+        return F.linear((rms_norm(o, self.o_norm.weight, self.o_norm.eps) * gate.sigmoid())
+                        .flatten(-2), self.o_proj.weight)
 
     def log_gate(self, x: torch.Tensor) -> torch.Tensor:
         """x (batch, T, d_model) -> g (batch, T, v heads, head_k_dim) <= 0."""
