@@ -17,7 +17,8 @@ is refused naming the key that differs, rather than averaging different things.
 
 Everything is read from the store; nothing is typed. ``--into FILE`` replaces the part of
 FILE between ``<!-- report:begin -->`` and ``<!-- report:end -->`` (appending the markers
-if absent), so hand-written sections of docs/RESULTS.md stay as they are.
+if absent), so the hand-written parts of a file such as docs/results/reproductions.md stay
+as they are.
 """
 from __future__ import annotations
 
