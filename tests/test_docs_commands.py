@@ -350,37 +350,34 @@ def test_quick_commands(tmp_path, shared_cache, monkeypatch, capsys):
 
 
 @pytest.mark.slow
-def test_every_command_of_every_page(tmp_path, shared_cache, request, monkeypatch, capsys):
-    """Every command of every page, in document order, each page in a fresh scratch world
-    (so a page's commands may use what its earlier ones made: `export` after `run`), the
-    long ones REDUCED as OVERRIDES says. Slurm's run on the test cluster when there is one."""
+@pytest.mark.timeout(1800)
+@pytest.mark.parametrize("page", [str(p.relative_to(ROOT)) for p in PAGES])
+def test_every_command_of_the_page(page, tmp_path, shared_cache, request, monkeypatch, capsys):
+    """Every command of one page, in document order, in a fresh scratch world (so a page's
+    commands may use what its earlier ones made: `export` after `run`), the long ones
+    REDUCED as OVERRIDES says. Slurm's run on the test cluster where there is one."""
     _guard_network(monkeypatch)
     failures, skipped = [], []
-    pages: dict[str, list[Command]] = {}
-    only = [p for p in os.environ.get("SSM_WORKBENCH_DOCS_PAGES", "").split(",") if p]  # e.g. store.md
-    for c in ALL:
-        if not only or any(c.page.endswith(p) for p in only):
-            pages.setdefault(c.page, []).append(c)
-    for i, (page, cmds) in enumerate(pages.items()):
-        tmp = tmp_path / f"page{i}"
-        env = _scratch(tmp, shared_cache)
-        _tiny_data(tmp)
-        for c in cmds:
-            text, t0 = _fill(OVERRIDES.get(c.text, c.text), tmp), time.perf_counter()
-            if "--executor slurm" in text:
-                reason = _slurm_reason()
-                if reason:
-                    skipped.append(f"{c} ({reason})")
-                    continue
-                cluster = request.getfixturevalue("slurm_env")
-                env = {**env, **cluster.env}
-            if text == TUI:
-                rc, out = _tui(env, monkeypatch)
-            else:
-                rc, out = _shell(text, env, timeout=900)
-            if not _outcome(c, rc, out):
-                failures.append(f"{c}\n  ran: {text}\n  exit {rc}\n" + textwrap.indent(out[-3000:], "  | "))
-            sys.__stderr__.write(f"{time.perf_counter() - t0:6.1f} s  {c}\n")
+    env = _scratch(tmp_path, shared_cache)
+    cmds = [c for c in ALL if c.page == page]
+    if any("{tmp}" in OVERRIDES.get(c.text, "") or "{ckpt}" in OVERRIDES.get(c.text, "") for c in cmds):
+        _tiny_data(tmp_path)
+    for c in cmds:
+        text, t0 = _fill(OVERRIDES.get(c.text, c.text), tmp_path), time.perf_counter()
+        if "--executor slurm" in text:
+            reason = _slurm_reason()
+            if reason:
+                skipped.append(f"{c} ({reason})")
+                continue
+            cluster = request.getfixturevalue("slurm_env")
+            env = {**env, **cluster.env}
+        if text == TUI:
+            rc, out = _tui(env, monkeypatch)
+        else:
+            rc, out = _shell(text, env, timeout=900)
+        if not _outcome(c, rc, out):
+            failures.append(f"{c}\n  ran: {text}\n  exit {rc}\n" + textwrap.indent(out[-3000:], "  | "))
+        sys.__stderr__.write(f"{time.perf_counter() - t0:6.1f} s  {c}\n")
     if skipped:
         print("skipped:\n" + "\n".join(skipped))
     assert not failures, "\n".join(failures)
