@@ -1,7 +1,7 @@
 """The linear-RNN layers' fast paths (issue 43) against their plain references.
 
 Decode: without autograd the delta-rule layers (DeltaNet, Gated DeltaNet, Gated
-DeltaProduct, KDA) step through a fused ``_fast_step`` (one stacked matmul, the conv as a
+DeltaProduct, KDA) and RWKV-7 step through a fused ``_fast_step`` (one stacked matmul, the conv as a
 window product, the state update in place of the op's ``*_ref`` loop); with autograd they
 run the reference step. Both must agree with each other and with a full forward pass,
 token by token, in float64, across the options that change the step's shapes (grouped
@@ -13,7 +13,7 @@ import torch
 
 from models.kernels import generalized_delta, linear_rnn
 from models.linear_rnn.delta_mixers import DeltaNet, GatedDeltaNet, GatedDeltaProduct
-from models.linear_rnn.dplr_mixers import KimiDeltaAttention
+from models.linear_rnn.dplr_mixers import KimiDeltaAttention, RWKV7Attention
 
 D = 32
 CASES = {
@@ -27,6 +27,7 @@ CASES = {
     "deltaproduct_nogate": lambda: GatedDeltaProduct(D, n_heads=2, use_forget_gate=False),
     "kda": lambda: KimiDeltaAttention(D, n_heads=2),
     "kda_gva": lambda: KimiDeltaAttention(D, n_heads=2, num_v_heads=4, allow_neg_eigval=True),
+    "rwkv7": lambda: RWKV7Attention(D, n_heads=2),
 }
 
 

@@ -188,6 +188,35 @@ class RWKV7Attention(_RefStep, LinearRNNMixer):
         self._bonus = (r * k * self.r_k).sum(-1, keepdim=True) * v  # (batch, T, heads, dim)
         return [r, k, v, -kk, kk * a, log_w], {"scale": 1.0}, (x[:, -1],)
 
+    def step(self, x_t: torch.Tensor, state: tuple) -> tuple[torch.Tensor, tuple]:
+        """One token: x_t (batch, d_model) -> (y_t, next state). Without autograd the fused
+        step (the six token-shift mixes in one op, the state update in place of
+        ``rwkv7_ref``'s loop); with autograd the reference step (the sequence code at
+        T = 1), which tests/test_linear_rnn_fast_paths.py holds the fused one to."""
+        if torch.is_grad_enabled():
+            return super().step(x_t, state)
+        S, prev = state[0], state[1].to(x_t.dtype)
+        B, H = x_t.shape[0], self.n_heads
+        dt = torch.float32 if x_t.dtype in (torch.float16, torch.bfloat16) else x_t.dtype
+        xr, xw, xk, xv, xa, xg = torch.addcmul(x_t, prev - x_t, self.mu[:, None])
+        r, k, v = self.r_proj(xr), self.k_proj(xk), self.v_proj(xv)
+        decay = (-math.exp(-0.5) * self.w_lora(xw).sigmoid()).to(dt).exp()
+        a = self.a_lora(xa).sigmoid()
+        kk = F.normalize((k * self.k_k).view(B, H, -1), dim=-1)
+        k = k * (1 + (a - 1) * self.k_a)
+        r, k, v, a = (t.view(B, H, -1) for t in (r, k, v, a))
+        bonus = (r * k * self.r_k).sum(-1, keepdim=True) * v
+        r, k, v, kk, a = (t.to(dt) for t in (r, k, v, kk, a))
+        S = S.to(dt)
+        aS = (-kk.unsqueeze(-2) @ S)                                   # (B, H, 1, V)
+        S = (S * decay.view(B, H, -1, 1) + (kk * a).unsqueeze(-1) * aS
+             + k.unsqueeze(-1) * v.unsqueeze(-2))
+        o = (r.unsqueeze(-2) @ S).squeeze(-2).to(x_t.dtype)
+        o = F.group_norm(o.reshape(B, -1), H, self.g_norm.weight, self.g_norm.bias,
+                         self.g_norm.eps)
+        y = self.o_proj((o + bonus.flatten(-2)) * self.g_lora(xg))
+        return y, (S, x_t)
+
     def _output(self, o, x):
         B, T = o.shape[:2]
         o = self.g_norm(o.reshape(B * T, -1)).reshape(B, T, self.n_heads, -1)
