@@ -211,6 +211,9 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(d))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        from models.kernels import rms_norm_cpu   # CPU fp32/64: hand-written backward (issue 43)
+        if type(self) is RMSNorm and rms_norm_cpu.applies(x, self.weight):   # not subclasses
+            return rms_norm_cpu.RMSNormFn.apply(x, self.weight, self.eps)
         if x.dim() >= 3:   # (batch, length, ..., d): a slice of steps at a time (position-wise)
             return recomputed_in_slices(_rms_norm_rows, 1, 0, x, self.weight, self.eps)
         return recomputed(rms_norm, x, self.weight, self.eps)

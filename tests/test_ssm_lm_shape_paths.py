@@ -142,3 +142,33 @@ def test_mamba3_training_forward_keeps_no_per_head_state_sized_tensors():
     fast = _saved_bytes(lambda: m(x))
     plain = _saved_bytes(lambda: m.forward_with_state(x, m.init_state(2)))
     assert fast < plain / 3, (fast, plain)
+
+
+@pytest.mark.parametrize("shape", [(2, 37, 16), (5, 16), (2, 7, 3, 16)])
+def test_stack_rms_norm_fused_backward_equals_plain_arithmetic(shape, monkeypatch):
+    """The residual stacks' RMSNorm on a CPU runs RMSNormFn (spied), whose hand-written
+    backward equals autograd through the plain arithmetic (rms_norm_ref), float64."""
+    from models.common import RMSNorm
+    from models.kernels import rms_norm_cpu
+
+    torch.manual_seed(0)
+    m = RMSNorm(16).double()
+    with torch.no_grad():
+        m.weight.add_(0.1 * torch.randn(16, dtype=F64))
+    x = torch.randn(shape, dtype=F64, requires_grad=True)
+    w = torch.randn(shape, dtype=F64)
+    calls = []
+    fwd = rms_norm_cpu.RMSNormFn.forward
+    monkeypatch.setattr(rms_norm_cpu.RMSNormFn, "forward",
+                        staticmethod(lambda ctx, *a: calls.append(1) or fwd(ctx, *a)))
+    out = m(x)
+    assert calls
+    got = torch.autograd.grad((out * w).sum(), [x, m.weight])
+    want_out = rms_norm_cpu.rms_norm_ref(x, m.weight, m.eps)
+    want = torch.autograd.grad((want_out * w).sum(), [x, m.weight])
+    torch.testing.assert_close(out, want_out, atol=1e-12, rtol=1e-10)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, atol=1e-12, rtol=1e-10)
+    x1 = x.detach().requires_grad_(True)             # the weight alone, the input alone
+    (gx,) = torch.autograd.grad((m(x1) * w).sum(), [x1])
+    torch.testing.assert_close(gx, want[0], atol=1e-12, rtol=1e-10)
