@@ -170,3 +170,16 @@ def test_the_axes_grid_is_figure_8s_two_axes():
     assert [s["options"]["max_len"] for s in plan(args) if s["model"] == "transformer"] == [p + 4 for p, _ in pairs]
     product = bench.build_parser().parse_args([*TINY, "--models", "mamba", "--prompt-lens", "8,16", "--batch", "1,2"])
     assert [(s["prompt_len"], s["batch"]) for s in plan(product)] == [(8, 1), (8, 2), (16, 1), (16, 2)]
+
+
+def test_the_figure_can_draw_each_configs_fastest_step(tmp_path):
+    """--figure-stat min draws decode_min_ms (a loaded machine's least disturbed step); a
+    table without it (csv) is refused in one line."""
+    from workbench.cli.bench_generate import figure
+
+    rows = [{**r, "decode_min_ms": r["decode_ms"] / 2} for r in _table_rows()]
+    paths = figure(rows, tmp_path / "g.svg", stat="min")
+    assert [p.name for p in paths] == ["g.png", "g.svg"]
+    assert "fastest step of each config" in paths[1].read_text()
+    with pytest.raises(SystemExit, match="--figure-stat min: the rows have no decode_min_ms"):
+        figure(_table_rows(), tmp_path / "h.png", stat="min")

@@ -122,6 +122,8 @@ def build_parser(description: str) -> argparse.ArgumentParser:
     p.add_argument("--figure", metavar="PATH", default=None,
                    help="--generate: the Figure-8-style figure (throughput vs batch, latency and memory vs "
                         "prompt): a folder gets generate.png and .svg, NAME.png or NAME.svg both formats")
+    p.add_argument("--figure-stat", default="median", choices=["median", "min"],
+                   help="--generate --figure: each config's median decode step, or its fastest (a loaded machine)")
     p.add_argument("--grid", default="product", choices=["product", "axes"],
                    help="--generate: every (prompt, batch), or the figure's two axes only (every batch at "
                         "the shortest prompt, every prompt at the smallest batch)")

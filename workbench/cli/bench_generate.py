@@ -39,7 +39,9 @@ Transformer's 8.6 GB of keys and values). A Transformer is built with ``max_len`
 line. ``--figure PATH`` draws the rows (:func:`figure`): a folder gets ``generate.png`` /
 ``.svg``, a file name ending in .png or .svg gets that name in both formats.
 ``--from-table FILE`` reads the rows of an earlier ``--format json`` or ``csv`` output
-instead of measuring (to redraw the figure).
+instead of measuring (to redraw the figure); ``--figure-stat min`` draws each config's
+fastest step instead of its median (JSON rows keep ``decode_min_ms``): on a machine shared
+with other work the median measures the neighbours.
 """
 from __future__ import annotations
 
@@ -268,7 +270,7 @@ def generate_rows(args: argparse.Namespace, run: Run) -> list[dict[str, Any]]:
         order = list(dict.fromkeys(s["label"] for s in specs))   # the table: one model after another
         rows.sort(key=lambda r: order.index(r["model"]))
     if rows and getattr(args, "figure", None):
-        paths = figure(rows, args.figure)
+        paths = figure(rows, args.figure, getattr(args, "figure_stat", "median"))
         print(f"  figure: {', '.join(str(p) for p in paths)}", file=sys.stderr, flush=True)
     return rows
 
@@ -282,20 +284,28 @@ def _most(ok: list[dict[str, Any]], key: str, other: str, prefer) -> Any:
     return prefer(k for k, v in counts.items() if len(v) == top)
 
 
-def figure(rows: list[dict[str, Any]], out) -> list[Path]:
+def figure(rows: list[dict[str, Any]], out, stat: str = "median") -> list[Path]:
     """Figure 8 of the Mamba paper, from the rows of a table: (left) tokens/s against batch
     size at the prompt length measured at the most batch sizes (ties: the longest),
     (middle) per-token decode ms against prompt length at the batch measured at the most
     prompt lengths (ties: the smallest), (right) the state or KV cache per sequence (MiB)
     against prompt length there; one colour and marker per model, log axes ticked at the
     values measured. ``out``: a folder (``generate.png`` / ``.svg`` in it) or a file name
-    ending in .png / .svg (that stem, both formats). Returns the paths written ([] when no
-    row has numbers)."""
+    ending in .png / .svg (that stem, both formats). ``stat``: "median" draws decode_ms and
+    tok_s; "min" the fastest step of each row (decode_min_ms, and batch / it as tokens/s),
+    what the hardware does when nothing else runs, for a machine shared with other work.
+    Returns the paths written ([] when no row has numbers)."""
     from workbench.results import figure_base as fb
 
     ok = [r for r in rows if "error" not in r]
     if not ok:
         return []
+    if stat == "min":
+        if any("decode_min_ms" not in r for r in ok):
+            raise SystemExit("--figure-stat min: the rows have no decode_min_ms (a --format json table has it, csv not)")
+        ok = [{**r, "decode_ms": r["decode_min_ms"], "tok_s": r["batch"] / r["decode_min_ms"] * 1e3} for r in ok]
+    elif stat != "median":
+        raise SystemExit(f"--figure-stat: {stat!r} is not median or min")
     out = Path(out)
     out_dir, stem = (out.parent, out.stem) if out.suffix.lower() in (".png", ".svg") else (out, "generate")
     labels = list(dict.fromkeys(r["model"] for r in ok))
@@ -332,7 +342,8 @@ def figure(rows: list[dict[str, Any]], out) -> list[Path]:
         for ax in (left, mid, right):
             if xs[ax]:
                 fb._log2_x(ax, sorted(xs[ax]))
-        fig.suptitle(f"generation ({device}{', ' + shape if shape else ''}; random weights)")
+        each = "median step" if stat == "median" else "fastest step"
+        fig.suptitle(f"generation ({device}{', ' + shape if shape else ''}; random weights; {each} of each config)")
         handles, names = left.get_legend_handles_labels()
         if not handles:
             handles, names = mid.get_legend_handles_labels()
