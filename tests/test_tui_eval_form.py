@@ -14,10 +14,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from textual.widgets import Input, Select, Static, TabbedContent
-
+from helpers import screen_lines
 from test_lm_eval_tasks import fake_index, needs_lm_eval, write_task
 from test_tui import SIZE, make_app, settle, store, type_into  # noqa: F401
+from textual.widgets import Input, Select, Static, TabbedContent
+
 from workbench.execute import eval_queue
 from workbench.spec import profile as profiles
 from workbench.tui import eval_form
@@ -116,6 +117,7 @@ async def test_palette_help_and_the_table3_profile_round_trip(store, tmp_path): 
     """The palette opens the form, the help lists its keys; the Table 3 profile loaded and
     saved loads back equal, with what the form has no field for (published numbers)."""
     from test_tui_first_hour import run_command
+
     from workbench.tui.help_screen import HelpScreen, own_bindings
 
     app = make_app(store, tmp_path)
@@ -240,3 +242,88 @@ async def test_keys_sent_at_once_apply_in_order_and_follow_a_tab(store, tmp_path
         nxt = app.focused
         assert batch.value == "16"
         assert isinstance(nxt, Input) and nxt is not batch and nxt.value == "3"
+
+
+async def test_output_folder_and_log_samples_saved_loaded_and_launched(store, tmp_path):  # noqa: F811
+    """The form's output folder and log samples are `eval --output-path DIR --log-samples`:
+    saved into the profile, loaded back into the fields, and in the queued runs' specs."""
+    app = make_app(store, tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        form = await open_form(pilot)
+        await fill(pilot, form, tmp_path)
+        await type_into(pilot, "#ev-output", str(tmp_path / "lm-eval-out"))
+        form.query_one("#ev-log-samples").value = True
+        await settle(pilot)
+        out = tmp_path / "with-output.toml"
+        await through_dialog(pilot, "ctrl+s", out)
+        assert out.exists(), text(form.query_one("#eval-status", Static))
+        prof = profiles.load(out)
+        assert (prof.eval.output_path, prof.eval.log_samples) == (str(tmp_path / "lm-eval-out"), True)
+        await pilot.press("ctrl+r")
+        await settle(pilot)
+        runs = store.runs(profile="evtest")
+        assert len(runs) == 2, text(form.query_one("#eval-status", Static))
+        assert all(r.spec["eval"]["output_path"] == str(tmp_path / "lm-eval-out") and r.spec["eval"]["log_samples"]
+                   for r in runs)
+    app = make_app(store, tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        form = await open_form(pilot)
+        await through_dialog(pilot, "ctrl+o", out)
+        assert form.query_one("#ev-output", Input).value == str(tmp_path / "lm-eval-out")
+        assert form.query_one("#ev-log-samples").value is True
+
+
+async def test_a_bad_output_folder_is_said_when_the_field_is_left(store, tmp_path):  # noqa: F811
+    """A file as the output folder (or a folder under a file) shows under the field as soon
+    as the field is left, not only at save; log samples without a folder is refused too."""
+    (tmp_path / "a-file").write_text("x")
+    app = make_app(store, tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        form = await open_form(pilot)
+        await type_into(pilot, "#ev-output", str(tmp_path / "a-file"))
+        err = form.query_one("#err-ev-output", Static)
+        assert not err.display  # typing: no message yet
+        await pilot.press("tab")  # left
+        await settle(pilot)
+        assert "is a file, not a folder" in text(err) and err.display
+        await type_into(pilot, "#ev-output", str(tmp_path / "a-file" / "out"))
+        await pilot.press("tab")
+        await settle(pilot)
+        assert "no folder can be made under it" in text(err)
+        await type_into(pilot, "#ev-output", str(tmp_path / "new" / "out"))  # can be made: fine
+        await pilot.press("tab")
+        await settle(pilot)
+        assert not err.display
+        await type_into(pilot, "#ev-output", "")
+        form.query_one("#ev-log-samples").value = True
+        await type_into(pilot, "#ev-tasks", "lambada_openai")
+        await pilot.press("ctrl+s")
+        await settle(pilot)
+        assert "into the output folder: give one" in text(form.query_one("#err-ev-log-samples", Static))
+
+
+@pytest.mark.parametrize("size", [(80, 24), (120, 40), (160, 40)])
+async def test_hints_are_on_screen_at_80x24(store, tmp_path, size):  # noqa: F811
+    """At 80x24 a field's hint goes under it (beside a 60-column field there was no room:
+    the hints were gone; at 120 they were cut); where they all fit whole they stay beside
+    the field. Focusing a field far down scrolls its row, hint included, into view."""
+    app = make_app(store, tmp_path)
+    async with app.run_test(size=size) as pilot:
+        await open_form(pilot)
+        await settle(pilot)
+        lines = "\n".join(screen_text(app))
+        assert "comma-separated; label=model names one" in lines, lines
+        assert "lm-eval tasks, groups or tags" in lines
+        app.query_one("#ev-output").focus()
+        await settle(pilot)
+        lines = screen_text(app)
+        row = next(i for i, line in enumerate(lines) if line.startswith("output folder"))
+        hint = "lm-eval's results JSON per task here (--output-path)"
+        at = next(i for i, line in enumerate(lines) if hint in line)
+        assert at == (row + 1 if size[0] < 140 else row), lines
+        assert not any(line.endswith("…") for line in lines[1:]), lines  # no hint cut (the title may be)
+
+
+def screen_text(app) -> list[str]:
+    """The screen as a user sees it (capture-pane's lines), without trailing spaces."""
+    return [line.rstrip() for line in screen_lines(app)]

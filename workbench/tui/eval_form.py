@@ -13,13 +13,22 @@ one (ctrl+o; the sweep form hands evaluation profiles over to this form), launch
   (indexing lm-eval's tasks takes seconds the first time; the UI never waits on it); an
   unknown name is shown in red under the field with its closest known names;
 - include (task folders), limit, batch size, few-shot examples, dtype, device, executor
-  (this machine or a Slurm job per model) and its Slurm settings.
+  (this machine or a Slurm job per model) and its Slurm settings;
+- output folder and log samples: lm-eval's own files per task (its results JSON, and with log
+  samples every document's prompt, responses and metrics), as ``eval --output-path DIR
+  --log-samples`` writes them; a folder that cannot be one (a file, a path under a file, not
+  writable) is said under the field when the field is left.
+
+Each field's problem shows under it as the field is left (:meth:`EvalForm._field_left`), not
+only at save. Where the hints do not fit whole beside the fields (at 80 columns none did),
+each goes on the line under its field (:class:`EvalRow`, :meth:`EvalForm.on_resize`).
 
 What a loaded profile holds beyond the fields (published numbers, [[needs]], max_length,
 seed, ...) is kept, so load -> save writes the same profile. The profile is read and
-checked by eval_profile's own model (:func:`form_profile`) and written by
-:func:`profile_data` (eval_profile has no serialiser: this is the smallest one, a
-``model_dump`` without the empty tables). A launch queues the runs as ``eval --from FILE``
+checked by eval_profile's own model and written by
+:func:`~workbench.tui.eval_form_profile.profile_data` (eval_profile has no serialiser: this
+is the smallest one, a ``model_dump`` without the empty tables; eval_form_profile.py).
+A launch queues the runs as ``eval --from FILE``
 does (:func:`queue_evals`: workbench/execute/eval_queue.py) in a worker; the app then shows them in
 the Runs tab.
 """
@@ -29,21 +38,22 @@ import copy
 from pathlib import Path
 from typing import Any
 
-import tomli_w
 from pydantic import ValidationError
 from rich.text import Text
 from textual import on, work
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import Vertical, VerticalScroll
+from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.message import Message
 from textual.timer import Timer
-from textual.widgets import Input, Select, Static
+from textual.widgets import Input, Label, Select, Static, Switch
 
 from workbench.spec import eval_profile, lm_eval_tasks
 from workbench.spec.eval_profile import EvalProfile
 from workbench.spec.profile import DataAbsent, ProfileError
 from workbench.spec.schema import FROM_FILE, SCHEMA_VERSION
+from workbench.tui.eval_form_profile import (
+    format_models, output_problem, parse_models, problem_lines, profile_data, queue_evals, save_profile)
 from workbench.tui.form_fields import FormInput, format_settings, parse_settings, split_list
 from workbench.tui.formatting import id_ranges, set_text
 from workbench.tui.sweep_form import FieldRow
@@ -55,86 +65,24 @@ FIELD_OF = {("name",): "ev-name", ("description",): "ev-description", ("eval", "
             ("eval", "tasks"): "ev-tasks", ("eval", "include"): "ev-include", ("eval", "limit"): "ev-limit",
             ("eval", "batch_size"): "ev-batch", ("eval", "num_fewshot"): "ev-fewshot",
             ("eval", "dtype"): "ev-dtype", ("eval", "device"): "ev-device", ("eval", "devices"): "ev-devices",
-            ("executor",): "ev-executor",
-            ("slurm",): "ev-slurm"}
+            ("eval", "output_path"): "ev-output", ("eval", "log_samples"): "ev-log-samples",
+            ("executor",): "ev-executor", ("slurm",): "ev-slurm"}
 
 
-# ------------------------------------------------------------------ profile <-> data
-def profile_data(p: EvalProfile) -> dict[str, Any]:
-    """The profile as TOML data that :func:`workbench.spec.profile.loads` reads back equal:
-    its fields without unset options, settings at their defaults (``bootstrap_iters =
-    100000``, ``dtype = "float32"``, ...), empty tables or default Slurm settings; a whole
-    number of documents as an integer (``limit = 10``, not the model's ``10.0``: only a
-    fraction < 1 is a float)."""
-    from workbench.spec.eval_profile import EvalSection
-    from workbench.spec.slurm_settings import SlurmSettings
+class EvalRow(FieldRow):
+    """A form row whose hint (``unit``) sits beside the field, or on the line under it where
+    the form has the ``-hints-under`` class (eval_form.tcss: at 80 columns a 60-column
+    field left no room beside it, and the hints were gone)."""
 
-    d = p.model_dump(mode="json", exclude_none=True)
-    for key, f in EvalSection.model_fields.items():
-        if not f.is_required() and key in d["eval"] and d["eval"][key] == f.get_default(call_default_factory=True):
-            d["eval"].pop(key)
-    limit = d["eval"].get("limit")
-    if isinstance(limit, float) and limit >= 1 and limit.is_integer():
-        d["eval"]["limit"] = int(limit)
-    if d.get("executor") == "local":  # the default
-        d.pop("executor")
-    for key in ("published", "needs"):
-        if not d.get(key):
-            d.pop(key, None)
-    if not d.get("description"):
-        d.pop("description", None)
-    if not d["eval"].get("allow_unfinished"):  # the default: files written before it was a key stay as they were
-        d["eval"].pop("allow_unfinished", None)
-    if d.get("slurm") == SlurmSettings().model_dump(mode="json", exclude_none=True):
-        d.pop("slurm")
-    return d
-
-
-def save_profile(p: EvalProfile, path: str | Path) -> Path:
-    """Write ``p`` to ``path`` as TOML (atomically: a crash never leaves half a profile)."""
-    path = Path(path).expanduser()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(tomli_w.dumps(profile_data(p)), encoding="utf-8")
-    tmp.replace(path)
-    return path
-
-
-def parse_models(text: str) -> list[dict[str, str]]:
-    """'Mamba=state-spaces/mamba-130m-hf, run:12' -> [{label, model}, ...]; a model given
-    without ``label=`` is labelled as written."""
-    out = []
-    for item in split_list(text):
-        label, sep, model = item.partition("=")
-        if not sep:
-            label = model = item
-        out.append({"label": label.strip(), "model": model.strip()})
-    return out
-
-
-def format_models(models) -> str:
-    return ", ".join(m.model if m.label == m.model else f"{m.label}={m.model}" for m in models)
-
-
-def queue_evals(store, prof: EvalProfile) -> tuple[list[int], list[str]]:
-    """Queue (or find) the runs of ``prof`` and start them, as ``eval --from FILE --detach``
-    does (workbench/execute/eval_queue.py, which the CLI calls too; no console output).
-    Returns the run ids and a line per run."""
-    from workbench.execute import eval_queue
-
-    return eval_queue.queue(store, eval_profile.eval_specs(prof), prof.executor, prof.slurm)
-
-
-def _problem_lines(e: ProfileError) -> list[tuple[str | None, str]]:
-    """eval_profile.check's problems ('  eval.models[0].model: ...') as (field id, message)."""
-    out: list[tuple[str | None, str]] = []
-    for line in str(e).splitlines()[1:]:
-        line = line.strip()
-        loc, _, msg = line.partition(": ")
-        fid = "ev-models" if loc.startswith("eval.models") else "ev-include" if loc.startswith("eval.include") \
-            else "ev-tasks" if loc.startswith("eval.tasks") else None
-        out.append((fid, msg if fid else line))
-    return out
+    def compose(self) -> ComposeResult:
+        with Horizontal(classes="field-line"):
+            yield Label(self._label, classes="field-label")
+            yield self._control
+            if self._unit is not None:
+                yield Static(self._unit, id=f"unit-{self.field_id}", classes="field-unit")
+        if self._unit is not None:
+            yield Static(self._unit, id=f"hint-{self.field_id}", classes="field-hint")
+        yield Static("", id=f"err-{self.field_id}", classes="field-error")
 
 
 class EvalForm(Vertical):
@@ -173,35 +121,40 @@ class EvalForm(Vertical):
     def compose(self) -> ComposeResult:
         with VerticalScroll(id="eval-fields"):
             yield Static("Evaluation profile", classes="section")
-            yield FieldRow("name", FormInput("eval", id="ev-name", compact=True), "ev-name")
-            yield FieldRow("description", FormInput("", id="ev-description", compact=True), "ev-description")
+            yield EvalRow("name", FormInput("eval", id="ev-name", compact=True), "ev-name")
+            yield EvalRow("description", FormInput("", id="ev-description", compact=True), "ev-description")
             yield Static("Models and tasks", classes="section")
-            yield FieldRow("models", FormInput("", id="ev-models", compact=True,
+            yield EvalRow("models", FormInput("", id="ev-models", compact=True,
                                            placeholder="owner/name, run:12, ./folder"), "ev-models",
                            unit="comma-separated; label=model names one")
-            yield FieldRow("tasks", FormInput("", id="ev-tasks", compact=True,
+            yield EvalRow("tasks", FormInput("", id="ev-tasks", compact=True,
                                           placeholder="lambada_openai, hellaswag"), "ev-tasks",
                            unit="lm-eval tasks, groups or tags")
             yield Static("", id="ev-tasks-check", classes="hint")
-            yield FieldRow("include", FormInput("", id="ev-include", compact=True, placeholder="none"),
+            yield EvalRow("include", FormInput("", id="ev-include", compact=True, placeholder="none"),
                            "ev-include", unit="folders of your own task YAML files")
             yield Static("Settings", classes="section")
-            yield FieldRow("limit", FormInput("", id="ev-limit", compact=True, placeholder="all documents"),
+            yield EvalRow("limit", FormInput("", id="ev-limit", compact=True, placeholder="all documents"),
                            "ev-limit", unit="documents per task (a fraction if < 1)")
-            yield FieldRow("batch size", FormInput("8", id="ev-batch", compact=True), "ev-batch")
-            yield FieldRow("few-shot examples", FormInput("", id="ev-fewshot", compact=True,
+            yield EvalRow("batch size", FormInput("8", id="ev-batch", compact=True), "ev-batch")
+            yield EvalRow("few-shot examples", FormInput("", id="ev-fewshot", compact=True,
                                                       placeholder="the task's own"), "ev-fewshot")
-            yield FieldRow("dtype", Select([(d, d) for d in DTYPES], id="ev-dtype", allow_blank=False,
+            yield EvalRow("dtype", Select([(d, d) for d in DTYPES], id="ev-dtype", allow_blank=False,
                                            value="float32", compact=True), "ev-dtype")
-            yield FieldRow("device", Select([(d, d) for d in ("auto", "cpu", "cuda")], id="ev-device",
+            yield EvalRow("device", Select([(d, d) for d in ("auto", "cpu", "cuda")], id="ev-device",
                                             allow_blank=False, value="auto", compact=True), "ev-device")
-            yield FieldRow("devices", FormInput("1", id="ev-devices", compact=True), "ev-devices",
+            yield EvalRow("devices", FormInput("1", id="ev-devices", compact=True), "ev-devices",
                            unit="ranks, one process each; lm-eval splits the documents")
+            yield Static("Output", classes="section")
+            yield EvalRow("output folder", FormInput("", id="ev-output", compact=True, placeholder="none"),
+                          "ev-output", unit="lm-eval's results JSON per task here (--output-path)")
+            yield EvalRow("log samples", Switch(False, id="ev-log-samples"), "ev-log-samples",
+                          unit="and every document's prompt and answers (--log-samples)")
             yield Static("Where", classes="section")
-            yield FieldRow("executor", Select([("this machine", "local"), ("Slurm: a job per model", "slurm")],
+            yield EvalRow("executor", Select([("this machine", "local"), ("Slurm: a job per model", "slurm")],
                                               id="ev-executor", allow_blank=False, value="local", compact=True),
                            "ev-executor")
-            yield FieldRow("Slurm settings", FormInput("", id="ev-slurm", compact=True,
+            yield EvalRow("Slurm settings", FormInput("", id="ev-slurm", compact=True,
                                                    placeholder="partition=gpu, time=02:00:00"), "ev-slurm",
                            unit="key=value; an evaluation uses one device")
         yield Static("", id="eval-status")
@@ -209,6 +162,12 @@ class EvalForm(Vertical):
     def on_mount(self) -> None:
         self.query_one("#ev-tasks-check", Static).display = False
         self.set_status("")
+
+    def on_resize(self) -> None:
+        """Hints beside their fields where every one fits whole (label 22, field 60, a space),
+        else each on the line under its field (eval_form.tcss): never cut off."""
+        longest = max((len(row._unit) for row in self.query(EvalRow) if isinstance(row._unit, str)), default=0)
+        self.set_class(self.size.width < 22 + 60 + 2 + longest, "-hints-under")
 
     # ------------------------------------------------------------------ reading the form
     def _text(self, fid: str) -> str:
@@ -244,6 +203,14 @@ class EvalForm(Vertical):
                 continue
             ev[key] = int(value) if kind is float and value.is_integer() else value
         ev["dtype"], ev["device"] = self._select("ev-dtype"), self._select("ev-device")
+        ev.pop("output_path", None)
+        if self._text("ev-output"):
+            ev["output_path"] = self._text("ev-output")
+            if output_problem(ev["output_path"]):
+                errors["ev-output"] = output_problem(ev["output_path"])
+        ev["log_samples"] = self.query_one("#ev-log-samples", Switch).value
+        if ev["log_samples"] and not ev.get("output_path"):  # (as eval_profile says it, in the form's words)
+            errors["ev-log-samples"] = "log samples writes lm-eval's per-document files into the output folder: give one"
         data["executor"] = self._select("ev-executor")
         try:
             data["slurm"] = parse_settings(self._text("ev-slurm"))
@@ -255,6 +222,14 @@ class EvalForm(Vertical):
     def build_profile(self, focus: bool = True) -> EvalProfile | None:
         """Validate the form as eval_profile does a file; show each problem in red under its
         field (and all in the status box) and return None, or return the profile."""
+        prof, errors, general = self._problems()
+        self._errors_shown = bool(errors or general)
+        self._show_errors(errors, general, focus)
+        return prof
+
+    def _problems(self, refs: bool = True) -> tuple[EvalProfile | None, dict[str, str], list[str]]:
+        """The profile (None when refused), the problems by field id and those of no field.
+        ``refs``: also eval_profile.check's (model references, include folders)."""
         data, errors = self.form_data()
         general: list[str] = []
 
@@ -280,21 +255,19 @@ class EvalForm(Vertical):
                     add(fid, f"{'.'.join(loc)}: {err['msg']}")
         if errors or general:
             prof = None
-        if prof is not None:
+        if prof is not None and refs:
             try:
                 eval_profile.check(prof, prof.name, lambda *loc: "")  # model references, include folders
             except DataAbsent:
                 pass  # hub ids not in the cache (offline): a launch says so, a save keeps them
             except ProfileError as e:
-                for fid, msg in _problem_lines(e):
+                for fid, msg in problem_lines(e):
                     add(fid, msg)
         verdict = self._verdict
         if verdict is not None and verdict[:2] == (tuple(data["eval"]["tasks"]), tuple(data["eval"]["include"])) \
                 and verdict[2]:
             add("ev-tasks", lm_eval_tasks.describe(verdict[2], list(verdict[1])))
-        self._errors_shown = bool(errors or general)
-        self._show_errors(errors, general, focus)
-        return prof if not errors and not general else None
+        return (prof if not errors and not general else None), errors, general
 
     def _show_errors(self, errors: dict[str, str], general: list[str], focus: bool) -> None:
         for w in self.query(".field-error"):
@@ -303,7 +276,7 @@ class EvalForm(Vertical):
         lines = list(errors.values()) + general
         if lines:
             self.set_status("Cannot use this evaluation profile:\n" + "\n".join(f"• {x}" for x in lines), bad=True)
-            first = next((w for w in self.query("Input, Select") if w.id in errors), None)
+            first = next((w for w in self.query("Input, Select, Switch") if w.id in errors), None)
             if focus and first is not None:
                 first.focus()
         else:
@@ -324,9 +297,26 @@ class EvalForm(Vertical):
 
     @on(Input.Changed)
     @on(Select.Changed)
+    @on(Switch.Changed)
     def _edited(self) -> None:
         if self._errors_shown:  # after a refused save/launch, each edit checks again
             self.build_profile(focus=False)
+
+    @on(Input.Blurred)
+    def _field_left(self, event: Input.Blurred) -> None:
+        """A field's problem shown as it is left (a bad output folder, a limit that is no
+        number), under that field only: the others keep theirs until they are left, saved or
+        corrected. (Model folders and task names are checked as they are typed.)"""
+        fid = event.input.id
+        if fid and self.is_attached and self.query(f"#err-{fid}") and fid not in ("ev-models", "ev-tasks"):
+            self._set_error(fid, self._problems(refs=False)[1].get(fid, ""))
+
+    def on_descendant_focus(self) -> None:
+        """The focused field's whole row (its hint and message lines too) scrolled into view."""
+        w = self.app.focused
+        row = next((a for a in w.ancestors if isinstance(a, FieldRow)), None) if w is not None else None
+        if row is not None:
+            self.call_after_refresh(row.scroll_visible, animate=False)
 
     # ------------------------------------------------------------------ the task names, in a worker
     @on(Input.Changed, "#ev-tasks")
@@ -392,7 +382,7 @@ class EvalForm(Vertical):
         values = {"ev-name": prof.name, "ev-description": prof.description, "ev-models": format_models(e.models),
                   "ev-tasks": ", ".join(e.tasks), "ev-include": ", ".join(e.include),
                   "ev-limit": "" if e.limit is None else f"{e.limit:g}", "ev-batch": str(e.batch_size),
-                  "ev-devices": str(e.devices),
+                  "ev-devices": str(e.devices), "ev-output": e.output_path or "",
                   "ev-fewshot": "" if e.num_fewshot is None else str(e.num_fewshot),
                   "ev-slurm": format_settings(prof.slurm.model_dump(mode="json", exclude_unset=True,
                                                                     exclude_none=True))}
@@ -400,6 +390,7 @@ class EvalForm(Vertical):
             self.query_one(f"#{fid}", Input).value = value
         for fid, value in (("ev-dtype", e.dtype), ("ev-device", e.device), ("ev-executor", prof.executor)):
             self.query_one(f"#{fid}", Select).value = value
+        self.query_one("#ev-log-samples", Switch).value = e.log_samples
         self._errors_shown = False
         self._show_errors({}, [], False)
         self.check_tasks_now()

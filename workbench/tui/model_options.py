@@ -14,7 +14,8 @@ picked, so the form looks as it did before any pick.
 """
 from __future__ import annotations
 
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from rich.text import Text
 from textual.widgets import Static
