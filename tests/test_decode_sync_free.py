@@ -11,7 +11,7 @@ import torch
 import torch.nn as nn
 
 import models
-from workbench.train.decode import graphed_step, greedy_steps, next_token, same_layout, state_leaves
+from workbench.train.decode import _copy, graphed_step, greedy_steps, next_token, same_layout, state_leaves
 
 
 
@@ -99,6 +99,11 @@ def test_cuda_graphs_leave_the_cpu_path_alone_and_say_why():
     assert leaves and all(isinstance(t, torch.Tensor) for t in leaves)
     _, st_next = step(next_token(logits), st)
     assert same_layout(leaves, state_leaves(st_next))
+    copied = _copy([st, {"b": (leaves[0],), "a": leaves[1]}])       # the warm-up's copy: nesting kept
+    assert isinstance(copied[1]["b"], tuple) and list(copied[1]) == ["b", "a"]
+    new = state_leaves(copied)
+    assert all(torch.equal(x, y) and x.data_ptr() != y.data_ptr()
+               for x, y in zip(new, state_leaves([st, {"b": (leaves[0],), "a": leaves[1]}])))
     tstep, tlogits, tst = _lm("transformer")
     assert state_leaves(tst) is None
     assert not same_layout(leaves, leaves[:-1])

@@ -200,7 +200,9 @@ def _rebuild(state, leaves):
         built = {k: _rebuild(state[k], leaves) for k in sorted(state)}
         return {k: built[k] for k in state}
     out = [_rebuild(s, leaves) for s in state]
-    return type(state)(out) if isinstance(state, tuple) else out
+    if hasattr(state, "_fields"):   # a NamedTuple
+        return type(state)(*out)
+    return tuple(out) if isinstance(state, tuple) else out
 
 
 def _copy(state):
