@@ -82,3 +82,85 @@ def test_stacked_weights_follow_an_optimizer_step():
         y_fast = m.step(x, st)[0]
     y_ref = m.step(x, st)[0]
     torch.testing.assert_close(y_fast, y_ref.detach(), rtol=1e-10, atol=1e-10)
+
+
+# -- training: RWKV-7's recomputed pre-operator piece ------------------------------------
+
+def _plain_rwkv7(m, x):
+    """RWKV-7 time mixing written out under plain autograd, every intermediate kept (the
+    layer's form before its pre- and post-operator pieces were recomputed), over the
+    step-by-step ``rwkv7_ref``: the reference for the layer's values and gradients."""
+    import math
+    import torch.nn.functional as F
+    B, T, D = x.shape
+    H = m.n_heads
+    shifted = torch.cat([x.new_zeros(B, 1, D), x[:, :-1]], 1)
+    xr, xw, xk, xv, xa, xg = (x + (shifted - x) * mu for mu in m.mu)
+    r, k, v = m.r_proj(xr), m.k_proj(xk), m.v_proj(xv)
+    log_w = -math.exp(-0.5) * m.w_lora(xw).sigmoid()
+    a = m.a_lora(xa).sigmoid()
+    gate = m.g_lora(xg)
+    heads = lambda t: t.unflatten(-1, (H, -1))                     # noqa: E731
+    kk = F.normalize(heads(k * m.k_k), dim=-1)
+    k = k * (1 + (a - 1) * m.k_a)
+    r, k, v, a, log_w = (heads(t) for t in (r, k, v, a, log_w))
+    bonus = (r * k * m.r_k).sum(-1, keepdim=True) * v
+    o, _ = generalized_delta.rwkv7_ref(r, k, v, -kk, kk * a, log_w, scale=1.0)
+    o = m.g_norm(o.reshape(B * T, -1)).reshape(B, T, H, -1)
+    return m.o_proj((o + bonus).flatten(-2) * gate)
+
+
+@pytest.mark.parametrize("backend", ["cpu", "torch"])
+def test_rwkv7_training_piece_equals_plain_autograd(backend, monkeypatch):
+    """Values and gradients (input and every parameter) of the layer, whose pre-operator
+    piece is recomputed in slices with one step of token-shift context, equal the plain
+    form; SLICE_LEN is shrunk so the sequence spans several slices."""
+    import models.common as common
+    monkeypatch.setattr(common, "SLICE_LEN", 4)
+    torch.manual_seed(0)
+    m = RWKV7Attention(D, n_heads=2, backend=backend).double()
+    with torch.no_grad():
+        for p in m.parameters():
+            p.add_(0.2 * torch.randn_like(p))
+    x = torch.randn(2, 11, D, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(2, 11, D, dtype=torch.float64)
+    y = m(x)
+    (y * w).sum().backward()
+    got = [x.grad.clone()] + [p.grad.clone() for p in m.parameters()]
+    x.grad = None
+    m.zero_grad()
+    y_ref = _plain_rwkv7(m, x)
+    (y_ref * w).sum().backward()
+    want = [x.grad] + [p.grad for p in m.parameters()]
+    torch.testing.assert_close(y, y_ref, rtol=1e-9, atol=1e-9)
+    for (name, _), g, r in zip([("x", None), *m.named_parameters()], got, want):
+        torch.testing.assert_close(g, r, rtol=1e-8, atol=1e-9, msg=lambda s: f"{name}: {s}")
+
+
+# -- training: the delta-rule layers' projections under plain autograd --------------------
+
+@pytest.mark.parametrize("name", sorted(n for n in CASES if n != "rwkv7"))
+def test_one_projection_matmul_equals_recomputed_piece(name, monkeypatch):
+    """The default pre-operator piece (one matmul of x with every projection under
+    autograd, then the conv) gives the values, next state and gradients of the piece that
+    recomputes the q/k/v projection in the backward (``PROJ_RECOMPUTE``), from a fresh
+    state and from a carried one (conv cache and S)."""
+    import models.common as common
+    from models.linear_rnn import delta_mixers
+    monkeypatch.setattr(common, "SLICE_LEN", 4)
+    m = _layer(name)
+    x = torch.randn(2, 10, D, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(2, 10, D, dtype=torch.float64)
+    with torch.no_grad():
+        st0 = m.forward_with_state(torch.randn(2, 3, D, dtype=torch.float64), m.init_state(2))[1]
+    runs = []
+    for recompute in (False, True):
+        monkeypatch.setattr(delta_mixers, "PROJ_RECOMPUTE", recompute)
+        x.grad = None
+        m.zero_grad()
+        y1 = m(x)
+        y2, st = m.forward_with_state(x, st0)
+        ((y1 + y2) * w).sum().backward()
+        runs.append([y1, y2, *st, x.grad] + [p.grad for p in m.parameters()])
+    for got, want in zip(*runs):
+        torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-10)

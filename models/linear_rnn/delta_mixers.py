@@ -32,6 +32,13 @@ from models.conv.short_conv import ShortConvolution
 __all__ = ["DeltaNet", "GatedDeltaNet", "GatedDeltaProduct"]
 
 
+# Training at LM shapes (issue 43): True recomputes the q/k/v projection with the conv in
+# the backward (what the layer keeps: x and the conv's output); False (the default) runs
+# the projections under plain autograd as one matmul, keeping its output too (one
+# (batch, T, channels) tensor more per layer) and saving the backward's second matmul.
+PROJ_RECOMPUTE = False
+
+
 def _int_option(name: str, value, low: int = 1) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < low:
         raise ValueError(f"{name} must be an integer >= {low}; got {value!r}")
@@ -124,8 +131,13 @@ class _DeltaBase(LinearRNNMixer):
         pre-activation are not kept, and the piece's output, time-major, is the operator's
         input as it is (views, no copies, for n = 1). The conv is ``qkv_conv1d``'s maths and
         parameters run by :func:`models.common.causal_conv` (the C kernel on CPU)."""
-        w = torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight])
         conv = self.qkv_conv1d
+        if not PROJ_RECOMPUTE:
+            qkv, beta, extra, nxt = self._projected(x, extras)
+            self._extra_proj = extra
+            return self._split_heads(qkv, beta, nxt)
+        w = torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight])
+        self._extra_proj = None
         if conv is not None:
             cache = extras[0] if extras else None                     # (batch, channels, W - 1)
             left = None if cache is None else cache.to(x.dtype).transpose(1, 2)
@@ -137,13 +149,48 @@ class _DeltaBase(LinearRNNMixer):
             nxt = (conv_cache(cache, F.linear(x[:, x.shape[1] - min(k1, x.shape[1]):], w)),)
         else:
             qkv, nxt = recomputed_in_slices(self._qkv, 1, 0, x, w, None, None, None), ()
+        return self._split_heads(qkv, self.b_proj(x), nxt)
+
+    def _split_heads(self, qkv, b, nxt):
+        """qkv (batch, T, channels) after the conv, b = x W_b -> the operator's q, k, v,
+        beta (see :meth:`_qkv_beta`) and the next extras."""
         q, k, v = qkv.split(self._split, dim=-1)
-        beta = self.b_proj(x).sigmoid()
+        beta = b.sigmoid()
         if self.allow_neg_eigval:          # eigenvalue 1 - beta of I - beta k k^T in (-1, 1)
             beta = beta * 2.0
         beta = beta.unflatten(-1, (self.num_householder, self.num_v_heads)).flatten(1, 2)
         return (self._heads(q), self._rows(k, self.n_heads), self._rows(v, self.num_v_heads),
                 beta, nxt)
+
+    def _proj_extra_weights(self) -> list[torch.Tensor]:
+        """Weights of the subclass's own projections of x (its decay's), stacked into the
+        one projection matmul of :meth:`_projected`; their outputs reach the subclass as
+        ``self._extra_proj``."""
+        return []
+
+    def _projected(self, x, extras):
+        """The pre-operator piece with the projections under plain autograd: one matmul of
+        x with [W_q | W_k | W_v | W_b | the subclass's], then the short conv + SiLU (the C
+        kernel on CPU, reading the matmul's output in place) -> (qkv, x W_b, [the
+        subclass's outputs], next extras). Against :data:`PROJ_RECOMPUTE`'s piece: the
+        backward runs no second projection and one matmul replaces three, for one kept
+        (batch, T, channels) tensor more per layer."""
+        extra_w = self._proj_extra_weights()
+        ws = [self.q_proj.weight, self.k_proj.weight, self.v_proj.weight, self.b_proj.weight,
+              *extra_w]
+        y = F.linear(x, torch.cat(ws))
+        C = sum(self._split)
+        pre, b, *extra = y.split([C, ws[3].shape[0], *(w.shape[0] for w in extra_w)], dim=-1)
+        conv = self.qkv_conv1d
+        if conv is None:
+            return F.silu(pre), b, extra, ()
+        cache = extras[0] if extras else None                         # (batch, channels, W - 1)
+        left = None if cache is None else cache.to(x.dtype).transpose(1, 2)
+        qkv = causal_conv(pre, conv.weight, conv.bias, left, silu=True)
+        if cache is None:
+            cache = conv.init_state(x.shape[0], device=x.device, dtype=x.dtype)
+        k1 = conv.kernel_size - 1
+        return qkv, b, extra, (conv_cache(cache, pre[:, pre.shape[1] - min(k1, pre.shape[1]):]),)
 
     # -- decode: one token without the sequence machinery (issue 43 item 1) -------------
     def step(self, x_t: torch.Tensor, state: tuple) -> tuple[torch.Tensor, tuple]:
@@ -313,11 +360,18 @@ class _GatedBase(_DeltaBase):
         without the forget gate)."""
         if not self.use_forget_gate:
             return None
-        return -self.A_log.exp() * F.softplus(self.a_proj(x) + self.dt_bias)
+        extra = getattr(self, "_extra_proj", None)
+        a = extra[0] if extra else self.a_proj(x)
+        return -self.A_log.exp() * F.softplus(a + self.dt_bias)
+
+    def _proj_extra_weights(self):
+        return [self.a_proj.weight] if self.use_forget_gate else []
 
     def _inputs(self, x, extras):
         q, k, v, beta, nxt = self._qkv_beta(x, extras)
-        return [q, k, v, self.log_gate(x), beta], {"use_qk_l2norm_in_kernel": True}, nxt
+        g = self.log_gate(x)
+        self._extra_proj = None
+        return [q, k, v, g, beta], {"use_qk_l2norm_in_kernel": True}, nxt
 
     def _x_weights(self):
         extra = [self.a_proj.weight] if self.use_forget_gate else []

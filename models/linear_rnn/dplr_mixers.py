@@ -86,6 +86,9 @@ class KimiDeltaAttention(_RefStep, _GatedBase):
         self.g_proj = nn.Sequential(nn.Linear(d_model, r, bias=False),
                                     nn.Linear(r, self.value_dim, bias=True))
 
+    def _proj_extra_weights(self):
+        return [self.f_proj[0].weight]
+
     def _x_weights(self):
         return [*_DeltaBase._x_weights(self), self.f_proj[0].weight, self.g_proj[0].weight]
 
@@ -101,7 +104,9 @@ class KimiDeltaAttention(_RefStep, _GatedBase):
 
     def log_gate(self, x: torch.Tensor) -> torch.Tensor:
         """x (batch, T, d_model) -> g (batch, T, v heads, head_k_dim) <= 0."""
-        f = self._vheads(self.f_proj(x) + self.dt_bias)
+        extra = getattr(self, "_extra_proj", None)
+        f1 = extra[0] if extra else self.f_proj[0](x)
+        f = self._vheads(F.linear(f1, self.f_proj[1].weight) + self.dt_bias)
         return -self.A_log.exp()[:, None] * F.softplus(f)
 
     def _output(self, o, x):
@@ -173,20 +178,56 @@ class RWKV7Attention(_RefStep, LinearRNNMixer):
     def _extras_size(self):
         return self.d_model
 
+    def _prep_params(self):
+        return (self.mu, self.r_proj.weight, self.k_proj.weight, self.v_proj.weight,
+                self.w_lora[0].weight, self.w_lora[2].weight, self.w_lora[2].bias,
+                self.a_lora[0].weight, self.a_lora[1].weight, self.a_lora[1].bias,
+                self.g_lora[0].weight, self.g_lora[2].weight, self.k_k, self.k_a, self.r_k)
+
     def _inputs(self, x, extras):
-        prev = extras[0].to(x.dtype)[:, None] if extras else x.new_zeros(x.shape[0], 1,
-                                                                         x.shape[-1])
-        shifted = torch.cat([prev, x[:, :-1]], 1)                  # x_{t-1}
-        xr, xw, xk, xv, xa, xg = (x + (shifted - x) * m for m in self.mu)
-        r, k, v = self.r_proj(xr), self.k_proj(xk), self.v_proj(xv)
-        log_w = -math.exp(-0.5) * self.w_lora(xw).sigmoid()
-        a = self.a_lora(xa).sigmoid()
-        self._gate = self.g_lora(xg)
-        kk = F.normalize(self._heads(k * self.k_k), dim=-1)
-        k = k * (1 + (a - 1) * self.k_a)
-        r, k, v, a, log_w = (self._heads(t) for t in (r, k, v, a, log_w))
-        self._bonus = (r * k * self.r_k).sum(-1, keepdim=True) * v  # (batch, T, heads, dim)
-        return [r, k, v, -kk, kk * a, log_w], {"scale": 1.0}, (x[:, -1],)
+        """Everything before the operator as one piece recomputed from x in the backward, a
+        slice of steps at a time (``recomputed_in_slices``, one step of context for the token
+        shift): autograd keeps x and the piece's packed output [r | k | v | -kk | kk a |
+        log w | gate | bonus] (8 d_model per step, the operator's inputs read in place), not
+        the six shifted mixes, the LoRA intermediates or the projections' inputs (issue 43:
+        RWKV-7 held 2.5x Mamba's training memory)."""
+        B, D = x.shape[0], self.d_model
+        prev = (extras[0].to(x.dtype)[:, None] if extras else x.new_zeros(B, 1, D))
+        packed = recomputed_in_slices(self._prep, 1, 1, x, prev, *self._prep_params())
+        r, k, v, a_neg, b, log_w, gate, bonus = packed.split(D, dim=-1)
+        self._gate, self._bonus = gate, bonus
+        r, k, v, a_neg, b, log_w = (self._heads(t) for t in (r, k, v, a_neg, b, log_w))
+        return [r, k, v, a_neg, b, log_w], {"scale": 1.0}, (x[:, -1],)
+
+    def _prep(self, h, x, prev, mu, w_r, w_k, w_v, w1, w2, b2, a1, a2, ab, g1, g2, k_k, k_a,
+              r_k):
+        """x (batch, h + T', d_model) with h steps of context (h = 0: ``prev`` is x_{-1}) ->
+        (batch, T', 8 d_model): the token shift, projections, LoRAs, kk, the modified k and
+        the bonus of the class docstring, packed."""
+        shifted = x[:, :-1] if h else torch.cat([prev, x[:, :-1]], 1)     # x_{t-1}
+        x = x[:, h:]
+        xr, xw, xk, xv, xa, xg = torch.addcmul(x, shifted - x, mu[:, None, None])
+        r, k, v = F.linear(xr, w_r), F.linear(xk, w_k), F.linear(xv, w_v)
+        log_w = -math.exp(-0.5) * F.linear(torch.tanh(F.linear(xw, w1)), w2, b2).sigmoid()
+        a = F.linear(F.linear(xa, a1), a2, ab).sigmoid()
+        gate = F.linear(F.linear(xg, g1).sigmoid(), g2)
+        kk = F.normalize(self._heads(k * k_k), dim=-1).flatten(-2)
+        k = k * (1 + (a - 1) * k_a)
+        bonus = ((self._heads(r) * self._heads(k) * r_k).sum(-1, keepdim=True)
+                 * self._heads(v)).flatten(-2)
+        return torch.cat([r, k, v, -kk, kk * a, log_w, gate, bonus], -1)
+
+    def _output(self, o, x):
+        out = recomputed_in_slices(self._out_piece, 3, 0, o, self._bonus, self._gate,
+                                   self.g_norm.weight, self.g_norm.bias, self.o_proj.weight)
+        self._gate = self._bonus = None
+        return out
+
+    def _out_piece(self, h, o, bonus, gate, gn_w, gn_b, w_o):
+        """W_o [(groupnorm_head(o) + bonus) * gate], position-wise."""
+        B, T = o.shape[:2]
+        o = F.group_norm(o.reshape(B * T, -1), self.n_heads, gn_w, gn_b, self.g_norm.eps)
+        return F.linear((o.reshape(B, T, -1) + bonus) * gate, w_o)
 
     def step(self, x_t: torch.Tensor, state: tuple) -> tuple[torch.Tensor, tuple]:
         """One token: x_t (batch, d_model) -> (y_t, next state). Without autograd the fused
@@ -216,10 +257,3 @@ class RWKV7Attention(_RefStep, LinearRNNMixer):
                          self.g_norm.eps)
         y = self.o_proj((o + bonus.flatten(-2)) * self.g_lora(xg))
         return y, (S, x_t)
-
-    def _output(self, o, x):
-        B, T = o.shape[:2]
-        o = self.g_norm(o.reshape(B * T, -1)).reshape(B, T, self.n_heads, -1)
-        o = (o + self._bonus).flatten(-2) * self._gate
-        self._gate = self._bonus = None
-        return self.o_proj(o)
