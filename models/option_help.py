@@ -27,7 +27,7 @@ HELP: dict[str, str] = {
     "n_heads": "heads per layer",
     "num_v_heads": "value heads (grouped value attention); none: n_heads",
     "headdim": "head size (channels per head)",
-    "ngroups": "groups of heads sharing one B and C projection (as GQA)",
+    "ngroups": "groups of heads that share one B and C (Mamba-2's ngroups)",
     "d_state": "state size per channel",
     "d_inner": "mixer width; none: expand * d_model",
     "expand": "inner width = expand * d_model",
@@ -59,8 +59,8 @@ HELP: dict[str, str] = {
     "use_forget_gate": "a data-dependent decay of the state (Gated DeltaProduct)",
     # attention
     "attn_scale": "attention score scale; none: 1/sqrt(head size)",
-    "max_len": "longest sequence the learned positions cover",
-    "pos": "position encoding in attention: rope or absolute",
+    "max_len": "most positions: a learned table's length and the key/value cache's",
+    "pos": "position encoding: rope, xpos or none (transformer: absolute, learned)",
     "window": "sliding attention window (keys each query sees)",
     # hybrids
     "t_layers": "Transformer (attention) layers in each block's attention branch",
