@@ -64,7 +64,8 @@ OVERRIDES: dict[str, str] = {
     "ssm-workbench run profiles/mad-selective-copying.toml --set train.devices=2 --jobs 2":
         f"ssm-workbench run profiles/mad-selective-copying.toml {MAD_SMALL} --set train.devices=2 --jobs 2 --quiet",
     "ssm-workbench run --executor slurm profiles/mad-selective-copying.toml":
-        f"ssm-workbench run --executor slurm profiles/mad-selective-copying.toml {MAD_SMALL} --fresh --quiet",
+        f"ssm-workbench run --executor slurm profiles/mad-selective-copying.toml {MAD_SMALL} "
+        "--set slurm.gpus_per_run=0 --set slurm.cpus_per_run=1 --fresh --quiet",  # the test cluster has no GPU
     "ssm-workbench run profiles/grid-example.toml":
         "ssm-workbench run profiles/grid-example.toml --set \"sweep.seeds=[0]\" --set train.epochs=1 "
         "--set task.num_train_examples=64 --set task.num_test_examples=16 "
