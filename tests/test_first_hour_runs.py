@@ -117,7 +117,7 @@ async def test_a_sweeps_runs_read_apart_at_80x24(store, tmp_path, kind):
         await pilot.pause()
         header, rows, cols = table_lines(app)
         assert len(rows) == len(ids)
-        want = {"model", "seq_len", "accuracy", "state"} | ({"seed"} if kind == "lengths" else {"grid"})
+        want = {"model", "seq_len", "acc", "state"} | ({"seed"} if kind == "lengths" else {"grid"})  # (eval acc)
         assert want <= set(header.split()), header
         # every row reads differently once its id is left out: the varying axes are shown
         rest = [re.sub(r"^\s*\d+", "", line).strip() for line in rows]
@@ -160,12 +160,12 @@ async def test_runs_table_is_drawn_aligned_in_every_frame_after_a_launch(store, 
         assert shown
         for header, rows, cols in shown:
             # the seq_len and accuracy cells (right-justified) end where their header ends
-            for name in ("seq_len", "accuracy"):
+            for name in ("seq_len", "eval acc"):
                 assert name in header, header
                 end = header.index(name) + len(name)
                 for line in rows:
                     last = line[end - 1:end]
-                    assert line[end:end + 1].strip() == "" and (last.isdigit() or name == "accuracy" and last == " "), \
+                    assert line[end:end + 1].strip() == "" and (last.isdigit() or name == "eval acc" and last == " "), \
                         f"{name} misaligned:\n{header}\n{line}"
             no_ellipsis_in_key_columns(cols, rows)
             for line in rows:  # the whole model name, the whole length
