@@ -53,7 +53,10 @@ def _build_on_meta(name: str, d_model: int, n_layers: int, options: dict[str, An
     import models
 
     try:  # on the CPU where small (milliseconds), on meta where not: models.registry.build_shapes
-        models.registry.build_shapes(name, d_model=d_model, n_layers=n_layers, **options)
+        net = models.registry.build_shapes(name, d_model=d_model, n_layers=n_layers, **options)
+        # the estimate's size check counts the same backbone: kept, not built again
+        from workbench.spec.cost_probe import note_backbone
+        note_backbone(name, d_model, n_layers, options, net)
     except (TypeError, ValueError):
         raise
     except Exception:

@@ -15,7 +15,12 @@ keeps an (L, L) map: ``scaled_dot_product_attention`` on the CPU takes its flash
 no map (with or without dropout), so for CUDA runs the probe turns attention dropout off;
 an eager attention (Hugging Face GPT-Neo) keeps its map on both and is measured so. Deep
 models (more than ``DIRECT_LAYERS`` layers) are probed at 2 and 4 layers and extrapolated
-linearly in depth.
+linearly in depth; each depth's measurement is kept for the process, so a model's 2-layer
+probe serves its 2-layer runs and every deeper one. A token model with a per-position head
+(a language model) is probed with a vocabulary of ``SPLIT_VOCAB`` tokens and the real
+vocabulary (embedding, head, the logits' log-softmax) added from its shapes, exactly
+("the vocabulary apart" below): a 50k-row vocabulary is never built or run, and the
+vocabularies of one model share the probe of its body.
 
 Probes are cached per (model, options, width, depth, the task's model shape, device
 kind), in memory and on disk (``~/.cache/ssm-workbench/estimate-probes.json``, invalidated
@@ -185,8 +190,24 @@ def _no_attention_dropout(m) -> None:
             mod.dropout = 0.0
 
 
+_ROWS: dict[str, tuple[list[tuple], str, bool]] = {}
+
+
 def _probe_depth(task, model: str, d_model: int, n_layers: int, options: dict[str, Any],
-                 cuda: bool) -> Profile:
+                 cuda: bool) -> tuple[list[tuple], str, bool]:
+    """(one row per probe length: parameters, trainable parameters, weight bytes, trainable
+    bytes, shared, per-sample and largest saved bytes; the backend; whether it streams) of
+    the model at this depth, measured once per (model, options, width, depth, model shape,
+    device kind) in a process: a grid over depths and the two probes of a deep model share
+    the depths they have in common."""
+    key = json.dumps([model, options, d_model, n_layers, model_shape(task), cuda], sort_keys=True, default=str)
+    if key not in _ROWS:
+        _ROWS[key] = _measure_depth(task, model, d_model, n_layers, options, cuda)
+    return _ROWS[key]
+
+
+def _measure_depth(task, model: str, d_model: int, n_layers: int, options: dict[str, Any],
+                   cuda: bool) -> tuple[list[tuple], str, bool]:
     import torch
 
     import models
@@ -201,18 +222,26 @@ def _probe_depth(task, model: str, d_model: int, n_layers: int, options: dict[st
             if cuda:
                 _no_attention_dropout(net)
             net.train()
-        ps = list(net.parameters())
-        tr = [p for p in ps if p.requires_grad]
-        wbytes = sum(p.numel() * p.element_size() for p in ps) + sum(
-            b.numel() * b.element_size() for b in net.buffers())
+        params, trainable, wbytes, tbytes = _counts(net)
         with torch.random.fork_rng():
             s1, _ = saved_bytes(net, *_synthetic(small, 1, L))
             s2, big2 = saved_bytes(net, *_synthetic(small, 2, L))
-        rows.append((sum(p.numel() for p in ps), sum(p.numel() for p in tr), wbytes,
-                     sum(p.numel() * p.element_size() for p in tr), 2 * s1 - s2, s2 - s1, big2 / 2))
-    cols = list(zip(*rows))
-    fits = [_Fit.through(list(c)) for c in cols]
-    return Profile(*fits, backend=models.backend(net.backbone), can_stream=net.can_stream())
+        rows.append((params, trainable, wbytes, tbytes, 2 * s1 - s2, s2 - s1, big2 / 2))
+    return rows, models.backend(net.backbone), net.can_stream()
+
+
+def _counts(net) -> tuple[int, int, int, int]:
+    """(parameters, trainable parameters, bytes of parameters and buffers, bytes of trainable
+    parameters) of ``net`` (shared parameters once, as ``parameters()`` gives them)."""
+    ps = list(net.parameters())
+    tr = [p for p in ps if p.requires_grad]
+    return (sum(p.numel() for p in ps), sum(p.numel() for p in tr),
+            sum(p.numel() * p.element_size() for p in ps) + sum(b.numel() * b.element_size() for b in net.buffers()),
+            sum(p.numel() * p.element_size() for p in tr))
+
+
+def _fit_rows(rows: list[tuple], backend: str, can_stream: bool) -> Profile:
+    return Profile(*(_Fit.through(list(c)) for c in zip(*rows)), backend=backend, can_stream=can_stream)
 
 
 _PROBES: dict[str, Profile] = {}
@@ -240,6 +269,17 @@ def _sizes(net) -> tuple[int, int, int]:
             sum(p.numel() * p.element_size() for p in ps if p.requires_grad))
 
 
+def _backbone_key(model: str, d_model: int, n_layers: int, backbone_opts: dict[str, Any]) -> str:
+    return json.dumps([model, d_model, n_layers, backbone_opts], sort_keys=True, default=str)
+
+
+def note_backbone(model: str, d_model: int, n_layers: int, backbone_opts: dict[str, Any], net) -> None:
+    """Keep the sizes of a backbone built for counting elsewhere (the profile check builds
+    every model configuration on the meta device, workbench.spec.check), so that the
+    estimate's size check (:func:`_weights_on_meta`) does not build it a second time."""
+    _BACKBONE_WEIGHTS.setdefault(_backbone_key(model, d_model, n_layers, backbone_opts), _sizes(net))
+
+
 def _weights_on_meta(task, model: str, d_model: int, n_layers: int, options: dict[str, Any]):
     """(parameters, weight bytes, trainable bytes) of the composed model, counted without
     its real weights (models.registry.build_shapes: the CPU where small, the meta device
@@ -256,7 +296,7 @@ def _weights_on_meta(task, model: str, d_model: int, n_layers: int, options: dic
     if models.entry(model).family == "pretrained":
         return None  # sized by its checkpoint on disk, and building would read it
     backbone_opts, compose_opts = split_options(options)
-    key = json.dumps([model, d_model, n_layers, backbone_opts], sort_keys=True, default=str)
+    key = _backbone_key(model, d_model, n_layers, backbone_opts)
     small = copy.copy(task)
     small.seq_len = PROBE_LENS[-1]
     try:
@@ -287,13 +327,103 @@ def _check_probe_size(key: str, task, spec) -> None:
 
 
 def _probe_task(task, model: str, d_model: int, n_layers: int, options: dict[str, Any],
-                cuda: bool) -> Profile:
+                cuda: bool, vocab: "_VocabSplit | None" = None) -> Profile:
+    """The fitted profile of the composed model; deep models from their 2- and 4-layer
+    probes, extrapolated linearly in depth. ``vocab``: ``task`` is the small stand-in of
+    :func:`_split_vocab`, and each depth's rows get the real vocabulary's part added before
+    the fit (so the fit is the one a probe of the whole model would make)."""
+    def fitted(depth: int) -> Profile:
+        rows, backend, can_stream = _probe_depth(task, model, d_model, depth, options, cuda)
+        return _fit_rows(vocab.add(rows) if vocab is not None else rows, backend, can_stream)
+
     if n_layers <= DIRECT_LAYERS:
-        return _probe_depth(task, model, d_model, n_layers, options, cuda)
-    two, four = (_probe_depth(task, model, d_model, d, options, cuda) for d in (2, 4))
+        return fitted(n_layers)
+    two, four = fitted(2), fitted(4)
     t = (n_layers - 2) / 2
     mixed = [getattr(two, f).mix(getattr(four, f), t) for f in Profile._FITS]
     return Profile(*mixed, backend=two.backend, can_stream=two.can_stream)
+
+
+# ----------------------------------------------------------------- the vocabulary apart
+# A token model with a per-position head over a large vocabulary (a language model) spends
+# most of its probe on the vocabulary: the embedding and head weights (zeroed, then run)
+# and the (B, L, V) logits (five ~125M models with GPT-NeoX's 50,280 ids were 29 s of a
+# cold `profile check profiles/*.toml`, four fifths of it). Nothing of the backbone depends
+# on the vocabulary, and what the vocabulary adds is known from its shapes: the embedding
+# (V x d) and an untied head (C x d, and C biases) in weights; in activations, the float32
+# log-softmax of the logits (B, L, C) that cross-entropy saves for backward (the logits
+# themselves are not saved: Linear keeps its input, log-softmax its output, nll_loss the
+# same output and the targets). So the body is probed with a vocabulary of SPLIT_VOCAB
+# tokens (and classes), and each probe length's row gets the difference added: weights from
+# the encoder's and head's shapes (built on the meta device where large), L (C - C_small)
+# float32 per sequence, and the largest saved tensor max(the body's, L C float32). The
+# split is exact to the byte against a whole probe (tests/test_cost_probe_vocab_split.py
+# compares the two over models, vocabularies, tied and untied heads and depths). Tokens
+# in, one class per position out, and not a pretrained model (its checkpoint brings its
+# own embedding); every other shape is probed whole.
+SPLIT_VOCAB = 16
+
+
+@dataclass
+class _ShapeTask:
+    """A stand-in for a task with only what its composed model and the probe's batch read
+    (:func:`model_shape`, its name for messages and its length)."""
+
+    name: str
+    seq_len: int
+    readout: str
+    vocab_size: int | None
+    num_classes: int
+    input_dim: int | None = None
+    pooled: bool = False
+
+
+@dataclass
+class _VocabSplit:
+    """What a real vocabulary adds to a probe of its small stand-in, per probe length."""
+
+    params: int
+    trainable: int
+    weight_bytes: int
+    trainable_bytes: int
+    logit_bytes_per_position: int   # float32 log-softmax of the real classes, per position
+    small_logit_bytes: int          # the same of the stand-in's classes
+
+    def add(self, rows: list[tuple]) -> list[tuple]:
+        out = []
+        for L, (p, t, wb, tb, shared, per_sample, largest) in zip(PROBE_LENS, rows):
+            out.append((p + self.params, t + self.trainable, wb + self.weight_bytes, tb + self.trainable_bytes,
+                        shared, per_sample + L * (self.logit_bytes_per_position - self.small_logit_bytes),
+                        max(largest, L * self.logit_bytes_per_position)))
+        return out
+
+
+def _split_vocab(task, model: str, d_model: int, options: dict[str, Any]):
+    """(the small stand-in task, the options to build it with, the :class:`_VocabSplit`)
+    for a model whose vocabulary can be added from shapes (see above), else None."""
+    import models
+    from tasks.heads import make_encoder, make_head
+    from workbench.spec.compose_options import split_options
+    from workbench.train.compose import resolve_init
+
+    if (getattr(task, "input_dim", None) or task.readout != "per_position" or not task.vocab_size
+            or task.pooled or models.entry(model).family == "pretrained"):
+        return None
+    V, C = int(task.vocab_size), int(task.num_classes)
+    small = _ShapeTask(task.name, task.seq_len, task.readout, min(V, SPLIT_VOCAB), min(C, SPLIT_VOCAB))
+    if (small.vocab_size, small.num_classes) == (V, C):
+        return None
+    _, compose_opts = split_options(options)
+    # the real task decides tying (equal vocabulary and classes); the stand-in is told
+    tied = resolve_init(task, model, **compose_opts)["tie_embeddings"]
+    try:
+        parts = [[_counts(models.registry.build_for_shapes(lambda t=t, f=f: f(t, d_model)))
+                  for f in ((make_encoder,) if tied else (make_encoder, make_head))] for t in (task, small)]
+    except Exception:  # a shape the registry cannot build: the whole probe will say why
+        return None
+    real, stand_in = ([sum(c) for c in zip(*p)] for p in parts)
+    delta = [a - b for a, b in zip(real, stand_in)]
+    return small, {**options, "tie_embeddings": tied}, _VocabSplit(*delta, 4 * C, 4 * small.num_classes)
 
 
 def model_shape(task) -> dict[str, Any]:
@@ -345,8 +475,14 @@ def probe(spec, cuda: bool, task=None) -> Profile:
         else:
             _check_probe_size(key, task, spec)
             with _one_thread():
-                _PROBES[key] = _probe_task(task, spec.model, spec.d_model, spec.n_layers,
-                                           spec.model_options, cuda)
+                split = _split_vocab(task, spec.model, spec.d_model, spec.model_options)
+                if split is None:
+                    _PROBES[key] = _probe_task(task, spec.model, spec.d_model, spec.n_layers,
+                                               spec.model_options, cuda)
+                else:
+                    small, options, vocab = split
+                    _PROBES[key] = _probe_task(small, spec.model, spec.d_model, spec.n_layers,
+                                               options, cuda, vocab)
             disk[key] = _PROBES[key].to_dict()
             _save_disk_cache(disk)
     return _PROBES[key]
