@@ -126,11 +126,8 @@ def test_vocabularies_of_one_model_share_one_probe_of_its_body(monkeypatch):
     assert sorted(measured) == [(cp.SPLIT_VOCAB, 2), (cp.SPLIT_VOCAB, 4)]
 
 
-@pytest.mark.parametrize("readout_task", [
-    dict(name="mqar", vocab_size=12, seq_len=64, num_kv_pairs=4),  # at most SPLIT_VOCAB tokens
-])
-def test_small_vocabularies_and_other_shapes_are_probed_whole(readout_task):
-    task = tasks.build(**readout_task)
+def test_small_vocabularies_and_other_shapes_are_probed_whole():
+    task = tasks.build("mqar", vocab_size=12, seq_len=64, num_kv_pairs=4)  # at most SPLIT_VOCAB tokens
     assert cp._split_vocab(task, "mamba", 16, {}) is None
     pooled = cp._ShapeTask("shape", 64, "pooled", vocab_size=5000, num_classes=2, pooled=True)
     assert cp._split_vocab(pooled, "mamba", 16, {}) is None

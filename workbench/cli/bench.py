@@ -59,6 +59,15 @@ carrying only the recurrent state, and reports wall time, tokens/s and peak RSS;
 recurrent models (every model with ``forward_with_state``: mamba, mamba2, gla, retnet,
 deltanet, ...), one streamed run each.
 
+``--match params=N`` (non-embedding parameters) or ``--match state_size=N`` (state floats per
+sequence) sizes every model as a profile's ``[sweep.match]`` does, with the same solver
+(workbench.spec.match): its width (or d_state, expand_v, mlp_mult where the solver needs
+a finer knob) is solved at ``--n-layers`` to within 2% of N, and the table gains the solved
+``d_model``, ``n_layers``, any finer knob, the solver's count (``matched``) and its
+distance from N (``match_err_%``). A model that cannot be matched (a Transformer has no
+fixed-size state) is named under the table with the solver's reason, one line each; the
+others are measured (bench_models.plan_matched).
+
 ``--generate`` measures autoregressive decoding instead of the training step (prefill,
 per-token time, tokens/s, state bytes per sequence, against ``--prompt-lens`` and ``--batch``
 1,8,32; ``--figure DIR``): workbench.cli.bench_generate.
@@ -85,8 +94,9 @@ from workbench.cli.bench_models import measure_one, plan  # noqa: F401
 from workbench.cli.bench_ops import measure_op
 from workbench.cli.bench_scan import measure_scan
 from workbench.cli.bench_stream import measure_stream
-from workbench.cli.bench_tables import (COLUMNS, ESTIMATE_COLUMNS, OP_COLUMNS,  # noqa: F401
-                                        SCAN_COLUMNS, STREAM_COLUMNS, format_table, render)
+from workbench.cli.bench_tables import (COLUMNS, ESTIMATE_COLUMNS, MATCH_COLUMNS,  # noqa: F401
+                                        OP_COLUMNS, SCAN_COLUMNS, STREAM_COLUMNS, format_table,
+                                        match_notes, render)
 
 _REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -134,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
 
     # in this order: a bad --ops or --triton-compile stops the command after what comes before
     # --generate measures decoding only (workbench.cli.bench_generate)
-    runs = [] if args.generate else bench_models.train_rows(args, _run_subprocess)
+    runs, refused = ([], []) if args.generate else bench_models.train_rows(args, _run_subprocess)
     scan = bench_scan.scan_rows(args, _run_subprocess)
     ops = bench_ops.op_rows(args, _run_subprocess)
     estimate = bench_estimate.estimate_rows(args, _run_subprocess)
@@ -143,8 +153,13 @@ def main(argv: list[str] | None = None) -> int:
     generate = bench_generate.generate_rows(args, _run_subprocess)
     sections = {"runs": runs, "scan": scan, "ops": ops, "stream": stream, "estimate": estimate,
                 "triton_compile": triton_compile, "generate": generate}
-    print(render(sections, args.format))
-    return 1 if any("error" in r for rows in sections.values() for r in rows) else 0
+    print(render(sections, args.format, args.match, refused))
+    if args.format == "csv":  # a CSV file holds the table alone: the match's notes go to stderr
+        for line in match_notes(args.match, refused):
+            print(line, file=sys.stderr)
+    failed = any("error" in r for rows in sections.values() for r in rows)
+    # a model --match cannot size is named, not a failure, unless nothing was left to measure
+    return 1 if failed or (refused and not any(sections.values())) else 0
 
 
 if __name__ == "__main__":

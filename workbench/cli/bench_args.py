@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 # (spec, timeout seconds) -> the measured row, or {"error": ...}; in the CLI a fresh process
 # per spec (bench._run_subprocess), in tests the same measurement in-process
@@ -46,6 +47,27 @@ def _option(text: str) -> tuple[str, Any]:
     return key.strip(), value
 
 
+_SUFFIX = {"k": 10 ** 3, "M": 10 ** 6, "G": 10 ** 9}
+
+
+def _match(text: str) -> tuple[str, int]:
+    """``params=N`` or ``state_size=N`` (N an integer, or with a k / M / G suffix: 3.2M)."""
+    target, sep, raw = text.partition("=")
+    target, raw = target.strip(), raw.strip()
+    if not sep or target not in ("params", "state_size"):
+        raise argparse.ArgumentTypeError(f"expected params=N or state_size=N, got {text!r}")
+    scale = _SUFFIX.get(raw[-1:], 1) if raw else 1
+    number = raw[:-1] if scale > 1 else raw
+    try:
+        value = float(number) * scale
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{target}: expected a whole number such as 3200000 or 3.2M, "
+                                         f"got {raw!r}") from None
+    if not value.is_integer() or value < 1:
+        raise argparse.ArgumentTypeError(f"{target}: expected a whole number >= 1, got {raw!r}")
+    return target, int(value)
+
+
 class _Parser(argparse.ArgumentParser):
     """``--batch`` takes a comma list (``batches``) for --generate; every other table
     measures one batch size (``batch``, default 8)."""
@@ -56,6 +78,11 @@ class _Parser(argparse.ArgumentParser):
         if ns.batch is not None and len(ns.batch) > 1 and not ns.generate:
             self.error("--batch: one size (a comma list is for --generate)")
         ns.batch = ns.batch[0] if ns.batch else 8
+        if ns.match is not None:
+            other = [flag for flag, on in (("--generate", ns.generate), ("--estimate", ns.estimate),
+                                           ("--stream-tokens", ns.stream_tokens)) if on]
+            if other:
+                self.error(f"--match sizes the training-step table's models; {other[0]} does not take it")
         return ns, rest
 
 
@@ -73,6 +100,12 @@ def build_parser(description: str) -> argparse.ArgumentParser:
                    help="scan backend(s) for models that take `backend` (e.g. ref,torch)")
     p.add_argument("--opt", type=_option, action="append", default=[], metavar="KEY=VALUE",
                    help="model option (JSON value) for every model that takes it; repeatable")
+    p.add_argument("--match", type=_match, default=None, metavar="TARGET=N",
+                   help="params=N (non-embedding parameters) or state_size=N (state floats per sequence): "
+                        "solve each model's width (or d_state, expand_v, ...) to N within 2%% as a profile's "
+                        "[sweep.match] does (workbench.spec.match), at --n-layers; --d-model is the width where "
+                        "another knob is solved. Models that cannot be matched are named with the reason, the "
+                        "others measured")
     p.add_argument("--repeats", type=_positive, default=5)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])

@@ -1,6 +1,13 @@
 """``ssm-workbench bench``'s model bench: the training step of registry backbones, one
 config (model, backend, seq_len) a row; ``measure_one`` runs inside the ``--one`` process
-(workbench.train.measure does the measuring), the rest plans and collects (see workbench.cli.bench)."""
+(workbench.train.measure does the measuring), the rest plans and collects (see workbench.cli.bench).
+
+``--match params=N`` / ``state_size=N`` sizes each model as a profile's ``[sweep.match]``
+does, with the same solver (workbench.spec.match.solve, at ``--n-layers``, with the
+model's ``--opt`` options): its solved width (and finer knob, where the solver needed one)
+replaces ``--d-model``, so the table compares models of one size. A model the solver
+refuses is not measured; its reason, the solver's own words, is reported beside the table
+(:func:`plan_matched`), and the other models are measured all the same."""
 from __future__ import annotations
 
 import argparse
@@ -74,8 +81,28 @@ def model_options(name: str, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def plan(args: argparse.Namespace) -> list[dict[str, Any]]:
-    """Expand the arguments into one spec per (model, backend, seq_len)."""
+    """Expand the arguments into one spec per (model, backend, seq_len) (see :func:`plan_matched`)."""
+    return plan_matched(args)[0]
+
+
+def _solve(name: str, args: argparse.Namespace, options: dict[str, Any]):
+    """``name`` sized by ``--match`` (workbench.spec.match.solve): (its width, its options
+    with the finer knob where one was solved, the solver's record); MatchError with the
+    solver's reason where the target cannot be met."""
+    from workbench.spec import match
+
+    target, value = args.match
+    s = match.solve(name, target, value, d_model=args.d_model, n_layers=args.n_layers, options=options)
+    solved = dict(s.solved)
+    return solved.pop("d_model", args.d_model), {**options, **solved}, s
+
+
+def plan_matched(args: argparse.Namespace) -> tuple[list[dict[str, Any]], list[dict[str, str]]]:
+    """Expand the arguments into one spec per (model, backend, seq_len), each model sized by
+    ``--match`` when given; and the models the match refuses, ``{"model", "reason"}`` each
+    (they get no spec)."""
     import models
+    from workbench.spec.match import MatchError
 
     # with --stream-tokens or --scan-backends alone, only those measurements run; with
     # --estimate, --models names the estimate's models and this table is not measured
@@ -90,30 +117,43 @@ def plan(args: argparse.Namespace) -> list[dict[str, Any]]:
     for key, _ in args.opt:
         if not any(key in takes[n] for n in names):
             raise SystemExit(f"--opt {key}: none of {', '.join(names)} takes option {key!r}")
-    specs = []
+    specs, refused = [], []
     for name in names:
-        base = model_options(name, args)
+        base, d_model, matched = model_options(name, args), args.d_model, None
+        if getattr(args, "match", None) is not None:
+            try:
+                d_model, base, solved = _solve(name, args, base)
+            except MatchError as e:
+                refused.append({"model": name, "reason": str(e)})
+                print(f"  not matched {name}: {e}", file=sys.stderr, flush=True)
+                continue
+            matched = {**{k: v for k, v in solved.solved.items() if k != "d_model"},
+                       "matched": solved.got, "match_err_%": round(100 * solved.error, 2)}
+            print(f"  matched {name}: {solved.text()}", file=sys.stderr, flush=True)
         backends = args.backend if (args.backend and "backend" in takes[name]) else [None]
         for backend in backends:
             options = dict(base, **({"backend": backend} if backend else {}))
             label = f"{name}[{backend}]" if backend and len(backends) > 1 else name
             for L in args.seq_lens:
                 specs.append(dict(kind="train", model=name, label=label, options=options, seq_len=L,
-                                  batch=args.batch, d_model=args.d_model, n_layers=args.n_layers,
+                                  batch=args.batch, d_model=d_model, n_layers=args.n_layers,
                                   repeats=args.repeats, warmup=args.warmup, device=args.device,
-                                  threads=args.threads))
-    return specs
+                                  threads=args.threads, **({"match": matched} if matched else {})))
+    return specs, refused
 
 
-def train_rows(args: argparse.Namespace, run: Run) -> list[dict[str, Any]]:
-    """The training-step table: every spec of ``plan(args)`` measured by ``run(spec, timeout)``
-    (in the CLI, a fresh process each)."""
+def train_rows(args: argparse.Namespace, run: Run) -> tuple[list[dict[str, Any]], list[dict[str, str]]]:
+    """The training-step table: every spec of ``plan_matched(args)`` measured by
+    ``run(spec, timeout)`` (in the CLI, a fresh process each), with the match's solved
+    knobs, count and error in each row under ``--match``; and the models the match refused."""
+    specs, refused = plan_matched(args)
     rows = []
-    for spec in plan(args):
+    for spec in specs:
         res = run(spec, args.timeout)
         if "error" in res:
             res = {"model": spec["label"], "seq_len": spec["seq_len"],
-                   "backend": spec["options"].get("backend", ""), **res}
-        rows.append(res)
+                   "backend": spec["options"].get("backend", ""), "d_model": spec["d_model"],
+                   "n_layers": spec["n_layers"], **res}
+        rows.append({**res, **spec.get("match", {})})
         print(f"  measured {spec['label']} L={spec['seq_len']}", file=sys.stderr, flush=True)
-    return rows
+    return rows, refused

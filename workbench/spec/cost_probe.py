@@ -327,7 +327,7 @@ def _check_probe_size(key: str, task, spec) -> None:
 
 
 def _probe_task(task, model: str, d_model: int, n_layers: int, options: dict[str, Any],
-                cuda: bool, vocab: "_VocabSplit | None" = None) -> Profile:
+                cuda: bool, vocab: _VocabSplit | None = None) -> Profile:
     """The fitted profile of the composed model; deep models from their 2- and 4-layer
     probes, extrapolated linearly in depth. ``vocab``: ``task`` is the small stand-in of
     :func:`_split_vocab`, and each depth's rows get the real vocabulary's part added before
@@ -419,7 +419,7 @@ def _split_vocab(task, model: str, d_model: int, options: dict[str, Any]):
     try:
         parts = [[_counts(models.registry.build_for_shapes(lambda t=t, f=f: f(t, d_model)))
                   for f in ((make_encoder,) if tied else (make_encoder, make_head))] for t in (task, small)]
-    except Exception:  # a shape the registry cannot build: the whole probe will say why
+    except Exception:  # noqa: BLE001 - a shape the registry cannot build: the whole probe will say why
         return None
     real, stand_in = ([sum(c) for c in zip(*p)] for p in parts)
     delta = [a - b for a, b in zip(real, stand_in)]
