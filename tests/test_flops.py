@@ -41,12 +41,10 @@ def test_matmul_part_matches_flop_counter(name):
         assert measured == 0 or abs(measured / ours - 1) < 0.10
         return
     if name == "mamba2":
-        # Convention differs, exactly: Mamba-2's layer computes in_proj's x rows twice (once
-        # into the conv, once for the D skip, to keep no (b, L, d_inner) tensor); that is
-        # implementation work, not model FLOPs (PaLM's convention), so ours counts in_proj once.
-        dup = sum(6 * mx.d_inner * mx.d_model for mx in m.modules()
-                  if type(mx).__name__ == "Mamba2")
-        assert measured == pytest.approx(ours + dup, rel=1e-9)
+        # Exactly: a chunk this small runs Mamba-2's whole path on a CPU (in_proj once;
+        # issue 43). Its sliced path for long chunks computes in_proj's x rows twice (once
+        # into the conv, once for the D skip), implementation work, not model FLOPs.
+        assert measured == pytest.approx(ours, rel=1e-9)
         return
     # within 10%: the delta rules' chunked operator adds a few small mm of its own (<5% here)
     assert measured / ours == pytest.approx(1.0, abs=0.10), (name, measured, ours)
