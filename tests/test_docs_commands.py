@@ -194,7 +194,8 @@ def _scratch(tmp: Path, shared_cache: Path) -> dict[str, str]:
 
 
 def _fill(text: str, tmp: Path) -> str:
-    return text.format(root=ROOT, tmp=tmp, ckpt=tmp / "ckpt")
+    # (str.replace, not format: the overrides hold TOML inline tables in braces)
+    return text.replace("{root}", str(ROOT)).replace("{tmp}", str(tmp)).replace("{ckpt}", str(tmp / "ckpt"))
 
 
 def _my_task(tmp: Path) -> None:
