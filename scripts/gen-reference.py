@@ -367,6 +367,16 @@ def _subparsers(p: argparse.ArgumentParser) -> list[tuple[str, str, argparse.Arg
     return out
 
 
+def _help_text(a: argparse.Action, p: argparse.ArgumentParser) -> str:
+    """The help string as ``--help`` prints it: argparse's %-expansion (``%%`` -> ``%``,
+    ``%(default)s`` -> the default)."""
+    text = a.help or ""
+    try:
+        return text % {**vars(a), "prog": p.prog}
+    except (KeyError, TypeError, ValueError):
+        return text
+
+
 def _option_rows(p: argparse.ArgumentParser) -> list[str]:
     rows = []
     for a in p._actions:
@@ -386,7 +396,7 @@ def _option_rows(p: argparse.ArgumentParser) -> list[str]:
             shown = "—"
         else:
             shown = f"`{default}`" if not isinstance(default, list) else f"`{','.join(map(str, default))}`"
-        rows.append(f"| `{_cell(name)}` | {shown} | {_cell(a.help or '')} |")
+        rows.append(f"| `{_cell(name)}` | {shown} | {_cell(_help_text(a, p))} |")
     return rows
 
 
