@@ -98,9 +98,13 @@ MAMBA3 = [{}, {"ngroups": 2}, {"complex_state": False}, {"outproj_norm": True},
 
 @pytest.mark.parametrize("backend", ["cpu", "torch"])
 @pytest.mark.parametrize("kw", MAMBA3)
-def test_mamba3_recomputed_forward_equals_plain_path_and_ref(kw, backend, monkeypatch):
-    """forward (the recomputed piece, spied) == forward_with_state from zeros (plain
-    autograd, nothing recomputed) == the step-by-step ref, outputs and all gradients."""
+@pytest.mark.parametrize("seg", [8, 512])
+def test_mamba3_recomputed_forward_equals_plain_path_and_ref(kw, backend, seg, monkeypatch):
+    """forward (the recomputed piece, spied; segments of 8 steps carrying the state, or one
+    segment) == forward_with_state from zeros (plain autograd, nothing recomputed) == the
+    step-by-step ref, outputs and all gradients."""
+    monkeypatch.setattr(mamba3, "SEGMENT_LEN", seg)
+    kw = dict(kw)
     m = _perturbed(Mamba3(16, d_state=kw.pop("d_state", 16), headdim=8, backend=backend, **kw))
     taken = []
     piece = Mamba3._mix_recomputed

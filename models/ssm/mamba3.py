@@ -48,9 +48,12 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from models.common import recomputed
 from models.kernels import linear_rnn_backends as lrb
 from models.kernels import mamba3_scan
+from models.kernels.segment_recompute import StatefulSegments
+
+# steps per segment of the training forward's recomputed scan (Mamba3._mix_recomputed)
+SEGMENT_LEN = 512
 
 BACKENDS = ("auto", "torch", "cpu", "fla", "ref", "mamba_ssm")
 
@@ -231,25 +234,35 @@ class Mamba3(nn.Module):
         p = self._scan_inputs(x, Braw, Craw, dd_dt, dd_A, trap, ang, *self._params())
         return dict(p, z=z, raw=(Braw, Craw, dd_dt, trap, ang))
 
-    def _siso_scan(self, backend, x, Braw, Craw, dd_dt, dd_A, trap, ang, *params):
-        """The SISO scan's output y (b, L, h, P), no D skip, from in_proj's parts and the
-        parameters of :meth:`_params` (:meth:`_mix_recomputed`'s piece)."""
-        p = self._scan_inputs(x, Braw, Craw, dd_dt, dd_A, trap, ang, *params)
-        return mamba3_scan.mamba3(p["q"], p["k"], p["x"], p["adt"], p["dt"], p["lam"],
-                                  p["omega"], None, False, backend=backend,
-                                  chunk_size=self.chunk_size)[0]
+    def _siso_segment(self, backend, x, Braw, Craw, dd_dt, dd_A, trap, ang, dt_bias, B_bias,
+                      C_bias, B_w, C_w, mimo_x, *state):
+        """One time segment of the SISO scan from ``state``: in_proj's parts (b, t, .), the
+        parameters of :meth:`_params` -> (y (b, t, h, P), no D skip; *next state)
+        (:meth:`_mix_recomputed`'s core)."""
+        p = self._scan_inputs(x, Braw, Craw, dd_dt, dd_A, trap, ang, dt_bias, B_bias, C_bias,
+                              B_w, C_w, mimo_x)
+        y, nxt = mamba3_scan.mamba3(p["q"], p["k"], p["x"], p["adt"], p["dt"], p["lam"],
+                                    p["omega"], state, True, backend=backend,
+                                    chunk_size=self.chunk_size)
+        return (y, *nxt)
 
     def _mix_recomputed(self, u, backend: str) -> torch.Tensor:
         """The SISO forward from a zero state (training's forward) on the chunked scan: the
         scan and its inputs (normalised B and C per head, rotated, scaled; the trapezoid's
-        correction) are one piece recomputed in the backward (:func:`models.common.recomputed`),
-        so autograd keeps in_proj's output and the scan's output y per layer instead of
-        about ten (b, L, heads, d_state) tensors: 197 -> ~50 MiB per layer at 2 x 2048,
-        d_model 256, where Mamba keeps 59. The scan's forward runs twice; its C kernel is
-        ~5% of the step. Same arithmetic as :meth:`_inputs` + ``mamba3_scan.mamba3``."""
+        correction) run SEGMENT_LEN steps at a time carrying the state, and are recomputed
+        in the backward a segment at a time
+        (:class:`models.kernels.segment_recompute.StatefulSegments`), so autograd keeps
+        in_proj's output and the scan's output y per layer instead of about ten (b, L,
+        heads, d_state) tensors (197 -> 57 MiB per layer at 2 x 2048, d_model 256, where
+        Mamba keeps 59), and the backward's recomputed graph is one segment's. The scan's
+        forward runs twice; its C kernel is ~5% of the step. Same arithmetic as
+        :meth:`_inputs` + ``mamba3_scan.mamba3`` (the state carries exactly)."""
         z, x, Braw, Craw, dd_dt, dd_A, trap, ang = self._split(u)
-        y = recomputed(functools.partial(self._siso_scan, backend), x, Braw, Craw, dd_dt, dd_A,
-                       trap, ang, *self._params())
+        f = torch.float64 if x.dtype == torch.float64 else torch.float32
+        state = tuple(t.to(f) for t in self.init_state(u.shape[0]))
+        y = StatefulSegments.apply(functools.partial(self._siso_segment, backend),
+                                   SEGMENT_LEN, 7, 6, x, Braw, Craw, dd_dt, dd_A, trap, ang,
+                                   *self._params(), *state)
         return self._out(y, dict(x=x.unflatten(-1, (self.nheads, self.headdim)), z=z))
 
     def _out(self, y: torch.Tensor, p: dict) -> torch.Tensor:
