@@ -84,6 +84,20 @@ def test_models_and_task_folders_are_checked_where_they_are_read(tmp_path, monke
     assert "'no/such/folder/here' is no folder here" in msg and "no such folder 'missing-tasks'" in msg
 
 
+def test_an_output_path_that_cannot_be_a_folder_is_refused_in_the_profile(tmp_path):
+    """The profile path (run FILE, eval --from) refuses what the form and --output-path refuse."""
+    (tmp_path / "t").mkdir()
+    (tmp_path / "a-file").write_text("x")
+    base = text("someone/tiny-lm", str(tmp_path / "t"), hub=False).replace(
+        "batch_size = 2", 'batch_size = 2\noutput_path = "OUT"')
+    for out, why in [(tmp_path / "a-file", "is a file, not a folder"),
+                     (tmp_path / "a-file" / "below", "is a file: no folder can be made under it")]:
+        with pytest.raises(P.ProfileError) as e:
+            P.loads(base.replace("OUT", str(out)), "tiny.toml")
+        assert "eval.output_path" in str(e.value) and why in str(e.value)
+    P.loads(base.replace("OUT", str(tmp_path / "new" / "out")), "tiny.toml")
+
+
 def test_dry_run_lists_the_evaluations_and_queues_nothing(tmp_path, monkeypatch, capsys):
     from test_lm_eval_tasks import fake_index
     from workbench.cli import main

@@ -145,9 +145,12 @@ def output_options(args) -> dict:
         raise ValueError("--log-samples writes lm-eval's per-document files into --output-path DIR: give it too")
     if not getattr(args, "output_path", None):
         return {}
+    from workbench.spec.eval_profile import output_folder_problem
+
+    why = output_folder_problem(args.output_path)
+    if why:
+        raise ValueError(f"--output-path {why}")
     out = Path(args.output_path).expanduser().resolve()
-    if out.exists() and not out.is_dir():
-        raise ValueError(f"--output-path {args.output_path}: not a folder")
     return {"output_path": str(out), "log_samples": bool(args.log_samples)}
 
 

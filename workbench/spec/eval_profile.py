@@ -33,6 +33,7 @@ in the Hugging Face cache, with the ``hf download`` command).
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Literal
 
 from pydantic import Field, PrivateAttr, field_validator, model_validator
@@ -242,10 +243,27 @@ def absent_needs(p: EvalProfile) -> list[Need]:
     return out
 
 
+def output_folder_problem(text: str) -> str:
+    """Why ``text`` cannot be lm-eval's output folder ("" when it can: a folder, or a path
+    that can be made one): a file, a path under a file, a place this user cannot write.
+    One check for the profile (:func:`check`), ``eval --output-path`` and the eval form."""
+    if not text:
+        return ""
+    path = Path(text).expanduser().absolute()
+    if path.exists() and not path.is_dir():
+        return f"{text} is a file, not a folder"
+    have = next(p for p in (path, *path.parents) if p.exists())
+    if not have.is_dir():
+        return f"{have} is a file: no folder can be made under it"
+    if not os.access(have, os.W_OK | os.X_OK):
+        return f"{have} is not writable"
+    return ""
+
+
 def check(p: EvalProfile, path: str, where) -> None:
     """What the schema cannot see: each model names something loadable (``run:N``, a
     folder, a hub id; a path named by [[needs]] may be absent) and each include folder
-    exists. A folder is checked as a checkpoint (models/checkpoint_check.py: config.json,
+    exists, and output_path can be a folder. A folder is checked as a checkpoint (models/checkpoint_check.py: config.json,
     weights present and whole, a tokenizer whose ids fit the embedding), each problem one
     line naming the file. (lm-eval itself, an optional extra, is asked for by ``run``, not
     here: the file is valid without it; a ``run:N`` needs the store, which
@@ -273,6 +291,9 @@ def check(p: EvalProfile, path: str, where) -> None:
     for i, d in enumerate(p.eval.include):
         if not os.path.isdir(os.path.expanduser(d)) and not any(_refers(d, n) for n in needed):
             problems.append(f"  eval.include[{i}]{where('eval', 'include')}: no such folder {d!r}")
+    why = output_folder_problem(p.eval.output_path or "")
+    if why:
+        problems.append(f"  eval.output_path{where('eval', 'output_path')}: {why}")
     if problems:
         raise ProfileError(_problems_text(path, problems))
     absent = absent_needs(p)

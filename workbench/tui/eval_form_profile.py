@@ -6,7 +6,6 @@ field (:func:`problem_lines`), whether a path can be lm-eval's output folder
 (:func:`output_problem`), and the launch (:func:`queue_evals`, as ``eval --from FILE``)."""
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
@@ -97,16 +96,6 @@ def problem_lines(e: ProfileError) -> list[tuple[str | None, str]]:
 
 
 def output_problem(text: str) -> str:
-    """Why ``text`` cannot be lm-eval's output folder ("" when it can: a folder, or a path
-    that can be made one): a file, a path under a file, a place this user cannot write."""
-    if not text:
-        return ""
-    path = Path(text).expanduser().absolute()
-    if path.exists() and not path.is_dir():
-        return f"output folder: {text} is a file, not a folder"
-    have = next(p for p in (path, *path.parents) if p.exists())
-    if not have.is_dir():
-        return f"output folder: {have} is a file: no folder can be made under it"
-    if not os.access(have, os.W_OK | os.X_OK):
-        return f"output folder: {have} is not writable"
-    return ""
+    """The form's line for an output folder that cannot be one ("" when it can)."""
+    why = eval_profile.output_folder_problem(text)
+    return f"output folder: {why}" if why else ""
