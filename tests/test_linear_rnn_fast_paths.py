@@ -141,10 +141,11 @@ def test_rwkv7_training_piece_equals_plain_autograd(backend, monkeypatch):
 
 @pytest.mark.parametrize("name", sorted(n for n in CASES if n != "rwkv7"))
 def test_one_projection_matmul_equals_recomputed_piece(name, monkeypatch):
-    """The default pre-operator piece (one matmul of x with every projection under
+    """The pre-operator piece of short inputs (one matmul of x with every projection under
     autograd, then the conv) gives the values, next state and gradients of the piece that
-    recomputes the q/k/v projection in the backward (``PROJ_RECOMPUTE``), from a fresh
-    state and from a carried one (conv cache and S)."""
+    recomputes the q/k/v projection in the backward (inputs above
+    ``PROJ_WHOLE_MAX_BYTES``), from a fresh state and from a carried one (conv cache and
+    S)."""
     import models.common as common
     from models.linear_rnn import delta_mixers
     monkeypatch.setattr(common, "SLICE_LEN", 4)
@@ -154,8 +155,8 @@ def test_one_projection_matmul_equals_recomputed_piece(name, monkeypatch):
     with torch.no_grad():
         st0 = m.forward_with_state(torch.randn(2, 3, D, dtype=torch.float64), m.init_state(2))[1]
     runs = []
-    for recompute in (False, True):
-        monkeypatch.setattr(delta_mixers, "PROJ_RECOMPUTE", recompute)
+    for limit in (2**40, 0):
+        monkeypatch.setattr(delta_mixers, "PROJ_WHOLE_MAX_BYTES", limit)
         x.grad = None
         m.zero_grad()
         y1 = m(x)

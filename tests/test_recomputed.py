@@ -237,6 +237,8 @@ def test_layer_pieces_equal_plain_maths_with_gradients(name, backend, monkeypatc
     monkeypatch.setattr(common, "SLICE_LEN", 8)
     monkeypatch.setattr(mamba2, "OP_SEGMENT_LEN", 8)
     monkeypatch.setattr(mamba2, "WHOLE_MAX_BYTES", 0)   # the sliced path (long chunks')
+    from models.linear_rnn import delta_mixers                 # and the delta rules' (long inputs')
+    monkeypatch.setattr(delta_mixers, "PROJ_WHOLE_MAX_BYTES", 0)
     m, plain = _layer(name, backend), LAYERS[name][1]
     (x,) = _inputs((2, 29, 16))
     out, want = m(x), plain(m, x)
@@ -271,6 +273,8 @@ def test_layer_keeps_its_input_and_the_operators_output_only(name, monkeypatch):
     monkeypatch.setattr(mamba2.lrb, "get_op", wrap(mamba2.lrb.get_op))
     monkeypatch.setattr(linear_mixers, "get_op", wrap(linear_mixers.get_op))
     monkeypatch.setattr(mamba2, "WHOLE_MAX_BYTES", 0)   # the sliced path (long chunks')
+    from models.linear_rnn import delta_mixers                 # and the delta rules' (long inputs')
+    monkeypatch.setattr(delta_mixers, "PROJ_WHOLE_MAX_BYTES", 0)
     m = _layer(name, "torch")
     (x,) = _inputs((2, 64, 16))
     seen, outside = set(), [0]
