@@ -113,10 +113,13 @@ def _plain_rwkv7(m, x):
 @pytest.mark.parametrize("backend", ["cpu", "torch"])
 def test_rwkv7_training_piece_equals_plain_autograd(backend, monkeypatch):
     """Values and gradients (input and every parameter) of the layer, whose pre-operator
-    piece is recomputed in slices with one step of token-shift context, equal the plain
-    form; SLICE_LEN is shrunk so the sequence spans several slices."""
+    piece is recomputed in pieces and slices with one step of token-shift context, equal
+    the plain form; PREP_STEPS and SLICE_LEN are shrunk so the sequence spans several of
+    each."""
     import models.common as common
-    monkeypatch.setattr(common, "SLICE_LEN", 4)
+    from models.linear_rnn import dplr_mixers
+    monkeypatch.setattr(common, "SLICE_LEN", 2)
+    monkeypatch.setattr(dplr_mixers, "PREP_STEPS", 5)
     torch.manual_seed(0)
     m = RWKV7Attention(D, n_heads=2, backend=backend).double()
     with torch.no_grad():

@@ -26,6 +26,10 @@ from models.linear_rnn.linear_mixers import LinearRNNMixer, _dims
 
 __all__ = ["KimiDeltaAttention", "RWKV7Attention"]
 
+# RWKV-7's pre-operator piece is recomputed in the backward this many steps at a time (its
+# intermediates, ~40 d_model-wide tensors per step, are what the backward's peak holds)
+PREP_STEPS = 256
+
 
 class _RefStep:
     """``step`` (recurrent=True) runs the op's ``*_ref`` from ``generalized_delta``; the
@@ -193,7 +197,13 @@ class RWKV7Attention(_RefStep, LinearRNNMixer):
         RWKV-7 held 2.5x Mamba's training memory)."""
         B, D = x.shape[0], self.d_model
         prev = (extras[0].to(x.dtype)[:, None] if extras else x.new_zeros(B, 1, D))
-        packed = recomputed_in_slices(self._prep, 1, 1, x, prev, *self._prep_params())
+        params, T = self._prep_params(), x.shape[1]
+        # one recomputed piece per PREP_STEPS steps (the next piece's x_{-1} is a view of
+        # x): the backward rebuilds one piece's ~40 d_model-wide intermediates at a time
+        pieces = [recomputed_in_slices(self._prep, 1, 1, x[:, s:s + PREP_STEPS],
+                                       x[:, s - 1:s] if s else prev, *params)
+                  for s in range(0, T, PREP_STEPS)]
+        packed = pieces[0] if len(pieces) == 1 else torch.cat(pieces, 1)
         r, k, v, a_neg, b, log_w, gate, bonus = packed.split(D, dim=-1)
         self._gate, self._bonus = gate, bonus
         r, k, v, a_neg, b, log_w = (self._heads(t) for t in (r, k, v, a_neg, b, log_w))
