@@ -100,11 +100,15 @@ OVERRIDES: dict[str, str] = {
 
 
 # Commands whose outcome here is a refusal by design: the test machine is offline, so a
-# profile of hub checkpoints must be refused with the commands that fetch them (exit 2).
+# profile of hub checkpoints must be refused with the commands that fetch them (exit 2);
+# a run that finished is not resumed.
 EXPECT: dict[str, tuple[int, str]] = {
     "ssm-workbench run profiles/zero-shot-table3.toml --dry-run":
         (2, "hf download state-spaces/mamba-130m-hf"),
     "ssm-workbench run profiles/zero-shot-table3.toml": (2, "hf download state-spaces/mamba-130m-hf"),
+    # the store guide's runs have all finished by then (the reduced run takes seconds), so
+    # `kill 2` says it had already ended and `resume 2` refuses: a finished run is never redone
+    "ssm-workbench resume 2": (2, "is finished; nothing to resume"),
 }
 
 
