@@ -192,9 +192,10 @@ class RWKV7Attention(_RefStep, LinearRNNMixer):
         """Everything before the operator as one piece recomputed from x in the backward, a
         slice of steps at a time (``recomputed_in_slices``, one step of context for the token
         shift): autograd keeps x and the piece's packed output [r | k | v | -kk | kk a |
-        log w | gate | bonus] (8 d_model per step, the operator's inputs read in place), not
+        log w] (6 d_model per step, the operator's inputs read in place), not
         the six shifted mixes, the LoRA intermediates or the projections' inputs (issue 43:
-        RWKV-7 held 2.5x Mamba's training memory)."""
+        RWKV-7 held 2.5x Mamba's training memory). The output gate and bonus are recomputed
+        in the output piece instead of kept."""
         B, D = x.shape[0], self.d_model
         prev = (extras[0].to(x.dtype)[:, None] if extras else x.new_zeros(B, 1, D))
         params, T = self._prep_params(), x.shape[1]
@@ -204,37 +205,40 @@ class RWKV7Attention(_RefStep, LinearRNNMixer):
                                        x[:, s - 1:s] if s else prev, *params)
                   for s in range(0, T, PREP_STEPS)]
         packed = pieces[0] if len(pieces) == 1 else torch.cat(pieces, 1)
-        r, k, v, a_neg, b, log_w, gate, bonus = packed.split(D, dim=-1)
-        self._gate, self._bonus = gate, bonus
-        r, k, v, a_neg, b, log_w = (self._heads(t) for t in (r, k, v, a_neg, b, log_w))
+        r, k, v, a_neg, b, log_w = (self._heads(t) for t in packed.split(D, dim=-1))
+        self._for_output = (prev, r, k, v)
         return [r, k, v, a_neg, b, log_w], {"scale": 1.0}, (x[:, -1],)
 
     def _prep(self, h, x, prev, mu, w_r, w_k, w_v, w1, w2, b2, a1, a2, ab, g1, g2, k_k, k_a,
               r_k):
         """x (batch, h + T', d_model) with h steps of context (h = 0: ``prev`` is x_{-1}) ->
-        (batch, T', 8 d_model): the token shift, projections, LoRAs, kk, the modified k and
-        the bonus of the class docstring, packed."""
+        (batch, T', 6 d_model): the token shift, projections, LoRAs, kk and the modified k
+        of the class docstring, packed."""
         shifted = x[:, :-1] if h else torch.cat([prev, x[:, :-1]], 1)     # x_{t-1}
         x = x[:, h:]
-        xr, xw, xk, xv, xa, xg = torch.addcmul(x, shifted - x, mu[:, None, None])
+        xr, xw, xk, xv, xa = torch.addcmul(x, shifted - x, mu[:5, None, None])
         r, k, v = F.linear(xr, w_r), F.linear(xk, w_k), F.linear(xv, w_v)
         log_w = -math.exp(-0.5) * F.linear(torch.tanh(F.linear(xw, w1)), w2, b2).sigmoid()
         a = F.linear(F.linear(xa, a1), a2, ab).sigmoid()
-        gate = F.linear(F.linear(xg, g1).sigmoid(), g2)
         kk = F.normalize(self._heads(k * k_k), dim=-1).flatten(-2)
         k = k * (1 + (a - 1) * k_a)
-        bonus = ((self._heads(r) * self._heads(k) * r_k).sum(-1, keepdim=True)
-                 * self._heads(v)).flatten(-2)
-        return torch.cat([r, k, v, -kk, kk * a, log_w, gate, bonus], -1)
+        return torch.cat([r, k, v, -kk, kk * a, log_w], -1)
 
     def _output(self, o, x):
-        out = recomputed_in_slices(self._out_piece, 3, 0, o, self._bonus, self._gate,
-                                   self.g_norm.weight, self.g_norm.bias, self.o_proj.weight)
-        self._gate = self._bonus = None
-        return out
+        prev, r, k, v = self._for_output
+        self._for_output = None
+        return recomputed_in_slices(self._out_piece, 5, 1, o, x, r, k, v, prev, self.mu[5],
+                                    self.g_lora[0].weight, self.g_lora[2].weight, self.r_k,
+                                    self.g_norm.weight, self.g_norm.bias, self.o_proj.weight)
 
-    def _out_piece(self, h, o, bonus, gate, gn_w, gn_b, w_o):
-        """W_o [(groupnorm_head(o) + bonus) * gate], position-wise."""
+    def _out_piece(self, h, o, x, r, k, v, prev, mu_g, g1, g2, r_k, gn_w, gn_b, w_o):
+        """W_o [(groupnorm_head(o) + bonus) * gate] over steps [h, ...) of the per-step args
+        (h steps of token-shift context; h = 0: ``prev`` is x_{-1}): the output gate
+        (from the shifted x) and the bonus (from r, k, v) recomputed here, not kept."""
+        shifted = x[:, :-1] if h else torch.cat([prev, x[:, :-1]], 1)
+        x, o, r, k, v = (t[:, h:] for t in (x, o, r, k, v))
+        gate = F.linear(F.linear(torch.addcmul(x, shifted - x, mu_g), g1).sigmoid(), g2)
+        bonus = ((r * k * r_k).sum(-1, keepdim=True) * v).flatten(-2)
         B, T = o.shape[:2]
         o = F.group_norm(o.reshape(B * T, -1), self.n_heads, gn_w, gn_b, self.g_norm.eps)
         return F.linear((o.reshape(B, T, -1) + bonus) * gate, w_o)
