@@ -73,8 +73,10 @@ OVERRIDES: dict[str, str] = {
     "ssm-workbench run profiles/mad-benchmark-reduced.toml":
         "ssm-workbench run profiles/mad-benchmark-reduced.toml --set train.epochs=1 "
         "--set 'sweep.grid={\"train.lr\" = [1e-3]}' --quiet",
+    # the file's expansion expects its full grid and epochs; the reduced runs are scored by
+    # the profile's name in the store (score takes either)
     "ssm-workbench score profiles/mad-benchmark-reduced.toml":
-        "ssm-workbench score profiles/mad-benchmark-reduced.toml --allow-partial",
+        "ssm-workbench score mad-benchmark-reduced --allow-partial",
     "ssm-workbench run profiles/mqar-grid-reduced.toml":
         "ssm-workbench run profiles/mqar-grid-reduced.toml --set train.epochs=1 "
         "--set task.num_train_examples=64 --quiet",
