@@ -93,7 +93,9 @@ class StatefulSegments(torch.autograd.Function):
                 starts.append(state)
                 o, *nxt = core(*(t[:, a:b] for t in timed), *whole, *state)
                 outs.append(o)
-                state = tuple(nxt)
+                # copies: a state that is a view (the last step of a segment's keys) would
+                # keep the whole segment's tensor alive until the backward
+                state = tuple(s.clone() for s in nxt)
         ctx.core, ctx.bounds, ctx.n = core, bounds, (n_timed, n_whole, len(state))
         ctx.save_for_backward(*timed, *whole, *(s for st in starts for s in st))
         return torch.cat(outs, 1)

@@ -48,6 +48,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from models.common import recomputed
 from models.kernels import linear_rnn_backends as lrb
 from models.kernels import mamba3_scan
 from models.kernels.segment_recompute import StatefulSegments
@@ -263,22 +264,37 @@ class Mamba3(nn.Module):
         y = StatefulSegments.apply(functools.partial(self._siso_segment, backend),
                                    SEGMENT_LEN, 7, 6, x, Braw, Craw, dd_dt, dd_A, trap, ang,
                                    *self._params(), *state)
-        return self._out(y, dict(x=x.unflatten(-1, (self.nheads, self.headdim)), z=z))
+        # the gate recomputed too: its two (b, L, d_inner) intermediates were 16 MiB a layer
+        gated = recomputed(self._gate, y, x.unflatten(-1, (self.nheads, self.headdim)), z,
+                           *self._gate_params())
+        return self.out_proj(gated.flatten(-2).to(z.dtype))
 
     def _out(self, y: torch.Tensor, p: dict) -> torch.Tensor:
         """D skip, gate and out_proj: y (b, L, h, P), MIMO (b, L, r, h, P) -> (b, L, d_model)."""
-        x = p["x"].to(y.dtype)
-        y = y + self.D.to(y.dtype)[:, None] * x
-        z = p["z"].to(y.dtype).unflatten(-1, (self.nheads, self.headdim))
+        return self.out_proj(self._gate(y, p["x"], p["z"], *self._gate_params())
+                             .flatten(-2).to(p["z"].dtype))
+
+    def _gate_params(self):
+        """The parameters :meth:`_gate` reads, in its order (None where absent)."""
+        norm = getattr(self, "norm", None)
+        return (self.D, None if norm is None else norm.weight, getattr(self, "mimo_z", None),
+                getattr(self, "mimo_o", None))
+
+    def _gate(self, y, x, z, D, norm_w, mimo_z, mimo_o):
+        """The D skip and the gate (and the per-head norm with outproj_norm): y (b, L, h, P),
+        MIMO (b, L, r, h, P), x the scan's values, z in_proj's z part -> (b, L, h, P), the
+        input of out_proj; parameters passed in (:func:`models.common.recomputed`)."""
+        y = y + D.to(y.dtype)[:, None] * x.to(y.dtype)
+        z = z.to(y.dtype).unflatten(-1, (self.nheads, self.headdim))
         if self.mimo_rank > 1:
-            z = z[..., None, :, :] * self.mimo_z.transpose(0, 1).to(y.dtype)  # (b, L, r, h, P)
+            z = z[..., None, :, :] * mimo_z.transpose(0, 1).to(y.dtype)     # (b, L, r, h, P)
         if self.outproj_norm:   # norm before gate, per head (mamba-ssm: group_size=headdim)
             y = y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + self.norm.eps)
-            y = y * self.norm.weight.to(y.dtype).unflatten(-1, (self.nheads, self.headdim))
+            y = y * norm_w.to(y.dtype).unflatten(-1, (self.nheads, self.headdim))
         y = y * F.silu(z)
         if self.mimo_rank > 1:
-            y = (y * self.mimo_o.transpose(0, 1).to(y.dtype)).sum(-3)        # (b, L, h, P)
-        return self.out_proj(y.flatten(-2).to(p["z"].dtype))
+            y = (y * mimo_o.transpose(0, 1).to(y.dtype)).sum(-3)           # (b, L, h, P)
+        return y
 
     def _mix(self, u, state, want_state: bool):
         resolved = resolve_backend(self.backend_choice, u.device.type)
