@@ -91,6 +91,7 @@ def _plain_rwkv7(m, x):
     layer's form before its pre- and post-operator pieces were recomputed), over the
     step-by-step ``rwkv7_ref``: the reference for the layer's values and gradients."""
     import math
+
     import torch.nn.functional as F
     B, T, D = x.shape
     H = m.n_heads
@@ -100,7 +101,8 @@ def _plain_rwkv7(m, x):
     log_w = -math.exp(-0.5) * m.w_lora(xw).sigmoid()
     a = m.a_lora(xa).sigmoid()
     gate = m.g_lora(xg)
-    heads = lambda t: t.unflatten(-1, (H, -1))                     # noqa: E731
+    def heads(t):
+        return t.unflatten(-1, (H, -1))
     kk = F.normalize(heads(k * m.k_k), dim=-1)
     k = k * (1 + (a - 1) * m.k_a)
     r, k, v, a, log_w = (heads(t) for t in (r, k, v, a, log_w))
@@ -116,7 +118,7 @@ def test_rwkv7_training_piece_equals_plain_autograd(backend, monkeypatch):
     piece is recomputed in pieces and slices with one step of token-shift context, equal
     the plain form; PREP_STEPS and SLICE_LEN are shrunk so the sequence spans several of
     each."""
-    import models.common as common
+    from models import common
     from models.linear_rnn import dplr_mixers
     monkeypatch.setattr(common, "SLICE_LEN", 2)
     monkeypatch.setattr(dplr_mixers, "PREP_STEPS", 5)
@@ -137,7 +139,7 @@ def test_rwkv7_training_piece_equals_plain_autograd(backend, monkeypatch):
     want = [x.grad] + [p.grad for p in m.parameters()]
     torch.testing.assert_close(y, y_ref, rtol=1e-9, atol=1e-9)
     for (name, _), g, r in zip([("x", None), *m.named_parameters()], got, want):
-        torch.testing.assert_close(g, r, rtol=1e-8, atol=1e-9, msg=lambda s: f"{name}: {s}")
+        torch.testing.assert_close(g, r, rtol=1e-8, atol=1e-9, msg=f"gradient of {name}")
 
 
 # -- training: the delta-rule layers' projections under plain autograd --------------------
@@ -149,7 +151,7 @@ def test_one_projection_matmul_equals_recomputed_piece(name, monkeypatch):
     recomputes the q/k/v projection in the backward (inputs above
     ``PROJ_WHOLE_MAX_BYTES``), from a fresh state and from a carried one (conv cache and
     S)."""
-    import models.common as common
+    from models import common
     from models.linear_rnn import delta_mixers
     monkeypatch.setattr(common, "SLICE_LEN", 4)
     m = _layer(name)
