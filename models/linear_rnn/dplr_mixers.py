@@ -7,7 +7,8 @@
   and an in-context learning rate.
 
 The mixer contract is ``models.linear_rnn.linear_mixers``' (forward, forward_with_state, step,
-init_state, state_size, backend, chunk_size); ``step`` runs the ``*_ref`` recurrence.
+init_state, state_size, backend, chunk_size); ``step`` runs a fused one-token update
+without autograd (decode) and the ``*_ref`` recurrence with it (the oracle).
 Structure follows the fla layers; code written here.
 """
 from __future__ import annotations
