@@ -10,10 +10,13 @@ Also here, for the families to share: :func:`recomputed` (non-reentrant activati
 checkpointing: only a piece's inputs are kept for the backward) and
 :func:`recomputed_in_slices` (the same, computed a slice of steps at a time in the forward
 and again in the backward, so a wide piece's intermediates exist one slice at a time), and
-:func:`causal_conv`, the short causal depthwise conv of Mamba-2 and the delta rules.
+:func:`causal_conv`, the short causal depthwise conv of Mamba-2 and the delta rules, and
+:func:`take_whole`, the one rule by which a layer takes its small-chunk path (which the
+resource estimate's probe records and forces: :class:`whole_choices`).
 """
 from __future__ import annotations
 
+import contextvars
 from typing import Callable
 
 import torch
@@ -183,6 +186,68 @@ def conv_cache(cache: torch.Tensor, tail: torch.Tensor) -> torch.Tensor:
     if k1 == 0:
         return cache
     return torch.cat([cache.to(tail.dtype), tail.transpose(1, 2)], -1)[..., -k1:].contiguous()
+
+
+# -- the small-chunk paths' one decision (Mamba2._whole, the delta rules' projections) ------
+# A layer with a faster, more memory-hungry path for small chunks asks take_whole. The
+# resource estimate probes models at tiny batches and lengths, where every chunk is small,
+# and extrapolates to the real run's: left alone it measured the small path for runs that
+# take the sliced one (Mamba-2 125M at 32 x 2048 on CUDA: 124.3 GiB estimated, 86.6 for
+# the path it runs). So the probe runs under whole_choices: each call is recorded with
+# its threshold and the path is the one the probe asks for (cost_probe: the sliced path
+# first, the small one only for runs that take it).
+WholeKey = tuple[int, int, bool]   # (bytes per token, limit, cpu_only): one kind of call
+
+
+def whole_rule(tokens: float, bytes_per_token: int, limit: int, cpu_only: bool, device_type: str) -> bool:
+    """The small-chunk rule: the path's output of ``tokens`` (batch x steps) tokens at
+    ``bytes_per_token`` fits ``limit`` bytes, on a CPU where the path is ``cpu_only``.
+    Also the estimate's rule for a run it has only the recorded thresholds of."""
+    return (not cpu_only or device_type == "cpu") and tokens * bytes_per_token <= limit
+
+
+class _WholeChoices:
+    """What :func:`whole_choices` records and decides (see there)."""
+
+    def __init__(self, whole: frozenset):
+        self.whole = whole
+        self.calls: list[tuple[int, int, int, bool]] = []   # (tokens, bytes/token, limit, cpu_only)
+
+
+_CHOICES: contextvars.ContextVar[_WholeChoices | None] = contextvars.ContextVar(
+    "models_common_whole_choices", default=None)
+
+
+def take_whole(tokens: int, bytes_per_token: int, limit: int, *, cpu_only: bool, device) -> bool:
+    """Whether a layer takes its small-chunk path for a chunk of ``tokens`` (batch x steps)
+    whose path output is ``bytes_per_token`` a token: :func:`whole_rule` on ``device``
+    (a torch.device or its name), except inside :func:`whole_choices`, which records the
+    call and answers whether its kind, (bytes_per_token, limit, cpu_only), is to be whole."""
+    probe = _CHOICES.get()
+    if probe is not None:
+        probe.calls.append((int(tokens), int(bytes_per_token), int(limit), bool(cpu_only)))
+        return (int(bytes_per_token), int(limit), bool(cpu_only)) in probe.whole
+    return whole_rule(tokens, bytes_per_token, limit, cpu_only, torch.device(device).type)
+
+
+class whole_choices:
+    """``with whole_choices(whole) as rec:`` every :func:`take_whole` call in this thread
+    (and context) takes the small path exactly when its kind is in ``whole`` (a set of
+    :data:`WholeKey`; empty: every call takes the sliced path), whatever its size and
+    device, and is appended to ``rec.calls`` as (tokens, bytes per token, limit,
+    cpu_only). For the resource estimate's probe only (workbench/spec/cost_probe.py):
+    it measures the path the real run will take, not the one its tiny inputs would."""
+
+    def __init__(self, whole=frozenset()):
+        self._rec = _WholeChoices(frozenset(whole))
+        self._token = None
+
+    def __enter__(self) -> _WholeChoices:
+        self._token = _CHOICES.set(self._rec)
+        return self._rec
+
+    def __exit__(self, *exc) -> None:
+        _CHOICES.reset(self._token)
 
 
 def vjp_loss(outputs, grads) -> torch.Tensor:

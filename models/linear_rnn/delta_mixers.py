@@ -25,7 +25,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from models.common import causal_conv, conv_cache, recomputed_in_slices, rms_norm
+from models.common import causal_conv, conv_cache, recomputed_in_slices, rms_norm, take_whole
 from models.linear_rnn.linear_mixers import GatedHeadRMSNorm, HeadRMSNorm, LinearRNNMixer, _dims
 from models.conv.short_conv import ShortConvolution
 
@@ -135,7 +135,9 @@ class _DeltaBase(LinearRNNMixer):
         parameters run by :func:`models.common.causal_conv` (the C kernel on CPU)."""
         conv = self.qkv_conv1d
         width = sum(self._split) + self.b_proj.weight.shape[0]
-        if x.shape[0] * x.shape[1] * width * x.element_size() <= PROJ_WHOLE_MAX_BYTES:
+        # models.common.take_whole: the one rule, recorded and forced by the estimate's probe
+        if take_whole(x.shape[0] * x.shape[1], width * x.element_size(), PROJ_WHOLE_MAX_BYTES,
+                      cpu_only=False, device=x.device):
             qkv, beta, extra, nxt = self._projected(x, extras)
             self._extra_proj = extra
             return self._split_heads(qkv, beta, nxt)

@@ -356,10 +356,13 @@ class Mamba2(nn.Module):
 
     def _whole(self, u: torch.Tensor) -> bool:
         """Whether the chunk u runs :meth:`_mix_whole`: on a CPU when in_proj's output for it
-        is at most WHOLE_MAX_BYTES (2 x 2048 steps at d_model 256: 19 MiB)."""
-        width = self.in_proj.out_features
-        return (u.device.type == "cpu"
-                and u.shape[0] * u.shape[1] * width * u.element_size() <= WHOLE_MAX_BYTES)
+        is at most WHOLE_MAX_BYTES (2 x 2048 steps at d_model 256: 19 MiB). Asked of
+        :func:`models.common.take_whole`, so the estimate's probe measures the path the
+        real run takes (its tiny chunks would all be whole)."""
+        from models.common import take_whole
+
+        return take_whole(u.shape[0] * u.shape[1], self.in_proj.out_features * u.element_size(),
+                          WHOLE_MAX_BYTES, cpu_only=True, device=u.device)
 
     def _mix_whole(self, resolved: str, u, left, A, D, initial_state, want_state: bool):
         """:meth:`_mix` for a chunk small enough to keep in_proj's output (``_whole``): one

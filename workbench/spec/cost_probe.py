@@ -95,19 +95,37 @@ class Profile:
     largest: _Fit               # the largest single saved tensor per sequence (eval temporaries)
     backend: str = ""
     can_stream: bool = False    # the backbone evaluates long sequences chunk by chunk
+    # the small-chunk paths' calls the probe saw (models.common.take_whole), one per kind:
+    # (bytes per token, limit, cpu_only, the call's tokens per token of the batch)
+    whole_calls: tuple[tuple[int, int, bool, float], ...] = ()
+    # the kinds (bytes per token, limit, cpu_only) measured on their small path ("whole");
+    # empty: every call measured on its sliced path
+    whole: tuple[tuple[int, int, bool], ...] = ()
 
     def saved(self, L: int, B: int) -> float:
         return self.shared(L) + B * self.per_sample(L)
+
+    def whole_at(self, tokens: int, device: str) -> frozenset:
+        """The kinds of small-chunk call that take their small path in a run whose batch
+        holds ``tokens`` tokens (batch x length) on ``device`` ("cpu" / "cuda"): each
+        recorded call's own rule (models.common.whole_rule) at the run's size."""
+        from models.common import whole_rule
+
+        return frozenset((bpt, limit, cpu_only) for bpt, limit, cpu_only, per in self.whole_calls
+                         if whole_rule(per * tokens, bpt, limit, cpu_only, device))
 
     _FITS = ("params", "trainable", "weight_bytes", "trainable_bytes", "shared", "per_sample", "largest")
 
     def to_dict(self) -> dict[str, Any]:
         return {**{f: [getattr(self, f).a, getattr(self, f).b, getattr(self, f).c] for f in self._FITS},
-                "backend": self.backend, "can_stream": self.can_stream}
+                "backend": self.backend, "can_stream": self.can_stream,
+                "whole_calls": [list(c) for c in self.whole_calls], "whole": [list(k) for k in self.whole]}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Profile":
-        return cls(*(_Fit(*d[f]) for f in cls._FITS), backend=d["backend"], can_stream=d["can_stream"])
+        return cls(*(_Fit(*d[f]) for f in cls._FITS), backend=d["backend"], can_stream=d["can_stream"],
+                   whole_calls=tuple((int(b), int(m), bool(c), float(p)) for b, m, c, p in d["whole_calls"]),
+                   whole=tuple((int(b), int(m), bool(c)) for b, m, c in d["whole"]))
 
 
 def _synthetic(task, B: int, L: int):
@@ -190,29 +208,50 @@ def _no_attention_dropout(m) -> None:
             mod.dropout = 0.0
 
 
-_ROWS: dict[str, tuple[list[tuple], str, bool]] = {}
+_ROWS: dict[str, tuple[list[tuple], str, bool, dict]] = {}
 
 
 def _probe_depth(task, model: str, d_model: int, n_layers: int, options: dict[str, Any],
-                 cuda: bool) -> tuple[list[tuple], str, bool]:
+                 cuda: bool, whole: frozenset = frozenset()) -> tuple[list[tuple], str, bool, dict]:
     """(one row per probe length: parameters, trainable parameters, weight bytes, trainable
-    bytes, shared, per-sample and largest saved bytes; the backend; whether it streams) of
-    the model at this depth, measured once per (model, options, width, depth, model shape,
-    device kind) in a process: a grid over depths and the two probes of a deep model share
+    bytes, shared, per-sample and largest saved bytes; the backend; whether it streams;
+    the small-chunk calls seen, see :func:`_measure_depth`) of the model at this depth,
+    measured once per (model, options, width, depth, model shape, device kind, small-chunk
+    paths taken) in a process: a grid over depths and the two probes of a deep model share
     the depths they have in common."""
-    key = json.dumps([model, options, d_model, n_layers, model_shape(task), cuda], sort_keys=True, default=str)
+    key = json.dumps([model, options, d_model, n_layers, model_shape(task), cuda, sorted(whole)],
+                     sort_keys=True, default=str)
     if key not in _ROWS:
-        _ROWS[key] = _measure_depth(task, model, d_model, n_layers, options, cuda)
+        _ROWS[key] = _measure_depth(task, model, d_model, n_layers, options, cuda, whole)
     return _ROWS[key]
 
 
+# ------------------------------------------------------------ the small-chunk paths
+# Some layers take a faster path that keeps more only while a chunk is small (Mamba-2's
+# _mix_whole on a CPU, the delta rules' one-matmul projections): each asks
+# models.common.take_whole with its size and threshold. Every probe chunk is small (batch
+# 1 and 2, L <= 256), so left alone the probe measured the small path for runs far past
+# the threshold (the 125M Mamba-2 of profiles/lm-scaling-paper-gpu.toml at 32 x 2048 on
+# CUDA, which takes the sliced path: 124.3 GiB estimated instead of 86.6). So the probe
+# runs under models.common.whole_choices: first with every call on its sliced path,
+# recording each kind of call (bytes per token, limit, cpu_only) and its tokens per token
+# of the batch; the estimate then asks, per run, which kinds take their small path at the
+# run's batch x length and device (Profile.whole_at), and probes again with exactly those
+# on it where any do (:func:`probe_at`). Both probes are cached like any other.
+
+
 def _measure_depth(task, model: str, d_model: int, n_layers: int, options: dict[str, Any],
-                   cuda: bool) -> tuple[list[tuple], str, bool]:
+                   cuda: bool, whole: frozenset = frozenset()) -> tuple[list[tuple], str, bool, dict]:
+    """:func:`_probe_depth`'s rows, measured with the small-chunk kinds in ``whole`` on
+    their small path and every other on its sliced one, and the kinds of call seen:
+    {(bytes per token, limit, cpu_only): the call's tokens per token of the batch}."""
     import torch
 
     import models
+    from models.common import whole_choices
 
     rows = []
+    calls: dict[tuple, float] = {}
     net = None
     for L in PROBE_LENS:
         small = copy.copy(task)
@@ -224,10 +263,27 @@ def _measure_depth(task, model: str, d_model: int, n_layers: int, options: dict[
             net.train()
         params, trainable, wbytes, tbytes = _counts(net)
         with torch.random.fork_rng():
-            s1, _ = saved_bytes(net, *_synthetic(small, 1, L))
-            s2, big2 = saved_bytes(net, *_synthetic(small, 2, L))
+            with whole_choices(whole) as one:
+                s1, _ = saved_bytes(net, *_synthetic(small, 1, L))
+            with whole_choices(whole) as two:
+                s2, big2 = saved_bytes(net, *_synthetic(small, 2, L))
+        _note_calls(calls, one.calls, L)
+        _note_calls(calls, two.calls, 2 * L)
         rows.append((params, trainable, wbytes, tbytes, 2 * s1 - s2, s2 - s1, big2 / 2))
-    return rows, models.backend(net.backbone), net.can_stream()
+    return rows, models.backend(net.backbone), net.can_stream(), calls
+
+
+def _note_calls(calls: dict[tuple, float], seen: list[tuple], batch_tokens: int) -> None:
+    """Add the take_whole calls of one forward over ``batch_tokens`` tokens to ``calls``:
+    per kind, the largest share of the batch's tokens one call saw (1.0 for a layer that
+    sees the whole batch)."""
+    for tokens, bpt, limit, cpu_only in seen:
+        k = (bpt, limit, cpu_only)
+        calls[k] = max(calls.get(k, 0.0), tokens / batch_tokens)
+
+
+def _whole_calls(calls: dict[tuple, float]) -> tuple[tuple[int, int, bool, float], ...]:
+    return tuple(sorted((*k, per) for k, per in calls.items()))
 
 
 def _counts(net) -> tuple[int, int, int, int]:
@@ -240,8 +296,10 @@ def _counts(net) -> tuple[int, int, int, int]:
             sum(p.numel() * p.element_size() for p in tr))
 
 
-def _fit_rows(rows: list[tuple], backend: str, can_stream: bool) -> Profile:
-    return Profile(*(_Fit.through(list(c)) for c in zip(*rows)), backend=backend, can_stream=can_stream)
+def _fit_rows(rows: list[tuple], backend: str, can_stream: bool, calls: dict | None = None,
+              whole: frozenset = frozenset()) -> Profile:
+    return Profile(*(_Fit.through(list(c)) for c in zip(*rows)), backend=backend, can_stream=can_stream,
+                   whole_calls=_whole_calls(calls or {}), whole=tuple(sorted(whole)))
 
 
 _PROBES: dict[str, Profile] = {}
@@ -327,21 +385,26 @@ def _check_probe_size(key: str, task, spec) -> None:
 
 
 def _probe_task(task, model: str, d_model: int, n_layers: int, options: dict[str, Any],
-                cuda: bool, vocab: _VocabSplit | None = None) -> Profile:
+                cuda: bool, vocab: _VocabSplit | None = None, whole: frozenset = frozenset()) -> Profile:
     """The fitted profile of the composed model; deep models from their 2- and 4-layer
     probes, extrapolated linearly in depth. ``vocab``: ``task`` is the small stand-in of
     :func:`_split_vocab`, and each depth's rows get the real vocabulary's part added before
-    the fit (so the fit is the one a probe of the whole model would make)."""
+    the fit (so the fit is the one a probe of the whole model would make). ``whole``: the
+    small-chunk kinds measured on their small path (see "the small-chunk paths")."""
     def fitted(depth: int) -> Profile:
-        rows, backend, can_stream = _probe_depth(task, model, d_model, depth, options, cuda)
-        return _fit_rows(vocab.add(rows) if vocab is not None else rows, backend, can_stream)
+        rows, backend, can_stream, calls = _probe_depth(task, model, d_model, depth, options, cuda, whole)
+        return _fit_rows(vocab.add(rows) if vocab is not None else rows, backend, can_stream, calls, whole)
 
     if n_layers <= DIRECT_LAYERS:
         return fitted(n_layers)
     two, four = fitted(2), fitted(4)
     t = (n_layers - 2) / 2
     mixed = [getattr(two, f).mix(getattr(four, f), t) for f in Profile._FITS]
-    return Profile(*mixed, backend=two.backend, can_stream=two.can_stream)
+    calls: dict[tuple, float] = {}
+    for bpt, limit, cpu_only, per in two.whole_calls + four.whole_calls:
+        calls[(bpt, limit, cpu_only)] = max(calls.get((bpt, limit, cpu_only), 0.0), per)
+    return Profile(*mixed, backend=two.backend, can_stream=two.can_stream,
+                   whole_calls=_whole_calls(calls), whole=two.whole)
 
 
 # ----------------------------------------------------------------- the vocabulary apart
@@ -437,10 +500,12 @@ def model_shape(task) -> dict[str, Any]:
             "pooled": bool(task.pooled)}
 
 
-def probe_key(spec, task, cuda: bool) -> str:
-    """The probe cache's key: the model and its settings, and the task's model_shape."""
+def probe_key(spec, task, cuda: bool, whole: frozenset = frozenset()) -> str:
+    """The probe cache's key: the model and its settings, the task's model_shape, the
+    device kind and the small-chunk kinds measured on their small path."""
     return json.dumps({"model": spec.model, "options": spec.model_options, "d_model": spec.d_model,
-                       "n_layers": spec.n_layers, "task": model_shape(task), "cuda": cuda},
+                       "n_layers": spec.n_layers, "task": model_shape(task), "cuda": cuda,
+                       "whole": [list(k) for k in sorted(whole)]},
                       sort_keys=True, default=str)
 
 
@@ -460,38 +525,53 @@ def _one_thread():
         torch.set_num_threads(before)
 
 
-def probe(spec, cuda: bool, task=None) -> Profile:
+def probe(spec, cuda: bool, task=None, whole: frozenset = frozenset()) -> Profile:
     """The (cached) cost profile of ``spec``'s composed model. The task is built with the
     run's parameters and probed at small lengths: its :func:`model_shape`, not its length
     or data, decides the encoder and head, so one probe serves every length, seed, grid
-    point outside the model, and task setting of the same shape."""
+    point outside the model, and task setting of the same shape. Every small-chunk path
+    is measured sliced unless its kind is in ``whole``; a run's own choice of them is
+    :func:`probe_at`'s."""
     if task is None:
         task = run_task(spec)
-    key = probe_key(spec, task, cuda)
+    whole = frozenset(whole)
+    key = probe_key(spec, task, cuda, whole)
     if key not in _PROBES:
         disk = _disk_cache()
-        if key in disk:
+        try:
             _PROBES[key] = Profile.from_dict(disk[key])
-        else:
-            _check_probe_size(key, task, spec)
+        except (KeyError, TypeError, ValueError):   # not cached, or in an older form
+            _check_probe_size(probe_key(spec, task, cuda), task, spec)
             with _one_thread():
                 split = _split_vocab(task, spec.model, spec.d_model, spec.model_options)
                 if split is None:
                     _PROBES[key] = _probe_task(task, spec.model, spec.d_model, spec.n_layers,
-                                               spec.model_options, cuda)
+                                               spec.model_options, cuda, whole=whole)
                 else:
                     small, options, vocab = split
                     _PROBES[key] = _probe_task(small, spec.model, spec.d_model, spec.n_layers,
-                                               options, cuda, vocab)
+                                               options, cuda, vocab, whole=whole)
             disk[key] = _PROBES[key].to_dict()
             _save_disk_cache(disk)
     return _PROBES[key]
 
 
+def probe_at(spec, cuda: bool, task, tokens: int) -> Profile:
+    """The profile of ``spec``'s model as a run whose batch holds ``tokens`` tokens (batch
+    x length, per device) on the device kind ``cuda`` computes it: the sliced probe where
+    no small-chunk call of the model takes its small path at that size and device (see
+    "the small-chunk paths"), else a probe with exactly the calls that do on it."""
+    sliced = probe(spec, cuda, task)
+    whole = sliced.whole_at(tokens, "cuda" if cuda else "cpu")
+    return probe(spec, cuda, task, whole) if whole else sliced
+
+
 # Probes are kept on disk between commands (a probe of an S4 model costs a second or two on
 # a loaded CPU), keyed by the probe and stamped with torch's version and a hash of the
-# code that decides what a forward keeps (``_probe_sources``): any change to that code
-# starts a fresh cache.
+# code that decides what a forward keeps (``_probe_sources``) and PROBE_FORMAT (what a
+# stored probe holds: 2 added the small-chunk calls and the paths measured): any change
+# to either starts a fresh cache.
+PROBE_FORMAT = 2
 _DISK: dict[str, Any] | None = None
 
 
@@ -525,7 +605,7 @@ def _code_stamp() -> str:
 
     import torch
 
-    h = hashlib.sha256(torch.__version__.encode())
+    h = hashlib.sha256(f"{torch.__version__} format {PROBE_FORMAT}".encode())
     for f in _probe_sources():
         h.update(f.read_bytes())
     return h.hexdigest()[:16]
@@ -568,23 +648,42 @@ def _task(name: str, params_json: str):
     return tasks.build(name, **json.loads(params_json))
 
 
-def probe_backbone(model: str, options: dict[str, Any], d_model: int, n_layers: int):
-    """The bare backbone's costs as ``bench`` trains it (x: (B, L, d_model), loss mean(y^2)):
-    (bytes of its trainable parameters, and fits over L of what a forward keeps: shared
-    (batch-independent), per_sample, and the largest saved tensor per sequence)."""
+def probe_backbone(model: str, options: dict[str, Any], d_model: int, n_layers: int,
+                   tokens: int | None = None):
+    """The bare backbone's costs as ``bench`` trains it on the CPU (x: (B, L, d_model), loss
+    mean(y^2)): (bytes of its trainable parameters, and fits over L of what a forward
+    keeps: shared (batch-independent), per_sample, and the largest saved tensor per
+    sequence), with each small-chunk path as a step of ``tokens`` (B x L) tokens takes it
+    (None: every one sliced; see "the small-chunk paths")."""
+    grads, prof = _backbone_profile(model, options, d_model, n_layers, frozenset())
+    whole = prof.whole_at(tokens, "cpu") if tokens is not None else frozenset()
+    if whole:
+        grads, prof = _backbone_profile(model, options, d_model, n_layers, whole)
+    return grads, prof.shared, prof.per_sample, prof.largest
+
+
+def _backbone_profile(model: str, options: dict[str, Any], d_model: int, n_layers: int,
+                      whole: frozenset) -> tuple[int, Profile]:
+    """(bytes of the trainable parameters, the fitted profile: shared, per_sample, largest
+    and the small-chunk calls) of the bare backbone, ``whole`` on their small path."""
     import torch
 
     import models
+    from models.common import whole_choices
 
     rows = []
+    calls: dict[tuple, float] = {}
     torch.manual_seed(0)
     net = models.build(model, d_model=d_model, n_layers=n_layers, **options)
     grads = sum(p.numel() * p.element_size() for p in net.parameters() if p.requires_grad)
     g = torch.Generator().manual_seed(0)
     for L in PROBE_LENS:
-        s1, _ = saved_bytes(net, torch.randn(1, L, d_model, generator=g), None)
-        s2, big2 = saved_bytes(net, torch.randn(2, L, d_model, generator=g), None)
-        rows.append((2 * s1 - s2, s2 - s1, big2 / 2))
-    shared, per_sample, largest = (_Fit.through(list(c)) for c in zip(*rows))
-    return grads, shared, per_sample, largest
+        with whole_choices(whole) as one:
+            s1, _ = saved_bytes(net, torch.randn(1, L, d_model, generator=g), None)
+        with whole_choices(whole) as two:
+            s2, big2 = saved_bytes(net, torch.randn(2, L, d_model, generator=g), None)
+        _note_calls(calls, one.calls, L)
+        _note_calls(calls, two.calls, 2 * L)
+        rows.append((0, 0, 0, 0, 2 * s1 - s2, s2 - s1, big2 / 2))
+    return grads, _fit_rows(rows, "", False, calls, whole)
 

@@ -39,7 +39,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from workbench.spec.cost_probe import PROBE_MAX_WEIGHT_BYTES, TooBigToProbe, probe, probe_backbone, run_task
+from workbench.spec.cost_probe import (PROBE_MAX_WEIGHT_BYTES, TooBigToProbe, probe, probe_at, probe_backbone,
+                                       run_task)
 from workbench.spec.run_spec import EVAL_TOKENS_PER_BATCH, RESIDENT_MAX_BYTES, STREAM_ABOVE, STREAM_CHUNK
 
 MiB = 1 << 20
@@ -233,9 +234,6 @@ def estimate_run(spec, limit: Limit) -> RunEstimate:
     # rank 0 evaluates the whole eval batch, and every rank draws the global batch (data)
     B = max(1, cfg.batch_size // (getattr(cfg, "devices", None) or 1))
     shards = _shards(cfg)
-    est.params = int(round(prof.params(L)))
-    tb = prof.trainable_bytes(L)
-    acts = prof.saved(L, B)
     # eval: no grad; the worker caps an eval batch at EVAL_TOKENS_PER_BATCH tokens; a forward
     # without grad holds a few of its largest tensors at a time
     eval_bs = _eval_batch(cfg, L)
@@ -243,7 +241,17 @@ def estimate_run(spec, limit: Limit) -> RunEstimate:
         L_eval = STREAM_CHUNK
     else:
         L_eval = L
-    eval_tmp = 2 * TRANSIENT_FACTOR * eval_bs * prof.largest(L_eval)
+    try:  # the small-chunk paths as this run takes them, in training and in eval
+        train_prof = probe_at(spec, cuda, task, B * L)
+        eval_prof = probe_at(spec, cuda, task, eval_bs * L_eval)
+    except Exception as e:  # noqa: BLE001 - as above: say why there is no estimate
+        est.error = f"no estimate: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        return est
+    prof = train_prof
+    est.params = int(round(prof.params(L)))
+    tb = prof.trainable_bytes(L)
+    acts = prof.saved(L, B)
+    eval_tmp = 2 * TRANSIENT_FACTOR * eval_bs * eval_prof.largest(L_eval)
     if shards > 1:  # fsdp: rank 0 evaluates on a whole replica of the weights (sharded.py)
         eval_tmp += prof.weight_bytes(L)
     train_tmp = TRANSIENT_FACTOR * B * prof.largest(L)
@@ -331,7 +339,9 @@ def bench_estimate(model: str, options: dict[str, Any], d_model: int, n_layers: 
     step of the bare backbone on x: (batch, seq_len, d_model) with loss mean(y^2), counted
     from just before the first forward (gradients + saved activations + backward's
     transient; weights, optimizer, data and runtime are outside that measurement). The
-    same probe and fit as :func:`estimate_run`, so a match here checks the method."""
-    grads, shared, per_sample, largest = probe_backbone(model, options, d_model, n_layers)
+    same probe and fit as :func:`estimate_run` (small-chunk paths as a step of batch x
+    seq_len tokens on the CPU takes them), so a match here checks the method."""
+    grads, shared, per_sample, largest = probe_backbone(model, options, d_model, n_layers,
+                                                        batch * seq_len)
     return (grads + shared(seq_len) + batch * per_sample(seq_len)
             + TRANSIENT_FACTOR * batch * largest(seq_len))
