@@ -20,7 +20,11 @@ probe serves its 2-layer runs and every deeper one. A token model with a per-pos
 (a language model) is probed with a vocabulary of ``SPLIT_VOCAB`` tokens and the real
 vocabulary (embedding, head, the logits' log-softmax) added from its shapes, exactly
 ("the vocabulary apart" below): a 50k-row vocabulary is never built or run, and the
-vocabularies of one model share the probe of its body.
+vocabularies of one model share the probe of its body. Layers with a faster path that
+keeps more only for small chunks (Mamba-2 on a CPU, the delta rules' projections) ask
+``models.common.take_whole``; the probe forces it to the path the real run takes at its
+batch x length and device, never the one the probe's tiny inputs would ("the small-chunk
+paths" below, :func:`probe_at`).
 
 Probes are cached per (model, options, width, depth, the task's model shape, device
 kind), in memory and on disk (``~/.cache/ssm-workbench/estimate-probes.json``, invalidated

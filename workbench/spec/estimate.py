@@ -19,9 +19,10 @@ A run's peak is the sum of what lives through training on its device:
 Activations are measured, not modelled (cost_probe.py: the real composed model runs
 forwards at small lengths and batches 1 and 2, what autograd keeps is fitted by
 ``a + b L + c L^2`` and evaluated at the run's length and batch; probes cached in memory
-and on disk). A model too big to build for a probe (cost_probe.TooBigToProbe) gets a
-lower bound (weights, gradients, optimizer and data: ``RunEstimate.lower_bound``), which
-refuses it only when even that exceeds the limit. A run whose estimate fails or is only a
+and on disk; a layer's small-chunk path, e.g. Mamba-2's on a CPU, as the run takes it at
+its batch x length and device: cost_probe.probe_at). A model too big to build for a probe
+(cost_probe.TooBigToProbe) gets a lower bound (weights, gradients, optimizer and data:
+``RunEstimate.lower_bound``), which refuses it only when even that exceeds the limit. A run whose estimate fails or is only a
 lower bound within the limit has ``fits`` None ("?"), never a "yes".
 
 Known over- and under-estimates: the CPU probe runs the CPU kernels (e.g. the C
