@@ -550,11 +550,11 @@ def probe(spec, cuda: bool, task=None, whole: frozenset = frozenset()) -> Profil
                 split = _split_vocab(task, spec.model, spec.d_model, spec.model_options)
                 if split is None:
                     _PROBES[key] = _probe_task(task, spec.model, spec.d_model, spec.n_layers,
-                                               spec.model_options, cuda, whole=whole)
+                                               spec.model_options, cuda, None, whole)
                 else:
                     small, options, vocab = split
                     _PROBES[key] = _probe_task(small, spec.model, spec.d_model, spec.n_layers,
-                                               options, cuda, vocab, whole=whole)
+                                               options, cuda, vocab, whole)
             disk[key] = _PROBES[key].to_dict()
             _save_disk_cache(disk)
     return _PROBES[key]
