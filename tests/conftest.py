@@ -31,6 +31,15 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+# tests/ mirrors the code in folders (tests/models/, tests/workbench/<layer>/, tests/tui/, ...),
+# and test modules import each other's helpers by name (``from test_tui import make_app``):
+# every folder of tests is on sys.path, whichever file pytest was asked to run (its prepend
+# import mode adds only the folders of the files it collected). tests/test_layering.py keeps
+# the names unique and those imports going down the layers.
+for _folder in sorted({p.parent for p in Path(__file__).resolve().parent.rglob("test_*.py")}):
+    if str(_folder) not in sys.path:
+        sys.path.append(str(_folder))
+
 
 @pytest.fixture(scope="session", autouse=True)
 def wide_console():
