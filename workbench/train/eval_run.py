@@ -33,7 +33,7 @@ or torchrun / srun), each joins the group first (:func:`join`: its device, gloo 
 nccl on a GPU, the group's timeouts) and loads the model; lm-eval gives each rank every N-th
 document and gathers the per-document metrics to rank 0 (workbench/train/lm_eval_adapter.py),
 which alone writes the run's rows. Rank 0 decides which tasks are done and tells the others,
-so every rank runs the same tasks; the numbers equal one rank's (tests/workbench/train/test_lm_eval_ranks.py).
+so every rank runs the same tasks; the numbers equal one rank's (tests/workbench/cli/test_lm_eval_ranks.py).
 """
 from __future__ import annotations
 

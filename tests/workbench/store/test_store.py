@@ -54,7 +54,7 @@ def test_reap_marks_dead_worker_crashed(tmp_path):
     assert s.reap() == [a]
     assert s.get(a).state == "crashed" and "exited" in s.get(a).error
     assert s.get(b).state == "running"
-    # silence alone is no crash while the process exists (tests/workbench/execute/test_liveness.py) ...
+    # silence alone is no crash while the process exists (tests/workbench/cli/test_liveness.py) ...
     assert s.reap(now=time.time() + 3600) == []
     assert s.get(b).state == "running" and s.get(b).info["stalled"]["pid"] == os.getpid()
     # ... but it is for a worker that cannot be checked from here (another host)
