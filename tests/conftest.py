@@ -108,33 +108,6 @@ def store_dir(tmp_path, monkeypatch):
     return d
 
 
-from slurm_cluster import SlurmCluster, unavailable_reason as slurm_unavailable_reason  # noqa: E402
-
-
-@pytest.fixture(scope="session")
-def slurm_cluster(tmp_path_factory):
-    """A real one-node Slurm cluster (munged, slurmctld, slurmd; tests/slurm_cluster.py),
-    started once and shared by the session's tests; pass ``slurm_cluster.env`` to sbatch,
-    squeue, scontrol and scancel. Skips when Slurm/munge are not installed or not root;
-    fails, with the daemons' logs, when they are but the node does not come up."""
-    reason = slurm_unavailable_reason()
-    if reason:
-        pytest.skip(reason)
-    with SlurmCluster(tmp_path_factory.mktemp("slurm")) as cluster:
-        yield cluster
-
-
-@pytest.fixture
-def slurm_env(slurm_cluster, monkeypatch):
-    """Slurm's clients (called by workbench.execute.slurm) and the jobs find the test cluster;
-    its jobs are cancelled after the test."""
-    for k, v in slurm_cluster.env.items():
-        if os.environ.get(k) != v:
-            monkeypatch.setenv(k, v)
-    yield slurm_cluster
-    slurm_cluster.cancel_all()
-
-
 # SSM_WORKBENCH_TEST_CPU=FILE: one line per test (CPU seconds of this process, of the child
 # processes it waited for, and wall seconds), appended to FILE. On a loaded machine wall
 # times (--durations) mostly measure the load; CPU time says which tests cost the most.
