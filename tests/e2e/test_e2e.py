@@ -29,6 +29,10 @@ def cli(store_dir, *args, timeout=240):
                           capture_output=True, text=True, timeout=timeout)
 
 
+@pytest.mark.slow  # ~150 s of a loaded everyday run; every day, test_failures_are_kept_and_others_go_on
+# runs profiles through the same real processes (command -> detached scheduler -> workers ->
+# store) and checks what a finished run records, and tests/workbench/cli/test_results_layer.py
+# exports through the command in every format
 def test_headless_run_and_export(tmp_path):
     prof = tmp_path / "tiny.toml"
     prof.write_text(tiny())
@@ -77,8 +81,16 @@ def test_failures_are_kept_and_others_go_on(tmp_path):
     out = cli(tmp_path / "st", "run", str(prof))
     assert out.returncode == 1
     assert "did not finish" in out.stdout
-    runs = {r.model: r for r in Store(tmp_path / "st").runs()}
+    store = Store(tmp_path / "st")
+    runs = {r.model: r for r in store.runs()}
     assert runs["lstm"].state == "finished"
+    # what a finished run records (as test_headless_run_and_export checks, in the slow group)
+    r = runs["lstm"]
+    res = store.results([r.id])[r.id][""]
+    for k in ("accuracy", "loss", "step_time_ms", "inference_ms", "peak_mem_mb", "tokens_per_s", "params", "wall_s"):
+        assert res.get(k) is not None, k
+    assert r.info["versions"]["torch"] and r.info["device"] == DEVICE and r.device == DEVICE
+    assert store.metrics(r.id, "train", "loss") and store.metrics(r.id, "eval", "accuracy")
     assert runs["transformer"].state == "failed" and "max_len" in runs["transformer"].error
 
 
