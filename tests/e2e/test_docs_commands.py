@@ -9,7 +9,7 @@ they run, with the everyday ones, page by page in document order in the ``slow``
 Each page gets a fresh store, home, data and cache folder (the user's ~/.local/share, ~/.cache
 and Hugging Face cache are never read), Hugging Face offline, and no network: every Python
 process the commands start imports a ``sitecustomize`` that refuses connections to anything
-but the loopback (tests/test_docs_commands.py writes it), and the in-process commands run
+but the loopback (tests/e2e/test_docs_commands.py writes it), and the in-process commands run
 under the same guard. A command that would train for minutes, or needs the network or a
 GPU, is run as its REDUCED form from :data:`OVERRIDES` (fewer seeds, epochs, examples; a
 local tiny checkpoint for a hub id; ``--dry-run`` where only a download is left), so
@@ -31,7 +31,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs" / "guide").glob("*.md"))]
 VENV_BIN = Path(sys.executable).parent
 
@@ -53,7 +53,7 @@ OVERRIDES: dict[str, str] = {
     # runs this file's everyday test, so running the whole suite here would recurse)
     "./run.sh run profiles/mad-selective-copying.toml":
         f"./run.sh run profiles/mad-selective-copying.toml {MAD_SMALL} --quiet",
-    "./test.sh": "SSM_WORKBENCH_TEST_JOBS=0 ./test.sh tests/test_docs_reference.py -q",
+    "./test.sh": "SSM_WORKBENCH_TEST_JOBS=0 ./test.sh tests/scripts/test_docs_reference.py -q",
     "ssm-workbench": TUI,
     "ssm-workbench run profiles/mad-selective-copying.toml":
         f"ssm-workbench run profiles/mad-selective-copying.toml {MAD_SMALL} --quiet",
@@ -158,7 +158,7 @@ ALL = [c for p in PAGES for c in commands(p)]
 
 # --------------------------------------------------------------------------- the scratch world
 NO_NETWORK = '''\
-"""Written by tests/test_docs_commands.py: no connection leaves this machine."""
+"""Written by tests/e2e/test_docs_commands.py: no connection leaves this machine."""
 import socket as _s
 
 _connect = _s.socket.connect

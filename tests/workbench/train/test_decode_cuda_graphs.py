@@ -2,7 +2,7 @@
 tokens and logits of the eager loop, for every registry family with a fixed-size state
 (issue 43's GPU check; skipped where torch sees no CUDA device, as on the CPU CI: the CPU
 side, that the wrapper leaves the CPU path alone and that no step reads a tensor on the
-host, is tests/test_decode_sync_free.py). A family whose step cannot be captured is
+host, is tests/workbench/train/test_decode_sync_free.py). A family whose step cannot be captured is
 reported by its reason, not failed: it decodes eagerly."""
 from __future__ import annotations
 
