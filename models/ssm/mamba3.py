@@ -54,9 +54,9 @@ from models.kernels import mamba3_scan
 from models.kernels.segment_recompute import StatefulSegments
 
 # steps per segment of the training forward's recomputed scan (Mamba3._mix_recomputed): at
-# 2 x 2048, d_model 256 one layer's step took 1.03x the whole-sequence recompute at 1024,
-# 1.25x at 512 (smaller segments lower the backward's transient further)
-SEGMENT_LEN = 1024
+# 2 x 2048, d_model 256 (quiet 2-core CPU) one layer's step took 232 ms at 512, 252 at 1024,
+# 255 whole (the plain path: 291), and the 7-layer step's peak 609 MiB at 512, 697 at 1024
+SEGMENT_LEN = 512
 
 BACKENDS = ("auto", "torch", "cpu", "fla", "ref", "mamba_ssm")
 
