@@ -5,7 +5,7 @@
 #   ./test.sh --slow     only the `slow` group: long end-to-end runs, the real Slurm cluster,
 #                        the Triton/torch.compile builds, `profile check` of the big profiles
 #   ./test.sh --all      both (CI runs ./test.sh, then ./test.sh --slow)
-#   ./test.sh ARGS...    any pytest arguments after the option, e.g. ./test.sh tests/test_grid.py -x
+#   ./test.sh ARGS...    any pytest arguments after the option, e.g. ./test.sh tests/workbench/cli/test_grid.py -x
 #
 # Tests run in SSM_WORKBENCH_TEST_JOBS processes (pytest-xdist; default 2, 0 = in this
 # process). --dist loadgroup keeps the tests of one xdist_group (the Slurm cluster's) on one

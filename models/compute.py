@@ -301,7 +301,7 @@ def flops(name: str, seq_len: int, d_model: int = 64, n_layers: int = 2, **optio
 
 
 # ---------------------------------------------------------------------------------------
-# check against torch.utils.flop_counter (tests/test_flops.py, --table)
+# check against torch.utils.flop_counter (tests/workbench/cli/test_flops.py, --table)
 # ---------------------------------------------------------------------------------------
 MATMUL_OPS = ("mm", "addmm")   # what nn.Linear (2-D and folded 3-D inputs) and LSTM become
 
@@ -346,7 +346,7 @@ def measured_matmul(module: nn.Module, seq_len: int, d_model: int, recompute: bo
         return run(1) / seq_len
 
 
-#: where FlopCounterMode's matmul count and ours differ by convention (tests/test_flops.py)
+#: where FlopCounterMode's matmul count and ours differ by convention (tests/workbench/cli/test_flops.py)
 CHECK_NOTES = {
     "mamba2": "the layer computes in_proj's x rows twice (conv and D skip): +6 d_inner d_model per layer",
     "lstm": "FlopCounterMode has no formula for aten.lstm (counts 0)",

@@ -12,7 +12,7 @@ they implement), kept apart from the model code so that the models need no chang
   meaning of its own (``pattern`` of ``based`` vs ``interleaved``) or a name is its alone.
 
 :func:`option_help` answers for one entry and option; :func:`undocumented` lists the options
-of the registry that neither table explains (tests/test_model_option_help.py keeps it
+of the registry that neither table explains (tests/models/test_model_option_help.py keeps it
 empty, so a new option cannot ship without a line here). Each line is at most
 :data:`MAX_LEN` characters: it is shown on one line beside ``name = default``.
 """

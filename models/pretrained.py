@@ -12,7 +12,7 @@ what was expected and how to get it.
   official ones, so ``backbone.layers.{i}.mixer.*`` map one to one and the model runs on
   the workbench's kernels (C on CPU, Triton on GPU). Widths come from the config
   (``intermediate_size`` -> d_inner, ``time_step_rank`` -> dt_rank, ``state_size``,
-  ``conv_kernel``, ``layer_norm_epsilon``); ``tests/test_pretrained.py`` checks the outputs
+  ``conv_kernel``, ``layer_norm_epsilon``); ``tests/workbench/train/test_pretrained.py`` checks the outputs
   against ``transformers``' own ``MambaModel`` on the same weights.
 - **Causal LMs** (GPT-Neo and any other ``AutoModel`` checkpoint) run through
   ``transformers`` itself, fed ``inputs_embeds``.

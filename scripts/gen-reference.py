@@ -15,7 +15,7 @@
   one row per option with its default and help text.
 
 Output is deterministic (fixed widths, sorted nothing that the code orders), so the test
-(tests/test_docs_reference.py) regenerates both in memory and compares them with the files.
+(tests/scripts/test_docs_reference.py) regenerates both in memory and compares them with the files.
 """
 from __future__ import annotations
 

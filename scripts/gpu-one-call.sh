@@ -16,14 +16,14 @@
 # left of TOTAL_S=510 less 10 s kept for the end), a step with under 5 s left is skipped):
 #    15 setup         .whl/*.whl -> /tmp/site; .whl/ssd (mamba-ssm's Triton SSD) -> /tmp/site-ssd
 #    20 env           nvidia-smi, python/torch/CUDA/Triton/fla versions, `ssm-workbench doctor`
-#    75 kernel-tests  tests/test_triton_kernels.py, test_selective_scan.py, test_triton_aot.py
+#    75 kernel-tests  tests/models/test_triton_kernels.py, test_selective_scan.py, test_triton_aot.py
 #                     compiled on the GPU (TRITON_INTERPRET unset), -n 8, no -x
 #    40 bench-scan    scan alone b8 d128 n16, L 1024 / 4096, triton vs torch (vs mamba-ssm's
 #                     H100 0.47 / 0.85 ms from FACTS.md when mamba-ssm is not built)
 #    25 bench-b64     train step b64 L784: Mamba[triton] vs Transformer (d64, 2 layers)
 #    25 bench-b8      train step b8 L4096: likewise
 #    30 bench-stream  2^20 tokens streamed through Mamba[triton]
-#    60 fla-tests     tests/test_gpu_fla.py: fla's kernels vs the float64 references, -n 8
+#    60 fla-tests     tests/models/test_gpu_fla.py: fla's kernels vs the float64 references, -n 8
 #    35 bench-mamba2  b8 L4096: Mamba-2 with torch / fla / mamba_ssm (mamba-ssm's Triton SSD)
 #    25 bench-gdn     b8 L4096: Gated DeltaNet with torch / fla
 #    20 bench-16k     peak memory b8 L16384: Mamba[triton] vs Transformer
@@ -184,21 +184,21 @@ PY
 
 step_kernel_tests() {
   # shellcheck disable=SC2046
-  $PY -m pytest $(pytest_args 8) tests/test_triton_kernels.py tests/test_selective_scan.py \
-    tests/test_triton_aot.py
+  $PY -m pytest $(pytest_args 8) tests/models/test_triton_kernels.py tests/models/test_selective_scan.py \
+    tests/models/test_triton_aot.py
 }
 
 step_fla_tests() {
   # shellcheck disable=SC2046
-  $PY -m pytest $(pytest_args 8) tests/test_gpu_fla.py
+  $PY -m pytest $(pytest_args 8) tests/models/test_gpu_fla.py
   cuda_rc $?
 }
 
 step_model_tests() {
   # shellcheck disable=SC2046
-  $PY -m pytest $(pytest_args 8) tests/test_mamba.py tests/test_mamba2.py tests/test_mamba3.py \
-    tests/test_linear_rnn.py tests/test_linear_mixers.py tests/test_delta_product.py \
-    tests/test_generalized_delta.py
+  $PY -m pytest $(pytest_args 8) tests/models/test_mamba.py tests/models/test_mamba2.py tests/models/test_mamba3.py \
+    tests/models/test_linear_rnn.py tests/models/test_linear_mixers.py tests/models/test_delta_product.py \
+    tests/models/test_generalized_delta.py
 }
 
 step_bench_scan() {

@@ -64,10 +64,10 @@ case "$phase" in
     { versions; echo; $WB doctor; } 2>&1 | tee "$OUT/doctor.txt"
     python3 -m models.kernels.triton_aot --arch 90 --state 16,64 --dtype fp32,bf16 2>&1 | tee "$OUT/triton-compile.md"
     # real compilation on the GPU (no interpreter): the kernels against the sequential reference
-    timeout 420 python3 -m pytest -q -x -p no:cacheprovider tests/test_triton_kernels.py \
-      tests/test_selective_scan.py tests/test_triton_aot.py 2>&1 | tail -40 | tee "$OUT/kernel-tests.txt"
+    timeout 420 python3 -m pytest -q -x -p no:cacheprovider tests/models/test_triton_kernels.py \
+      tests/models/test_selective_scan.py tests/models/test_triton_aot.py 2>&1 | tail -40 | tee "$OUT/kernel-tests.txt"
     # fla's kernels (auto on CUDA) against the float64 references: every linear-RNN op, FoX
-    timeout 240 python3 -m pytest -q -p no:cacheprovider -rs tests/test_gpu_fla.py 2>&1 | tail -30 \
+    timeout 240 python3 -m pytest -q -p no:cacheprovider -rs tests/models/test_gpu_fla.py 2>&1 | tail -30 \
       | tee "$OUT/fla-tests.txt"
     ;;
   bench)

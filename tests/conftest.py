@@ -31,6 +31,15 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+# tests/ mirrors the code in folders (tests/models/, tests/workbench/<layer>/, tests/tui/, ...),
+# and test modules import each other's helpers by name (``from test_tui import make_app``):
+# every folder of tests is on sys.path, whichever file pytest was asked to run (its prepend
+# import mode adds only the folders of the files it collected). tests/test_layering.py keeps
+# the names unique and those imports going down the layers.
+for _folder in sorted({p.parent for p in Path(__file__).resolve().parent.rglob("test_*.py")}):
+    if str(_folder) not in sys.path:
+        sys.path.append(str(_folder))
+
 
 @pytest.fixture(scope="session", autouse=True)
 def wide_console():
@@ -97,33 +106,6 @@ def store_dir(tmp_path, monkeypatch):
     d = tmp_path / "store"
     monkeypatch.setenv("SSM_WORKBENCH_STORE", str(d))
     return d
-
-
-from slurm_cluster import SlurmCluster, unavailable_reason as slurm_unavailable_reason  # noqa: E402
-
-
-@pytest.fixture(scope="session")
-def slurm_cluster(tmp_path_factory):
-    """A real one-node Slurm cluster (munged, slurmctld, slurmd; tests/slurm_cluster.py),
-    started once and shared by the session's tests; pass ``slurm_cluster.env`` to sbatch,
-    squeue, scontrol and scancel. Skips when Slurm/munge are not installed or not root;
-    fails, with the daemons' logs, when they are but the node does not come up."""
-    reason = slurm_unavailable_reason()
-    if reason:
-        pytest.skip(reason)
-    with SlurmCluster(tmp_path_factory.mktemp("slurm")) as cluster:
-        yield cluster
-
-
-@pytest.fixture
-def slurm_env(slurm_cluster, monkeypatch):
-    """Slurm's clients (called by workbench.execute.slurm) and the jobs find the test cluster;
-    its jobs are cancelled after the test."""
-    for k, v in slurm_cluster.env.items():
-        if os.environ.get(k) != v:
-            monkeypatch.setenv(k, v)
-    yield slurm_cluster
-    slurm_cluster.cancel_all()
 
 
 # SSM_WORKBENCH_TEST_CPU=FILE: one line per test (CPU seconds of this process, of the child

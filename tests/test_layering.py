@@ -1,4 +1,5 @@
-"""The package map stays true (issue 23): imports only go down the layers, and
+"""The package map stays true (issue 23): imports only go down the layers, in the code and
+in tests/ (whose folders mirror it), and
 docs/ARCHITECTURE.md's layout block names every module under workbench/ and models/.
 
 Inside models/ (issue 35 item 4) the same holds for its three levels: base (kernels/ and the
@@ -60,9 +61,10 @@ def layer_of(rel: str) -> str:
     return parts[1]
 
 
-def imported_modules(path: Path) -> list[str]:
-    """Every module ``path`` imports, absolute (relative imports resolved)."""
-    rel = path.relative_to(ROOT).with_suffix("")
+def imported_modules(path: Path, rel: str | None = None) -> list[str]:
+    """Every module ``path`` imports, absolute (relative imports resolved as for the file at
+    ``rel``, by default where ``path`` is)."""
+    rel = Path(rel or path.relative_to(ROOT)).with_suffix("")
     package = list(rel.parts[:-1]) if rel.name != "__init__" else list(rel.parts[:-1])
     out: list[str] = []
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
@@ -217,6 +219,136 @@ def test_a_models_upward_import_is_caught(monkeypatch):
                                             "models.linear_rnn.linear_mixers (family)"]
     finally:
         fake.unlink(missing_ok=True)
+
+
+# tests/ mirrors the code (issue 44) and follows the same layers: a test under
+# tests/workbench/<layer>/ imports that layer and the ones below it (ALLOWED), plus models/
+# and tasks/; tests/tui/ is the tui layer; tests/models/ imports models/ only and tests/tasks/
+# tasks/ and models/ (neither imports the workbench). A test module imported by another
+# (``from test_tui import make_app``) counts as the layer of its folder. tests/e2e/ (whole runs
+# through real processes), tests/scripts/ (scripts/) and the shared files at the top of tests/
+# (conftest.py, helpers.py, slurm_cluster.py, this file) may import anything.
+TESTS = ROOT / "tests"
+TEST_FOLDERS = {"models": "models", "tasks": "tasks", "tui": "tui",
+                **{f"workbench/{layer}": layer for layer in ("spec", "store", "results", "train", "execute", "cli")}}
+TEST_ALLOWED = {"models": {"models"}, "tasks": {"tasks", "models"},
+                **{layer: ALLOWED[layer] | {"models", "tasks"} for layer in ALLOWED if layer not in ("models", "tasks")}}
+
+# Test files that reach above their folder's layer, with the layer they may reach and why:
+# mostly a helper of a higher test module (which could move to a conftest.py below both) or
+# one test that drives the subject through a command. Removing the reach removes the entry.
+TEST_REACH: dict[str, tuple[str, str]] = {
+    "tests/models/test_delta_product.py": ("cli", "its last test measures the model's ops through `bench`"),
+    "tests/models/test_forgetting_attention.py": ("cli", "its last test measures the model through `bench`"),
+    "tests/models/test_generalized_delta.py": ("cli", "its last test measures the model's ops through `bench`"),
+    "tests/models/test_mamba3.py": ("cli", "its last test measures the model's ops through `bench`"),
+    "tests/models/test_hub.py": ("cli", "tasks/hub_data.py's Hub ids beside models/hub.py's, and a command "
+                                "loading by id"),
+    "tests/tui/test_tui_devices_match.py": ("cli", "lm-eval's task index faked by test_lm_eval_tasks"),
+    "tests/tui/test_tui_eval_form.py": ("cli", "lm-eval's task index and checkpoints faked by "
+                                       "test_lm_eval_tasks and test_eval_preflight"),
+    "tests/tui/test_tui_sweep_form.py": ("cli", "lm-eval's task index faked by test_lm_eval_tasks"),
+    "tests/tui/test_tui_first_hour.py": ("cli", "the first hour: commands typed, then the TUI on their store"),
+    "tests/tui/test_tui_runs_results.py": ("cli", "stores filled by test_results_layer.add"),
+    "tests/tui/test_tui_seams.py": ("cli", "the CLI's tables paint with the TUI's run-state styles"),
+    "tests/tui/test_tui_sweeps.py": ("cli", "sweeps made by `run`, as the TUI shows them"),
+    "tests/workbench/execute/test_fsdp.py": ("cli", "`run --dry-run` of an FSDP profile"),
+    "tests/workbench/store/test_runfile.py": ("results", "runs added by test_curves.sweep"),
+    "tests/workbench/store/test_writer.py": ("results", "runs added by test_curves.sweep"),
+    "tests/workbench/train/test_eval_bootstrap_pool.py": ("cli", "skips without lm-eval by "
+                                                         "test_lm_eval_tasks.needs_lm_eval"),
+}
+
+
+def layer_of_test(rel: str) -> str | None:
+    """The layer of a file under tests/ (``tests/workbench/store/test_store.py`` -> ``store``,
+    ``tests/tui/test_tui.py`` -> ``tui``); None where anything may be imported."""
+    parent = str(Path(rel).parent.relative_to("tests")) if rel.startswith("tests/") else ""
+    return TEST_FOLDERS.get(parent)
+
+
+def modules_of_tests() -> dict[str, Path]:
+    """Every test module by the name other tests import it with (its file's stem)."""
+    return {p.stem: p for p in TESTS.rglob("test_*.py")}
+
+
+def violations_of_tests(files: dict[str, Path] | None = None) -> list[str]:
+    """The imports of test files (by path under the repository: the file to read) that go
+    above their folder's layer."""
+    found = []
+    by_name = modules_of_tests()
+    if files is None:
+        files = {str(p.relative_to(ROOT)): p for p in sorted(TESTS.rglob("*.py"))}
+    for rel, path in files.items():
+        mine = layer_of_test(rel)
+        if mine is None:
+            continue
+        reach = TEST_REACH.get(rel, (mine, ""))[0]
+        allowed = TEST_ALLOWED[reach] | TEST_ALLOWED[mine]
+        for mod in imported_modules(path, rel):
+            top = mod.split(".")[0]
+            if top == "workbench":
+                target = layer_of(mod)
+            elif top in ("models", "tasks"):
+                target = top
+            elif top in by_name and by_name[top] != ROOT / rel:
+                target = layer_of_test(str(by_name[top].relative_to(ROOT))) or "tests/" + str(
+                    by_name[top].parent.relative_to(TESTS))
+            else:
+                continue
+            if target not in allowed:
+                found.append(f"{rel} ({mine}) imports {mod} ({target})")
+    return found
+
+
+def test_tests_import_only_down_the_layers():
+    assert violations_of_tests() == []
+
+
+def test_every_test_folder_has_a_layer():
+    """A test lives in a folder that names its layer (or in e2e/, scripts/); no new flat test
+    files at the top of tests/ but this one."""
+    folders = {str(p.parent.relative_to(TESTS)) for p in TESTS.rglob("test_*.py")}
+    assert folders - set(TEST_FOLDERS) - {"e2e", "scripts", "."} == set()
+    assert sorted(p.name for p in TESTS.glob("test_*.py")) == ["test_layering.py"]
+
+
+def test_test_names_are_unique():
+    """Test modules import each other by their file's stem (pytest's ``prepend`` import mode,
+    tests/conftest.py puts every test folder on sys.path): two files of one name in two
+    folders would be one module."""
+    stems = [p.stem for p in TESTS.rglob("*.py") if p.name != "conftest.py"]
+    assert sorted(s for s in set(stems) if stems.count(s) > 1) == []
+
+
+def test_test_reach_is_still_needed():
+    """A listed reach that the file no longer makes is removed from TEST_REACH, and the reach
+    is above the folder's own layer."""
+    for rel, (reach, why) in list(TEST_REACH.items()):
+        assert why, rel
+        mine = layer_of_test(rel)
+        assert mine is not None, f"{rel}: not in a layered test folder"
+        saved = TEST_REACH.pop(rel)
+        try:
+            assert violations_of_tests({rel: ROOT / rel}), f"{rel} no longer reaches above {mine}: remove it from TEST_REACH"
+        finally:
+            TEST_REACH[rel] = saved
+
+
+def test_a_test_reaching_up_is_caught(tmp_path):
+    """The check on tests: a store test that launches the TUI, a store test that imports a
+    TUI test module, and a model test that imports the workbench or tasks/ are reported. (The
+    probe is written to tmp_path and checked as if it were in the folder.)"""
+    probe = tmp_path / "probe.py"
+    store_test = "tests/workbench/store/test_probe.py"
+    probe.write_text("def test_x():\n    from workbench.tui.app import WorkbenchApp\n")
+    assert violations_of_tests({store_test: probe}) == [f"{store_test} (store) imports workbench.tui.app (tui)"]
+    probe.write_text("from test_tui import make_app\nfrom workbench.spec import profile\nimport models\n")
+    assert violations_of_tests({store_test: probe}) == [f"{store_test} (store) imports test_tui (tui)"]
+    probe.write_text("import models\nfrom workbench.store import Store\nimport tasks.base\nfrom helpers import run_steps\n")
+    assert len(violations_of_tests({"tests/models/test_probe.py": probe})) == 2
+    assert violations_of_tests({"tests/e2e/test_probe.py": probe}) == []
+    assert violations_of_tests({"tests/tui/test_probe.py": probe}) == []
 
 
 def layout_block() -> str:

@@ -14,7 +14,7 @@ a_t = exp(g_t) o k_t, b_t = -beta_t k_t, k_t -> beta_t k_t (``generalized_delta`
 doc), formed per step inside the kernel from k, g and beta, which also maps the gradients
 back (as tensors in torch the map cost KDA a third more time); q, k are L2-normalised in
 torch when ``use_qk_l2norm_in_kernel``. The step-by-step ``*_ref``
-functions are the oracle (tests/test_generalized_delta.py).
+functions are the oracle (tests/models/test_generalized_delta.py).
 
 Why C and not the chunked form: on a CPU the chunks' (chunk, chunk) matmuls and triangular
 solves run far below large-GEMM speed; the chunked forms are 1.6-3.8x faster than ``ref``

@@ -9,7 +9,7 @@ recurrence one step at a time with the state in cache, and a hand-written backwa
 recomputes the states one chunk of ``CHUNK_LEN`` steps at a time from the checkpoints the
 forward stored. The maths, the backward's derivation and the memory layout are in the
 header's comment; the plain ``*_ref`` functions of ``linear_rnn`` are its oracle
-(tests/test_linear_rnn_cpu.py).
+(tests/models/test_linear_rnn_cpu.py).
 
 Why a recurrence and not chunks: on a CPU the chunkwise form's small (chunk, chunk)
 matmuls run at a fifth of torch's large-GEMM speed and do twice the arithmetic of the

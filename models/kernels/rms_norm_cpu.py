@@ -10,7 +10,7 @@ recomputed form (``models.common.recomputed_in_slices`` of the plain arithmetic)
 alone but runs the forward twice and autograd's backward of six elementwise ops: 2.4x the
 time of this one at (2, 2048, 256) on 2 cores, and with a stack's 2 n_layers + 1 norms that
 was ~20% of a Mamba step at d_model 256. The same numbers as the plain arithmetic to
-round-off (tests/test_ssm_lm_shape_paths.py compares values and gradients in float64).
+round-off (tests/models/test_ssm_lm_shape_paths.py compares values and gradients in float64).
 """
 from __future__ import annotations
 

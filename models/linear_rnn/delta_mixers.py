@@ -229,7 +229,7 @@ class _DeltaBase(LinearRNNMixer):
         unchanged: :func:`_stacked_weights`), the short conv as a window product over
         [cache | x_t], L2-normalised q / k, then the delta-rule update of S in place of the
         op's ``*_ref`` loop (decay, then n Householder writes, then o = scale S^T q).
-        Equal to the reference step to rounding (tests/test_linear_rnn_fast_paths.py)."""
+        Equal to the reference step to rounding (tests/models/test_linear_rnn_fast_paths.py)."""
         S = state[0]
         ws = self._x_weights()
         y = F.linear(x_t, _stacked_weights(self, ws))

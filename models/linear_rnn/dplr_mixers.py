@@ -248,7 +248,7 @@ class RWKV7Attention(_RefStep, LinearRNNMixer):
         """One token: x_t (batch, d_model) -> (y_t, next state). Without autograd the fused
         step (the six token-shift mixes in one op, the state update in place of
         ``rwkv7_ref``'s loop); with autograd the reference step (the sequence code at
-        T = 1), which tests/test_linear_rnn_fast_paths.py holds the fused one to."""
+        T = 1), which tests/models/test_linear_rnn_fast_paths.py holds the fused one to."""
         if torch.is_grad_enabled():
             return super().step(x_t, state)
         S, prev = state[0], state[1].to(x_t.dtype)

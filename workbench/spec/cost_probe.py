@@ -424,7 +424,7 @@ def _probe_task(task, model: str, d_model: int, n_layers: int, options: dict[str
 # tokens (and classes), and each probe length's row gets the difference added: weights from
 # the encoder's and head's shapes (built on the meta device where large), L (C - C_small)
 # float32 per sequence, and the largest saved tensor max(the body's, L C float32). The
-# split is exact to the byte against a whole probe (tests/test_cost_probe_vocab_split.py
+# split is exact to the byte against a whole probe (tests/workbench/spec/test_cost_probe_vocab_split.py
 # compares the two over models, vocabularies, tied and untied heads and depths). Tokens
 # in, one class per position out, and not a pretrained model (its checkpoint brings its
 # own embedding); every other shape is probed whole.

@@ -4,7 +4,7 @@ Two implement it: :class:`workbench.store.Store` (a worker on the store's host w
 SQLite store) and :class:`workbench.store.runfile.RunFile` (a Slurm job on another node
 appends the same calls as JSON lines to its run file, which the submit host ingests). The
 worker (workbench/train/worker.py) is written against this protocol, so it runs unchanged
-on either; tests/test_writer.py checks that both keep its signatures.
+on either; tests/workbench/store/test_writer.py checks that both keep its signatures.
 """
 from __future__ import annotations
 

@@ -33,7 +33,7 @@ or torchrun / srun), each joins the group first (:func:`join`: its device, gloo 
 nccl on a GPU, the group's timeouts) and loads the model; lm-eval gives each rank every N-th
 document and gathers the per-document metrics to rank 0 (workbench/train/lm_eval_adapter.py),
 which alone writes the run's rows. Rank 0 decides which tasks are done and tells the others,
-so every rank runs the same tasks; the numbers equal one rank's (tests/test_lm_eval_ranks.py).
+so every rank runs the same tasks; the numbers equal one rank's (tests/workbench/cli/test_lm_eval_ranks.py).
 """
 from __future__ import annotations
 
@@ -263,7 +263,7 @@ def _run_eval(store, run_id: int, spec: dict, stop, device, group, info) -> str:
     # the tasks an earlier attempt finished count only when this attempt resumes it (info's
     # "resume", set by `resume`); a restart from scratch (resume None) has deleted their
     # results, and a first attempt has none: then every task runs. Read from the run's info,
-    # not its results, so the worker uses only the RunWriter protocol (tests/test_writer.py)
+    # not its results, so the worker uses only the RunWriter protocol (tests/workbench/store/test_writer.py)
     sets_of: dict[str, list[str]] = dict(info.get("eval_sets") or {}) if info.get("resume") else {}
     done = [t for t in (info.get("eval_done") or []) if t in cfg["tasks"] and sets_of.get(t)] \
         if info.get("resume") else []

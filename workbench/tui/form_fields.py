@@ -44,7 +44,7 @@ UNITS = {"batch_size": "sequences a step", "lr": "peak (after warm-up)", "eval_e
 # The form's starting values for a task, where the registry's defaults (a paper's sizes, for
 # a GPU) or the form's generic budget would leave every model at chance on a 2-core CPU:
 # with these, a Transformer at the form's size learns each task well above chance within
-# the budget (tests/test_first_hour_form.py trains every task from the form's defaults).
+# the budget (tests/tui/test_first_hour_form.py trains every task from the form's defaults).
 # Parameters go into the task's inputs (and so into the profile, where they differ from
 # the registry); training values replace the budget and learning rate the form put there
 # itself, until the user types their own (SweepForm._apply_task_training).

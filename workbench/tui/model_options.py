@@ -6,7 +6,7 @@ were known only from the README).
 The options and defaults are the registry's (``models.entry(name).options()``: the
 factory's keyword parameters, what ``model options`` in the form accepts); each option's
 one-line meaning is :func:`models.option_help.option_help`'s, which has a line for every
-option of every entry (tests/test_model_option_help.py), so a mixer's own options
+option of every entry (tests/models/test_model_option_help.py), so a mixer's own options
 (``num_householder``, ``A_floor``, ...) are explained too, not shown as name = default only.
 
 The pane is a Static: it takes no focus (Tab skips it) and is hidden while no model is
