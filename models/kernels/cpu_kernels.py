@@ -19,6 +19,9 @@ hash of the sources, the compiler, the flags and this CPU's feature flags, so a 
 directory shared by different machines never loads a binary built for another CPU.
 If no compiler works, :func:`load` returns the reason and ``auto`` falls back to the
 ``torch`` backend. ``SSM_WORKBENCH_NO_CPU_KERNEL=1`` disables the kernel.
+
+:func:`build_library` is the one builder (hash-named cache, flag sets, an ABI check on
+load) that the FoX and Mamba-3 MIMO libraries use too.
 """
 from __future__ import annotations
 

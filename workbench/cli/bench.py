@@ -70,7 +70,7 @@ others are measured (bench_models.plan_matched).
 
 ``--generate`` measures autoregressive decoding instead of the training step (prefill,
 per-token time, tokens/s, state bytes per sequence, against ``--prompt-lens`` and ``--batch``
-1,8,32; ``--figure DIR``): workbench.cli.bench_generate.
+1,8,32; ``--figure PATH``, ``--grid axes``, ``--from-table FILE``): workbench.cli.bench_generate.
 
 The parts, one module each: bench_args (the options), bench_models (the training-step table),
 bench_scan, bench_ops, bench_stream, bench_estimate, bench_triton, bench_generate (the other measurements),

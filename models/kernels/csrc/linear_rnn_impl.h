@@ -15,7 +15,7 @@
  * (chunk, K) matmuls, which torch runs at a fifth of its large-GEMM speed, and it does
  * twice the arithmetic of the recurrence. Here the state stays in L1 (32 x 32 floats is
  * 4 KiB), the loops run over tiles of state rows (below), and the (batch, head) items
- * run in parallel. Measured (docs/RESULTS.md, "The C recurrence, second pass"): fwd + bwd
+ * run in parallel. Measured (docs/results/operators.md, "Linear-RNN operators: the C recurrence"): fwd + bwd
  * 21-31x faster than the `*_ref` oracles and 1.8-5.3x faster than the chunked form on a
  * 2-core CPU at L = 4096, with a third of the chunked form's memory. Per step the
  * backward does four FMAs per state element (the forward two); one thread runs within
