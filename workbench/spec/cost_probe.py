@@ -16,11 +16,9 @@ no map (with or without dropout), so for CUDA runs the probe turns attention dro
 an eager attention (Hugging Face GPT-Neo) keeps its map on both and is measured so. Deep
 models (more than ``DIRECT_LAYERS`` layers) are probed at 2 and 4 layers and extrapolated
 linearly in depth; each depth's measurement is kept for the process, so a model's 2-layer
-probe serves its 2-layer runs and every deeper one. A token model with a per-position head
-(a language model) is probed with a vocabulary of ``SPLIT_VOCAB`` tokens and the real
-vocabulary (embedding, head, the logits' log-softmax) added from its shapes, exactly
-("the vocabulary apart" below): a 50k-row vocabulary is never built or run, and the
-vocabularies of one model share the probe of its body. Layers with a faster path that
+probe serves its 2-layer runs and every deeper one. A language model's body is probed
+with a small vocabulary and the real one added from its shapes, exactly
+(:mod:`workbench.spec.probe_vocab`). Layers with a faster path that
 keeps more only for small chunks (Mamba-2 on a CPU, the delta rules' projections) ask
 ``models.common.take_whole``; the probe forces it to the path the real run takes at its
 batch x length and device, never the one the probe's tiny inputs would ("the small-chunk
@@ -48,6 +46,8 @@ import functools
 import json
 from dataclasses import dataclass
 from typing import Any
+
+from workbench.spec.probe_vocab import VocabSplit, counts, split_vocab
 
 PROBE_LENS = (64, 128, 256)     # powers of two: FFT and chunked-scan sizes are exact there
 DIRECT_LAYERS = 4               # deeper models are probed at 2 and 4 layers, then extrapolated
@@ -265,7 +265,7 @@ def _measure_depth(task, model: str, d_model: int, n_layers: int, options: dict[
             if cuda:
                 _no_attention_dropout(net)
             net.train()
-        params, trainable, wbytes, tbytes = _counts(net)
+        params, trainable, wbytes, tbytes = counts(net)
         with torch.random.fork_rng():
             with whole_choices(whole) as one:
                 s1, _ = saved_bytes(net, *_synthetic(small, 1, L))
@@ -278,26 +278,15 @@ def _measure_depth(task, model: str, d_model: int, n_layers: int, options: dict[
 
 
 def _note_calls(calls: dict[tuple, float], seen: list[tuple], batch_tokens: int) -> None:
-    """Add the take_whole calls of one forward over ``batch_tokens`` tokens to ``calls``:
-    per kind, the largest share of the batch's tokens one call saw (1.0 for a layer that
-    sees the whole batch)."""
+    """Per kind of take_whole call in one forward over ``batch_tokens`` tokens, the largest
+    share of those tokens one call saw (1.0: a layer that sees the whole batch)."""
     for tokens, bpt, limit, cpu_only in seen:
         k = (bpt, limit, cpu_only)
         calls[k] = max(calls.get(k, 0.0), tokens / batch_tokens)
 
 
 def _whole_calls(calls: dict[tuple, float]) -> tuple[tuple[int, int, bool, float], ...]:
-    return tuple(sorted((*k, per) for k, per in calls.items()))
-
-
-def _counts(net) -> tuple[int, int, int, int]:
-    """(parameters, trainable parameters, bytes of parameters and buffers, bytes of trainable
-    parameters) of ``net`` (shared parameters once, as ``parameters()`` gives them)."""
-    ps = list(net.parameters())
-    tr = [p for p in ps if p.requires_grad]
-    return (sum(p.numel() for p in ps), sum(p.numel() for p in tr),
-            sum(p.numel() * p.element_size() for p in ps) + sum(b.numel() * b.element_size() for b in net.buffers()),
-            sum(p.numel() * p.element_size() for p in tr))
+    return tuple(sorted((*k, per) for k, per in calls.items()))  # (bpt, limit, cpu_only, share)
 
 
 def _fit_rows(rows: list[tuple], backend: str, can_stream: bool, calls: dict | None = None,
@@ -389,15 +378,14 @@ def _check_probe_size(key: str, task, spec) -> None:
 
 
 def _probe_task(task, model: str, d_model: int, n_layers: int, options: dict[str, Any],
-                cuda: bool, vocab: _VocabSplit | None = None, whole: frozenset = frozenset()) -> Profile:
+                cuda: bool, vocab: VocabSplit | None = None, whole: frozenset = frozenset()) -> Profile:
     """The fitted profile of the composed model; deep models from their 2- and 4-layer
-    probes, extrapolated linearly in depth. ``vocab``: ``task`` is the small stand-in of
-    :func:`_split_vocab`, and each depth's rows get the real vocabulary's part added before
-    the fit (so the fit is the one a probe of the whole model would make). ``whole``: the
-    small-chunk kinds measured on their small path (see "the small-chunk paths")."""
+    probes, extrapolated linearly in depth. ``vocab``: ``task`` is probe_vocab's stand-in,
+    each depth's rows get the real vocabulary added; ``whole``: kinds on their small path."""
     def fitted(depth: int) -> Profile:
         rows, backend, can_stream, calls = _probe_depth(task, model, d_model, depth, options, cuda, whole)
-        return _fit_rows(vocab.add(rows) if vocab is not None else rows, backend, can_stream, calls, whole)
+        rows = vocab.add(rows, PROBE_LENS) if vocab is not None else rows
+        return _fit_rows(rows, backend, can_stream, calls, whole)
 
     if n_layers <= DIRECT_LAYERS:
         return fitted(n_layers)
@@ -409,88 +397,6 @@ def _probe_task(task, model: str, d_model: int, n_layers: int, options: dict[str
         calls[(bpt, limit, cpu_only)] = max(calls.get((bpt, limit, cpu_only), 0.0), per)
     return Profile(*mixed, backend=two.backend, can_stream=two.can_stream,
                    whole_calls=_whole_calls(calls), whole=two.whole)
-
-
-# ----------------------------------------------------------------- the vocabulary apart
-# A token model with a per-position head over a large vocabulary (a language model) spends
-# most of its probe on the vocabulary: the embedding and head weights (zeroed, then run)
-# and the (B, L, V) logits (five ~125M models with GPT-NeoX's 50,280 ids were 29 s of a
-# cold `profile check profiles/*.toml`, four fifths of it). Nothing of the backbone depends
-# on the vocabulary, and what the vocabulary adds is known from its shapes: the embedding
-# (V x d) and an untied head (C x d, and C biases) in weights; in activations, the float32
-# log-softmax of the logits (B, L, C) that cross-entropy saves for backward (the logits
-# themselves are not saved: Linear keeps its input, log-softmax its output, nll_loss the
-# same output and the targets). So the body is probed with a vocabulary of SPLIT_VOCAB
-# tokens (and classes), and each probe length's row gets the difference added: weights from
-# the encoder's and head's shapes (built on the meta device where large), L (C - C_small)
-# float32 per sequence, and the largest saved tensor max(the body's, L C float32). The
-# split is exact to the byte against a whole probe (tests/workbench/spec/test_cost_probe_vocab_split.py
-# compares the two over models, vocabularies, tied and untied heads and depths). Tokens
-# in, one class per position out, and not a pretrained model (its checkpoint brings its
-# own embedding); every other shape is probed whole.
-SPLIT_VOCAB = 16
-
-
-@dataclass
-class _ShapeTask:
-    """A stand-in for a task with only what its composed model and the probe's batch read
-    (:func:`model_shape`, its name for messages and its length)."""
-
-    name: str
-    seq_len: int
-    readout: str
-    vocab_size: int | None
-    num_classes: int
-    input_dim: int | None = None
-    pooled: bool = False
-
-
-@dataclass
-class _VocabSplit:
-    """What a real vocabulary adds to a probe of its small stand-in, per probe length."""
-
-    params: int
-    trainable: int
-    weight_bytes: int
-    trainable_bytes: int
-    logit_bytes_per_position: int   # float32 log-softmax of the real classes, per position
-    small_logit_bytes: int          # the same of the stand-in's classes
-
-    def add(self, rows: list[tuple]) -> list[tuple]:
-        out = []
-        for L, (p, t, wb, tb, shared, per_sample, largest) in zip(PROBE_LENS, rows):
-            out.append((p + self.params, t + self.trainable, wb + self.weight_bytes, tb + self.trainable_bytes,
-                        shared, per_sample + L * (self.logit_bytes_per_position - self.small_logit_bytes),
-                        max(largest, L * self.logit_bytes_per_position)))
-        return out
-
-
-def _split_vocab(task, model: str, d_model: int, options: dict[str, Any]):
-    """(the small stand-in task, the options to build it with, the :class:`_VocabSplit`)
-    for a model whose vocabulary can be added from shapes (see above), else None."""
-    import models
-    from tasks.heads import make_encoder, make_head
-    from workbench.spec.compose_options import split_options
-    from workbench.train.compose import resolve_init
-
-    if (getattr(task, "input_dim", None) or task.readout != "per_position" or not task.vocab_size
-            or task.pooled or models.entry(model).family == "pretrained"):
-        return None
-    V, C = int(task.vocab_size), int(task.num_classes)
-    small = _ShapeTask(task.name, task.seq_len, task.readout, min(V, SPLIT_VOCAB), min(C, SPLIT_VOCAB))
-    if (small.vocab_size, small.num_classes) == (V, C):
-        return None
-    _, compose_opts = split_options(options)
-    # the real task decides tying (equal vocabulary and classes); the stand-in is told
-    tied = resolve_init(task, model, **compose_opts)["tie_embeddings"]
-    try:
-        parts = [[_counts(models.registry.build_for_shapes(lambda t=t, f=f: f(t, d_model)))
-                  for f in ((make_encoder,) if tied else (make_encoder, make_head))] for t in (task, small)]
-    except Exception:  # noqa: BLE001 - a shape the registry cannot build: the whole probe will say why
-        return None
-    real, stand_in = ([sum(c) for c in zip(*p)] for p in parts)
-    delta = [a - b for a, b in zip(real, stand_in)]
-    return small, {**options, "tie_embeddings": tied}, _VocabSplit(*delta, 4 * C, 4 * small.num_classes)
 
 
 def model_shape(task) -> dict[str, Any]:
@@ -547,7 +453,7 @@ def probe(spec, cuda: bool, task=None, whole: frozenset = frozenset()) -> Profil
         except (KeyError, TypeError, ValueError):   # not cached, or in an older form
             _check_probe_size(probe_key(spec, task, cuda), task, spec)
             with _one_thread():
-                split = _split_vocab(task, spec.model, spec.d_model, spec.model_options)
+                split = split_vocab(task, spec.model, spec.d_model, spec.model_options)
                 if split is None:
                     _PROBES[key] = _probe_task(task, spec.model, spec.d_model, spec.n_layers,
                                                spec.model_options, cuda, None, whole)
@@ -589,18 +495,18 @@ def _cache_path():
 
 def _probe_sources() -> list:
     """The files whose code decides a probe: models/ and tasks/ (the backbone, encoders,
-    heads and loss), this module (how it measures), and the composition of a task's model
-    (workbench/train/compose.py, workbench/spec/compose_options.py). Not estimate.py: it
-    only reads probes."""
+    heads and loss), this module and probe_vocab (how they measure), and the composition
+    of a task's model (workbench/train/compose.py, workbench/spec/compose_options.py). Not
+    estimate.py: it only reads probes."""
     from pathlib import Path
 
     import models
     import tasks
     import workbench.train.compose as compose
-    from workbench.spec import compose_options
+    from workbench.spec import compose_options, probe_vocab
 
     files = [f for pkg in (models, tasks) for f in sorted(Path(pkg.__file__).parent.rglob("*.py"))]
-    return files + [Path(m.__file__) for m in (compose, compose_options)] + [Path(__file__)]
+    return files + [Path(m.__file__) for m in (compose, compose_options, probe_vocab)] + [Path(__file__)]
 
 
 @functools.lru_cache(maxsize=1)

@@ -284,9 +284,9 @@ class SweepForm(FormLaunch, FormLive, FormMatch, FormPresets, FormProfile, Verti
         has not been edited since ``since`` (when the change it follows happened:
         form_fields.put; a cleared field being retyped keeps what is typed)."""
         field = self.query_one("#eval_every", Input)
-        if auto is not None and field.value.strip() in ("", self._eval_auto):
-            if not put(field, auto, since):
-                return  # typed since: the user's value, not the form's any more
+        if (auto is not None and field.value.strip() in ("", self._eval_auto)
+                and not put(field, auto, since)):
+            return  # typed since: the user's value, not the form's any more
         if auto is not None:
             self._eval_auto = auto
 

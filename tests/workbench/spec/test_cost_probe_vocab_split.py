@@ -16,6 +16,7 @@ import torch
 
 import tasks
 from workbench.spec import cost_probe as cp
+from workbench.spec import probe_vocab
 
 LENGTHS = (64, 128, 256, 1000, 2048)
 
@@ -30,10 +31,10 @@ def _fresh(monkeypatch):
 
 def _whole_and_split(task, model: str, d_model: int, n_layers: int, options: dict):
     whole = cp._probe_task(task, model, d_model, n_layers, options, False)
-    split = cp._split_vocab(task, model, d_model, options)
+    split = probe_vocab.split_vocab(task, model, d_model, options)
     assert split is not None, "this shape must be probed with the vocabulary apart"
     small, small_options, vocab = split
-    assert small.vocab_size <= cp.SPLIT_VOCAB and small.num_classes <= cp.SPLIT_VOCAB
+    assert small.vocab_size <= probe_vocab.SPLIT_VOCAB and small.num_classes <= probe_vocab.SPLIT_VOCAB
     return whole, cp._probe_task(small, model, d_model, n_layers, small_options, False, vocab)
 
 
@@ -58,11 +59,11 @@ def test_the_split_probe_equals_a_probe_of_the_whole_model(monkeypatch, model, v
     _assert_same(whole, split)
     # what the vocabulary adds, measured by the whole probe: the float32 log-softmax of
     # the logits (4 bytes a class and position, the logits themselves are not kept)
-    small, small_options, _ = cp._split_vocab(task, model, 16, options)
+    small, small_options, _ = probe_vocab.split_vocab(task, model, 16, options)
     body = cp._probe_task(small, model, 16, 2, small_options, False)
     for L in (64, 256):
         assert whole.per_sample(L) - body.per_sample(L) == pytest.approx(4 * L * (vocab - small.num_classes))
-    assert whole.params(256) - body.params(256) >= (vocab - cp.SPLIT_VOCAB) * 16
+    assert whole.params(256) - body.params(256) >= (vocab - probe_vocab.SPLIT_VOCAB) * 16
 
 
 @pytest.mark.parametrize("model", ["transformer", "mamba"])
@@ -73,7 +74,7 @@ def test_the_split_holds_for_deep_models_and_for_classes_unlike_the_vocabulary(m
     _fresh(monkeypatch)
     _assert_same(*_whole_and_split(tasks.build("mqar", vocab_size=1000, seq_len=64, num_kv_pairs=4),
                                    model, 16, 7, {}))
-    shape = cp._ShapeTask("shape", 64, "per_position", vocab_size=300, num_classes=40)
+    shape = probe_vocab.ShapeTask("shape", 64, "per_position", vocab_size=300, num_classes=40)
     _assert_same(*_whole_and_split(shape, model, 16, 2, {}))
 
 
@@ -95,7 +96,7 @@ def test_a_large_vocabulary_is_never_built_and_the_estimate_is_unchanged(monkeyp
     task = tasks.build("mqar", vocab_size=8192, seq_len=64, num_kv_pairs=4)
     spec = SimpleNamespace(model="mamba", model_options={}, d_model=16, n_layers=6)
     prof = cp.probe(spec, False, task)
-    assert built and max(max(b) for b in built) <= cp.SPLIT_VOCAB, built
+    assert built and max(max(b) for b in built) <= probe_vocab.SPLIT_VOCAB, built
     monkeypatch.setattr(cp, "_build", real_build)
     whole = cp._probe_task(task, "mamba", 16, 6, {}, False)
     _assert_same(whole, prof)
@@ -123,16 +124,16 @@ def test_vocabularies_of_one_model_share_one_probe_of_its_body(monkeypatch):
         for depth in (2, 8):
             cp.probe(SimpleNamespace(model="gated_deltanet", model_options={}, d_model=16, n_layers=depth),
                      False, task)
-    assert sorted(measured) == [(cp.SPLIT_VOCAB, 2), (cp.SPLIT_VOCAB, 4)]
+    assert sorted(measured) == [(probe_vocab.SPLIT_VOCAB, 2), (probe_vocab.SPLIT_VOCAB, 4)]
 
 
 def test_small_vocabularies_and_other_shapes_are_probed_whole():
     task = tasks.build("mqar", vocab_size=12, seq_len=64, num_kv_pairs=4)  # at most SPLIT_VOCAB tokens
-    assert cp._split_vocab(task, "mamba", 16, {}) is None
-    pooled = cp._ShapeTask("shape", 64, "pooled", vocab_size=5000, num_classes=2, pooled=True)
-    assert cp._split_vocab(pooled, "mamba", 16, {}) is None
-    features = cp._ShapeTask("shape", 64, "per_position", vocab_size=None, num_classes=5000, input_dim=3)
-    assert cp._split_vocab(features, "mamba", 16, {}) is None
+    assert probe_vocab.split_vocab(task, "mamba", 16, {}) is None
+    pooled = probe_vocab.ShapeTask("shape", 64, "pooled", vocab_size=5000, num_classes=2, pooled=True)
+    assert probe_vocab.split_vocab(pooled, "mamba", 16, {}) is None
+    features = probe_vocab.ShapeTask("shape", 64, "per_position", vocab_size=None, num_classes=5000, input_dim=3)
+    assert probe_vocab.split_vocab(features, "mamba", 16, {}) is None
 
 
 def test_the_profile_check_counts_each_backbone_once(monkeypatch):
