@@ -13,6 +13,7 @@ share.
 """
 from __future__ import annotations
 
+import gc
 import os
 import statistics
 import time
@@ -117,7 +118,12 @@ class ExtraPeak:
     then. CUDA: the allocator's peak minus the bytes allocated at the start (peak stats
     reset); CPU: the process's own peak RSS, reset to the current RSS where the OS allows
     (``sysmon.reset_peak_rss``), minus that RSS, so a transient of building the model
-    before it does not count. ``rss_before`` is that CPU baseline (taken on both)."""
+    before it does not count. Garbage is collected first: memory the collector
+    freed during the work would lower the RSS under the baseline and hide that much of
+    the work's peak. Memory the C heap
+    holds free but resident is reused without raising the RSS: measure in a fresh process
+    (``bench`` does) for a peak that counts every byte. ``rss_before`` is that CPU baseline
+    (taken on both)."""
 
     def __init__(self, device: torch.device):
         self.device = device
@@ -126,6 +132,7 @@ class ExtraPeak:
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
             self.base = torch.cuda.memory_allocated(device)
+        gc.collect()
         sysmon.reset_peak_rss()
         self.rss_before = rss_mib()
 
