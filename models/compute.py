@@ -42,6 +42,11 @@ from typing import Any, Callable
 import torch
 import torch.nn as nn
 
+# the registry, not the package: ``models/__init__.py`` imports this module for
+# ``models.flops`` (importing ``models.registry`` runs that __init__ first, so every catalogue
+# has registered its entries by the time a function here runs)
+from models import registry
+
 #: where a backbone is trained as one token-mixer per layer (no MLP): the table gives it
 #: twice the layers of attention + MLP entries, as the Mamba paper does (section 4.2).
 TABLE_D_MODEL, TABLE_SEQ_LEN = 768, 2048
@@ -290,8 +295,7 @@ def count(module: nn.Module, seq_len: int) -> FlopCount:
 def build_for_count(name: str, d_model: int, n_layers: int, **options: Any) -> nn.Module:
     """Build ``name`` for counting (models.registry.build_shapes): on the CPU while small,
     on the meta device (no memory) past that, on the CPU where an init needs real tensors."""
-    import models
-    return models.registry.build_shapes(name, d_model=d_model, n_layers=n_layers, **options)
+    return registry.build_shapes(name, d_model=d_model, n_layers=n_layers, **options)
 
 
 def flops(name: str, seq_len: int, d_model: int = 64, n_layers: int = 2, **options: Any) -> FlopCount:
@@ -356,10 +360,9 @@ CHECK_NOTES = {
 def table_rows(d_model: int = TABLE_D_MODEL, seq_len: int = TABLE_SEQ_LEN,
                check: bool = True, check_d_model: int = 32, check_seq_len: int = 64):
     """One row per entry (pretrained ones need checkpoints and are left out)."""
-    import models
     rows = []
-    for name in models.names():
-        if models.entry(name).family == "pretrained":
+    for name in registry.names():
+        if registry.entry(name).family == "pretrained":
             continue
         layers = 12 if name in TABLE_MLP_ENTRIES else 24
         c = flops(name, seq_len, d_model=d_model, n_layers=layers)
@@ -368,11 +371,11 @@ def table_rows(d_model: int = TABLE_D_MODEL, seq_len: int = TABLE_SEQ_LEN,
                "terms": c.terms}
         if check:
             torch.manual_seed(0)
-            opts = {"backend": "torch"} if "backend" in models.entry(name).options() else {}
+            opts = {"backend": "torch"} if "backend" in registry.entry(name).options() else {}
             try:
-                m = models.build(name, d_model=check_d_model, n_layers=2, **opts)
+                m = registry.build(name, d_model=check_d_model, n_layers=2, **opts)
             except Exception:
-                m = models.build(name, d_model=check_d_model, n_layers=2)
+                m = registry.build(name, d_model=check_d_model, n_layers=2)
             ours = count(m, check_seq_len).matmul
             row["check_ratio"] = measured_matmul(m, check_seq_len, check_d_model) / ours
         rows.append(row)
