@@ -112,7 +112,7 @@ def build_linear_attention(d_model: int, n_layers: int, n_heads: int = 4, expand
         SHORT_CONV, DELTA)
 def build_deltanet(d_model: int, n_layers: int, n_heads: int = 4, expand_k: float = 1.0,
                    expand_v: float = 1.0):
-    from models.linear_rnn.linear_mixers import DeltaNet
+    from models.linear_rnn.delta_mixers import DeltaNet
     return DeltaNet
 
 
@@ -122,7 +122,7 @@ def build_deltanet(d_model: int, n_layers: int, n_heads: int = 4, expand_k: floa
         SHORT_CONV, DELTA)
 def build_gated_deltanet(d_model: int, n_layers: int, n_heads: int = 4, expand_k: float = 0.75,
                          expand_v: float = 1.5):
-    from models.linear_rnn.linear_mixers import GatedDeltaNet
+    from models.linear_rnn.delta_mixers import GatedDeltaNet
     return GatedDeltaNet
 
 
@@ -133,7 +133,7 @@ def build_gated_deltanet(d_model: int, n_layers: int, n_heads: int = 4, expand_k
 def build_gated_deltaproduct(d_model: int, n_layers: int, n_heads: int = 4, expand_k: float = 0.75,
                              expand_v: float = 1.5, num_householder: int = 2,
                              use_forget_gate: bool = True):
-    from models.linear_rnn.linear_mixers import GatedDeltaProduct
+    from models.linear_rnn.delta_mixers import GatedDeltaProduct
     return GatedDeltaProduct
 
 

@@ -19,8 +19,8 @@ pattern uses):
     R  retnet               models.linear_rnn.linear_mixers.MultiScaleRetention
     L  linear attention     models.linear_rnn.linear_mixers.LinearAttention
     B  based linear attn    models.linear_rnn.based.BasedLinearAttention
-    D  deltanet             models.linear_rnn.linear_mixers.DeltaNet
-    N  gated deltanet       models.linear_rnn.linear_mixers.GatedDeltaNet
+    D  deltanet             models.linear_rnn.delta_mixers.DeltaNet
+    N  gated deltanet       models.linear_rnn.delta_mixers.GatedDeltaNet
     C  short gated conv     models.linear_rnn.based.BaseConv (Based's BaseConv)
 
 Shared options reach the mixers that take them (by their constructor's signature):
@@ -53,8 +53,8 @@ MIXER_CODES: dict[str, tuple[str, str, str]] = {
     "R": ("retnet", "models.linear_rnn.linear_mixers", "MultiScaleRetention"),
     "L": ("linear_attention", "models.linear_rnn.linear_mixers", "LinearAttention"),
     "B": ("based", "models.linear_rnn.based", "BasedLinearAttention"),
-    "D": ("deltanet", "models.linear_rnn.linear_mixers", "DeltaNet"),
-    "N": ("gated_deltanet", "models.linear_rnn.linear_mixers", "GatedDeltaNet"),
+    "D": ("deltanet", "models.linear_rnn.delta_mixers", "DeltaNet"),
+    "N": ("gated_deltanet", "models.linear_rnn.delta_mixers", "GatedDeltaNet"),
     "C": ("base_conv", "models.linear_rnn.based", "BaseConv"),
 }
 CODE_OF = {name: code for code, (name, _, _) in MIXER_CODES.items()}

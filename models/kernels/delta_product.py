@@ -8,18 +8,19 @@ Improving State-Tracking in Linear RNNs via Householder Products", 2025): n delt
 k, v and beta carry n rows per token (batch, time * n, ...), q and g one. The step-by-step
 oracle ``gated_delta_product_ref``, the chunked ``gated_delta_product`` (linear_rnn's chunked
 delta rules on the interleaved sequence of T n steps, ``delta_product_via``) and
-``PRODUCT_OPS`` (with ``ALL_OPS``, linear_rnn's ``OPS`` and these together). linear_rnn
-serves these names too (``linear_rnn.PRODUCT_OPS`` ...).
+``PRODUCT_OPS``. Built on ``models.kernels.linear_rnn``, which does not import this module;
+the family's whole table (linear_rnn's ``OPS`` and these) is ``models.kernels.linear_rnn_ops``'
+``ALL_OPS``.
 """
 from __future__ import annotations
 
 import torch
 
-from models.kernels.linear_rnn import (OPS, _check, _compute_dtype, _l2norm, _state0, delta_rule,
+from models.kernels.linear_rnn import (_check, _compute_dtype, _l2norm, _state0, delta_rule,
                                        gated_delta_rule)
 
 __all__ = ["gated_delta_product", "gated_delta_product_ref", "delta_product_via",
-           "PRODUCT_OPS", "ALL_OPS"]
+           "PRODUCT_OPS"]
 
 
 def _householder_steps(q, k, v, beta, num_householder):
@@ -132,4 +133,3 @@ def gated_delta_product(q, k, v, g, beta, num_householder=None, scale=None,
 PRODUCT_OPS = {
     "gated_delta_product": (gated_delta_product, gated_delta_product_ref, "scalar", True),
 }
-ALL_OPS = {**OPS, **PRODUCT_OPS}

@@ -16,7 +16,10 @@ Per batch element and head the state S_t is a (key_dim, value_dim) matrix; with 
     gated_delta_product (Gated DeltaProduct, Siems et al. 2025): n delta-rule steps per
                       token, S <- exp(g_t) S, then for j < n:
                       S <- S + beta_tj k_tj (v_tj - S^T k_tj)^T   (``PRODUCT_OPS``,
-                      in ``models.kernels.delta_product``)
+                      in ``models.kernels.delta_product``, which builds on this module)
+
+    ``OPS`` (here) holds the five above; ``models.kernels.linear_rnn_ops`` holds the
+    family's whole table ``ALL_OPS`` (these and ``PRODUCT_OPS``) and ``make_inputs``.
 
     output            o_t = scale * S_t^T q_t
 
@@ -93,13 +96,12 @@ __all__ = [
     "gla", "gla_ref",
     "delta_rule", "delta_rule_ref",
     "gated_delta_rule", "gated_delta_rule_ref",
-    "gated_delta_product", "gated_delta_product_ref",
-    "OPS", "PRODUCT_OPS", "ALL_OPS",
+    "OPS",
 ]
 
 DEFAULT_CHUNK_SIZE = 64
 # chunk_size=None picks these on a CPU (fwd+bwd at batch 8, 4 heads of 32, L = 4096, one
-# thread, `python -m models.kernels.linear_rnn --tune-chunks`: the delta rules' chunk loop
+# thread, `python -m models.kernels.linear_rnn_bench --tune-chunks`: the delta rules' chunk loop
 # and triangular solve favour short chunks there) and DEFAULT_CHUNK_SIZE elsewhere.
 CPU_CHUNK_SIZE = {"linear_attention": 32, "simple_gla": 32, "gla": 64, "delta_rule": 16,
                   "gated_delta_rule": 16}
@@ -545,53 +547,3 @@ OPS = {
     "delta_rule": (delta_rule, delta_rule_ref, None, True),
     "gated_delta_rule": (gated_delta_rule, gated_delta_rule_ref, "scalar", True),
 }
-
-
-# Gated DeltaProduct (gated_delta_product[_ref], delta_product_via, PRODUCT_OPS, ALL_OPS) lives
-# in models.kernels.delta_product, which builds on this module; its names are served from here
-# as well, on first use, so that neither module imports the other while it loads.
-_DELTA_PRODUCT_NAMES = ("gated_delta_product", "gated_delta_product_ref", "delta_product_via",
-                        "_householder_steps", "PRODUCT_OPS", "ALL_OPS")
-
-
-def __getattr__(name):
-    if name in _DELTA_PRODUCT_NAMES:
-        from models.kernels import delta_product
-        return getattr(delta_product, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def make_inputs(name, batch=2, time=37, heads=2, key_dim=8, value_dim=8, dtype=torch.float64,
-                gate_range=(-1.0, 0.0), seed=0, device="cpu", requires_grad=True,
-                num_householder=2, value_heads=None, beta_range=(0.0, 1.0)):
-    """Random positional arguments for op ``name``: (q, k, v[, g][, beta]), keys
-    L2-normalised for the delta rules, g uniform in gate_range, beta uniform in beta_range
-    ((0, 2) reaches negative eigenvalues). Product ops: k, v, beta with time *
-    num_householder rows. value_heads (default heads): v, g, beta's heads (grouped value
-    heads when more)."""
-    from models.kernels.delta_product import ALL_OPS, PRODUCT_OPS
-
-    gen = torch.Generator().manual_seed(seed)
-    _, _, gate, needs_beta = ALL_OPS[name]
-    B, T, H, K, V = batch, time, heads, key_dim, value_dim
-    HV = heads if value_heads is None else value_heads
-    Tn = T * num_householder if name in PRODUCT_OPS else T
-    q = torch.randn(B, T, H, K, generator=gen, dtype=dtype)
-    k = torch.randn(B, Tn, H, K, generator=gen, dtype=dtype)
-    if needs_beta:
-        k = _l2norm(k)
-    args = [q, k, torch.randn(B, Tn, HV, V, generator=gen, dtype=dtype)]
-    if gate is not None:
-        shape = (B, T, HV, K) if gate == "vector" else (B, T, HV)
-        lo, hi = gate_range
-        args.append(lo + (hi - lo) * torch.rand(*shape, generator=gen, dtype=dtype))
-    if needs_beta:
-        lo, hi = beta_range
-        args.append(lo + (hi - lo) * torch.rand(B, Tn, HV, generator=gen, dtype=dtype))
-    return [a.to(device).requires_grad_(requires_grad) for a in args]
-
-
-if __name__ == "__main__":   # `python -m models.kernels.linear_rnn --bench | --tune-chunks`
-    from models.kernels.linear_rnn_bench import main
-
-    main()

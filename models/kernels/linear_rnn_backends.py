@@ -1,6 +1,6 @@
 """Which implementation of a linear-RNN operator runs: ``auto | torch | ref | fla | cpu``.
 
-The operators are those of :mod:`models.kernels.linear_rnn` (``linear_attention``,
+The operators are those of :mod:`models.kernels.linear_rnn_ops`' ``ALL_OPS`` (``linear_attention``,
 ``simple_gla``, ``gla``, ``delta_rule``, ``gated_delta_rule``, ``gated_delta_product``) and
 of :mod:`models.kernels.generalized_delta` (``rwkv7``, ``kda``; their C form is
 :mod:`models.kernels.generalized_delta_cpu`), all
@@ -34,7 +34,7 @@ from typing import Callable
 
 import torch
 
-from models.kernels import linear_rnn
+from models.kernels import delta_product, linear_rnn, linear_rnn_ops
 
 BACKENDS = ("auto", "torch", "ref", "fla", "cpu")
 
@@ -152,18 +152,18 @@ def _fla_delta_product(product_fn, delta_fn, gated_fn, q, k, v, g, beta, num_hou
                        **kwargs):
     """fla's ``chunk_gated_delta_product`` where it runs (half / bfloat16 inputs, a decay g,
     one head count: it asserts all three), else fla's delta-rule kernels on the interleaved
-    sequence (``linear_rnn.delta_product_via``), which is what its forward does."""
-    n = linear_rnn._householder_steps(q, k, v, beta, num_householder)
+    sequence (``delta_product.delta_product_via``), which is what its forward does."""
+    n = delta_product._householder_steps(q, k, v, beta, num_householder)
     if g is not None and q.dtype in (torch.float16, torch.bfloat16) and v.shape[2] == q.shape[2]:
         return product_fn(q, k, v, g, beta, n, **kwargs)
-    return linear_rnn.delta_product_via(delta_fn, gated_fn, q, k, v, g, beta, n, **kwargs)
+    return delta_product.delta_product_via(delta_fn, gated_fn, q, k, v, g, beta, n, **kwargs)
 
 
 def get_op(name: str, backend: str, device_type: str = "cpu") -> tuple[Callable, str]:
     """(operator, resolved backend name) for op ``name`` on ``device_type``."""
     from models.kernels import generalized_delta
 
-    known = {**linear_rnn.ALL_OPS, **generalized_delta.OPS}
+    known = {**linear_rnn_ops.ALL_OPS, **generalized_delta.OPS}
     if name not in known:
         raise KeyError(f"unknown linear-RNN op {name!r}; known: {', '.join(known)}")
     if name in generalized_delta.OPS:                  # rwkv7, kda: C form in their own module
@@ -177,7 +177,7 @@ def get_op(name: str, backend: str, device_type: str = "cpu") -> tuple[Callable,
         chunked, ref = generalized_delta.OPS[name]
         return (ref if chosen == "ref" else chunked), chosen
     chosen = resolve(backend, device_type)
-    chunked, ref = linear_rnn.ALL_OPS[name][:2]
+    chunked, ref = linear_rnn_ops.ALL_OPS[name][:2]
     if chosen == "fla":
         return _fla_op(name), chosen
     if chosen == "cpu":

@@ -1,4 +1,4 @@
-"""Timings of the linear-RNN operators (``python -m models.kernels.linear_rnn --bench |
+"""Timings of the linear-RNN operators (``python -m models.kernels.linear_rnn_bench --bench |
 --tune-chunks``): forward + backward of each chunked form against its ``*_ref`` twin, and
 the chunk size per operator on this machine (``linear_rnn.CPU_CHUNK_SIZE``). The table with
 the workbench's other measurements is ``ssm-workbench bench --ops``."""
@@ -7,6 +7,7 @@ from __future__ import annotations
 import torch
 
 from models.kernels import linear_rnn as lr
+from models.kernels.linear_rnn_ops import make_inputs
 
 
 def _bench(lengths=(1024, 4096), batch=8, heads=4, dim=32, repeats=5, ref_max_len=None):
@@ -23,7 +24,7 @@ def _bench(lengths=(1024, 4096), batch=8, heads=4, dim=32, repeats=5, ref_max_le
         fast, ref = lr.OPS[name][:2]
         lr.GLA_FACTORISED = factorised
         for L in lengths:
-            args = lr.make_inputs(name, batch, L, heads, dim, dim, torch.float32,
+            args = make_inputs(name, batch, L, heads, dim, dim, torch.float32,
                                gate_range=(-0.5, 0.0))
             S0 = torch.randn(batch, heads, dim, dim, requires_grad=True)
 
@@ -69,7 +70,7 @@ def main() -> None:
         print("| op | L | C=16 | C=32 | C=64 |\n|---|---|---|---|---|")
         for name, (fast, *_rest) in lr.OPS.items():
             for L in a.lengths:
-                args = lr.make_inputs(name, 8, L, 4, 32, 32, torch.float32, gate_range=(-0.5, 0.0))
+                args = make_inputs(name, 8, L, 4, 32, 32, torch.float32, gate_range=(-0.5, 0.0))
                 S0 = torch.randn(8, 4, 32, 32, requires_grad=True)
                 best = {C: float("inf") for C in (16, 32, 64)}
                 for _ in range(3):
@@ -87,3 +88,7 @@ def main() -> None:
         _bench(a.lengths, ref_max_len=a.ref_max_len)
     else:
         p.print_help()
+
+
+if __name__ == "__main__":
+    main()

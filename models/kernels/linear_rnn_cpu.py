@@ -25,7 +25,8 @@ from __future__ import annotations
 import torch
 
 from models.kernels import cpu_kernels
-from models.kernels.linear_rnn import _check, _compute_dtype, delta_product_via, expand_heads
+from models.kernels.delta_product import delta_product_via
+from models.kernels.linear_rnn import _check, _compute_dtype, expand_heads
 
 CHUNK_LEN = 64          # steps between stored states; the backward recomputes one chunk
 TILE = 16               # the C kernel's LRNN_LT: checkpoint rows are padded to a multiple
@@ -191,9 +192,9 @@ def gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None,
 def gated_delta_product(q, k, v, g, beta, num_householder=None, scale=None,
                         initial_state=None, output_final_state=False,
                         use_qk_l2norm_in_kernel=False, chunk_len=None):
-    """Gated DeltaProduct (``linear_rnn.gated_delta_product_ref``): the C gated delta rule
+    """Gated DeltaProduct (``delta_product.gated_delta_product_ref``): the C gated delta rule
     (the delta rule when g is None) on the interleaved sequence of T num_householder steps
-    (``linear_rnn.delta_product_via``). fla's layout: k, v, beta carry n rows per token."""
+    (``delta_product.delta_product_via``). fla's layout: k, v, beta carry n rows per token."""
     return delta_product_via(delta_rule, gated_delta_rule, q, k, v, g, beta, num_householder,
                              scale, initial_state, output_final_state,
                              use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,

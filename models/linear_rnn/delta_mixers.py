@@ -1,5 +1,5 @@
 """Delta-rule mixers: :class:`DeltaNet`, :class:`GatedDeltaNet` and :class:`GatedDeltaProduct`
-(also importable from ``models.linear_rnn.linear_mixers``, whose module docstring gives the shared
+(on ``models.linear_rnn.linear_mixers``' base class, whose module docstring gives the shared
 contract: forward, init_state, forward_with_state, step, state_size, backend, chunk_size).
 
 All follow the structure of flash-linear-attention's layers (``fla/layers/delta_net.py``,

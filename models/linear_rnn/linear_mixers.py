@@ -5,7 +5,7 @@
 - :class:`LinearAttention`      (Katharopoulos et al. 2020): no decay, a feature map and
   (optionally) the normaliser q . sum k;
 - ``DeltaNet``, ``GatedDeltaNet`` and ``GatedDeltaProduct`` live in ``models.linear_rnn.delta_mixers``
-  and are importable from here too (``from models.linear_rnn.linear_mixers import DeltaNet``).
+  (which builds on this module's :class:`LinearRNNMixer`; this module does not import it).
 
 Each follows the structure of its flash-linear-attention layer (``fla/layers/*.py``,
 github.com/fla-org/flash-linear-attention); the code is this project's own.
@@ -41,12 +41,12 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from models.common import RMSNorm, recomputed, recomputed_in_slices, rms_norm
-from models.kernels import linear_rnn
+from models.kernels import linear_rnn_ops
 from models.kernels.linear_rnn_backends import (BackendError, check_backend, fla_status,
                                                 get_op, resolve)
 
-__all__ = ["GatedLinearAttention", "MultiScaleRetention", "LinearAttention", "DeltaNet",
-           "GatedDeltaNet", "GatedDeltaProduct", "HeadRMSNorm", "GatedHeadRMSNorm", "LinearRNNMixer"]
+__all__ = ["GatedLinearAttention", "MultiScaleRetention", "LinearAttention", "HeadRMSNorm",
+           "GatedHeadRMSNorm", "LinearRNNMixer"]
 
 
 def _compute_dtype(x: torch.Tensor) -> torch.dtype:
@@ -66,6 +66,11 @@ class GatedHeadRMSNorm(HeadRMSNorm):
     in the backward. o, gate (..., d) -> (..., d)."""
 
     def forward(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        from models.kernels import gated_norm_cpu
+
+        if gated_norm_cpu.applies(x, gate, self.weight):   # CPU fp32/64: the C kernel (issue 43)
+            return gated_norm_cpu.GatedRMSNormFn.apply(x, gate, self.weight, self.eps,
+                                                       x.shape[-1], True, False)
         return recomputed(_gated_head_rms_norm, x, gate, self.weight, self.eps)
 
 
@@ -137,7 +142,7 @@ class LinearRNNMixer(nn.Module):
     # -- the operator ----------------------------------------------------------------
     def _apply_op(self, args, kwargs, S0, final: bool, recurrent: bool):
         if recurrent:                            # step: the reference recurrence
-            op = linear_rnn.ALL_OPS[self.op_name][1]
+            op = linear_rnn_ops.ALL_OPS[self.op_name][1]
         else:
             op, resolved = get_op(self.op_name, self.backend_choice, args[0].device.type)
             self._last_backend = resolved
@@ -450,12 +455,3 @@ class LinearAttention(LinearRNNMixer):
             o = self.norm(o)
         return self.o_proj(o.flatten(-2))
 
-
-def __getattr__(name: str):
-    # The delta rules live in models/linear_rnn/delta_mixers.py (which imports this module's base
-    # class), re-exported lazily so either module can be imported first.
-    if name in ("DeltaNet", "GatedDeltaNet", "GatedDeltaProduct"):
-        from models.linear_rnn import delta_mixers
-
-        return getattr(delta_mixers, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,4 +1,4 @@
-"""Issue 35 item 1: Gated DeltaProduct (``linear_rnn.gated_delta_product``), negative
+"""Issue 35 item 1: Gated DeltaProduct (``delta_product.gated_delta_product``), negative
 eigenvalues (``allow_neg_eigval`` on DeltaNet, Gated DeltaNet, Gated DeltaProduct and Mamba)
 and grouped value heads (``num_v_heads``): every fast form against its step-by-step
 ``*_ref`` in float64 (outputs, final state and gradients, with an initial state, at odd
@@ -12,10 +12,12 @@ import pytest
 import torch
 
 import models
+from models.kernels import delta_product as dp
 from models.kernels import linear_rnn as lr
 from models.kernels import linear_rnn_cpu as lc
 from models.kernels import selective_scan as ss
-from models.linear_rnn.linear_mixers import DeltaNet, GatedDeltaNet, GatedDeltaProduct
+from models.kernels.linear_rnn_ops import ALL_OPS, make_inputs
+from models.linear_rnn.delta_mixers import DeltaNet, GatedDeltaNet, GatedDeltaProduct
 from helpers import assert_mixer_streams, assert_results_close, op_outputs_and_grads, op_state, run_steps
 
 F64 = torch.float64
@@ -25,8 +27,8 @@ HAS_C = lc.available()
 _state, _run, _close = op_state, op_outputs_and_grads, assert_results_close
 
 
-FAST = [("torch", lambda *a, **kw: lr.gated_delta_product(*a, chunk_size=8, **kw)),
-        ("torch-default-chunk", lr.gated_delta_product)]
+FAST = [("torch", lambda *a, **kw: dp.gated_delta_product(*a, chunk_size=8, **kw)),
+        ("torch-default-chunk", dp.gated_delta_product)]
 if HAS_C:
     FAST.append(("cpu", lc.gated_delta_product))
 
@@ -40,42 +42,42 @@ if HAS_C:
                                                    (1, 2, True)])
 def test_product_equals_ref(backend, n, value_heads, gated):
     # T = 13 (odd; 13 n not a multiple of the chunk), beta in (0, 2): negative eigenvalues
-    args = lr.make_inputs("gated_delta_product", time=13, num_householder=n,
+    args = make_inputs("gated_delta_product", time=13, num_householder=n,
                           value_heads=value_heads, gate_range=(-2.0, 0.0), beta_range=(0.0, 2.0))
     if not gated:
         args[3] = None
     fast = dict(FAST)[backend]
-    _close(_run(fast, args, _state(args)), _run(lr.gated_delta_product_ref, args, _state(args)))
+    _close(_run(fast, args, _state(args)), _run(dp.gated_delta_product_ref, args, _state(args)))
 
 
 def test_product_with_l2norm_in_kernel_equals_ref():
-    args = lr.make_inputs("gated_delta_product", time=9, num_householder=2)
+    args = make_inputs("gated_delta_product", time=9, num_householder=2)
     args[1] = (args[1].detach() * 3).requires_grad_()          # un-normalised keys
     kw = {"use_qk_l2norm_in_kernel": True}
-    want = _run(lr.gated_delta_product_ref, args, _state(args), **kw)
+    want = _run(dp.gated_delta_product_ref, args, _state(args), **kw)
     for _, fast in FAST:
         _close(_run(fast, args, _state(args), **kw), want)
 
 
 def test_one_householder_step_is_the_gated_delta_rule():
-    q, k, v, g, beta = lr.make_inputs("gated_delta_rule", time=11, beta_range=(0.0, 2.0))
+    q, k, v, g, beta = make_inputs("gated_delta_rule", time=11, beta_range=(0.0, 2.0))
     S0 = _state([q, k, v])
     want = _run(lr.gated_delta_rule_ref, [q, k, v, g, beta], S0)
-    _close(_run(lr.gated_delta_product_ref, [q, k, v, g, beta], S0), want)
-    _close(_run(lr.gated_delta_product, [q, k, v, g, beta], S0), want)
+    _close(_run(dp.gated_delta_product_ref, [q, k, v, g, beta], S0), want)
+    _close(_run(dp.gated_delta_product, [q, k, v, g, beta], S0), want)
     # and without decay: the delta rule
     want = _run(lr.delta_rule_ref, [q, k, v, beta], S0)
-    _close(_run(lambda q, k, v, b, **kw: lr.gated_delta_product_ref(q, k, v, None, b, **kw),
+    _close(_run(lambda q, k, v, b, **kw: dp.gated_delta_product_ref(q, k, v, None, b, **kw),
                 [q, k, v, beta], S0), want)
 
 
 def test_product_writes_its_rows_in_order_then_reads():
     """n = 2 by hand: decay, then row 0's delta step, then row 1's, then o = scale S^T q."""
-    q, k, v, g, beta = (a.detach() for a in lr.make_inputs(
+    q, k, v, g, beta = (a.detach() for a in make_inputs(
         "gated_delta_product", batch=1, time=1, heads=1, key_dim=4, value_dim=3,
         num_householder=2, beta_range=(0.0, 2.0)))
     S = torch.randn(1, 1, 4, 3, dtype=F64)
-    o, S1 = lr.gated_delta_product_ref(q, k, v, g, beta, initial_state=S,
+    o, S1 = dp.gated_delta_product_ref(q, k, v, g, beta, initial_state=S,
                                        output_final_state=True)
     H = S[0, 0] * g[0, 0, 0].exp()
     for j in range(2):
@@ -88,7 +90,7 @@ def test_product_writes_its_rows_in_order_then_reads():
 def test_beta_two_reflects_the_state():
     """beta = 2 and v = 0: S -> (I - 2 k k^T) S, the eigenvalue -1 along k (a reflection);
     every fast form computes it (no clipping of beta to [0, 1])."""
-    q, k, v, beta = (a.detach() for a in lr.make_inputs("delta_rule", time=1))
+    q, k, v, beta = (a.detach() for a in make_inputs("delta_rule", time=1))
     v, beta = torch.zeros_like(v), torch.full_like(beta, 2.0)
     S0 = torch.randn(2, 2, 8, 8, dtype=F64)
     kk = k[:, 0]                                                        # (B, H, K), |k| = 1
@@ -103,7 +105,7 @@ def test_beta_two_reflects_the_state():
 
 @pytest.mark.parametrize("name", ["delta_rule", "gated_delta_rule"])
 def test_betas_up_to_two_fast_forms_equal_ref(name):
-    args = lr.make_inputs(name, time=21, beta_range=(1.0, 2.0), gate_range=(-1.0, 0.0))
+    args = make_inputs(name, time=21, beta_range=(1.0, 2.0), gate_range=(-1.0, 0.0))
     want = _run(lr.OPS[name][1], args, _state(args))
     _close(_run(lambda *a, **kw: lr.OPS[name][0](*a, chunk_size=8, **kw), args, _state(args)),
            want)
@@ -116,9 +118,9 @@ def test_betas_up_to_two_fast_forms_equal_ref(name):
 def test_grouped_value_heads_equal_repeated_heads(name):
     """v (and g, beta, the state) with 4 heads, q and k with 2: value head h reads q/k head
     h // 2; the same as q and k repeat-interleaved to 4 heads, on every form."""
-    args = lr.make_inputs(name, time=13, heads=2, value_heads=4)
+    args = make_inputs(name, time=13, heads=2, value_heads=4)
     rep = [args[0].repeat_interleave(2, 2), args[1].repeat_interleave(2, 2), *args[2:]]
-    fast, ref = lr.ALL_OPS[name][:2]
+    fast, ref = ALL_OPS[name][:2]
     forms = [ref, fast] + ([lc.OPS[name]] if HAS_C else [])
     want = _run(ref, rep, _state(rep))[:2]
     for op in forms:
@@ -135,10 +137,10 @@ def test_grouped_value_heads_equal_repeated_heads(name):
 
 def test_product_streams_in_pieces():
     n = 3
-    args = [a.detach() for a in lr.make_inputs("gated_delta_product", time=17,
+    args = [a.detach() for a in make_inputs("gated_delta_product", time=17,
                                                num_householder=n, value_heads=4)]
     q, k, v, g, beta = args
-    for op in [lr.gated_delta_product] + ([lc.gated_delta_product] if HAS_C else []):
+    for op in [dp.gated_delta_product] + ([lc.gated_delta_product] if HAS_C else []):
         o, S = op(*args, output_final_state=True)
         state, outs = None, []
         for lo, hi in [(0, 5), (5, 6), (6, 17)]:
@@ -151,12 +153,12 @@ def test_product_streams_in_pieces():
 
 
 def test_bad_product_shapes_are_refused():
-    q, k, v, g, beta = lr.make_inputs("gated_delta_product", time=5, num_householder=2,
+    q, k, v, g, beta = make_inputs("gated_delta_product", time=5, num_householder=2,
                                       requires_grad=False)
     with pytest.raises(ValueError, match="num_householder"):
-        lr.gated_delta_product(q, k, v, g, beta, 3)
+        dp.gated_delta_product(q, k, v, g, beta, 3)
     with pytest.raises(ValueError, match="beta must have time"):
-        lr.gated_delta_product(q, k, v, g, beta[:, :-1])
+        dp.gated_delta_product(q, k, v, g, beta[:, :-1])
     with pytest.raises(ValueError, match="multiple of"):
         lr.gated_delta_rule(q, k[:, ::2], v[:, ::2, :1].expand(-1, -1, 3, -1), g[..., :1]
                             .expand(-1, -1, 3), beta[:, ::2, :1].expand(-1, -1, 3))
@@ -331,13 +333,13 @@ def test_gated_delta_product_matches_fla_naive():
     except Exception as e:  # fla.ops imports Triton kernels; any failure means "not usable"
         pytest.skip(f"flash-linear-attention not importable here ({type(e).__name__}: {e})")
     fn = mod.naive_recurrent_gated_delta_product
-    q, k, v, g, beta = (a.detach() for a in lr.make_inputs(
+    q, k, v, g, beta = (a.detach() for a in make_inputs(
         "gated_delta_product", time=37, num_householder=3, beta_range=(0.0, 2.0)))
     S0 = torch.randn(2, 2, 8, 8, dtype=F64)
     # fla's naive rounds q, k, v, beta to float32 (the state and gate stay float64 here)
     o_fla, s_fla = fn(q, k, v, g, beta, 8 ** -0.5, None, initial_state=S0,
                       output_final_state=True, num_householder=3)
-    o, s = lr.gated_delta_product(q, k, v, g, beta, 3, initial_state=S0,
+    o, s = dp.gated_delta_product(q, k, v, g, beta, 3, initial_state=S0,
                                   output_final_state=True)
     torch.testing.assert_close(o, o_fla.to(F64), atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(s, s_fla.to(F64), atol=1e-5, rtol=1e-5)
@@ -368,16 +370,16 @@ def test_fla_product_wrapper_calls_fla_product_only_where_it_runs():
 
     def product(q, k, v, g, beta, n, **kw):
         calls.append(("product", q.dtype, n))
-        return lr.gated_delta_product(q.double(), k.double(), v.double(), g.double(),
+        return dp.gated_delta_product(q.double(), k.double(), v.double(), g.double(),
                                       beta.double(), n, **kw)
 
     def run(args):
         return lb._fla_delta_product(product, lr.delta_rule, lr.gated_delta_rule, *args,
                                      output_final_state=True)
 
-    args = [a.detach() for a in lr.make_inputs("gated_delta_product", time=7)]
+    args = [a.detach() for a in make_inputs("gated_delta_product", time=7)]
     o, S = run(args)                                             # float64: interleaved
-    o_ref, S_ref = lr.gated_delta_product_ref(*args, output_final_state=True)
+    o_ref, S_ref = dp.gated_delta_product_ref(*args, output_final_state=True)
     torch.testing.assert_close(o, o_ref)
     torch.testing.assert_close(S, S_ref)
     assert calls == []

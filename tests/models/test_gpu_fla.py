@@ -16,8 +16,7 @@ from helpers import op_state
 
 from models.kernels import generalized_delta
 from models.kernels import linear_rnn_backends as lb
-from models.kernels.delta_product import ALL_OPS
-from models.kernels.linear_rnn import make_inputs
+from models.kernels.linear_rnn_ops import ALL_OPS, make_inputs
 
 if not torch.cuda.is_available():
     pytest.skip("no CUDA device: fla's kernels run only on a GPU", allow_module_level=True)

@@ -17,8 +17,8 @@ import torch.nn.functional as F
 import models
 from helpers import run_steps
 from models.kernels.linear_rnn_backends import BackendError
-from models.linear_rnn.linear_mixers import (DeltaNet, GatedDeltaNet, GatedLinearAttention,
-                                  LinearAttention, MultiScaleRetention)
+from models.linear_rnn.delta_mixers import DeltaNet, GatedDeltaNet
+from models.linear_rnn.linear_mixers import GatedLinearAttention, LinearAttention, MultiScaleRetention
 from models.conv.short_conv import ShortConvolution
 from models.kernels.linear_rnn_backends import resolve as _resolve
 

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from models.kernels import linear_rnn as lr
+from models.kernels.linear_rnn_ops import make_inputs
 
 F64 = torch.float64
 NAMES = list(lr.OPS)
@@ -54,7 +55,7 @@ def _assert_match(name, args, S0, chunk_size, atol=1e-10, rtol=1e-8):
 @pytest.mark.parametrize("name", NAMES)
 def test_chunked_matches_ref(name, chunk_size):
     # T = 37: not a multiple of any chunk size > 1; gates in (-3, 0)
-    args = lr.make_inputs(name, time=37, gate_range=(-3.0, 0.0))
+    args = make_inputs(name, time=37, gate_range=(-3.0, 0.0))
     _assert_match(name, args, _state(args), chunk_size)
 
 
@@ -62,7 +63,7 @@ def test_chunked_matches_ref(name, chunk_size):
                          ids=["near0", "very_negative", "mixed"])
 @pytest.mark.parametrize("name", GATED)
 def test_gate_extremes_match_ref(name, gate_range):
-    args = lr.make_inputs(name, time=37, gate_range=gate_range, seed=3)
+    args = make_inputs(name, time=37, gate_range=gate_range, seed=3)
     _assert_match(name, args, _state(args), 16)
 
 
@@ -72,14 +73,14 @@ def test_gla_subchunked_path_matches_ref(chunk_size, gate_range, monkeypatch):
     """gla's chunk has two forms: one matmul when the gates' range in a chunk is safe (what
     float64 with mild gates takes), sub-chunks of 8 otherwise. Force the second."""
     monkeypatch.setattr(lr, "GLA_FACTORISED", False)
-    args = lr.make_inputs("gla", time=37, gate_range=gate_range, seed=6)
+    args = make_inputs("gla", time=37, gate_range=gate_range, seed=6)
     _assert_match("gla", args, _state(args), chunk_size)
 
 
 @pytest.mark.parametrize("beta_value", [0.0, 1.0])
 @pytest.mark.parametrize("name", DELTA)
 def test_beta_extremes_match_ref(name, beta_value):
-    args = lr.make_inputs(name, time=37, seed=4)
+    args = make_inputs(name, time=37, seed=4)
     with torch.no_grad():
         args[-1].fill_(beta_value)
     _assert_match(name, args, _state(args), 16)
@@ -89,7 +90,7 @@ def test_beta_extremes_match_ref(name, beta_value):
 def test_short_sequences_and_no_state(name):
     fast, ref, _, _ = lr.OPS[name]
     for T in (1, 5, 8):
-        args = lr.make_inputs(name, time=T, requires_grad=False)
+        args = make_inputs(name, time=T, requires_grad=False)
         o1, s1 = fast(*args)
         o2, s2 = ref(*args)
         assert s1 is None and s2 is None
@@ -100,11 +101,11 @@ def test_short_sequences_and_no_state(name):
 def test_ref_oracles_are_what_they_claim():
     """The refs themselves against closed forms: linear attention is causal
     (Q K^T) V * scale; the delta rule with beta = 1 and unit keys writes v exactly."""
-    q, k, v = lr.make_inputs("linear_attention", time=11, requires_grad=False)
+    q, k, v = make_inputs("linear_attention", time=11, requires_grad=False)
     o, _ = lr.linear_attention_ref(q, k, v, scale=0.5)
     scores = torch.einsum("bihk,bjhk->bhij", q, k).tril()
     torch.testing.assert_close(o, 0.5 * torch.einsum("bhij,bjhv->bihv", scores, v))
-    q, k, v, beta = lr.make_inputs("delta_rule", time=6, requires_grad=False)
+    q, k, v, beta = make_inputs("delta_rule", time=6, requires_grad=False)
     _, S = lr.delta_rule_ref(q, k, v, torch.ones_like(beta), output_final_state=True)
     torch.testing.assert_close(torch.einsum("bhk,bhkv->bhv", k[:, -1], S), v[:, -1])
     # default scale is key_dim ** -0.5
@@ -121,7 +122,7 @@ def test_ref_oracles_are_what_they_claim():
 @pytest.mark.parametrize("name", NAMES)
 def test_segment_recompute_matches_ref(name, segment_len):
     # 45 steps in segments of 16 or 20 (the last one short), chunks of 8 inside
-    args = lr.make_inputs(name, time=45, gate_range=(-3.0, 0.0))
+    args = make_inputs(name, time=45, gate_range=(-3.0, 0.0))
     fast, ref, _, _ = lr.OPS[name]
     o1, s1, g1 = _outputs_and_grads(fast, args, _state(args), chunk_size=8,
                                     segment_len=segment_len)
@@ -135,7 +136,7 @@ def test_segment_recompute_matches_ref(name, segment_len):
 @pytest.mark.parametrize("name", DELTA)
 def test_segment_recompute_with_l2norm_in_kernel(name):
     # unnormalised q, k: the op normalises them inside each (recomputed) segment
-    args = lr.make_inputs(name, time=45, gate_range=(-2.0, 0.0))
+    args = make_inputs(name, time=45, gate_range=(-2.0, 0.0))
     with torch.no_grad():
         args[1].mul_(3.0)
     fast, ref, _, _ = lr.OPS[name]
@@ -151,7 +152,7 @@ def test_segment_recompute_with_l2norm_in_kernel(name):
 @pytest.mark.parametrize("name", ["gla", "gated_delta_rule"])
 def test_segment_recompute_without_state_or_some_grads(name):
     # no initial state, no final state out, and v without gradient
-    args = lr.make_inputs(name, time=40, gate_range=(-1.0, 0.0))
+    args = make_inputs(name, time=40, gate_range=(-1.0, 0.0))
     args[2] = args[2].detach()
     fast, ref, _, _ = lr.OPS[name]
     o1, _ = fast(*args, chunk_size=8, segment_len=16)
@@ -169,7 +170,7 @@ def test_segment_recompute_without_state_or_some_grads(name):
 def test_segment_recompute_saves_little_for_backward(name):
     # What autograd keeps for the backward: segmented, the inputs and a few start states;
     # whole-sequence, every chunk's matrices (several times the inputs).
-    args = lr.make_inputs(name, time=256, heads=2, key_dim=8, value_dim=8)
+    args = make_inputs(name, time=256, heads=2, key_dim=8, value_dim=8)
     fast = lr.OPS[name][0]
 
     def saved_bytes(segment_len):
@@ -195,7 +196,7 @@ def test_segment_recompute_saves_little_for_backward(name):
 @pytest.mark.parametrize("name", NAMES)
 def test_streaming_in_pieces_equals_one_pass(name):
     fast, ref, _, _ = lr.OPS[name]
-    args = lr.make_inputs(name, time=45, gate_range=(-2.0, 0.0), requires_grad=False)
+    args = make_inputs(name, time=45, gate_range=(-2.0, 0.0), requires_grad=False)
     S0 = _state(args).detach()
     o_full, s_full = fast(*args, initial_state=S0, output_final_state=True, chunk_size=16)
     for fn in (fast, ref):
@@ -217,7 +218,7 @@ def test_streaming_in_pieces_equals_one_pass(name):
 @pytest.mark.parametrize("name", GATED)
 def test_float32_very_negative_gates_finite_and_close(name):
     fast, ref, _, _ = lr.OPS[name]
-    a64 = lr.make_inputs(name, time=150, gate_range=(-20.0, 0.0), seed=5, requires_grad=False)
+    a64 = make_inputs(name, time=150, gate_range=(-20.0, 0.0), seed=5, requires_grad=False)
     # the summed log-gate over a 64-chunk reaches ~ -640 .. -1280: exp(+that) is inf in fp32
     a32 = [a.float().requires_grad_() for a in a64]
     S0 = _state(a64).detach()
@@ -237,7 +238,7 @@ def test_float32_very_negative_gates_finite_and_close(name):
 
 def test_half_precision_inputs_come_back_in_their_dtype():
     q, k, v, g = (a.to(torch.bfloat16) for a in
-                  lr.make_inputs("gla", time=20, requires_grad=False))
+                  make_inputs("gla", time=20, requires_grad=False))
     o, s = lr.gla(q, k, v, g, output_final_state=True)
     assert o.dtype == torch.bfloat16 and s.dtype == torch.float32
 
@@ -247,7 +248,7 @@ def test_half_precision_inputs_come_back_in_their_dtype():
 # ---------------------------------------------------------------------------------------
 
 def test_simple_gla_is_gla_with_broadcast_gate():
-    q, k, v, g = lr.make_inputs("simple_gla", time=37, gate_range=(-5.0, 0.0),
+    q, k, v, g = make_inputs("simple_gla", time=37, gate_range=(-5.0, 0.0),
                                 requires_grad=False)
     S0 = _state([q, k, v]).detach()
     a = lr.simple_gla(q, k, v, g, initial_state=S0, output_final_state=True, chunk_size=16)
@@ -257,7 +258,7 @@ def test_simple_gla_is_gla_with_broadcast_gate():
 
 
 def test_delta_rule_is_gated_delta_rule_with_zero_gate():
-    q, k, v, beta = lr.make_inputs("delta_rule", time=37, requires_grad=False)
+    q, k, v, beta = make_inputs("delta_rule", time=37, requires_grad=False)
     S0 = _state([q, k, v]).detach()
     a = lr.delta_rule(q, k, v, beta, initial_state=S0, output_final_state=True, chunk_size=16)
     b = lr.gated_delta_rule(q, k, v, torch.zeros_like(beta), beta, initial_state=S0,
@@ -266,7 +267,7 @@ def test_delta_rule_is_gated_delta_rule_with_zero_gate():
 
 
 def test_linear_attention_is_simple_gla_with_zero_gate():
-    q, k, v = lr.make_inputs("linear_attention", time=37, requires_grad=False)
+    q, k, v = make_inputs("linear_attention", time=37, requires_grad=False)
     S0 = _state([q, k, v]).detach()
     a = lr.linear_attention(q, k, v, initial_state=S0, output_final_state=True, chunk_size=16)
     b = lr.simple_gla(q, k, v, torch.zeros(q.shape[:3], dtype=F64), initial_state=S0,
@@ -275,14 +276,14 @@ def test_linear_attention_is_simple_gla_with_zero_gate():
 
 
 def test_l2norm_option_normalises_q_and_k():
-    q, k, v, g, beta = lr.make_inputs("gated_delta_rule", time=20, requires_grad=False)
+    q, k, v, g, beta = make_inputs("gated_delta_rule", time=20, requires_grad=False)
     a, _ = lr.gated_delta_rule(3 * q, 2 * k, v, g, beta, use_qk_l2norm_in_kernel=True)
     b, _ = lr.gated_delta_rule_ref(torch.nn.functional.normalize(q, dim=-1), k, v, g, beta)
     torch.testing.assert_close(a, b)
 
 
 def test_bad_shapes_are_refused():
-    q, k, v, g = lr.make_inputs("gla", time=9, requires_grad=False)
+    q, k, v, g = make_inputs("gla", time=9, requires_grad=False)
     with pytest.raises(ValueError, match="g must be"):
         lr.gla(q, k, v, g[..., 0])
     with pytest.raises(ValueError, match="g must be"):
@@ -311,7 +312,7 @@ def _fla_naive(module, name):
 
 def test_gla_matches_fla_naive():
     fn = _fla_naive("fla.ops.gla.naive", "naive_recurrent_gla")
-    q, k, v, g = lr.make_inputs("gla", time=37, requires_grad=False)
+    q, k, v, g = make_inputs("gla", time=37, requires_grad=False)
     S0 = _state([q, k, v]).detach()
     o_fla, s_fla = fn(q=q, k=k, v=v, gk=g, initial_state=S0, output_final_state=True)
     o, s = lr.gla(q, k, v, g, initial_state=S0, output_final_state=True)
@@ -321,7 +322,7 @@ def test_gla_matches_fla_naive():
 
 def test_gated_delta_rule_matches_fla_naive():
     fn = _fla_naive("fla.ops.gated_delta_rule.naive", "naive_recurrent_gated_delta_rule")
-    q, k, v, g, beta = lr.make_inputs("gated_delta_rule", time=37, requires_grad=False)
+    q, k, v, g, beta = make_inputs("gated_delta_rule", time=37, requires_grad=False)
     S0 = _state([q, k, v]).detach()
     o_fla, s_fla = fn(q=q, k=k, v=v, beta=beta, g=g, initial_state=S0,
                       output_final_state=True)

@@ -10,6 +10,7 @@ import torch
 from models.kernels import linear_rnn as lr
 from models.kernels import linear_rnn_backends as lrb
 from models.kernels import linear_rnn_cpu as lc
+from models.kernels.linear_rnn_ops import make_inputs
 
 pytestmark = pytest.mark.skipif(not lc.available(),
                                 reason=f"C kernels unavailable: {lc.unavailable_reason()}")
@@ -41,7 +42,7 @@ def _compare(name, args, S0, chunk_len=None, atol=1e-10):
 @pytest.mark.parametrize("name", OPS)
 @pytest.mark.parametrize("T, chunk_len", [(37, 8), (64, 64), (5, 64), (41, 1), (130, None)])
 def test_equals_ref_with_gradients(name, T, chunk_len):
-    args = lr.make_inputs(name, batch=2, time=T, heads=3, key_dim=7, value_dim=5,
+    args = make_inputs(name, batch=2, time=T, heads=3, key_dim=7, value_dim=5,
                           gate_range=(-2.0, 0.0), seed=T)
     S0 = torch.randn(2, 3, 7, 5, dtype=torch.float64, requires_grad=True)
     _compare(name, args, S0, chunk_len)
@@ -51,14 +52,14 @@ def test_equals_ref_with_gradients(name, T, chunk_len):
 @pytest.mark.parametrize("K, V", [(16, 16), (16, 33), (3, 40)])
 def test_tile_padding(name, K, V):
     """Value dims below, at and past the 16-lane tile; no initial state."""
-    args = lr.make_inputs(name, batch=1, time=23, heads=2, key_dim=K, value_dim=V, seed=K + V)
+    args = make_inputs(name, batch=1, time=23, heads=2, key_dim=K, value_dim=V, seed=K + V)
     _compare(name, args, None, 8)
 
 
 @pytest.mark.parametrize("name", [n for n in OPS if lr.OPS[n][2] is not None])
 @pytest.mark.parametrize("gate_range", [(-1e-4, 0.0), (-30.0, -20.0)])
 def test_extreme_gates(name, gate_range):
-    args = lr.make_inputs(name, batch=1, time=29, heads=2, key_dim=6, value_dim=4,
+    args = make_inputs(name, batch=1, time=29, heads=2, key_dim=6, value_dim=4,
                           gate_range=gate_range, seed=3)
     S0 = torch.randn(1, 2, 6, 4, dtype=torch.float64, requires_grad=True)
     _compare(name, args, S0, 8)
@@ -67,7 +68,7 @@ def test_extreme_gates(name, gate_range):
 @pytest.mark.parametrize("name", ["delta_rule", "gated_delta_rule"])
 @pytest.mark.parametrize("beta_value", [0.0, 1.0])
 def test_beta_zero_and_one(name, beta_value):
-    args = lr.make_inputs(name, batch=1, time=19, heads=2, key_dim=6, value_dim=4, seed=5)
+    args = make_inputs(name, batch=1, time=19, heads=2, key_dim=6, value_dim=4, seed=5)
     args[-1] = torch.full_like(args[-1], beta_value).requires_grad_()
     S0 = torch.randn(1, 2, 6, 4, dtype=torch.float64, requires_grad=True)
     _compare(name, args, S0, 4)
@@ -96,7 +97,7 @@ def test_strided_views_read_in_place(name):
 
 @pytest.mark.parametrize("name", OPS)
 def test_streaming_in_pieces_equals_one_pass(name):
-    args = lr.make_inputs(name, batch=2, time=50, heads=2, key_dim=8, value_dim=8,
+    args = make_inputs(name, batch=2, time=50, heads=2, key_dim=8, value_dim=8,
                           requires_grad=False)
     o, S = lc.OPS[name](*args, output_final_state=True)
     state, outs = None, []
@@ -110,7 +111,7 @@ def test_streaming_in_pieces_equals_one_pass(name):
 
 @pytest.mark.parametrize("name", OPS)
 def test_float32_close_to_float64_and_independent_of_threads(name):
-    args64 = lr.make_inputs(name, batch=2, time=300, heads=4, key_dim=16, value_dim=16,
+    args64 = make_inputs(name, batch=2, time=300, heads=4, key_dim=16, value_dim=16,
                             gate_range=(-0.5, 0.0))
     args32 = [a.detach().float().requires_grad_() for a in args64]
     o64, _ = lc.OPS[name](*args64)
@@ -129,13 +130,13 @@ def test_float32_close_to_float64_and_independent_of_threads(name):
 
 
 def test_half_precision_in_float32_and_empty_sequences():
-    args = lr.make_inputs("gla", batch=1, time=9, heads=2, key_dim=4, value_dim=4,
+    args = make_inputs("gla", batch=1, time=9, heads=2, key_dim=4, value_dim=4,
                           dtype=torch.bfloat16, requires_grad=False)
     o, S = lc.gla(*args, output_final_state=True)
     assert o.dtype == torch.bfloat16 and S.dtype == torch.float32
     want, _ = lr.gla_ref(*(a.float() for a in args))
     torch.testing.assert_close(o.float(), want, atol=0.05, rtol=0.05)
-    empty = lr.make_inputs("delta_rule", batch=2, time=0, heads=2, key_dim=4, value_dim=3)
+    empty = make_inputs("delta_rule", batch=2, time=0, heads=2, key_dim=4, value_dim=3)
     S0 = torch.randn(2, 2, 4, 3, dtype=torch.float64, requires_grad=True)
     o, S = lc.delta_rule(*empty, initial_state=S0, output_final_state=True)
     assert o.shape == (2, 0, 2, 3) and torch.equal(S, S0)
@@ -146,7 +147,7 @@ def test_half_precision_in_float32_and_empty_sequences():
 def test_keeps_one_state_per_chunk_for_the_backward():
     """What autograd holds: the inputs and T / CHUNK_LEN states, not per-step tensors."""
     B, T, H, K = 2, 1024, 2, 16
-    args = lr.make_inputs("gated_delta_rule", batch=B, time=T, heads=H, key_dim=K,
+    args = make_inputs("gated_delta_rule", batch=B, time=T, heads=H, key_dim=K,
                           value_dim=K, dtype=torch.float32)
     saved = []
 
@@ -171,7 +172,7 @@ def test_backend_resolution():
 
 
 def test_bad_shapes_are_value_errors():
-    q, k, v = lr.make_inputs("linear_attention", time=5)
+    q, k, v = make_inputs("linear_attention", time=5)
     with pytest.raises(ValueError, match="v must be"):
         lc.linear_attention(q, k, v[:, :4])
     with pytest.raises(ValueError, match="g must be"):
@@ -182,7 +183,7 @@ def test_bad_shapes_are_value_errors():
 def test_l2norm_in_kernel_equals_ref_and_keeps_no_normalised_copies(name):
     """use_qk_l2norm_in_kernel: q and k normalised per step in C, gradients mapped back
     through the norm there (one key row of zeros checks the eps branch)."""
-    args = lr.make_inputs(name, batch=2, time=33, heads=2, key_dim=8, value_dim=5, seed=11)
+    args = make_inputs(name, batch=2, time=33, heads=2, key_dim=8, value_dim=5, seed=11)
     gen = torch.Generator().manual_seed(2)
     args[0] = (3 * torch.randn(2, 33, 2, 8, generator=gen, dtype=torch.float64)).requires_grad_()
     raw_k = torch.randn(2, 33, 2, 8, generator=gen, dtype=torch.float64)

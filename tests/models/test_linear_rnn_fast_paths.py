@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from models.kernels import generalized_delta, linear_rnn
+from models.kernels import generalized_delta, linear_rnn_ops
 from models.linear_rnn.delta_mixers import DeltaNet, GatedDeltaNet, GatedDeltaProduct
 from models.linear_rnn.dplr_mixers import KimiDeltaAttention, RWKV7Attention
 
@@ -43,7 +43,7 @@ def _layer(name):
 
 def _without_reference_ops(monkeypatch):
     """Make every operator's ``*_ref`` unreachable: the fast step must not fall back to it."""
-    for table in (linear_rnn.ALL_OPS, generalized_delta.OPS):
+    for table in (linear_rnn_ops.ALL_OPS, generalized_delta.OPS):
         for op, entry in list(table.items()):
             monkeypatch.setitem(table, op, (entry[0], None, *entry[2:]))
 

@@ -114,8 +114,8 @@ def test_recomputed_is_plain_without_autograd():
 
 import models.common as common                                    # noqa: E402
 from models.kernels import linear_rnn                              # noqa: E402
-from models.linear_rnn.linear_mixers import (DeltaNet, GatedDeltaNet, GatedLinearAttention,  # noqa: E402
-                                  MultiScaleRetention, rotary)
+from models.linear_rnn.delta_mixers import DeltaNet, GatedDeltaNet        # noqa: E402
+from models.linear_rnn.linear_mixers import GatedLinearAttention, MultiScaleRetention, rotary  # noqa: E402
 from models.ssm.mamba2 import Mamba2                                   # noqa: E402
 
 

@@ -13,7 +13,8 @@ from workbench.cli.bench_args import Run
 def measure_op(spec: dict[str, Any]) -> dict[str, Any]:
     """One linear-RNN operator, one backend and length, on random inputs (see module doc)."""
     import torch
-    from models.kernels import linear_rnn, linear_rnn_backends, mamba3_scan
+    from models.kernels import linear_rnn_backends, linear_rnn_ops, mamba3_scan
+    from models.kernels.delta_product import PRODUCT_OPS
     from workbench.train.measure import pick_device, timed_with_peak
 
     device = pick_device(spec["device"], "--device")
@@ -65,9 +66,9 @@ def measure_op(spec: dict[str, Any]) -> dict[str, Any]:
                                              gate_range=(-0.5, 0.0), seed=spec.get("seed", 0),
                                              device=device)
     else:
-        args = linear_rnn.make_inputs(spec["op"], batch, L, H, D, D, torch.float32,
-                                      gate_range=(-0.5, 0.0), seed=spec.get("seed", 0),
-                                      device=device, num_householder=n)
+        args = linear_rnn_ops.make_inputs(spec["op"], batch, L, H, D, D, torch.float32,
+                                          gate_range=(-0.5, 0.0), seed=spec.get("seed", 0),
+                                          device=device, num_householder=n)
     S0 = torch.randn(batch, H, D, D, device=device, requires_grad=True)
     leaves = [*args, S0]
 
@@ -84,7 +85,7 @@ def measure_op(spec: dict[str, Any]) -> dict[str, Any]:
             "fwd_bwd_ms": round(train_ms, 2), "fwd_ms": round(fwd_ms, 2),
             "peak_mib": round(peak, 1), "device": str(device), "batch": batch, "heads": H,
             "head_dim": D, "threads": torch.get_num_threads(),
-            **({"householder": n} if spec["op"] in linear_rnn.PRODUCT_OPS else {})}
+            **({"householder": n} if spec["op"] in PRODUCT_OPS else {})}
 
 
 def op_rows(args: argparse.Namespace, run: Run) -> list[dict[str, Any]]:
@@ -92,7 +93,7 @@ def op_rows(args: argparse.Namespace, run: Run) -> list[dict[str, Any]]:
     fresh process each); x_ref against ref's time."""
     if not args.ops:
         return []
-    from models.kernels.linear_rnn import ALL_OPS
+    from models.kernels.linear_rnn_ops import ALL_OPS
     from models.kernels.linear_rnn_backends import BACKENDS
     from models.kernels.mamba3_scan import OPS as MAMBA3_OPS
 
