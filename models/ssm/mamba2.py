@@ -59,6 +59,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from models.common import causal_conv, conv_cache, recomputed, recomputed_in_slices
+from models.kernels import gated_norm_cpu
 from models.kernels import linear_rnn_backends as lrb
 
 BACKENDS = ("auto", "torch", "ref", "fla", "cpu", "mamba_ssm")
@@ -132,8 +133,19 @@ class GatedRMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(d))
 
     def forward(self, y: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        if gated_norm_cpu.applies(y, z, self.weight):    # CPU fp32/64: the C kernel (issue 43)
+            return self._gated(y, z, self.weight)
         # recomputed in the backward: three (..., d) intermediates otherwise kept
         return recomputed(self._norm, y, z, self.weight)
+
+    def _gated(self, y, z, weight):
+        """:meth:`_norm`'s value, by the fused kernel (``models.kernels.gated_norm_cpu``:
+        one pass forward, one backward, keeping y, z and one float per row and group) where
+        it applies, else by :meth:`_norm`; for the pieces that are already recomputed."""
+        if gated_norm_cpu.applies(y, z, weight):
+            return gated_norm_cpu.GatedRMSNormFn.apply(y, z, weight, self.eps, self.group_size,
+                                                       False, False)
+        return self._norm(y, z, weight)
 
     def _norm(self, y, z, weight):
         h = _atleast_f32(y) * F.silu(_atleast_f32(z))
@@ -283,7 +295,7 @@ class Mamba2(nn.Module):
     def _gate_out(self, h, y, u, wz, bz, norm_w, wo, bo):
         """out_proj(norm(y * silu(z))), z = u Wz^T + bz: y (b, L, d_inner), u (b, L, d_model)
         -> (b, L - h, d_model); position-wise (h, the slice's context steps, is 0)."""
-        return F.linear(self.norm._norm(y, F.linear(u, wz, bz), norm_w), wo, bo)
+        return F.linear(self.norm._gated(y, F.linear(u, wz, bz), norm_w), wo, bo)
 
     def _skip_gate_out(self, h, o, u, wx, bx, cwx, cbx, left, D, wz, bz, norm_w, wo, bo):
         """The D skip, gate, norm and out_proj: o (b, L, nheads, headdim), the SSD's output,
