@@ -21,6 +21,7 @@ import os
 
 import torch
 
+from models.kernels.scan_reference import selective_scan_ref
 
 
 def _scan_tile() -> tuple[int, int]:
@@ -192,8 +193,6 @@ def self_check(device: torch.device | str) -> str:
     or Triton version on which the kernels do not build makes ``auto`` fall back to torch
     with the reason, instead of failing the run.
     """
-    from models.kernels.selective_scan import selective_scan_ref
-
     try:
         g = torch.Generator().manual_seed(0)
         b, L, dim, N, K = 2, SCAN_BT + 3, 5, 3, 4
