@@ -480,7 +480,6 @@ def import_circles(paths: list[Path] | None = None) -> list[str]:
 # they are to be broken like the two of issue 44 were (move what both need to the module
 # that owns it), and then removed from here (test_circles_left_are_still_there says when).
 CIRCLES_LEFT = {
-    "tasks/lm/fingerprint.py <-> tasks/lm/sources.py",
     "workbench/execute/executor.py <-> workbench/execute/scheduler.py",
     "workbench/execute/executor.py <-> workbench/execute/slurm.py",
     "workbench/execute/resume.py <-> workbench/execute/scheduler.py",

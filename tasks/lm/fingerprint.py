@@ -1,12 +1,8 @@
 """What identifies an LM corpus by its contents: the hash the token cache's key and a run's
 record of its data are made of.
 
-- :func:`files_digest`: a blake2b over every file's path and a blake2b of its bytes
-  (streamed in 1 MiB blocks: memory does not grow with a file). Hashing the stdlib corpus
-  (1,790 files, 31.5 MB) takes ~0.4 s, so the digest is cached under
-  ``<cache>/digests/<key>`` with ``key`` a hash of every file's (path, size, mtime_ns):
-  while no file is touched a digest costs one ``stat`` per file; a file touched but not
-  changed gets the same digest, so its corpus is neither tokenised nor trained again.
+- :func:`source_fingerprint`: a hash of a source's ``fingerprint()``, which holds its files'
+  content digest (:func:`tasks.lm.digest.files_digest`).
 - :func:`data_identity`: what a run records of the data it trained on (the worker puts it
   in the run's info as ``data``): the source, its content ``fingerprint``, the token
   cache's key, the tokenizer's identity and the tokens in each split.
@@ -19,55 +15,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from pathlib import Path
 
-BLOCK = 1 << 20
-
-
-def file_digest(path: str) -> str:
-    """blake2b (16 bytes) of a file's bytes, read block by block."""
-    h = hashlib.blake2b(digest_size=16)
-    with open(path, "rb") as f:
-        while True:
-            block = f.read(BLOCK)
-            if not block:
-                break
-            h.update(block)
-    return h.hexdigest()
-
-
-def _digest_cache() -> Path:
-    from tasks.lm.tokenfile import cache_root
-    return cache_root() / "digests"
-
-
-def files_digest(files: list[str]) -> str:
-    """A content hash of ``files`` (their absolute paths and bytes, in the order given),
-    cached by every file's (path, size, mtime_ns) (module doc)."""
-    paths = [os.path.abspath(f) for f in files]
-    stats = hashlib.sha256()
-    for p in paths:
-        st = os.stat(p)
-        stats.update(f"{p}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
-    held = _digest_cache() / stats.hexdigest()[:32]
-    try:
-        text = held.read_text(encoding="ascii").strip()
-        if len(text) == 32 and all(c in "0123456789abcdef" for c in text):
-            return text
-    except OSError:
-        pass  # not cached yet (or unreadable): hash the contents
-    h = hashlib.blake2b(digest_size=16)
-    for p in paths:
-        h.update(f"{p}\0{file_digest(p)}\n".encode())
-    digest = h.hexdigest()
-    try:  # atomically: a reader sees the whole digest or none
-        held.parent.mkdir(parents=True, exist_ok=True)
-        tmp = held.with_name(f"{held.name}.tmp-{os.getpid()}")
-        tmp.write_text(digest, encoding="ascii")
-        os.replace(tmp, held)
-    except OSError:
-        pass  # a read-only cache: the digest is still right, only not remembered
-    return digest
+from tasks.lm.sources import Source
 
 
 def source_fingerprint(source) -> str:
@@ -88,8 +37,6 @@ def data_identity(task) -> dict:
 def current(task_params: dict) -> str:
     """The content fingerprint the source of an ``lm`` task with ``task_params`` has now
     (reads no text while the files' sizes and times are those of a cached digest)."""
-    from tasks.lm.sources import Source
-
     return source_fingerprint(Source.of_params(task_params))   # as the task builds it
 
 
@@ -113,8 +60,6 @@ def changed(task_params: dict, recorded: dict | None) -> str | None:
 def newer_files(task_params: dict, since: float) -> list[str]:
     """The source's files modified after ``since`` (a Unix time): how a run that recorded
     no fingerprint (trained before they were kept) is checked."""
-    from tasks.lm.sources import Source
-
     src = Source.of_params(task_params)
     files = src.files
     if src.hf:

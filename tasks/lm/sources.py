@@ -57,6 +57,8 @@ import sysconfig
 from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator
 
+from tasks.lm.digest import files_digest
+
 PIECE_BYTES = 4 << 20      # a long text file is read and tokenised in pieces of about this size
 KEY_BYTES = 64 << 10       # a file's split key: its first 64 KiB and its size
 DOCUMENT_MODES = ("auto", "file", "line", "paragraph", "position")
@@ -404,7 +406,7 @@ class Source:
 
     def fingerprint(self) -> dict:
         """What identifies the corpus in the cache key: the files' paths and a hash of their
-        contents (tasks/lm/fingerprint.py; cached by path, size and mtime, so text is read
+        contents (tasks/lm/digest.py; cached by path, size and mtime, so text is read
         only after a file changed), or the dataset reference (a hub dataset is taken to be
         what its id, config and split name; a local dataset folder adds its files')."""
         fp = {"spec": self.spec, "document": self.mode, "max_documents": self.max_documents}
@@ -419,7 +421,6 @@ class Source:
             fp["python"] = sys.version
         if any(f.lower().endswith(RECORD_SUFFIXES) for f in files):
             fp["column"] = self.text_column
-        from tasks.lm.fingerprint import files_digest
         fp["files"] = [len(files), files_digest(files)]
         return fp
 
