@@ -66,7 +66,9 @@ a finer knob) is solved at ``--n-layers`` to within 2% of N, and the table gains
 ``d_model``, ``n_layers``, any finer knob, the solver's count (``matched``) and its
 distance from N (``match_err_%``). A model that cannot be matched (a Transformer has no
 fixed-size state) is named under the table with the solver's reason, one line each; the
-others are measured (bench_models.plan_matched).
+others are measured (bench_models.plan_matched). With ``--generate`` the decoding models
+are sized so (one width per model, the same solver and code path: bench_models.match_size)
+and the generation table gains the same columns.
 
 ``--generate`` measures autoregressive decoding instead of the training step (prefill,
 per-token time, tokens/s, state bytes per sequence, against ``--prompt-lens`` and ``--batch``
@@ -150,12 +152,14 @@ def main(argv: list[str] | None = None) -> int:
     estimate = bench_estimate.estimate_rows(args, _run_subprocess)
     triton_compile = bench_triton.compile_rows(args)
     stream = bench_stream.stream_rows(args, _run_subprocess)
-    generate = bench_generate.generate_rows(args, _run_subprocess)
+    generate, gen_match, gen_refused = bench_generate.generate_rows(args, _run_subprocess)
+    # --generate --match (or a matched --from-table): the generation table's models were sized
+    match, refused = (gen_match, gen_refused) if args.generate else (args.match, refused)
     sections = {"runs": runs, "scan": scan, "ops": ops, "stream": stream, "estimate": estimate,
                 "triton_compile": triton_compile, "generate": generate}
-    print(render(sections, args.format, args.match, refused))
+    print(render(sections, args.format, match, refused))
     if args.format == "csv":  # a CSV file holds the table alone: the match's notes go to stderr
-        for line in match_notes(args.match, refused):
+        for line in match_notes(match, refused):
             print(line, file=sys.stderr)
     failed = any("error" in r for rows in sections.values() for r in rows)
     # a model --match cannot size is named, not a failure, unless nothing was left to measure

@@ -79,10 +79,14 @@ class _Parser(argparse.ArgumentParser):
             self.error("--batch: one size (a comma list is for --generate)")
         ns.batch = ns.batch[0] if ns.batch else 8
         if ns.match is not None:
-            other = [flag for flag, on in (("--generate", ns.generate), ("--estimate", ns.estimate),
-                                           ("--stream-tokens", ns.stream_tokens)) if on]
+            other = [flag for flag, on in (("--estimate", ns.estimate), ("--stream-tokens", ns.stream_tokens))
+                     if on]
             if other:
-                self.error(f"--match sizes the training-step table's models; {other[0]} does not take it")
+                self.error(f"--match sizes the models of the training-step table or --generate; "
+                           f"{other[0]} does not take it")
+            if ns.generate and ns.from_table:
+                self.error("--match sizes the models --generate measures; --from-table measures none "
+                           "(a matched table's rows keep their solved widths)")
         return ns, rest
 
 
@@ -105,7 +109,8 @@ def build_parser(description: str) -> argparse.ArgumentParser:
                         "solve each model's width (or d_state, expand_v, ...) to N within 2%% as a profile's "
                         "[sweep.match] does (workbench.spec.match), at --n-layers; --d-model is the width where "
                         "another knob is solved. Models that cannot be matched are named with the reason, the "
-                        "others measured")
+                        "others measured. With --generate: the decoding models, the solved d_model, matched "
+                        "and match_err_%% in the generation table")
     p.add_argument("--repeats", type=_positive, default=5)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
@@ -146,7 +151,8 @@ def build_parser(description: str) -> argparse.ArgumentParser:
     p.add_argument("--generate", action="store_true",
                    help="autoregressive decoding (workbench.cli.bench_generate): prefill, per-token time, "
                         "tokens/s and state bytes per (model, --prompt-lens, --batch); --models default "
-                        "transformer,mamba,mamba2,gated_deltanet")
+                        "transformer,mamba,mamba2,gated_deltanet; --match sizes each model (its solved width "
+                        "in the table)")
     p.add_argument("--prompt-lens", type=_int_list, default=None,
                    help="--generate: prompt lengths (default 256,1024,4096; at most 16384)")
     p.add_argument("--gen-tokens", type=_positive, default=32,

@@ -42,6 +42,19 @@ line. ``--figure PATH`` draws the rows (:func:`figure`): a folder gets ``generat
 instead of measuring (to redraw the figure); ``--figure-stat min`` draws each config's
 fastest step instead of its median (JSON rows keep ``decode_min_ms``): on a machine shared
 with other work the median measures the neighbours.
+
+``--match params=N`` / ``state_size=N`` compares models of one size (the Mamba paper's
+Figure 8 compares matched sizes): each model's width (and finer knob, where the solver needs
+one) is solved once, at ``--n-layers``, by the training table's solver and code path
+(workbench.cli.bench_models.match_size over workbench.spec.match.solve), and every config of
+that model is built at it. The table gains ``d_model``, ``n_layers``, any finer knob, the
+solver's count (``matched``) and its distance from N (``match_err_%``), as the training table
+does; a model the solver refuses is named under the table with the training table's words
+and the others are measured. ``--grid`` plans as without it; ``--from-table`` reads a matched
+table's columns back (and a JSON table's target and refusals); ``--figure`` puts each model's
+solved width in its legend entry and the target in the title.
+
+    ssm-workbench bench --generate --match params=3.2M --n-layers 4 --models transformer,mamba,mamba2
 """
 from __future__ import annotations
 
@@ -63,8 +76,14 @@ MAX_PROMPT_LEN = 16384
 GRIDS = ("product", "axes")
 GENERATE_COLUMNS = ["model", "prompt_len", "batch", "params", "prefill_ms", "decode_ms", "tok_s",
                     "state_bytes", "peak_mib", "extra_mib", "backend", "device"]
-_INT_COLUMNS = {"prompt_len", "batch", "params", "tok_s", "state_bytes"}
-_FLOAT_COLUMNS = {"prefill_ms", "decode_ms", "peak_mib", "extra_mib"}
+# --generate --match: the solved width (and any finer knob, after n_layers) and the solver's
+# count and error beside the measurement, as the training-step table's MATCH_COLUMNS
+GENERATE_MATCH_COLUMNS = ["model", "prompt_len", "batch", "d_model", "n_layers", "params", "matched",
+                          "match_err_%", "prefill_ms", "decode_ms", "tok_s", "state_bytes", "peak_mib",
+                          "extra_mib", "backend", "device"]
+_INT_COLUMNS = {"prompt_len", "batch", "params", "tok_s", "state_bytes", "d_model", "n_layers", "matched",
+                "d_state"}
+_FLOAT_COLUMNS = {"prefill_ms", "decode_ms", "peak_mib", "extra_mib", "match_err_%", "expand_v", "mlp_mult"}
 
 
 def state_bytes(state: Any) -> int:
@@ -172,12 +191,21 @@ def measure_generate(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def plan(args: argparse.Namespace) -> list[dict[str, Any]]:
-    """One spec per (model, prompt_len, batch) of the grid (``--grid``); SystemExit (one
-    line) on a bad choice."""
+    """One spec per (model, prompt_len, batch) of the grid (``--grid``); see :func:`plan_matched`."""
+    return plan_matched(args)[0]
+
+
+def plan_matched(args: argparse.Namespace) -> tuple[list[dict[str, Any]], list[dict[str, str]]]:
+    """One spec per (model, prompt_len, batch) of the grid (``--grid``), each model sized by
+    ``--match`` when given (workbench.cli.bench_models.match_size, the training-step table's
+    solver and code path: one width per model, solved at the longest prompt's ``max_len`` as
+    the training table solves at its longest length); and the models the match refuses,
+    ``{"model", "reason"}`` each (they get no spec). SystemExit (one line) on a bad choice."""
     import models
+    from workbench.cli.bench_models import match_size
 
     if not args.generate:
-        return []
+        return [], []
     names = args.models or [m for m in DEFAULT_MODELS if m in models.names()]
     prompt_lens = args.prompt_lens or list(DEFAULT_PROMPT_LENS)
     batches = args.batches or list(DEFAULT_BATCHES)
@@ -193,18 +221,32 @@ def plan(args: argparse.Namespace) -> list[dict[str, Any]]:
         p0, b0 = min(prompt_lens), min(batches)
         pairs = list(dict.fromkeys([(p0, B) for B in batches] + [(P, b0) for P in prompt_lens]))
     tokens = args.gen_tokens
-    specs = []
-    takes_of, options_of = {}, {}
+    specs: list[dict[str, Any]] = []
+    refused: list[dict[str, str]] = []
+    takes_of, options_of, sized_of = {}, {}, {}
     for name in names:
         takes_of[name] = takes = models.entry(name).options()   # unknown model: error listing the known ones
-        options_of[name] = options = {k: v for k, v in args.opt if k in takes}
+    for name in names:
+        takes = takes_of[name]
+        options = {k: v for k, v in args.opt if k in takes}
         if args.backend and "backend" in takes:
             options["backend"] = args.backend[0]
+        at = dict(options)
+        if "max_len" in takes and "max_len" not in at:
+            at["max_len"] = max(prompt_lens) + args.warmup + tokens
+        sized = match_size(name, args, at, refused)
+        if sized is None:
+            continue
+        d_model, solved, matched = sized
+        # the finer knob the solver set, where one; max_len stays each config's own (below)
+        options_of[name] = {**options, **{k: v for k, v in solved.items() if k not in at}}
+        sized_of[name] = d_model, matched
     # the models interleaved in time (each config measured for every model before the next),
     # so a change of the machine's load between configs falls on all models alike
     for P, B in pairs:
-        for name in names:
-            takes, options = takes_of[name], options_of[name]
+        for name, options in options_of.items():
+            takes = takes_of[name]
+            d_model, matched = sized_of[name]
             opts = dict(options)
             need = P + args.warmup + tokens
             if "max_len" in takes:
@@ -213,16 +255,18 @@ def plan(args: argparse.Namespace) -> list[dict[str, Any]]:
                                      f"{need:,} cache positions, past --opt max_len={options['max_len']:,}")
                 opts.setdefault("max_len", need)
             specs.append(dict(kind="generate", model=name, label=name, options=opts, prompt_len=P, batch=B,
-                              tokens=tokens, warmup=args.warmup, vocab=args.vocab, d_model=args.d_model,
+                              tokens=tokens, warmup=args.warmup, vocab=args.vocab, d_model=d_model,
                               n_layers=args.n_layers, device=args.device, threads=args.threads,
-                              cuda_graphs=getattr(args, "cuda_graphs", "auto")))
-    return specs
+                              cuda_graphs=getattr(args, "cuda_graphs", "auto"),
+                              **({"match": matched} if matched else {})))
+    return specs, refused
 
 
 def read_table(path: str | Path) -> list[dict[str, Any]]:
     """The rows of an earlier ``bench --generate`` output: ``--format json`` (its
-    "generate" list) or ``--format csv`` (numbers parsed back); SystemExit in one line
-    naming the file when it is neither."""
+    "generate" list) or ``--format csv`` (numbers parsed back; a ``--match`` table's solved
+    widths, counts and errors too); SystemExit in one line naming the file when it is
+    neither (:func:`read_match` reads a JSON table's match)."""
     p = Path(path)
     try:
         text = p.read_text()
@@ -242,37 +286,56 @@ def read_table(path: str | Path) -> list[dict[str, Any]]:
                          f"columns {', '.join(GENERATE_COLUMNS)})")
     out = []
     for r in rows:
-        try:
-            out.append({k: (int(v) if k in _INT_COLUMNS else float(v) if k in _FLOAT_COLUMNS else v)
-                        for k, v in r.items()})
-        except ValueError:   # a row that failed: its numbers are empty
-            out.append({"model": r["model"], "error": "no numbers in the table"})
+        try:   # an empty cell: a column of another row (a finer knob solved for another model)
+            row = {k: (int(v) if k in _INT_COLUMNS else float(v) if k in _FLOAT_COLUMNS else v)
+                   for k, v in r.items() if v != ""}
+        except ValueError:
+            row = {}
+        # a row that failed: its numbers are empty
+        out.append(row if "decode_ms" in row else {"model": r["model"], "error": "no numbers in the table"})
     return out
 
 
-def generate_rows(args: argparse.Namespace, run: Run) -> list[dict[str, Any]]:
-    """--generate: every spec of :func:`plan` measured by ``run(spec, timeout)`` (or the
-    rows of ``--from-table``); the figure written when ``--figure`` names a path."""
+def read_match(path: str | Path) -> tuple[tuple[str, int] | None, list[dict[str, str]]]:
+    """The ``--match`` of an earlier ``--format json`` table (target, value) and the models
+    it refused; (None, []) for a table without one (or a CSV, which holds the rows alone)."""
+    try:
+        doc = json.loads(Path(path).read_text())
+        m = doc["match"]
+        return (m["target"], int(m["value"])), list(m.get("unmatched", []))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None, []
+
+
+def generate_rows(args: argparse.Namespace, run: Run) -> tuple[list[dict[str, Any]], tuple[str, int] | None,
+                                                                list[dict[str, str]]]:
+    """--generate: every spec of :func:`plan_matched` measured by ``run(spec, timeout)``
+    (or the rows of ``--from-table``), with the match's solved knobs, count and error in
+    each row under ``--match``; the figure written when ``--figure`` names a path. Returns
+    (rows, the match: --match's or the JSON table's, the models it refused)."""
     if not args.generate:
-        return []
+        return [], None, []
     if getattr(args, "from_table", None):
         rows = read_table(args.from_table)
+        match, refused = read_match(args.from_table)
     else:
         rows = []
-        specs = plan(args)
+        specs, refused = plan_matched(args)
+        match = args.match
         for spec in specs:
             res = run(spec, args.timeout)
             if "error" in res:
-                res = {"model": spec["label"], "prompt_len": spec["prompt_len"], "batch": spec["batch"], **res}
-            rows.append(res)
+                res = {"model": spec["label"], "prompt_len": spec["prompt_len"], "batch": spec["batch"],
+                       "d_model": spec["d_model"], "n_layers": spec["n_layers"], **res}
+            rows.append({**res, **spec.get("match", {})})
             print(f"  generated {spec['label']} prompt={spec['prompt_len']} batch={spec['batch']}",
                   file=sys.stderr, flush=True)
         order = list(dict.fromkeys(s["label"] for s in specs))   # the table: one model after another
         rows.sort(key=lambda r: order.index(r["model"]))
     if rows and getattr(args, "figure", None):
-        paths = figure(rows, args.figure, getattr(args, "figure_stat", "median"))
+        paths = figure(rows, args.figure, getattr(args, "figure_stat", "median"), match)
         print(f"  figure: {', '.join(str(p) for p in paths)}", file=sys.stderr, flush=True)
-    return rows
+    return rows, match, refused
 
 
 def _most(ok: list[dict[str, Any]], key: str, other: str, prefer) -> Any:
@@ -284,7 +347,8 @@ def _most(ok: list[dict[str, Any]], key: str, other: str, prefer) -> Any:
     return prefer(k for k, v in counts.items() if len(v) == top)
 
 
-def figure(rows: list[dict[str, Any]], out, stat: str = "median") -> list[Path]:
+def figure(rows: list[dict[str, Any]], out, stat: str = "median",
+           match: tuple[str, int] | None = None) -> list[Path]:
     """Figure 8 of the Mamba paper, from the rows of a table: (left) tokens/s against batch
     size at the prompt length measured at the most batch sizes (ties: the longest),
     (middle) per-token decode ms against prompt length at the batch measured at the most
@@ -294,6 +358,8 @@ def figure(rows: list[dict[str, Any]], out, stat: str = "median") -> list[Path]:
     ending in .png / .svg (that stem, both formats). ``stat``: "median" draws decode_ms and
     tok_s; "min" the fastest step of each row (decode_min_ms, and batch / it as tokens/s),
     what the hardware does when nothing else runs, for a machine shared with other work.
+    Rows of ``--match`` (carrying ``matched``): each model's solved width in its legend
+    entry, and the title names the target (``match``: target, value) instead of one width.
     Returns the paths written ([] when no row has numbers)."""
     from workbench.results import figure_base as fb
 
@@ -314,6 +380,14 @@ def figure(rows: list[dict[str, Any]], out, stat: str = "median") -> list[Path]:
     at_batch = _most(ok, "batch", "prompt_len", min)
     device = ok[0].get("device", "")
     shape = ", ".join(f"{k} {ok[0][k]}" for k in ("d_model", "n_layers") if k in ok[0])
+    matched = any("matched" in r for r in ok)
+    legend = {m: m for m in labels}
+    if matched:   # one width per model: in its legend entry
+        widths = {r["model"]: r["d_model"] for r in ok if "d_model" in r}
+        legend = {m: f"{m} (d_model {widths[m]})" if m in widths else m for m in labels}
+        what = (f"{match[0]} matched to {match[1]:,}" if match else "sizes matched")
+        shape = ", ".join(filter(None, [f"n_layers {ok[0]['n_layers']}" if "n_layers" in ok[0] else "",
+                                        f"{what} (within 2%)"]))
     with fb._style():
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
@@ -323,7 +397,7 @@ def figure(rows: list[dict[str, Any]], out, stat: str = "median") -> list[Path]:
         left, mid, right = fig.subplots(1, 3)
         xs: dict[Any, set] = {left: set(), mid: set(), right: set()}
         for i, m in enumerate(labels):
-            style = dict(color=colors[m], marker=fb.MARKERS[i % len(fb.MARKERS)], label=m)
+            style = dict(color=colors[m], marker=fb.MARKERS[i % len(fb.MARKERS)], label=legend[m])
             mine = [r for r in ok if r["model"] == m]
             for ax, pts in (
                     (left, sorted((r["batch"], r["tok_s"]) for r in mine if r["prompt_len"] == at_prompt)),

@@ -20,6 +20,7 @@ from workbench.cli.bench_args import Run
 def measure_one(spec: dict[str, Any]) -> dict[str, Any]:
     """Measure one (model, options, seq_len) config in this process; see module docstring."""
     import torch
+
     import models
     from workbench.train.measure import pick_device, timed_with_peak
 
@@ -97,12 +98,33 @@ def _solve(name: str, args: argparse.Namespace, options: dict[str, Any]):
     return solved.pop("d_model", args.d_model), {**options, **solved}, s
 
 
+def match_size(name: str, args: argparse.Namespace, options: dict[str, Any],
+               refused: list[dict[str, str]]) -> tuple[int, dict[str, Any], dict[str, Any]] | None:
+    """``name``'s width and options under ``--match`` (as given without it): (d_model, the
+    options with any finer knob solved, the row's match columns: the finer knob, ``matched``
+    and ``match_err_%``; {} without --match). None where the solver refuses the model: its
+    reason is appended to ``refused`` and named on stderr. The training-step table and
+    ``--generate`` (workbench.cli.bench_generate) size their models here, alike."""
+    from workbench.spec.match import MatchError
+
+    if getattr(args, "match", None) is None:
+        return args.d_model, options, {}
+    try:
+        d_model, options, solved = _solve(name, args, options)
+    except MatchError as e:
+        refused.append({"model": name, "reason": str(e)})
+        print(f"  not matched {name}: {e}", file=sys.stderr, flush=True)
+        return None
+    print(f"  matched {name}: {solved.text()}", file=sys.stderr, flush=True)
+    return d_model, options, {**{k: v for k, v in solved.solved.items() if k != "d_model"},
+                              "matched": solved.got, "match_err_%": round(100 * solved.error, 2)}
+
+
 def plan_matched(args: argparse.Namespace) -> tuple[list[dict[str, Any]], list[dict[str, str]]]:
     """Expand the arguments into one spec per (model, backend, seq_len), each model sized by
     ``--match`` when given; and the models the match refuses, ``{"model", "reason"}`` each
     (they get no spec)."""
     import models
-    from workbench.spec.match import MatchError
 
     # with --stream-tokens or --scan-backends alone, only those measurements run; with
     # --estimate, --models names the estimate's models and this table is not measured
@@ -119,17 +141,10 @@ def plan_matched(args: argparse.Namespace) -> tuple[list[dict[str, Any]], list[d
             raise SystemExit(f"--opt {key}: none of {', '.join(names)} takes option {key!r}")
     specs, refused = [], []
     for name in names:
-        base, d_model, matched = model_options(name, args), args.d_model, None
-        if getattr(args, "match", None) is not None:
-            try:
-                d_model, base, solved = _solve(name, args, base)
-            except MatchError as e:
-                refused.append({"model": name, "reason": str(e)})
-                print(f"  not matched {name}: {e}", file=sys.stderr, flush=True)
-                continue
-            matched = {**{k: v for k, v in solved.solved.items() if k != "d_model"},
-                       "matched": solved.got, "match_err_%": round(100 * solved.error, 2)}
-            print(f"  matched {name}: {solved.text()}", file=sys.stderr, flush=True)
+        sized = match_size(name, args, model_options(name, args), refused)
+        if sized is None:
+            continue
+        d_model, base, matched = sized
         backends = args.backend if (args.backend and "backend" in takes[name]) else [None]
         for backend in backends:
             options = dict(base, **({"backend": backend} if backend else {}))

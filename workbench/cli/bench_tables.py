@@ -6,7 +6,7 @@ import io
 import json
 from typing import Any
 
-from workbench.cli.bench_generate import GENERATE_COLUMNS
+from workbench.cli.bench_generate import GENERATE_COLUMNS, GENERATE_MATCH_COLUMNS
 
 COLUMNS = ["model", "seq_len", "backend", "params", "fwd_bwd_ms", "infer_ms", "train_tok_s", "peak_mib"]
 # bench --match: the solved sizes beside the measurement; `matched` is the solver's count
@@ -47,14 +47,22 @@ def format_table(rows: list[dict[str, Any]], columns: list[str], fmt: str = "md"
     return "\n".join(out)
 
 
-def runs_columns(rows: list[dict[str, Any]]) -> list[str]:
+def runs_columns(rows: list[dict[str, Any]], plain: list[str] = COLUMNS,
+                 matched: list[str] = MATCH_COLUMNS) -> list[str]:
     """The training-step table's columns: COLUMNS, or under ``--match`` (rows carrying
-    ``matched``) MATCH_COLUMNS with a column for each finer knob some row was solved at."""
+    ``matched``) MATCH_COLUMNS with a column for each finer knob some row was solved at
+    (``plain`` / ``matched``: another table's, as --generate's)."""
     if not any("matched" in r for r in rows):
-        return COLUMNS
+        return plain
     knobs = [k for k in MATCH_KNOBS if any(k in r for r in rows)]
-    at = MATCH_COLUMNS.index("n_layers") + 1
-    return MATCH_COLUMNS[:at] + knobs + MATCH_COLUMNS[at:]
+    at = matched.index("n_layers") + 1
+    return matched[:at] + knobs + matched[at:]
+
+
+def generate_columns(rows: list[dict[str, Any]]) -> list[str]:
+    """The generation table's columns: GENERATE_COLUMNS, or under ``--match``
+    GENERATE_MATCH_COLUMNS with the finer knobs, as :func:`runs_columns`."""
+    return runs_columns(rows, GENERATE_COLUMNS, GENERATE_MATCH_COLUMNS)
 
 
 def match_notes(match: tuple[str, int] | None, refused: list[dict[str, str]]) -> list[str]:
@@ -72,6 +80,8 @@ def match_notes(match: tuple[str, int] | None, refused: list[dict[str, str]]) ->
 def _section_columns(section: str, rows: list[dict[str, Any]] | None = None) -> list[str]:
     if section == "runs":
         return runs_columns(rows or [])
+    if section == "generate":
+        return generate_columns(rows or [])
     if section == "triton_compile":
         from models.kernels.triton_aot import COLUMNS as AOT_COLUMNS
         return AOT_COLUMNS

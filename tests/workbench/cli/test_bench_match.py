@@ -88,7 +88,7 @@ def test_match_values(text, want):
     (["--match", "width=3"], "expected params=N or state_size=N"),
     (["--match", "params=lots"], "expected a whole number"),
     (["--match", "params=2.5"], "whole number"),
-    (["--match", "params=1000", "--generate"], "--generate does not take it"),
+    (["--match", "params=1000", "--stream-tokens", "8"], "--stream-tokens does not take it"),
     (["--match", "params=1000", "--estimate"], "--estimate does not take it"),
 ])
 def test_bad_match_arguments_are_one_line_errors(capsys, argv, msg):
