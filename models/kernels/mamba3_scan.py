@@ -138,6 +138,17 @@ def rotate_fast(x: torch.Tensor, theta: torch.Tensor) -> torch.Tensor:
     return _Rotate.apply(x, theta)
 
 
+def _rotate_pair(q: torch.Tensor, k: torch.Tensor, theta: torch.Tensor):
+    """(rotate_fast(q, theta), rotate_fast(k, theta)); on a CPU in float32 / float64 with theta
+    of q's leading shape (SISO) both in one C call (:mod:`models.kernels.rotate_cpu`: cos and
+    sin once, one pass per direction)."""
+    from models.kernels import rotate_cpu
+
+    if rotate_cpu.applies(q, k, theta):
+        return rotate_cpu.RotatePairFn.apply(q, k, theta)
+    return rotate_fast(q, theta), rotate_fast(k, theta)
+
+
 def angles(omega: torch.Tensor, dt: torch.Tensor, theta0: torch.Tensor) -> torch.Tensor:
     """theta_t = (theta0 + sum_{s<=t} omega_s dt_s) mod 2 pi: omega (b, L, h, R), dt (b, L, h),
     theta0 (b, h, R) -> (b, L, h, R). The mod has zero gradient, as mamba-ssm's floor."""
@@ -218,7 +229,7 @@ def _chunked(q, k, v, adt, dt, lam, omega, state, output_final_state, backend, c
     dtype = v.dtype
     if omega is not None:
         theta = angles(omega, dt, theta0)                   # (b, L, h, R)
-        q, k = rotate_fast(q, theta[:, :, None]), rotate_fast(k, theta[:, :, None])
+        q, k = _rotate_pair(q, k, theta[:, :, None])
     mu = (1 - lam) * dt                                    # (b, L, h)
     mu_next = torch.cat((mu[:, 1:], torch.zeros_like(mu[:, :1])), dim=1)
     coef = lam * dt + mu_next

@@ -1,0 +1,99 @@
+/* Body of rotate.c for one scalar type REAL (suffix SFX); layout in rotate.c's comment. */
+
+/* cos and sin of the angles of rows [r0, r0 + n): cs[j R + i], sn[j R + i] */
+static void SFX(rot_cos_sin)(const REAL *theta, long st, long r0, long n, long R,
+                             REAL *restrict cs, REAL *restrict sn) {
+    for (long j = 0; j < n; j++) {
+        const REAL *restrict th = theta + (r0 + j) * st;
+        REAL *restrict c = cs + j * R, *restrict s = sn + j * R;
+#pragma omp simd
+        for (long i = 0; i < R; i++) {
+            c[i] = COS(th[i]);
+            s[i] = SIN(th[i]);
+        }
+    }
+}
+
+/* y = rot(x, (c, s)) for one row; sign -1 turns back (c, -s) */
+static inline void SFX(rot_row)(REAL *restrict y, const REAL *restrict x, const REAL *restrict c,
+                                const REAL *restrict s, long R, long N, REAL sign) {
+#pragma omp simd
+    for (long i = 0; i < R; i++) {
+        const REAL a = x[2 * i], b = x[2 * i + 1], si = sign * s[i];
+        y[2 * i] = a * c[i] - b * si;
+        y[2 * i + 1] = a * si + b * c[i];
+    }
+    if (N > 2 * R) memcpy(y + 2 * R, x + 2 * R, (size_t)(N - 2 * R) * sizeof(REAL));
+}
+
+int SFX(rot_fwd)(void **p, long *s) {
+    const REAL *q = (const REAL *)p[0], *k = (const REAL *)p[1], *theta = (const REAL *)p[2];
+    REAL *qr = (REAL *)p[3], *kr = (REAL *)p[4];
+    const long rows = s[0], N = s[1], R = s[2], items = s[4], sq = s[5], sk = s[6], st = s[7];
+    const int threads = (int)(s[3] < 1 ? 1 : s[3]);
+    const long per = items > 0 ? (rows + items - 1) / items : 0;
+    int failed = 0;
+    (void)threads;
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (long it = 0; it < items; it++) {
+        REAL *buf = malloc(2 * (size_t)(ROT_BLOCK * R + 1) * sizeof(REAL));
+        if (!buf) {
+#pragma omp atomic write
+            failed = 1;
+            continue;
+        }
+        REAL *cs = buf, *sn = buf + ROT_BLOCK * R + 1;
+        const long r1 = (it + 1) * per < rows ? (it + 1) * per : rows;
+        for (long r0 = it * per; r0 < r1; r0 += ROT_BLOCK) {
+            const long n = r1 - r0 < ROT_BLOCK ? r1 - r0 : ROT_BLOCK;
+            SFX(rot_cos_sin)(theta, st, r0, n, R, cs, sn);
+            for (long j = 0; j < n; j++) {
+                const long row = r0 + j;
+                SFX(rot_row)(qr + row * N, q + row * sq, cs + j * R, sn + j * R, R, N, 1);
+                SFX(rot_row)(kr + row * N, k + row * sk, cs + j * R, sn + j * R, R, N, 1);
+            }
+        }
+        free(buf);
+    }
+    return failed ? -1 : 0;
+}
+
+int SFX(rot_bwd)(void **p, long *s) {
+    const REAL *theta = (const REAL *)p[0], *qr = (const REAL *)p[1], *kr = (const REAL *)p[2];
+    const REAL *dqr = (const REAL *)p[3], *dkr = (const REAL *)p[4];
+    REAL *dq = (REAL *)p[5], *dk = (REAL *)p[6], *dtheta = (REAL *)p[7];
+    const long rows = s[0], N = s[1], R = s[2], items = s[4], sdq = s[5], sdk = s[6], st = s[7];
+    const int threads = (int)(s[3] < 1 ? 1 : s[3]);
+    const long per = items > 0 ? (rows + items - 1) / items : 0;
+    int failed = 0;
+    (void)threads;
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (long it = 0; it < items; it++) {
+        REAL *buf = malloc(2 * (size_t)(ROT_BLOCK * R + 1) * sizeof(REAL));
+        if (!buf) {
+#pragma omp atomic write
+            failed = 1;
+            continue;
+        }
+        REAL *cs = buf, *sn = buf + ROT_BLOCK * R + 1;
+        const long r1 = (it + 1) * per < rows ? (it + 1) * per : rows;
+        for (long r0 = it * per; r0 < r1; r0 += ROT_BLOCK) {
+            const long n = r1 - r0 < ROT_BLOCK ? r1 - r0 : ROT_BLOCK;
+            SFX(rot_cos_sin)(theta, st, r0, n, R, cs, sn);
+            for (long j = 0; j < n; j++) {
+                const long row = r0 + j;
+                const REAL *restrict gq = dqr + row * sdq, *restrict gk = dkr + row * sdk;
+                const REAL *restrict yq = qr + row * N, *restrict yk = kr + row * N;
+                REAL *restrict dt = dtheta + row * R;
+#pragma omp simd
+                for (long i = 0; i < R; i++)
+                    dt[i] = gq[2 * i + 1] * yq[2 * i] - gq[2 * i] * yq[2 * i + 1]
+                          + gk[2 * i + 1] * yk[2 * i] - gk[2 * i] * yk[2 * i + 1];
+                SFX(rot_row)(dq + row * N, gq, cs + j * R, sn + j * R, R, N, -1);
+                SFX(rot_row)(dk + row * N, gk, cs + j * R, sn + j * R, R, N, -1);
+            }
+        }
+        free(buf);
+    }
+    return failed ? -1 : 0;
+}

@@ -1,0 +1,92 @@
+"""Mamba-3's data-dependent rotation of q and k in C on a CPU, forward and hand-written
+backward (issue 43, training at language-model shapes): what
+:func:`models.kernels.mamba3_scan.rotate` does to C and B in the chunked SISO form, both in
+one call with the same angles:
+
+    y_2i = a c_i - b s_i,  y_2i+1 = a s_i + b c_i,   (a, b) = (x_2i, x_2i+1),
+    c_i = cos theta_i, s_i = sin theta_i, i < R; channels past 2R copied.
+
+Backward: dx = dy turned back by -theta; dtheta_i = sum over q and k of
+dy_2i+1 y_2i - dy_2i y_2i+1 (as ``mamba3_scan._Rotate``). Autograd keeps the angles and the
+two outputs (``_Rotate`` keeps the outputs and cos, sin per tensor). At 2 x 2048, d_model
+256 the torch form (cos, sin, four strided multiply-adds per tensor, about twice as many
+passes backward) was ~14% of a Mamba-3 step (torch.profiler, one thread); this is one read
+and one write of each row per direction, cos and sin once for both tensors.
+
+:func:`applies` gates it (float32 / float64 CPU tensors of one dtype, q, k and theta with one
+leading shape, no autocast, the library built, :data:`ENABLED`); build as
+:mod:`models.kernels.cpu_kernels` (``SSM_WORKBENCH_NO_CPU_KERNEL=1`` disables it). Tested
+against ``mamba3_scan.rotate`` in tests/models/test_rotate_cpu.py.
+"""
+from __future__ import annotations
+
+import ctypes
+
+import torch
+
+from models.kernels import cpu_kernels as _ck
+
+ABI_VERSION = 1
+ENABLED = True          # False: the torch rotation (one-process A/B timings)
+MAX_ITEMS = 64          # row blocks per call
+_LIBRARY = _ck.KernelLibrary("rotate", ("rotate.c", "rotate_impl.h"), ("rot_abi_version", ABI_VERSION),
+                             ("rot_fwd", "rot_bwd"), "Mamba-3 rotation CPU kernel")
+load = _LIBRARY.load
+
+
+def applies(q: torch.Tensor, k: torch.Tensor, theta: torch.Tensor) -> bool:
+    """Whether :class:`RotatePairFn` runs: CPU float32/float64 q, k (..., N) of one shape and
+    theta (..., R) of their leading shape and dtype, 0 < 2R <= N, outside autocast."""
+    return (ENABLED and q.device.type == "cpu" and q.dtype in (torch.float32, torch.float64)
+            and k.dtype == q.dtype and theta.dtype == q.dtype and k.device == q.device
+            and theta.device == q.device and k.shape == q.shape and q.dim() >= 1
+            and theta.shape[:-1] == q.shape[:-1] and 0 < 2 * theta.shape[-1] <= q.shape[-1]
+            and not (torch.is_autocast_enabled("cpu") or torch.is_autocast_enabled())
+            and load()[0] is not None)
+
+
+def _rows(t: torch.Tensor, d: int) -> torch.Tensor:
+    t = t.reshape(-1, d)
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
+def _call(kind: str, dtype: torch.dtype, tensors: list, sizes: list[int]) -> None:
+    lib = _LIBRARY.library()
+    ptrs = (ctypes.c_void_p * len(tensors))(*[t.data_ptr() for t in tensors])
+    longs = (ctypes.c_long * len(sizes))(*sizes)
+    if getattr(lib, f"{kind}_{'f32' if dtype == torch.float32 else 'f64'}")(ptrs, longs) != 0:
+        raise MemoryError(f"rotation kernel {kind}: could not allocate a work buffer")
+
+
+class RotatePairFn(torch.autograd.Function):
+    """forward(q, k, theta) -> (rot(q, theta), rot(k, theta)) (module doc); once differentiable."""
+
+    @staticmethod
+    def forward(ctx, q, k, theta):
+        N, R = q.shape[-1], theta.shape[-1]
+        q2, k2, th = _rows(q, N), _rows(k, N), _rows(theta, R)
+        rows = q2.shape[0]
+        qr, kr = q2.new_empty(rows, N), q2.new_empty(rows, N)
+        sizes = [rows, N, R, torch.get_num_threads(), min(rows, MAX_ITEMS), q2.stride(0),
+                 k2.stride(0), th.stride(0)]
+        if rows:
+            _call("rot_fwd", q.dtype, [q2, k2, th, qr, kr], sizes)
+        ctx.save_for_backward(th, qr, kr)
+        ctx.sizes, ctx.shapes = sizes, (q.shape, theta.shape)
+        return qr.view(q.shape), kr.view(q.shape)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, dqr, dkr):
+        th, qr, kr = ctx.saved_tensors
+        rows, N = qr.shape
+        R = th.shape[1]
+        dqr = qr.new_zeros(rows, N) if dqr is None else _rows(dqr.to(qr.dtype), N)
+        dkr = kr.new_zeros(rows, N) if dkr is None else _rows(dkr.to(kr.dtype), N)
+        dq, dk, dth = qr.new_empty(rows, N), kr.new_empty(rows, N), qr.new_empty(rows, R)
+        sizes = list(ctx.sizes)
+        sizes[3], sizes[5], sizes[6] = torch.get_num_threads(), dqr.stride(0), dkr.stride(0)
+        if rows:
+            _call("rot_bwd", qr.dtype, [th, qr, kr, dqr, dkr, dq, dk, dth], sizes)
+        qs, ts = ctx.shapes
+        return dq.view(qs), dk.view(qs), dth.view(ts)

@@ -1,0 +1,93 @@
+"""Mamba-3's rotation in C (``models.kernels.rotate_cpu``, issue 43) equals the torch
+rotation (``mamba3_scan.rotate``), values and gradients, and a Mamba-3 layer takes it (spied)
+with the same output and gradients as without it."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from models.kernels import mamba3_scan
+from models.kernels import rotate_cpu as rc
+from models.ssm.mamba3 import Mamba3
+
+F64 = torch.float64
+
+pytestmark = pytest.mark.skipif(rc.load()[0] is None, reason="no C compiler: " + rc.load()[1])
+
+
+def _inputs(lead, N, R, dtype, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(*lead, N, generator=g, dtype=dtype)
+    k = torch.randn(*lead, N, generator=g, dtype=dtype)
+    th = (torch.rand(*lead, R, generator=g, dtype=dtype) * 2 - 1) * 7
+    return [t.requires_grad_() for t in (q, k, th)]
+
+
+@pytest.mark.parametrize("N,R", [(8, 2), (8, 4), (6, 1)])
+def test_gradcheck_float64(N, R):
+    q, k, th = _inputs((2, 5, 3), N, R, F64)
+    assert torch.autograd.gradcheck(lambda a, b, c: rc.RotatePairFn.apply(a, b, c), (q, k, th))
+
+
+@pytest.mark.parametrize("N,R", [(16, 4), (16, 8), (10, 3)])
+@pytest.mark.parametrize("dtype,atol", [(F64, 1e-12), (torch.float32, 1e-5)])
+def test_equals_torch_rotation(N, R, dtype, atol):
+    """More rows than work items (several blocks of cos and sin), the channels past 2R
+    copied; q as a strided view (a slice of a wider tensor)."""
+    q, k, th = _inputs((3, 70, 5), N, R, dtype)
+    wide = torch.randn(3, 70, 5, N + 3, dtype=dtype)
+    qv = wide[..., 1:N + 1].requires_grad_()
+    qv = qv.detach().copy_(q.detach()).requires_grad_()
+    dq, dk = (torch.randn(3, 70, 5, N, dtype=dtype) for _ in range(2))
+    got = rc.RotatePairFn.apply(qv, k, th)
+    want = (mamba3_scan.rotate(q, th), mamba3_scan.rotate(k, th))
+    gg = torch.autograd.grad(got, [qv, k, th], (dq, dk))
+    gw = torch.autograd.grad(want, [q, k, th], (dq, dk))
+    for a, b in zip([*got, *gg], [*want, *gw]):
+        torch.testing.assert_close(a, b, atol=atol, rtol=atol)
+
+
+@pytest.mark.parametrize("rope_fraction", [0.5, 1.0])
+def test_mamba3_layer_same_with_and_without_the_kernel(rope_fraction, monkeypatch):
+    """The training forward (the recomputed segments, SEGMENT_LEN 16 so several) in
+    float64: output and every gradient the same with the kernel (spied) and without."""
+    from models.ssm import mamba3
+
+    monkeypatch.setattr(mamba3, "SEGMENT_LEN", 16)
+    torch.manual_seed(1)
+    m = Mamba3(16, d_state=8, headdim=8, rope_fraction=rope_fraction, backend="cpu").double()
+    with torch.no_grad():
+        for p in m.parameters():
+            p.add_(0.1 * torch.randn(p.shape, dtype=F64))
+    u = torch.randn(2, 45, 16, dtype=F64, requires_grad=True)
+
+    def run():
+        out = m(u)
+        m.zero_grad(set_to_none=True)
+        g = torch.randn(out.shape, generator=torch.Generator().manual_seed(2), dtype=F64)
+        (out * g).sum().backward()
+        return [out.detach(), u.grad.clone()] + [p.grad for p in m.parameters()]
+
+    calls = []
+    fwd = rc.RotatePairFn.forward
+    monkeypatch.setattr(rc.RotatePairFn, "forward",
+                        staticmethod(lambda ctx, *a: calls.append(1) or fwd(ctx, *a)))
+    got = run()
+    assert calls
+    u.grad = None
+    monkeypatch.setattr(rc, "ENABLED", False)
+    n = len(calls)
+    want = run()
+    assert len(calls) == n
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, atol=1e-11, rtol=1e-9)
+
+
+def test_applies_only_where_shapes_and_dtypes_fit():
+    q = torch.randn(2, 3, 8)
+    th = torch.randn(2, 3, 2)
+    assert rc.applies(q, q, th)
+    assert not rc.applies(q.bfloat16(), q.bfloat16(), th.bfloat16())
+    assert not rc.applies(q, q, th[:1])                      # broadcast angles: torch form
+    assert not rc.applies(q, q, torch.randn(2, 3, 5))        # 2R > N
+    assert not rc.applies(q, q.double(), th)
