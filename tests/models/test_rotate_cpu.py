@@ -91,3 +91,16 @@ def test_applies_only_where_shapes_and_dtypes_fit():
     assert not rc.applies(q, q, th[:1])                      # broadcast angles: torch form
     assert not rc.applies(q, q, torch.randn(2, 3, 5))        # 2R > N
     assert not rc.applies(q, q.double(), th)
+
+
+@pytest.mark.parametrize("span", [7.0, 3000.0, 1e5])
+def test_float32_sin_cos_over_wide_angles(span):
+    """float32 takes an inlined sin/cos (angles up to ROT_BIG_ANGLE) or libm's (a block
+    with a larger angle): within float32 round-off of the float64 rotation either way."""
+    g = torch.Generator().manual_seed(0)
+    th = (torch.rand(4096, 8, generator=g) * 2 - 1) * span
+    th[0, 0] = span
+    q = torch.randn(4096, 16, generator=g)
+    got, _ = rc.RotatePairFn.apply(q, q, th)
+    want = mamba3_scan.rotate(q.double(), th.double())
+    torch.testing.assert_close(got.double(), want, atol=2e-6, rtol=0)

@@ -12,7 +12,7 @@
  * Why C: in PyTorch the rotation is cos and sin of the angles, then four strided
  * multiply-adds per tensor, forward; backward as many again plus three for the angles'
  * gradient, each a pass over a (batch, L, heads, d_state) tensor. Here the angles' cos and
- * sin are taken once for q and k (vectorised through libmvec where it links) and each row
+ * sin are taken once for q and k (float32: an inlined, vectorised sin/cos) and each row
  * is read and written once per direction.
  *
  * Work items: fixed blocks of rows, each writing only its own rows, so results do not
@@ -29,13 +29,38 @@
 #include <stdlib.h>
 #include <string.h>
 
-#ifdef SCAN_VECTOR_EXP
-/* glibc's vector variants (libmvec), so the loops over the angles vectorise */
-float sinf(float) __attribute__((simd("notinbranch")));
-float cosf(float) __attribute__((simd("notinbranch")));
-double sin(double) __attribute__((simd("notinbranch")));
-double cos(double) __attribute__((simd("notinbranch")));
-#endif
+/* sin and cos of a float32 angle, inlined so that the loop over a block's angles vectorises
+ * (GCC turns sinf and cosf of one argument into a scalar sincosf call): x = n pi/2 + r with
+ * n = round(x 2/pi), r by a three-part Cody-Waite reduction, |r| <= pi/4; sin r and cos r by
+ * their minimax polynomials (Cephes' sinf/cosf coefficients, error ~1 ulp of float32); the
+ * quadrant n mod 4 swaps and signs them. Accurate while |x| 2/pi stays well below 2^22: the
+ * callers take |x| > ROT_BIG_ANGLE through libm instead (the angles Mamba-3 passes are
+ * reduced mod 2 pi). */
+static inline __attribute__((always_inline)) void rot_sincos_f32(float x, float *s, float *c) {
+    const float shifter = 12582912.0f;               /* 1.5 * 2^23: round to nearest */
+    const float n = (x * 0.636619772367581343f + shifter) - shifter;
+    const float r = ((x - n * 1.5703125f) - n * 4.837512969970703125e-4f) - n * 7.54978995489188216e-8f;
+    const float r2 = r * r;
+    const float sp = r + r * r2 * (-1.6666654611e-1f + r2 * (8.3321608736e-3f + r2 * -1.9515295891e-4f));
+    const float cp = 1.0f - 0.5f * r2
+                     + r2 * r2 * (4.166664568298827e-2f + r2 * (-1.388731625493765e-3f + r2 * 2.443315711809948e-5f));
+    const int q = (int)n;
+    const float ss = (q & 1) ? cp : sp, cc = (q & 1) ? sp : cp;
+    *s = (q & 2) ? -ss : ss;
+    *c = ((q + 1) & 2) ? -cc : cc;
+}
+
+static inline void rot_sincos_libm_f32(float x, float *s, float *c) {
+    *s = sinf(x);
+    *c = cosf(x);
+}
+
+static inline void rot_sincos_f64(double x, double *s, double *c) {
+    *s = sin(x);
+    *c = cos(x);
+}
+
+#define ROT_BIG_ANGLE 8192.0
 
 #ifdef _OPENMP
 #include <omp.h>
@@ -47,21 +72,21 @@ double cos(double) __attribute__((simd("notinbranch")));
 int rot_abi_version(void) { return ROT_ABI; }
 
 #define REAL float
-#define SIN sinf
-#define COS cosf
+#define SINCOS rot_sincos_f32
+#define SINCOS_LIBM rot_sincos_libm_f32
 #define SFX(name) name##_f32
 #include "rotate_impl.h"
 #undef REAL
-#undef SIN
-#undef COS
+#undef SINCOS
+#undef SINCOS_LIBM
 #undef SFX
 
 #define REAL double
-#define SIN sin
-#define COS cos
+#define SINCOS rot_sincos_f64
+#define SINCOS_LIBM rot_sincos_f64
 #define SFX(name) name##_f64
 #include "rotate_impl.h"
 #undef REAL
-#undef SIN
-#undef COS
+#undef SINCOS
+#undef SINCOS_LIBM
 #undef SFX

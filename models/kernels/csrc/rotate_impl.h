@@ -1,15 +1,23 @@
 /* Body of rotate.c for one scalar type REAL (suffix SFX); layout in rotate.c's comment. */
 
-/* cos and sin of the angles of rows [r0, r0 + n): cs[j R + i], sn[j R + i] */
+/* cos and sin of the angles of rows [r0, r0 + n): cs[j R + i], sn[j R + i]; libm's for a
+ * block holding an angle beyond ROT_BIG_ANGLE (rotate.c) */
 static void SFX(rot_cos_sin)(const REAL *theta, long st, long r0, long n, long R,
                              REAL *restrict cs, REAL *restrict sn) {
+    REAL big = 0;
+    for (long j = 0; j < n; j++) {
+        const REAL *restrict th = theta + (r0 + j) * st;
+#pragma omp simd reduction(max : big)
+        for (long i = 0; i < R; i++) big = fabs(th[i]) > big ? fabs(th[i]) : big;
+    }
     for (long j = 0; j < n; j++) {
         const REAL *restrict th = theta + (r0 + j) * st;
         REAL *restrict c = cs + j * R, *restrict s = sn + j * R;
+        if (big > (REAL)ROT_BIG_ANGLE || big != big) {     /* or a NaN: libm's answer */
+            for (long i = 0; i < R; i++) SINCOS_LIBM(th[i], s + i, c + i);
+        } else {
 #pragma omp simd
-        for (long i = 0; i < R; i++) {
-            c[i] = COS(th[i]);
-            s[i] = SIN(th[i]);
+            for (long i = 0; i < R; i++) SINCOS(th[i], s + i, c + i);
         }
     }
 }
