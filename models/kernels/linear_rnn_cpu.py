@@ -22,7 +22,10 @@ the input dtype, the final state in float32, as the chunked form).
 """
 from __future__ import annotations
 
+import ctypes
+
 import torch
+import torch.nn.functional as F
 
 from models.kernels import cpu_kernels
 from models.kernels.delta_product import delta_product_via
@@ -204,3 +207,159 @@ def gated_delta_product(q, k, v, g, beta, num_householder=None, scale=None,
 OPS = {"linear_attention": linear_attention, "simple_gla": simple_gla, "gla": gla,
        "delta_rule": delta_rule, "gated_delta_rule": gated_delta_rule,
        "gated_delta_product": gated_delta_product}
+
+
+# ---------------------------------------------------------------------------------------
+# The decode step of GLA, RetNet and linear attention (issue 43): csrc/linear_rnn_step.c
+# ---------------------------------------------------------------------------------------
+#
+# One call per layer and token from the layer's projected input y = x_t [W_q | W_k | ...]^T
+# (one matmul, outside) to the input of its output projection: the decay (GLA's low-rank
+# gate, RetNet's fixed gamma), RoPE or the feature map, S' = diag(a) S + k v^T, o = scale
+# S'^T q, the normaliser, the head norm and the swish gate. Each function has a plain
+# PyTorch twin ``*_step_ref`` with the same arguments (the maths written out, the tests'
+# oracle for the C); the mixers' own reference is their sequence code at T = 1.
+# ``offsets`` are the column offsets of the pieces in y (q, k, v, then gate / low-rank
+# hidden where the layer has them).
+
+STEP_ABI_VERSION = 1
+STEP_MAX_DIM = 1024      # csrc's LRS_MAXD: the largest head_k / state value dim
+_GLA, _RETENTION, _LINEAR = 0, 1, 2
+_NORM_NONE, _NORM_RMS, _NORM_GROUP = 0, 1, 2
+_STEP_LIBRARY = cpu_kernels.KernelLibrary(
+    "linear_rnn_step", ("linear_rnn_step.c", "linear_rnn_step_impl.h"),
+    ("lrs_abi_version", STEP_ABI_VERSION), ("lrs_step",), "linear-RNN decode-step kernel")
+
+
+def step_unsupported(y: torch.Tensor, S: torch.Tensor, *params: torch.Tensor | None) -> str:
+    """Why the C decode step cannot take these tensors ("" when it can): autograd recording,
+    not CPU float32 / float64, dtypes that differ (the state, the parameters), head dims
+    over STEP_MAX_DIM, or the library unavailable."""
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (y, S, *params)):
+        return "autograd is recording (the C step has no backward)"
+    if any(t is not None and t.dtype != y.dtype for t in (S, *params)):
+        return "the state, input and parameters are not of one dtype"
+    if S.dim() != 4 or max(S.shape[-2:]) > STEP_MAX_DIM:
+        return f"state {tuple(S.shape)}: head dims over {STEP_MAX_DIM}"
+    return _STEP_LIBRARY.unsupported(y)
+
+
+def _step_call(mode: int, y, S, heads: int, V: int, offsets, *, scale: float, eps: float = 0.0,
+               normalizer: float = 1.0, la_eps: float = 0.0, W2=None, b2=None, nw=None, nb=None,
+               pos=None, inv_freq=None, decay=None, low_rank: int = 0, phi: int = 0,
+               normalize: int = 0, norm: int = _NORM_NONE):
+    """The C step: returns (out (B, heads V), S' (B, heads, K, Vs), a new tensor). The
+    pointer and size arrays are built here directly (not through ``cpu_kernels._call``):
+    at decode widths the call's Python overhead is a fair part of the step."""
+    fn = _step_function(y.dtype)
+    B, H, K, Vs = S.shape
+    if y.stride(-1) != 1:
+        y = y.contiguous()
+    S = S.contiguous()
+    S2, out = torch.empty_like(S), y.new_empty(B, H * V)
+    scal = (ctypes.c_double * 4)(scale, eps, normalizer, la_eps)
+    off = (*offsets, 0, 0, 0, 0, 0)[:5]
+    ptrs = (ctypes.c_void_p * 12)(
+        y.data_ptr(), S.data_ptr(), S2.data_ptr(), out.data_ptr(), ctypes.addressof(scal),
+        *[None if t is None else t.data_ptr() for t in (W2, b2, nw, nb, pos, inv_freq, decay)])
+    sizes = (ctypes.c_long * 17)(B, H, K, V, Vs, mode, y.stride(0), *off, low_rank, phi,
+                                 normalize, norm, torch.get_num_threads())
+    if fn(ptrs, sizes) != 0:
+        raise RuntimeError(f"linear-RNN decode-step kernel: head dims over {STEP_MAX_DIM}")
+    return out, S2
+
+
+def _step_function(dtype: torch.dtype):
+    """The library's ``lrs_step_f32`` / ``_f64`` for ``dtype`` (RuntimeError saying why
+    when the library is unavailable)."""
+    lib = _STEP_LIBRARY.library()
+    return lib.lrs_step_f32 if dtype == torch.float32 else lib.lrs_step_f64
+
+
+def _c(t):
+    return None if t is None else t.contiguous()
+
+
+def gla_step(y, S, W2, b2, norm_w, offsets, *, low_rank: int, normalizer: float, eps: float):
+    """GLA's decode step (``models.linear_rnn.linear_mixers.GatedLinearAttention``). y (B, *)
+    holds q, k (heads x K), v, gate (heads x V) and the low-rank hidden (low_rank) at
+    ``offsets``; S (B, heads, K, V); W2 (heads K, low_rank), b2 (heads K) the gate's second
+    linear; norm_w (V,). Returns (rmsnorm(o) norm_w * silu(gate) (B, heads V), S')."""
+    return _step_call(_GLA, y, S, S.shape[1], S.shape[-1], offsets, scale=S.shape[2] ** -0.5,
+                      eps=eps, normalizer=normalizer, W2=_c(W2), b2=_c(b2), nw=_c(norm_w),
+                      low_rank=low_rank, norm=_NORM_RMS)
+
+
+def gla_step_ref(y, S, W2, b2, norm_w, offsets, *, low_rank: int, normalizer: float, eps: float):
+    """:func:`gla_step` in plain PyTorch."""
+    B, H, K, V = S.shape
+    oq, ok, ov, og, ol = offsets
+    q, k = y[:, oq:oq + H * K].view(B, H, K), y[:, ok:ok + H * K].view(B, H, K)
+    v, gate = y[:, ov:ov + H * V].view(B, H, V), y[:, og:og + H * V].view(B, H, V)
+    g = F.logsigmoid(F.linear(y[:, ol:ol + low_rank], W2, b2)).view(B, H, K) / normalizer
+    S2 = S * g.exp()[..., None] + k[..., None] * v[..., None, :]
+    o = K ** -0.5 * (q[..., None, :] @ S2).squeeze(-2)
+    o = o * torch.rsqrt(o.pow(2).mean(-1, keepdim=True) + eps) * norm_w * F.silu(gate)
+    return o.flatten(1), S2
+
+
+def retention_step(y, S, pos, inv_freq, decay, norm_w, norm_b, offsets, *, eps: float):
+    """RetNet's decode step (``MultiScaleRetention``). y (B, *) holds q, k (heads x K), v and
+    the gate (heads x V) at ``offsets``; S (B, heads, K, V); pos (B,) int64, each row's
+    position; inv_freq (K / 2,) float64 RoPE frequencies; decay (heads,) gamma_h in y's
+    dtype; norm_w, norm_b (heads V) the group norm's affine. Returns (groupnorm_head(o) *
+    silu(gate) (B, heads V), S')."""
+    return _step_call(_RETENTION, y, S, S.shape[1], S.shape[-1], offsets,
+                      scale=S.shape[2] ** -0.5, eps=eps, nw=_c(norm_w), nb=_c(norm_b),
+                      pos=_c(pos), inv_freq=_c(inv_freq), decay=_c(decay), norm=_NORM_GROUP)
+
+
+def retention_step_ref(y, S, pos, inv_freq, decay, norm_w, norm_b, offsets, *, eps: float):
+    """:func:`retention_step` in plain PyTorch."""
+    B, H, K, V = S.shape
+    oq, ok, ov, og = offsets[:4]
+    ang = pos.to(torch.float64)[:, None] * inv_freq                 # (B, K / 2)
+    cos, sin = (f(ang)[:, None].to(y.dtype) for f in (torch.cos, torch.sin))
+
+    def rope(x):
+        x1, x2 = x[..., :K // 2], x[..., K // 2:]
+        return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], -1)
+    q, k = rope(y[:, oq:oq + H * K].view(B, H, K)), rope(y[:, ok:ok + H * K].view(B, H, K))
+    v, gate = y[:, ov:ov + H * V].view(B, H, V), y[:, og:og + H * V].view(B, H, V)
+    S2 = S * decay[:, None, None] + k[..., None] * v[..., None, :]
+    o = K ** -0.5 * (q[..., None, :] @ S2).squeeze(-2)
+    o = F.group_norm(o.reshape(B, H * V), H, norm_w, norm_b, eps).view(B, H, V)
+    return (o * F.silu(gate)).flatten(1), S2
+
+
+def linear_attention_step(y, S, norm_w, offsets, *, elu_features: bool, normalize: bool,
+                          eps: float, norm_eps: float):
+    """Linear attention's decode step (``LinearAttention``). y (B, *) holds q, k (heads x K)
+    and v (heads x V) at ``offsets``; S (B, heads, K, V + normalize); phi = elu + 1 when
+    elu_features, else the identity; norm_w (V,) or None: the per-head RMS output norm.
+    Returns (o (B, heads V), S'), o the numerator over (normaliser + eps) when normalize."""
+    V = S.shape[-1] - int(normalize)
+    return _step_call(_LINEAR, y, S, S.shape[1], V, offsets, scale=S.shape[2] ** -0.5,
+                      eps=norm_eps, la_eps=eps, nw=_c(norm_w), phi=int(elu_features),
+                      normalize=int(normalize), norm=_NORM_NONE if norm_w is None else _NORM_RMS)
+
+
+def linear_attention_step_ref(y, S, norm_w, offsets, *, elu_features: bool, normalize: bool,
+                              eps: float, norm_eps: float):
+    """:func:`linear_attention_step` in plain PyTorch."""
+    B, H, K, Vs = S.shape
+    V = Vs - int(normalize)
+    oq, ok, ov = offsets[:3]
+    q, k = y[:, oq:oq + H * K].view(B, H, K), y[:, ok:ok + H * K].view(B, H, K)
+    if elu_features:
+        q, k = F.elu(q) + 1.0, F.elu(k) + 1.0
+    v = y[:, ov:ov + H * V].view(B, H, V)
+    if normalize:
+        v = torch.cat([v, torch.ones_like(v[..., :1])], -1)
+    S2 = S + k[..., None] * v[..., None, :]
+    o = K ** -0.5 * (q[..., None, :] @ S2).squeeze(-2)
+    if normalize:
+        o = o[..., :-1] / (o[..., -1:] + eps)
+    if norm_w is not None:
+        o = o * torch.rsqrt(o.pow(2).mean(-1, keepdim=True) + norm_eps) * norm_w
+    return o.flatten(1), S2

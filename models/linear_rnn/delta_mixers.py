@@ -26,7 +26,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from models.common import causal_conv, conv_cache, recomputed_in_slices, rms_norm, take_whole
-from models.linear_rnn.linear_mixers import GatedHeadRMSNorm, HeadRMSNorm, LinearRNNMixer, _dims
+from models.linear_rnn.linear_mixers import (GatedHeadRMSNorm, HeadRMSNorm, LinearRNNMixer, _dims,
+                                            _stacked_weights)
 from models.conv.short_conv import ShortConvolution
 
 __all__ = ["DeltaNet", "GatedDeltaNet", "GatedDeltaProduct"]
@@ -276,22 +277,6 @@ class _DeltaBase(LinearRNNMixer):
         if conv_w is None:
             return F.silu(y)
         return causal_conv(y, conv_w, conv_b, None if h else left, silu=True)[:, h:]
-
-def _stacked_weights(module: nn.Module, weights: list[torch.Tensor]) -> torch.Tensor:
-    """torch.cat(weights), kept on ``module`` and reused while every weight is the same
-    tensor at the same version (an optimiser step, ``load_state_dict`` or ``.to`` changes
-    one, and the next call stacks them anew): a decode step then reads the stacked copy
-    instead of copying every projection again. Only for steps without autograd."""
-    try:
-        key = tuple((w.data_ptr(), w._version, w.dtype, w.device) for w in weights)
-    except RuntimeError:            # inference tensors carry no version: do not cache
-        return torch.cat(weights)
-    hit = module.__dict__.get("_stacked_cache")
-    if hit is not None and hit[0] == key:
-        return hit[1]
-    stacked = torch.cat(weights)
-    module.__dict__["_stacked_cache"] = (key, stacked)
-    return stacked
 
 
 class DeltaNet(_DeltaBase):

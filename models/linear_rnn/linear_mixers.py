@@ -18,7 +18,9 @@ S (batch, heads, head_k_dim, head_v_dim) of the operator (fla's ``initial_state`
 - ``init_state(batch)`` -> zeros (plus a short-conv cache / position counter where present),
 - ``forward_with_state(x, state)`` -> (y, next state): chaining chunks == one forward,
 - ``step(x_t, state)`` -> (y_t, next state), x_t (batch, d_model): the ``*_ref`` recurrence
-  for one step (any device, any backend),
+  for one step (any device, any backend; ``_ref_step``), or without autograd on a CPU the
+  layer's fused step (GLA, RetNet, linear attention: one matmul, one C call to
+  ``models.kernels.linear_rnn_cpu``, o_proj; ``_fused_step``, held to ``_ref_step``),
 - ``state_size()`` -> floats of state per sequence (matrix state + conv cache + counter).
 
 Training memory (GLA, RetNet and the delta rules): the pieces before and after the operator
@@ -41,7 +43,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from models.common import RMSNorm, recomputed, recomputed_in_slices, rms_norm
-from models.kernels import linear_rnn_ops
+from models.kernels import linear_rnn_cpu, linear_rnn_ops
 from models.kernels.linear_rnn_backends import (BackendError, check_backend, fla_status,
                                                 get_op, resolve)
 
@@ -89,6 +91,23 @@ def _dims(d_model: int, n_heads: int, expand_k: float, expand_v: float) -> tuple
                              f"n_heads = {n_heads} heads")
         dims.append(d)
     return dims[0], dims[1]
+
+
+def _stacked_weights(module: nn.Module, weights: list[torch.Tensor]) -> torch.Tensor:
+    """torch.cat(weights), kept on ``module`` and reused while every weight is the same
+    tensor at the same version (an optimiser step, ``load_state_dict`` or ``.to`` changes
+    one, and the next call stacks them anew): a decode step then reads the stacked copy
+    instead of copying every projection again. Only for steps without autograd."""
+    try:
+        key = tuple((w.data_ptr(), w._version, w.dtype, w.device) for w in weights)
+    except RuntimeError:            # inference tensors carry no version: do not cache
+        return torch.cat(weights)
+    hit = module.__dict__.get("_stacked_cache")
+    if hit is not None and hit[0] == key:
+        return hit[1]
+    stacked = torch.cat(weights)
+    module.__dict__["_stacked_cache"] = (key, stacked)
+    return stacked
 
 
 class LinearRNNMixer(nn.Module):
@@ -167,9 +186,33 @@ class LinearRNNMixer(nn.Module):
         return self._run(x, state, final=True)
 
     def step(self, x_t: torch.Tensor, state: tuple) -> tuple[torch.Tensor, tuple]:
-        """One token: x_t (batch, d_model) -> (y_t (batch, d_model), next state)."""
+        """One token: x_t (batch, d_model) -> (y_t (batch, d_model), next state). Without
+        autograd (decode: ``torch.no_grad`` / ``inference_mode``) the layer's fused step
+        where it has one that applies (:meth:`_fused_step`), else :meth:`_ref_step`."""
+        if not torch.is_grad_enabled():
+            fused = self._fused_step(x_t, state)
+            if fused is not None:
+                return fused
+        return self._ref_step(x_t, state)
+
+    def _ref_step(self, x_t: torch.Tensor, state: tuple) -> tuple[torch.Tensor, tuple]:
+        """The reference step: the sequence code at T = 1 with the operator's ``*_ref``
+        (any device, any dtype, under autograd too); the fused steps are held to it."""
         y, state = self._run(x_t[:, None], state, final=True, recurrent=True)
         return y[:, 0], state
+
+    def _fused_step(self, x_t: torch.Tensor, state: tuple) -> tuple[torch.Tensor, tuple] | None:
+        """The decode step in one C call (GLA, RetNet, linear attention: one stacked matmul
+        for the input projections, ``models.kernels.linear_rnn_cpu``'s ``*_step`` from there
+        to the output projection, which is the second matmul), or None where it does not
+        apply (not a CPU float32 / float64 layer, the C library unavailable, a layer
+        without one): the caller then takes :meth:`_ref_step`."""
+        return None
+
+    def _projected(self, x_t: torch.Tensor, weights: list[torch.Tensor]) -> torch.Tensor:
+        """x_t (batch, d_model) times the stacked ``weights`` (kept between steps:
+        :func:`_stacked_weights`): (batch, sum of their rows)."""
+        return F.linear(x_t, _stacked_weights(self, weights))
 
     def init_state(self, batch: int) -> tuple:
         """(S zeros (batch, state_heads, head_k_dim, state_v_dim), *extras)."""
@@ -253,6 +296,19 @@ class GatedLinearAttention(LinearRNNMixer):
     def _inputs(self, x, extras):
         q, k, v = (self._heads(p(x)) for p in (self.q_proj, self.k_proj, self.v_proj))
         return [q, k, v, self.log_gate(x)], {}, ()
+
+    def _fused_step(self, x_t, state):
+        S, low, norm = state[0], self.gk_proj[1], self.g_norm_swish_gate
+        if linear_rnn_cpu.step_unsupported(x_t, S, self.o_proj.weight, low.weight, norm.weight):
+            return None
+        ws = [self.q_proj.weight, self.k_proj.weight, self.v_proj.weight, self.g_proj.weight,
+              self.gk_proj[0].weight]
+        K, V = self.key_dim, self.value_dim
+        o, S = linear_rnn_cpu.gla_step(self._projected(x_t, ws), S, low.weight, low.bias,
+                                       norm.weight, (0, K, 2 * K, 2 * K + V, 2 * K + 2 * V),
+                                       low_rank=low.in_features,
+                                       normalizer=self.gate_logit_normalizer, eps=norm.eps)
+        return F.linear(o, self.o_proj.weight), (S,)
 
     def _output(self, o, x):
         # norm, gate and o_proj in one piece recomputed from (o, x) slice by slice in the
@@ -351,6 +407,34 @@ class MultiScaleRetention(LinearRNNMixer):
         g = g.expand(B, T, -1).contiguous()                           # (batch, T, heads)
         return [q, k, v, g], {}, (pos0 + T,)
 
+    def _fused_step(self, x_t, state):
+        S, pos = state
+        gn = self.group_norm
+        if linear_rnn_cpu.step_unsupported(x_t, S, self.o_proj.weight, gn.weight):
+            return None
+        ws = [self.q_proj.weight, self.k_proj.weight, self.v_proj.weight, self.g_proj.weight]
+        K = self.key_dim
+        o, S = linear_rnn_cpu.retention_step(
+            self._projected(x_t, ws), S, pos, self._inv_freq(), self._decay(x_t.dtype),
+            gn.weight, gn.bias, (0, K, 2 * K, 2 * K + self.value_dim), eps=gn.eps)
+        return F.linear(o, self.o_proj.weight), (S, pos + 1)
+
+    def _inv_freq(self) -> torch.Tensor:
+        """RoPE's base^(-2j/d), j < head_k_dim / 2, float64 (as :func:`rotary`), kept."""
+        f = self.__dict__.get("_inv_freq_cache")
+        if f is None:
+            half = self.head_k_dim // 2
+            f = self.rope_base ** (-2.0 * torch.arange(half, dtype=torch.float64) / self.head_k_dim)
+            self.__dict__["_inv_freq_cache"] = f
+        return f
+
+    def _decay(self, dtype: torch.dtype) -> torch.Tensor:
+        """gamma_h = exp(log gamma_h) in ``dtype``, as the operator forms it, kept per dtype."""
+        cache = self.__dict__.setdefault("_decay_cache", {})
+        if dtype not in cache:
+            cache[dtype] = self.log_decay().to(dtype).exp()
+        return cache[dtype]
+
     def _rope_proj(self, h, x, pos, weight):
         """rope(x W^T): x (batch, T, d_model), pos (batch, T) -> (batch, T, heads, head_k_dim)
         (h, context steps of a slice, is 0: position-wise)."""
@@ -447,6 +531,19 @@ class LinearAttention(LinearRNNMixer):
         if self.normalize:
             v = torch.cat([v, torch.ones_like(v[..., :1])], dim=-1)
         return [q, k, v], {}, ()
+
+    def _fused_step(self, x_t, state):
+        S, norm = state[0], self.norm
+        nw = None if norm is None else norm.weight
+        if linear_rnn_cpu.step_unsupported(x_t, S, self.o_proj.weight, nw):
+            return None
+        ws = [self.q_proj.weight, self.k_proj.weight, self.v_proj.weight]
+        K = self.key_dim
+        o, S = linear_rnn_cpu.linear_attention_step(
+            self._projected(x_t, ws), S, nw, (0, K, 2 * K),
+            elu_features=self.feature_map == "elu+1", normalize=self.normalize, eps=self.eps,
+            norm_eps=1e-5 if norm is None else norm.eps)
+        return F.linear(o, self.o_proj.weight), (S,)
 
     def _output(self, o, x):
         if self.normalize:
