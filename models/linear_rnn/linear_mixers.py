@@ -410,7 +410,8 @@ class MultiScaleRetention(LinearRNNMixer):
     def _fused_step(self, x_t, state):
         S, pos = state
         gn = self.group_norm
-        if linear_rnn_cpu.step_unsupported(x_t, S, self.o_proj.weight, gn.weight):
+        if (pos.dtype != torch.int64
+                or linear_rnn_cpu.step_unsupported(x_t, S, self.o_proj.weight, gn.weight)):
             return None
         ws = [self.q_proj.weight, self.k_proj.weight, self.v_proj.weight, self.g_proj.weight]
         K = self.key_dim

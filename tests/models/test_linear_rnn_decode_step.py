@@ -102,8 +102,8 @@ def test_decode_takes_the_fused_step_without_autograd(name, monkeypatch):
 
 
 def test_the_reference_step_runs_where_the_c_step_cannot(monkeypatch):
-    """The library unavailable, a float16 layer, a state of another dtype: _fused_step says
-    None and step runs the reference."""
+    """The library unavailable, a float16 layer, a state of another dtype (RetNet: positions
+    not int64): _fused_step says None and step runs the reference."""
     m = _layer("gla")
     st = m.init_state(2)
     x = torch.randn(2, D, dtype=torch.float64)
@@ -114,6 +114,9 @@ def test_the_reference_step_runs_where_the_c_step_cannot(monkeypatch):
         torch.testing.assert_close(m.step(x, st)[0], want)
         monkeypatch.undo()
         assert m._fused_step(x, (st[0].float(),)) is None
+        r = _layer("retnet")
+        S, pos = r.init_state(2)
+        assert r._fused_step(x, (S, pos)) is not None and r._fused_step(x, (S, pos.int())) is None
         assert lc.step_unsupported(x.half(), st[0].half())
         assert lc.step_unsupported(x, st[0].float())
 
