@@ -22,6 +22,10 @@ the library built, :data:`ENABLED` (the A/B switch). Build: as
 :mod:`models.kernels.cpu_kernels` (the system C compiler, the same flag sets and cache;
 ``SSM_WORKBENCH_NO_CPU_KERNEL=1`` disables it). :func:`gated_rms_norm_ref` is the plain
 arithmetic the tests compare with (tests/models/test_gated_norm_cpu.py).
+
+The same library holds Mamba-3's D skip and gate, out = (y + D x) silu(z) with D per head
+(:class:`SkipGateFn`, :func:`skip_gate`): one pass forward, one backward, keeping y, x and z
+(what the recomputed torch form keeps) instead of running the forward twice.
 """
 from __future__ import annotations
 
@@ -32,11 +36,11 @@ import torch.nn.functional as F
 
 from models.kernels import cpu_kernels as _ck
 
-ABI_VERSION = 1
+ABI_VERSION = 2
 ENABLED = True          # False: callers take their torch form (one-process A/B timings)
 MAX_ITEMS = 64          # row blocks per call: the backward's weight-gradient partial sums
 _LIBRARY = _ck.KernelLibrary("gated_norm", ("gated_norm.c", "kernel_common.h", "gated_norm_impl.h"),
-                             ("gn_abi_version", ABI_VERSION), ("gn_fwd", "gn_bwd"),
+                             ("gn_abi_version", ABI_VERSION), ("gn_fwd", "gn_bwd", "sg_fwd", "sg_bwd"),
                              "gated RMS norm CPU kernel")
 load = _LIBRARY.load
 
@@ -136,3 +140,63 @@ def gated_rms_norm_ref(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, e
     g = h.unflatten(-1, (-1, gs))
     y = (g * torch.rsqrt(g.pow(2).mean(-1, keepdim=True) + eps)).flatten(-2) * weight
     return y * a if norm_before_gate else y
+
+
+class SkipGateFn(torch.autograd.Function):
+    """forward(y, x, z, Dc, sigmoid) -> (y + Dc x) a(z): y, x, z (..., d) of one shape, Dc (d,)
+    the skip's weight per channel; once differentiable."""
+
+    @staticmethod
+    def forward(ctx, y, x, z, Dc, sigmoid: bool):
+        d = y.shape[-1]
+        y2, x2, z2, D = _rows(y, d), _rows(x, d), _rows(z, d), Dc.contiguous()
+        rows = y2.shape[0]
+        out = y2.new_empty(rows, d)
+        sizes = [rows, d, int(sigmoid), torch.get_num_threads(), min(rows, MAX_ITEMS),
+                 y2.stride(0), x2.stride(0), z2.stride(0)]
+        if rows and d:
+            _call("sg_fwd", y.dtype, 0.0, [y2, x2, z2, D, out], sizes)
+        ctx.save_for_backward(y2, x2, z2, D)
+        ctx.sizes, ctx.shape = sizes, y.shape
+        return out.view(y.shape)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, dout):
+        y2, x2, z2, D = ctx.saved_tensors
+        rows, d = y2.shape
+        g = _rows(dout.to(y2.dtype), d)
+        dy, dx, dz = (y2.new_empty(rows, d) for _ in range(3))
+        sizes = list(ctx.sizes)
+        sizes[3] = torch.get_num_threads()
+        dD_part = y2.new_empty(sizes[4], d)
+        if rows and d:
+            _call("sg_bwd", y2.dtype, 0.0, [y2, x2, z2, D, g, dy, dx, dz, dD_part],
+                  sizes + [g.stride(0)])
+        else:
+            dy.zero_(), dx.zero_(), dz.zero_(), dD_part.zero_()
+        s = ctx.shape
+        return dy.view(s), dx.view(s), dz.view(s), dD_part.sum(0), None
+
+
+def skip_gate_applies(y: torch.Tensor, x: torch.Tensor, z: torch.Tensor, D: torch.Tensor) -> bool:
+    """Whether :func:`skip_gate` runs the kernel: as :func:`applies` for y, x, z, and D of
+    their dtype."""
+    return (applies(y, z, y.new_empty(y.shape[-1:])) and x.shape == y.shape
+            and x.dtype == y.dtype and x.device == y.device and D.dtype == y.dtype
+            and D.device == y.device)
+
+
+def skip_gate(y: torch.Tensor, x: torch.Tensor, z: torch.Tensor, D: torch.Tensor) -> torch.Tensor:
+    """(y + D[:, None] x) silu(z): y, x, z (..., heads, P), D (heads,), by the kernel where
+    :func:`skip_gate_applies`, else by :func:`skip_gate_ref`."""
+    if skip_gate_applies(y, x, z, D):
+        Dc = D[:, None].expand(D.shape[0], y.shape[-1]).reshape(-1)
+        return SkipGateFn.apply(y.flatten(-2), x.flatten(-2), z.flatten(-2), Dc,
+                                False).view(y.shape)
+    return skip_gate_ref(y, x, z, D)
+
+
+def skip_gate_ref(y: torch.Tensor, x: torch.Tensor, z: torch.Tensor, D: torch.Tensor) -> torch.Tensor:
+    """The plain arithmetic of :func:`skip_gate` (the tests' twin)."""
+    return (y + D[:, None] * x) * F.silu(z)

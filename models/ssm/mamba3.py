@@ -49,8 +49,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from models.common import recomputed
+from models.kernels import gated_norm_cpu, mamba3_scan
 from models.kernels import linear_rnn_backends as lrb
-from models.kernels import mamba3_scan
 from models.kernels.segment_recompute import StatefulSegments
 
 # steps per segment of the training forward's recomputed scan (Mamba3._mix_recomputed): at
@@ -266,10 +266,19 @@ class Mamba3(nn.Module):
         y = StatefulSegments.apply(functools.partial(self._siso_segment, backend),
                                    SEGMENT_LEN, 7, 6, x, Braw, Craw, dd_dt, dd_A, trap, ang,
                                    *self._params(), *state)
-        # the gate recomputed too: its two (b, L, d_inner) intermediates were 16 MiB a layer
-        gated = recomputed(self._gate, y, x.unflatten(-1, (self.nheads, self.headdim)), z,
-                           *self._gate_params())
-        return self.out_proj(gated.flatten(-2).to(z.dtype))
+        return self.out_proj(self._skip_gate(y, x.unflatten(-1, (self.nheads, self.headdim)), z)
+                             .flatten(-2).to(z.dtype))
+
+    def _skip_gate(self, y, xh, z):
+        """:meth:`_gate` (y (b, L, h, P), xh the scan's values as heads, z in_proj's z part)
+        for training's forward: without outproj_norm, on a CPU in float32 / float64, the
+        fused C kernel (``gated_norm_cpu.skip_gate``: one pass each way, keeping y, x and z);
+        else recomputed (its two (b, L, d_inner) intermediates were 16 MiB a layer)."""
+        zh = z.unflatten(-1, (self.nheads, self.headdim))
+        if (self.mimo_rank == 1 and not self.outproj_norm
+                and gated_norm_cpu.skip_gate_applies(y, xh, zh, self.D)):
+            return gated_norm_cpu.skip_gate(y, xh, zh, self.D)
+        return recomputed(self._gate, y, xh, z, *self._gate_params())
 
     def _out(self, y: torch.Tensor, p: dict) -> torch.Tensor:
         """D skip, gate and out_proj: y (b, L, h, P), MIMO (b, L, r, h, P) -> (b, L, d_model)."""

@@ -166,3 +166,64 @@ def test_applies_only_to_cpu_float32_float64_without_autocast():
     assert not gn.applies(x, x[:1], w)                      # a broadcast gate
     with torch.autocast("cpu", dtype=torch.bfloat16):
         assert not gn.applies(x, x, w)
+
+
+def test_skip_gate_gradcheck_float64():
+    g = torch.Generator().manual_seed(0)
+    y, x, z = (torch.randn(2, 5, 3, 4, generator=g, dtype=F64).requires_grad_() for _ in range(3))
+    D = torch.randn(3, generator=g, dtype=F64).requires_grad_()
+    assert gn.skip_gate_applies(y, x, z, D)
+    assert torch.autograd.gradcheck(gn.skip_gate, (y, x, z, D))
+
+
+@pytest.mark.parametrize("dtype,atol", [(F64, 1e-12), (torch.float32, 1e-5)])
+def test_skip_gate_equals_reference_on_strided_views(dtype, atol):
+    """x and z as head views of slices of one wider tensor (in_proj's output), rows in
+    several items (D's partial sums)."""
+    g = torch.Generator().manual_seed(0)
+    proj = torch.randn(3, 70, 80, generator=g, dtype=dtype)
+    y = torch.randn(3, 70, 4, 8, generator=g, dtype=dtype).requires_grad_()
+    x = proj[..., 3:35].unflatten(-1, (4, 8)).detach().requires_grad_()
+    z = (3 * proj[..., 40:72]).unflatten(-1, (4, 8)).detach().requires_grad_()
+    D = torch.randn(4, generator=g, dtype=dtype).requires_grad_()
+    dout = torch.randn(3, 70, 4, 8, generator=g, dtype=dtype)
+    got = gn.skip_gate(y, x, z, D)
+    want = gn.skip_gate_ref(y, x, z, D)
+    gg = torch.autograd.grad(got, [y, x, z, D], dout)
+    gw = torch.autograd.grad(want, [y, x, z, D], dout)
+    for a, b in zip([got, *gg], [want, *gw]):
+        torch.testing.assert_close(a, b, atol=atol, rtol=atol)
+
+
+def test_mamba3_layer_same_with_and_without_the_skip_gate_kernel(monkeypatch):
+    """Mamba-3's training forward takes the fused skip gate (spied): output and every
+    gradient as with the recomputed torch gate, float64."""
+    from models.ssm.mamba3 import Mamba3
+
+    torch.manual_seed(1)
+    m = Mamba3(16, d_state=8, headdim=8, backend="cpu").double()
+    with torch.no_grad():
+        for p in m.parameters():
+            p.add_(0.1 * torch.randn(p.shape, dtype=F64))
+    u = torch.randn(2, 29, 16, dtype=F64, requires_grad=True)
+
+    def run():
+        u.grad = None
+        out = m(u)
+        m.zero_grad(set_to_none=True)
+        g = torch.randn(out.shape, generator=torch.Generator().manual_seed(2), dtype=F64)
+        (out * g).sum().backward()
+        return [out.detach(), u.grad.clone()] + [p.grad for p in m.parameters()]
+
+    calls = []
+    fwd = gn.SkipGateFn.forward
+    monkeypatch.setattr(gn.SkipGateFn, "forward",
+                        staticmethod(lambda ctx, *a: calls.append(1) or fwd(ctx, *a)))
+    got = run()
+    assert calls
+    monkeypatch.setattr(gn, "ENABLED", False)
+    n = len(calls)
+    want = run()
+    assert len(calls) == n
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, atol=1e-11, rtol=1e-9)

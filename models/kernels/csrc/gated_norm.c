@@ -24,6 +24,12 @@
  *             6 items, 7 x row stride, 8 z row stride  (channels contiguous; out (rows, d))
  *   gn_bwd: p 0 &eps, 1 x, 2 z, 3 w, 4 rstd, 5 dy, 6 dx, 7 dz, 8 dw_part (items, d) | NULL
  *           s as gn_fwd, then 9 dy row stride  (dx, dz (rows, d) contiguous)
+ *
+ * And Mamba-3's D skip with its gate, out = (y + D x) a(z) (D per channel), one pass each way:
+ *   sg_fwd: p 0 unused, 1 y, 2 x, 3 z, 4 D (d,), 5 out (rows, d)
+ *           s 0 rows, 1 d, 2 act, 3 threads, 4 items, 5-7 y, x, z row strides
+ *   sg_bwd: p 0 unused, 1 y, 2 x, 3 z, 4 D, 5 dout, 6 dy, 7 dx, 8 dz (rows, d) contiguous,
+ *           9 dD_part (items, d);  s as sg_fwd, then 8 dout row stride
  */
 #include <math.h>
 #include <stdlib.h>
@@ -35,7 +41,7 @@
 #include <omp.h>
 #endif
 
-#define GN_ABI 1
+#define GN_ABI 2
 
 int gn_abi_version(void) { return GN_ABI; }
 

@@ -125,3 +125,65 @@ int SFX(gn_bwd)(void **p, long *s) {
     }
     return 0;
 }
+
+/* The D skip and the gate, out = (y + D x) a(z), D per channel: sg_fwd / sg_bwd
+ * (gated_norm.c's comment), items of rows as the norm's. */
+int SFX(sg_fwd)(void **p, long *s) {
+    const REAL *y = (const REAL *)p[1], *x = (const REAL *)p[2], *z = (const REAL *)p[3];
+    const REAL *D = (const REAL *)p[4];
+    REAL *out = (REAL *)p[5];
+    const long rows = s[0], d = s[1], sig = s[2], items = s[4];
+    const long sy = s[5], sx = s[6], sz = s[7];
+    const int threads = (int)(s[3] < 1 ? 1 : s[3]);
+    const long per = items > 0 ? (rows + items - 1) / items : 0;
+    (void)threads;
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (long i = 0; i < items; i++) {
+        const long r1 = (i + 1) * per < rows ? (i + 1) * per : rows;
+        for (long row = i * per; row < r1; row++) {
+            const REAL *restrict yr = y + row * sy, *restrict xr = x + row * sx;
+            const REAL *restrict zr = z + row * sz;
+            REAL *restrict o = out + row * d;
+#pragma omp simd
+            for (long c = 0; c < d; c++) {
+                const REAL sg = SIGMOID(zr[c]);
+                o[c] = (yr[c] + D[c] * xr[c]) * (sig ? sg : zr[c] * sg);
+            }
+        }
+    }
+    return 0;
+}
+
+int SFX(sg_bwd)(void **p, long *s) {
+    const REAL *y = (const REAL *)p[1], *x = (const REAL *)p[2], *z = (const REAL *)p[3];
+    const REAL *D = (const REAL *)p[4], *dout = (const REAL *)p[5];
+    REAL *dy = (REAL *)p[6], *dx = (REAL *)p[7], *dz = (REAL *)p[8], *dD_part = (REAL *)p[9];
+    const long rows = s[0], d = s[1], sig = s[2], items = s[4];
+    const long sy = s[5], sx = s[6], sz = s[7], sdo = s[8];
+    const int threads = (int)(s[3] < 1 ? 1 : s[3]);
+    const long per = items > 0 ? (rows + items - 1) / items : 0;
+    (void)threads;
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (long i = 0; i < items; i++) {
+        REAL *restrict dD = dD_part + i * d;
+        memset(dD, 0, (size_t)d * sizeof(REAL));
+        const long r1 = (i + 1) * per < rows ? (i + 1) * per : rows;
+        for (long row = i * per; row < r1; row++) {
+            const REAL *restrict yr = y + row * sy, *restrict xr = x + row * sx;
+            const REAL *restrict zr = z + row * sz, *restrict g = dout + row * sdo;
+            REAL *restrict dyr = dy + row * d, *restrict dxr = dx + row * d;
+            REAL *restrict dzr = dz + row * d;
+#pragma omp simd
+            for (long c = 0; c < d; c++) {
+                const REAL sg = SIGMOID(zr[c]), zc = zr[c];
+                const REAL pre = yr[c] + D[c] * xr[c];
+                const REAL gy = g[c] * (sig ? sg : zc * sg);
+                dyr[c] = gy;
+                dxr[c] = gy * D[c];
+                dD[c] += gy * xr[c];
+                dzr[c] = g[c] * pre * (sig ? sg * (1 - sg) : sg * (1 + zc * (1 - sg)));
+            }
+        }
+    }
+    return 0;
+}
