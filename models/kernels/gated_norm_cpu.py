@@ -133,13 +133,20 @@ def gated_rms_norm(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: 
 def gated_rms_norm_ref(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float,
                        group_size: int | None = None, norm_before_gate: bool = False,
                        sigmoid: bool = False) -> torch.Tensor:
-    """The plain arithmetic (autograd through it), in x's dtype: the twin the tests compare with."""
+    """The plain arithmetic (autograd through it): the twin the tests compare with, and the
+    fallback of :func:`gated_rms_norm`. Half precision is normalised in float32 and returned
+    in x's dtype with the casts of the torch forms it stands for: norm before gate as
+    ``models.common.rms_norm(x, w, eps) * a(z)`` (the linear RNNs' output norms), gate
+    before norm as Mamba-2's ``GatedRMSNorm`` (all in float32, then cast)."""
     gs = x.shape[-1] if group_size is None else group_size
-    a = torch.sigmoid(z) if sigmoid else F.silu(z)
-    h = x if norm_before_gate else x * a
+    act = torch.sigmoid if sigmoid else F.silu
+    f = torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype
+    h = x.to(f) if norm_before_gate else x.to(f) * act(z.to(f))
     g = h.unflatten(-1, (-1, gs))
-    y = (g * torch.rsqrt(g.pow(2).mean(-1, keepdim=True) + eps)).flatten(-2) * weight
-    return y * a if norm_before_gate else y
+    g = (g * torch.rsqrt(g.pow(2).mean(-1, keepdim=True) + eps)).flatten(-2)
+    if norm_before_gate:
+        return g.to(x.dtype) * weight * act(z)
+    return (g * weight).to(x.dtype)
 
 
 class SkipGateFn(torch.autograd.Function):

@@ -227,3 +227,20 @@ def test_mamba3_layer_same_with_and_without_the_skip_gate_kernel(monkeypatch):
     assert len(calls) == n
     for a, b in zip(got, want):
         torch.testing.assert_close(a, b, atol=1e-11, rtol=1e-9)
+
+
+def test_fallback_matches_the_torch_forms_in_half_precision():
+    """gated_rms_norm off the kernel (bfloat16) is the arithmetic of the forms it stands for:
+    rms_norm(x) * silu(z) per head, Mamba-2's GatedRMSNorm group-wise."""
+    from models.common import rms_norm
+
+    g = torch.Generator().manual_seed(0)
+    x, z = (torch.randn(2, 7, 16, generator=g).bfloat16() for _ in range(2))
+    w = (1 + 0.3 * torch.randn(16, generator=g)).bfloat16()
+    assert not gn.applies(x, z, w)
+    torch.testing.assert_close(gn.gated_rms_norm(x, z, w, 1e-5, None, True),
+                               rms_norm(x, w, 1e-5) * torch.nn.functional.silu(z), atol=0, rtol=0)
+    m = GatedRMSNorm(16, 8).bfloat16()
+    with torch.no_grad():
+        m.weight.copy_(w)
+    torch.testing.assert_close(gn.gated_rms_norm(x, z, w, m.eps, 8), m(x, z), atol=0, rtol=0)
