@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--kill-unfinished", action="store_true")
     args = ap.parse_args(argv)
     from workbench.cli.bench_tables import format_table
-    from workbench.execute.scheduler import kill
+    from workbench.execute.launch import kill
     from workbench.store import Store
 
     store = Store(args.store) if args.store else Store()

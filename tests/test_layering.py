@@ -479,11 +479,7 @@ def import_circles(paths: list[Path] | None = None) -> list[str]:
 # Circles found when this check was added, each with one direction imported inside a function;
 # they are to be broken like the two of issue 44 were (move what both need to the module
 # that owns it), and then removed from here (test_circles_left_are_still_there says when).
-CIRCLES_LEFT = {
-    "workbench/execute/executor.py <-> workbench/execute/scheduler.py",
-    "workbench/execute/executor.py <-> workbench/execute/slurm.py",
-    "workbench/execute/resume.py <-> workbench/execute/scheduler.py",
-}
+CIRCLES_LEFT: set[str] = set()
 
 
 def test_no_module_imports_one_that_imports_it_back():

@@ -10,7 +10,7 @@ import time
 import pytest
 import tomli_w
 
-from workbench.execute import scheduler, slurm
+from workbench.execute import launch, slurm
 from workbench.spec import profile as profiles
 from workbench.spec.expand import expand
 from workbench.store import Store
@@ -34,7 +34,7 @@ def two_device_profile(executor: str):
 
 def test_srun_starts_the_ranks_and_rank_0_alone_writes(slurm_env, tmp_path):
     store = Store(tmp_path / "store")
-    [rid] = scheduler.submit(store, two_device_profile("slurm"))
+    [rid] = launch.submit(store, two_device_profile("slurm"))
     script = open(os.path.join(store.get(rid).info["slurm_dir"], "job.sh")).read()
     assert "--ntasks-per-node=2" in script and "exec srun " in script
     deadline = time.time() + 240

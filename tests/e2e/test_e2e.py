@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from helpers import tiny_profile_text, wait_for
-from workbench.execute import scheduler
+from workbench.execute import launch, scheduler
 from workbench.spec.profile import loads
 from workbench.store import Store
 
@@ -125,13 +125,13 @@ def test_bad_profile_starts_nothing(tmp_path):
 def test_kill_and_crash(tmp_path):
     store = Store(tmp_path / "st")
     p = loads(tiny(name="long", models=["lstm"], steps=100000).replace("seeds = [0, 1]", "seeds = [0]"))
-    ids = scheduler.submit(store, p, jobs=2, runs_per_gpu=2)  # two slots (CPU or one GPU): both lengths at once
+    ids = launch.submit(store, p, jobs=2, runs_per_gpu=2)  # two slots (CPU or one GPU): both lengths at once
     running = wait_for(lambda: len(store.runs(states=["running"])) == 2 and
                        all(r.step > 0 for r in store.runs(states=["running"])), timeout=90)
     assert running
     a, b = ids
     ra = store.get(a)
-    assert scheduler.kill(store, a)
+    assert launch.kill(store, a)
     assert store.get(a).state == "killed"
     assert wait_for(lambda: not _alive(ra.pid), timeout=10)
     rb = store.get(b)

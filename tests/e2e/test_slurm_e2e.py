@@ -13,7 +13,7 @@ import pytest
 import tomli_w
 
 from workbench.results import export
-from workbench.execute import scheduler, slurm
+from workbench.execute import launch, slurm
 from workbench.spec import profile as profiles
 from workbench.store import Store
 
@@ -49,7 +49,7 @@ def wait(store: Store, ids, until, timeout: float, what: str):
 
 def test_a_profile_runs_through_sbatch_and_exports(slurm_env, tmp_path):
     store = Store(tmp_path / "store")
-    ids = list(scheduler.submit(store, slurm_profile("slurm-e2e", steps=6, seeds=(0, 1))))
+    ids = list(launch.submit(store, slurm_profile("slurm-e2e", steps=6, seeds=(0, 1))))
     runs = store.runs(ids=ids)
     assert all(r.info["executor"] == "slurm" and r.info["slurm_job_id"].isdigit() for r in runs)
     assert len({r.info["slurm_job_id"] for r in runs}) == 2  # a job per run
@@ -64,13 +64,13 @@ def test_a_profile_runs_through_sbatch_and_exports(slurm_env, tmp_path):
         assert "[worker]" in open(r.log_path).read() or os.path.getsize(r.log_path) > 0
         assert r.device == "cpu" and r.host  # what the job reported from its node
     # replaying the profile submits nothing: it is all there
-    again = scheduler.submit(store, slurm_profile("slurm-e2e", steps=6, seeds=(0, 1)))
+    again = launch.submit(store, slurm_profile("slurm-e2e", steps=6, seeds=(0, 1)))
     assert sorted(again.skipped) == sorted(ids) and not again.queued
 
 
 def test_requeued_job_resumes_from_its_checkpoint(slurm_env, tmp_path):
     store = Store(tmp_path / "store")
-    [rid] = scheduler.submit(store, slurm_profile("slurm-requeue", steps=2000, checkpoint_every=200))
+    [rid] = launch.submit(store, slurm_profile("slurm-requeue", steps=2000, checkpoint_every=200))
     wait(store, [rid], lambda rs: (rs[0].info.get("checkpoint") or {}).get("step", 0) >= 200, 120,
          "a checkpoint")
     job = store.get(rid).info["slurm_job_id"]
@@ -96,9 +96,9 @@ def test_requeued_job_resumes_from_its_checkpoint(slurm_env, tmp_path):
 
 def test_kill_scancels_the_job(slurm_env, tmp_path):
     store = Store(tmp_path / "store")
-    [rid] = scheduler.submit(store, slurm_profile("slurm-kill", steps=100000))
+    [rid] = launch.submit(store, slurm_profile("slurm-kill", steps=100000))
     wait(store, [rid], lambda rs: rs[0].state == "running", 60, "the job to run")
-    assert scheduler.kill(store, rid)
+    assert launch.kill(store, rid)
     runs = wait(store, [rid], lambda rs: rs[0].info.get("slurm_state", "").startswith("CANCELLED"),
                 60, "CANCELLED")
     assert runs[0].state == "killed"
@@ -108,7 +108,7 @@ def test_kill_scancels_the_job(slurm_env, tmp_path):
 def test_time_limit_shows_timeout_and_keeps_the_checkpoint(slurm_env, tmp_path):
     store = Store(tmp_path / "store")
     prof = slurm_profile("slurm-timeout", steps=10_000_000, checkpoint_every=100, time="1", signal_s=0)
-    [rid] = scheduler.submit(store, prof)
+    [rid] = launch.submit(store, prof)
     runs = wait(store, [rid], lambda rs: rs[0].finished and "TIMEOUT" in rs[0].info.get("slurm_state", ""),
                 200, "TIMEOUT")
     r = runs[0]
@@ -125,7 +125,7 @@ def test_time_limit_warning_checkpoints_and_requeues(slurm_env, tmp_path):
     # each attempt is warned 16-26 s in (1-minute limit, 40 s warning: Slurm checks about
     # every 30 s); 12000 steps take about 70 s on a 2-core machine: several attempts
     prof = slurm_profile("slurm-usr1", steps=12000, checkpoint_every=200, time="1", signal_s=40)
-    [rid] = scheduler.submit(store, prof)
+    [rid] = launch.submit(store, prof)
     states: list[str] = []
 
     def done(rs):

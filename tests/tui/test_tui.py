@@ -30,7 +30,7 @@ TASK = "mad_selective_copying"
 
 
 class FakeScheduler:
-    """Inserts the sweep's runs like scheduler.submit does, but starts no process."""
+    """Inserts the sweep's runs like launch.submit does, but starts no process."""
 
     def __init__(self) -> None:
         self.submitted: list[profiles.Profile] = []

@@ -200,7 +200,7 @@ async def test_a_length_too_short_for_the_task_is_said_once_on_the_lengths(store
 
 
 def test_launch_summary_says_what_was_queued_and_what_existed():
-    from workbench.execute.scheduler import Submission
+    from workbench.execute.launch import Submission
 
     sub = Submission()
     sub.skipped, sub.attached = [1, 2, 3], [4]
@@ -216,10 +216,10 @@ def test_launch_summary_says_what_was_queued_and_what_existed():
 
 
 async def test_relaunching_a_profile_queues_none_and_says_so(store, tmp_path, monkeypatch):
-    from workbench.execute import scheduler
+    from workbench.execute import launch, scheduler
 
     monkeypatch.setattr(scheduler, "spawn", lambda *a, **k: None)  # no worker processes
-    app = make_app(store, tmp_path, scheduler=scheduler)
+    app = make_app(store, tmp_path, scheduler=launch)
     # every message said, kept here: a toast lasts 8 s, and on a loaded machine the second
     # launch can take longer than that, so the first one's toast may be gone by the end
     said, real_notify = [], app.notify

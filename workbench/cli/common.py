@@ -7,7 +7,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from workbench.execute import executor
+from workbench.execute import dispatch, executor
 from workbench.store import StoreError, default_store_dir
 from workbench.store.progress import command, no_store_at
 # one table of state colours for the CLI and the TUI (the CLI modules import it from here)
@@ -68,13 +68,13 @@ def _fmt(v, digits=4):
 def refresh(store, runs: list | None = None) -> bool:
     """Bring the store up to date before reading it: dead local workers become crashed,
     Slurm runs get their rows ingested and their job states read (the executors' read side,
-    workbench/execute/executor.py: nothing is submitted here). ``runs``: the rows the caller
+    workbench/execute/dispatch.py: nothing is submitted here). ``runs``: the rows the caller
     read after reaping, if any (light rows will do). True when an executor looked after live
     runs, so rows read before are stale. A read-only store is left as it is."""
     if runs is None:
         store.reap()
     try:
-        return bool(executor.sync(store, runs=runs))
+        return bool(dispatch.sync(store, runs=runs))
     except executor.ExecutorError as e:
         print(f"slurm: {e}", file=sys.stderr)
         return False

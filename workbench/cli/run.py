@@ -12,7 +12,8 @@ from rich.table import Table
 
 from workbench.cli.common import STATE_STYLE, _console, _fmt, _store, refresh
 from workbench.cli.runs import _print_runs
-from workbench.execute.executor import ExecutorError, describe
+from workbench.execute.dispatch import describe
+from workbench.execute.executor import ExecutorError
 from workbench.store.progress import command
 
 
@@ -230,7 +231,7 @@ def _refuse_too_big(ests, force: bool) -> bool:
 def cmd_run(args) -> int:
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from workbench.execute import scheduler
+    from workbench.execute import launch, scheduler
     from workbench.spec.profile import EvalProfile, ProfileError, load
 
     console = _console()
@@ -256,7 +257,7 @@ def cmd_run(args) -> int:
     if warning := name_reuse_warning(store, prof, args.profile):
         Console(stderr=True).print(warning, markup=False, highlight=False, soft_wrap=True)
     try:
-        ids = scheduler.submit(store, prof, jobs=args.jobs, runs_per_gpu=args.runs_per_gpu, fresh=args.fresh)
+        ids = launch.submit(store, prof, jobs=args.jobs, runs_per_gpu=args.runs_per_gpu, fresh=args.fresh)
     except ExecutorError as e:
         Console(stderr=True).print(f"slurm: {e}", markup=False, highlight=False)
         return 2

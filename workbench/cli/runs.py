@@ -8,7 +8,7 @@ from rich.console import Console
 from rich.table import Table
 
 from workbench.cli.common import STATE_STYLE, NoStore, _console, _fmt, _store, refresh
-from workbench.execute.executor import describe
+from workbench.execute.dispatch import describe
 
 
 def _worker_cell(r) -> str:
@@ -250,13 +250,13 @@ def cmd_show(args) -> int:
 
 
 def cmd_kill(args) -> int:
-    from workbench.execute import scheduler
+    from workbench.execute import launch
 
     store = _store(args, create=False)  # no store: no run to kill, and none is made
     code = 0
     for i in args.ids:
         try:
-            ok = scheduler.kill(store, i)
+            ok = launch.kill(store, i)
         except KeyError as e:
             print(str(e.args[0]), file=sys.stderr)
             code = 2

@@ -173,11 +173,11 @@ def sources(store, specs: list[dict]) -> dict[str, dict]:
 
 def start(store, ids: list[int], executor: str, slurm, sources: dict[str, dict]) -> None:
     """Hand the pending runs of ``ids`` to ``executor`` and start them, as
-    workbench.execute.scheduler.submit does for a training profile (a Slurm run of
+    workbench.execute.launch.submit does for a training profile (a Slurm run of
     ``run:N`` gets ``sources``' entry in its info as ``eval_source``)."""
     from types import SimpleNamespace
 
-    from workbench.execute.executor import executor_named
+    from workbench.execute.dispatch import executor_named
 
     pending = [r for r in store.runs(ids=ids) if r.state == "pending"]
     if not pending:

@@ -13,11 +13,13 @@ starts anything) and says where a run's checkpoints and run files lie
 
 Which one runs a run is recorded in its info (``executor``, absent = local; read by
 :func:`workbench.store.layout.executor_name`, so the store, which sits below this layer,
-knows which runs it may reap). Everything else asks :func:`executor_for`.
+knows which runs it may reap). Everything else asks
+:func:`workbench.execute.dispatch.executor_for`, which imports the two: this module is
+the interface they implement and imports neither.
 
 Reads never submit: the polls (``runs``, ``run``'s progress, every TUI tick) call
-:func:`sync`; only the commands that launch work (``run``, ``resume``, the sweep form's
-launch, all through :func:`workbench.execute.scheduler.submit` or
+:func:`workbench.execute.dispatch.sync`; only the commands that launch work (``run``,
+``resume``, the sweep form's launch, all through :func:`workbench.execute.launch.submit` or
 :func:`workbench.execute.resume.resume_runs`) call :meth:`Executor.submit`.
 """
 from __future__ import annotations
@@ -26,12 +28,10 @@ from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterable
 
-from workbench.store.layout import LOCAL, executor_name
+from workbench.store.layout import executor_name
 
 if TYPE_CHECKING:
     from workbench.store import Run, Store
-
-NAMES = ("local", "slurm")
 
 
 class ExecutorError(RuntimeError):
@@ -75,56 +75,3 @@ class Executor(ABC):
     def files_root(self, store: Store, run: Run) -> Path:
         """The folder holding the run's checkpoint (``checkpoints/<id>/``) and run files."""
         return store.root
-
-
-_EXECUTORS: dict[str, Executor] = {}
-
-
-def executor_named(name: str | None) -> Executor:
-    """The executor called ``name`` (None: local). A ValueError names an unknown one."""
-    name = name or LOCAL
-    if name not in NAMES:
-        raise ValueError(f"executor: unknown value {name!r}; expected one of {', '.join(NAMES)}")
-    if name not in _EXECUTORS:
-        # imported here: scheduler and slurm import this module for the base class
-        if name == "slurm":
-            from workbench.execute.slurm import SlurmExecutor as cls
-        else:
-            from workbench.execute.scheduler import LocalExecutor as cls
-        _EXECUTORS[name] = cls()
-    return _EXECUTORS[name]
-
-
-def executor_for(run: Run) -> Executor:
-    """The executor that runs ``run`` (from its info)."""
-    return executor_named(executor_name(run))
-
-
-def by_executor(runs: Iterable[Run]) -> dict[Executor, list[int]]:
-    """The runs' ids grouped by their executor, in the order first seen."""
-    out: dict[Executor, list[int]] = {}
-    for r in runs:
-        out.setdefault(executor_for(r), []).append(r.id)
-    return out
-
-
-def describe(run: Run) -> str | None:
-    """Where ``run`` is placed beyond its device column (Slurm: job id and state), or None:
-    for the runs table (workbench/tui/runs_table.py) and ``runs``."""
-    return executor_for(run).describe(run)
-
-
-def files_root(store: Store, run: Run) -> Path:
-    """The folder holding ``run``'s checkpoint: the store's, or a Slurm run's shared folder."""
-    return executor_for(run).files_root(store, run)
-
-
-def sync(store: Store, runs: list | None = None) -> list[int]:
-    """The read side of every executor (see :meth:`Executor.sync`): ingest what remote
-    workers wrote and map their job states; submits nothing. Returns the ids of the live
-    runs looked after (empty: nothing changed, the caller's rows are current).
-    Raises :class:`ExecutorError` when an executor's query failed."""
-    live: list[int] = []
-    for name in NAMES:
-        live += executor_named(name).sync(store, runs)
-    return live

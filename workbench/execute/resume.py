@@ -9,7 +9,7 @@ info; its executor starts its worker the usual way (one detached scheduler per s
 the metrics the interrupted attempt logged after the checkpoint's step and continues.
 
 :func:`requeue` is the one way back to ``pending``: the command, a replayed profile
-(:func:`scheduler.submit`) and, later, a cluster requeue call it.
+(:func:`workbench.execute.launch.submit`) and, later, a cluster requeue call it.
 
 A checkpoint is verified (:func:`checkpoint.verify`: header, sha256 of every byte, run id,
 spec key) before the run is requeued or anything is printed: a damaged, cut or foreign
@@ -26,7 +26,7 @@ import socket
 import sys
 import time
 
-from workbench.execute.executor import by_executor, files_root
+from workbench.execute.dispatch import by_executor, files_root
 from workbench.store import UNFINISHED, Store, pid_alive
 from workbench.store.progress import command
 

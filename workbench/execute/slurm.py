@@ -228,7 +228,7 @@ def cancel(store: Store, run_id: int) -> bool:
 
 
 def is_slurm(run) -> bool:
-    """Kept for callers not yet asking :func:`workbench.execute.executor.executor_for`."""
+    """Kept for callers not yet asking :func:`workbench.execute.dispatch.executor_for`."""
     return executor_name(run) == "slurm"
 
 

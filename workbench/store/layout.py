@@ -20,7 +20,7 @@ LOCAL = "local"
 
 def executor_name(run: Any) -> str:
     """The name of the executor running ``run`` (anything with an ``info`` dict): 'local'
-    unless its info says otherwise (workbench.execute.executor.executor_for)."""
+    unless its info says otherwise (workbench.execute.dispatch.executor_for)."""
     return (getattr(run, "info", None) or {}).get(EXECUTOR_KEY) or LOCAL
 
 

@@ -31,7 +31,7 @@ class Reaper(RunsTable, Transitions):
         crashed = []
         for r in self.runs(states=["running"]):
             if executor_name(r) != LOCAL:
-                continue  # another node's worker: its executor's job state says (workbench.execute.executor.sync)
+                continue  # another node's worker: its executor's job state says (workbench.execute.dispatch.sync)
             reason = None
             silent = r.heartbeat is not None and now - r.heartbeat > timeout
             if r.host == host and r.pid:

@@ -25,7 +25,7 @@ from textual.binding import Binding
 from textual.widget import Widget
 from textual.widgets import Header, Static, TabbedContent, TabPane
 
-from workbench.execute import executor
+from workbench.execute import dispatch, executor
 from workbench.spec.schema import Profile
 from workbench.store import STATE_STYLES, STATES, Run, Store, progress
 from workbench.tui import paths
@@ -50,7 +50,7 @@ MAX_PROGRESS_LINES = 3  # profiles under way listed under the runs table
 
 
 def launch_summary(name: str, ids: Any, cmd: str = "ssm-workbench") -> str:
-    """What submitting a sweep did, from :class:`workbench.execute.scheduler.Submission` (a plain
+    """What submitting a sweep did, from :class:`workbench.execute.launch.Submission` (a plain
     list of ids counts as all queued): new runs queued, and the runs the store already
     held (skipped as finished, still pending or running, resumed, restarted, refused).
     ``cmd``: the workbench's command as the user types it (:func:`progress.command`)."""
@@ -95,7 +95,7 @@ class WorkbenchApp(PollsStore, App):
     def __init__(self, store: Store, profiles_dir: Path = Path("profiles"),
                  scheduler: Any = None, figures_dir: Path | None = None, **kwargs: Any) -> None:
         """``scheduler``: an object with ``submit`` and ``kill`` (tests); by default the
-        :mod:`workbench.execute.scheduler` module, imported when first needed. ``figures_dir``:
+        :mod:`workbench.execute.launch` module, imported when first needed. ``figures_dir``:
         the folder under which the compare and results views write figures and tables,
         one folder per profile (default: the store folder's ``figures/``)."""
         super().__init__(**kwargs)
@@ -113,7 +113,7 @@ class WorkbenchApp(PollsStore, App):
     @property
     def scheduler(self) -> Any:
         if self._scheduler is None:
-            self._scheduler = importlib.import_module("workbench.execute.scheduler")
+            self._scheduler = importlib.import_module("workbench.execute.launch")
         return self._scheduler
 
     def compose(self) -> ComposeResult:
@@ -165,7 +165,7 @@ class WorkbenchApp(PollsStore, App):
                                       severity="information" if revived.restarted else "error")
             runs = table_runs(self.store)
             try:  # Slurm runs: ingest their rows, read job states (throttled); never submits
-                if executor.sync(self.store, runs=runs):
+                if dispatch.sync(self.store, runs=runs):
                     runs = table_runs(self.store)  # as the sync left them
             except executor.ExecutorError as e:
                 self.call_from_thread(self._slurm_problem, str(e))

@@ -20,7 +20,7 @@ from typing import Any, Iterable
 
 from rich.text import Text
 
-from workbench.execute import executor
+from workbench.execute import dispatch
 from workbench.results.aggregate import sort_key
 from workbench.store import STATES, Run, Store, progress, queries
 from workbench.tui.formatting import accuracy, duration, number, percent, state_text
@@ -163,7 +163,7 @@ def row_key(run: Run, marked: bool) -> tuple | None:
         return None
     return (marked, run.profile, run.label, run.task, run.seq_len, run.seed, run.state,
             run.progress, run.last_loss, run.last_accuracy, run.started, run.ended, run.device,
-            run.slot, executor.describe(run), lm_figure(run))
+            run.slot, dispatch.describe(run), lm_figure(run))
 
 
 def _t(s: str, justify: str = "left") -> Text:
@@ -191,7 +191,7 @@ def row_cells(run: Run, marked: bool = False, labels: dict[str, str] | None = No
         "elapsed": _t(duration(run.elapsed), "right"),
         # which GPU, when there are several: the scheduler's slot is the CUDA index; Slurm
         # runs: the job id and Slurm's state (PENDING with its reason, TIMEOUT, NODE_FAIL...)
-        "device": _t(executor.describe(run) or
+        "device": _t(dispatch.describe(run) or
                      (f"{run.device}:{run.slot}" if run.device == "cuda" and run.slot else (run.device or ""))),
     }
 

@@ -18,7 +18,7 @@ from test_resume import (FIXED, attempt, metric_rows, new_run, outcome, sweep, s
 from test_resume import fake_popen, no_live_worker  # noqa: F401  (fixtures)
 from workbench.train import checkpoint
 from workbench import cli
-from workbench.execute import scheduler
+from workbench.execute import launch, scheduler
 from workbench.spec.run_spec import spec_key
 from workbench.store.progress import command
 
@@ -205,13 +205,13 @@ def test_a_replayed_profile_refuses_a_run_with_a_bad_checkpoint(tmp_path, fake_p
     """``run PROFILE`` again: the preempted run with a damaged checkpoint is neither resumed
     nor silently restarted (which would throw its training away); it is refused, with why."""
     store = scheduler.Store(tmp_path / "st")
-    a, b, c = scheduler.submit(store, sweep())
+    a, b, c = launch.submit(store, sweep())
     for rid in (a, b):
         assert attempt(monkeypatch, store, rid, at=2) == 128 + signal.SIGTERM
     bad = checkpoint.path_for(store.root, b)
     flip(bad, bad.stat().st_size // 2)
     rows = metric_rows(store, b)
-    out = scheduler.submit(store, sweep())
+    out = launch.submit(store, sweep())
     assert out.resumed == [a] and out.restarted == [] and [rid for rid, _ in out.refused] == [b]
     why = out.refused[0][1]
     assert "checksum mismatch" in why and f"resume --restart {b}" in why and UNSAFE not in why

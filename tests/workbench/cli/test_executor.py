@@ -1,6 +1,6 @@
-"""The executor boundary (workbench/execute/executor.py) and "reads never submit": the
+"""The executor boundary (workbench/execute/executor.py, dispatch.py) and "reads never submit": the
 read paths (`runs`, `run`'s progress, every TUI poll) ingest run files and read job states
-but never call ``sbatch``; only launching (``scheduler.submit``, ``resume``) does.
+but never call ``sbatch``; only launching (``launch.submit``, ``resume``) does.
 
 Slurm's commands are fake scripts on PATH here (each call logged), so these run where
 Slurm is not installed; tests/e2e/test_slurm_e2e.py runs the real thing.
@@ -16,8 +16,8 @@ import tomli_w
 
 from test_curves import sweep
 from workbench import cli
-from workbench.execute import resume, scheduler, slurm
-from workbench.execute.executor import describe, executor_for, executor_named, files_root
+from workbench.execute import launch, resume, scheduler, slurm
+from workbench.execute.dispatch import describe, executor_for, executor_named, files_root
 from workbench.spec import profile as profiles
 from workbench.store import Store
 
@@ -143,20 +143,20 @@ def test_submit_launches_through_the_profiles_executor(fake_slurm, tmp_path, mon
     spawned = []
     monkeypatch.setattr(scheduler, "spawn", lambda *a, **k: spawned.append(a))
     store = Store(tmp_path / "store")
-    ids = scheduler.submit(store, slurm_profile())
+    ids = launch.submit(store, slurm_profile())
     assert len(fake_slurm.calls("sbatch")) == 2 and not spawned
     assert all(executor_for(r).name == "slurm" and r.info["slurm_job_id"] for r in store.runs(ids=ids))
     local = slurm_profile("here").model_copy(update={"executor": "local"})
-    scheduler.submit(store, local)
+    launch.submit(store, local)
     assert len(spawned) == 1 and len(fake_slurm.calls("sbatch")) == 2
 
 
 def test_kill_goes_through_the_runs_executor(fake_slurm, tmp_path):
     store, waiting, queued = slurm_store(tmp_path)
     [here] = sweep(store, models=("lstm",), seeds=(5,))
-    assert scheduler.kill(store, queued) and store.get(queued).state == "killed"
+    assert launch.kill(store, queued) and store.get(queued).state == "killed"
     assert fake_slurm.calls("scancel") == ["scancel 101"]
-    assert scheduler.kill(store, here) and store.get(here).state == "killed"
+    assert launch.kill(store, here) and store.get(here).state == "killed"
     assert len(fake_slurm.calls("scancel")) == 1  # a local run is not Slurm's
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from workbench.spec import profile as P
-from workbench.execute import scheduler
+from workbench.execute import launch, scheduler
 from workbench.spec.run_spec import spec_key
 from workbench.store import Store
 
@@ -254,17 +254,17 @@ def test_replaying_a_grid_profile_queues_nothing_the_second_time(tmp_path, monke
     monkeypatch.setattr(scheduler.subprocess, "Popen", FakePopen)
     FakePopen.launched = []
     store = Store(tmp_path / "st")
-    first = scheduler.submit(store, P.loads(GRID, "g.toml"))
+    first = launch.submit(store, P.loads(GRID, "g.toml"))
     assert len(first.queued) == 24 and len(FakePopen.launched) == 1
     stored = {json.dumps(r.spec["grid"], sort_keys=True) for r in store.runs()}
     assert len(stored) == 6  # the grid point is in each run's record
     for rid in first:
         store.finish(rid, "finished")
-    again = scheduler.submit(store, P.loads(GRID, "g.toml"))
+    again = launch.submit(store, P.loads(GRID, "g.toml"))
     assert again.queued == [] and sorted(again.skipped) == sorted(first) and len(store.runs()) == 24
     assert len(FakePopen.launched) == 1
     # one more grid value: only its runs are new
-    more = scheduler.submit(store, P.loads(GRID.replace("[0.0, 0.1]", "[0.0, 0.1, 0.2]"), "g.toml"))
+    more = launch.submit(store, P.loads(GRID.replace("[0.0, 0.1]", "[0.0, 0.1, 0.2]"), "g.toml"))
     assert len(more.queued) == 12 and len(more.skipped) == 24
 
 

@@ -20,7 +20,7 @@ import pytest
 from helpers import tiny_profile_text, wait_for
 from workbench.train import checkpoint, worker
 from workbench import cli
-from workbench.execute import resume, scheduler
+from workbench.execute import launch, resume, scheduler
 from workbench.store import run as store_run
 from workbench.spec.profile import expand, loads
 from workbench.store import Store
@@ -51,7 +51,7 @@ def real_run(tmp_path, monkeypatch):
     monkeypatch.setenv("SSM_WORKBENCH_HEARTBEAT_TIMEOUT", str(TIMEOUT_S))
     prof = loads(profile_text("live", steps=400))
     store = Store(tmp_path / "st")
-    (rid,) = scheduler.submit(store, prof)
+    (rid,) = launch.submit(store, prof)
     r = wait_for(lambda: (x := store.get(rid)).state == "running" and x.step >= 5 and x, poll=0.01)
     try:
         yield store, rid, prof, r.pid
@@ -94,7 +94,7 @@ def test_a_stopped_worker_is_stalled_not_crashed_and_its_replay_deletes_nothing(
     # even hours of silence do not make a live process dead
     assert store.reap(now=time.time() + 3600) == [] and store.get(rid).state == "running"
     # a replay meanwhile watches it, it does not restart it
-    during = scheduler.submit(store, prof)
+    during = launch.submit(store, prof)
     assert during.attached == [rid] and during.restarted == during.queued == []
 
     os.kill(pid, signal.SIGCONT)
@@ -106,7 +106,7 @@ def test_a_stopped_worker_is_stalled_not_crashed_and_its_replay_deletes_nothing(
     before = counts(store, rid)
     assert before[0] > 0 and before[1] > 0
 
-    again = scheduler.submit(store, prof)
+    again = launch.submit(store, prof)
     assert list(again) == again.skipped == [rid]
     assert again.restarted == again.resumed == again.queued == []
     assert counts(store, rid) == before and store.get(rid).state == "finished"
@@ -128,7 +128,7 @@ def test_a_heartbeat_verdict_from_another_host_is_overturned_when_the_worker_wak
     assert r.info["revived"][0]["was"] == "crashed" and "no heartbeat" in r.info["revived"][0]["verdict"]
     assert store.results([rid])[rid][""]["steps"] == 400
     assert not checkpoint.path_for(store.root, rid).exists()
-    assert scheduler.submit(store, prof).skipped == [rid]
+    assert launch.submit(store, prof).skipped == [rid]
 
 
 # --------------------------------------------------------------------------- the store's rules
@@ -174,7 +174,7 @@ def test_no_requeue_resume_or_replay_deletes_final_results(tmp_path, monkeypatch
     monkeypatch.setattr(resume, "pid_alive", lambda *a: False)  # the workers here are gone
     s = Store(tmp_path)
     prof = loads(profile_text("keep", steps=10).replace("seeds = [0]", "seeds = [0, 1, 2]"))
-    crashed, killed, partial = scheduler.submit(s, prof)
+    crashed, killed, partial = launch.submit(s, prof)
     for rid, state in ((crashed, "crashed"), (killed, "killed"), (partial, "failed")):
         started(s, rid, pid=1, host="elsewhere")
         final(s, rid)
@@ -189,7 +189,7 @@ def test_no_requeue_resume_or_replay_deletes_final_results(tmp_path, monkeypatch
         resume.requeue(s, killed, require_checkpoint=False)
     assert s.get(killed).state == "killed" and counts(s, killed) == kept[killed]
 
-    out = scheduler.submit(s, prof)
+    out = launch.submit(s, prof)
     assert out.skipped == [crashed] and out.restarted == [partial]
     assert [rid for rid, _ in out.refused] == [killed] and "final results" in out.refused[0][1]
     r = s.get(crashed)

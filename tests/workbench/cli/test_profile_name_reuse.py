@@ -178,7 +178,7 @@ async def test_a_loaded_profile_replays_under_its_name_without_asking(store, tmp
 # ---------------------------------------------------------------------------- headless run
 def test_headless_run_warns_in_one_line_and_a_replay_does_not(tmp_path, monkeypatch, capsys):
     from workbench import cli
-    from workbench.execute import scheduler
+    from workbench.execute import launch
 
     st = Store(tmp_path / "store")
     held = st.add_runs(specs(prof("parity")))
@@ -188,12 +188,12 @@ def test_headless_run_warns_in_one_line_and_a_replay_does_not(tmp_path, monkeypa
 
     def fake_submit(store, profile, **kw):  # the held runs, finished: nothing to wait for
         submitted.append(profile.name)
-        out = scheduler.Submission()
+        out = launch.Submission()
         out.extend(held)
         out.skipped = list(held)
         return out
 
-    monkeypatch.setattr(scheduler, "submit", fake_submit)
+    monkeypatch.setattr(launch, "submit", fake_submit)
     other = tmp_path / "other.toml"
     profiles.save(prof("cycle_navigation"), other)
     assert cli.main(["--store", str(tmp_path / "store"), "run", str(other), "--quiet"]) == 0

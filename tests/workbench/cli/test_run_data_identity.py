@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from helpers import tiny_lm_corpus, tiny_lm_profile_text
-from workbench.execute import scheduler
+from workbench.execute import launch, scheduler
 from workbench.spec.profile import loads
 from workbench.store import Store
 from workbench.train import checkpoint, worker
@@ -44,11 +44,11 @@ class FakePopen:
 
 
 def submit(store: Store, prof):
-    """``scheduler.submit`` with its scheduler process left unstarted (Popen is patched for
+    """``launch.submit`` with its scheduler process left unstarted (Popen is patched for
     the call only: the worker run in this process needs the real one)."""
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(scheduler.subprocess, "Popen", FakePopen)
-        return scheduler.submit(store, prof)
+        return launch.submit(store, prof)
 
 
 def profile(corpus, name: str = "identity"):

@@ -9,7 +9,7 @@ import os
 import pytest
 
 from workbench import cli
-from workbench.execute import scheduler
+from workbench.execute import launch, scheduler
 from workbench.train import sysmon
 from workbench.spec.profile import dumps, expand, loads
 from workbench.store import Store
@@ -161,7 +161,7 @@ def _spawned_runs_per_gpu(cmd):
 @pytest.mark.parametrize("flag,prof,want", [(None, None, 1), (None, 3, 3), (2, 3, 2), (4, None, 4)])
 def test_submit_passes_it_to_the_detached_scheduler(fake, tmp_path, flag, prof, want):
     store = Store(tmp_path / "st")
-    scheduler.submit(store, profile(prof), runs_per_gpu=flag)
+    launch.submit(store, profile(prof), runs_per_gpu=flag)
     (p,) = FakePopen.launched
     assert p.cmd[p.cmd.index("-m") + 1] == "workbench.execute.scheduler"
     assert _spawned_runs_per_gpu(p.cmd) == want
@@ -190,7 +190,7 @@ def test_cli_flag(monkeypatch, tmp_path, argv, want):
         seen.update(runs_per_gpu=runs_per_gpu, profile=prof.runs_per_gpu)
         raise SystemExit(0)  # stop before the progress loop
 
-    monkeypatch.setattr(scheduler, "submit", submit)
+    monkeypatch.setattr(launch, "submit", submit)
     path = tmp_path / "p.toml"
     path.write_text(PROFILE.format(extra="runs_per_gpu = 3"))
     with pytest.raises(SystemExit):

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from helpers import screen_lines, tiny_lm_corpus, tiny_lm_profile_text, workers_done
-from workbench.execute import scheduler
+from workbench.execute import launch, scheduler
 from workbench.spec.profile import expand, loads
 from workbench.store import Store
 from workbench.train import checkpoint, eval_models, worker
@@ -48,7 +48,7 @@ def runs(tmp_path_factory):
     prof = loads(tiny_lm_profile_text(corpus, "sample", models=("mamba", "transformer"), lr=3e-3))
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(scheduler.subprocess, "Popen", FakePopen)
-        ids = scheduler.submit(store, prof)
+        ids = launch.submit(store, prof)
     for rid in ids:
         store.mark_started(rid, os.getpid(), "cpu", None)
         worker.run(str(store.root), rid)

@@ -15,7 +15,7 @@ import torch
 import helpers
 from tasks import metrics as task_metrics
 from workbench.train import checkpoint, worker
-from workbench.execute import resume, scheduler
+from workbench.execute import launch, resume, scheduler
 from workbench.spec.profile import ProfileError, expand, loads
 from workbench.spec.run_spec import spec_key
 from workbench.store import Store
@@ -363,25 +363,25 @@ def sweep(**kw):
 
 def test_replaying_a_finished_profile_submits_nothing(tmp_path, fake_popen):
     store = Store(tmp_path / "st")
-    first = scheduler.submit(store, sweep())
+    first = launch.submit(store, sweep())
     assert first.queued == list(first) and len(first) == 3 and len(fake_popen) == 1
     for rid in first:
         store.finish(rid, "finished")
-    again = scheduler.submit(store, sweep(extra="checkpoint_every = 7"))  # neutral setting
+    again = launch.submit(store, sweep(extra="checkpoint_every = 7"))  # neutral setting
     assert list(again) == list(first) and again.skipped == list(first)
     assert again.queued == again.resumed == again.restarted == []
     assert len(fake_popen) == 1  # no scheduler started for nothing
     assert len(store.runs()) == 3
-    fresh = scheduler.submit(store, sweep(), fresh=True)
+    fresh = launch.submit(store, sweep(), fresh=True)
     assert fresh.queued == list(fresh) and len(store.runs()) == 6 and len(fake_popen) == 2
-    changed = scheduler.submit(store, loads(profile_text(name="replay").replace("lr = 3e-3", "lr = 1e-3")))
+    changed = launch.submit(store, loads(profile_text(name="replay").replace("lr = 3e-3", "lr = 1e-3")))
     assert len(changed.queued) == 1 and changed.skipped == []
 
 
 def test_replay_resumes_or_restarts_unfinished_runs_instead_of_adding_them(tmp_path, fake_popen,
                                                                             monkeypatch, no_live_worker):
     store = Store(tmp_path / "st")
-    a, b, c = scheduler.submit(store, sweep())
+    a, b, c = launch.submit(store, sweep())
     store.finish(a, "finished")
     # b: preempted with a checkpoint
     start(store, b)
@@ -395,7 +395,7 @@ def test_replay_resumes_or_restarts_unfinished_runs_instead_of_adding_them(tmp_p
     store.add_metrics(c, [(1, None, "train", "loss", 2.0)])
     store.set_results(c, {"accuracy": 0.5})
     store.finish(c, "crashed", "no heartbeat")
-    out = scheduler.submit(store, sweep())
+    out = launch.submit(store, sweep())
     assert list(out) == [a, b, c]
     assert (out.skipped, out.resumed, out.restarted, out.queued) == ([a], [b], [c], [])
     rb, rc = store.get(b), store.get(c)
@@ -403,7 +403,7 @@ def test_replay_resumes_or_restarts_unfinished_runs_instead_of_adding_them(tmp_p
     assert rb.info["resume"]["step"] == 3 and store.metrics(b)  # its rows are kept (the worker trims)
     assert not rc.info["resume"] and store.metrics(c) == [] and store.results([c]) == {}
     assert len(fake_popen) == 2  # a scheduler to serve them
-    again = scheduler.submit(store, sweep())  # still pending: watched, not duplicated
+    again = launch.submit(store, sweep())  # still pending: watched, not duplicated
     assert again.attached == [b, c] and again.queued == [] and len(store.runs()) == 3
 
 
@@ -441,9 +441,9 @@ def test_preempted_worker_process_resumes_through_the_scheduler(tmp_path, monkey
     text = profile_text(name="proc", budget="steps = 300", eval_every=75, log_every=1)
     prof = loads(text)
     whole = Store(tmp_path / "whole")
-    (w,) = scheduler.submit(whole, prof)
+    (w,) = launch.submit(whole, prof)
     cut = Store(tmp_path / "cut")
-    (c,) = scheduler.submit(cut, prof)
+    (c,) = launch.submit(cut, prof)
     # the timeouts are generous: on a loaded 2-core machine starting a worker alone can take 30 s
     r = wait_for(lambda: (x := cut.get(c)).state == "running" and x.step >= 20 and x, timeout=240,
                  poll=0.02)
@@ -460,7 +460,7 @@ def test_preempted_worker_process_resumes_through_the_scheduler(tmp_path, monkey
     assert r.info["resumed"][0]["step"] == step
     assert wait_for(lambda: whole.get(w).state == "finished", timeout=300)
     assert outcome(cut, c) == outcome(whole, w)
-    again = scheduler.submit(cut, prof)
+    again = launch.submit(cut, prof)
     assert list(again) == again.skipped == [c] and len(cut.runs()) == 1
 
 
