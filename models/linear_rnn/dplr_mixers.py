@@ -19,9 +19,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from models import common
 from models.common import recomputed_in_slices, rms_norm
 from models.linear_rnn.delta_mixers import _DeltaBase, _GatedBase, _int_option, _softplus_inv_dt
-from models.kernels import generalized_delta
+from models.kernels import generalized_delta, rwkv7_cpu
 from models.kernels.linear_rnn_backends import BackendError, get_op
 from models.linear_rnn.linear_mixers import LinearRNNMixer, _dims
 
@@ -190,25 +191,46 @@ class RWKV7Attention(_RefStep, LinearRNNMixer):
                 self.g_lora[0].weight, self.g_lora[2].weight, self.k_k, self.k_a, self.r_k)
 
     def _inputs(self, x, extras):
-        """Everything before the operator as one piece recomputed from x in the backward, a
-        slice of steps at a time (``recomputed_in_slices``, one step of context for the token
-        shift): autograd keeps x and the piece's packed output [r | k | v | -kk | kk a |
-        log w] (6 d_model per step, the operator's inputs read in place), not
-        the six shifted mixes, the LoRA intermediates or the projections' inputs (issue 43:
-        RWKV-7 held 2.5x Mamba's training memory). The output gate and bonus are recomputed
-        in the output piece instead of kept."""
+        """Everything before the operator as one piece. On a CPU (``_fused``) it is
+        ``models.kernels.rwkv7_cpu.RWKV7PrepFn``: a hand-written backward that keeps x and
+        two rank-16 tensors and rebuilds the mixes and k (one matmul), its elementwise
+        chains in C; its six outputs are the operator's inputs. Elsewhere the piece is
+        recomputed from x in the backward, a slice of steps at a time
+        (``recomputed_in_slices``, one step of context for the token shift): autograd keeps
+        x and the packed output [r | k | v | -kk | kk a | log w] (6 d_model per step, the
+        operator's inputs read in place), not the six shifted mixes, the LoRA
+        intermediates or the projections' inputs (issue 43: RWKV-7 held 2.5x Mamba's
+        training memory). The output gate and bonus are recomputed in the output piece
+        instead of kept."""
         B, D = x.shape[0], self.d_model
         prev = (extras[0].to(x.dtype)[:, None] if extras else x.new_zeros(B, 1, D))
         params, T = self._prep_params(), x.shape[1]
-        # one recomputed piece per PREP_STEPS steps (the next piece's x_{-1} is a view of
-        # x): the backward rebuilds one piece's ~40 d_model-wide intermediates at a time
-        pieces = [recomputed_in_slices(self._prep, 1, 1, x[:, s:s + PREP_STEPS],
-                                       x[:, s - 1:s] if s else prev, *params)
-                  for s in range(0, T, PREP_STEPS)]
-        packed = pieces[0] if len(pieces) == 1 else torch.cat(pieces, 1)
-        r, k, v, a_neg, b, log_w = (self._heads(t) for t in packed.split(D, dim=-1))
+        if self._fused(x, params):
+            # on a CPU: the piece as one Function with a hand-written backward that keeps
+            # x (and two rank-16 tensors) and recomputes only the mixes and k
+            outs = rwkv7_cpu.rwkv7_prep(x, prev[:, 0], *params[:10], *params[12:14],
+                                         self.n_heads)
+        else:
+            # one recomputed piece per PREP_STEPS steps (the next piece's x_{-1} is a view
+            # of x): the backward rebuilds one piece's ~40 d_model-wide intermediates at a
+            # time
+            pieces = [recomputed_in_slices(self._prep, 1, 1, x[:, s:s + PREP_STEPS],
+                                           x[:, s - 1:s] if s else prev, *params)
+                      for s in range(0, T, PREP_STEPS)]
+            packed = pieces[0] if len(pieces) == 1 else torch.cat(pieces, 1)
+            outs = packed.split(D, dim=-1)
+        r, k, v, a_neg, b, log_w = (self._heads(t) for t in outs)
         self._for_output = (prev, r, k, v)
         return [r, k, v, a_neg, b, log_w], {"scale": 1.0}, (x[:, -1],)
+
+    @staticmethod
+    def _fused(x, tensors) -> bool:
+        """Whether the pieces run as ``models.kernels.rwkv7_cpu``'s Functions: a CPU
+        tensor in float32 / float64 with every tensor in its dtype, and, under autograd,
+        recomputation on (their backwards recompute k and the LoRA products; under
+        ``models.compute.no_recompute``, which counts model FLOPs, the plain pieces run)."""
+        return (rwkv7_cpu.applies(x) and all(t.dtype == x.dtype for t in tensors)
+                and (not torch.is_grad_enabled() or common._records((x, *tensors))))
 
     def _prep(self, h, x, prev, mu, w_r, w_k, w_v, w1, w2, b2, a1, a2, ab, g1, g2, k_k, k_a,
               r_k):
@@ -228,6 +250,13 @@ class RWKV7Attention(_RefStep, LinearRNNMixer):
     def _output(self, o, x):
         prev, r, k, v = self._for_output
         self._for_output = None
+        args = (o, x, prev[:, 0], r, k, v, self.mu[5], self.g_lora[0].weight,
+                self.g_lora[2].weight, self.r_k, self.g_norm.weight, self.g_norm.bias,
+                self.o_proj.weight)
+        if self._fused(x, args):
+            # on a CPU: one Function that keeps its inputs (the operator's, alive anyway)
+            # and rebuilds the norm, bonus and gate in the backward, not the W_o product
+            return rwkv7_cpu.rwkv7_out(*args, self.g_norm.eps)
         return recomputed_in_slices(self._out_piece, 5, 1, o, x, r, k, v, prev, self.mu[5],
                                     self.g_lora[0].weight, self.g_lora[2].weight, self.r_k,
                                     self.g_norm.weight, self.g_norm.bias, self.o_proj.weight)
