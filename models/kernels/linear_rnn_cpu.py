@@ -363,3 +363,110 @@ def linear_attention_step_ref(y, S, norm_w, offsets, *, elu_features: bool, norm
     if norm_w is not None:
         o = o * torch.rsqrt(o.pow(2).mean(-1, keepdim=True) + norm_eps) * norm_w
     return o.flatten(1), S2
+
+
+# ---------------------------------------------------------------------------------------
+# The decode step of the delta rules (issue 43): csrc/delta_rule_step.c
+# ---------------------------------------------------------------------------------------
+#
+# DeltaNet, Gated DeltaNet and Gated DeltaProduct: one call per layer and token from the
+# stacked projections y = x_t [W_q | W_k | W_v | W_b | (W_a) | (W_g)]^T to the input of
+# o_proj: the short conv's window (and its next cache), SiLU, the L2 norms of q and k,
+# beta, the Mamba-2 style decay, the n delta-rule writes, the readout, the head RMS norm
+# and the swish gate. ``delta_rule_step_ref`` is its twin in plain PyTorch.
+
+DELTA_STEP_ABI_VERSION = 1
+_DELTA_STEP_LIBRARY = cpu_kernels.KernelLibrary(
+    "delta_rule_step", ("delta_rule_step.c", "delta_rule_step_impl.h"),
+    ("drs_abi_version", DELTA_STEP_ABI_VERSION), ("drs_step",), "delta-rule decode-step kernel")
+
+
+def delta_step_unsupported(y: torch.Tensor, S: torch.Tensor, *params: torch.Tensor | None) -> str:
+    """Why :func:`delta_rule_step` cannot take these tensors ("" when it can): the checks of
+    :func:`step_unsupported` (autograd recording, not CPU float32 / float64, dtypes that
+    differ, head dims over STEP_MAX_DIM), against this kernel's library."""
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (y, S, *params)):
+        return "autograd is recording (the C step has no backward)"
+    if any(t is not None and t.dtype != y.dtype for t in (S, *params)):
+        return "the state, input and parameters are not of one dtype"
+    if S.dim() != 4 or max(S.shape[-2:]) > STEP_MAX_DIM:
+        return f"state {tuple(S.shape)}: head dims over {STEP_MAX_DIM}"
+    return _DELTA_STEP_LIBRARY.unsupported(y)
+
+
+def delta_rule_step(y, S, conv_state, conv_w, conv_b, A_log, dt_bias, norm_w, offsets, *,
+                    n_heads: int, num_householder: int, allow_neg_eigval: bool, eps: float):
+    """The delta rules' decode step (``models.linear_rnn.delta_mixers``: DeltaNet, Gated
+    DeltaNet, Gated DeltaProduct). y (B, *) holds, from column ``offsets[0]``, the q, k, v
+    channels before the conv ([q (H dk) | k (n H dk) | v (n Hv dv)], fla's (n, heads, dim)
+    order), the beta logits (n Hv) at ``offsets[1]``, the decay's input a (Hv) at
+    ``offsets[2]`` and the output gate (Hv dv) at ``offsets[3]`` (None: the layer has
+    none); S (B, Hv, dk, dv); conv_state (B, C, W - 1) and conv_w (C, 1, W) (C the q, k, v
+    channels), conv_b (C) or None, or all three None without the short conv; A_log,
+    dt_bias (Hv) the decay's parameters (None without it); norm_w (dv,) the head RMS
+    norm's weight. Returns (out (B, Hv dv), S', the next conv cache or None), new tensors:
+    rmsnorm(o) norm_w (* silu(gate)), o = dk^-0.5 S'^T q."""
+    B, Hv, dk, dv = S.shape
+    n = num_householder
+    C = n_heads * dk * (1 + n) + Hv * dv * n
+    W = 0 if conv_w is None else conv_w.shape[-1]
+    if y.stride(-1) != 1:
+        y = y.contiguous()
+    S = S.contiguous()
+    S2, out, act = torch.empty_like(S), y.new_empty(B, Hv * dv), y.new_empty(B, C)
+    cache = cache2 = None
+    if W:
+        cache = conv_state.contiguous()
+        cache2 = torch.empty_like(cache)
+    scal = (ctypes.c_double * 2)(dk ** -0.5, eps)
+    oq, ob, oa, og = offsets
+    ptrs = (ctypes.c_void_p * 13)(
+        y.data_ptr(), S.data_ptr(), S2.data_ptr(), out.data_ptr(), act.data_ptr(),
+        *[None if t is None else t.data_ptr()
+          for t in (cache, cache2, _c(conv_w), _c(conv_b), _c(A_log), _c(dt_bias), _c(norm_w))],
+        ctypes.addressof(scal))
+    sizes = (ctypes.c_long * 14)(B, n_heads, Hv, dk, dv, n, W, y.stride(0), oq, ob,
+                                 -1 if oa is None else oa, -1 if og is None else og,
+                                 int(allow_neg_eigval), torch.get_num_threads())
+    lib = _DELTA_STEP_LIBRARY.library()
+    fn = lib.drs_step_f32 if y.dtype == torch.float32 else lib.drs_step_f64
+    rc = fn(ptrs, sizes)
+    if rc != 0:
+        raise RuntimeError(f"delta-rule decode-step kernel: head dims over {STEP_MAX_DIM} or "
+                           f"value heads {Hv} not a multiple of n_heads {n_heads} (code {rc})")
+    return out, S2, cache2
+
+
+def delta_rule_step_ref(y, S, conv_state, conv_w, conv_b, A_log, dt_bias, norm_w, offsets, *,
+                        n_heads: int, num_householder: int, allow_neg_eigval: bool,
+                        eps: float):
+    """:func:`delta_rule_step` in plain PyTorch."""
+    B, Hv, dk, dv = S.shape
+    n, H = num_householder, n_heads
+    C = H * dk * (1 + n) + Hv * dv * n
+    oq, ob, oa, og = offsets
+    pre = y[:, oq:oq + C]
+    cache2 = None
+    if conv_w is not None:
+        window = torch.cat([conv_state, pre[..., None]], -1)                # (B, C, W)
+        pre = (window * conv_w[:, 0]).sum(-1)
+        if conv_b is not None:
+            pre = pre + conv_b
+        cache2 = window[..., 1:].clone()
+    q, k, v = F.silu(pre).split([H * dk, n * H * dk, n * Hv * dv], -1)
+    q = F.normalize(q.view(B, H, dk), dim=-1).repeat_interleave(Hv // H, 1)
+    k = F.normalize(k.view(B, n, H, dk), dim=-1).repeat_interleave(Hv // H, 2)
+    v = v.view(B, n, Hv, dv)
+    beta = y[:, ob:ob + n * Hv].sigmoid().view(B, n, Hv) * (2.0 if allow_neg_eigval else 1.0)
+    S2 = S
+    if oa is not None:
+        g = -A_log.exp() * F.softplus(y[:, oa:oa + Hv] + dt_bias)           # (B, Hv)
+        S2 = S2 * g.exp()[..., None, None]
+    for j in range(n):
+        err = v[:, j] - (k[:, j, :, None, :] @ S2).squeeze(-2)             # v - S^T k
+        S2 = S2 + k[:, j, ..., None] * (beta[:, j, :, None] * err)[..., None, :]
+    o = dk ** -0.5 * (q[..., None, :] @ S2).squeeze(-2)
+    o = o * torch.rsqrt(o.pow(2).mean(-1, keepdim=True) + eps) * norm_w
+    if og is not None:
+        o = o * F.silu(y[:, og:og + Hv * dv].view(B, Hv, dv))
+    return o.flatten(1), (S2.clone() if S2 is S else S2), cache2

@@ -26,6 +26,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from models.common import causal_conv, conv_cache, recomputed_in_slices, rms_norm, take_whole
+from models.kernels import linear_rnn_cpu
 from models.linear_rnn.linear_mixers import (GatedHeadRMSNorm, HeadRMSNorm, LinearRNNMixer, _dims,
                                             _stacked_weights)
 from models.conv.short_conv import ShortConvolution
@@ -202,12 +203,47 @@ class _DeltaBase(LinearRNNMixer):
     # -- decode: one token without the sequence machinery (issue 43 item 1) -------------
     def step(self, x_t: torch.Tensor, state: tuple) -> tuple[torch.Tensor, tuple]:
         """One token: x_t (batch, d_model) -> (y_t, next state). Without autograd (decode:
-        ``torch.no_grad`` / ``inference_mode``) the fused step :meth:`_fast_step`; with
-        autograd recording, the reference path (the sequence code at T = 1 and the op's
-        ``*_ref``), which the tests hold the fused step to."""
+        ``torch.no_grad`` / ``inference_mode``) the C step :meth:`_fused_step` where it
+        applies (DeltaNet, Gated DeltaNet, Gated DeltaProduct on a CPU in float32 / float64),
+        else the torch step :meth:`_fast_step`; with autograd recording, the reference path
+        (the sequence code at T = 1 and the op's ``*_ref``), which the tests hold both to."""
         if torch.is_grad_enabled():
             return super().step(x_t, state)
-        return self._fast_step(x_t, state)
+        fused = self._fused_step(x_t, state)
+        return fused if fused is not None else self._fast_step(x_t, state)
+
+    # the layers whose maths csrc/delta_rule_step.c covers set this (not KDA's vector decay)
+    _c_step = False
+
+    def _fused_step(self, x_t, state):
+        """The decode step in one C call (DeltaNet, Gated DeltaNet, Gated DeltaProduct on a
+        CPU in float32 / float64, the library built): the stacked matmul of
+        :meth:`_fast_step`, ``models.kernels.linear_rnn_cpu.delta_rule_step`` from there to
+        the output projection (conv window, SiLU, L2 norms, beta, decay, the n writes,
+        readout, head norm, gate), o_proj. None where it does not apply (the caller then
+        takes :meth:`_fast_step`). The new state and conv cache are new tensors."""
+        if not self._c_step:
+            return None
+        S, conv = state[0], self.qkv_conv1d
+        gated = isinstance(self, _GatedBase)
+        forget = gated and self.use_forget_gate
+        cache = state[1] if conv is not None else None
+        params = [self.o_proj.weight, self.o_norm.weight, cache,
+                  *((conv.weight, conv.bias) if conv is not None else ()),
+                  *((self.A_log, self.dt_bias) if forget else ())]
+        if linear_rnn_cpu.delta_step_unsupported(x_t, S, *params):
+            return None
+        ws = self._x_weights()
+        C, nb = sum(self._split), self.b_proj.weight.shape[0]
+        oa = C + nb if forget else None
+        og = C + nb + (self.num_v_heads if forget else 0) if gated else None
+        o, S2, cache2 = linear_rnn_cpu.delta_rule_step(
+            F.linear(x_t, _stacked_weights(self, ws)), S, cache, None if conv is None else conv.weight,
+            None if conv is None else conv.bias, self.A_log if forget else None,
+            self.dt_bias if forget else None, self.o_norm.weight, (0, C, oa, og),
+            n_heads=self.n_heads, num_householder=self.num_householder,
+            allow_neg_eigval=self.allow_neg_eigval, eps=self.o_norm.eps)
+        return F.linear(o, self.o_proj.weight), ((S2,) if conv is None else (S2, cache2))
 
     def _x_weights(self) -> list[torch.Tensor]:
         """The weights applied to x_t, stacked into one matmul per step: q, k, v, beta, then
@@ -295,6 +331,7 @@ class DeltaNet(_DeltaBase):
     """
 
     op_name = "delta_rule"
+    _c_step = True
 
     def __init__(self, d_model: int, n_heads: int = 4, expand_k: float = 1.0,
                  expand_v: float = 1.0, use_short_conv: bool = True, conv_size: int = 4,
@@ -411,6 +448,7 @@ class GatedDeltaNet(_GatedBase):
     """
 
     op_name = "gated_delta_rule"
+    _c_step = True
 
     def __init__(self, d_model: int, n_heads: int = 4, expand_k: float = 0.75,
                  expand_v: float = 1.5, use_short_conv: bool = True, conv_size: int = 4,
@@ -446,6 +484,7 @@ class GatedDeltaProduct(_GatedBase):
     """
 
     op_name = "gated_delta_product"
+    _c_step = True
 
     def __init__(self, d_model: int, n_heads: int = 4, expand_k: float = 0.75,
                  expand_v: float = 1.5, num_householder: int = 2, use_forget_gate: bool = True,
