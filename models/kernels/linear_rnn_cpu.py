@@ -377,7 +377,7 @@ def linear_attention_step_ref(y, S, norm_w, offsets, *, elu_features: bool, norm
 
 DELTA_STEP_ABI_VERSION = 1
 _DELTA_STEP_LIBRARY = cpu_kernels.KernelLibrary(
-    "delta_rule_step", ("delta_rule_step.c", "delta_rule_step_impl.h"),
+    "delta_rule_step", ("delta_rule_step.c", "kernel_common.h", "delta_rule_step_impl.h"),
     ("drs_abi_version", DELTA_STEP_ABI_VERSION), ("drs_step",), "delta-rule decode-step kernel")
 
 

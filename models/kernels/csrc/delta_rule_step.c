@@ -32,10 +32,24 @@
 #include <math.h>
 #include <stdlib.h>
 
+#include "kernel_common.h"   /* libmvec declarations, exp_core_f32 */
+
 #define DRS_ABI 1
 #define DRS_MAXD 1024     /* largest head_k / head_v dim (the Python side falls back above) */
 
 int drs_abi_version(void) { return DRS_ABI; }
+
+/* sigmoid(z) = 1 / (1 + e^-z); float32 with the inlined exp (so the loops over channels
+ * vectorise), its argument clamped to [-87, 88] (sigmoid is then exact to float32's
+ * resolution); float64 with libm's (libmvec's in a vectorised loop) */
+static inline float drs_sigmoid_core_f32(float z) {
+    float e = -z;
+    e = e < -87.0f ? -87.0f : e;
+    e = e > 88.0f ? 88.0f : e;
+    return 1.0f / (1.0f + exp_core_f32(e));
+}
+
+static inline double drs_sigmoid_core_f64(double z) { return 1.0 / (1.0 + exp(-z)); }
 
 /* sizes: 0 B, 1 H (q/k heads), 2 Hv (value heads), 3 dk, 4 dv, 5 n (Householder rows),
  * 6 W (conv kernel size; 0: no short conv), 7 ldy (row stride of y), 8 off_qkv, 9 off_b,
@@ -47,13 +61,17 @@ int drs_abi_version(void) { return DRS_ABI; }
  * 11 norm weight (dv), 12 double scal[2] = {scale, norm eps}. */
 
 #define REAL float
+#define SIGMOID drs_sigmoid_core_f32
 #define SFX(name) name##_f32
 #include "delta_rule_step_impl.h"
 #undef REAL
+#undef SIGMOID
 #undef SFX
 
 #define REAL double
+#define SIGMOID drs_sigmoid_core_f64
 #define SFX(name) name##_f64
 #include "delta_rule_step_impl.h"
 #undef REAL
+#undef SIGMOID
 #undef SFX

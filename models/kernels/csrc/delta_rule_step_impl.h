@@ -11,9 +11,7 @@ typedef struct {
     long B, H, Hv, dk, dv, n, W, ldy, off_qkv, off_b, off_a, off_g, neg, C;
 } SFX(drs_args);
 
-static inline REAL SFX(drs_silu)(REAL x) { return x / ((REAL)1 + (REAL)exp(-(double)x)); }
-
-static inline REAL SFX(drs_sigmoid)(REAL x) { return (REAL)1 / ((REAL)1 + (REAL)exp(-(double)x)); }
+static inline REAL SFX(drs_silu)(REAL x) { return x * SIGMOID(x); }
 
 /* softplus with PyTorch's threshold: x above 20 is returned as is */
 static inline REAL SFX(drs_softplus)(REAL x) {
@@ -35,20 +33,43 @@ static void SFX(drs_row)(const SFX(drs_args) *a, long b) {
     const long C = a->C, W = a->W, W1 = W > 0 ? W - 1 : 0;
     const REAL *yr = a->y + b * a->ldy + a->off_qkv;
     REAL *act = a->act + b * C;
-    if (W > 0) {
+    if (W == 4) {             /* the default kernel size, unrolled so the loop vectorises */
+        const REAL *cr = a->cache + b * C * 3, *f = a->cw, *cb = a->cb;
+        REAL *cr2 = a->cache2 + b * C * 3;
+        /* the bias test outside the loop: a masked load from a NULL bias is slow */
+#define DRS_CONV4(BIAS)                                                                      \
+        _Pragma("omp simd")                                                                  \
+        for (long c = 0; c < C; c++) {                                                       \
+            const REAL w0 = cr[3 * c], w1 = cr[3 * c + 1], w2 = cr[3 * c + 2], x = yr[c];   \
+            const REAL s = BIAS + w0 * f[4 * c] + w1 * f[4 * c + 1] + w2 * f[4 * c + 2]      \
+                           + x * f[4 * c + 3];                                               \
+            cr2[3 * c] = w1;                                                                 \
+            cr2[3 * c + 1] = w2;                                                             \
+            cr2[3 * c + 2] = x;                                                              \
+            act[c] = SFX(drs_silu)(s);                                                       \
+        }
+        if (cb) {
+            DRS_CONV4(cb[c])
+        } else {
+            DRS_CONV4((REAL)0)
+        }
+#undef DRS_CONV4
+    } else if (W > 0) {
         const REAL *cr = a->cache + b * C * W1;
         REAL *cr2 = a->cache2 + b * C * W1;
         for (long c = 0; c < C; c++) {
             const REAL *win = cr + c * W1, *f = a->cw + c * W;
             REAL s = a->cb ? a->cb[c] : (REAL)0;
             for (long w = 0; w < W1; w++) s += win[w] * f[w];
-            s += yr[c] * f[W1];
-            act[c] = SFX(drs_silu)(s);
+            act[c] = s + yr[c] * f[W1];
             REAL *win2 = cr2 + c * W1;
             for (long w = 0; w + 1 < W1; w++) win2[w] = win[w + 1];
             if (W1 > 0) win2[W1 - 1] = yr[c];
         }
+        #pragma omp simd
+        for (long c = 0; c < C; c++) act[c] = SFX(drs_silu)(act[c]);
     } else {
+        #pragma omp simd
         for (long c = 0; c < C; c++) act[c] = SFX(drs_silu)(yr[c]);
     }
     const long heads = a->H * (1 + a->n);              /* q heads, then n rows of k heads */
@@ -92,7 +113,7 @@ static void SFX(drs_item)(const SFX(drs_args) *a, long item) {
     for (long r = 0; r < n; r++) {
         const REAL *kr = act + Kd + r * Kd + h * dk;
         const REAL *vr = act + Kd + n * Kd + r * Vd + hv * dv;
-        REAL beta = SFX(drs_sigmoid)(yr[a->off_b + r * Hv + hv]);
+        REAL beta = SIGMOID(yr[a->off_b + r * Hv + hv]);
         if (a->neg) beta = beta * (REAL)2;
         for (long j = 0; j < dv; j++) {
             err[j] = beta * (vr[j] - u[j]);
@@ -121,6 +142,7 @@ static void SFX(drs_item)(const SFX(drs_args) *a, long item) {
     REAL *o = a->out + b * Vd + hv * dv;
     if (a->off_g >= 0) {
         const REAL *g = yr + a->off_g + hv * dv;
+        #pragma omp simd
         for (long j = 0; j < dv; j++) o[j] = (u[j] * rr) * a->nw[j] * SFX(drs_silu)(g[j]);
     } else {
         for (long j = 0; j < dv; j++) o[j] = (u[j] * rr) * a->nw[j];
@@ -154,8 +176,12 @@ int SFX(drs_step)(void **p, long *s) {
     const long items = a.B * a.Hv;
     /* a thread team costs more than a small step's arithmetic: only for large batches */
     const int par = threads > 1 && items > 1 && items * a.dk * a.dv * (a.n + 1) >= (1L << 16);
-    (void)par;
-#pragma omp parallel num_threads(threads > 0 ? threads : 1) if (par)
+    if (!par) {                 /* no thread team (its start costs a small step's time) */
+        for (long b = 0; b < a.B; b++) SFX(drs_row)(&a, b);
+        for (long it = 0; it < items; it++) SFX(drs_item)(&a, it);
+        return 0;
+    }
+#pragma omp parallel num_threads(threads)
     {
 #pragma omp for schedule(static)
         for (long b = 0; b < a.B; b++) SFX(drs_row)(&a, b);
