@@ -224,26 +224,43 @@ class _DeltaBase(LinearRNNMixer):
         takes :meth:`_fast_step`). The new state and conv cache are new tensors."""
         if not self._c_step:
             return None
-        S, conv = state[0], self.qkv_conv1d
-        gated = isinstance(self, _GatedBase)
-        forget = gated and self.use_forget_gate
-        cache = state[1] if conv is not None else None
-        params = [self.o_proj.weight, self.o_norm.weight, cache,
-                  *((conv.weight, conv.bias) if conv is not None else ()),
-                  *((self.A_log, self.dt_bias) if forget else ())]
-        if linear_rnn_cpu.delta_step_unsupported(x_t, S, *params):
+        names, forget, offsets = self._c_plan()
+        # parameters read from the modules' dicts, not through nn.Module.__getattr__: at
+        # batch 1 the lookups were a fair part of the step
+        mods, params = self._modules, self._parameters
+        S, conv = state[0], mods.get("qkv_conv1d")
+        cache = conv_w = conv_b = A_log = dt_bias = None
+        if conv is not None:
+            cache, conv_w, conv_b = state[1], conv.weight, conv.bias
+        if forget:
+            A_log, dt_bias = params["A_log"], params["dt_bias"]
+        norm, w_o = mods["o_norm"], mods["o_proj"]._parameters["weight"]
+        if linear_rnn_cpu.delta_step_unsupported(x_t, S, w_o, norm.weight, cache, conv_w,
+                                                 conv_b, A_log, dt_bias):
             return None
-        ws = self._x_weights()
-        C, nb = sum(self._split), self.b_proj.weight.shape[0]
-        oa = C + nb if forget else None
-        og = C + nb + (self.num_v_heads if forget else 0) if gated else None
+        ws = [mods[n]._parameters["weight"] for n in names]
         o, S2, cache2 = linear_rnn_cpu.delta_rule_step(
-            F.linear(x_t, _stacked_weights(self, ws)), S, cache, None if conv is None else conv.weight,
-            None if conv is None else conv.bias, self.A_log if forget else None,
-            self.dt_bias if forget else None, self.o_norm.weight, (0, C, oa, og),
-            n_heads=self.n_heads, num_householder=self.num_householder,
-            allow_neg_eigval=self.allow_neg_eigval, eps=self.o_norm.eps)
-        return F.linear(o, self.o_proj.weight), ((S2,) if conv is None else (S2, cache2))
+            F.linear(x_t, _stacked_weights(self, ws)), S, cache, conv_w, conv_b, A_log, dt_bias,
+            norm.weight, offsets, n_heads=self.n_heads, num_householder=self.num_householder,
+            allow_neg_eigval=self.allow_neg_eigval, eps=norm.eps)
+        return F.linear(o, w_o), ((S2,) if conv is None else (S2, cache2))
+
+    def _c_plan(self) -> tuple[tuple[str, ...], bool, tuple]:
+        """What :meth:`_fused_step` reads of the layer's structure, worked out once: the
+        projections of :meth:`_x_weights` by name (DeltaNet: q, k, v, b; the gated layers:
+        then a (with the forget gate) and g), whether it decays, and the column offsets of
+        [q | k | v], b, a and the gate in their product (None: absent)."""
+        plan = self.__dict__.get("_c_plan_cache")
+        if plan is None:
+            gated = isinstance(self, _GatedBase)
+            forget = gated and self.use_forget_gate
+            names = ("q_proj", "k_proj", "v_proj", "b_proj", *(("a_proj",) if forget else ()),
+                     *(("g_proj",) if gated else ()))
+            C, nb = sum(self._split), self.b_proj.weight.shape[0]
+            oa = C + nb if forget else None
+            og = C + nb + (self.num_v_heads if forget else 0) if gated else None
+            plan = self.__dict__["_c_plan_cache"] = (names, forget, (0, C, oa, og))
+        return plan
 
     def _x_weights(self) -> list[torch.Tensor]:
         """The weights applied to x_t, stacked into one matmul per step: q, k, v, beta, then
