@@ -246,3 +246,44 @@ def test_c_step_follows_a_weight_update():
         got = m.step(x, st)
         want = m._ref_step(x, st)
     _close(got[0], want[0], torch.float64)
+
+
+def _spy_torch_step(monkeypatch, m):
+    """Record the calls of the layer's torch step (still running it)."""
+    calls, torch_step = [], m._fast_step
+
+    def spy(*a, **k):
+        calls.append(1)
+        return torch_step(*a, **k)
+    monkeypatch.setattr(m, "_fast_step", spy)
+    return calls
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_decodes_through_the_torch_step(dtype, monkeypatch):
+    """A half-precision layer: step (no autograd) runs the torch step, its answer."""
+    m = _layer("gated_deltaproduct", dtype)
+    st = m.init_state(2)
+    x = torch.randn(2, D, dtype=dtype)
+    with torch.no_grad():
+        want = m._fast_step(x, st)
+        calls = _spy_torch_step(monkeypatch, m)
+        got = m.step(x, st)
+    assert calls == [1]
+    torch.testing.assert_close(got[0], want[0], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("device", ["meta", "cuda"])
+def test_other_devices_decode_through_the_torch_step(device, monkeypatch):
+    """Not on a CPU (the meta device here; CUDA where there is one): the C step declines and
+    step runs the torch step."""
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    m = _layer("gated_deltanet", torch.float32).to(device)
+    st = m.init_state(2)
+    x = torch.randn(2, D, device=device)
+    with torch.no_grad():
+        assert m._fused_step(x, st) is None
+        calls = _spy_torch_step(monkeypatch, m)
+        y, st2 = m.step(x, st)
+    assert calls == [1] and y.device.type == device and len(st2) == 2
