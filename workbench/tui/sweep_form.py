@@ -389,8 +389,10 @@ class SweepForm(FormLaunch, FormLive, FormMatch, FormPresets, FormProfile, Verti
         holding ``values`` (a loaded profile's) or else the form's starting values for the
         task (:func:`task_param_defaults`), the registry's for the others. ``since``: when
         the task changed; what was typed after it into a parameter the new task also has
-        is kept (the inputs are built anew, and a late rebuild must not drop keys)."""
-        self._params_task = name
+        is kept (the inputs are built anew, and a late rebuild must not drop keys).
+        ``_params_task`` names the task only once its inputs are mounted: handlers that run
+        while they are rebuilt (a field left, a re-check) see None and wait for them."""
+        self._params_task = None
         self.query_one("#task-desc", Static).update(Text(tasks.describe(name)))
         note = self.query_one("#task-note", Static)  # defaults that will not learn on a CPU say so
         note.update(Text(task_cpu_note(name)))
@@ -416,6 +418,7 @@ class SweepForm(FormLaunch, FormLive, FormMatch, FormPresets, FormProfile, Verti
                                                  suggester=suggester),
                                  f"param-{p}", unit=PARAM_UNITS.get((name, p))))
         await box.mount_all(rows)
+        self._params_task = name
         if refocus is not None and box.query(f"#{refocus}"):
             box.query_one(f"#{refocus}").focus()  # the same parameter keeps the keys coming
 
