@@ -138,15 +138,20 @@ def rotate_fast(x: torch.Tensor, theta: torch.Tensor) -> torch.Tensor:
     return _Rotate.apply(x, theta)
 
 
-def _rotate_pair(q: torch.Tensor, k: torch.Tensor, theta: torch.Tensor):
-    """(rotate_fast(q, theta), rotate_fast(k, theta)); on a CPU in float32 / float64 with theta
-    of q's leading shape (SISO) both in one C call (:mod:`models.kernels.rotate_cpu`: cos and
-    sin once, one pass per direction)."""
+def _rotate_pair(q: torch.Tensor, k: torch.Tensor, theta: torch.Tensor,
+                 coef: torch.Tensor | None = None):
+    """(rotate_fast(q, theta), rotate_fast(k, theta), kc, qk); on a CPU in float32 / float64
+    with theta of q's leading shape (SISO) all in one C call (:mod:`models.kernels.rotate_cpu`:
+    cos and sin once, one pass per direction), which with ``coef`` (q's leading shape) also
+    gives kc = k coef[..., None] and qk = (q * k).sum(-1) of the rotated pair; else kc and
+    qk are None (the caller forms them)."""
     from models.kernels import rotate_cpu
 
-    if rotate_cpu.applies(q, k, theta):
-        return rotate_cpu.RotatePairFn.apply(q, k, theta)
-    return rotate_fast(q, theta), rotate_fast(k, theta)
+    if rotate_cpu.applies(q, k, theta) and (coef is None or coef.shape == q.shape[:-1]):
+        if coef is None:
+            return (*rotate_cpu.RotatePairFn.apply(q, k, theta), None, None)
+        return rotate_cpu.RotatePairFn.apply(q, k, theta, coef.to(q.dtype))
+    return rotate_fast(q, theta), rotate_fast(k, theta), None, None
 
 
 def angles(omega: torch.Tensor, dt: torch.Tensor, theta0: torch.Tensor) -> torch.Tensor:
@@ -227,18 +232,21 @@ def _chunked(q, k, v, adt, dt, lam, omega, state, output_final_state, backend, c
     theta0, S0, k0, v0 = state
     b, L, r, h, N = q.shape
     dtype = v.dtype
-    if omega is not None:
-        theta = angles(omega, dt, theta0)                   # (b, L, h, R)
-        q, k = _rotate_pair(q, k, theta[:, :, None])
     mu = (1 - lam) * dt                                    # (b, L, h)
     mu_next = torch.cat((mu[:, 1:], torch.zeros_like(mu[:, :1])), dim=1)
     coef = lam * dt + mu_next
+    kc = qk = None               # k coef and SISO's q . k, from the C rotation where it runs
+    if omega is not None:
+        theta = angles(omega, dt, theta0)                   # (b, L, h, R)
+        q, k, kc, qk = _rotate_pair(q, k, theta[:, :, None], coef[:, :, None] if r == 1 else None)
+    if kc is None:
+        kc = k * coef[:, :, None, :, None]
     S0 = S0 + mu[:, 0, :, None, None] * torch.einsum("brhn,brhp->bhnp", k0, v0)
     # the decay once per step, on its first rank's position
     g = torch.cat((adt[:, :, None], adt.new_zeros(b, L, r - 1, h)), dim=2)
     op, resolved = lrb.get_op("simple_gla", backend, v.device.type)
     kwargs = {"chunk_size": chunk_size} if chunk_size is not None and resolved == "torch" else {}
-    o, S = op(q.flatten(1, 2), (k * coef[:, :, None, :, None]).flatten(1, 2), v.flatten(1, 2),
+    o, S = op(q.flatten(1, 2), kc.flatten(1, 2), v.flatten(1, 2),
               g.flatten(1, 2), scale=1.0, initial_state=S0,
               output_final_state=output_final_state, **kwargs)
     later = torch.ones(r, r, dtype=dtype, device=q.device).triu(1)   # [j > i]
@@ -246,7 +254,7 @@ def _chunked(q, k, v, adt, dt, lam, omega, state, output_final_state, backend, c
          - mu_next[:, :, None, :, None])                   # (b, L, r_i, h, r_j)
     o = o.to(dtype).unflatten(1, (L, r))
     if r == 1:      # SISO: elementwise (einsum would run a batched 1 x 1 matmul, slower)
-        o = o + ((q * k).sum(-1)[..., None] * w) * v
+        o = o + (((q * k).sum(-1) if qk is None else qk)[..., None] * w) * v
     else:
         scores = torch.einsum("btihn,btjhn->btihj", q, k) * w
         o = o + torch.einsum("btihj,btjhp->btihp", scores, v)

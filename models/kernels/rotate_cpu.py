@@ -6,6 +6,11 @@ one call with the same angles:
     y_2i = a c_i - b s_i,  y_2i+1 = a s_i + b c_i,   (a, b) = (x_2i, x_2i+1),
     c_i = cos theta_i, s_i = sin theta_i, i < R; channels past 2R copied.
 
+With a per-row ``coef`` the same pass also gives the chunked form's scaled keys
+kc = rot(k) coef and its correction's dot products qk = rot(q) . rot(k) (Mamba-3's SISO
+``mamba3_scan._chunked``: two more products and a sum over (b, L, heads, N) otherwise, each
+with its autograd twin).
+
 Backward: dx = dy turned back by -theta; dtheta_i = sum over q and k of
 dy_2i+1 y_2i - dy_2i y_2i+1 (as ``mamba3_scan._Rotate``). Autograd keeps the angles and the
 two outputs (``_Rotate`` keeps the outputs and cos, sin per tensor). At 2 x 2048, d_model
@@ -28,7 +33,7 @@ import torch
 
 from models.kernels import cpu_kernels as _ck
 
-ABI_VERSION = 1
+ABI_VERSION = 2
 ENABLED = True          # False: the torch rotation (one-process A/B timings)
 MAX_ITEMS = 64          # row blocks per call
 _LIBRARY = _ck.KernelLibrary("rotate", ("rotate.c", "rotate_impl.h"), ("rot_abi_version", ABI_VERSION),
@@ -54,33 +59,42 @@ def _rows(t: torch.Tensor, d: int) -> torch.Tensor:
 
 def _call(kind: str, dtype: torch.dtype, tensors: list, sizes: list[int]) -> None:
     lib = _LIBRARY.library()
-    ptrs = (ctypes.c_void_p * len(tensors))(*[t.data_ptr() for t in tensors])
+    ptrs = (ctypes.c_void_p * len(tensors))(*[None if t is None else t.data_ptr() for t in tensors])
     longs = (ctypes.c_long * len(sizes))(*sizes)
     if getattr(lib, f"{kind}_{'f32' if dtype == torch.float32 else 'f64'}")(ptrs, longs) != 0:
         raise MemoryError(f"rotation kernel {kind}: could not allocate a work buffer")
 
 
 class RotatePairFn(torch.autograd.Function):
-    """forward(q, k, theta) -> (rot(q, theta), rot(k, theta)) (module doc); once differentiable."""
+    """forward(q, k, theta, coef=None) -> (rot(q, theta), rot(k, theta)) (module doc); with
+    coef (q's leading shape) also kc = rot(k, theta) coef[..., None] and qk = rot(q) . rot(k)
+    (= q . k), the chunked Mamba-3 form's scaled keys and its correction's dot products, in
+    the same pass. Once differentiable."""
 
     @staticmethod
-    def forward(ctx, q, k, theta):
+    def forward(ctx, q, k, theta, coef=None):
         N, R = q.shape[-1], theta.shape[-1]
         q2, k2, th = _rows(q, N), _rows(k, N), _rows(theta, R)
         rows = q2.shape[0]
         qr, kr = q2.new_empty(rows, N), q2.new_empty(rows, N)
+        cf = kc = qk = None
+        if coef is not None:
+            cf = coef.reshape(rows).contiguous()
+            kc, qk = q2.new_empty(rows, N), q2.new_empty(rows)
         sizes = [rows, N, R, torch.get_num_threads(), min(rows, MAX_ITEMS), q2.stride(0),
                  k2.stride(0), th.stride(0)]
         if rows:
-            _call("rot_fwd", q.dtype, [q2, k2, th, qr, kr], sizes)
-        ctx.save_for_backward(th, qr, kr)
+            _call("rot_fwd", q.dtype, [q2, k2, th, qr, kr, cf, kc, qk], sizes)
+        ctx.save_for_backward(th, qr, kr, cf)
         ctx.sizes, ctx.shapes = sizes, (q.shape, theta.shape)
-        return qr.view(q.shape), kr.view(q.shape)
+        if coef is None:
+            return qr.view(q.shape), kr.view(q.shape)
+        return qr.view(q.shape), kr.view(q.shape), kc.view(q.shape), qk.view(q.shape[:-1])
 
     @staticmethod
     @torch.autograd.function.once_differentiable
-    def backward(ctx, dqr, dkr):
-        th, qr, kr = ctx.saved_tensors
+    def backward(ctx, dqr, dkr, dkc=None, dqk=None):
+        th, qr, kr, cf = ctx.saved_tensors
         rows, N = qr.shape
         R = th.shape[1]
         dqr = qr.new_zeros(rows, N) if dqr is None else _rows(dqr.to(qr.dtype), N)
@@ -88,7 +102,14 @@ class RotatePairFn(torch.autograd.Function):
         dq, dk, dth = qr.new_empty(rows, N), kr.new_empty(rows, N), qr.new_empty(rows, R)
         sizes = list(ctx.sizes)
         sizes[3], sizes[5], sizes[6] = torch.get_num_threads(), dqr.stride(0), dkr.stride(0)
+        extra, dcoef = [None, None, None, None], None
+        if cf is not None:
+            dkc = qr.new_zeros(rows, N) if dkc is None else _rows(dkc.to(qr.dtype), N)
+            dqk = qr.new_zeros(rows) if dqk is None else dqk.to(qr.dtype).reshape(rows).contiguous()
+            dcoef = qr.new_empty(rows)
+            extra = [cf, dkc, dqk, dcoef]
+            sizes.append(dkc.stride(0))
         if rows:
-            _call("rot_bwd", qr.dtype, [th, qr, kr, dqr, dkr, dq, dk, dth], sizes)
+            _call("rot_bwd", qr.dtype, [th, qr, kr, dqr, dkr, dq, dk, dth, *extra], sizes)
         qs, ts = ctx.shapes
-        return dq.view(qs), dk.view(qs), dth.view(ts)
+        return dq.view(qs), dk.view(qs), dth.view(ts), None if dcoef is None else dcoef.view(qs[:-1])

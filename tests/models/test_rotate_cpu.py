@@ -104,3 +104,25 @@ def test_float32_sin_cos_over_wide_angles(span):
     got, _ = rc.RotatePairFn.apply(q, q, th)
     want = mamba3_scan.rotate(q.double(), th.double())
     torch.testing.assert_close(got.double(), want, atol=2e-6, rtol=0)
+
+
+@pytest.mark.parametrize("dtype,atol", [(F64, 1e-12), (torch.float32, 1e-5)])
+def test_scaled_keys_and_dot_products(dtype, atol):
+    """With coef the call also gives kc = rot(k) coef and qk = rot(q) . rot(k) (the chunked
+    form's keys and its correction's dots): values and gradients of all four outputs as the
+    torch rotation followed by the torch products; gradcheck in float64."""
+    q, k, th = _inputs((3, 70, 5), 16, 4, dtype)
+    cf = torch.randn(3, 70, 5, generator=torch.Generator().manual_seed(3), dtype=dtype)
+    cf.requires_grad_()
+    got = rc.RotatePairFn.apply(q, k, th, cf)
+    qr, kr = mamba3_scan.rotate(q, th), mamba3_scan.rotate(k, th)
+    want = (qr, kr, kr * cf[..., None], (qr * kr).sum(-1))
+    g = torch.Generator().manual_seed(4)
+    dys = [torch.randn(t.shape, generator=g, dtype=dtype) for t in want]
+    gg = torch.autograd.grad(got, [q, k, th, cf], dys)
+    gw = torch.autograd.grad(want, [q, k, th, cf], dys)
+    for a, b in zip([*got, *gg], [*want, *gw]):
+        torch.testing.assert_close(a, b, atol=atol, rtol=atol)
+    if dtype == F64:
+        small = [t.detach()[:1, :4].requires_grad_() for t in (q, k, th, cf)]
+        assert torch.autograd.gradcheck(lambda *a: rc.RotatePairFn.apply(*a), small)

@@ -37,6 +37,8 @@ static inline void SFX(rot_row)(REAL *restrict y, const REAL *restrict x, const 
 int SFX(rot_fwd)(void **p, long *s) {
     const REAL *q = (const REAL *)p[0], *k = (const REAL *)p[1], *theta = (const REAL *)p[2];
     REAL *qr = (REAL *)p[3], *kr = (REAL *)p[4];
+    const REAL *coef = (const REAL *)p[5];
+    REAL *kc = (REAL *)p[6], *qk = (REAL *)p[7];
     const long rows = s[0], N = s[1], R = s[2], items = s[4], sq = s[5], sk = s[6], st = s[7];
     const int threads = (int)(s[3] < 1 ? 1 : s[3]);
     const long per = items > 0 ? (rows + items - 1) / items : 0;
@@ -59,6 +61,18 @@ int SFX(rot_fwd)(void **p, long *s) {
                 const long row = r0 + j;
                 SFX(rot_row)(qr + row * N, q + row * sq, cs + j * R, sn + j * R, R, N, 1);
                 SFX(rot_row)(kr + row * N, k + row * sk, cs + j * R, sn + j * R, R, N, 1);
+                if (coef) {         /* kc = kr coef, qk = qr . kr */
+                    const REAL *restrict yq = qr + row * N, *restrict yk = kr + row * N;
+                    REAL *restrict o = kc + row * N;
+                    const REAL cf = coef[row];
+                    REAL dot = 0;
+#pragma omp simd reduction(+ : dot)
+                    for (long c = 0; c < N; c++) {
+                        o[c] = yk[c] * cf;
+                        dot += yq[c] * yk[c];
+                    }
+                    qk[row] = dot;
+                }
             }
         }
         free(buf);
@@ -70,6 +84,9 @@ int SFX(rot_bwd)(void **p, long *s) {
     const REAL *theta = (const REAL *)p[0], *qr = (const REAL *)p[1], *kr = (const REAL *)p[2];
     const REAL *dqr = (const REAL *)p[3], *dkr = (const REAL *)p[4];
     REAL *dq = (REAL *)p[5], *dk = (REAL *)p[6], *dtheta = (REAL *)p[7];
+    const REAL *coef = (const REAL *)p[8], *dkc = (const REAL *)p[9], *dqk = (const REAL *)p[10];
+    REAL *dcoef = (REAL *)p[11];
+    const long sdkc = s[8];
     const long rows = s[0], N = s[1], R = s[2], items = s[4], sdq = s[5], sdk = s[6], st = s[7];
     const int threads = (int)(s[3] < 1 ? 1 : s[3]);
     const long per = items > 0 ? (rows + items - 1) / items : 0;
@@ -77,13 +94,14 @@ int SFX(rot_bwd)(void **p, long *s) {
     (void)threads;
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (long it = 0; it < items; it++) {
-        REAL *buf = malloc(2 * (size_t)(ROT_BLOCK * R + 1) * sizeof(REAL));
+        REAL *buf = malloc((2 * (size_t)(ROT_BLOCK * R + 1) + 2 * (size_t)N) * sizeof(REAL));
         if (!buf) {
 #pragma omp atomic write
             failed = 1;
             continue;
         }
         REAL *cs = buf, *sn = buf + ROT_BLOCK * R + 1;
+        REAL *tq = sn + ROT_BLOCK * R + 1, *tk = tq + N;   /* the folded gradients of a row */
         const long r1 = (it + 1) * per < rows ? (it + 1) * per : rows;
         for (long r0 = it * per; r0 < r1; r0 += ROT_BLOCK) {
             const long n = r1 - r0 < ROT_BLOCK ? r1 - r0 : ROT_BLOCK;
@@ -92,6 +110,20 @@ int SFX(rot_bwd)(void **p, long *s) {
                 const long row = r0 + j;
                 const REAL *restrict gq = dqr + row * sdq, *restrict gk = dkr + row * sdk;
                 const REAL *restrict yq = qr + row * N, *restrict yk = kr + row * N;
+                if (coef) {   /* dqr += dqk kr, dkr += dkc coef + dqk qr, dcoef = dkc . kr */
+                    const REAL *restrict gc = dkc + row * sdkc;
+                    const REAL cf = coef[row], gd = dqk[row];
+                    REAL dot = 0;
+#pragma omp simd reduction(+ : dot)
+                    for (long c = 0; c < N; c++) {
+                        tq[c] = gq[c] + gd * yk[c];
+                        tk[c] = gk[c] + gc[c] * cf + gd * yq[c];
+                        dot += gc[c] * yk[c];
+                    }
+                    dcoef[row] = dot;
+                    gq = tq;
+                    gk = tk;
+                }
                 REAL *restrict dt = dtheta + row * R;
 #pragma omp simd
                 for (long i = 0; i < R; i++)
