@@ -280,6 +280,22 @@ async def until(pilot, cond, timeout: float = 10.0) -> None:
         await pilot.pause(0.02)
 
 
+async def paste_into(pilot, selector: str, text: str) -> None:
+    """Focus an input, clear it and paste ``text`` into it (one Paste event, as a terminal
+    sends a paste): for long values such as paths, which typed key by key cost a keystroke's
+    handling and a wait for idle per character (seconds of a test)."""
+    from textual import events
+    from textual.widgets import Input
+
+    inp = pilot.app.screen.query_one(selector, Input)
+    inp.focus()
+    inp.value = ""
+    await pilot.pause()
+    inp.post_message(events.Paste(text))
+    await pilot.pause()
+    assert inp.value == text, (selector, inp.value, text)
+
+
 async def open_form(pilot):
     """F2: the sweep form, shown; returns it."""
     from workbench.tui.sweep_form import SweepForm

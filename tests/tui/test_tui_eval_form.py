@@ -14,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from helpers import screen_lines
+from helpers import paste_into, screen_lines
 from test_lm_eval_tasks import fake_index, needs_lm_eval, write_task
 from test_tui import SIZE, make_app, settle, store, type_into  # noqa: F401
 from textual.widgets import Input, Select, Static, TabbedContent
@@ -251,7 +251,7 @@ async def test_output_folder_and_log_samples_saved_loaded_and_launched(store, tm
     async with app.run_test(size=SIZE) as pilot:
         form = await open_form(pilot)
         await fill(pilot, form, tmp_path)
-        await type_into(pilot, "#ev-output", str(tmp_path / "lm-eval-out"))
+        await paste_into(pilot, "#ev-output", str(tmp_path / "lm-eval-out"))
         form.query_one("#ev-log-samples").value = True
         await settle(pilot)
         out = tmp_path / "with-output.toml"
@@ -280,17 +280,17 @@ async def test_a_bad_output_folder_is_said_when_the_field_is_left(store, tmp_pat
     app = make_app(store, tmp_path)
     async with app.run_test(size=SIZE) as pilot:
         form = await open_form(pilot)
-        await type_into(pilot, "#ev-output", str(tmp_path / "a-file"))
+        await paste_into(pilot, "#ev-output", str(tmp_path / "a-file"))
         err = form.query_one("#err-ev-output", Static)
         assert not err.display  # typing: no message yet
         await pilot.press("tab")  # left
         await settle(pilot)
         assert "is a file, not a folder" in text(err) and err.display
-        await type_into(pilot, "#ev-output", str(tmp_path / "a-file" / "out"))
+        await paste_into(pilot, "#ev-output", str(tmp_path / "a-file" / "out"))
         await pilot.press("tab")
         await settle(pilot)
         assert "no folder can be made under it" in text(err)
-        await type_into(pilot, "#ev-output", str(tmp_path / "new" / "out"))  # can be made: fine
+        await paste_into(pilot, "#ev-output", str(tmp_path / "new" / "out"))  # can be made: fine
         await pilot.press("tab")
         await settle(pilot)
         assert not err.display

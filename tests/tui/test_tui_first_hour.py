@@ -134,7 +134,7 @@ async def test_eval_every_follows_the_budget_until_edited_and_shows_its_unit(sto
 
 
 # ---------------------------------------------------------------------------- messages
-@pytest.mark.parametrize("field, value, fid, says", [
+MESSAGES = [  # (the field, a bad value, where its message goes, what the message says)
     (None, None, "models", "models: pick at least 1 model"),
     ("#betas", "-1", "betas", "AdamW betas: value 2 is missing (e.g. 0.9, 0.999)"),
     ("#lr", "abc", "lr", "learning rate: 'abc' is not a number"),
@@ -142,21 +142,31 @@ async def test_eval_every_follows_the_budget_until_edited_and_shows_its_unit(sto
     ("#batch_size", "1.5", "batch_size", "batch size: '1.5' is not a whole number"),
     ("#seeds", "", "seeds", "seeds: give at least 1 value"),
     ("#name", "", "name", "name: must not be empty"),
-])
-async def test_messages_are_sentences_naming_the_field(store, tmp_path, field, value, fid, says):
+]
+
+
+async def test_messages_are_sentences_naming_the_field(store, tmp_path):
+    """Each bad value of MESSAGES in turn, in one form (its field's value put back before
+    the next; no model picked for the first): the sentence under the field and in the
+    status box, no pydantic words."""
     app = make_app(store, tmp_path)
     async with app.run_test(size=(120, 40)) as pilot:
         form = await open_form(pilot)
-        if field is not None:
-            app.query_one("#models", ModelPicker).set_picked(["lstm"])
-            form.query_one(field, Input).value = value
-        await pilot.pause()
-        assert form.build_profile() is None
-        await pilot.pause()
-        err = text(form.query_one(f"#err-{fid}", Static))
-        status = text(form.query_one("#form-status", Static))
-        assert says in err and says in status
-        assert not any(w in status for w in PYDANTIC_WORDS), status
+        for field, value, fid, says in MESSAGES:
+            good = None
+            if field is not None:
+                app.query_one("#models", ModelPicker).set_picked(["lstm"])
+                inp = form.query_one(field, Input)
+                good, inp.value = inp.value, value
+            await pilot.pause()
+            assert form.build_profile() is None, f"{field}={value!r} was accepted"
+            await pilot.pause()
+            err = text(form.query_one(f"#err-{fid}", Static))
+            status = text(form.query_one("#form-status", Static))
+            assert says in err and says in status, (field, value, err, status)
+            assert not any(w in status for w in PYDANTIC_WORDS), status
+            if good is not None:
+                inp.value = good
 
 
 async def test_a_message_goes_when_its_value_is_corrected(store, tmp_path):
@@ -364,12 +374,16 @@ def help_text(app) -> str:
     return text(app.screen.query_one("#help-text", Static))
 
 
-@pytest.mark.parametrize("where, shows, hides", [
+HELP_CASES = [  # (the keys that reach a screen, whose keys its help lists, whose it leaves out)
     ((), ["RunsTable"], ["SweepForm", "CompareScreen"]),
     (("f2",), ["SweepForm", "ModelPicker"], ["RunsTable"]),
-    (("p",), ["CompareScreen"], ["SweepForm", "RunsTable"]),
-])
-async def test_help_lists_every_key_of_the_screen(store, tmp_path, where, shows, hides):
+    (("f1", "p"), ["CompareScreen"], ["SweepForm", "RunsTable"]),
+]
+
+
+async def test_help_lists_every_key_of_the_screen(store, tmp_path):
+    """``?`` on the runs table, on the sweep form's model list and on the compare view (one
+    app, reached in turn): every key of the app and of what is on screen, none of the rest."""
     import workbench.tui.compare_view as compare_view
     import workbench.tui.model_picker as model_picker
     import workbench.tui.runs_table as runs_table
@@ -381,24 +395,25 @@ async def test_help_lists_every_key_of_the_screen(store, tmp_path, where, shows,
     app = make_app(store, tmp_path)
     async with app.run_test(size=(120, 40)) as pilot:
         await poll(pilot)
-        await pilot.press(*where)
-        await settle(pilot)
-        if where == ("f2",):  # (in a text field ? is a character: from the model list it is help)
-            app.query_one("#models", ModelPicker).focus()
+        for where, shows, hides in HELP_CASES:
+            await pilot.press(*where)
+            await settle(pilot)
+            if where == ("f2",):  # (in a text field ? is a character: from the model list it is help)
+                app.query_one("#models", ModelPicker).focus()
+                await pilot.pause()
+            await pilot.press("question_mark")
             await pilot.pause()
-        await pilot.press("question_mark")
-        await pilot.pause()
-        assert isinstance(app.screen, HelpScreen)
-        got = help_text(app)
-        for cls in [WorkbenchApp] + [classes[n] for n in shows]:
-            for b in own_bindings(cls):  # generated from BINDINGS: a new key shows by itself
-                # (in the footer's short words, or the tooltip's longer ones)
-                assert (b.tooltip or b.description or b.action.replace("_", " ")) in got, (cls.__name__, b)
-        for name in hides:  # keys of what is not on this screen (another tab, another view)
-            assert TITLES[name] not in got, name
-        await pilot.press("escape")
-        await pilot.pause()
-        assert not isinstance(app.screen, HelpScreen)
+            assert isinstance(app.screen, HelpScreen), where
+            got = help_text(app)
+            for cls in [WorkbenchApp] + [classes[n] for n in shows]:
+                for b in own_bindings(cls):  # generated from BINDINGS: a new key shows by itself
+                    # (in the footer's short words, or the tooltip's longer ones)
+                    assert (b.tooltip or b.description or b.action.replace("_", " ")) in got, (where, cls.__name__, b)
+            for name in hides:  # keys of what is not on this screen (another tab, another view)
+                assert TITLES[name] not in got, (where, name)
+            await pilot.press("escape")
+            await pilot.pause()
+            assert not isinstance(app.screen, HelpScreen), where
 
 
 async def run_command(pilot, words: str) -> None:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import math
 import os
 
-import pytest
 from textual.widgets import DataTable, Select, Static
 
 from helpers import tiny_lm_corpus, tiny_lm_profile_text, until
@@ -124,25 +123,30 @@ async def test_run_view_plots_bits_per_byte_against_tokens_and_labels_train_and_
         assert [line.split()[0] for line in results[1:4]] == ["loss", "perplexity", "bits_per_byte"], results
 
 
-@pytest.mark.parametrize("size", [(120, 40), (80, 24)])
-async def test_the_run_title_wraps_between_whole_fields_while_training(store, tmp_path, size):
+async def test_the_run_title_wraps_between_whole_fields_while_training(store, tmp_path):
+    """At 120x40, then resized to 80x24 (one app): the title's lines fit, every labelled
+    figure whole on one line with its value beside its name."""
     from workbench.tui.run_view import RunScreen
 
     rid = lm_store(store, tmp_path, finished=False)[1]  # running: the title is at its longest
     store.heartbeat(rid, step=6)
     app = make_app(store, tmp_path)
-    async with app.run_test(size=size) as pilot:
+    async with app.run_test(size=(120, 40)) as pilot:
         screen = RunScreen(store, rid)
         app.push_screen(screen)
         await poll_view(pilot, screen)
-        widget = screen.query_one("#run-title", Static)
-        lines = text(widget).split("\n")
-        assert all(len(line) <= widget.content_size.width for line in lines), lines
-        fields = [f for line in lines for f in line.split("  ") if f]
-        # every labelled figure whole on one line, its value beside its name
-        for name in ("train loss", "eval loss", "eval ppl", "eval bpb"):
-            assert any(f.startswith(name + " ") and len(f) > len(name) + 1 for f in fields), (name, lines)
-        assert any(f.endswith("tokens (7.68e+07 FLOPs)") for f in fields), lines
+        for size in [(120, 40), (80, 24)]:
+            if app.size != size:
+                await pilot.resize_terminal(*size)
+                await poll_view(pilot, screen)
+            widget = screen.query_one("#run-title", Static)
+            lines = text(widget).split("\n")
+            assert all(len(line) <= widget.content_size.width for line in lines), (size, lines)
+            fields = [f for line in lines for f in line.split("  ") if f]
+            # every labelled figure whole on one line, its value beside its name
+            for name in ("train loss", "eval loss", "eval ppl", "eval bpb"):
+                assert any(f.startswith(name + " ") and len(f) > len(name) + 1 for f in fields), (size, name, lines)
+            assert any(f.endswith("tokens (7.68e+07 FLOPs)") for f in fields), (size, lines)
 
 
 # --------------------------------------------------------------------------- results, compare

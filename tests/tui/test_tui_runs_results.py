@@ -396,6 +396,8 @@ async def test_small_terminal_keeps_state_progress_accuracy(store, tmp_path, siz
         assert "profile" not in table.columns
         if size[0] == 115:  # room for one more column: one whose value varies, not the profile's
             assert "elapsed" in table.columns
+    if size[0] != 80:
+        return  # (the wide table once, after the narrowest)
     wide = make_app(store, tmp_path)
     async with wide.run_test(size=(200, 40)) as pilot:
         await settle(pilot)

@@ -241,6 +241,7 @@ def _pgid(pid: int) -> int | None:
         return None
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_tui_in_a_real_browser(tmp_path):
     chromium = shutil.which("chromium")
