@@ -11,6 +11,7 @@ import psutil
 import pytest
 from textual.widgets import Input, Static
 
+from helpers import paste_into
 from test_tui import SIZE, FakeScheduler, make_app, settle, store, type_into  # noqa: F401
 from test_tui_sweep_form import open_form, run_count, text
 from workbench import cli
@@ -187,14 +188,14 @@ async def test_grid_axes_count_runs_and_save_sweep_grid(store, tmp_path):
         assert run_count(form) == "will launch 6 runs = 2 models x 1 length x 1 seed x 3 grid points"
         await type_into(pilot, "#grid_wd", "0, 0.1")
         assert run_count(form) == "will launch 12 runs = 2 models x 1 length x 1 seed x 6 grid points"
-        await type_into(pilot, "#grid_axes", "model.d_model = 8, 16; train.warmup_steps = 0, 1")
+        await paste_into(pilot, "#grid_axes", "model.d_model = 8, 16; train.warmup_steps = 0, 1")  # (typed: seconds)
         assert run_count(form) == "will launch 48 runs = 2 models x 1 length x 1 seed x 24 grid points"
         # a line that is not key = values, and a key that has its own input
         await type_into(pilot, "#grid_axes", "d_model 8")
         assert "cannot count" in run_count(form) and "dotted key" in run_count(form)
         await type_into(pilot, "#grid_axes", "train.lr = 1")
         assert "train.lr has its own input (grid lr)" in run_count(form)
-        await type_into(pilot, "#grid_axes", "model.d_model = 8, 16")
+        await paste_into(pilot, "#grid_axes", "model.d_model = 8, 16")
         assert run_count(form).startswith("will launch 24 runs")
 
         await pilot.press("ctrl+s")
