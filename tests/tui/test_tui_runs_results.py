@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from textual.widgets import DataTable, Select, Static
 
-from helpers import screen_lines
+from helpers import paste_into, screen_lines
 from test_results_layer import add
 from test_tui import FakeScheduler, make_app, settle
 from workbench.results import export
@@ -290,7 +290,8 @@ async def test_runs_table_filters_by_profile_model_state(store, tmp_path):
         await pilot.pause()
         assert isinstance(app.screen, FilterScreen)
         assert "profiles: grid, other" in str(app.screen.query_one("#filter-hint", Static).render())
-        await pilot.press(*"state:finished,running model:lstm", "enter")
+        await paste_into(pilot, "#filter-input", "state:finished,running model:lstm")  # (typed: seconds)
+        await pilot.press("enter")
         await settle(pilot)
         shown = set(row_ids(table))
         assert shown == {r.id for r in table.all_runs if r.state in ("finished", "running") and r.label == "lstm"}
