@@ -12,7 +12,7 @@ import pytest
 from textual.widgets import Input, Static
 
 from helpers import paste_into
-from test_tui import SIZE, FakeScheduler, make_app, settle, store, type_into  # noqa: F401
+from test_tui import SIZE, FakeScheduler, make_app, poll, settle, store, type_into  # noqa: F401
 from test_tui_sweep_form import open_form, run_count, text
 from workbench import cli
 from workbench.cli import runs as cli_runs
@@ -160,8 +160,7 @@ async def test_runs_table_shows_progress_and_filters_to_a_profile(store, tmp_pat
         assert table.current_run_id == b[0]  # the cursor stays on its run
         s = summary(app)
         assert "profile b only" in s and B_LINE in s and "a:" not in s and s.startswith("2 runs")
-        await pilot.pause(0.7)  # a poll keeps the filter
-        await settle(pilot)
+        await poll(pilot)  # a poll keeps the filter (one that starts now, not the next 0.5 s tick)
         assert sorted(int(k.value) for k in table.rows) == b
         await pilot.press("p")  # compare: the profile of the cursor's run
         await pilot.pause()
