@@ -26,7 +26,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from models.common import causal_conv, conv_cache, recomputed_in_slices, rms_norm, take_whole
-from models.kernels import linear_rnn_cpu
+from models.kernels import gated_norm_cpu, linear_rnn_cpu
 from models.linear_rnn.linear_mixers import (GatedHeadRMSNorm, HeadRMSNorm, LinearRNNMixer, _dims,
                                             _stacked_weights)
 from models.conv.short_conv import ShortConvolution
@@ -441,8 +441,9 @@ class _GatedBase(_DeltaBase):
     def _gated_out(self, h, o, x, w_g, norm_w, w_o):
         """W_o [rmsnorm_head(o) * silu(x W_g)]: o (batch, T, v heads, head_v_dim), x (batch,
         T, d_model) -> (batch, T, d_model) (h = 0: position-wise)."""
-        gate = self._vheads(F.linear(x, w_g))
-        return F.linear((rms_norm(o, norm_w, self.o_norm.eps) * F.silu(gate)).flatten(-2), w_o)
+        gate = self._vheads(F.linear(x, w_g))   # the norm and gate in one C pass on a CPU:
+        normed = gated_norm_cpu.gated_rms_norm(o, gate, norm_w, self.o_norm.eps, None, True)
+        return F.linear(normed.flatten(-2), w_o)
 
 
 class GatedDeltaNet(_GatedBase):

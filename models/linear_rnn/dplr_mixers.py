@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from models import common
 from models.common import recomputed_in_slices, rms_norm
 from models.linear_rnn.delta_mixers import _DeltaBase, _GatedBase, _int_option, _softplus_inv_dt
-from models.kernels import generalized_delta, rwkv7_cpu
+from models.kernels import gated_norm_cpu, generalized_delta, rwkv7_cpu
 from models.kernels.linear_rnn_backends import BackendError, get_op
 from models.linear_rnn.linear_mixers import LinearRNNMixer, _dims
 
@@ -122,9 +122,10 @@ class KimiDeltaAttention(_RefStep, _GatedBase):
 
     def _gated_out(self, h, o, x, w_g1, w_g2, b_g, norm_w, w_o):
         """W_o [rmsnorm_head(o) * sigmoid(x W_g1 W_g2 + b_g)] (h = 0: position-wise)."""
-        gate = self._vheads(F.linear(F.linear(x, w_g1), w_g2, b_g))
-        return F.linear((rms_norm(o, norm_w, self.o_norm.eps) * gate.sigmoid()).flatten(-2),
-                        w_o)
+        gate = self._vheads(F.linear(F.linear(x, w_g1), w_g2, b_g))   # norm, gate: one C pass
+        normed = gated_norm_cpu.gated_rms_norm(o, gate, norm_w, self.o_norm.eps, None, True,
+                                               sigmoid=True)
+        return F.linear(normed.flatten(-2), w_o)
 
 
 class RWKV7Attention(_RefStep, LinearRNNMixer):

@@ -244,3 +244,35 @@ def test_fallback_matches_the_torch_forms_in_half_precision():
     with torch.no_grad():
         m.weight.copy_(w)
     torch.testing.assert_close(gn.gated_rms_norm(x, z, w, m.eps, 8), m(x, z), atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("layer", ["gated_deltanet", "kda"])
+def test_delta_rule_output_piece_same_with_and_without_the_kernel(layer, monkeypatch):
+    """Gated DeltaNet's (silu gate) and KDA's (sigmoid gate) output piece takes the kernel in
+    training (spied: one call a forward, the gate named), float64: output and every gradient
+    the same without it."""
+    from models.linear_rnn.delta_mixers import GatedDeltaNet
+    from models.linear_rnn.dplr_mixers import KimiDeltaAttention as KDA
+
+    torch.manual_seed(3)
+    m = (GatedDeltaNet if layer == "gated_deltanet" else KDA)(16, n_heads=2, backend="torch").double()
+    u = torch.randn(2, 13, 16, dtype=F64, requires_grad=True)
+
+    def run():
+        out = m(u)
+        m.zero_grad(set_to_none=True)
+        g = torch.randn(out.shape, generator=torch.Generator().manual_seed(2), dtype=F64)
+        (out * g).sum().backward()
+        return [out.detach(), u.grad.clone()] + [p.grad for p in m.parameters() if p.grad is not None]
+
+    calls = _spy(monkeypatch)
+    got = run()
+    assert calls and calls[0][1:] == (True, layer == "kda"), calls   # (norm first, sigmoid gate)
+    u.grad = None
+    monkeypatch.setattr(gn, "ENABLED", False)
+    n = len(calls)
+    want = run()
+    assert len(calls) == n
+    assert len(got) == len(want)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, atol=1e-11, rtol=1e-9)
