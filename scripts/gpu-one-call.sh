@@ -23,6 +23,9 @@
 #    25 bench-b64     train step b64 L784: Mamba[triton] vs Transformer (d64, 2 layers)
 #    25 bench-b8      train step b8 L4096: likewise
 #    30 bench-stream  2^20 tokens streamed through Mamba[triton]
+#    80 decode        the CUDA-graph and sync-free decode tests; `bench --generate` (d768, 12
+#                     layers: Transformer, Mamba, Mamba-2; prompt 512 at batch 1 and 32, prompt
+#                     4096 at batch 1) with CUDA graphs, then Mamba's eagerly (--cuda-graphs off)
 #    60 fla-tests     tests/models/test_gpu_fla.py: fla's kernels vs the float64 references, -n 8
 #    35 bench-mamba2  b8 L4096: Mamba-2 with torch / fla / mamba_ssm (mamba-ssm's Triton SSD)
 #    25 bench-gdn     b8 L4096: Gated DeltaNet with torch / fla
@@ -32,7 +35,8 @@
 #    30 model-tests   Mamba, Mamba-2, Mamba-3, linear-RNN tests on the GPU machine, -n 8
 #    10 (end)         the targets table once more, the summary
 #   ---
-#   510 s = 8.5 min; the script ends within ~TOTAL_S + 5 s (a step past its limit is killed
+#   590 s of limits in TOTAL_S=510: steps end before their limits when all goes well; when
+#   not, the last (model-tests) is skipped first. The script ends within ~TOTAL_S + 5 s (a step past its limit is killed
 #   5 s later; the next step's limit counts from then), so timeout_s=540 is enough.
 # mamba-ssm's CUDA build (Mamba-1's selective_scan_cuda, ~165 s) does not fit: the scan target
 # then uses FACTS.md's H100 numbers (scripts/gpu_targets.py); `gpu-session.sh build-mamba`
@@ -69,7 +73,7 @@ export BENCH_DIR="${BENCH_DIR:-/tmp/gpu-bench}"
 export TEST_TIMEOUT="${TEST_TIMEOUT:-120}" MAD_RUNS_PER_GPU="${MAD_RUNS_PER_GPU:-6}"
 TOTAL_S="${TOTAL_S:-510}"
 CAP_SCALE="${CAP_SCALE:-1}"
-ALL_STEPS="setup,env,kernel-tests,bench-scan,bench-b64,bench-b8,bench-stream,fla-tests,bench-mamba2"
+ALL_STEPS="setup,env,kernel-tests,bench-scan,bench-b64,bench-b8,bench-stream,decode,fla-tests,bench-mamba2"
 ALL_STEPS="$ALL_STEPS,bench-gdn,bench-16k,mad,mad-report,model-tests"
 STEPS=",${STEPS:-$ALL_STEPS},"
 DEADLINE=$((T0 + TOTAL_S))
@@ -220,6 +224,25 @@ step_bench_stream() {
   bench_json stream --stream-tokens 1048576 --backend triton
 }
 
+step_decode() {
+  # shellcheck disable=SC2046
+  $PY -m pytest $(pytest_args 4) tests/workbench/train/test_decode_cuda_graphs.py \
+    tests/workbench/train/test_decode_sync_free.py
+  local rc=$?
+  local gen="$WB bench --generate --device $DEV --d-model 768 --n-layers 12 --grid axes --prompt-lens 512,4096 --batch 1,32 --gen-tokens 64 --warmup 8 --timeout 60"
+  for mode in auto off; do
+    local models=transformer,mamba,mamba2
+    [ "$mode" = off ] && models=mamba
+    rm -f "$BENCH_DIR/generate-$mode.json"
+    # shellcheck disable=SC2086
+    $gen --models "$models" --cuda-graphs "$mode" --format json > "$BENCH_DIR/generate-$mode.json"
+    local grc=$?
+    echo "--- generate-$mode.json (exit $grc)"; cat "$BENCH_DIR/generate-$mode.json"; echo
+    [ "$grc" = 0 ] || rc=$grc
+  done
+  cuda_rc "$rc"
+}
+
 step_bench_16k() {
   # peak memory: fewer repeats; its rows join b8.json, where scripts/gpu_targets.py reads them
   rm -f "$BENCH_DIR/b8_16k.part"
@@ -323,7 +346,7 @@ step() {
 }
 
 export -f no_cuda cuda_rc targets bench_json bench_md pytest_args step_setup step_env step_kernel_tests \
-  step_fla_tests step_model_tests step_bench_scan step_bench_b64 step_bench_b8 step_bench_stream \
+  step_fla_tests step_model_tests step_decode step_bench_scan step_bench_b64 step_bench_b8 step_bench_stream \
   step_bench_16k step_bench_mamba2 step_bench_gdn step_mad step_mad_report
 
 # CUDA or a rehearsal (decided before setup: torch is the image's either way)
@@ -347,6 +370,7 @@ step bench-scan   40 bench.md
 step bench-b64    25 bench.md
 step bench-b8     25 bench.md
 step bench-stream 30 bench.md
+step decode       80 bench.md
 step fla-tests    60 tests.txt
 step bench-mamba2 35 bench.md
 step bench-gdn    25 bench.md
