@@ -424,37 +424,30 @@ def test_thin_keeps_ends_and_budget():
 
 
 # --------------------------------------------------------------------------- kill
-async def test_kill_with_confirmation(store, tmp_path):
-    """k on the runs table, then k in a run's view (one app, a running run for each): n
-    declines and nothing happens; y kills through the scheduler and the table shows it."""
-    first, second = seed_run(store), seed_run(store)
+@pytest.mark.parametrize("from_view", [False, True])
+async def test_kill_with_confirmation(store, tmp_path, from_view):
+    rid = seed_run(store)
     sched = FakeScheduler()
     app = make_app(store, tmp_path, sched)
     async with app.run_test(size=SIZE) as pilot:
         await settle(pilot)
-        killed: list[int] = []
-        for rid, from_view in [(first, False), (second, True)]:
-            table = app.query_one(RunsTable)
-            table.move_cursor(row=table.get_row_index(str(rid)))
-            if from_view:
-                await pilot.press("enter")
-                await settle(pilot)
-                assert isinstance(app.screen, RunScreen) and app.screen.run_id == rid
-            await pilot.press("k")
-            await pilot.pause()
-            assert isinstance(app.screen, ConfirmScreen), from_view
-            await pilot.press("n")  # declined: nothing happens
+        if from_view:
+            await pilot.press("enter")
             await settle(pilot)
-            assert sched.killed == killed and store.get(rid).state == "running", from_view
-            await pilot.press("k")
-            await pilot.pause()
-            await pilot.press("y")
-            await settle(pilot)
-            killed.append(rid)
-            assert sched.killed == killed and store.get(rid).state == "killed", from_view
-            if not from_view:
-                await poll(pilot)
-                assert str(app.query_one(RunsTable).get_cell(str(rid), "state")) == "killed"
+        await pilot.press("k")
+        await pilot.pause()
+        assert isinstance(app.screen, ConfirmScreen)
+        await pilot.press("n")  # declined: nothing happens
+        await settle(pilot)
+        assert sched.killed == [] and store.get(rid).state == "running"
+        await pilot.press("k")
+        await pilot.pause()
+        await pilot.press("y")
+        await settle(pilot)
+        assert sched.killed == [rid] and store.get(rid).state == "killed"
+        if not from_view:
+            await poll(pilot)
+            assert str(app.query_one(RunsTable).get_cell(str(rid), "state")) == "killed"
 
 
 async def test_quit_leaves_runs_alone(store, tmp_path):
