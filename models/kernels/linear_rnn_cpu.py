@@ -373,9 +373,11 @@ def linear_attention_step_ref(y, S, norm_w, offsets, *, elu_features: bool, norm
 # stacked projections y = x_t [W_q | W_k | W_v | W_b | (W_a) | (W_g)]^T to the input of
 # o_proj: the short conv's window (and its next cache), SiLU, the L2 norms of q and k,
 # beta, the Mamba-2 style decay, the n delta-rule writes, the readout, the head RMS norm
-# and the swish gate. ``delta_rule_step_ref`` is its twin in plain PyTorch.
+# and the swish gate; KDA (ABI 2): the decay per key channel from f = x W_f1 W_f2 and the
+# sigmoid gate from x W_g1 W_g2 + b_g, both low-rank products formed by the caller and
+# passed apart. ``delta_rule_step_ref`` is its twin in plain PyTorch.
 
-DELTA_STEP_ABI_VERSION = 1
+DELTA_STEP_ABI_VERSION = 2
 _DELTA_STEP_LIBRARY = cpu_kernels.KernelLibrary(
     "delta_rule_step", ("delta_rule_step.c", "kernel_common.h", "delta_rule_step_impl.h"),
     ("drs_abi_version", DELTA_STEP_ABI_VERSION), ("drs_step",), "delta-rule decode-step kernel")
@@ -395,7 +397,8 @@ def delta_step_unsupported(y: torch.Tensor, S: torch.Tensor, *params: torch.Tens
 
 
 def delta_rule_step(y, S, conv_state, conv_w, conv_b, A_log, dt_bias, norm_w, offsets, *,
-                    n_heads: int, num_householder: int, allow_neg_eigval: bool, eps: float):
+                    n_heads: int, num_householder: int, allow_neg_eigval: bool, eps: float,
+                    key_decay=None, sigmoid_gate=None):
     """The delta rules' decode step (``models.linear_rnn.delta_mixers``: DeltaNet, Gated
     DeltaNet, Gated DeltaProduct). y (B, *) holds, from column ``offsets[0]``, the q, k, v
     channels before the conv ([q (H dk) | k (n H dk) | v (n Hv dv)], fla's (n, heads, dim)
@@ -405,7 +408,12 @@ def delta_rule_step(y, S, conv_state, conv_w, conv_b, A_log, dt_bias, norm_w, of
     channels), conv_b (C) or None, or all three None without the short conv; A_log,
     dt_bias (Hv) the decay's parameters (None without it); norm_w (dv,) the head RMS
     norm's weight. Returns (out (B, Hv dv), S', the next conv cache or None), new tensors:
-    rmsnorm(o) norm_w (* silu(gate)), o = dk^-0.5 S'^T q."""
+    rmsnorm(o) norm_w (* silu(gate)), o = dk^-0.5 S'^T q.
+
+    KDA: ``key_decay`` f (B, Hv dk) makes the decay per key channel,
+    exp(-exp(A_log_hv) softplus(f + dt_bias)) (dt_bias (Hv dk)) scaling S's rows
+    (``offsets[2]`` unread); ``sigmoid_gate`` (B, Hv dv) makes the gate sigmoid(gate)
+    (``offsets[3]`` unread)."""
     B, Hv, dk, dv = S.shape
     n = num_householder
     C = n_heads * dk * (1 + n) + Hv * dv * n
@@ -418,13 +426,15 @@ def delta_rule_step(y, S, conv_state, conv_w, conv_b, A_log, dt_bias, norm_w, of
     if W:
         cache = conv_state.contiguous()
         cache2 = torch.empty_like(cache)
+    key_decay, sigmoid_gate = _c(key_decay), _c(sigmoid_gate)      # kept alive for the call
     scal = (ctypes.c_double * 2)(dk ** -0.5, eps)
     oq, ob, oa, og = offsets
-    ptrs = (ctypes.c_void_p * 13)(
+    ptrs = (ctypes.c_void_p * 15)(
         y.data_ptr(), S.data_ptr(), S2.data_ptr(), out.data_ptr(), act.data_ptr(),
         *[None if t is None else t.data_ptr()
           for t in (cache, cache2, _c(conv_w), _c(conv_b), _c(A_log), _c(dt_bias), _c(norm_w))],
-        ctypes.addressof(scal))
+        ctypes.addressof(scal),
+        *[None if t is None else t.data_ptr() for t in (key_decay, sigmoid_gate)])
     sizes = (ctypes.c_long * 14)(B, n_heads, Hv, dk, dv, n, W, y.stride(0), oq, ob,
                                  -1 if oa is None else oa, -1 if og is None else og,
                                  int(allow_neg_eigval), torch.get_num_threads())
@@ -439,7 +449,7 @@ def delta_rule_step(y, S, conv_state, conv_w, conv_b, A_log, dt_bias, norm_w, of
 
 def delta_rule_step_ref(y, S, conv_state, conv_w, conv_b, A_log, dt_bias, norm_w, offsets, *,
                         n_heads: int, num_householder: int, allow_neg_eigval: bool,
-                        eps: float):
+                        eps: float, key_decay=None, sigmoid_gate=None):
     """:func:`delta_rule_step` in plain PyTorch."""
     B, Hv, dk, dv = S.shape
     n, H = num_householder, n_heads
@@ -459,7 +469,10 @@ def delta_rule_step_ref(y, S, conv_state, conv_w, conv_b, A_log, dt_bias, norm_w
     v = v.view(B, n, Hv, dv)
     beta = y[:, ob:ob + n * Hv].sigmoid().view(B, n, Hv) * (2.0 if allow_neg_eigval else 1.0)
     S2 = S
-    if oa is not None:
+    if key_decay is not None:                                               # KDA
+        g = -A_log.exp()[:, None] * F.softplus((key_decay + dt_bias).view(B, Hv, dk))
+        S2 = S2 * g.exp()[..., None]
+    elif oa is not None:
         g = -A_log.exp() * F.softplus(y[:, oa:oa + Hv] + dt_bias)           # (B, Hv)
         S2 = S2 * g.exp()[..., None, None]
     for j in range(n):
@@ -467,6 +480,8 @@ def delta_rule_step_ref(y, S, conv_state, conv_w, conv_b, A_log, dt_bias, norm_w
         S2 = S2 + k[:, j, ..., None] * (beta[:, j, :, None] * err)[..., None, :]
     o = dk ** -0.5 * (q[..., None, :] @ S2).squeeze(-2)
     o = o * torch.rsqrt(o.pow(2).mean(-1, keepdim=True) + eps) * norm_w
-    if og is not None:
+    if sigmoid_gate is not None:                                            # KDA
+        o = o * sigmoid_gate.view(B, Hv, dv).sigmoid()
+    elif og is not None:
         o = o * F.silu(y[:, og:og + Hv * dv].view(B, Hv, dv))
     return o.flatten(1), (S2.clone() if S2 is S else S2), cache2

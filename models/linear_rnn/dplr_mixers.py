@@ -22,9 +22,9 @@ import torch.nn.functional as F
 from models import common
 from models.common import recomputed_in_slices, rms_norm
 from models.linear_rnn.delta_mixers import _DeltaBase, _GatedBase, _int_option, _softplus_inv_dt
-from models.kernels import gated_norm_cpu, generalized_delta, rwkv7_cpu
+from models.kernels import gated_norm_cpu, generalized_delta, linear_rnn_cpu, rwkv7_cpu
 from models.kernels.linear_rnn_backends import BackendError, get_op
-from models.linear_rnn.linear_mixers import LinearRNNMixer, _dims
+from models.linear_rnn.linear_mixers import LinearRNNMixer, _dims, _stacked_weights
 
 __all__ = ["KimiDeltaAttention", "RWKV7Attention"]
 
@@ -107,6 +107,33 @@ class KimiDeltaAttention(_RefStep, _GatedBase):
         gate = F.linear(parts[5], lin2.weight, lin2.bias).view(*o.shape)
         return F.linear((rms_norm(o, self.o_norm.weight, self.o_norm.eps) * gate.sigmoid())
                         .flatten(-2), self.o_proj.weight)
+
+    def _fused_step(self, x_t, state):
+        """The decode step in one C call on a CPU in float32 / float64 (issue 43): the
+        stacked matmul x_t [W_q | W_k | W_v | W_b | W_f1 | W_g1], the two low-rank products
+        f = (x W_f1) W_f2 and gate = (x W_g1) W_g2 + b_g here, then
+        ``linear_rnn_cpu.delta_rule_step`` with the decay per key channel (from f) and the
+        sigmoid gate, then o_proj. None where it does not apply (:meth:`_fast_step` then)."""
+        S, conv = state[0], self.qkv_conv1d
+        cache = conv_w = conv_b = None
+        if conv is not None:
+            cache, conv_w, conv_b = state[1], conv.weight, conv.bias
+        (f1, f2), g2 = self.f_proj, self.g_proj[1]
+        w_o, norm = self.o_proj.weight, self.o_norm
+        if linear_rnn_cpu.delta_step_unsupported(x_t, S, w_o, norm.weight, cache, conv_w, conv_b,
+                                                 self.A_log, self.dt_bias, f2.weight, g2.weight,
+                                                 g2.bias):
+            return None
+        C, nb, r = sum(self._split), self.b_proj.weight.shape[0], f1.weight.shape[0]
+        y = F.linear(x_t, _stacked_weights(self, self._x_weights()))
+        f = F.linear(y[:, C + nb:C + nb + r], f2.weight)
+        gate = F.linear(y[:, C + nb + r:], g2.weight, g2.bias)
+        o, S2, cache2 = linear_rnn_cpu.delta_rule_step(
+            y, S, cache, conv_w, conv_b, self.A_log, self.dt_bias, norm.weight, (0, C, None, None),
+            n_heads=self.n_heads, num_householder=self.num_householder,
+            allow_neg_eigval=self.allow_neg_eigval, eps=norm.eps, key_decay=f,
+            sigmoid_gate=gate)
+        return F.linear(o, w_o), ((S2,) if conv is None else (S2, cache2))
 
     def log_gate(self, x: torch.Tensor) -> torch.Tensor:
         """x (batch, T, d_model) -> g (batch, T, v heads, head_k_dim) <= 0."""

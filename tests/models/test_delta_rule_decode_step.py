@@ -9,7 +9,7 @@ parallel branch included; the twin against the layers' previous decode step
 (``step`` without autograd: one matmul, the C call, o_proj) against the reference step
 and the full forward, token after token, with the reference operators and the torch step
 made unreachable; and the fallbacks (the library unavailable, autograd recording, another
-dtype, KDA's vector decay) taking the previous paths."""
+dtype) taking the previous paths; KDA's C step: tests/models/test_kda_decode_step.py."""
 from __future__ import annotations
 
 import pytest
@@ -203,11 +203,9 @@ def test_decode_takes_the_c_step_without_autograd_only(name, monkeypatch):
 
 
 def test_the_torch_step_runs_where_the_c_step_cannot(monkeypatch):
-    """The library unavailable, a float16 layer, a state or cache of another dtype, KDA (a
-    vector decay the kernel does not cover): _fused_step says None and step runs the torch
-    step (_fast_step), whose answer it returns."""
-    from models.linear_rnn.dplr_mixers import KimiDeltaAttention
-
+    """The library unavailable, a float16 layer, a state or cache of another dtype:
+    _fused_step says None and step runs the torch step (_fast_step), whose answer it returns
+    (KDA's: tests/models/test_kda_decode_step.py)."""
     m = _layer("gated_deltanet")
     st = m.init_state(2)
     x = torch.randn(2, D, dtype=torch.float64)
@@ -223,13 +221,6 @@ def test_the_torch_step_runs_where_the_c_step_cannot(monkeypatch):
         h = _layer("gated_deltanet", torch.float16)
         sth = h.init_state(2)
         assert h._fused_step(x.half(), sth) is None
-        torch.manual_seed(0)
-        k = KimiDeltaAttention(D, n_heads=2).double()
-        assert k._fused_step(x, k.init_state(2)) is None
-        calls = []
-        monkeypatch.setattr(lc, "delta_rule_step", lambda *a, **kw: calls.append(1))
-        k.step(x, k.init_state(2))
-        assert calls == []
 
 
 def test_c_step_follows_a_weight_update():

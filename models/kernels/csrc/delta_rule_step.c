@@ -13,10 +13,12 @@
  *             short conv: SiLU(y_c).
  *   q, k      L2-normalised per head (x / max(|x|, 1e-12), F.normalize)
  *   beta_j    sigmoid(b_j) (2 sigmoid with allow_neg_eigval), per value head, j < n
- *   decay     exp(-exp(A_log) softplus(a + dt_bias)) per value head (Gated; else 1)
+ *   decay     exp(-exp(A_log) softplus(a + dt_bias)) per value head (Gated; else 1);
+ *             KDA: per key channel, from f (passed apart), scaling S's rows
  *   state     S <- decay S; for j < n: S <- S + beta_j k_j (v_j - S^T k_j)^T
  *   readout   o = scale S^T q
- *   output    rmsnorm(o) w, times silu(gate) for the gated layers
+ *   output    rmsnorm(o) w, times silu(gate) for the gated layers (KDA: sigmoid(gate),
+ *             the gate passed apart)
  *
  * Grouped value heads: value head hv reads q/k head hv / (Hv / H). The state's rows are
  * passed n + 1 times (decay + first S^T k, then each write fused with the next S^T k or,
@@ -34,7 +36,7 @@
 
 #include "kernel_common.h"   /* libmvec declarations, exp_core_f32 */
 
-#define DRS_ABI 1
+#define DRS_ABI 2
 #define DRS_MAXD 1024     /* largest head_k / head_v dim (the Python side falls back above) */
 
 int drs_abi_version(void) { return DRS_ABI; }
@@ -58,7 +60,12 @@ static inline double drs_sigmoid_core_f64(double z) { return 1.0 / (1.0 + exp(-z
  * ptrs: 0 y (B, ldy), 1 S (B, Hv, dk, dv), 2 S' (same shape, new), 3 out (B, Hv dv),
  * 4 act (B, C) scratch, 5 conv cache (B, C, W - 1), 6 its successor (same, new),
  * 7 conv weight (C, W), 8 conv bias (C) or NULL, 9 A_log (Hv), 10 dt_bias (Hv),
- * 11 norm weight (dv), 12 double scal[2] = {scale, norm eps}. */
+ * 11 norm weight (dv), 12 double scal[2] = {scale, norm eps},
+ * 13 KDA's decay input f (B, Hv dk) or NULL: then the decay is per key channel,
+ *    exp(-exp(A_log_hv) softplus(f + dt_bias)) with dt_bias (Hv dk), scaling S's rows,
+ *    and off_a is not read,
+ * 14 KDA's output gate (B, Hv dv) or NULL: then o is times sigmoid(gate) (off_g not read).
+ * ABI 2: pointers 13 and 14. */
 
 #define REAL float
 #define SIGMOID drs_sigmoid_core_f32

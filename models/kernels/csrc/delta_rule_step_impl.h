@@ -5,7 +5,7 @@
  */
 
 typedef struct {
-    const REAL *y, *S, *cache, *cw, *cb, *A_log, *dt_bias, *nw;
+    const REAL *y, *S, *cache, *cw, *cb, *A_log, *dt_bias, *nw, *fk, *gt;
     REAL *S2, *out, *act, *cache2;
     double scale, eps;
     long B, H, Hv, dk, dv, n, W, ldy, off_qkv, off_b, off_a, off_g, neg, C;
@@ -87,7 +87,13 @@ static void SFX(drs_item)(const SFX(drs_args) *a, long item) {
     REAL u[DRS_MAXD], err[DRS_MAXD];
 
     REAL decay = 1;
-    if (a->off_a >= 0) {
+    REAL dkey[DRS_MAXD];       /* KDA: the decay per key channel (fk non-NULL) */
+    if (a->fk) {
+        const REAL *f = a->fk + (b * Hv + hv) * dk, *db = a->dt_bias + hv * dk;
+        const double A = exp((double)a->A_log[hv]);
+        for (long i = 0; i < dk; i++)
+            dkey[i] = (REAL)exp(-A * (double)SFX(drs_softplus)(f[i] + db[i]));
+    } else if (a->off_a >= 0) {
         const REAL sp = SFX(drs_softplus)(yr[a->off_a + hv] + a->dt_bias[hv]);
         decay = (REAL)exp(-exp((double)a->A_log[hv]) * (double)sp);
     }
@@ -102,6 +108,7 @@ static void SFX(drs_item)(const SFX(drs_args) *a, long item) {
         const REAL *Si = S + i * dv;
         REAL *S2i = S2 + i * dv;
         const REAL ki = k0[i];
+        if (a->fk) decay = dkey[i];
         #pragma omp simd
         for (long j = 0; j < dv; j++) {
             const REAL s = decay * Si[j];
@@ -140,7 +147,11 @@ static void SFX(drs_item)(const SFX(drs_args) *a, long item) {
     }
     const REAL rr = (REAL)(1.0 / sqrt(ss / (double)dv + a->eps));
     REAL *o = a->out + b * Vd + hv * dv;
-    if (a->off_g >= 0) {
+    if (a->gt) {               /* KDA: sigmoid of the gate passed apart */
+        const REAL *g = a->gt + b * Vd + hv * dv;
+        #pragma omp simd
+        for (long j = 0; j < dv; j++) o[j] = (u[j] * rr) * a->nw[j] * SIGMOID(g[j]);
+    } else if (a->off_g >= 0) {
         const REAL *g = yr + a->off_g + hv * dv;
         #pragma omp simd
         for (long j = 0; j < dv; j++) o[j] = (u[j] * rr) * a->nw[j] * SFX(drs_silu)(g[j]);
@@ -164,6 +175,8 @@ int SFX(drs_step)(void **p, long *s) {
     a.A_log = (const REAL *)p[9];
     a.dt_bias = (const REAL *)p[10];
     a.nw = (const REAL *)p[11];
+    a.fk = (const REAL *)p[13];
+    a.gt = (const REAL *)p[14];
     a.scale = scal[0];
     a.eps = scal[1];
     a.B = s[0]; a.H = s[1]; a.Hv = s[2]; a.dk = s[3]; a.dv = s[4]; a.n = s[5]; a.W = s[6];
