@@ -427,12 +427,13 @@ def delta_rule_step(y, S, conv_state, conv_w, conv_b, A_log, dt_bias, norm_w, of
         cache = conv_state.contiguous()
         cache2 = torch.empty_like(cache)
     key_decay, sigmoid_gate = _c(key_decay), _c(sigmoid_gate)      # kept alive for the call
+    weights = tuple(_c(t) for t in (conv_w, conv_b, A_log, dt_bias, norm_w))   # likewise
     scal = (ctypes.c_double * 2)(dk ** -0.5, eps)
     oq, ob, oa, og = offsets
     ptrs = (ctypes.c_void_p * 15)(
         y.data_ptr(), S.data_ptr(), S2.data_ptr(), out.data_ptr(), act.data_ptr(),
         *[None if t is None else t.data_ptr()
-          for t in (cache, cache2, _c(conv_w), _c(conv_b), _c(A_log), _c(dt_bias), _c(norm_w))],
+          for t in (cache, cache2, *weights)],
         ctypes.addressof(scal),
         *[None if t is None else t.data_ptr() for t in (key_decay, sigmoid_gate)])
     sizes = (ctypes.c_long * 14)(B, n_heads, Hv, dk, dv, n, W, y.stride(0), oq, ob,
