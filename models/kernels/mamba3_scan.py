@@ -139,19 +139,34 @@ def rotate_fast(x: torch.Tensor, theta: torch.Tensor) -> torch.Tensor:
 
 
 def _rotate_pair(q: torch.Tensor, k: torch.Tensor, theta: torch.Tensor,
-                 coef: torch.Tensor | None = None):
+                 coef: torch.Tensor | None = None, bias: tuple | None = None):
     """(rotate_fast(q, theta), rotate_fast(k, theta), kc, qk); on a CPU in float32 / float64
     with theta of q's leading shape (SISO) all in one C call (:mod:`models.kernels.rotate_cpu`:
     cos and sin once, one pass per direction), which with ``coef`` (q's leading shape) also
     gives kc = k coef[..., None] and qk = (q * k).sum(-1) of the rotated pair; else kc and
-    qk are None (the caller forms them)."""
+    qk are None (the caller forms them). ``bias`` (q_bias, k_bias), each (heads, N): q and
+    k (..., heads, N) are q + q_bias, k + k_bias (the C call reads q and k broadcast over
+    their heads in place and adds the bias on the way)."""
     from models.kernels import rotate_cpu
 
     if rotate_cpu.applies(q, k, theta) and (coef is None or coef.shape == q.shape[:-1]):
+        if bias is not None:
+            out = rotate_cpu.RotatePairFn.apply(q, k, theta, None if coef is None else
+                                                coef.to(q.dtype), *(t.to(q.dtype) for t in bias))
+            return out if coef is not None else (*out, None, None)
         if coef is None:
             return (*rotate_cpu.RotatePairFn.apply(q, k, theta), None, None)
         return rotate_cpu.RotatePairFn.apply(q, k, theta, coef.to(q.dtype))
+    if bias is not None:
+        q, k = _add_bias(q, k, bias)
     return rotate_fast(q, theta), rotate_fast(k, theta), None, None
+
+
+def _add_bias(q, k, bias):
+    """(q + q_bias, k + k_bias), or (q, k) where bias is None."""
+    if bias is None:
+        return q, k
+    return q + bias[0].to(q.dtype), k + bias[1].to(k.dtype)
 
 
 def angles(omega: torch.Tensor, dt: torch.Tensor, theta0: torch.Tensor) -> torch.Tensor:
@@ -226,7 +241,8 @@ def _steps(q, k, v, adt, dt, lam, omega, state):
     return torch.stack(outs, dim=1), (theta, S, k_prev, v_prev)
 
 
-def _chunked(q, k, v, adt, dt, lam, omega, state, output_final_state, backend, chunk_size):
+def _chunked(q, k, v, adt, dt, lam, omega, state, output_final_state, backend, chunk_size,
+             bias=None):
     """One SSD call over the L r positions, then the per-step r x r correction (module doc).
     Rank layout; same returns as :func:`_steps` (state None unless output_final_state)."""
     theta0, S0, k0, v0 = state
@@ -238,7 +254,10 @@ def _chunked(q, k, v, adt, dt, lam, omega, state, output_final_state, backend, c
     kc = qk = None               # k coef and SISO's q . k, from the C rotation where it runs
     if omega is not None:
         theta = angles(omega, dt, theta0)                   # (b, L, h, R)
-        q, k, kc, qk = _rotate_pair(q, k, theta[:, :, None], coef[:, :, None] if r == 1 else None)
+        q, k, kc, qk = _rotate_pair(q, k, theta[:, :, None], coef[:, :, None] if r == 1 else None,
+                                    bias)
+    else:
+        q, k = _add_bias(q, k, bias)
     if kc is None:
         kc = k * coef[:, :, None, :, None]
     S0 = S0 + mu[:, 0, :, None, None] * torch.einsum("brhn,brhp->bhnp", k0, v0)
@@ -319,14 +338,17 @@ def mamba3_ref(q, k, v, adt, dt, lam, omega=None, initial_state=None,
 
 
 def mamba3(q, k, v, adt, dt, lam, omega=None, initial_state=None, output_final_state=False,
-           backend="auto", chunk_size=None):
+           backend="auto", chunk_size=None, qk_bias=None):
     """SISO, chunked (module doc): one ``simple_gla`` call of backend ``backend`` ("auto",
-    "torch", "cpu", "fla"; "ref" runs :func:`mamba3_ref`). Same returns as the ref."""
+    "torch", "cpu", "fla"; "ref" runs :func:`mamba3_ref`). Same returns as the ref.
+    ``qk_bias`` (q_bias, k_bias), each (heads, N): the scan runs on q + q_bias, k + k_bias
+    (q and k may be broadcast over heads; on a CPU the rotation's C call adds them)."""
     _check_backend("mamba3", backend)
     if backend == "ref":
+        q, k = _add_bias(q, k, qk_bias)
         return mamba3_ref(q, k, v, adt, dt, lam, omega, initial_state, output_final_state)
     return _siso(_chunked, q, k, v, adt, dt, lam, omega, initial_state, output_final_state,
-                 backend, chunk_size)
+                 backend, chunk_size, qk_bias)
 
 
 def mamba3_mimo_ref(q, k, v, adt, dt, lam, omega=None, initial_state=None,

@@ -33,7 +33,7 @@ import torch
 
 from models.kernels import cpu_kernels as _ck
 
-ABI_VERSION = 2
+ABI_VERSION = 3
 ENABLED = True          # False: the torch rotation (one-process A/B timings)
 MAX_ITEMS = 64          # row blocks per call
 _LIBRARY = _ck.KernelLibrary("rotate", ("rotate.c", "rotate_impl.h"), ("rot_abi_version", ABI_VERSION),
@@ -65,17 +65,35 @@ def _call(kind: str, dtype: torch.dtype, tensors: list, sizes: list[int]) -> Non
         raise MemoryError(f"rotation kernel {kind}: could not allocate a work buffer")
 
 
+def _heads(t: torch.Tensor, h: int, d: int) -> torch.Tensor:
+    t = t.reshape(-1, h, d)         # a view where t is only broadcast over its heads
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
 class RotatePairFn(torch.autograd.Function):
     """forward(q, k, theta, coef=None) -> (rot(q, theta), rot(k, theta)) (module doc); with
     coef (q's leading shape) also kc = rot(k, theta) coef[..., None] and qk = rot(q) . rot(k)
     (= q . k), the chunked Mamba-3 form's scaled keys and its correction's dot products, in
-    the same pass. Once differentiable."""
+    the same pass. With q_bias / k_bias (h, N), q and k (..., h, N) are q + q_bias and
+    k + k_bias (per head) before they turn: q and k may then be broadcast over their heads
+    (stride 0, as Mamba-3's B and C), read in place, one row per head. Once differentiable."""
 
     @staticmethod
-    def forward(ctx, q, k, theta, coef=None):
+    def forward(ctx, q, k, theta, coef=None, q_bias=None, k_bias=None):
         N, R = q.shape[-1], theta.shape[-1]
-        q2, k2, th = _rows(q, N), _rows(k, N), _rows(theta, R)
-        rows = q2.shape[0]
+        th = _rows(theta, R)
+        rows = th.shape[0]
+        heads = [1, 0, 0]           # hq, q and k head strides (s 8-10, csrc/rotate.c)
+        ctx.biased = (None, None, 1)
+        if q_bias is None and k_bias is None:
+            q2, k2 = _rows(q, N), _rows(k, N)
+        else:                       # q, k (..., h, N), maybe broadcast over h: read in place
+            h = q.shape[-2]
+            q2, k2 = _heads(q, h, N), _heads(k, h, N)
+            heads = [h, q2.stride(1), k2.stride(1)]
+            ctx.biased = (*(None if b is None else b.shape for b in (q_bias, k_bias)), h)
+            q_bias = None if q_bias is None else q_bias.reshape(h, N).contiguous()
+            k_bias = None if k_bias is None else k_bias.reshape(h, N).contiguous()
         qr, kr = q2.new_empty(rows, N), q2.new_empty(rows, N)
         cf = kc = qk = None
         if coef is not None:
@@ -84,7 +102,8 @@ class RotatePairFn(torch.autograd.Function):
         sizes = [rows, N, R, torch.get_num_threads(), min(rows, MAX_ITEMS), q2.stride(0),
                  k2.stride(0), th.stride(0)]
         if rows:
-            _call("rot_fwd", q.dtype, [q2, k2, th, qr, kr, cf, kc, qk], sizes)
+            _call("rot_fwd", q.dtype, [q2, k2, th, qr, kr, cf, kc, qk, q_bias, k_bias],
+                  sizes + heads)
         ctx.save_for_backward(th, qr, kr, cf)
         ctx.sizes, ctx.shapes = sizes, (q.shape, theta.shape)
         if coef is None:
@@ -112,4 +131,8 @@ class RotatePairFn(torch.autograd.Function):
         if rows:
             _call("rot_bwd", qr.dtype, [th, qr, kr, dqr, dkr, dq, dk, dth, *extra], sizes)
         qs, ts = ctx.shapes
-        return dq.view(qs), dk.view(qs), dth.view(ts), None if dcoef is None else dcoef.view(qs[:-1])
+        qb, kb, h = ctx.biased      # x = q + bias: the bias's gradient sums dq over positions
+        return (dq.view(qs), dk.view(qs), dth.view(ts),
+                None if dcoef is None else dcoef.view(qs[:-1]),
+                None if qb is None else dq.view(-1, h, N).sum(0).view(qb),
+                None if kb is None else dk.view(-1, h, N).sum(0).view(kb))

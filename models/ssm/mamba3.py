@@ -57,6 +57,7 @@ from models.kernels.segment_recompute import StatefulSegments
 # 2 x 2048, d_model 256 (quiet 2-core CPU) one layer's step took 232 ms at 512, 252 at 1024,
 # 255 whole (the plain path: 291), and the 7-layer step's peak 609 MiB at 512, 697 at 1024
 SEGMENT_LEN = 512
+BIAS_APART = True   # False: SISO B, C get their per-head biases before the scan (A/B timings)
 
 BACKENDS = ("auto", "torch", "cpu", "fla", "ref", "mamba_ssm")
 
@@ -203,11 +204,13 @@ class Mamba3(nn.Module):
                 getattr(self, "mimo_x", None))
 
     def _scan_inputs(self, x, Braw, Craw, dd_dt, dd_A, trap, ang, dt_bias, B_bias, C_bias,
-                     B_w, C_w, mimo_x):
+                     B_w, C_w, mimo_x, bias_apart: bool = False):
         """in_proj's parts (but z) and the parameters of :meth:`_params` -> dict of the scan's
         inputs (module doc), heads broadcast. B and C are normalised per group, before they
         are broadcast to the heads (the same numbers as normalising each head's copy, at
-        1 / heads of the work and memory)."""
+        1 / heads of the work and memory). ``bias_apart`` (SISO): q and k stay broadcast over
+        the heads without their biases, which come as ``qk_bias`` (C_bias, B_bias) (heads, N)
+        for the scan to add (on a CPU inside the rotation's C call, :data:`BIAS_APART`)."""
         h, r = self.nheads, self.mimo_rank
         f = torch.float64 if x.dtype == torch.float64 else torch.float32
 
@@ -216,7 +219,8 @@ class Mamba3(nn.Module):
                           self.B_norm.eps)
             t = (t.expand(*t.shape[:-2], h, self.d_state) if self.ngroups == 1   # head i reads
                  else t.repeat_interleave(h // self.ngroups, dim=-2))           # group i // (h / g)
-            return t + bias.transpose(0, 1).to(f)
+            return t if apart else t + bias.transpose(0, 1).to(f)
+        apart = bias_apart and r == 1
         B, C = grp(Braw, B_w, B_bias), grp(Craw, C_w, C_bias)            # (b, L, r, h, N)
         xh = x.unflatten(-1, (h, self.headdim))
         v = xh.to(f)[..., None, :, :] * mimo_x.transpose(0, 1).to(f) if r > 1 else xh
@@ -228,7 +232,8 @@ class Mamba3(nn.Module):
         if self.num_angles:
             omega = (torch.tanh(ang.to(f)) * math.pi)[..., None, :].expand(*ang.shape[:-1], h,
                                                                             self.num_angles)
-        return dict(x=v, q=C, k=B, adt=A * dt, dt=dt, lam=torch.sigmoid(trap.to(f)), omega=omega)
+        return dict(x=v, q=C, k=B, adt=A * dt, dt=dt, lam=torch.sigmoid(trap.to(f)), omega=omega,
+                    qk_bias=(C_bias[:, 0].to(f), B_bias[:, 0].to(f)) if apart else None)
 
     def _inputs(self, u: torch.Tensor):
         """u (b, L, d_model) -> dict of the scan's inputs (module doc), heads broadcast, with
@@ -243,10 +248,10 @@ class Mamba3(nn.Module):
         parameters of :meth:`_params` -> (y (b, t, h, P), no D skip; *next state)
         (:meth:`_mix_recomputed`'s core)."""
         p = self._scan_inputs(x, Braw, Craw, dd_dt, dd_A, trap, ang, dt_bias, B_bias, C_bias,
-                              B_w, C_w, mimo_x)
+                              B_w, C_w, mimo_x, bias_apart=BIAS_APART)
         y, nxt = mamba3_scan.mamba3(p["q"], p["k"], p["x"], p["adt"], p["dt"], p["lam"],
                                     p["omega"], state, True, backend=backend,
-                                    chunk_size=self.chunk_size)
+                                    chunk_size=self.chunk_size, qk_bias=p["qk_bias"])
         return (y, *nxt)
 
     def _mix_recomputed(self, u, backend: str) -> torch.Tensor:

@@ -126,3 +126,83 @@ def test_scaled_keys_and_dot_products(dtype, atol):
     if dtype == F64:
         small = [t.detach()[:1, :4].requires_grad_() for t in (q, k, th, cf)]
         assert torch.autograd.gradcheck(lambda *a: rc.RotatePairFn.apply(*a), small)
+
+
+@pytest.mark.parametrize("with_coef", [False, True])
+@pytest.mark.parametrize("dtype,atol", [(F64, 1e-12), (torch.float32, 1e-5)])
+def test_head_biases_on_keys_broadcast_over_heads(with_coef, dtype, atol):
+    """q, k (b, L, 1 -> h, N) broadcast over the heads (stride 0, as Mamba-3's B and C) with
+    per-head biases (h, N): the call turns q + q_bias and k + k_bias, reading q and k in
+    place; values and gradients (q and k before the broadcast, both biases, theta, coef) as
+    the torch sum then the torch rotation and products; gradcheck in float64."""
+    g = torch.Generator().manual_seed(5)
+    b, L, h, N, R = 2, 70, 3, 16, 5
+    q0, k0 = (torch.randn(b, L, 1, N, generator=g, dtype=dtype).requires_grad_()
+              for _ in range(2))
+    qb, kb = (torch.randn(h, N, generator=g, dtype=dtype).requires_grad_() for _ in range(2))
+    th = ((torch.rand(b, L, h, R, generator=g, dtype=dtype) * 2 - 1) * 7).requires_grad_()
+    cf = torch.randn(b, L, h, generator=g, dtype=dtype).requires_grad_() if with_coef else None
+    leaves = [t for t in (q0, k0, qb, kb, th, cf) if t is not None]
+
+    def fused(q0, k0, qb, kb, th, cf=None):
+        q, k = q0.expand(b, L, h, N), k0.expand(b, L, h, N)
+        return rc.RotatePairFn.apply(q, k, th, cf, qb, kb)
+
+    def torch_form(q0, k0, qb, kb, th, cf=None):
+        qr, kr = mamba3_scan.rotate(q0 + qb, th), mamba3_scan.rotate(k0 + kb, th)
+        return (qr, kr) if cf is None else (qr, kr, kr * cf[..., None], (qr * kr).sum(-1))
+
+    got, want = fused(*leaves), torch_form(*leaves)
+    assert len(got) == len(want)
+    dys = [torch.randn(t.shape, generator=g, dtype=dtype) for t in want]
+    gg = torch.autograd.grad(got, leaves, dys)
+    gw = torch.autograd.grad(want, leaves, dys)
+    for a, c in zip([*got, *gg], [*want, *gw]):
+        torch.testing.assert_close(a, c, atol=atol, rtol=atol)
+    if dtype == F64:
+        small = [t.detach()[:1, :3].requires_grad_() if t.dim() > 2 else t.detach().requires_grad_()
+                 for t in leaves]
+        b, L = 1, 3
+        assert torch.autograd.gradcheck(fused, small)
+
+
+@pytest.mark.parametrize("ngroups", [1, 2])
+def test_mamba3_layer_biases_in_the_kernel_same_as_before_the_scan(ngroups, monkeypatch):
+    """Mamba-3's training forward in float64 with B and C's per-head biases added in the
+    rotation's C call (mamba3.BIAS_APART, the kernel spied receiving them) and added before
+    the scan: the same output and gradients."""
+    from models.ssm import mamba3
+
+    monkeypatch.setattr(mamba3, "SEGMENT_LEN", 16)
+    torch.manual_seed(3)
+    m = Mamba3(32, d_state=8, headdim=8, ngroups=ngroups, backend="cpu").double()
+    with torch.no_grad():
+        for p in m.parameters():
+            p.add_(0.1 * torch.randn(p.shape, dtype=F64))
+    u = torch.randn(2, 45, 32, dtype=F64, requires_grad=True)
+
+    def run():
+        u.grad = None
+        m.zero_grad(set_to_none=True)
+        out = m(u)
+        g = torch.randn(out.shape, generator=torch.Generator().manual_seed(2), dtype=F64)
+        (out * g).sum().backward()
+        return [out.detach(), u.grad.clone()] + [p.grad for p in m.parameters()]
+
+    biased = []
+    fwd = rc.RotatePairFn.forward
+
+    def spy(ctx, q, k, th, cf=None, qb=None, kb=None):
+        biased.append(qb is not None and kb is not None)
+        return fwd(ctx, q, k, th, cf, qb, kb)
+
+    monkeypatch.setattr(rc.RotatePairFn, "forward", staticmethod(spy))
+    monkeypatch.setattr(mamba3, "BIAS_APART", True)
+    got = run()
+    assert biased and all(biased)
+    monkeypatch.setattr(mamba3, "BIAS_APART", False)
+    n = len(biased)
+    want = run()
+    assert len(biased) > n and not any(biased[n:])
+    for a, c in zip(got, want):
+        torch.testing.assert_close(a, c, atol=1e-11, rtol=1e-9)

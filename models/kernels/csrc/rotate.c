@@ -22,7 +22,10 @@
  *   rot_fwd: p 0 q, 1 k, 2 theta, 3 qr, 4 kr, 5 coef (rows) | NULL, 6 kc, 7 qk (rows)
  *            s 0 rows, 1 N, 2 R, 3 threads, 4 items, 5 q row stride, 6 k row stride,
  *              7 theta row stride  (channels contiguous; qr, kr, kc (rows, N) contiguous)
- *            with coef also kc = kr coef (the chunked form's keys) and qk = qr . kr
+ *            with coef also kc = kr coef (the chunked form's keys) and qk = qr . kr;
+ *            p 8 q bias, 9 k bias (hq, N) | NULL, s 8 hq, 9 q head stride, 10 k head
+ *            stride: row r reads q + (r / hq) sq + (r % hq) sqh (+ q bias row r % hq)
+ *            (q and k broadcast over heads read once per head, the bias added on the way)
  *   rot_bwd: p 0 theta, 1 qr, 2 kr, 3 dqr, 4 dkr, 5 dq, 6 dk, 7 dtheta (rows, R),
  *            8 coef | NULL, 9 dkc, 10 dqk (rows), 11 dcoef (rows)
  *            s as rot_fwd, 5 dqr row stride, 6 dkr row stride, 8 dkc row stride
@@ -68,7 +71,7 @@ static inline void rot_sincos_f64(double x, double *s, double *c) {
 #include <omp.h>
 #endif
 
-#define ROT_ABI 2
+#define ROT_ABI 3
 #define ROT_BLOCK 64     /* rows whose cos and sin are taken in one vectorised loop */
 
 int rot_abi_version(void) { return ROT_ABI; }

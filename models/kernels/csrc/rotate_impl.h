@@ -34,12 +34,28 @@ static inline void SFX(rot_row)(REAL *restrict y, const REAL *restrict x, const 
     if (N > 2 * R) memcpy(y + 2 * R, x + 2 * R, (size_t)(N - 2 * R) * sizeof(REAL));
 }
 
+/* y = rot(x + bias, (c, s)) for one row (the forward's per-head bias) */
+static inline void SFX(rot_row_bias)(REAL *restrict y, const REAL *restrict x,
+                                     const REAL *restrict bias, const REAL *restrict c,
+                                     const REAL *restrict s, long R, long N) {
+#pragma omp simd
+    for (long i = 0; i < R; i++) {
+        const REAL a = x[2 * i] + bias[2 * i], b = x[2 * i + 1] + bias[2 * i + 1];
+        y[2 * i] = a * c[i] - b * s[i];
+        y[2 * i + 1] = a * s[i] + b * c[i];
+    }
+#pragma omp simd
+    for (long i = 2 * R; i < N; i++) y[i] = x[i] + bias[i];
+}
+
 int SFX(rot_fwd)(void **p, long *s) {
     const REAL *q = (const REAL *)p[0], *k = (const REAL *)p[1], *theta = (const REAL *)p[2];
     REAL *qr = (REAL *)p[3], *kr = (REAL *)p[4];
     const REAL *coef = (const REAL *)p[5];
     REAL *kc = (REAL *)p[6], *qk = (REAL *)p[7];
+    const REAL *qb = (const REAL *)p[8], *kb = (const REAL *)p[9];   /* (hq, N) | NULL */
     const long rows = s[0], N = s[1], R = s[2], items = s[4], sq = s[5], sk = s[6], st = s[7];
+    const long hq = s[8] < 1 ? 1 : s[8], sqh = s[9], skh = s[10];
     const int threads = (int)(s[3] < 1 ? 1 : s[3]);
     const long per = items > 0 ? (rows + items - 1) / items : 0;
     int failed = 0;
@@ -58,9 +74,16 @@ int SFX(rot_fwd)(void **p, long *s) {
             const long n = r1 - r0 < ROT_BLOCK ? r1 - r0 : ROT_BLOCK;
             SFX(rot_cos_sin)(theta, st, r0, n, R, cs, sn);
             for (long j = 0; j < n; j++) {
-                const long row = r0 + j;
-                SFX(rot_row)(qr + row * N, q + row * sq, cs + j * R, sn + j * R, R, N, 1);
-                SFX(rot_row)(kr + row * N, k + row * sk, cs + j * R, sn + j * R, R, N, 1);
+                const long row = r0 + j, hd = row % hq, pos = row / hq;
+                const REAL *xq_row = q + pos * sq + hd * sqh, *xk_row = k + pos * sk + hd * skh;
+                if (qb)     /* q + its head's bias, turned */
+                    SFX(rot_row_bias)(qr + row * N, xq_row, qb + hd * N, cs + j * R, sn + j * R, R, N);
+                else
+                    SFX(rot_row)(qr + row * N, xq_row, cs + j * R, sn + j * R, R, N, 1);
+                if (kb)
+                    SFX(rot_row_bias)(kr + row * N, xk_row, kb + hd * N, cs + j * R, sn + j * R, R, N);
+                else
+                    SFX(rot_row)(kr + row * N, xk_row, cs + j * R, sn + j * R, R, N, 1);
                 if (coef) {         /* kc = kr coef, qk = qr . kr */
                     const REAL *restrict yq = qr + row * N, *restrict yk = kr + row * N;
                     REAL *restrict o = kc + row * N;
