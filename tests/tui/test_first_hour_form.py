@@ -14,7 +14,7 @@ import pytest
 import tomli_w
 from textual.widgets import Input, Static
 
-from helpers import drawn_words, open_form, record_frames
+from helpers import drawn_words, open_form, record_frames, until
 from test_tui import make_app, settle, type_into
 from workbench.spec import profile as profiles
 from workbench.store import Store
@@ -206,11 +206,11 @@ async def test_the_form_starts_each_task_where_it_learns_on_a_cpu(store, tmp_pat
 
         async def task(name: str) -> None:
             form.query_one("#task", Select).value = name
-            # the task's handler awaits its parameter inputs' rebuild: on a loaded machine
-            # one settle may return before it has filled the task's training settings
-            for _ in range(3):
+            # the task's handler awaits its parameter inputs' rebuild (a while on a loaded
+            # machine), then fills the task's training settings
+            await until(pilot, lambda: form._params_task == name, timeout=60)
+            for _ in range(2):
                 await settle(pilot)
-                await pilot.pause(0.05)
 
         assert (value("budget"), value("lr"), value("seq_lens")) == ("200", "0.001", "64")
         await task("mqar")  # not the paper's vocabulary 8192 and 16 pairs: at chance on a CPU
@@ -295,8 +295,8 @@ async def test_every_tasks_form_defaults_learn_on_a_cpu_or_the_form_says_not(tmp
         form.query_one("#models", ModelPicker).set_picked(["transformer"])
         for name in tasks.names():
             form.query_one("#task", Select).value = name
+            await until(pilot, lambda: form._params_task == name, timeout=60)
             await settle(pilot)
-            assert form._params_task == name
             prof = form.build_profile(focus=False)
             note = str(form.query_one("#task-note", Static).render()).strip()
             status = str(form.query_one("#form-status", Static).render())

@@ -258,7 +258,7 @@ async def test_empty_model_selection_and_task_param_errors(store, tmp_path):
         await pilot.press("f2")
         form = app.query_one(SweepForm)
         app.query_one("#task", Select).value = TASK
-        await pilot.pause()
+        await until(pilot, lambda: form._params_task == TASK, timeout=60)   # its inputs mounted
         app.query_one("#param-vocab_size", Input).value = "many"
         assert form.build_profile() is None
         assert "at least 1" in err_text(form, "models")

@@ -15,6 +15,7 @@ import threading
 
 from textual.widgets import Input, Select, Static
 
+from helpers import until
 from test_tui import FakeScheduler, make_app, settle, store  # noqa: F401
 from workbench.tui import form_live
 from workbench.tui.model_picker import ModelPicker
@@ -116,8 +117,8 @@ async def test_a_task_switch_keeps_what_was_typed_into_a_parameter_it_also_has(s
         assert form.query("#param-vocab_size")
         task.value = "mqar"  # both have vocab_size
         type_now(form.query_one("#param-vocab_size", Input), "77")
+        await until(pilot, lambda: form._params_task == "mqar", timeout=60)
         await settle(pilot)
-        assert form._params_task == "mqar"
         assert value(form, "param-vocab_size") == "77"
 
 

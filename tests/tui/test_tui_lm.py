@@ -11,6 +11,7 @@ import pytest
 
 from textual.widgets import Input, Select, Static
 
+from helpers import until
 from test_tui import SIZE, fill_form, make_app, settle, store, type_into  # noqa: F401
 from workbench.spec import profile as profiles
 from workbench.tui.dialogs import PathScreen
@@ -75,6 +76,7 @@ async def test_lm_task_with_a_token_budget_saves_and_reloads_the_same_profile(st
         await type_into(pilot, "#name", "lm-form")
         app.query_one("#models", ModelPicker).set_picked(["transformer"])
         app.query_one("#task", Select).value = "lm"
+        await until(pilot, lambda: form._params_task == "lm", timeout=60)   # its inputs mounted
         await settle(pilot)
         # the task's own options are inputs of the form
         for p in ("source", "tokenizer", "vocab_size", "text_column"):
