@@ -15,7 +15,7 @@ import threading
 
 from textual.widgets import Input, Select, Static
 
-from helpers import until
+from helpers import until, workers_done
 from test_tui import FakeScheduler, make_app, settle, store  # noqa: F401
 from workbench.tui import form_live
 from workbench.tui.model_picker import ModelPicker
@@ -291,3 +291,25 @@ async def test_the_focus_is_in_view_after_a_burst_of_tabs(store, tmp_path):
         w = app.focused
         assert w.id == "grid_lr" and budget.value == "50000"
         assert inside(w, pane), f"{w.id} ({w.region}) is focused off-screen ({pane.region})"
+
+
+async def test_a_count_started_after_a_field_was_cleared_leaves_it_cleared(store, tmp_path):
+    """The budget is typed, then "evaluate every" cleared, both before the form handles
+    either (a loaded machine): the budget's count starts after the clear, yet it follows the
+    budget's edit, which came first, so it must not refill the cleared field."""
+    app = make_app(store, tmp_path, FakeScheduler())
+    async with app.run_test(size=(160, 48)) as pilot:
+        form = await open_form(pilot)
+        form.query_one("#models", ModelPicker).set_picked(["transformer"])
+        form.query_one("#budget_kind", Select).value = "tokens"
+        await settle(pilot)
+        await until(pilot, lambda: form._budget_timer is None and form._budget_steps, timeout=60)
+        type_now(form.query_one("#budget", Input), "50000")
+        type_now(form.query_one("#eval_every", Input), "")
+        await until(pilot, lambda: form._budget_timer is not None, timeout=60)   # the count is due
+        await until(pilot, lambda: form._budget_timer is None, timeout=60)
+        await workers_done(app)
+        await settle(pilot)
+        assert "steps a run" in str(form.query_one("#budget-steps", Static).render())
+        assert value(form, "budget") == "50000"
+        assert value(form, "eval_every") == ""

@@ -15,7 +15,7 @@ from typing import Any
 from pydantic import ValidationError
 from rich.text import Text
 from textual.css.query import NoMatches
-from textual.widgets import Static
+from textual.widgets import Input, Static
 
 import tasks
 from workbench.spec import profile as profiles
@@ -134,7 +134,11 @@ class FormLive:
             self._schedule_budget_steps()
             return
         data, errors = self.form_data()
-        self._budget_read_at = now()  # its answer writes no field edited after this
+        # its answer writes no field edited after the edit it follows: the last edit of a field
+        # other than "evaluate every" (stamped at the key), not now: under load the count
+        # starts after later keys, and a field cleared by them would be refilled
+        self._budget_read_at = max((getattr(w, "changed_at", 0.0) for w in self.query(Input)
+                                    if w.id != "eval_every"), default=0.0)
         if "budget" in errors or not self._text("budget"):
             self._show_budget_steps(self._budget_seq, errors.get("budget", ""), False, None)
             return
