@@ -23,7 +23,6 @@ from workbench.spec.expand import MatchRefused
 from workbench.spec.profile import Profile, ProfileError
 from workbench.tui.form_checks import budget_steps_text, plain_message
 from workbench.tui.form_fields import EXAMPLES, STEP_KINDS, default_eval_every, field_for, split_list
-from workbench.tui.form_fields import now
 from workbench.tui.formatting import set_text
 
 COUNT_PAUSE_S = 0.25  # the steps are counted this long after typing stops
