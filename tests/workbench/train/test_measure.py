@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from workbench.train import measure, sysmon
+from workbench.train import measure
 
 CPU = torch.device("cpu")
 ROOT = Path(__file__).resolve().parents[3]
