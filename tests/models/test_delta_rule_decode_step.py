@@ -15,9 +15,11 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from decode_step_checks import c_step_equals_reference_step_and_forward, perturbed
+from decode_step_checks import close as _close
+from decode_step_checks import only_the_c_step as _only_the_c_step
 
 from models.kernels import linear_rnn_cpu as lc
-from models.kernels import linear_rnn_ops
 from models.linear_rnn.delta_mixers import (
     DeltaNet,
     GatedDeltaNet,
@@ -46,52 +48,13 @@ CASES = {
 
 
 def _layer(name, dtype=torch.float64):
-    torch.manual_seed(0)
-    m = CASES[name]().to(dtype)
-    with torch.no_grad():                       # non-trivial biases / gains
-        for p in m.parameters():
-            if p.dim() == 1:
-                p.add_(0.3 * torch.randn_like(p))
-    return m
-
-
-def _close(a, b, dtype):
-    tol = 1e-12 if dtype == torch.float64 else 2e-5
-    torch.testing.assert_close(a, b, rtol=tol, atol=tol)
-
-
-def _only_the_c_step(mp, m):
-    """Every operator's ``*_ref`` and the torch step unreachable: what steps is the C."""
-    for op, entry in list(linear_rnn_ops.ALL_OPS.items()):
-        mp.setitem(linear_rnn_ops.ALL_OPS, op, (entry[0], None, *entry[2:]))
-
-    def no_torch_step(*a, **k):
-        raise AssertionError("the torch step ran")
-    mp.setattr(m, "_fast_step", no_torch_step)
+    return perturbed(CASES[name], dtype)
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_c_step_equals_reference_step_and_forward(name, dtype, monkeypatch):
-    m = _layer(name, dtype)
-    B, P, T = 3, 5, 11
-    x = torch.randn(B, T, D, dtype=dtype)
-    with torch.no_grad():
-        full = m(x)
-        _, st_c = m.forward_with_state(x[:, :P], m.init_state(B))
-    st_ref = st_c
-    for t in range(P, T):
-        with monkeypatch.context() as mp, torch.no_grad():
-            _only_the_c_step(mp, m)
-            y_c, st_c = m.step(x[:, t], st_c)
-        with torch.no_grad():
-            y_ref, st_ref = m._ref_step(x[:, t], st_ref)
-        _close(y_c, y_ref, dtype)
-        _close(y_c, full[:, t], dtype if dtype == torch.float32 else torch.float32)
-        assert len(st_c) == len(st_ref)
-        for a, b in zip(st_c, st_ref):
-            assert a.shape == b.shape and a.dtype == b.dtype
-            _close(a, b, dtype)
+    c_step_equals_reference_step_and_forward(_layer(name, dtype), D, dtype, monkeypatch)
 
 
 def _twin_step(m, x_t, st):
