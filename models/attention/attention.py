@@ -21,6 +21,7 @@ xPos only rescales q and k before the product, so it needs no custom mask.
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 import torch.nn as nn
@@ -190,10 +191,29 @@ class CausalSelfAttention(nn.Module):
         y = y.transpose(1, 2).reshape(b, length, self.d_model)
         return self.out_proj(y), cache
 
-    def step(self, x_t: torch.Tensor, cache: "KVCache") -> tuple[torch.Tensor, "KVCache"]:
+    def step(self, x_t: torch.Tensor, cache: "KVCache | StaticKV") -> tuple[torch.Tensor, "KVCache | StaticKV"]:
         """One token x_t: (batch, d_model) -> (y_t (batch, d_model), the cache one longer)."""
+        if isinstance(cache, StaticKV):
+            return self._static_step(x_t, cache), cache
         y, cache = self.forward_with_state(x_t[:, None, :], cache)
         return y[:, 0], cache
+
+    def _static_step(self, x_t: torch.Tensor, cache: "StaticKV") -> torch.Tensor:
+        """:meth:`step` on a :class:`StaticKV`: the same arithmetic with the position a
+        tensor, written in place, and the query masked to the filled slots, so no shape
+        and no Python value depends on the position (what a CUDA graph needs)."""
+        b = x_t.shape[0]
+        q, k, v = self.qkv(x_t).view(b, 3, self.n_heads, self.d_head, 1).unbind(1)
+        q, k, v = (t.transpose(2, 3) for t in (q, k, v))           # (batch, heads, 1, d_head)
+        if self.rotary is not None:
+            q = self.rotary(q, cache.length, is_key=False, centre=cache.centre)
+            k = self.rotary(k, cache.length, is_key=True, centre=cache.centre)
+        cache.k.index_copy_(2, cache.length, k)
+        cache.v.index_copy_(2, cache.length, v)
+        seen = (torch.arange(cache.k.shape[2], device=x_t.device) <= cache.length)[None]   # (1, capacity)
+        y = F.scaled_dot_product_attention(q, cache.k, cache.v, attn_mask=seen, scale=self.scale)
+        cache.length.add_(1)
+        return self.out_proj(y.reshape(b, self.d_model))
 
 
 CACHE_CHUNK = 256   # positions a KVCache grows by (rounded up to) when it is full
@@ -251,6 +271,41 @@ class KVCache:
     def nbytes(self) -> int:
         """Bytes of the keys and values held (the positions filled, not the buffer's spare room)."""
         return sum(t.numel() * t.element_size() for t in self.tensors())
+
+
+class StaticKV(NamedTuple):
+    """One attention layer's keys and values in buffers of a fixed size, for decoding
+    through a CUDA graph (``workbench.train.decode.graphed_step``): every field a tensor
+    whose shape never changes, the position included, so one captured step replays for
+    every token.
+
+    ``k``, ``v``: (batch, heads, capacity, d_head), slots 0 .. length-1 filled;
+    ``length``: (1,) long, the next slot; ``centre``: () float64, xPos's centre (0 without
+    xPos). Built from a :class:`KVCache` by :func:`static_kv`. A step attends over all
+    ``capacity`` slots with the empty ones masked, so it costs the capacity, not the length
+    (HF's StaticCache trades the same way); it cannot grow, and a step past ``capacity``
+    fails (an index error on a CPU, a device assert on CUDA): the caller sizes it for the
+    tokens it will generate."""
+
+    k: torch.Tensor
+    v: torch.Tensor
+    length: torch.Tensor
+    centre: torch.Tensor
+
+
+def static_kv(cache: KVCache, capacity: int) -> StaticKV:
+    """``cache``'s keys and values copied into a :class:`StaticKV` with room for
+    ``capacity`` positions in all (at least the cached ones; at most its limit)."""
+    n = cache.length
+    if capacity < n or (cache.limit is not None and capacity > cache.limit):
+        raise CacheFull(f"a static key/value cache of {capacity:,} positions cannot hold the {n:,} cached"
+                        + (f" within the limit of {cache.limit:,}" if cache.limit is not None else ""))
+    k = cache.k.new_zeros(*cache.k.shape[:2], capacity, cache.k.shape[3])
+    v = torch.zeros_like(k)
+    k[:, :, :n], v[:, :, :n] = cache.tensors()
+    device = cache.k.device
+    return StaticKV(k, v, torch.tensor([n], device=device),
+                    torch.tensor(float(cache.centre or 0.0), dtype=torch.float64, device=device))
 
 
 class MLP(nn.Module):

@@ -26,7 +26,16 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from models.attention.attention import CACHE_CHUNK, MLP, CacheFull, CausalSelfAttention, sinusoidal_positions
+from models.attention.attention import (
+    CACHE_CHUNK,
+    MLP,
+    CacheFull,
+    CausalSelfAttention,
+    KVCache,
+    StaticKV,
+    sinusoidal_positions,
+    static_kv,
+)
 from models.common import ResidualStack
 
 TRANSFORMER_POSITIONS = ("absolute", "learned", "rope", "xpos", "none")
@@ -118,8 +127,31 @@ class Transformer(nn.Module):
 
     def step(self, x_t: torch.Tensor, state: list) -> tuple[torch.Tensor, list]:
         """One token x_t: (batch, d_model) -> (y_t (batch, d_model), state one position longer)."""
-        x_t = self._positions_at(state[0].length, 1, x_t[:, None, :])[:, 0]
+        cache = state[0]
+        if isinstance(cache, StaticKV):   # the position stays a tensor (see static_state)
+            if self.pos == "absolute":
+                x_t = x_t + self._sinusoid_rows(cache.k.shape[2], x_t).index_select(0, cache.length)
+            elif self.pos == "learned":
+                x_t = x_t + self.pos_emb.index_select(0, cache.length).to(x_t.dtype)
+        else:
+            x_t = self._positions_at(cache.length, 1, x_t[:, None, :])[:, 0]
         return stack_step(self.stack, x_t, state, "step")
+
+    def static_state(self, state: list, capacity: int) -> list:
+        """``state`` (after a prompt: :meth:`forward_with_state`) with each layer's
+        :class:`KVCache` copied into a :class:`~models.attention.attention.StaticKV` of
+        ``capacity`` positions in all (at most ``max_len``): a state of fixed-shape tensors
+        whose :meth:`step` reads no position on the host, so decoding can replay one CUDA
+        graph per token (``workbench.train.decode.graphed_step``). Its steps equal the
+        growing cache's; it cannot grow past ``capacity`` (the caller sizes it for the
+        prompt plus the tokens to generate)."""
+        if capacity > self.max_len:
+            raise CacheFull(f"a static key/value cache of {capacity:,} positions is past the Transformer's "
+                            f"max_len={self.max_len:,}")
+        out = [static_kv(s, capacity) if isinstance(s, KVCache) else s for s in state]
+        if self.pos == "absolute" and out:   # the position table built now, not inside a capture
+            self._sinusoid_rows(capacity, out[0].k)
+        return out
 
 
 def residual_pass(layers, x: torch.Tensor, states: list, method: str, start: int = 0) -> torch.Tensor:

@@ -18,8 +18,10 @@ with the same start/step as ``ssm-workbench sample`` (workbench.train.eval_model
 is workbench.train.decode.greedy_steps: the next token is the argmax kept on the device,
 no host synchronisation per token (on CUDA each step is timed by events read after the
 loop). On CUDA a fixed-size state decodes through one captured CUDA graph per step
-(decode.graphed_step; ``--cuda-graphs off``: eager, to compare); a KV cache, whose
-length grows, decodes eagerly. Per row:
+(decode.graphed_step; ``--cuda-graphs off``: eager, to compare); so does the Transformer,
+whose growing KV cache is first copied into a static one of prompt + tokens positions
+(``Transformer.static_state``: each step then attends over all of them, empty ones masked,
+as HF's StaticCache does), so that both sides of the comparison are graphed. Per row:
 
 - prefill_ms:   reading the prompt and the first logits (one call after a short warm-up).
 - decode_ms:    per-token decode time, the median over ``--gen-tokens`` steps after
@@ -154,6 +156,8 @@ def measure_generate(spec: dict[str, Any]) -> dict[str, Any]:
         tok = next_token(logits)
         run_step = step
         if not graph_note:
+            if device.type == "cuda" and hasattr(bb, "static_state"):   # a KV cache of fixed size
+                st = bb.static_state(st, P + spec["warmup"] + spec["tokens"])
             run_step, graph_note = graphed_step(step, tok, st)
         tok, logits, st = greedy_steps(run_step, tok, st, spec["warmup"])
         sync(device)

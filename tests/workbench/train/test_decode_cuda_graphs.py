@@ -3,7 +3,8 @@ tokens and logits of the eager loop, for every registry family with a fixed-size
 (issue 43's GPU check; skipped where torch sees no CUDA device, as on the CPU CI: the CPU
 side, that the wrapper leaves the CPU path alone and that no step reads a tensor on the
 host, is tests/workbench/train/test_decode_sync_free.py). A family whose step cannot be captured is
-reported by its reason, not failed: it decodes eagerly."""
+reported by its reason, not failed: it decodes eagerly. The Transformer decodes from its
+static key/value cache (Transformer.static_state), as bench --generate does on CUDA."""
 from __future__ import annotations
 
 import pytest
@@ -15,7 +16,7 @@ from workbench.train.decode import GraphedStep, graphed_step, greedy_steps, next
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
 
-FAMILIES = ("mamba", "mamba2", "gated_deltanet", "rwkv7", "gla", "retnet", "deltanet", "kda", "mamba3",
+FAMILIES = ("transformer", "mamba", "mamba2", "gated_deltanet", "rwkv7", "gla", "retnet", "deltanet", "kda", "mamba3",
             "sliding_window_attention", "lstm", "s6")
 
 
@@ -42,6 +43,8 @@ def test_graphed_decoding_equals_eager(name):
     eager = torch.empty(3, 12, dtype=torch.long, device=dev)
     _, eager_logits, _ = greedy_steps(step, tok, st, 12, out=eager)
     tok, st = prompt_state()
+    if hasattr(bb, "static_state"):   # the Transformer: its KV cache copied into fixed-size buffers
+        st = bb.static_state(st, 20 + 12 + 1)
     run, why = graphed_step(step, tok, st)
     if not isinstance(run, GraphedStep):
         pytest.skip(f"{name} decodes eagerly: {why}")
