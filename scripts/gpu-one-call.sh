@@ -235,9 +235,9 @@ step_decode() {
     local models=transformer,mamba,mamba2
     [ "$mode" = off ] && models=transformer,mamba
     rm -f "$BENCH_DIR/generate-$mode.json"
-    # shellcheck disable=SC2086
     local lens=512,4096
     [ "$mode" = off ] && lens=512   # the graphs' gain: the batch axis is enough
+    # shellcheck disable=SC2086
     $gen --prompt-lens "$lens" --models "$models" --cuda-graphs "$mode" --format json > "$BENCH_DIR/generate-$mode.json"
     local grc=$?
     echo "--- generate-$mode.json (exit $grc)"; cat "$BENCH_DIR/generate-$mode.json"; echo
