@@ -120,16 +120,43 @@ def _returned_cache(out, keyword: str, what: str):
                         "generation cannot carry its state")
 
 
+def _generation_config(folder: Path, cfg):
+    """What ``model.generate`` decodes by: generation_config.json, else derived from config.json."""
+    from transformers import GenerationConfig
+    try:
+        return GenerationConfig.from_pretrained(str(folder), local_files_only=True)
+    except OSError:  # no generation_config.json: generate derives it from config.json
+        return GenerationConfig.from_model_config(cfg)
+
+
+# Settings of a generation config that change what ``model.generate(do_sample=False)``
+# picks (lm-eval's hf model passes none of them, so the checkpoint's own apply), with the
+# value that changes nothing: the workbench's greedy decoder applies none of them, so a
+# checkpoint that sets one is refused for generation rather than answered differently.
+GREEDY_NEUTRAL = {
+    "repetition_penalty": 1.0, "no_repeat_ngram_size": 0, "num_beams": 1, "num_beam_groups": 1,
+    "diversity_penalty": 0.0, "penalty_alpha": 0.0, "min_length": 0, "min_new_tokens": 0,
+    "bad_words_ids": [], "suppress_tokens": [], "begin_suppress_tokens": [], "sequence_bias": {},
+    "forced_bos_token_id": None, "forced_eos_token_id": None, "exponential_decay_length_penalty": None,
+    "guidance_scale": 1.0,
+}
+
+
+def greedy_changes(gen) -> tuple[str, ...]:
+    """``name = value`` for each setting of the generation config ``gen`` that makes
+    ``model.generate``'s greedy tokens differ from the plain argmax (GREEDY_NEUTRAL)."""
+    out = []
+    for name, neutral in GREEDY_NEUTRAL.items():
+        value = getattr(gen, name, None)
+        if value is not None and value != neutral and not (neutral in ([], {}) and not value):
+            out.append(f"{name} = {value!r}")
+    return tuple(out)
+
+
 def _eos_ids(folder: Path, cfg, eot: int, generation_config=None) -> tuple[int, ...]:
     """The ids ``model.generate`` stops after: the generation config's ``eos_token_id``
     (generation_config.json, else the model config's), else the tokenizer's EOS."""
-    gen = generation_config
-    if gen is None:
-        from transformers import GenerationConfig
-        try:
-            gen = GenerationConfig.from_pretrained(str(folder), local_files_only=True)
-        except OSError:  # no generation_config.json: generate derives it from config.json
-            gen = GenerationConfig.from_model_config(cfg)
+    gen = generation_config if generation_config is not None else _generation_config(folder, cfg)
     ids = getattr(gen, "eos_token_id", None)
     if ids is None:
         return (eot,)
@@ -161,7 +188,9 @@ def load_hf(ref: str, device: torch.device, *, dtype: str = "float32", max_lengt
     common = dict(name=ref, encode=encode, decode=decode, eot_id=eot, prefix_id=prefix,
                   max_length=_max_length(cfg, tok, max_length), device=device)
     if getattr(cfg, "model_type", None) == "mamba":
-        return _workbench_mamba(folder, device, torch_dtype, backend, dict(common, eos_ids=_eos_ids(folder, cfg, eot)))
+        gen = _generation_config(folder, cfg)
+        return _workbench_mamba(folder, device, torch_dtype, backend,
+                                dict(common, eos_ids=_eos_ids(folder, cfg, eot, gen), greedy_changes=greedy_changes(gen)))
     from transformers import AutoModelForCausalLM
     model = AutoModelForCausalLM.from_pretrained(str(folder), local_files_only=True, dtype=torch_dtype)
     model.to(device).eval()
@@ -191,6 +220,7 @@ def load_hf(ref: str, device: torch.device, *, dtype: str = "float32", max_lengt
 
     return LoadedLM(logits=logits, start=start, step=step, **common,
                     eos_ids=_eos_ids(folder, cfg, eot, model.generation_config),
+                    greedy_changes=greedy_changes(model.generation_config),
                     info={"kind": "transformers", "model_type": cfg.model_type, "folder": str(folder),
                           "cache_keyword": keyword, "params": sum(p.numel() for p in model.parameters())})
 

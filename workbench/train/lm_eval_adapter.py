@@ -68,7 +68,10 @@ class LoadedLM:
     streaming pair, None where the model has no state to carry.
     ``encode(text, add_special_tokens)`` -> ids, ``decode(ids, skip_special)`` -> text.
     ``eos_ids``: the token ids after which generation ends (``model.generate``'s
-    ``eos_token_id``); None: ``eot_id`` alone.
+    ``eos_token_id``); None: ``eot_id`` alone. ``greedy_changes``: the checkpoint's
+    generation settings that would make ``model.generate``'s greedy tokens differ from the
+    argmax (``eval_models.greedy_changes``: a repetition penalty, beams...); generation is
+    refused while any is set.
     """
     name: str
     logits: Callable[[torch.Tensor], torch.Tensor]
@@ -82,6 +85,7 @@ class LoadedLM:
     step: Callable[[torch.Tensor, Any], tuple[torch.Tensor, Any]] | None = None
     info: dict = field(default_factory=dict)  # what was loaded (kind, backend, parameters)
     eos_ids: tuple[int, ...] | None = None
+    greedy_changes: tuple[str, ...] = ()
 
 
 class WorkbenchLM(TemplateLM):
@@ -216,6 +220,12 @@ class WorkbenchLM(TemplateLM):
     @torch.no_grad()
     def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
         """Greedy continuations (module doc): what lm-eval's hf model answers, request by request."""
+        if self.lm.greedy_changes and requests:
+            raise ValueError(
+                f"{self.lm.name}'s generation config sets {', '.join(self.lm.greedy_changes)}, which "
+                "model.generate (and so lm-eval's hf model) applies to greedy decoding and the "
+                "workbench's decoder does not: its answers would not be the model's. Remove the "
+                "setting from generation_config.json, or evaluate the generation tasks with lm-eval's hf model")
         eos = self.tok_decode([self.eot_token_id], skip_special_tokens=False)
         out, self.generated = [], []
         for req in requests:

@@ -315,3 +315,40 @@ def main(n: int = 40) -> None:  # pragma: no cover - run by hand, see module doc
 if __name__ == "__main__":  # pragma: no cover
     sys.path.insert(0, str(Path.cwd()))  # the checkout the command runs in (PYTHONPATH may name another)
     main(int(sys.argv[1]) if len(sys.argv) > 1 else 40)
+
+
+@pytest.mark.parametrize("family", ["llama", "mamba"])
+def test_a_checkpoint_whose_generation_config_changes_greedy_decoding_is_refused_for_generation(made, family, tmp_path):
+    """A generation_config.json with a repetition penalty: model.generate applies it to
+    greedy decoding (its tokens differ from the plain argmax's on some prompts), so the
+    adapter refuses generation in one line naming the setting instead of answering with
+    other tokens; log-likelihoods, which no generation setting touches, are still scored.
+    The configs save_pretrained writes by default change nothing (every other test here)."""
+    import json
+    import shutil
+
+    from lm_eval.api.instance import Instance
+
+    from workbench.train.eval_models import greedy_changes, load
+    from workbench.train.lm_eval_adapter import WorkbenchLM
+
+    folder = tmp_path / family
+    shutil.copytree(made[family], folder)
+    texts, budget = prompts(12), 14
+    plain = theirs(folder, texts, [], budget)[1]
+    gen_file = folder / "generation_config.json"
+    cfg = json.loads(gen_file.read_text())
+    cfg["repetition_penalty"] = 3.0
+    gen_file.write_text(json.dumps(cfg))
+    penalised = theirs(folder, texts, [], budget)[1]
+    assert penalised != plain, "the penalty changes model.generate's greedy tokens"
+    with pytest.raises(ValueError, match=r"generation config sets repetition_penalty = 3\.0, which model\.generate") as e:
+        ours(folder, texts[:1], [], budget)
+    assert "\n" not in str(e.value)
+    lm = WorkbenchLM(load(str(folder), torch.device("cpu")), batch_size=1)
+    (ll, _), = lm.loglikelihood([Instance("loglikelihood", {}, ("the cat", " sat"), 0)])
+    assert ll < 0
+    from transformers import GenerationConfig
+    assert greedy_changes(GenerationConfig.from_pretrained(str(made[family]))) == ()
+    assert greedy_changes(GenerationConfig(num_beams=4, no_repeat_ngram_size=3, suppress_tokens=[])) == (
+        "no_repeat_ngram_size = 3", "num_beams = 4")
