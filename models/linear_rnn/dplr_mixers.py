@@ -32,6 +32,14 @@ __all__ = ["KimiDeltaAttention", "RWKV7Attention"]
 # intermediates, ~40 d_model-wide tensors per step, are what the backward's peak holds)
 PREP_STEPS = 256
 
+# KDA's output piece (low-rank gate, gated norm, o_proj) runs under plain autograd while its
+# kept tensors, batch x T x (value_dim + head_v_dim) numbers, fit this many bytes (issue 43,
+# training at LM shapes: no second gate and o_proj matmuls in the backward, ~9 MiB more a
+# layer at 2 x 2048, d_model 256, about what the C kernel's in-kernel q/k norm saves);
+# above it, recomputed slice by slice in the backward. 0: always recomputed (the form
+# before; one-process A/B timings and the tests' twin).
+OUT_WHOLE_MAX_BYTES = 64 * 2**20
+
 
 class _RefStep:
     """``step`` (recurrent=True) runs the op's ``*_ref`` from ``generalized_delta``; the
@@ -144,8 +152,14 @@ class KimiDeltaAttention(_RefStep, _GatedBase):
 
     def _output(self, o, x):
         lin1, lin2 = self.g_proj
-        return recomputed_in_slices(self._gated_out, 2, 0, o, x, lin1.weight, lin2.weight,
-                                    lin2.bias, self.o_norm.weight, self.o_proj.weight)
+        args = (o, x, lin1.weight, lin2.weight, lin2.bias, self.o_norm.weight,
+                self.o_proj.weight)
+        width = self.value_dim + self.head_v_dim
+        if OUT_WHOLE_MAX_BYTES and common.take_whole(
+                x.shape[0] * x.shape[1], width * x.element_size(), OUT_WHOLE_MAX_BYTES,
+                cpu_only=False, device=x.device):
+            return self._gated_out(0, *args)
+        return recomputed_in_slices(self._gated_out, 2, 0, *args)
 
     def _gated_out(self, h, o, x, w_g1, w_g2, b_g, norm_w, w_o):
         """W_o [rmsnorm_head(o) * sigmoid(x W_g1 W_g2 + b_g)] (h = 0: position-wise)."""

@@ -50,7 +50,11 @@
  *      backward adds 11 do, 12 dS_last|NULL, 13 dq, 14 dk, 15 dv, 16 da, 17 db, 18 dgk,
  *      19 dh0
  *   s: 0 B, 1 T, 2 H, 3 K, 4 V, 5 C (steps per chunk), 6 threads, 7-9 q strides
- *      (b, t, h), 10-12 k, 13-15 v, 16-18 a, 19-21 b, 22-24 gk, 25 kda (0/1)
+ *      (b, t, h), 10-12 k, 13-15 v, 16-18 a, 19-21 b, 22-24 gk, 25 kda (0/1),
+ *      26 l2norm (0/1: q and k divided by max(|x|, 1e-12) per step inside the kernel, as
+ *      fla's use_qk_l2norm_in_kernel, before KDA's a, b, k' are formed from k; the
+ *      backward maps dq, dk back through it (linear_rnn_impl.h's lrnn_l2 / lrnn_l2_back),
+ *      so autograd keeps the raw q, k and no normalised copies)
  * Returns 0, or -1 when a work buffer cannot be allocated.
  */
 
@@ -64,7 +68,7 @@ typedef struct {
     SCALAR *o, *S_last, *ckpt;
     const SCALAR *d_o, *dS_last;
     SCALAR *dq, *dk, *dv, *da, *db, *dgk, *dh0;
-    long B, T, H, K, V, Vp, C, n_chunks, kda;
+    long B, T, H, K, V, Vp, C, n_chunks, kda, l2norm;
     long st[6][3];          /* (batch, time, head) strides of q, k, v, a, b, gk */
     atomic_int failed;
 } SFX(dplr_args_t);
@@ -86,6 +90,7 @@ static void SFX(dplr_unpack)(SFX(dplr_args_t) *x, void *const *p, const long *s,
         for (int i = 0; i < 3; i++) x->st[m][i] = s[7 + 3 * m + i];
     x->n_chunks = (x->T + x->C - 1) / x->C;
     x->kda = s[25];
+    x->l2norm = s[26];
     atomic_init(&x->failed, 0);
 }
 
@@ -98,8 +103,10 @@ typedef struct {
     const SCALAR *q, *k, *a, *b, *v;   /* v: in place when V fills whole tiles, else vbuf */
     SCALAR *vbuf, *w;                  /* w (K): exp(gk_t) */
     SCALAR *kbuf;                      /* KDA: a, b, k' formed here (3 K); else unused */
-    const SCALAR *kraw;                /* KDA: k_t as given */
+    const SCALAR *kraw;                /* KDA: k_t as given (l2norm: normalised) */
     SCALAR beta;                       /* KDA: beta_t */
+    SCALAR *qn, *kn;                   /* l2norm: the normalised q_t, k_t (K each) */
+    SCALAR q_norm, k_norm;             /* l2norm: max(|q_t|, eps), max(|k_t|, eps) */
 } SFX(dplr_in_t);
 
 static void SFX(dplr_load)(const SFX(dplr_args_t) *x, long bb, long t, long h,
@@ -125,6 +132,12 @@ static void SFX(dplr_load)(const SFX(dplr_args_t) *x, long bb, long t, long h,
     const SCALAR *g_t = DAT(x, x->gk, 5, bb, t, h);
     #pragma omp simd
     for (long i = 0; i < x->K; i++) in->w[i] = EXP(g_t[i]);
+    if (x->l2norm) {
+        in->q_norm = SFX(lrnn_l2)(in->q, in->qn, x->K);
+        in->k_norm = SFX(lrnn_l2)(in->k, in->kn, x->K);
+        in->q = in->qn;
+        in->k = in->kn;
+    }
     if (x->kda) {   /* a = w o k, b = -beta k, k' = beta k */
         const SCALAR beta = *DAT(x, x->b, 4, bb, t, h), *k = in->k;
         SCALAR *a = in->kbuf, *b = a + x->K, *kk = b + x->K;
@@ -210,10 +223,11 @@ static void SFX(dplr_fwd_item)(const void *args, long item) {
     SFX(dplr_args_t) *x = (SFX(dplr_args_t) *)args;
     const long bb = item / x->H, h = item % x->H, K = x->K, V = x->V, Vp = x->Vp;
     const long KVp = K * Vp;
-    SCALAR *buf = SFX(lrnn_buffer)(KVp + 2 * Vp + 4 * K);
+    SCALAR *buf = SFX(lrnn_buffer)(KVp + 2 * Vp + 6 * K);
     if (!buf) { atomic_store(&x->failed, 1); return; }
     SCALAR *S = buf, *vpad = S + KVp, *opad = vpad + Vp, *w = opad + Vp;
-    SFX(dplr_in_t) in = {.vbuf = vpad, .w = w, .kbuf = w + K};
+    SFX(dplr_in_t) in = {.vbuf = vpad, .w = w, .kbuf = w + K, .qn = w + 4 * K,
+                         .kn = w + 5 * K};
     const int padded = V != Vp;   /* else o_t is written in place */
     if (x->h0) SFX(lrnn_pad)(S, x->h0 + item * K * V, K, V, Vp);
     for (long t = 0; t < x->T; t++) {
@@ -367,6 +381,10 @@ static void SFX(dplr_bwd_finish_a)(const SFX(dplr_args_t) *x, const SFX(dplr_bac
     SFX(lrnn_rowsums)(x->dq + row * K, z->Pq, K, z->scale);
     SFX(lrnn_rowsums)(x->kda ? gbuf : x->dk + row * K, z->Pk, K, 1);
     SFX(lrnn_rowsums)(x->kda ? gbuf + 2 * K : x->db + row * K, z->Pb, K, 1);
+    if (x->l2norm) {   /* dq (and dk without KDA: KDA's is mapped in finish_b) to the raw q */
+        SFX(lrnn_l2_back)(m->in.qn, m->in.q_norm, x->dq + row * K, K);
+        if (!x->kda) SFX(lrnn_l2_back)(m->in.kn, m->in.k_norm, x->dk + row * K, K);
+    }
     if (x->V != x->Vp) memcpy(x->dv + row * x->V, m->dvpad, sizeof(SCALAR) * x->V);
 }
 
@@ -392,6 +410,7 @@ static void SFX(dplr_bwd_finish_b)(const SFX(dplr_args_t) *x, const SFX(dplr_bac
             dg[i] = dgk_t[i] + k[i] * wda;
         }
         x->db[row] = dbeta;
+        if (x->l2norm) SFX(lrnn_l2_back)(m->in.kn, m->in.k_norm, dk, K);
     }
 }
 
@@ -400,9 +419,9 @@ static void SFX(dplr_bwd_item)(const void *args, long item) {
     const long bb = item / x->H, h = item % x->H, K = x->K, V = x->V, Vp = x->Vp;
     const long C = x->C, T = x->T, KVp = K * Vp, K16 = (K + 15) / 16 * 16;
     /* Sbuf (C + 1, K, Vp): S_{t0-1} .. S_{t0+C-1}; U (C, Vp): u_t; dS (K, Vp); per slot
-     * (2): vpad, dopad, dvpad, du (Vp), w, kbuf (3) (K); gbuf (4 K: KDA's dk', da, db,
-     * dgk); Pq, Pk, Pb, Pa, Pg (K16, LT), rows past K zero */
-    const long slot = 4 * Vp + 4 * K;
+     * (2): vpad, dopad, dvpad, du (Vp), w, kbuf (3), qn, kn (K); gbuf (4 K: KDA's dk', da,
+     * db, dgk); Pq, Pk, Pb, Pa, Pg (K16, LT), rows past K zero */
+    const long slot = 4 * Vp + 6 * K;
     SCALAR *buf = SFX(lrnn_buffer)((C + 1) * KVp + C * Vp + KVp + 2 * slot + 4 * K
                                    + 5 * K16 * LT);
     if (!buf) { atomic_store(&x->failed, 1); return; }
@@ -413,7 +432,8 @@ static void SFX(dplr_bwd_item)(const void *args, long item) {
     SFX(dplr_bslot_t) m[2];
     for (int n = 0; n < 2; n++) {
         SCALAR *p = slots + n * slot;
-        m[n].in = (SFX(dplr_in_t)){.vbuf = p, .w = p + 4 * Vp, .kbuf = p + 4 * Vp + K};
+        m[n].in = (SFX(dplr_in_t)){.vbuf = p, .w = p + 4 * Vp, .kbuf = p + 4 * Vp + K,
+                                   .qn = p + 4 * Vp + 4 * K, .kn = p + 4 * Vp + 5 * K};
         m[n].dopad = p + Vp;
         m[n].dvpad = p + 2 * Vp;
         m[n].y.du = p + 3 * Vp;
