@@ -9,8 +9,10 @@ with ctypes, and wraps its two kernels in autograd Functions:
 
 Why C: on CPU the blockwise PyTorch scan spends its time launching a few tiny ops per time
 step, and the ops around it (transposes to (batch, dim, L), softplus, gate) are whole passes
-over memory, forward and backward (profile in ``docs/RESULTS.md``). The C source is the
-maths of the paper written once per step; see the comment at its top.
+over memory, forward and backward: torch's profiler on one Mamba training step at L = 784 on
+the ``torch`` backend gave the scan's per-step ops ~45%, the transposes (``aten::copy_``)
+~13%, the conv's backward ~7%, SiLU and softplus ~12%. The C source is the maths of the
+paper written once per step; see the comment at its top.
 
 Building needs only a C compiler (``$CC`` or ``cc``), no PyTorch headers: it takes under a
 second. The library is cached under ``$SSM_WORKBENCH_KERNEL_CACHE`` (default
