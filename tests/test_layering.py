@@ -1,8 +1,8 @@
-"""The package map stays true (issue 23): imports only go down the layers, in the code and
+"""The package map stays true: imports only go down the layers, in the code and
 in tests/ (whose folders mirror it), and
 docs/ARCHITECTURE.md's layout block names every module under workbench/ and models/.
 
-Inside models/ (issue 35 item 4) the same holds for its three levels: base (kernels/ and the
+Inside models/ the same holds for its three levels: base (kernels/ and the
 shared modules), the family subpackages, and the top (registry, catalogues, compute, ...).
 
 Every module under workbench/, models/ and tasks/ is parsed with ``ast`` (nothing is
@@ -137,7 +137,7 @@ def test_exceptions_are_still_needed():
     assert used == EXCEPTIONS
 
 
-# models/ in three levels (docs/ARCHITECTURE.md, "models/ by family"): base modules are shared by
+# models/ in three levels (docs/ARCHITECTURE.md, "The layers and the rule between them"): base modules are shared by
 # every family and import only base; a family subpackage imports base and other families; the
 # top (registry, catalogues, compute, init_schemes, the checkpoint loaders, __init__) imports
 # anything in models/. A module of models/ not named here is top; a subpackage must be named.
@@ -223,7 +223,7 @@ def test_a_models_upward_import_is_caught(monkeypatch):
         fake.unlink(missing_ok=True)
 
 
-# tests/ mirrors the code (issue 44) and follows the same layers: a test under
+# tests/ mirrors the code and follows the same layers: a test under
 # tests/workbench/<layer>/ imports that layer and the ones below it (ALLOWED), plus models/
 # and tasks/; tests/tui/ is the tui layer; tests/models/ imports models/ only and tests/tasks/
 # tasks/ and models/ (neither imports the workbench). A test module imported by another
@@ -477,15 +477,15 @@ def import_circles(paths: list[Path] | None = None) -> list[str]:
 
 
 # Circles found when this check was added, each with one direction imported inside a function;
-# they are to be broken like the two of issue 44 were (move what both need to the module
+# they are to be broken like the earlier ones were (move what both need to the module
 # that owns it), and then removed from here (test_circles_left_are_still_there says when).
 CIRCLES_LEFT: set[str] = set()
 
 
 def test_no_module_imports_one_that_imports_it_back():
     """Inside a room, imports go one way: two modules that import each other are one
-    module in two files (issue 44: tui/app.py <-> tui/eval_form.py, models/common.py <->
-    models/gated_mlp.py). Move what both need to the module that owns it."""
+    module in two files (as tui/app.py <-> tui/eval_form.py and models/common.py <->
+    models/gated_mlp.py were). Move what both need to the module that owns it."""
     assert sorted(set(import_circles()) - CIRCLES_LEFT) == []
 
 

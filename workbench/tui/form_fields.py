@@ -322,7 +322,7 @@ def parse_grid_values(text: str) -> list[Any]:
 def parse_grid_axes(text: str) -> dict[str, list[Any]]:
     """'model.d_model = 64, 128; task.num_kv_pairs = 4, 8' -> {'model.d_model': [64, 128],
     'task.num_kv_pairs': [4, 8]}: ``[sweep.grid]`` axes over dotted keys, ';' between them.
-    The keys are checked by the profile loader (``sweep.grid`` in docs/ARCHITECTURE.md)."""
+    The keys are checked by the profile loader (``[sweep.grid]`` in docs/reference/profile.md)."""
     out: dict[str, list[Any]] = {}
     for item in (x.strip() for x in _split_top(text, ";")):
         if not item:
