@@ -30,7 +30,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from models.common import ResidualStack, stack_with_state
-from models.kernels import cpu_kernels, triton_kernels
+from models.kernels import cpu_kernels, mamba_step_cpu, triton_kernels
 from models.kernels import selective_scan as ss
 from models.ssm.s6 import SelectiveSSM, resolve_dt_rank
 
@@ -120,7 +120,45 @@ class Mamba(SelectiveSSM):
                 torch.zeros(batch, self.d_inner, self.d_state, device=p.device, dtype=p.dtype))
 
     def step(self, hidden_t: torch.Tensor, state: MambaState) -> tuple[torch.Tensor, MambaState]:
-        """One token: hidden_t (batch, d_model) -> (out_t (batch, d_model), next state)."""
+        """One token: hidden_t (batch, d_model) -> (out_t (batch, d_model), next state).
+
+        Without autograd (decode: ``torch.no_grad`` / ``inference_mode``) the C step
+        :meth:`_fused_step` where it applies, else (and with autograd recording) the torch
+        step :meth:`_torch_step`, which the tests hold it to. The next state is new tensors;
+        the state passed in is not written."""
+        if not torch.is_grad_enabled():
+            fused = self._fused_step(hidden_t, state)
+            if fused is not None:
+                return fused
+        return self._torch_step(hidden_t, state)
+
+    def _fused_step(self, hidden_t: torch.Tensor, state: MambaState):
+        """The decode step as in_proj, one C call (``models.kernels.mamba_step_cpu``: the
+        conv window + SiLU, x_proj, dt_proj, softplus, exp(delta A), the state update, the
+        readout, D skip and gate), out_proj; A = -exp(A_log) kept between steps while A_log
+        is unchanged. On a CPU in float32 / float64 with backend "auto" or "cpu" (a forced
+        "torch" or "ref" stays PyTorch throughout); None where it does not apply."""
+        if self.backend_request not in ("auto", "cpu"):
+            return None
+        # parameters read from the modules' dicts, not through nn.Module.__getattr__: at
+        # batch 1 the lookups are a fair part of the step
+        mods, params = self._modules, self._parameters
+        ip, cp = mods["in_proj"]._parameters, mods["conv1d"]._parameters
+        dp, op = mods["dt_proj"]._parameters, mods["out_proj"]._parameters
+        xw, A_log, D = mods["x_proj"]._parameters["weight"], params["A_log"], params["D"]
+        conv_state, h = state
+        if mamba_step_cpu.unsupported(hidden_t, conv_state, h, ip["weight"], ip["bias"],
+                                      cp["weight"], cp["bias"], xw, dp["weight"], dp["bias"], A_log,
+                                      D, op["weight"], op["bias"]):
+            return None
+        y, cache2, h2 = mamba_step_cpu.mamba_step(
+            F.linear(hidden_t, ip["weight"], ip["bias"]), conv_state, cp["weight"], cp["bias"],
+            xw, dp["weight"], dp["bias"], mamba_step_cpu.neg_exp(self, A_log), D, h,
+            allow_neg_eigval=self.allow_neg_eigval)
+        return F.linear(y, op["weight"], op["bias"]), (cache2, h2)
+
+    def _torch_step(self, hidden_t: torch.Tensor, state: MambaState) -> tuple[torch.Tensor, MambaState]:
+        """:meth:`step` in PyTorch ops (any device and dtype, autograd)."""
         conv_state, ssm_state = state
         x, z = self.in_proj(hidden_t).chunk(2, dim=-1)                # (b, d_inner) each
         window = torch.cat([conv_state, x[:, :, None]], dim=-1)      # (b, d_inner, d_conv)

@@ -28,7 +28,9 @@ oracle), ``fla`` (flash-linear-attention's ``chunk_simple_gla``, CUDA only),
 ``mamba_ssm`` (mamba-ssm's fused Triton SSD ``mamba_chunk_scan_combined``, CUDA only, when
 ``mamba_ssm.ops.triton.ssd_combined`` imports) and ``auto``: on CUDA tensors mamba_ssm when
 it imports, else fla when it imports, else torch; on CPU torch. The conv is the same on
-every backend (see ``Mamba2._conv``). ``step`` is plain PyTorch whatever the backend.
+every backend (see ``Mamba2._conv``). ``step`` without autograd on a CPU (float32 /
+float64, backend auto or cpu) is one C call between in_proj and out_proj
+(``models.kernels.mamba_step_cpu``), else plain PyTorch.
 
 Training memory and speed: on a CPU, a chunk whose in_proj output fits WHOLE_MAX_BYTES
 (64 MiB: batch 2 x 2048 steps at d_model 256 is 19 MiB) runs ``Mamba2._mix_whole``: in_proj
@@ -59,7 +61,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from models.common import causal_conv, conv_cache, recomputed, recomputed_in_slices
-from models.kernels import gated_norm_cpu
+from models.kernels import gated_norm_cpu, mamba_step_cpu
 from models.kernels import linear_rnn_backends as lrb
 
 BACKENDS = ("auto", "torch", "ref", "fla", "cpu", "mamba_ssm")
@@ -446,7 +448,43 @@ class Mamba2(nn.Module):
                             dtype=_atleast_f32(p).dtype))
 
     def step(self, u_t: torch.Tensor, state: Mamba2State) -> tuple[torch.Tensor, Mamba2State]:
-        """One token: u_t (batch, d_model) -> (out_t (batch, d_model), next state)."""
+        """One token: u_t (batch, d_model) -> (out_t (batch, d_model), next state).
+
+        Without autograd (decode: ``torch.no_grad`` / ``inference_mode``) the C step
+        :meth:`_fused_step` where it applies, else (and with autograd recording) the torch
+        step :meth:`_torch_step`, which the tests hold it to. The next state is new tensors;
+        the state passed in is not written."""
+        if not torch.is_grad_enabled():
+            fused = self._fused_step(u_t, state)
+            if fused is not None:
+                return fused
+        return self._torch_step(u_t, state)
+
+    def _fused_step(self, u_t: torch.Tensor, state: Mamba2State):
+        """The decode step as in_proj, one C call (``models.kernels.mamba_step_cpu``: the
+        conv window + SiLU, softplus(dt + dt_bias), the per-head decay, the SSD's one-token
+        update, readout, D skip and the gated RMS norm), out_proj. On a CPU in float32 /
+        float64 with backend "auto" or "cpu" (a forced "torch" or "ref" stays PyTorch
+        throughout); None where it does not apply."""
+        if self.backend_choice not in ("auto", "cpu"):
+            return None
+        mods, params = self._modules, self._parameters
+        ip, cp = mods["in_proj"]._parameters, mods["conv1d"]._parameters
+        op, norm = mods["out_proj"]._parameters, mods["norm"]
+        nw = norm._parameters["weight"]
+        conv_state, S = state
+        if mamba_step_cpu.unsupported(u_t, conv_state, S, ip["weight"], ip["bias"],
+                                      cp["weight"], cp["bias"], params["A_log"], params["dt_bias"],
+                                      params["D"], nw, op["weight"], op["bias"]):
+            return None
+        o, cache2, S2 = mamba_step_cpu.mamba2_step(
+            F.linear(u_t, ip["weight"], ip["bias"]), conv_state, cp["weight"], cp["bias"],
+            params["dt_bias"], params["A_log"], params["D"], nw, S, ngroups=self.ngroups,
+            eps=norm.eps)
+        return F.linear(o, op["weight"], op["bias"]), (cache2, S2)
+
+    def _torch_step(self, u_t: torch.Tensor, state: Mamba2State) -> tuple[torch.Tensor, Mamba2State]:
+        """:meth:`step` in PyTorch ops (any device and dtype, autograd)."""
         conv_state, S = state
         z, xBC, dt_raw = self._split_in(u_t)
         window = torch.cat([conv_state.to(xBC.dtype), xBC[:, :, None]], -1)  # (b, conv_dim, d_conv)
