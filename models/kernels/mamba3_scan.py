@@ -171,7 +171,13 @@ def _add_bias(q, k, bias):
 
 def angles(omega: torch.Tensor, dt: torch.Tensor, theta0: torch.Tensor) -> torch.Tensor:
     """theta_t = (theta0 + sum_{s<=t} omega_s dt_s) mod 2 pi: omega (b, L, h, R), dt (b, L, h),
-    theta0 (b, h, R) -> (b, L, h, R). The mod has zero gradient, as mamba-ssm's floor."""
+    theta0 (b, h, R) -> (b, L, h, R). The mod has zero gradient, as mamba-ssm's floor.
+    On a CPU in float32 / float64 one C pass each way (``rotate_cpu.AnglesFn``; this torch
+    form is its twin and the other devices')"""
+    from models.kernels import rotate_cpu
+
+    if rotate_cpu.angles_apply(omega, dt, theta0):
+        return rotate_cpu.AnglesFn.apply(omega, dt, theta0)
     th = theta0[:, None] + torch.cumsum(omega * dt[..., None], dim=1)
     return th - TWO_PI * torch.floor(th / TWO_PI).detach()
 

@@ -33,11 +33,13 @@ import torch
 
 from models.kernels import cpu_kernels as _ck
 
-ABI_VERSION = 3
+ABI_VERSION = 4
 ENABLED = True          # False: the torch rotation (one-process A/B timings)
+ANGLES_ENABLED = True   # False: the torch angles (cumsum, floor; A/B timings, tests' twin)
 MAX_ITEMS = 64          # row blocks per call
 _LIBRARY = _ck.KernelLibrary("rotate", ("rotate.c", "rotate_impl.h"), ("rot_abi_version", ABI_VERSION),
-                             ("rot_fwd", "rot_bwd"), "Mamba-3 rotation CPU kernel")
+                             ("rot_fwd", "rot_bwd", "rot_angles_fwd", "rot_angles_bwd"),
+                             "Mamba-3 rotation CPU kernel")
 load = _LIBRARY.load
 
 
@@ -136,3 +138,64 @@ class RotatePairFn(torch.autograd.Function):
                 None if dcoef is None else dcoef.view(qs[:-1]),
                 None if qb is None else dq.view(-1, h, N).sum(0).view(qb),
                 None if kb is None else dk.view(-1, h, N).sum(0).view(kb))
+
+
+# -- Mamba-3's angles (issue 43, training at LM shapes) ------------------------------------
+#
+# theta_t = (theta0 + sum_{s<=t} omega_s dt_s) mod 2 pi (``mamba3_scan.angles``) in one C
+# pass each way (csrc/rotate_impl.h, rot_angles_fwd / rot_angles_bwd). In torch: a product,
+# the cumsum, the mod's divide, floor, multiply and subtract forward, and flip, cumsum, flip
+# and two products backward, each a pass over (b, L, heads, R): about 6% of a Mamba-3 step at
+# 2 x 2048, d_model 256 (forward, its segment recompute and backward).
+
+def angles_apply(omega: torch.Tensor, dt: torch.Tensor, theta0: torch.Tensor) -> bool:
+    """Whether :class:`AnglesFn` runs: CPU float32/float64 omega (b, L, h, R) with a
+    contiguous last axis (broadcast views allowed), dt (b, L, h), theta0 (b, h, R), one
+    dtype, outside autocast, the library built, :data:`ANGLES_ENABLED`."""
+    return (ANGLES_ENABLED and omega.device.type == "cpu"
+            and omega.dtype in (torch.float32, torch.float64)
+            and dt.dtype == omega.dtype and theta0.dtype == omega.dtype
+            and dt.device == omega.device and theta0.device == omega.device
+            and omega.dim() == 4 and dt.shape == omega.shape[:3]
+            and theta0.shape == (omega.shape[0], omega.shape[2], omega.shape[3])
+            and (omega.shape[3] <= 1 or omega.stride(3) == 1)
+            and not (torch.is_autocast_enabled("cpu") or torch.is_autocast_enabled())
+            and load()[0] is not None)
+
+
+class AnglesFn(torch.autograd.Function):
+    """forward(omega (b, L, h, R), dt (b, L, h), theta0 (b, h, R)) -> theta (b, L, h, R),
+    ``mamba3_scan.angles`` (the mod's floor has zero gradient). omega and dt are read
+    through their strides (omega broadcast over the heads stays a view); the backward
+    returns omega's gradient at its full (b, L, h, R) shape (autograd sums a broadcast)."""
+
+    @staticmethod
+    def forward(ctx, omega, dt, theta0):
+        b, L, h, R = omega.shape
+        theta = omega.new_empty(b, L, h, R)
+        th0 = theta0.contiguous()
+        sizes = [b, L, h, R, *omega.stride()[:3], *dt.stride(), torch.get_num_threads()]
+        if theta.numel():
+            _call("rot_angles_fwd", omega.dtype, [omega, dt, th0, theta], sizes)
+        ctx.save_for_backward(omega, dt)
+        ctx.sizes = sizes
+        return theta
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, dtheta):
+        omega, dt = ctx.saved_tensors
+        b, L, h, R = omega.shape
+        dtheta = dtheta.to(omega.dtype).contiguous()
+        domega, ddt = omega.new_empty(b, L, h, R), omega.new_empty(b, L, h)
+        dth0 = omega.new_empty(b, h, R)
+        sizes = list(ctx.sizes)
+        sizes[10] = torch.get_num_threads()
+        if domega.numel() or ddt.numel():
+            if R == 0:
+                ddt.zero_()
+            else:
+                _call("rot_angles_bwd", omega.dtype, [omega, dt, dtheta, domega, ddt, dth0], sizes)
+        else:
+            dth0.zero_()
+        return domega, ddt, dth0

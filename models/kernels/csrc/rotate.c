@@ -29,6 +29,8 @@
  *   rot_bwd: p 0 theta, 1 qr, 2 kr, 3 dqr, 4 dkr, 5 dq, 6 dk, 7 dtheta (rows, R),
  *            8 coef | NULL, 9 dkc, 10 dqk (rows), 11 dcoef (rows)
  *            s as rot_fwd, 5 dqr row stride, 6 dkr row stride, 8 dkc row stride
+ *   rot_angles_fwd / rot_angles_bwd: Mamba-3's angles theta_t = (theta0 + sum_{s<=t}
+ *            omega_s dt_s) mod 2 pi and their backward (layout in rotate_impl.h)
  */
 #include <math.h>
 #include <stdlib.h>
@@ -71,7 +73,7 @@ static inline void rot_sincos_f64(double x, double *s, double *c) {
 #include <omp.h>
 #endif
 
-#define ROT_ABI 3
+#define ROT_ABI 4
 #define ROT_BLOCK 64     /* rows whose cos and sin are taken in one vectorised loop */
 
 int rot_abi_version(void) { return ROT_ABI; }

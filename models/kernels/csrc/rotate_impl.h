@@ -160,3 +160,90 @@ int SFX(rot_bwd)(void **p, long *s) {
     }
     return failed ? -1 : 0;
 }
+
+/* Mamba-3's angles (issue 43, training at LM shapes), mamba3_scan.angles' maths in one pass
+ * each way: per (batch row, head) and angle i, over the steps t,
+ *   forward:  acc_i += omega_t,i dt_t;  theta_t,i = acc_i - 2 pi floor(acc_i / 2 pi)
+ *             (acc from theta0; the sum kept unreduced, as the torch form's cumsum)
+ *   backward: G_i += dtheta_t,i (t last first; the mod has zero gradient);
+ *             domega_t,i = G_i dt_t,  ddt_t = sum_i G_i omega_t,i,  dtheta0 = G
+ * rot_angles_fwd: p 0 omega, 1 dt, 2 theta0 (b, h, R) | NULL, 3 theta (b, L, h, R)
+ *                 s 0 b, 1 L, 2 h, 3 R, 4-6 omega's (b, t, h) strides (angles contiguous),
+ *                 7-9 dt's (b, t, h) strides, 10 threads
+ * rot_angles_bwd: p 0 omega, 1 dt, 2 dtheta (b, L, h, R), 3 domega (b, L, h, R),
+ *                 4 ddt (b, L, h), 5 dtheta0 (b, h, R); s as the forward (outputs contiguous)
+ * Items: (batch row, head) pairs, each writing only its own rows. */
+int SFX(rot_angles_fwd)(void **p, long *s) {
+    const REAL *omega = (const REAL *)p[0], *dt = (const REAL *)p[1];
+    const REAL *theta0 = (const REAL *)p[2];
+    REAL *theta = (REAL *)p[3];
+    const long B = s[0], L = s[1], H = s[2], R = s[3];
+    const long so0 = s[4], so1 = s[5], so2 = s[6], sd0 = s[7], sd1 = s[8], sd2 = s[9];
+    const int threads = (int)(s[10] < 1 ? 1 : s[10]);
+    const REAL two_pi = (REAL)6.283185307179586;
+    int failed = 0;
+    (void)threads;
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (long item = 0; item < B * H; item++) {
+        const long bb = item / H, hh = item % H;
+        double *acc = malloc((size_t)(R > 0 ? R : 1) * sizeof(double));
+        if (!acc) {
+#pragma omp atomic write
+            failed = 1;
+            continue;
+        }
+        for (long i = 0; i < R; i++) acc[i] = theta0 ? (double)theta0[item * R + i] : 0.0;
+        for (long t = 0; t < L; t++) {
+            const REAL *om = omega + bb * so0 + t * so1 + hh * so2;
+            const double d = (double)dt[bb * sd0 + t * sd1 + hh * sd2];
+            REAL *out = theta + ((bb * L + t) * H + hh) * R;
+#pragma omp simd
+            for (long i = 0; i < R; i++) {
+                acc[i] += (double)om[i] * d;
+                const REAL x = (REAL)acc[i];
+                out[i] = x - two_pi * (REAL)floor(x / two_pi);
+            }
+        }
+        free(acc);
+    }
+    return failed ? -1 : 0;
+}
+
+int SFX(rot_angles_bwd)(void **p, long *s) {
+    const REAL *omega = (const REAL *)p[0], *dt = (const REAL *)p[1];
+    const REAL *dtheta = (const REAL *)p[2];
+    REAL *domega = (REAL *)p[3], *ddt = (REAL *)p[4], *dtheta0 = (REAL *)p[5];
+    const long B = s[0], L = s[1], H = s[2], R = s[3];
+    const long so0 = s[4], so1 = s[5], so2 = s[6], sd0 = s[7], sd1 = s[8], sd2 = s[9];
+    const int threads = (int)(s[10] < 1 ? 1 : s[10]);
+    int failed = 0;
+    (void)threads;
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (long item = 0; item < B * H; item++) {
+        const long bb = item / H, hh = item % H;
+        double *G = calloc((size_t)(R > 0 ? R : 1), sizeof(double));
+        if (!G) {
+#pragma omp atomic write
+            failed = 1;
+            continue;
+        }
+        for (long t = L - 1; t >= 0; t--) {
+            const long row = (bb * L + t) * H + hh;
+            const REAL *om = omega + bb * so0 + t * so1 + hh * so2, *dth = dtheta + row * R;
+            const double d = (double)dt[bb * sd0 + t * sd1 + hh * sd2];
+            REAL *dom = domega + row * R;
+            double sum = 0;
+#pragma omp simd reduction(+ : sum)
+            for (long i = 0; i < R; i++) {
+                G[i] += (double)dth[i];
+                dom[i] = (REAL)(G[i] * d);
+                sum += G[i] * (double)om[i];
+            }
+            ddt[row] = (REAL)sum;
+        }
+        if (dtheta0)
+            for (long i = 0; i < R; i++) dtheta0[item * R + i] = (REAL)G[i];
+        free(G);
+    }
+    return failed ? -1 : 0;
+}
