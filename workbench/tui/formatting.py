@@ -66,13 +66,22 @@ def percent(v: float | None) -> str:
 
 def set_text(widget, content) -> bool:
     """Update a Static only when its content changed, and re-lay out the screen only when
-    its line count did. Over SSH every repaint is bytes: a layout pass repaints the whole
-    screen (plots included), a same-size update repaints just the widget."""
+    its height on screen does. Over SSH every repaint is bytes: a layout pass repaints the
+    whole screen (plots included), a same-size update repaints just the widget. The height
+    is the rows the text wraps to at the widget's width, not its count of newlines: a
+    one-line message wrapped to four rows and replaced by a short one left three blank rows,
+    and a short one replaced by a long one was cut to one row."""
     old = getattr(widget, "_wb_content", None)
     if old is not None and old == content:
         return False
-    lines = str(content).count("\n")
-    same_size = old is not None and str(old).count("\n") == lines
     widget._wb_content = content
-    widget.update(content, layout=not same_size)
+    width, height = widget.content_size
+    if old is None or not width:  # never laid out (or hidden): by its lines, as laid out later
+        same_size = old is not None and str(old).count("\n") == str(content).count("\n")
+        widget.update(content, layout=not same_size)
+        return True
+    widget.update(content, layout=False)
+    widget.clear_cached_dimensions()
+    if widget.get_content_height(widget.content_size, widget.content_size, width) != height:
+        widget.refresh(layout=True)
     return True

@@ -121,6 +121,7 @@ class SweepForm(FormLaunch, FormLive, FormMatch, FormPresets, FormProfile, Verti
         self._errors_shown = False  # a save/launch found problems: re-check as fields change
         self._need_data = True  # the last check was a launch's (absent data is a problem)
         self._recheck_timer: Timer | None = None
+        self._left_shown: set[str] = set()  # fields showing the problem found as they were left
         self._preset_init()
         self._param_error: str | None = None  # the parameter field showing the task's build error
         # a token / FLOP budget's steps per run (None: a step or epoch budget, or not known)
@@ -341,7 +342,7 @@ class SweepForm(FormLaunch, FormLive, FormMatch, FormPresets, FormProfile, Verti
         if not (isinstance(event, Input.Changed) and event.input.id in ("name", "description", "eval_every")):
             self._schedule_budget_steps()
             self.schedule_match()
-        if self._errors_shown:
+        if self._errors_shown or self._left_shown:
             # once typing pauses: a full check (the registry's too) takes 50-200 ms
             if self._recheck_timer is not None:
                 self._recheck_timer.stop()
@@ -349,8 +350,18 @@ class SweepForm(FormLaunch, FormLive, FormMatch, FormPresets, FormProfile, Verti
 
     def _recheck_now(self) -> None:
         self._recheck_timer = None
-        if self._errors_shown and self._select("task") == self._params_task:
-            self.build_profile(focus=False)  # (a new task's inputs: after _task_changed)
+        if self._select("task") != self._params_task:
+            return  # (a new task's inputs: after _task_changed)
+        if self._errors_shown:
+            self.build_profile(focus=False)
+        elif self._left_shown:  # a problem shown as its field was left follows the form: it
+            # goes once corrected, there or in another field (its unit), and never names a
+            # value the field no longer holds
+            _, errors, _ = self._problems(need_data=False, registry=False)
+            for fid in list(self._left_shown):
+                self._set_error(fid, errors.get(fid, ""))
+                if not errors.get(fid):
+                    self._left_shown.discard(fid)
 
     # ------------------------------------------------------------------ task parameters
     @on(Select.Changed, "#task")
@@ -444,9 +455,13 @@ class SweepForm(FormLaunch, FormLive, FormMatch, FormPresets, FormProfile, Verti
         registry's, as the loader checks them."""
         data, errors = self.form_data()
         general: list[str] = []
+        unread = set(errors)  # fields whose value could not be read: the schema's word on its
+        # absence ('give exactly one of train.epochs or ...') follows from that, not said again
 
         def add(fid: str | None, msg: str) -> None:
             fid = ALIASES.get(fid, fid)
+            if fid in unread:
+                return
             if fid is None or not self.query(f"#err-{fid}"):
                 if msg not in general:
                     general.append(msg)
@@ -505,6 +520,7 @@ class SweepForm(FormLaunch, FormLive, FormMatch, FormPresets, FormProfile, Verti
             return
         _, errors, _ = self._problems(need_data=False, registry=False)
         self._set_error(fid, errors.get(fid, ""))
+        (self._left_shown.add if errors.get(fid) else self._left_shown.discard)(fid)
 
     def _label(self, fid: str | None, loc: tuple) -> str:
         """The form's name for a field (a task parameter: 'task parameter P')."""
