@@ -96,10 +96,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--profile")
     p.add_argument("--metric", action="append", metavar="NAME[,NAME...]",
                    help="metric(s) to show, comma-separated and/or repeated: one table per metric "
-                        "(default accuracy; JSON without --metric holds every metric)")
+                        "(default: bits_per_byte for a profile of lm runs, else accuracy, lm-eval's acc, "
+                        "perplexity or loss, the first the runs hold; JSON without --metric holds every metric)")
     p.add_argument("--rows", help="run field(s) of the rows, comma-separated: model, task, "
                    "task_setting, seq_len, a grid key such as train.lr, eval_set, ... (default model)")
-    p.add_argument("--cols", help="run field(s) of the columns (as --rows; default seq_len, '' for none)")
+    p.add_argument("--cols", help="run field(s) of the columns (as --rows; default seq_len, eval_set for "
+                   "evaluation runs, '' for none)")
     p.add_argument("--best-over", metavar="KEY[,KEY...]",
                    help="grid keys to select over (e.g. train.lr,train.weight_decay): each cell shows "
                         "the test numbers of the grid point with the best mean selection metric")

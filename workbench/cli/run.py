@@ -270,6 +270,8 @@ def cmd_run(args) -> int:
         console.print(f"  run {rid} not requeued: {why}", markup=False, highlight=False)
     if getattr(ids, "data_note", None):  # finished runs whose corpus changed: trained again
         console.print(ids.data_note, markup=False, highlight=False, soft_wrap=True)
+    from workbench.tui.run_cells import lm_figure, lm_figures
+
     try:
         with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.percentage:>5.1f}%"),
                       TextColumn("{task.fields[status]}"), TimeElapsedColumn(),
@@ -281,12 +283,14 @@ def cmd_run(args) -> int:
             while True:
                 refresh(store)
                 runs = store.runs(ids=ids)
+                lm_figures(store, runs)  # (read again only for runs that moved)
                 for r in runs:
                     status = f"[{STATE_STYLE[r.state]}]{r.state}[/]"
                     if r.last_loss is not None:
-                        status += f" loss {r.last_loss:.3f}"
-                    if r.last_accuracy is not None:
-                        status += f" acc {r.last_accuracy:.3f}"
+                        status += f" train loss {r.last_loss:.3f}"
+                    figure = lm_figure(r) if r.task == "lm" else r.last_accuracy
+                    if figure is not None:  # a language model's: its eval bits per byte
+                        status += f" eval {'bpb' if r.task == 'lm' else 'acc'} {figure:.3f}"
                     where = describe(r)
                     if where:
                         status += f" [dim]{where}[/dim]"
@@ -315,7 +319,7 @@ def cmd_run(args) -> int:
         return 130
     runs = store.runs(ids=ids)
     bad = [r for r in runs if r.state != "finished"]
-    _print_runs(console, runs, store_root=store.root)
+    _print_runs(console, runs, store_root=store.root, store=store)
     if bad:
         console.print(f"[red]{len(bad)} of {len(runs)} run(s) did not finish:[/red]")
         for r in bad:

@@ -63,23 +63,38 @@ def fit_columns(width: int, natural: dict[str, int], varies: set[str], per_colum
     return chosen
 
 
+def headers_shown(runs) -> dict[str, str]:
+    """The headers of the loss and accuracy columns: ``train_loss`` (the last training loss
+    the worker reported) and the TUI's :func:`~workbench.tui.run_cells.accuracy_header`
+    (``eval_acc``, ``eval_bpb`` or ``eval_acc|bpb``) with words joined by '_', so a header
+    stays one word to ``awk`` and ``split()``, as the cells are."""
+    from workbench.tui.run_cells import accuracy_header
+
+    return {"loss": "train_loss", "acc": accuracy_header(runs).replace(" ", "_")}
+
+
 def _acc(v) -> str:
     # three decimals, always: 1.0 printed as '1' beside '0.997' reads like another kind of number
     return "–" if v is None else f"{v:.3f}"
 
 
-def _print_runs(console: Console, runs, progress_of=None, store_root=None) -> None:
+def _print_runs(console: Console, runs, progress_of=None, store_root=None, store=None) -> None:
     """The runs as a table that fits ``console.width`` (:func:`fit_columns`), then one
     progress line per profile (``progress_of``: the runs to count progress over, default
     ``runs``; :mod:`workbench.store.progress`), then notes on stalled runs (their commands
     with ``--store store_root`` where that is not the default store). Up to
     BOXED_MAX runs a boxed rich table, beyond that (or where a box leaves no room for the
-    key columns) plain columns."""
+    key columns) plain columns. As in the TUI's runs table, train and eval figures are
+    labelled apart (:func:`headers_shown`) and a language model's (``store`` given) is its
+    latest eval bits per byte, not its next-token accuracy."""
     from rich.markup import escape
 
     from workbench.store import progress
-    from workbench.tui.run_cells import grid_labels, grid_text, task_text
+    from workbench.tui.run_cells import (grid_labels, grid_text, lm_figure, lm_figures,
+                                         task_text)
 
+    if store is not None:
+        lm_figures(store, runs)
     labels = grid_labels(k for r in runs for k in (r.spec.get("grid") or {}))
     headers = list(RUNS_HEADERS)
     if labels:
@@ -94,11 +109,12 @@ def _print_runs(console: Console, runs, progress_of=None, store_root=None) -> No
         cells = {"id": str(r.id), "profile": r.profile, "model": r.label, "task": task_text(r),
                  "L": _fmt(r.seq_len), "seed": str(r.seed), GRID: grid_text(r, labels),
                  "state": r.state + (" stalled" if note else ""), "progress": f"{100 * r.progress:.0f}%",
-                 "loss": _fmt(r.last_loss), "acc": _acc(r.last_accuracy),
+                 "loss": _fmt(r.last_loss), "acc": _acc(r.last_accuracy if r.task != "lm" else lm_figure(r)),
                  "time": "–" if el is None else f"{el:.0f}s",
                  "device": describe(r) or r.device or "–", "worker": _worker_cell(r)}
         rows.append([cells[h] for h in headers])
-    natural = {h: max([len(h)] + [len(row[i]) for row in rows]) for i, h in enumerate(headers)}
+    shown = headers_shown(runs)
+    natural = {h: max([len(shown.get(h, h))] + [len(row[i]) for row in rows]) for i, h in enumerate(headers)}
     varies = {h for i, h in enumerate(headers) if len({row[i] for row in rows}) > 1}
     boxed = len(rows) <= BOXED_MAX
     # a rich box: '│ ' + cell + ' ' per column and one closing rule; plain: two spaces between
@@ -122,7 +138,7 @@ def _print_runs(console: Console, runs, progress_of=None, store_root=None) -> No
         t = Table(title=None, show_lines=False)
         for c in headers:
             # whole cells (fit_columns left room for them): never folded or cut
-            t.add_column(c, justify="right" if c in RUNS_RIGHT else "left", no_wrap=True,
+            t.add_column(shown.get(c, c), justify="right" if c in RUNS_RIGHT else "left", no_wrap=True,
                          min_width=natural[c])
         for cells, (state, note) in zip(rows, states):
             cells = [escape(c) for c in cells]
@@ -146,7 +162,7 @@ def _print_runs(console: Console, runs, progress_of=None, store_root=None) -> No
 
         at = sum(widths[:at_state]) + 2 * at_state  # where the state column starts
         words = {}  # (state, stalled) -> the painted cell
-        out = [paint(line(headers), "bold")]
+        out = [paint(line([shown.get(h, h) for h in headers]), "bold")]
         for cells, (state, note) in zip(rows, states):
             text = line(cells)
             if (state, note) not in words:
@@ -188,7 +204,7 @@ def cmd_runs(args) -> int:
     if not runs:
         print(f"no runs in {store.root}" + (f" for profile {args.profile!r}" if args.profile else ""))
         return 0
-    _print_runs(_console(), runs, progress_of=everything, store_root=store.root)
+    _print_runs(_console(), runs, progress_of=everything, store_root=store.root, store=store)
     return 0
 
 

@@ -103,8 +103,8 @@ def cmd_export(args) -> int:
               + f" in {store.root}", file=sys.stderr)
         return 1
     rows = [f for f in (args.rows or "model").split(",") if f]
-    cols = [f for f in (args.cols if args.cols is not None else "seq_len").split(",") if f]
-    metrics = list(dict.fromkeys(m.strip() for text in (args.metric or ["accuracy"])
+    cols = [f for f in args.cols.split(",") if f] if args.cols is not None else export.default_cols(recs)
+    metrics = list(dict.fromkeys(m.strip() for text in (args.metric or [export.default_metric(recs)])
                                  for m in text.split(",") if m.strip()))
     best_over = [k.strip() for k in args.best_over.split(",") if k.strip()] if args.best_over else []
     have = {k for r in recs for k in r}

@@ -103,6 +103,34 @@ def _col_header(cols: list[str], key: tuple) -> str:
     return label
 
 
+# the metric `export` shows when none is named, as the TUI's Results tab opens a profile: a
+# profile of language models (task lm) on bits per byte (it compares tokenizers, where loss
+# in nats per token and next-token accuracy do not), others on accuracy (lm-eval's acc)
+LM_DEFAULT_METRICS = ("bits_per_byte", "perplexity", "loss")
+DEFAULT_METRICS = ("accuracy", "acc", "perplexity", "loss")
+
+
+def default_metric(recs: list[dict]) -> str:
+    """The first of :data:`LM_DEFAULT_METRICS` (every record an lm run's) or
+    :data:`DEFAULT_METRICS` that a record holds, else the first per-eval-set metric held
+    (an evaluation of tasks of one's own: bits_per_byte, word_perplexity), else accuracy."""
+    held = {m for r in recs for m in r.get("__metrics__", ()) if r.get(m) is not None}
+    lm = bool(recs) and all(r.get("task") == "lm" for r in recs)
+    for m in LM_DEFAULT_METRICS if lm else DEFAULT_METRICS:
+        if m in held:
+            return m
+    own = sorted(m for m in held if not m.endswith("_stderr") and not (catalogue.get(m) and catalogue.get(m).run_level))
+    return own[0] if own else "accuracy"
+
+
+def default_cols(recs: list[dict]) -> list[str]:
+    """The columns when none are named: the sequence length, or for evaluation runs (no
+    length, results per lm-eval task) the eval set."""
+    if any(r.get("seq_len") is not None for r in recs) or not any(r.get("eval_set") for r in recs):
+        return ["seq_len"]
+    return ["eval_set"]
+
+
 def default_select_metric(metrics: list[str]) -> str:
     """The selection metric when none is named: the first requested per-eval-set metric with
     a direction (accuracy, loss, ...), else accuracy."""

@@ -22,6 +22,7 @@ from rich.text import Text
 
 from workbench.execute import dispatch
 from workbench.results.aggregate import sort_key
+from workbench.spec.eval_spec import TASK as EVAL_TASK
 from workbench.store import STATES, Run, Store, progress, queries
 from workbench.tui.formatting import accuracy, duration, number, percent, state_text
 
@@ -71,8 +72,11 @@ def _bpb(v: float) -> str:
 def accuracy_header(runs: Iterable[Run]) -> str:
     """The accuracy column's header for the rows ``runs``: ``eval acc`` (no language model
     among them), ``eval bpb`` (all are) or ``eval acc|bpb`` (some are): an evaluation's
-    figure, labelled apart from the train loss beside it."""
-    kinds = {r.task == "lm" for r in runs}
+    figure, labelled apart from the train loss beside it. Evaluation runs, whose cell is
+    always empty, do not count (they made a column of bits per byte read acc|bpb)."""
+    runs = list(runs)
+    # an evaluation run's cell stays empty (its results are per lm-eval task): it decides nothing
+    kinds = {r.task == "lm" for r in runs if r.task != EVAL_TASK} or {r.task == "lm" for r in runs}
     return "eval bpb" if kinds == {True} else "eval acc|bpb" if True in kinds else "eval acc"
 
 
