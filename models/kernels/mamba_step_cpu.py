@@ -10,6 +10,10 @@ of its output projection (the matmuls around it stay PyTorch's):
   the SSD's one-token update S' = a S + B (dt x)^T, y = S'^T C + D x, and the gated RMS
   norm per group.
 
+- :func:`add_rmsnorm`: the residual stack's glue between two layers' decode steps,
+  x' = x + y and the next layer's pre-norm rmsnorm(x') w (``RecurrentStack.step``: at
+  small widths the norm's five PyTorch ops cost as much as a whole mixer step).
+
 Each has a plain PyTorch twin (``mamba_step_ref``, ``mamba2_step_ref``) with the same
 arguments and results, the tests' oracle for the C; the mixers' own reference is their
 torch step (``Mamba._torch_step``, ``Mamba2._torch_step``) and their full forward. The
@@ -28,10 +32,11 @@ import torch.nn.functional as F
 
 from models.kernels import cpu_kernels
 
-ABI_VERSION = 1
+ABI_VERSION = 2
 _LIBRARY = cpu_kernels.KernelLibrary(
     "mamba_step", ("mamba_step.c", "kernel_common.h", "mamba_step_impl.h"),
-    ("ms_abi_version", ABI_VERSION), ("ms_mamba", "ms_mamba2"), "Mamba decode-step kernel")
+    ("ms_abi_version", ABI_VERSION), ("ms_mamba", "ms_mamba2", "ms_add_rmsnorm"),
+    "Mamba decode-step kernel")
 
 
 def unsupported(x: torch.Tensor, *tensors: torch.Tensor | None) -> str:
@@ -172,3 +177,32 @@ def mamba2_step_ref(u, conv_state, conv_w, conv_b, dt_bias, A_log, D, norm_w, S,
     g = (y.reshape(Bsz, HP) * F.silu(z)).view(Bsz, G, HP // G)
     g = g * torch.rsqrt(g.pow(2).mean(-1, keepdim=True) + eps)
     return g.reshape(Bsz, HP) * norm_w, window[..., 1:].clone(), S2
+
+
+def add_rmsnorm(x, y, w, eps: float):
+    """x (B, d), y (B, d) or None, w (d,) -> (x' = x + y (x itself when y is None),
+    rmsnorm(x') w (B, d)), new tensors (x' is new unless y is None)."""
+    Bsz, d = x.shape
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    h = x.new_empty(Bsz, d)
+    if y is None:
+        xo, ldy = x, 0
+    else:
+        if y.stride(-1) != 1:
+            y = y.contiguous()
+        xo, ldy = x.new_empty(Bsz, d), y.stride(0)
+    scal = (ctypes.c_double * 1)(eps)
+    ptrs = (ctypes.c_void_p * 6)(x.data_ptr(), _ptr(y), w.data_ptr(), xo.data_ptr(),
+                                 h.data_ptr(), ctypes.addressof(scal))
+    sizes = (ctypes.c_long * 4)(Bsz, d, x.stride(0), ldy)
+    lib = _LIBRARY.library()
+    (lib.ms_add_rmsnorm_f32 if x.dtype == torch.float32 else lib.ms_add_rmsnorm_f64)(ptrs, sizes)
+    return xo, h
+
+
+def add_rmsnorm_ref(x, y, w, eps: float):
+    """:func:`add_rmsnorm` in plain PyTorch (``models.common.rms_norm``'s arithmetic)."""
+    if y is not None:
+        x = x + y
+    return x, x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w

@@ -29,7 +29,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from models.common import ResidualStack, stack_with_state
+from models.common import ResidualStack, RMSNorm, stack_with_state
 from models.kernels import cpu_kernels, mamba_step_cpu, triton_kernels
 from models.kernels import selective_scan as ss
 from models.ssm.s6 import SelectiveSSM, resolve_dt_rank
@@ -186,8 +186,50 @@ class RecurrentStack(ResidualStack):
         return [layer.mixer.init_state(batch) for layer in self.layers]
 
     def step(self, x_t: torch.Tensor, state: list) -> tuple[torch.Tensor, list]:
-        """x_t: (batch, d_model) -> (y_t (batch, d_model), next state)."""
+        """x_t: (batch, d_model) -> (y_t (batch, d_model), next state). Without autograd
+        (decode) :meth:`_fused_step` where it applies, else the layers one after another
+        (``models.common.stack_with_state``)."""
+        if not torch.is_grad_enabled():
+            fused = self._fused_step(x_t, state)
+            if fused is not None:
+                return fused
         return stack_with_state(self, x_t, state, "step")
+
+    def _fused_step(self, x_t: torch.Tensor, state: list) -> tuple[torch.Tensor, list] | None:
+        """The decode step with each residual add and the following RMS norm (the next
+        layer's pre-norm, or the final norm) in one C call
+        (``models.kernels.mamba_step_cpu.add_rmsnorm``): at d_model 16 the norm module's
+        PyTorch ops cost as much as a whole Mamba layer's C step. For stacks of plain
+        RMSNorms without channel mixers or active dropout, on a CPU in float32 / float64;
+        None elsewhere (the caller then runs ``stack_with_state``)."""
+        norms = self._plain_rms_norms()
+        if norms is None or mamba_step_cpu.unsupported(x_t, *(n.weight for n in norms)):
+            return None
+        x, h = mamba_step_cpu.add_rmsnorm(x_t, None, norms[0].weight, norms[0].eps)
+        new_state = []
+        for layer, s, nxt in zip(self.layers, state, norms[1:]):
+            y, s = layer.mixer.step(h, s)
+            new_state.append(s)
+            if y.dtype == x.dtype and y.shape == x.shape and y.device == x.device:
+                x, h = mamba_step_cpu.add_rmsnorm(x, y, nxt.weight, nxt.eps)
+            else:                                   # a mixer answering in another dtype
+                x = x + y
+                h = nxt(x)
+        return h, new_state
+
+    def _plain_rms_norms(self) -> list | None:
+        """[each layer's norm, the final norm] when all are plain RMSNorms and the stack has
+        no channel mixers and no dropout that acts; else None."""
+        if self.mlps is not None or type(self.norm_f) is not RMSNorm:
+            return None
+        norms = []
+        for layer in self.layers:
+            drop = layer.dropout
+            if type(layer.norm) is not RMSNorm or (drop.training and not isinstance(drop, nn.Identity)):
+                return None
+            norms.append(layer.norm)
+        norms.append(self.norm_f)
+        return norms
 
     def forward_with_state(self, x: torch.Tensor, state: list) -> tuple[torch.Tensor, list]:
         """x: (batch, length, d_model) from ``state`` -> (y, next state)."""

@@ -283,3 +283,88 @@ def test_mamba_torch_step_is_the_ssm_step():
         got = m.step(x, st)
     close(got[0], want, torch.float64)
     close(got[1][1], h, torch.float64)
+
+
+# -- the stack: residual add + RMS norm between layers in one call (RecurrentStack.step) --
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("strided", [False, True])
+def test_add_rmsnorm_equals_its_torch_twin(dtype, strided):
+    g = _gen(5)
+    x, w = torch.randn(3, 10, generator=g, dtype=dtype), torch.randn(10, generator=g, dtype=dtype)
+    y = torch.randn(3, 20, generator=g, dtype=dtype)
+    y = y[:, ::2] if strided else y[:, :10]
+    for yy in (None, y):
+        got, want = ms.add_rmsnorm(x, yy, w, 1e-5), ms.add_rmsnorm_ref(x, yy, w, 1e-5)
+        for a, b in zip(got, want, strict=True):
+            close(a, b, dtype)
+
+
+def _stack(name, dtype, **stack):
+    from models.ssm.mamba import RecurrentStack
+    torch.manual_seed(0)
+    if name == "gated_deltanet":
+        from models.linear_rnn.delta_mixers import GatedDeltaNet
+        def make(i):
+            return GatedDeltaNet(D, n_heads=2)
+    else:
+        make = (lambda i: _layer("mamba_neg" if i else "mamba")) if name == "mamba" else \
+            (lambda i: _layer("mamba2_groups2" if i else "mamba2"))
+    bb = RecurrentStack(D, 3, make, **stack).to(dtype)
+    with torch.no_grad():
+        for n in [layer.norm for layer in bb.layers] + [bb.norm_f]:
+            if hasattr(n, "weight"):
+                n.weight.add_(0.3 * torch.randn_like(n.weight))
+    return bb.eval()
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("name", ["mamba", "mamba2", "gated_deltanet"])
+def test_stack_step_equals_layer_by_layer_and_forward(name, dtype, monkeypatch):
+    """The stack's decode step with the fused add + norm (stack_with_state unreachable)
+    equals the layer-by-layer step and the full forward, token after token, states too."""
+    import models.ssm.mamba as mamba_mod
+    bb = _stack(name, dtype)
+    B, P, T = 2, 4, 9
+    x = torch.randn(B, T, D, dtype=dtype)
+    with torch.no_grad():
+        full = bb(x)
+        _, st_f = bb.forward_with_state(x[:, :P], bb.init_state(B))
+    st_l = st_f
+    for t in range(P, T):
+        with monkeypatch.context() as mp, torch.no_grad():
+            def no_stack(*a, **k):
+                raise AssertionError("stack_with_state ran")
+            mp.setattr(mamba_mod, "stack_with_state", no_stack)
+            y_f, st_f = bb.step(x[:, t], st_f)
+        with torch.no_grad():
+            y_l, st_l = mamba_mod.stack_with_state(bb, x[:, t], st_l, "step")
+        close(y_f, y_l, dtype)
+        close(y_f, full[:, t], torch.float32)
+        for a, b in zip(st_f, st_l, strict=True):
+            for u, v in zip(a, b, strict=True):
+                close(u, v, dtype)
+
+
+@pytest.mark.parametrize("stack", [{"channel_mixer": "swiglu"}, {"norm": "layer"},
+                                   {"dropout": 0.1}])
+def test_stack_step_is_layer_by_layer_where_the_fusion_does_not_apply(stack, monkeypatch):
+    """Channel mixers, LayerNorms, active dropout (train mode), autograd: the stack steps
+    layer by layer (stack_with_state)."""
+    import models.ssm.mamba as mamba_mod
+    bb = _stack("mamba", torch.float64, **stack)
+    if "dropout" in stack:
+        bb.train()
+    x = torch.randn(2, D, dtype=torch.float64)
+    st = bb.init_state(2)
+    with torch.no_grad():
+        assert bb._fused_step(x, st) is None
+    plain = _stack("mamba", torch.float64)
+    with torch.no_grad():
+        assert plain._fused_step(x, st) is not None
+    calls = []
+    real = mamba_mod.stack_with_state
+    monkeypatch.setattr(mamba_mod, "stack_with_state",
+                        lambda *a, **k: calls.append(1) or real(*a, **k))
+    plain.step(x, st)                                   # autograd recording
+    assert calls == [1]

@@ -36,7 +36,7 @@
 
 #include "kernel_common.h"   /* libmvec declarations, exp_core_f32 */
 
-#define MS_ABI 1
+#define MS_ABI 2
 
 int ms_abi_version(void) { return MS_ABI; }
 
@@ -54,6 +54,9 @@ int ms_abi_version(void) { return MS_ABI; }
  * successor (new), 3 conv weight (Cd, W), 4 conv bias (Cd) or NULL, 5 dt_bias (H),
  * 6 A_log (H), 7 D (H), 8 norm weight (H P), 9 S (B, H, N, P), 10 S' (new), 11 out
  * (B, H P), 12 double scal[1] = {norm eps}.
+ *
+ * ms_add_rmsnorm (ABI 2): the residual add and RMS norm between two layers' steps (its
+ * comment in mamba_step_impl.h), for models.ssm.mamba.RecurrentStack's decode step.
  *
  * Return: 0, or -1 when a work buffer could not be allocated. */
 

@@ -173,3 +173,31 @@ int SFX(ms_mamba2)(void **p, long *s) {
     free(xbc);
     return 0;
 }
+
+/* The residual stack's glue between two layers' steps: x' = x + y (y NULL: x' = x, not
+ * written), h = x' rsqrt(mean(x'^2) + eps) w per row (the next layer's pre-norm, or the
+ * final norm). Sizes: 0 B, 1 d, 2 ldx, 3 ldy. Ptrs: 0 x (B, ldx), 1 y (B, ldy) or NULL,
+ * 2 w (d), 3 x' (B, d) (unused when y is NULL), 4 h (B, d), 5 double scal[1] = {eps}. */
+int SFX(ms_add_rmsnorm)(void **p, long *s) {
+    const long B = s[0], d = s[1], ldx = s[2], ldy = s[3];
+    const REAL *x = (const REAL *)p[0], *y = (const REAL *)p[1], *w = (const REAL *)p[2];
+    REAL *xo = (REAL *)p[3], *h = (REAL *)p[4];
+    const double eps = ((const double *)p[5])[0];
+    for (long b = 0; b < B; b++) {
+        const REAL *xr = x + b * ldx;
+        if (y) {
+            const REAL *yr = y + b * ldy;
+            REAL *o = xo + b * d;
+            #pragma omp simd
+            for (long c = 0; c < d; c++) o[c] = xr[c] + yr[c];
+            xr = o;
+        }
+        double ss = 0;
+        for (long c = 0; c < d; c++) ss += (double)xr[c] * (double)xr[c];
+        const REAL r = (REAL)(1.0 / sqrt(ss / (double)d + eps));
+        REAL *hr = h + b * d;
+        #pragma omp simd
+        for (long c = 0; c < d; c++) hr[c] = (xr[c] * r) * w[c];
+    }
+    return 0;
+}
