@@ -349,21 +349,23 @@ def eval_table(run: Run, results: dict[str, dict[str, float | None]]):
     if not sets:
         waiting = {"pending": "waiting for the run to start...", "running": "no task finished yet..."}
         return Text(waiting.get(run.state, f"run {run.state} before any task finished"), style="dim")
-    t = Table(title="lm-eval results (± lm-eval's standard error)", title_justify="left", expand=False,
+    # one line per task (its documents), its metrics indented under it, short headers and
+    # title (a title wraps at the table's width) and names folded rather than cut: at 80x24
+    # the plots' place is 44 columns, and four columns side by side were cut to 'tiny_…',
+    # 'word_perplexi…', 'value ± std…' and 'sampl…' (issue 42 items 4, 7)
+    t = Table(title="lm-eval results", title_justify="left", expand=False,
               box=None, pad_edge=False, header_style="bold")
-    t.add_column("task", no_wrap=True)
-    t.add_column("metric", no_wrap=True)
-    t.add_column("value ± stderr", justify="right", no_wrap=True)
-    t.add_column("samples", justify="right", no_wrap=True)
+    t.add_column("task / metric", overflow="fold")
+    t.add_column("value ± s.e.", justify="right", no_wrap=True)
+    t.add_column("docs", justify="right", no_wrap=True)
     for eval_set in sets:
         values = results[eval_set]
         names = [k for k, v in values.items() if v is not None and k != "samples"
                  and not (k.endswith("_stderr") and k.removesuffix("_stderr") in values)]
         samples = values.get("samples")
-        for i, name in enumerate(names):
-            t.add_row(Text(eval_set if i == 0 else ""), Text(name),
-                      _figure(name, values[name], values.get(f"{name}_stderr")),
-                      _figure("samples", samples) if i == 0 and samples is not None else "")
+        t.add_row(Text(eval_set, style="bold"), "", _figure("samples", samples) if samples is not None else "")
+        for name in names:
+            t.add_row(Text("  " + name), _figure(name, values[name], values.get(f"{name}_stderr")), "")
     return t
 
 
