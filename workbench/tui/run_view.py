@@ -154,7 +154,9 @@ class RunScreen(PollsStore, Screen):
         if snap.nvml_note is not None:
             self._nvml_checked = True
             self.query_one(SystemPanel).nvml_note = snap.nvml_note
-        self.run = snap.run
+        had, self.run = self.run, snap.run
+        if (had is None) != (snap.run is None) or (had and snap.run and had.task != snap.run.task):
+            self.refresh_bindings()  # g offered for lm runs only (check_action)
         if snap.run is None:
             self.query_one("#run-title", Static).update(Text(f"run {self.run_id}: not in the store", "red"))
             return
@@ -298,6 +300,13 @@ class RunScreen(PollsStore, Screen):
         set_text(self.query_one("#run-config", Static), config_text(run))
 
     # ------------------------------------------------------------------ actions
+    def check_action(self, action: str, parameters: tuple) -> bool | None:
+        """g (Sample text) is in the footer of an lm run's view only: an evaluation run or a
+        synthetic task's offers no text (pressed all the same, it says why)."""
+        if action == "sample":
+            return self.run is not None and self.run.task == "lm" and self.run.spec.get("kind") != "eval"
+        return True
+
     def action_kill(self) -> None:
         self.post_message(KillRequested(self.run_id))
 
