@@ -63,6 +63,9 @@ def fit_columns(width: int, natural: dict[str, int], varies: set[str], per_colum
     return chosen
 
 
+LM_RESULTS = ("loss", "perplexity", "bits_per_byte")  # `show` lists an lm run's results from these
+
+
 def headers_shown(runs) -> dict[str, str]:
     """The headers of the loss and accuracy columns: ``train_loss`` (the last training loss
     the worker reported) and the TUI's :func:`~workbench.tui.run_cells.accuracy_header`
@@ -255,8 +258,11 @@ def cmd_show(args) -> int:
         c.print(line, markup=False, highlight=False, soft_wrap=True)
     c.print_json(json.dumps({"spec": r.spec, "info": r.info}, default=str))
     res = store.results([r.id]).get(r.id, {})
+    # a language model's eval loss, perplexity and bits per byte first, as the run view lists them
+    first = LM_RESULTS if r.task == "lm" else ()
     for es, vals in sorted(res.items()):
-        c.print(f"results{f' [{es}]' if es else ''}: " + ", ".join(f"{k}={_fmt(v)}" for k, v in sorted(vals.items())),
+        keys = sorted(vals, key=lambda k: (first.index(k) if k in first else len(first), k))
+        c.print(f"results{f' [{es}]' if es else ''}: " + ", ".join(f"{k}={_fmt(vals[k])}" for k in keys),
                 highlight=False, markup=False)
     if r.error:
         c.print("[red]error:[/red]")

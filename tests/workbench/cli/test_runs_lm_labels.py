@@ -92,3 +92,17 @@ def test_export_opens_lm_runs_on_bits_per_byte_and_evaluations_on_their_metric(t
     assert cli.main(["--store", str(store.root), "export", "--profile", "eval"]) == 0
     out = capsys.readouterr().out
     assert "| model \\ eval_set | eval_set=tiny_py |" in out and "| run:1 | 4.550 (n=1) |" in out, out
+
+
+def test_show_lists_an_lm_runs_loss_perplexity_and_bits_per_byte_first(tmp_path, capsys):
+    """`show`'s results line led with accuracy (alphabetical) for a language model too."""
+    from workbench import cli
+
+    store = Store(tmp_path / "store")
+    corpus = tiny_lm_corpus(tmp_path / "corpus", "the quick brown fox jumps over the lazy dog. ")
+    (lm,) = _add(store, tiny_lm_profile_text(corpus, "lm-labels", models=("transformer",)), 0.038, 3.86)
+    store.set_results(lm, {"accuracy": 0.038, "bits_per_byte": 3.86, "loss": 5.2, "perplexity": 181.3,
+                           "best_accuracy": 0.04, "params": 1000})
+    assert cli.main(["--store", str(store.root), "show", str(lm)]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "results: loss=5.2, perplexity=181.3, bits_per_byte=3.86, accuracy=0.038" in out, out
