@@ -48,8 +48,10 @@ def unsupported(x: torch.Tensor, *tensors: torch.Tensor | None) -> str:
         return "autograd is recording (the C step has no backward)"
     if x.dim() != 2:
         return f"input of shape {tuple(x.shape)}: the step takes (batch, width)"
-    if any(t is not None and (t.dtype != x.dtype or t.device != x.device) for t in tensors):
-        return "the state, input and parameters are not of one dtype and device"
+    dtype, cpu = x.dtype, x.is_cpu
+    for t in tensors:                  # a plain loop: at decode widths this check is timed
+        if t is not None and (t.dtype is not dtype or t.is_cpu is not cpu):
+            return "the state, input and parameters are not of one dtype and device"
     return _LIBRARY.unsupported(x)
 
 
@@ -69,14 +71,6 @@ def neg_exp(module: torch.nn.Module, A_log: torch.Tensor) -> torch.Tensor:
     return A
 
 
-def _ptr(t: torch.Tensor | None):
-    return None if t is None else t.data_ptr()
-
-
-def _c(t: torch.Tensor | None) -> torch.Tensor | None:
-    return None if t is None else t.contiguous()
-
-
 def mamba_step(xz, conv_state, conv_w, conv_b, x_proj_w, dt_w, dt_b, A, D, h, *,
                allow_neg_eigval: bool):
     """Mamba's decode step (``models.ssm.mamba.Mamba``). xz (B, 2 d_inner): in_proj's
@@ -92,10 +86,11 @@ def mamba_step(xz, conv_state, conv_w, conv_b, x_proj_w, dt_w, dt_b, A, D, h, *,
         xz = xz.contiguous()
     h, cache = h.contiguous(), conv_state.contiguous()
     h2, cache2, y = torch.empty_like(h), torch.empty_like(cache), xz.new_empty(Bsz, Din)
-    keep = (_c(conv_w), _c(conv_b), _c(x_proj_w), _c(dt_w), _c(dt_b), _c(A), _c(D))
+    keep = [None if t is None else t.contiguous()               # alive for the call
+            for t in (conv_w, conv_b, x_proj_w, dt_w, dt_b, A, D)]
     ptrs = (ctypes.c_void_p * 13)(xz.data_ptr(), cache.data_ptr(), cache2.data_ptr(),
-                                  *[_ptr(t) for t in keep], h.data_ptr(), h2.data_ptr(),
-                                  y.data_ptr())
+                                  *[None if t is None else t.data_ptr() for t in keep],
+                                  h.data_ptr(), h2.data_ptr(), y.data_ptr())
     sizes = (ctypes.c_long * 9)(Bsz, Din, N, R, W, xz.stride(0), Din, int(allow_neg_eigval),
                                 torch.get_num_threads())
     lib = _LIBRARY.library()
@@ -141,11 +136,13 @@ def mamba2_step(u, conv_state, conv_w, conv_b, dt_bias, A_log, D, norm_w, S, *, 
         u = u.contiguous()
     S, cache = S.contiguous(), conv_state.contiguous()
     S2, cache2, out = torch.empty_like(S), torch.empty_like(cache), u.new_empty(Bsz, HP)
-    keep = (_c(conv_w), _c(conv_b), _c(dt_bias), _c(A_log), _c(D), _c(norm_w))
+    keep = [None if t is None else t.contiguous()               # alive for the call
+            for t in (conv_w, conv_b, dt_bias, A_log, D, norm_w)]
     scal = (ctypes.c_double * 1)(eps)
     ptrs = (ctypes.c_void_p * 13)(u.data_ptr(), cache.data_ptr(), cache2.data_ptr(),
-                                  *[_ptr(t) for t in keep], S.data_ptr(), S2.data_ptr(),
-                                  out.data_ptr(), ctypes.addressof(scal))
+                                  *[None if t is None else t.data_ptr() for t in keep],
+                                  S.data_ptr(), S2.data_ptr(), out.data_ptr(),
+                                  ctypes.addressof(scal))
     sizes = (ctypes.c_long * 10)(Bsz, H, P, N, ngroups, W, u.stride(0), HP,
                                  HP + cache.shape[1], torch.get_num_threads())
     lib = _LIBRARY.library()
@@ -182,20 +179,19 @@ def mamba2_step_ref(u, conv_state, conv_w, conv_b, dt_bias, A_log, D, norm_w, S,
 def add_rmsnorm(x, y, w, eps: float):
     """x (B, d), y (B, d) or None, w (d,) -> (x' = x + y (x itself when y is None),
     rmsnorm(x') w (B, d)), new tensors (x' is new unless y is None)."""
+    x = x.contiguous()                 # no copy when it is (as the residual stream is)
     Bsz, d = x.shape
-    if x.stride(-1) != 1:
-        x = x.contiguous()
-    h = x.new_empty(Bsz, d)
+    h = torch.empty_like(x)
     if y is None:
-        xo, ldy = x, 0
+        xo = x
     else:
-        if y.stride(-1) != 1:
-            y = y.contiguous()
-        xo, ldy = x.new_empty(Bsz, d), y.stride(0)
+        y = y.contiguous()
+        xo = torch.empty_like(x)
     scal = (ctypes.c_double * 1)(eps)
-    ptrs = (ctypes.c_void_p * 6)(x.data_ptr(), _ptr(y), w.data_ptr(), xo.data_ptr(),
-                                 h.data_ptr(), ctypes.addressof(scal))
-    sizes = (ctypes.c_long * 4)(Bsz, d, x.stride(0), ldy)
+    ptrs = (ctypes.c_void_p * 6)(x.data_ptr(), None if y is None else y.data_ptr(),
+                                 w.data_ptr(), xo.data_ptr(), h.data_ptr(),
+                                 ctypes.addressof(scal))
+    sizes = (ctypes.c_long * 4)(Bsz, d, d, d)
     lib = _LIBRARY.library()
     (lib.ms_add_rmsnorm_f32 if x.dtype == torch.float32 else lib.ms_add_rmsnorm_f64)(ptrs, sizes)
     return xo, h

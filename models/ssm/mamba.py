@@ -202,34 +202,45 @@ class RecurrentStack(ResidualStack):
         PyTorch ops cost as much as a whole Mamba layer's C step. For stacks of plain
         RMSNorms without channel mixers or active dropout, on a CPU in float32 / float64;
         None elsewhere (the caller then runs ``stack_with_state``)."""
-        norms = self._plain_rms_norms()
-        if norms is None or mamba_step_cpu.unsupported(x_t, *(n.weight for n in norms)):
+        plan = self._plain_rms_norms()
+        if plan is None:
             return None
-        x, h = mamba_step_cpu.add_rmsnorm(x_t, None, norms[0].weight, norms[0].eps)
+        mixers, norms = plan
+        weights = [n._parameters["weight"] for n in norms]
+        if mamba_step_cpu.unsupported(x_t, *weights):
+            return None
+        x, h = mamba_step_cpu.add_rmsnorm(x_t, None, weights[0], norms[0].eps)
         new_state = []
-        for layer, s, nxt in zip(self.layers, state, norms[1:]):
-            y, s = layer.mixer.step(h, s)
+        for i, (mixer, s) in enumerate(zip(mixers, state)):
+            y, s = mixer.step(h, s)
             new_state.append(s)
-            if y.dtype == x.dtype and y.shape == x.shape and y.device == x.device:
-                x, h = mamba_step_cpu.add_rmsnorm(x, y, nxt.weight, nxt.eps)
+            nxt = norms[i + 1]
+            if y.dtype == x.dtype and y.shape == x.shape and y.is_cpu:
+                x, h = mamba_step_cpu.add_rmsnorm(x, y, weights[i + 1], nxt.eps)
             else:                                   # a mixer answering in another dtype
                 x = x + y
                 h = nxt(x)
         return h, new_state
 
-    def _plain_rms_norms(self) -> list | None:
-        """[each layer's norm, the final norm] when all are plain RMSNorms and the stack has
-        no channel mixers and no dropout that acts; else None."""
-        if self.mlps is not None or type(self.norm_f) is not RMSNorm:
+    def _plain_rms_norms(self) -> tuple[list, list] | None:
+        """([each layer's mixer], [each layer's norm, the final norm]) when the norms are all
+        plain RMSNorms and the stack has no channel mixers and no dropout that acts; else
+        None. Modules read from the dicts, not through nn.Module.__getattr__ (at d_model 16
+        the lookups were a fair part of the step)."""
+        mods = self._modules
+        norm_f = mods["norm_f"]
+        if self.mlps is not None or type(norm_f) is not RMSNorm:
             return None
-        norms = []
-        for layer in self.layers:
-            drop = layer.dropout
-            if type(layer.norm) is not RMSNorm or (drop.training and not isinstance(drop, nn.Identity)):
+        mixers, norms = [], []
+        for layer in mods["layers"]._modules.values():
+            lm = layer._modules
+            norm, drop = lm["norm"], lm["dropout"]
+            if type(norm) is not RMSNorm or (drop.training and type(drop) is not nn.Identity):
                 return None
-            norms.append(layer.norm)
-        norms.append(self.norm_f)
-        return norms
+            mixers.append(lm["mixer"])
+            norms.append(norm)
+        norms.append(norm_f)
+        return mixers, norms
 
     def forward_with_state(self, x: torch.Tensor, state: list) -> tuple[torch.Tensor, list]:
         """x: (batch, length, d_model) from ``state`` -> (y, next state)."""
