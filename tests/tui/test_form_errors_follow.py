@@ -18,6 +18,8 @@ from workbench.spec import profile as profiles
 async def test_a_budget_problem_goes_with_a_new_unit_or_a_corrected_value(store, tmp_path):  # noqa: F811
     app = make_app(store, tmp_path)
     async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("f2")  # (the form, mounted)
+        await settle(pilot)
         form = await fill_form(pilot, profiles.loads(LM_PROFILE.format(source=corpus(tmp_path))))
         kind = app.query_one("#budget_kind", Select)
         kind.value = "steps"

@@ -9,6 +9,7 @@ change events here (Textual sees @on handlers on widget classes only).
 """
 from __future__ import annotations
 
+import itertools
 import json
 from typing import Any
 
@@ -22,7 +23,9 @@ from workbench.spec import profile as profiles
 from workbench.spec.expand import MatchRefused
 from workbench.spec.profile import Profile, ProfileError
 from workbench.tui.form_checks import budget_steps_text, plain_message
-from workbench.tui.form_fields import EXAMPLES, STEP_KINDS, default_eval_every, field_for, split_list
+from workbench.spec.schema import grid_values
+from workbench.tui.form_fields import (EXAMPLES, STEP_KINDS, default_eval_every, field_for, format_grid_values,
+                                       split_list)
 from workbench.tui.formatting import set_text
 
 COUNT_PAUSE_S = 0.25  # the steps are counted this long after typing stops
@@ -40,6 +43,38 @@ class FormLive:
         if fid is not None:
             self._set_error(fid, msg)
         self._param_error = fid
+        grid = "" if fid is not None else self._grid_problem()
+        if grid or getattr(self, "_grid_shown", False):
+            self._set_error("grid_axes", grid)
+        self._grid_shown = bool(grid)
+
+    def _grid_problem(self) -> str:
+        """The first grid point whose task values the task cannot build, in the task's words
+        ('' when all build, or when the parameters or axes do not parse yet): for "other grid
+        axes", where the values are (lm's vocab_size beside a "bytes" value, a BPE of 256
+        ids). The grid's points are built as the profile loader builds them (cheap: data is
+        generated lazily); the refusal used to show only under "train for", as the budget's
+        count failed (issue 42 item 6)."""
+        name = str(self._select("task"))
+        if name != self._params_task or "seq_len" not in tasks.parameters(name):
+            return ""
+        try:
+            params, errors = self._task_params(name)
+        except NoMatches:  # the parameter inputs are being rebuilt
+            return ""
+        grid, grid_errors = self._grid_data()
+        keys = [k for k in grid if k.startswith("task.")]
+        if errors or grid_errors or not keys:
+            return ""
+        lens = [int(t) for t in split_list(self._text("seq_lens")) if t.isdigit()]
+        L = next(iter(lens), tasks.parameters(name)["seq_len"])
+        for combo in itertools.product(*(grid[k] for k in keys)):
+            point = dict(zip(keys, combo))
+            err = self._build_error(name, {**params, **{k[5:]: v for k, v in grid_values(point).items()}}, L)
+            if err:
+                where = ", ".join(f"{k} = {format_grid_values([v])}" for k, v in point.items())
+                return f"grid point {where}: {err}"
+        return ""
 
     def _param_problem(self) -> tuple[str | None, str]:
         """(the parameter field at fault, the task's message), or (None, '') when the task
@@ -149,6 +184,7 @@ class FormLive:
 
     def _count_budget(self, data: dict[str, Any], seq: int) -> None:
         """(thread) The steps each run's budget becomes: the profile's own expansion."""
+        refused = False  # the profile does not expand (said where it belongs, when a field has it)
         try:
             text, ok, steps = budget_steps_text(profiles.expand(Profile.model_validate(data)))
         except ValidationError as e:
@@ -163,16 +199,20 @@ class FormLive:
             text, ok, steps = "no step count while a model cannot be matched (see match size)", False, None
         except (ProfileError, ValueError) as e:
             text, ok, steps = str(e).splitlines()[0], False, None
+            refused = True
         except Exception as e:  # a hint never takes the form down, and never stays "counting"
             text, ok, steps = f"no step count: {type(e).__name__}: {e}", False, None
         try:
-            self.app.call_from_thread(self._show_budget_steps, seq, text, ok, steps)
+            self.app.call_from_thread(self._show_budget_steps, seq, text, ok, steps, refused)
         except RuntimeError:  # the app closed meanwhile
             pass
 
-    def _show_budget_steps(self, seq: int, text: str, ok: bool, steps: list[int] | None) -> None:
+    def _show_budget_steps(self, seq: int, text: str, ok: bool, steps: list[int] | None,
+                           refused: bool = False) -> None:
         if seq != self._budget_seq:  # an older count than the form shows now
             return
+        if refused and getattr(self, "_grid_shown", False):  # the grid point's refusal: said there
+            text = "no step count while a grid point is refused (see other grid axes)"
         hint = self.query_one("#budget-steps", Static)
         hint.set_class(not ok, "bad")
         set_text(hint, Text(text))

@@ -521,6 +521,8 @@ class SweepForm(FormLaunch, FormLive, FormMatch, FormPresets, FormProfile, Verti
         _, errors, _ = self._problems(need_data=False, registry=False)
         self._set_error(fid, errors.get(fid, ""))
         (self._left_shown.add if errors.get(fid) else self._left_shown.discard)(fid)
+        if fid == "grid_axes" and not errors.get(fid):
+            self._show_param_problem()  # (FormLive: a grid point the task cannot build)
 
     def _label(self, fid: str | None, loc: tuple) -> str:
         """The form's name for a field (a task parameter: 'task parameter P')."""
