@@ -97,7 +97,9 @@ async def poll_view(pilot, screen: RunScreen) -> None:
 
 
 async def fill_form(pilot, p) -> SweepForm:
-    """The sweep form filled from profile ``p`` and settled; returns it."""
+    """The sweep form filled from profile ``p`` and settled; returns it (mounted first if its
+    tab was never shown, and left hidden then)."""
+    await pilot.app.mount_tab("sweep")
     form = pilot.app.query_one(SweepForm)
     await form.fill(p)
     await settle(pilot)
@@ -198,6 +200,7 @@ async def test_load_then_build_keeps_what_the_form_cannot_show(store, tmp_path):
     p = profiles.load(src)
     app = make_app(store, tmp_path)
     async with app.run_test(size=SIZE) as pilot:
+        await app.mount_tab("sweep")  # (the form is mounted when first shown; here it stays hidden)
         form = app.query_one(SweepForm)
         await form.fill(p)
         assert app.query_one("#model_options", Input).value == 'lstm.norm="layer"'

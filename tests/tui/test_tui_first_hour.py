@@ -26,7 +26,7 @@ from workbench.tui.help_screen import TITLES, HelpScreen, own_bindings
 from workbench.tui.model_picker import ModelPicker
 from workbench.tui.plots import CurvePlot, MetricPlot, flat_range
 from workbench.tui.run_view import RunScreen
-from workbench.tui.sweep_form import RECHECK_S, SweepForm, default_eval_every
+from workbench.tui.sweep_form import RECHECK_S, default_eval_every
 from workbench.tui.system_panel import age_note
 
 PYDANTIC_WORDS = ("Input should", "Field required", "List should", "after validation", "String should")
@@ -494,9 +494,7 @@ async def test_the_save_dialog_remembers_the_last_path(store, tmp_path):
         await pilot.press("escape")
     again = make_app(store, tmp_path)  # and after a restart (kept in the store folder)
     async with again.run_test(size=(120, 40)) as pilot:
-        form = again.query_one(SweepForm)
-        await form.fill(tiny_profile("third"))
-        await settle(pilot)
+        await fill_form(pilot, tiny_profile("third"))
         await pilot.press("f2", "ctrl+s")
         await pilot.pause()
         assert again.screen.query_one("#path", Input).value == str(elsewhere / "third.toml")

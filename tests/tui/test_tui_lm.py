@@ -123,6 +123,7 @@ async def test_a_loaded_flops_or_tokens_per_param_budget_is_shown_and_kept(store
     src = corpus(tmp_path)
     app = make_app(store, tmp_path)
     async with app.run_test(size=SIZE) as pilot:
+        await app.mount_tab("sweep")  # (mounted when first shown; here it stays hidden)
         form = app.query_one(SweepForm)
         for key, value, shown in (("flops", "3e12", "3e+12"), ("tokens_per_param", "20", "20")):
             p = profiles.loads(LM_PROFILE.format(source=src).replace("tokens = 20000", f"{key} = {value}"))

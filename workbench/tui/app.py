@@ -122,13 +122,29 @@ class WorkbenchApp(PollsStore, App):
             with TabPane("Runs (F1)", id="runs"):
                 yield RunsTable(id="runs-table")
                 yield Static("", id="runs-summary")
-            with TabPane("New sweep (F2)", id="sweep"):
-                yield SweepForm(self.profiles_dir, state_dir=self.store.root, id="sweep-form")
+            # the two forms (most of the app's widgets) are mounted when their tab is first
+            # shown (mount_tab): a session that only watches runs never builds them
+            yield TabPane("New sweep (F2)", id="sweep")
             with TabPane("Results (F3)", id="results"):
                 yield ResultsView(self.store, self.store_lock, self.figures_dir, id="results-view")
-            with TabPane("New eval (F4)", id="eval"):
-                yield EvalForm(self.profiles_dir, id="eval-form")
+            yield TabPane("New eval (F4)", id="eval")
         yield KeysFooter()
+
+    async def mount_tab(self, tab: str) -> None:
+        """Mount the sweep or evaluation form into its tab, if not yet there (and wait
+        until its widgets are composed); other tabs are mounted at start."""
+        forms = {"sweep": lambda: SweepForm(self.profiles_dir, state_dir=self.store.root, id="sweep-form"),
+                 "eval": lambda: EvalForm(self.profiles_dir, id="eval-form")}
+        if tab not in forms:
+            return
+        pane = self.query_one(f"#{tab}", TabPane)
+        if not pane.children:
+            await pane.mount(forms[tab]())
+
+    @on(TabbedContent.TabActivated)
+    async def _tab_activated(self, event: TabbedContent.TabActivated) -> None:
+        if event.pane.id is not None:  # a click on the tab: its form, if not yet mounted
+            await self.mount_tab(event.pane.id)
 
     def on_mount(self) -> None:
         self.sub_title = str(self.store.root) + (
@@ -137,9 +153,10 @@ class WorkbenchApp(PollsStore, App):
         self.poll_runs()
         self.set_interval(POLL_S, self.poll_runs)
 
-    def action_show_tab(self, tab: str) -> None:
+    async def action_show_tab(self, tab: str) -> None:
         while len(self.screen_stack) > 1:  # from the run view (or a dialog) back to the tabs
             self.pop_screen()
+        await self.mount_tab(tab)
         self.query_one(TabbedContent).active = tab
         # the form opens on its model list: typing there filters, space picks, ? is help
         # (on the profile name, with its text selected, ? or a filter replaced the name)
@@ -323,28 +340,29 @@ class WorkbenchApp(PollsStore, App):
             store.close()
         self.call_from_thread(self._launched, profile, ids)
 
-    def _launched(self, profile: Profile, ids: list[int]) -> None:
+    async def _launched(self, profile: Profile, ids: list[int]) -> None:
         text = launch_summary(profile.name, ids, progress.command(self.store.root))
         if extra := launch_extras(profile):  # devices per run, models matched by size
             text += f"; {extra}"
         self.notify(text, markup=False, timeout=8)
-        self.query_one(SweepForm).set_status(text)
+        for form in self.query(SweepForm):  # (a launch from the palette mounted it)
+            form.set_status(text)
         # the cursor goes to the first run that will train now (else the sweep's first)
         moving = [i for k in ("queued", "resumed", "restarted") for i in getattr(ids, k, [])]
         self._goto_run = (moving or list(ids) or [None])[0]
-        self.action_show_tab("runs")
+        await self.action_show_tab("runs")
         self.poll_runs()
 
     @on(EvalForm.Queued)
-    def _evals_queued(self, message: EvalForm.Queued) -> None:
+    async def _evals_queued(self, message: EvalForm.Queued) -> None:
         self._goto_run = (message.ids or [None])[0]
-        self.action_show_tab("runs")
+        await self.action_show_tab("runs")
         self.poll_runs()
 
     @on(SweepForm.EvalProfileLoaded)
-    def _eval_profile_loaded(self, message: SweepForm.EvalProfileLoaded) -> None:
+    async def _eval_profile_loaded(self, message: SweepForm.EvalProfileLoaded) -> None:
         """ctrl+o in the sweep form read an evaluation profile: into the evaluation form."""
-        self.action_show_tab("eval")
+        await self.action_show_tab("eval")
         self.query_one(EvalForm).loaded(message.path, message.profile, message.absent)
 
     # ------------------------------------------------------------------ help, palette commands
@@ -359,56 +377,56 @@ class WorkbenchApp(PollsStore, App):
             where = str(pane._title) if pane is not None else self.title
         self.push_screen(HelpScreen(sections_for(self, screen), f"Keys: {where}   (esc closes)"))
 
-    def _to_tabs(self, tab: str | None = None) -> None:
+    async def _to_tabs(self, tab: str | None = None) -> None:
         while len(self.screen_stack) > 1:
             self.pop_screen()
         if tab is not None:
-            self.action_show_tab(tab)
+            await self.action_show_tab(tab)
 
-    def action_open_profile(self) -> None:
-        self._to_tabs("sweep")
+    async def action_open_profile(self) -> None:
+        await self._to_tabs("sweep")
         self.query_one(SweepForm).action_load()
 
-    def action_save_profile(self) -> None:
-        self._to_tabs("sweep")
+    async def action_save_profile(self) -> None:
+        await self._to_tabs("sweep")
         self.query_one(SweepForm).action_save()
 
-    def action_launch_sweep(self) -> None:
-        self._to_tabs("sweep")
+    async def action_launch_sweep(self) -> None:
+        await self._to_tabs("sweep")
         self.query_one(SweepForm).action_launch()
 
-    def action_open_eval_profile(self) -> None:
-        self._to_tabs("eval")
+    async def action_open_eval_profile(self) -> None:
+        await self._to_tabs("eval")
         self.query_one(EvalForm).action_load()
 
-    def action_launch_eval(self) -> None:
-        self._to_tabs("eval")
+    async def action_launch_eval(self) -> None:
+        await self._to_tabs("eval")
         self.query_one(EvalForm).action_launch()
 
-    def action_compare_marked(self) -> None:
-        self._to_tabs("runs")
+    async def action_compare_marked(self) -> None:
+        await self._to_tabs("runs")
         self.query_one(RunsTable).action_compare()
 
-    def action_compare_profile(self) -> None:
-        self._to_tabs("runs")
+    async def action_compare_profile(self) -> None:
+        await self._to_tabs("runs")
         self.query_one(RunsTable).action_compare_profile()
 
-    def action_export_table(self) -> None:
-        self._to_tabs()
+    async def action_export_table(self) -> None:
+        await self._to_tabs()
         if self.query_one(TabbedContent).active != "results":
-            self.action_show_tab("results")
+            await self.action_show_tab("results")
             self.notify("the Results tab's table: pick the profile and metric, then w writes it",
                         markup=False)
             return
         self.query_one(ResultsView).action_write_table()
 
-    def action_write_figures(self) -> None:
+    async def action_write_figures(self) -> None:
         if isinstance(self.screen, CompareScreen):
             self.screen.action_figures()
             return
-        self._to_tabs()
+        await self._to_tabs()
         if self.query_one(TabbedContent).active != "results":
-            self.action_show_tab("results")
+            await self.action_show_tab("results")
         self.query_one(ResultsView).action_figures()
 
 

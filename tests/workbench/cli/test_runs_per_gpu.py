@@ -237,6 +237,7 @@ async def test_tui_form_keeps_a_loaded_profiles_setting(tmp_path):
 
     app = WorkbenchApp(store=Store(tmp_path / "st"), profiles_dir=tmp_path / "profiles", scheduler=NoScheduler())
     async with app.run_test(size=(160, 48)) as pilot:
+        await app.mount_tab("sweep")  # (mounted when first shown; here it stays hidden)
         form = app.query_one(SweepForm)
         await form.fill(profile(2))
         await pilot.pause()
