@@ -149,7 +149,13 @@ def compact(v: Any) -> str:
 
 
 def grid_text(run: Run, labels: dict[str, str]) -> str:
-    grid = run.spec.get("grid") or {}
+    """The run's grid point, ``key=value`` each; a tokenizer and its vocabulary size (one
+    grid value, ``{name = "bpe", vocab_size = 1024}``) as ``tokenizer=bpe/1024``: at 80x24
+    'tokenizer=bpe vocab_size=1024' was cut to 'tokenizer=bpe vocab_si…', the same for every
+    vocabulary size (issue 42 items 4, 6)."""
+    grid = dict(run.spec.get("grid") or {})
+    if isinstance(grid.get("task.tokenizer"), str) and grid.get("task.vocab_size") is not None:
+        grid["task.tokenizer"] = f"{grid['task.tokenizer']}/{compact(grid.pop('task.vocab_size'))}"
     return " ".join(f"{labels.get(k, k)}={compact(v)}" for k, v in grid.items())
 
 
