@@ -5,10 +5,22 @@ from __future__ import annotations
 
 from textual.widgets._footer import FooterKey
 
-from test_eval_surface import stored_eval
+import os
+
 from test_tui import make_app, settle, store  # noqa: F401
 from test_tui_lm_perplexity_first import lm_store
+from workbench.spec.eval_spec import eval_spec
 from workbench.tui.run_view import RunScreen
+
+
+def stored_eval(store) -> int:
+    """A finished evaluation run with one task's results, as eval_run stores them."""
+    (rid,) = store.add_runs([eval_spec("org/neox", ["tiny_py"], profile="eval", label="neox")])
+    store.mark_started(rid, os.getpid(), "cpu", None)
+    store.set_results(rid, {"bits_per_byte": 4.55, "samples": 5.0}, eval_set="tiny_py")
+    store.set_results(rid, {"params": 1000.0}, eval_set="")
+    store.finish(rid, "finished")
+    return rid
 
 
 def keys(screen) -> set[str]:
