@@ -13,7 +13,7 @@ from workbench.spec.eval_spec import eval_spec
 from workbench.tui.run_view import RunScreen
 
 
-def stored_eval(store) -> int:
+def stored_eval(store) -> int:  # noqa: F811
     """A finished evaluation run with one task's results, as eval_run stores them."""
     (rid,) = store.add_runs([eval_spec("org/neox", ["tiny_py"], profile="eval", label="neox")])
     store.mark_started(rid, os.getpid(), "cpu", None)
