@@ -154,6 +154,71 @@ def _run(q, k, v, g, beta, scale, initial_state, output_final_state, vector_gate
     return o.to(v.dtype), (S if output_final_state else None)
 
 
+class _ScanReplay(torch.autograd.Function):
+    """The recompute's stand-in for :class:`LinearRNNCPU` (:func:`simple_gla_taped`): forward
+    returns the final state a no-grad forward already computed and an output that is never
+    read (zeros, a broadcast view); backward is :class:`LinearRNNCPU`'s, from the checkpoints
+    that forward stored."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, g, h0, ckpt, S_last, scale_t, sizes, has_h0):
+        ctx.save_for_backward(q, k, v, g, None, ckpt, scale_t)
+        ctx.sizes, ctx.has_h0 = sizes, has_h0
+        B, T, H, _ = q.shape
+        return v.new_zeros(()).expand(B, T, H, v.shape[-1]), S_last.clone()
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, d_o, dS_last):
+        dq, dk, dv, dg, _, dh0, *_ = LinearRNNCPU.backward(ctx, d_o, dS_last)
+        return dq, dk, dv, dg, dh0, None, None, None, None, None
+
+
+def simple_gla_taped(q, k, v, g, scale, initial_state, tape: list):
+    """:func:`simple_gla` (final state always returned) for a piece of a model that a
+    segment recompute (``segment_recompute.StatefulSegments``) runs twice: first without
+    autograd, then again recording, for its backward. The first run stores the kernel's
+    checkpoints and final state on ``tape`` (a list, one entry per call); the recording
+    run takes the last entry back and skips the forward kernel: its output is never read
+    there (only the graph's backward is), so it is zeros, and the backward recomputes the
+    states from the stored checkpoints as :class:`LinearRNNCPU`'s does. Calls recorded in
+    the reverse order of the first runs' (as the segments' backward runs, last first) pair
+    with them; a recording call that finds the tape empty runs :func:`simple_gla`.
+    (Issue 43: the scan's forward in the recompute was ~4% of a Mamba-3 training step at
+    2 x 2048, d_model 256; the checkpoints kept cost B H (T / CHUNK_LEN) K V numbers.)"""
+    if torch.is_grad_enabled() and not tape:
+        return simple_gla(q, k, v, g, scale, initial_state, output_final_state=True)
+    _check(q, k, v, g, None, initial_state, False)
+    q, k = expand_heads(q, k, v)
+    dt = _compute_dtype(q)
+    K = q.shape[-1]
+    scale = K ** -0.5 if scale is None else float(scale)
+    args = [cpu_kernels._rows_contiguous(x, dt) for x in (q, k, v, g)]
+    h0 = None if initial_state is None else initial_state.to(dt)
+    if torch.is_grad_enabled():
+        ckpt, S_last, scale_t, sizes = tape.pop()
+        if sizes[:5] != [*args[0].shape, args[2].shape[-1]]:
+            raise RuntimeError(f"simple_gla_taped: the tape's entry is for shapes {sizes[:5]}, "
+                               f"this call's are {[*args[0].shape, args[2].shape[-1]]}")
+        # the strides of this call's tensors (the backward reads them), the rest as stored
+        sizes = [*sizes[:9], *(s for x in (*args, None) for s in _strides(x)), sizes[-1]]
+        o, S = _ScanReplay.apply(*args, h0, ckpt, S_last, scale_t, sizes, h0 is not None)
+        return o.to(v.dtype), S
+    q, k, v, g = args
+    B, T, H, _ = q.shape
+    V = v.shape[-1]
+    o, S_last, ckpt, h0c, scale_t = forward_buffers(q, v, h0, scale, CHUNK_LEN, True)
+    sizes = [B, T, H, K, V, 1, 0, CHUNK_LEN, torch.get_num_threads(), *_strides(q), *_strides(k),
+             *_strides(v), *_strides(g), *_strides(None), 0]
+    if B * H > 0 and K * V > 0:
+        cpu_kernels._call(cpu_kernels._library_for(q, k, v, g, h0c), "lrnn_fwd", dt,
+                          [q, k, v, g, None, h0c, scale_t, o, S_last, ckpt], sizes)
+    else:
+        S_last = q.new_zeros(B, H, K, V) if h0c is None else h0c.clone()
+    tape.append((ckpt, S_last, scale_t, sizes))
+    return o.to(v.dtype), S_last
+
+
 def linear_attention(q, k, v, scale=None, initial_state=None, output_final_state=False,
                      chunk_len=None):
     """S_t = S_{t-1} + k_t v_t^T, o_t = scale S_t^T q_t (no normaliser), in C."""

@@ -248,9 +248,12 @@ def _steps(q, k, v, adt, dt, lam, omega, state):
 
 
 def _chunked(q, k, v, adt, dt, lam, omega, state, output_final_state, backend, chunk_size,
-             bias=None):
+             bias=None, scan_tape=None):
     """One SSD call over the L r positions, then the per-step r x r correction (module doc).
-    Rank layout; same returns as :func:`_steps` (state None unless output_final_state)."""
+    Rank layout; same returns as :func:`_steps` (state None unless output_final_state).
+    ``scan_tape`` (a list; SISO, the C scan, final state asked): the SSD call through
+    ``linear_rnn_cpu.simple_gla_taped``, for a caller that runs this twice, without and then
+    with autograd (a segment recompute): the second run reuses the first's checkpoints."""
     theta0, S0, k0, v0 = state
     b, L, r, h, N = q.shape
     dtype = v.dtype
@@ -271,9 +274,16 @@ def _chunked(q, k, v, adt, dt, lam, omega, state, output_final_state, backend, c
     g = torch.cat((adt[:, :, None], adt.new_zeros(b, L, r - 1, h)), dim=2)
     op, resolved = lrb.get_op("simple_gla", backend, v.device.type)
     kwargs = {"chunk_size": chunk_size} if chunk_size is not None and resolved == "torch" else {}
-    o, S = op(q.flatten(1, 2), kc.flatten(1, 2), v.flatten(1, 2),
-              g.flatten(1, 2), scale=1.0, initial_state=S0,
-              output_final_state=output_final_state, **kwargs)
+    if scan_tape is not None and resolved == "cpu" and r == 1 and output_final_state:
+        from models.kernels import linear_rnn_cpu
+
+        o, S = linear_rnn_cpu.simple_gla_taped(q.flatten(1, 2), kc.flatten(1, 2),
+                                               v.flatten(1, 2), g.flatten(1, 2), 1.0, S0,
+                                               scan_tape)
+    else:
+        o, S = op(q.flatten(1, 2), kc.flatten(1, 2), v.flatten(1, 2),
+                  g.flatten(1, 2), scale=1.0, initial_state=S0,
+                  output_final_state=output_final_state, **kwargs)
     later = torch.ones(r, r, dtype=dtype, device=q.device).triu(1)   # [j > i]
     w = (coef[:, :, None, :, None] * later[:, None, :]
          - mu_next[:, :, None, :, None])                   # (b, L, r_i, h, r_j)
@@ -344,17 +354,18 @@ def mamba3_ref(q, k, v, adt, dt, lam, omega=None, initial_state=None,
 
 
 def mamba3(q, k, v, adt, dt, lam, omega=None, initial_state=None, output_final_state=False,
-           backend="auto", chunk_size=None, qk_bias=None):
+           backend="auto", chunk_size=None, qk_bias=None, scan_tape=None):
     """SISO, chunked (module doc): one ``simple_gla`` call of backend ``backend`` ("auto",
     "torch", "cpu", "fla"; "ref" runs :func:`mamba3_ref`). Same returns as the ref.
     ``qk_bias`` (q_bias, k_bias), each (heads, N): the scan runs on q + q_bias, k + k_bias
-    (q and k may be broadcast over heads; on a CPU the rotation's C call adds them)."""
+    (q and k may be broadcast over heads; on a CPU the rotation's C call adds them).
+    ``scan_tape``: see :func:`_chunked` (Mamba-3's segment recompute passes one)."""
     _check_backend("mamba3", backend)
     if backend == "ref":
         q, k = _add_bias(q, k, qk_bias)
         return mamba3_ref(q, k, v, adt, dt, lam, omega, initial_state, output_final_state)
     return _siso(_chunked, q, k, v, adt, dt, lam, omega, initial_state, output_final_state,
-                 backend, chunk_size, qk_bias)
+                 backend, chunk_size, qk_bias, scan_tape)
 
 
 def mamba3_mimo_ref(q, k, v, adt, dt, lam, omega=None, initial_state=None,

@@ -58,6 +58,10 @@ from models.kernels.segment_recompute import StatefulSegments
 # 255 whole (the plain path: 291), and the 7-layer step's peak 609 MiB at 512, 697 at 1024
 SEGMENT_LEN = 512
 BIAS_APART = True   # False: SISO B, C get their per-head biases before the scan (A/B timings)
+# The segment recompute's second run of the C scan reuses the checkpoints its first run
+# stored (mamba3_scan._chunked's scan_tape; issue 43). False: it runs the scan's forward
+# again (A/B timings, the tests' twin)
+SCAN_TAPE = True
 
 BACKENDS = ("auto", "torch", "cpu", "fla", "ref", "mamba_ssm")
 
@@ -242,8 +246,8 @@ class Mamba3(nn.Module):
         p = self._scan_inputs(x, Braw, Craw, dd_dt, dd_A, trap, ang, *self._params())
         return dict(p, z=z, raw=(Braw, Craw, dd_dt, trap, ang))
 
-    def _siso_segment(self, backend, x, Braw, Craw, dd_dt, dd_A, trap, ang, dt_bias, B_bias,
-                      C_bias, B_w, C_w, mimo_x, *state):
+    def _siso_segment(self, backend, tape, x, Braw, Craw, dd_dt, dd_A, trap, ang, dt_bias,
+                      B_bias, C_bias, B_w, C_w, mimo_x, *state):
         """One time segment of the SISO scan from ``state``: in_proj's parts (b, t, .), the
         parameters of :meth:`_params` -> (y (b, t, h, P), no D skip; *next state)
         (:meth:`_mix_recomputed`'s core)."""
@@ -251,7 +255,8 @@ class Mamba3(nn.Module):
                               B_w, C_w, mimo_x, bias_apart=BIAS_APART)
         y, nxt = mamba3_scan.mamba3(p["q"], p["k"], p["x"], p["adt"], p["dt"], p["lam"],
                                     p["omega"], state, True, backend=backend,
-                                    chunk_size=self.chunk_size, qk_bias=p["qk_bias"])
+                                    chunk_size=self.chunk_size, qk_bias=p["qk_bias"],
+                                    scan_tape=tape)
         return (y, *nxt)
 
     def _mix_recomputed(self, u, backend: str) -> torch.Tensor:
@@ -262,13 +267,17 @@ class Mamba3(nn.Module):
         (:class:`models.kernels.segment_recompute.StatefulSegments`), so autograd keeps
         in_proj's output and the scan's output y per layer instead of about ten (b, L,
         heads, d_state) tensors (197 -> 57 MiB per layer at 2 x 2048, d_model 256, where
-        Mamba keeps 59), and the backward's recomputed graph is one segment's. The scan's
-        forward runs twice; its C kernel is ~5% of the step. Same arithmetic as
+        Mamba keeps 59), and the backward's recomputed graph is one segment's. On a CPU the C
+        scan's forward runs once: the recompute replays the checkpoints the first run stored
+        (:data:`SCAN_TAPE`). Same arithmetic as
         :meth:`_inputs` + ``mamba3_scan.mamba3`` (the state carries exactly)."""
         z, x, Braw, Craw, dd_dt, dd_A, trap, ang = self._split(u)
         f = torch.float64 if x.dtype == torch.float64 else torch.float32
         state = tuple(t.to(f) for t in self.init_state(u.shape[0]))
-        y = StatefulSegments.apply(functools.partial(self._siso_segment, backend),
+        # one tape per call: its segments' first (no-grad) scans leave their checkpoints
+        # there for the backward's recompute, which takes them back last first
+        tape = [] if SCAN_TAPE and torch.is_grad_enabled() else None
+        y = StatefulSegments.apply(functools.partial(self._siso_segment, backend, tape),
                                    SEGMENT_LEN, 7, 6, x, Braw, Craw, dd_dt, dd_A, trap, ang,
                                    *self._params(), *state)
         return self.out_proj(self._skip_gate(y, x.unflatten(-1, (self.nheads, self.headdim)), z)
