@@ -117,7 +117,8 @@ async def test_a_sweeps_runs_read_apart_at_80x24(store, tmp_path, kind):
         await pilot.pause()
         header, rows, cols = table_lines(app)
         assert len(rows) == len(ids)
-        want = {"model", "seq_len", "acc", "state"} | ({"seed"} if kind == "lengths" else {"grid"})  # (eval acc)
+        # (eval acc; a grid of one key is headed by it: lr)
+        want = {"model", "seq_len", "acc", "state"} | ({"seed"} if kind == "lengths" else {"lr"})
         assert want <= set(header.split()), header
         # every row reads differently once its id is left out: the varying axes are shown
         rest = [re.sub(r"^\s*\d+", "", line).strip() for line in rows]

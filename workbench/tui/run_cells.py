@@ -153,10 +153,43 @@ def grid_text(run: Run, labels: dict[str, str]) -> str:
     grid value, ``{name = "bpe", vocab_size = 1024}``) as ``tokenizer=bpe/1024``: at 80x24
     'tokenizer=bpe vocab_size=1024' was cut to 'tokenizer=bpe vocab_si…', the same for every
     vocabulary size (issue 42 items 4, 6)."""
+    return " ".join(f"{labels.get(k, k)}={v}" if labels.get(k, k) else v for k, v in grid_items(run))
+
+
+def grid_items(run: Run) -> list[tuple[str, str]]:
+    """The run's grid point as (dotted key, compact value) pairs, as :func:`grid_text` shows
+    them (a tokenizer and its vocabulary size as one ``bpe/1024``). A key whose label is ""
+    shows its value alone: the runs table does that when one key is the whole grid of
+    every row and its header names it (``tokenizer``: ``bytes``, ``bpe/1024``)."""
     grid = dict(run.spec.get("grid") or {})
     if isinstance(grid.get("task.tokenizer"), str) and grid.get("task.vocab_size") is not None:
         grid["task.tokenizer"] = f"{grid['task.tokenizer']}/{compact(grid.pop('task.vocab_size'))}"
-    return " ".join(f"{labels.get(k, k)}={compact(v)}" for k, v in grid.items())
+    return [(k, compact(v)) for k, v in grid.items()]
+
+
+def redundant_axes(rows: Iterable[dict[str, str]], varies: set[str]) -> set[str]:
+    """The varying axes (:data:`AXES`, in that order) that tell apart no two of ``rows``
+    (each a row's column -> cell text) that the varying axes before them do not already
+    tell apart: a runs table of several profiles whose eval runs differ from the lm runs
+    in model, task and seq_len alike needs one of those columns, not three, and the grid
+    point that tells two runs of one profile apart must not be the one left out at 80x24
+    (issue 42 item 4)."""
+    rows = list(rows)
+    if not rows:
+        return set()
+    groups = 1   # rows told apart so far: none, one group
+    keys: list[tuple] = [() for _ in rows]
+    out = set()
+    for axis in AXES:
+        if axis not in varies:
+            continue
+        refined = [k + (row.get(axis, ""),) for k, row in zip(keys, rows)]
+        n = len(set(refined))
+        if n == groups:
+            out.add(axis)
+        else:
+            keys, groups = refined, n
+    return out
 
 
 def task_text(run: Run) -> str:

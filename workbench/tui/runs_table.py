@@ -16,7 +16,10 @@ cursor); ``c`` compares the marked runs, ``p`` the profile of the run under the 
 Narrow terminals: the mark, id, state, progress and accuracy columns always stay; then the
 sweep's axes whose value differs between the rows shown (model, seq_len, task setting, grid
 point, seed, profile), so two runs of a sweep never read the same at 80x24; then the model,
-loss and elapsed time; columns whose value is the same on every row go last. Task, grid
+loss and elapsed time; columns whose value is the same on every row go last, and so do
+axes that tell apart no rows the axes before them do not (:func:`redundant_axes`: beside
+evaluation runs, which differ in model, task and seq_len alike, only the model). A grid of
+one key is headed by that key and shows its values (``tokenizer``: ``bpe/1024``). Task, grid
 and profile may be truncated (…) when a part of them fits; the key columns (id, model,
 seq_len, state, accuracy) never are (:func:`layout`). Every column has an explicit width
 (:func:`column_width`), so rows added or changed later never leave the header and the
@@ -39,8 +42,25 @@ from textual.widgets import DataTable
 from workbench.store import Run
 from workbench.tui.marked_actions import MarkedRunActions
 from workbench.tui.messages import OpenRun
-from workbench.tui.run_cells import (COLUMNS, FIXED, HEADERS, KEEP, MEASURED, SORTABLE, WIDTHS, accuracy_header,
-                                     column_width, grid_labels, layout, order, row_cells, row_key)
+from workbench.tui.run_cells import (
+    AXES,
+    COLUMNS,
+    FIXED,
+    HEADERS,
+    KEEP,
+    MEASURED,
+    SORTABLE,
+    WIDTHS,
+    accuracy_header,
+    column_width,
+    grid_items,
+    grid_labels,
+    layout,
+    order,
+    redundant_axes,
+    row_cells,
+    row_key,
+)
 from workbench.tui.run_filter import FilterScreen, RunFilter
 
 REBUILD_AT = 20  # rows leaving at once from which the table is rebuilt, not pruned
@@ -101,11 +121,12 @@ class RunsTable(MarkedRunActions, DataTable):
         self._first: dict[str, str] = {}  # each measured column's first value
         self._varies: set[str] = set()  # the measured columns whose value differs between rows
         self._acc_header = HEADERS["accuracy"]  # run_cells.accuracy_header of the rows shown
+        self._grid_header = HEADERS["grid"]  # the one grid key's label when it is the whole grid
 
     # ------------------------------------------------------------------ columns
     def _header(self, key: str) -> Text:
         # the accuracy column holds language models' bits per byte: its header says so
-        label = self._acc_header if key == "accuracy" else HEADERS[key]
+        label = {"accuracy": self._acc_header, "grid": self._grid_header}.get(key, HEADERS[key])
         if key == self.sort_column:
             return Text(f"{label} {'▼' if self.sort_reverse else '▲'}", style="bold")
         return Text(label)
@@ -125,6 +146,7 @@ class RunsTable(MarkedRunActions, DataTable):
         accuracy column's: its header's, when that is the wider)."""
         out = {k: WIDTHS[k] if k in FIXED else 0 for k, *_ in COLUMNS}
         out["accuracy"] = max(out["accuracy"], len(getattr(self, "_acc_header", "")))
+        out["grid"] = max(out["grid"], len(getattr(self, "_grid_header", "")))
         return out
 
     def _avail(self) -> int:
@@ -137,7 +159,10 @@ class RunsTable(MarkedRunActions, DataTable):
         if self.size.width <= 0:
             return False
         empty = {k for k in KEEP if k not in self._varies and not self._first.get(k)}
-        want = layout(self._avail(), self._natural, self._varies, empty, self.sort_column)
+        # axes that tell apart no rows the axes before them do not rank as the same on every row
+        redundant = redundant_axes(({k: c[k].plain for k in AXES} for c in self._cells.values()),
+                                   self._varies & set(AXES))
+        want = layout(self._avail(), self._natural, self._varies - redundant, empty, self.sort_column)
         if want == self._columns:
             return False
         rid = self.current_run_id
@@ -194,10 +219,20 @@ class RunsTable(MarkedRunActions, DataTable):
             return
         self._grid_sig = sig
         keys = list(dict.fromkeys(k for r in runs for k in (r.spec.get("grid") or ())))
-        if keys != self._grid_keys:
+        shown = list(dict.fromkeys(k for r in runs for k, _ in grid_items(r)))
+        if keys != self._grid_keys or (len(shown) == 1) != (self._grid_header != HEADERS["grid"]):
             self._grid_keys = keys
             self._labels = grid_labels(keys)
+            # one key (after a tokenizer took its vocabulary size in) is the whole grid of
+            # every row: the header names it and the cells hold the values (``tokenizer``:
+            # ``bytes``, ``bpe/1024``), which fit 80 columns where ``tokenizer=bpe/1024`` did not
+            self._grid_header = self._labels[shown[0]] if len(shown) == 1 else HEADERS["grid"]
+            if len(shown) == 1:
+                self._labels = {**self._labels, shown[0]: ""}
             self._keys.clear()  # the grid cells of every row change
+            self._natural, self._first, self._varies = self._no_cells(), {}, set()  # measured anew
+            if "grid" in self.columns:
+                self.columns["grid"].label = self._header("grid")
 
     def update_runs(self, runs: list[Run]) -> None:
         """Show ``runs`` (the filter applied): new rows added, rows gone removed, changed
