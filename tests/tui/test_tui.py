@@ -476,8 +476,8 @@ async def test_real_scheduler_runs_a_tiny_sweep(store, tmp_path):
     pytest.importorskip("workbench.execute.scheduler")
     app = WorkbenchApp(store=store, profiles_dir=tmp_path / "profiles")
     async with app.run_test(size=SIZE) as pilot:
-        form = app.query_one(SweepForm)
-        await form.fill(tiny_profile("e2e", models=("lstm",), seq_lens=(16,)))
+        form = await fill_form(pilot, tiny_profile("e2e", models=("lstm",), seq_lens=(16,)))
+        assert form.is_mounted
         await pilot.press("f2", "ctrl+r")
         await settle(pilot)
         deadline = time.time() + 120
