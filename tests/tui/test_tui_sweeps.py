@@ -118,7 +118,9 @@ def test_runs_lists_thousands_as_plain_columns(store, capsys, monkeypatch):
     a, b = two_profiles(store)
     assert cli.main(["--store", str(store.root), "runs"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].split() == list(cli_runs.RUNS_HEADERS) and "┃" not in "".join(lines)
+    shown = cli_runs.headers_shown(store.runs())   # loss and acc as train_loss, eval_acc
+    assert lines[0].split() == [shown.get(h, h) for h in cli_runs.RUNS_HEADERS] and "┃" not in "".join(lines)
+    assert "train_loss" in lines[0].split()
     rows = [line.split() for line in lines[1:6]]
     assert [int(r[0]) for r in rows] == a + b
     assert [r[1] for r in rows] == ["a", "a", "a", "b", "b"]
