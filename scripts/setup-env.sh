@@ -2,7 +2,7 @@
 # Create .venv (once) and install ssm-workbench with its test tools into it.
 # TORCH_SPEC picks the torch build: the default pins the CPU build that installs quickly on
 # CPU machines; on a CUDA machine use e.g. TORCH_SPEC="torch==2.13.0" with your CUDA index,
-# and add the official kernels with EXTRAS="test,pretrained,cuda".
+# and add the official kernels with EXTRAS="test,pretrained,lm,eval,cuda" (EXTRAS replaces the list).
 #
 # Each step says what it does and how long it took; pip's own chatter (and setuptools'
 # warnings about an editable install beside top-level folders, which do not apply here)
