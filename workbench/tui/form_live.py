@@ -48,6 +48,19 @@ class FormLive:
             self._set_error("grid_axes", grid)
         self._grid_shown = bool(grid)
 
+    def _built_task_params(self) -> tuple[str, dict[str, Any], dict[str, str]] | None:
+        """(the task's name, its parameters as the inputs hold them, their errors), or None
+        while they cannot be read: the task's inputs are not mounted yet (another task's
+        are), are being rebuilt, or the task has no sequence length to check."""
+        name = str(self._select("task"))
+        if name != self._params_task or "seq_len" not in tasks.parameters(name):
+            return None
+        try:
+            params, errors = self._task_params(name)
+        except NoMatches:  # the parameter inputs are being rebuilt
+            return None
+        return name, params, errors
+
     def _grid_problem(self) -> str:
         """The first grid point whose task values the task cannot build, in the task's words
         ('' when all build, or when the parameters or axes do not parse yet): for "other grid
@@ -55,13 +68,10 @@ class FormLive:
         ids). The grid's points are built as the profile loader builds them (cheap: data is
         generated lazily); the refusal used to show only under "train for", as the budget's
         count failed (issue 42 item 6)."""
-        name = str(self._select("task"))
-        if name != self._params_task or "seq_len" not in tasks.parameters(name):
+        got = self._built_task_params()
+        if got is None:
             return ""
-        try:
-            params, errors = self._task_params(name)
-        except NoMatches:  # the parameter inputs are being rebuilt
-            return ""
+        name, params, errors = got
         grid, grid_errors = self._grid_data()
         keys = [k for k in grid if k.startswith("task.")]
         if errors or grid_errors or not keys:
@@ -110,13 +120,10 @@ class FormLive:
         they all do, or when the parameters themselves are not valid yet): the task is
         built at each length (cheap: data is generated lazily), as the profile loader
         would, so the message is the task's own."""
-        name = str(self._select("task"))
-        if name != self._params_task or "seq_len" not in tasks.parameters(name):
+        got = self._built_task_params()
+        if got is None:
             return ""
-        try:
-            params, errors = self._task_params(name)
-        except NoMatches:  # the parameter inputs are being rebuilt
-            return ""
+        name, params, errors = got
         if errors:
             return ""
         lens = []
